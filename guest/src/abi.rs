@@ -1,0 +1,158 @@
+//! The guest ABI: the contract between the VMM and the guest it boots.
+//!
+//! This file is compiled into both the guest (`guest/src/main.rs`) and the VMM
+//! (`vmm/src/abi.rs` includes it), so the two can never disagree. It holds only
+//! constants and plain-data layouts; `docs/GUEST_ABI.md` explains them in prose.
+
+/// Bumped whenever anything below changes meaning.
+pub const ABI_VERSION: u32 = 1;
+
+/// Guest page size used throughout the ABI.
+pub const PAGE_SIZE: u64 = 4096;
+
+// ---- Guest physical memory map -------------------------------------------
+
+/// Global descriptor table (one page).
+pub const GDT_ADDR: u64 = 0x1000;
+/// Task-state segment (one page; x86 requires a usable TR to enter the guest).
+/// It carries an all-zero I/O permission bitmap for ports below `TSS_IO_PORTS`,
+/// so port I/O is allowed at CPL3 even where IOPL=3 is not honoured (the PVM
+/// backend emulates CPL3 port I/O and checks the bitmap); higher ports fault.
+pub const TSS_ADDR: u64 = 0x2000;
+/// Ports the TSS I/O bitmap allows.
+pub const TSS_IO_PORTS: u64 = 0x800;
+/// Top-level page table (PML4).
+pub const PML4_ADDR: u64 = 0x3000;
+/// The single PDPT (covers 512 GiB).
+pub const PDPT_ADDR: u64 = 0x4000;
+/// First page directory; one page directory per GiB follows it.
+pub const PD_ADDR: u64 = 0x5000;
+/// Number of page directories reserved: guest RAM plus the MMIO page may span at most this many GiB.
+pub const MAX_PD_PAGES: u64 = 64;
+/// Per-vCPU mailboxes: vCPU `i` owns the page at `MAILBOX_BASE + i * PAGE_SIZE`.
+pub const MAILBOX_BASE: u64 = 0x10_0000;
+/// Most vCPUs the memory map has room for (mailboxes and stacks).
+pub const MAX_VCPUS: u64 = 256;
+/// Where the guest image is linked (see `guest/link.ld`); it may use up to `IMAGE_MAX` bytes.
+pub const IMAGE_BASE: u64 = 0x20_0000;
+/// Largest guest image.
+pub const IMAGE_MAX: u64 = 0x20_0000;
+/// Per-vCPU stacks: vCPU `i`'s stack grows down from `STACK_BASE + (i + 1) * STACK_SIZE`.
+pub const STACK_BASE: u64 = 0x40_0000;
+/// Bytes of stack per vCPU.
+pub const STACK_SIZE: u64 = 0x4000;
+/// Start of the workload arena: from here to the end of guest RAM belongs to workloads.
+pub const ARENA_BASE: u64 = 0x80_0000;
+/// Smallest guest RAM that leaves a non-empty arena.
+pub const MIN_MEMORY: u64 = ARENA_BASE + 0x80_0000;
+
+// ---- Ports (all `out` with a 32-bit value in eax) ---------------------------
+
+/// Console text: `text_len` bytes of the mailbox `text` are a message; eax = length.
+pub const PORT_CONSOLE: u16 = 0x510;
+/// The vCPU has booted and asks for its first command; eax = vCPU index.
+pub const PORT_READY: u16 = 0x511;
+/// The current command is done, its result is in the mailbox; the next command is
+/// in the mailbox when the `out` instruction retires.
+pub const PORT_DONE: u16 = 0x512;
+/// Phase marker: eax = `(sequence << 8) | command code` of the command starting now.
+pub const PORT_PHASE: u16 = 0x513;
+/// Guest panic: the mailbox `text` holds the message; eax = length.
+pub const PORT_PANIC: u16 = 0x514;
+/// Target of the `exits` workload's port writes; the VMM ignores the value.
+pub const PORT_EXIT_TEST: u16 = 0x515;
+
+// ---- Commands ---------------------------------------------------------------
+
+/// Write a non-zero pattern into every `stride`th page of a range.
+/// args: [offset into arena, bytes, stride in pages, pattern]. result: [pages written, tsc ticks, 0].
+pub const CMD_TOUCH: u64 = 1;
+/// Write zeros into every `stride`th page of a range. args/result as `CMD_TOUCH`.
+pub const CMD_TOUCH_ZERO: u64 = 2;
+/// Read one word from every `stride`th page of a range.
+/// args: [offset, bytes, stride, 0]. result: [pages read, tsc ticks, xor of the words read].
+pub const CMD_READ: u64 = 3;
+/// Rewrite pages picked by a seeded PRNG in a working set, paced by the TSC.
+/// args: [offset, working-set bytes, pages per second (0 = unpaced), duration in ms, seed].
+/// result: [page writes done, tsc ticks, distinct pages written].
+pub const CMD_DIRTY: u64 = 4;
+/// args: [port exits, MMIO exits]. result: [port exits done, tsc ticks, MMIO exits done].
+pub const CMD_EXITS: u64 = 5;
+/// Test aid: panic with a message (the VMM reports a guest panic).
+pub const CMD_PANIC: u64 = 6;
+/// Test aid: execute `ud2` with no IDT, which ends in a triple fault (shutdown exit).
+pub const CMD_FAULT: u64 = 7;
+
+/// Result status: the command ran.
+pub const STATUS_OK: u64 = 0;
+/// Result status: the arguments were out of range (e.g. a range outside the arena).
+pub const STATUS_BAD_ARGS: u64 = 1;
+/// Result status: the command code is unknown to this guest.
+pub const STATUS_UNKNOWN_COMMAND: u64 = 2;
+
+/// Bytes of console/panic text a mailbox holds.
+pub const TEXT_MAX: usize = 2048;
+
+/// One vCPU's mailbox, at `MAILBOX_BASE + index * PAGE_SIZE`. All fields are
+/// little-endian; the VMM writes the "in" fields only while the vCPU is stopped
+/// in a `PORT_READY` / `PORT_DONE` exit, and reads the "out" fields then.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Mailbox {
+    // Boot facts, written once by the VMM before the vCPU starts.
+    /// `ABI_VERSION` of the VMM.
+    pub abi_version: u64,
+    /// This vCPU's index.
+    pub vcpu_index: u64,
+    /// Guest-physical start of the arena (`ARENA_BASE`).
+    pub arena_base: u64,
+    /// Bytes in the arena.
+    pub arena_size: u64,
+    /// A guest-physical page with no memory behind it: accesses exit as MMIO.
+    pub mmio_addr: u64,
+    /// TSC frequency in kHz, for pacing.
+    pub tsc_khz: u64,
+    // In: the command.
+    /// Command code (`CMD_*`).
+    pub cmd: u64,
+    /// Sequence number of the command, echoed in phase markers and results.
+    pub seq: u64,
+    /// Command arguments (meaning per command).
+    pub args: [u64; 6],
+    // Out: the result.
+    /// Sequence number of the command this result is for.
+    pub result_seq: u64,
+    /// `STATUS_*`.
+    pub status: u64,
+    /// Result values (meaning per command).
+    pub result: [u64; 3],
+    /// Console or panic text; its length travels in eax.
+    pub text: [u8; TEXT_MAX],
+}
+
+/// Byte offsets of the mailbox fields, for the VMM's guest-memory accessors.
+pub mod mailbox_offset {
+    pub const ABI_VERSION: u64 = 0;
+    pub const VCPU_INDEX: u64 = 8;
+    pub const ARENA_BASE: u64 = 16;
+    pub const ARENA_SIZE: u64 = 24;
+    pub const MMIO_ADDR: u64 = 32;
+    pub const TSC_KHZ: u64 = 40;
+    pub const CMD: u64 = 48;
+    pub const SEQ: u64 = 56;
+    pub const ARGS: u64 = 64;
+    pub const RESULT_SEQ: u64 = 112;
+    pub const STATUS: u64 = 120;
+    pub const RESULT: u64 = 128;
+    pub const TEXT: u64 = 152;
+}
+
+const _: () = assert!(core::mem::size_of::<Mailbox>() as u64 <= PAGE_SIZE);
+const _: () = assert!(core::mem::offset_of!(Mailbox, cmd) as u64 == mailbox_offset::CMD);
+const _: () = assert!(core::mem::offset_of!(Mailbox, args) as u64 == mailbox_offset::ARGS);
+const _: () = assert!(core::mem::offset_of!(Mailbox, result_seq) as u64 == mailbox_offset::RESULT_SEQ);
+const _: () = assert!(core::mem::offset_of!(Mailbox, result) as u64 == mailbox_offset::RESULT);
+const _: () = assert!(core::mem::offset_of!(Mailbox, text) as u64 == mailbox_offset::TEXT);
+const _: () = assert!(MAILBOX_BASE + MAX_VCPUS * PAGE_SIZE <= IMAGE_BASE);
+const _: () = assert!(PD_ADDR + MAX_PD_PAGES * PAGE_SIZE <= MAILBOX_BASE);
+const _: () = assert!(STACK_BASE + MAX_VCPUS * STACK_SIZE <= ARENA_BASE);

@@ -1,0 +1,228 @@
+//! Exit dispatch: a plain function from a vCPU exit to what the VMM must do,
+//! with the guest's ports and MMIO page reached through a small bus, and
+//! lock-free per-reason and per-device counters.
+//!
+//! Kept free of KVM handles so that tests can feed it fabricated exits.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::abi;
+
+/// A vCPU exit, copied out of `kvm_run` (kvm-ioctls' `VcpuExit` borrows the vCPU).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    IoOut { port: u16, value: u32 },
+    IoIn { port: u16 },
+    MmioRead { addr: u64 },
+    MmioWrite { addr: u64 },
+    Hlt,
+    Shutdown,
+    InternalError { suberror: u32 },
+    FailEntry { reason: u64, cpu: u32 },
+    /// KVM_RUN returned EINTR: a kick (or another signal) arrived.
+    Interrupted,
+    SystemEvent { kind: u32 },
+    Other(String),
+}
+
+macro_rules! counted_enum {
+    ($(#[$m:meta])* $name:ident { $($variant:ident => $label:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name { $($variant),* }
+        impl $name {
+            /// Every value, in counter order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+            /// The name used in summaries, JSON and metrics.
+            pub fn label(self) -> &'static str {
+                match self { $($name::$variant => $label),* }
+            }
+        }
+    };
+}
+
+counted_enum!(
+    /// Why a vCPU exited, as our own counters file it.
+    Reason {
+        IoOut => "io_out", IoIn => "io_in", MmioRead => "mmio_read", MmioWrite => "mmio_write",
+        Hlt => "hlt", Shutdown => "shutdown", InternalError => "internal_error",
+        FailEntry => "fail_entry", Interrupted => "interrupted", SystemEvent => "system_event", Other => "other",
+    }
+);
+
+counted_enum!(
+    /// The device an I/O exit reached.
+    Device {
+        Console => "console", Ready => "ready", Done => "done", Phase => "phase", Panic => "panic",
+        ExitTestPort => "exit_test_port", MmioTest => "mmio_test", Unhandled => "unhandled",
+    }
+);
+
+/// What went wrong with the guest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fault {
+    #[error("triple fault (shutdown exit)")]
+    TripleFault,
+    #[error("KVM internal error, suberror {suberror}")]
+    InternalError { suberror: u32 },
+    #[error("VM entry failed, hardware reason {reason:#x} on host CPU {cpu}")]
+    FailedEntry { reason: u64, cpu: u32 },
+    #[error("{} of port {port:#x}, which nothing handles", if *.write { "write" } else { "read" })]
+    UnhandledPort { port: u16, write: bool },
+    #[error("{} of guest address {addr:#x}, which nothing handles", if *.write { "write" } else { "read" })]
+    UnhandledMmio { addr: u64, write: bool },
+    #[error("the guest halted, which it never does")]
+    Halted,
+    #[error("unexpected exit: {0}")]
+    Unexpected(String),
+}
+
+/// What the vCPU loop must do after an exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Re-enter the guest.
+    Resume,
+    /// Check for kicks, then re-enter.
+    Interrupted,
+    /// The guest booted and wants its first command.
+    Ready,
+    /// The guest finished a command and wants the next.
+    Done,
+    /// The guest wrote `len` bytes of console text to its mailbox.
+    Console(u32),
+    /// The guest started a phase (`(seq << 8) | command code`).
+    Phase(u32),
+    /// The guest panicked, `len` bytes of message in its mailbox.
+    Panic(u32),
+    /// The guest cannot go on.
+    Fault(Fault),
+}
+
+/// Maps ports and guest addresses to devices.
+#[derive(Debug, Clone)]
+pub struct Bus {
+    mmio_page: u64,
+}
+
+impl Bus {
+    /// A bus for a guest whose MMIO test page is at `mmio_page`.
+    pub fn new(mmio_page: u64) -> Self {
+        Bus { mmio_page }
+    }
+
+    /// The device at `port`.
+    pub fn port(&self, port: u16) -> Device {
+        match port {
+            abi::PORT_CONSOLE => Device::Console,
+            abi::PORT_READY => Device::Ready,
+            abi::PORT_DONE => Device::Done,
+            abi::PORT_PHASE => Device::Phase,
+            abi::PORT_PANIC => Device::Panic,
+            abi::PORT_EXIT_TEST => Device::ExitTestPort,
+            _ => Device::Unhandled,
+        }
+    }
+
+    /// The device at guest address `addr`.
+    pub fn mmio(&self, addr: u64) -> Device {
+        if addr.wrapping_sub(self.mmio_page) < abi::PAGE_SIZE {
+            Device::MmioTest
+        } else {
+            Device::Unhandled
+        }
+    }
+}
+
+/// One vCPU's exit counters. Only the vCPU's own thread writes them, so a
+/// relaxed load and store is enough (no locked add on the hot path); any thread
+/// may read them.
+#[derive(Debug, Default)]
+pub struct ExitCounters {
+    reasons: [AtomicU64; Reason::ALL.len()],
+    devices: [AtomicU64; Device::ALL.len()],
+}
+
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
+impl ExitCounters {
+    /// Exits counted for `r`.
+    pub fn reason(&self, r: Reason) -> u64 {
+        self.reasons[r as usize].load(Ordering::Relaxed)
+    }
+
+    /// I/O exits counted for device `d`.
+    pub fn device(&self, d: Device) -> u64 {
+        self.devices[d as usize].load(Ordering::Relaxed)
+    }
+
+    /// All exits counted.
+    pub fn total(&self) -> u64 {
+        Reason::ALL.iter().map(|&r| self.reason(r)).sum()
+    }
+
+    /// The counters as JSON: `{"reasons": {...}, "devices": {...}, "total": n}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let reasons: serde_json::Map<_, _> = Reason::ALL.iter().map(|&r| (r.label().to_string(), self.reason(r).into())).collect();
+        let devices: serde_json::Map<_, _> = Device::ALL.iter().map(|&d| (d.label().to_string(), self.device(d).into())).collect();
+        serde_json::json!({ "reasons": reasons, "devices": devices, "total": self.total() })
+    }
+}
+
+/// Decides what an exit means, counting it.
+pub fn dispatch(exit: &Exit, bus: &Bus, counters: &ExitCounters) -> Action {
+    let reason = match exit {
+        Exit::IoOut { .. } => Reason::IoOut,
+        Exit::IoIn { .. } => Reason::IoIn,
+        Exit::MmioRead { .. } => Reason::MmioRead,
+        Exit::MmioWrite { .. } => Reason::MmioWrite,
+        Exit::Hlt => Reason::Hlt,
+        Exit::Shutdown => Reason::Shutdown,
+        Exit::InternalError { .. } => Reason::InternalError,
+        Exit::FailEntry { .. } => Reason::FailEntry,
+        Exit::Interrupted => Reason::Interrupted,
+        Exit::SystemEvent { .. } => Reason::SystemEvent,
+        Exit::Other(_) => Reason::Other,
+    };
+    bump(&counters.reasons[reason as usize]);
+    let device = match exit {
+        Exit::IoOut { port, .. } | Exit::IoIn { port } => Some(bus.port(*port)),
+        Exit::MmioRead { addr } | Exit::MmioWrite { addr } => Some(bus.mmio(*addr)),
+        _ => None,
+    };
+    if let Some(d) = device {
+        bump(&counters.devices[d as usize]);
+    }
+    match (exit, device) {
+        (Exit::IoOut { port, value }, Some(d)) => port_write(d, *port, *value),
+        (Exit::IoIn { port }, _) => Action::Fault(Fault::UnhandledPort { port: *port, write: false }),
+        (Exit::MmioRead { .. } | Exit::MmioWrite { .. }, Some(Device::MmioTest)) => Action::Resume,
+        (Exit::MmioRead { addr }, _) => Action::Fault(Fault::UnhandledMmio { addr: *addr, write: false }),
+        (Exit::MmioWrite { addr }, _) => Action::Fault(Fault::UnhandledMmio { addr: *addr, write: true }),
+        (Exit::Interrupted, _) => Action::Interrupted,
+        (Exit::Hlt, _) => Action::Fault(Fault::Halted),
+        (Exit::Shutdown, _) => Action::Fault(Fault::TripleFault),
+        (Exit::InternalError { suberror }, _) => Action::Fault(Fault::InternalError { suberror: *suberror }),
+        (Exit::FailEntry { reason, cpu }, _) => Action::Fault(Fault::FailedEntry { reason: *reason, cpu: *cpu }),
+        (Exit::SystemEvent { kind }, _) => Action::Fault(Fault::Unexpected(format!("system event {kind}"))),
+        (Exit::Other(what), _) => Action::Fault(Fault::Unexpected(what.clone())),
+        (Exit::IoOut { port, .. }, None) => Action::Fault(Fault::UnhandledPort { port: *port, write: true }),
+    }
+}
+
+fn port_write(device: Device, port: u16, value: u32) -> Action {
+    match device {
+        Device::Console => Action::Console(value),
+        Device::Ready => Action::Ready,
+        Device::Done => Action::Done,
+        Device::Phase => Action::Phase(value),
+        Device::Panic => Action::Panic(value),
+        Device::ExitTestPort | Device::MmioTest => Action::Resume,
+        Device::Unhandled => Action::Fault(Fault::UnhandledPort { port, write: true }),
+    }
+}
+
+#[cfg(test)]
+#[path = "exits_tests.rs"]
+mod tests;

@@ -1,0 +1,21 @@
+//! kvmscope: a tiny VMM that shows the KVM binary statistics interface end to end.
+//!
+//! The binary (`main.rs`) only parses the command line into config structs; the
+//! engine is here. Threads: the main thread (`run`), one `vcpu<N>` thread per
+//! vCPU (`vcpu`), and a signal thread that turns SIGINT/SIGTERM into events.
+
+#[path = "../../guest/src/abi.rs"]
+pub mod abi;
+pub mod backend;
+pub mod boot;
+pub mod exits;
+pub mod kick;
+pub mod memory;
+pub mod run;
+pub mod signals;
+pub mod summary;
+pub mod units;
+pub mod vcpu;
+pub mod vm;
+pub mod workload;
+pub mod x86_64;

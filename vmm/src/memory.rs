@@ -1,0 +1,98 @@
+//! Guest RAM: one anonymous private mapping at guest address 0, through vm-memory.
+
+use vm_memory::{GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap, GuestMemoryRegion as _};
+
+use crate::abi;
+use crate::x86_64::paging;
+
+/// Guest RAM as the VMM sees it.
+pub type GuestMemory = GuestMemoryMmap<()>;
+
+/// Why guest RAM could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("guest memory of {size} bytes is too small: the guest ABI needs at least {min} bytes")]
+    TooSmall { size: u64, min: u64 },
+    #[error("guest memory of {0} bytes is not a multiple of 2 MiB")]
+    Unaligned(u64),
+    #[error("guest memory of {size} bytes is over the {max} bytes the guest's page tables cover")]
+    TooLarge { size: u64, max: u64 },
+    #[error("mapping {0} bytes of guest memory")]
+    Map(u64, #[source] vm_memory::mmap::FromRangesError),
+    #[error("madvise on guest memory")]
+    Madvise(#[source] std::io::Error),
+}
+
+/// Largest guest RAM: the page directories reserved cover RAM plus the 2 MiB MMIO page.
+pub const MAX_MEMORY: u64 = (abi::MAX_PD_PAGES << 30) - paging::PAGE_2M;
+
+/// Checks a RAM size against the guest ABI.
+///
+/// # Errors
+/// `TooSmall`, `Unaligned` or `TooLarge`.
+pub fn check_size(size: u64) -> Result<(), Error> {
+    if size < abi::MIN_MEMORY {
+        return Err(Error::TooSmall { size, min: abi::MIN_MEMORY });
+    }
+    if size % paging::PAGE_2M != 0 {
+        return Err(Error::Unaligned(size));
+    }
+    if size > MAX_MEMORY {
+        return Err(Error::TooLarge { size, max: MAX_MEMORY });
+    }
+    Ok(())
+}
+
+/// Maps `size` bytes of guest RAM. With `hugepages` the mapping is madvised
+/// MADV_HUGEPAGE (transparent huge pages, so the MMU can map 2 MiB at a time);
+/// without, MADV_NOHUGEPAGE, so that results do not depend on the host's THP default.
+///
+/// # Errors
+/// A bad size, or the mmap/madvise that failed.
+pub fn create(size: u64, hugepages: bool) -> Result<GuestMemory, Error> {
+    check_size(size)?;
+    let len = usize::try_from(size).map_err(|_| Error::TooLarge { size, max: MAX_MEMORY })?;
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)]).map_err(|e| Error::Map(size, e))?;
+    let advice = if hugepages { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+    for region in mem.iter() {
+        let (ptr, len) = host_range(region);
+        // SAFETY: the range is exactly one mapping vm-memory made and still owns;
+        // madvise only changes how the kernel backs it.
+        let rc = unsafe { libc::madvise(ptr.cast(), len, advice) };
+        if rc != 0 {
+            return Err(Error::Madvise(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(mem)
+}
+
+/// The host address and length of a region's mapping.
+pub fn host_range(region: &vm_memory::GuestRegionMmap<()>) -> (*mut u8, usize) {
+    (region.as_ptr(), region.len() as usize)
+}
+
+/// Total bytes of guest RAM.
+pub fn size(mem: &GuestMemory) -> u64 {
+    mem.iter().map(|r| r.len()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_checks_name_the_problem() {
+        assert!(matches!(check_size(4 << 20), Err(Error::TooSmall { .. })));
+        assert!(matches!(check_size((64 << 20) + 4096), Err(Error::Unaligned(_))));
+        assert!(matches!(check_size(MAX_MEMORY + paging::PAGE_2M), Err(Error::TooLarge { .. })));
+        assert!(check_size(64 << 20).is_ok());
+    }
+
+    #[test]
+    fn creates_zeroed_memory_of_the_requested_size() {
+        let mem = create(32 << 20, false).unwrap();
+        assert_eq!(size(&mem), 32 << 20);
+        let v: u64 = vm_memory::Bytes::read_obj(&mem, GuestAddress(abi::ARENA_BASE)).unwrap();
+        assert_eq!(v, 0);
+    }
+}

@@ -1,0 +1,43 @@
+//! SIGINT and SIGTERM become `VmEvent::Signal` on the main loop's channel: the
+//! signals are blocked in every thread and taken by one thread with `sigwait`,
+//! so no work happens in a signal handler and no thread is interrupted.
+
+use std::sync::mpsc::Sender;
+
+use crate::vcpu::VmEvent;
+
+fn termination_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset only write the set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Blocks SIGINT/SIGTERM in the calling thread (and so in threads it starts
+/// afterwards). Call first thing in `main`, before any thread exists.
+pub fn block_termination() {
+    let set = termination_set();
+    // SAFETY: changes only this thread's signal mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Starts the thread that forwards termination signals to `events`.
+///
+/// # Errors
+/// The thread could not be started.
+pub fn forward_termination(events: Sender<VmEvent>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("signals".into()).spawn(move || loop {
+        let set = termination_set();
+        let mut sig = 0;
+        // SAFETY: sigwait writes the signal number into `sig`.
+        let rc = unsafe { libc::sigwait(&set, &mut sig) };
+        if rc == 0 && events.send(VmEvent::Signal(sig)).is_err() {
+            return;
+        }
+    })?;
+    Ok(())
+}

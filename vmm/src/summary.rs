@@ -1,0 +1,165 @@
+//! What a run did, from KVM's stats and our own counters: the end-of-run report
+//! of `kvmscope run`, as text or JSON.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use kvm_stats::{Sample, StatType, StatsFd};
+
+use crate::backend::Backend;
+use crate::units::format_bytes;
+use crate::vcpu::{CommandResult, Outcome};
+
+/// Leaf mappings the KVM MMU holds (VM stats `pages_4k/2m/1g`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mapped {
+    pub pages_4k: u64,
+    pub pages_2m: u64,
+    pub pages_1g: u64,
+}
+
+impl Mapped {
+    /// Reads the page counts out of a VM stats sample (missing stats read as 0).
+    pub fn from_sample(stats: &StatsFd, sample: &Sample) -> Mapped {
+        let get = |name| stats.schema().find(name).map(|id| sample.u64(id)).unwrap_or(0);
+        Mapped { pages_4k: get("pages_4k"), pages_2m: get("pages_2m"), pages_1g: get("pages_1g") }
+    }
+
+    /// Bytes of guest memory mapped.
+    pub fn bytes(&self) -> u64 {
+        (self.pages_4k << 12) + (self.pages_2m << 21) + (self.pages_1g << 30)
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "pages_4k": self.pages_4k, "pages_2m": self.pages_2m, "pages_1g": self.pages_1g, "bytes": self.bytes() })
+    }
+}
+
+/// One vCPU's part of the summary.
+#[derive(Debug, Clone)]
+pub struct VcpuSummary {
+    pub index: usize,
+    pub outcome: Option<Outcome>,
+    /// Growth of each cumulative KVM stat that moved, plus `exits`, by name.
+    pub kvm: Vec<(String, u64)>,
+    /// Our own counters (see `ExitCounters::to_json`).
+    pub ours: serde_json::Value,
+    pub results: Vec<CommandResult>,
+}
+
+/// The report of a run.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub backend: Backend,
+    pub memory: u64,
+    pub hugepages: bool,
+    pub elapsed: Duration,
+    /// From process start to the first guest port write (the guest's first instruction is earlier still).
+    pub to_first_exit: Option<Duration>,
+    /// From process start to the first command completed.
+    pub to_first_done: Option<Duration>,
+    pub before: Mapped,
+    pub after: Mapped,
+    pub vcpus: Vec<VcpuSummary>,
+    /// A termination signal ended the run.
+    pub signal: Option<i32>,
+    /// vCPUs that did not stop in time.
+    pub stuck: Vec<usize>,
+}
+
+/// Cumulative KVM stats that grew between two samples (`exits` always listed).
+pub fn kvm_growth(stats: &StatsFd, before: &Sample, after: &Sample) -> Vec<(String, u64)> {
+    stats
+        .schema()
+        .iter()
+        .filter(|(_, d)| d.kind == StatType::Cumulative && d.size == 1)
+        .map(|(id, d)| (d.name.clone(), after.u64(id).saturating_sub(before.u64(id))))
+        .filter(|(name, delta)| *delta > 0 || name == "exits")
+        .collect()
+}
+
+/// A short description of how a vCPU ended.
+pub fn describe_outcome(o: Option<&Outcome>) -> String {
+    match o {
+        None => "still running".into(),
+        Some(Outcome::Stopped) => "stopped".into(),
+        Some(Outcome::GuestPanic { message, registers }) => format!("guest panic: {message}\n      registers: {registers}"),
+        Some(Outcome::Fault { fault, registers }) => format!("guest fault: {fault}\n      registers: {registers}"),
+        Some(Outcome::Error(e)) => format!("VMM error: {e}"),
+    }
+}
+
+impl Summary {
+    /// The first vCPU failure, as an error message naming the vCPU.
+    pub fn failure(&self) -> Option<String> {
+        self.vcpus.iter().find_map(|v| match &v.outcome {
+            Some(Outcome::Stopped) | None => None,
+            o => Some(format!("vCPU {}: {}", v.index, describe_outcome(o.as_ref()))),
+        })
+    }
+
+    /// The summary for people.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "kvmscope run: {} vCPU(s), {} guest RAM{}, backend {}", self.vcpus.len(), format_bytes(self.memory), if self.hugepages { " (huge pages)" } else { "" }, self.backend.describe());
+        let us = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3));
+        let _ = writeln!(s, "time: {:.3} s total; {} to the first guest exit; {} to the first command done", self.elapsed.as_secs_f64(), us(self.to_first_exit), us(self.to_first_done));
+        let m = |m: &Mapped| format!("4k={} 2m={} 1g={} ({})", m.pages_4k, m.pages_2m, m.pages_1g, format_bytes(m.bytes()));
+        let _ = writeln!(s, "mapped pages: before {}\n              after  {}", m(&self.before), m(&self.after));
+        for v in &self.vcpus {
+            let _ = writeln!(s, "vcpu{}: {}", v.index, describe_outcome(v.outcome.as_ref()));
+            let kvm: Vec<String> = v.kvm.iter().map(|(n, d)| format!("{n}={d}")).collect();
+            let _ = writeln!(s, "  kvm stats (growth): {}", kvm.join(" "));
+            let ours: Vec<String> = ["reasons", "devices"]
+                .iter()
+                .flat_map(|k| v.ours[k].as_object().into_iter().flatten())
+                .filter(|(_, n)| n.as_u64() != Some(0))
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect();
+            let _ = writeln!(s, "  our exit counters: total={} {}", v.ours["total"], ours.join(" "));
+            for r in &v.results {
+                let _ = writeln!(s, "  #{:<3} {:<48} {:<4} values={:?} in {:.2} ms", r.seq, r.command, r.status, r.values, r.host_time.as_secs_f64() * 1e3);
+            }
+        }
+        if let Some(sig) = self.signal {
+            let _ = writeln!(s, "stopped by signal {sig}");
+        }
+        if !self.stuck.is_empty() {
+            let _ = writeln!(s, "vCPUs that did not stop in time: {:?}", self.stuck);
+        }
+        s
+    }
+
+    /// The summary as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+        let vcpus: Vec<_> = self
+            .vcpus
+            .iter()
+            .map(|v| {
+                let kvm: serde_json::Map<_, _> = v.kvm.iter().map(|(n, d)| (n.clone(), (*d).into())).collect();
+                let results: Vec<_> = v.results.iter().map(result_json).collect();
+                serde_json::json!({
+                    "index": v.index, "outcome": describe_outcome(v.outcome.as_ref()),
+                    "failed": !matches!(v.outcome, Some(Outcome::Stopped)),
+                    "kvm": kvm, "ours": v.ours, "commands": results,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "backend": self.backend.to_json(), "memory": self.memory, "hugepages": self.hugepages,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "startup_ms": { "to_first_exit": ms(self.to_first_exit), "to_first_command_done": ms(self.to_first_done) },
+            "mapped": { "before": self.before.to_json(), "after": self.after.to_json() },
+            "vcpus": vcpus, "signal": self.signal, "stuck": self.stuck,
+        })
+    }
+}
+
+/// One command result as JSON.
+pub fn result_json(r: &CommandResult) -> serde_json::Value {
+    serde_json::json!({
+        "seq": r.seq, "command": r.command, "status": r.status, "values": r.values,
+        "host_time_s": r.host_time.as_secs_f64(),
+    })
+}

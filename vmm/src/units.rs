@@ -1,0 +1,104 @@
+//! Parsing and printing of sizes and durations as users write them (`64M`, `500ms`).
+
+use std::time::Duration;
+
+/// Parses a byte size: a number with an optional binary suffix `K`, `M`, `G`, `T`
+/// (optionally followed by `i`/`iB`/`B`), e.g. `4096`, `64M`, `1GiB`.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits_end);
+    let n: u64 = num.parse().ok()?;
+    let shift = match suffix.trim_end_matches("iB").trim_end_matches(['B', 'i']) {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        "T" | "t" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
+/// Parses a duration: a number with a suffix `ns`, `us`, `ms`, `s` or `m` (`1.5s` allowed).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let secs = match unit {
+        "ns" => n / 1e9,
+        "us" => n / 1e6,
+        "ms" => n / 1e3,
+        "s" => n,
+        "m" | "min" => n * 60.0,
+        _ => return None,
+    };
+    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// Formats bytes with a binary unit, e.g. `64 MiB`, `1.50 GiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 || v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[i])
+    } else {
+        format!("{v:.2} {}", UNITS[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_accept_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("4K"), Some(4096));
+        assert_eq!(parse_size("64M"), Some(64 << 20));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("2G"), Some(2 << 30));
+    }
+
+    #[test]
+    fn sizes_reject_garbage_and_overflow() {
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("M"), None);
+        assert_eq!(parse_size("12X"), None);
+        assert_eq!(parse_size("-4K"), None);
+        assert_eq!(parse_size("99999999999999T"), None);
+    }
+
+    #[test]
+    fn durations_accept_units_and_fractions() {
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5s"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("10us"), Some(Duration::from_micros(10)));
+    }
+
+    #[test]
+    fn durations_reject_missing_or_unknown_units() {
+        assert_eq!(parse_duration("5"), None);
+        assert_eq!(parse_duration("5h"), None);
+        assert_eq!(parse_duration("s"), None);
+        assert_eq!(parse_duration("1e400s"), None);
+    }
+
+    #[test]
+    fn bytes_format_with_binary_units() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(64 << 20), "64 MiB");
+        assert_eq!(format_bytes(3 << 29), "1.50 GiB");
+    }
+}

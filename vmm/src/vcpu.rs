@@ -1,0 +1,465 @@
+//! A vCPU: the part its thread owns (`Vcpu`, with the KVM fd and the run loop)
+//! and the part the rest of the VMM shares (`VcpuShared`: inbox, state, counters).
+//!
+//! The run loop is a small state machine (Running / Paused / Finished). The
+//! guest asks for work with a port write; the thread then sleeps on the inbox's
+//! condition variable until a command, a pause or a stop arrives, so a waiting
+//! vCPU burns no host CPU.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::abi::{self, mailbox_offset as mb};
+use crate::boot::mailbox_addr;
+use crate::exits::{dispatch, Action, Bus, ExitCounters, Exit, Fault};
+use crate::kick;
+use crate::memory::GuestMemory;
+use crate::workload::Command;
+
+/// Results kept per vCPU for `query-guest` and summaries.
+const RESULTS_KEPT: usize = 256;
+
+/// What the VMM asks of a vCPU thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    Run,
+    Pause,
+    Stop,
+}
+
+/// What a vCPU is doing, as others see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuState {
+    Booting,
+    Running { seq: u64, command: String },
+    Waiting,
+    Paused,
+    Finished(String),
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandResult {
+    pub seq: u64,
+    /// The command, as a spec.
+    pub command: String,
+    /// `ok`, or what went wrong.
+    pub status: String,
+    /// The guest's result words (meaning per command, see docs/GUEST_ABI.md).
+    pub values: [u64; 3],
+    /// Host time from handing the command over to its completion.
+    pub host_time: Duration,
+}
+
+/// How a vCPU thread ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Told to stop.
+    Stopped,
+    /// The guest reported a panic.
+    GuestPanic { message: String, registers: String },
+    /// The guest cannot go on.
+    Fault { fault: Fault, registers: String },
+    /// A KVM call failed.
+    Error(String),
+}
+
+/// What vCPU threads tell the VMM's main loop.
+#[derive(Debug)]
+pub enum VmEvent {
+    /// vCPU `0` ran out of commands and is waiting.
+    Idle(usize),
+    /// A command finished.
+    CommandDone(usize, CommandResult),
+    /// The guest printed a line.
+    Console(usize, String),
+    /// vCPU `0`'s thread ended.
+    Finished(usize, Outcome),
+    /// The process received a termination signal.
+    Signal(i32),
+}
+
+struct Inbox {
+    queue: VecDeque<Command>,
+    control: Control,
+    state: VcpuState,
+    results: VecDeque<CommandResult>,
+    next_seq: u64,
+}
+
+/// The part of a vCPU other threads may touch.
+pub struct VcpuShared {
+    pub index: usize,
+    /// Our own exit counters.
+    pub counters: ExitCounters,
+    /// Latest phase marker the guest reported.
+    pub phase: AtomicU64,
+    /// When the guest first asked for a command (its first port write).
+    pub first_exit: OnceLock<Instant>,
+    inbox: Mutex<Inbox>,
+    wake: Condvar,
+    /// A control request (pause/stop) waits in the inbox.
+    pending: AtomicBool,
+}
+
+impl VcpuShared {
+    pub fn new(index: usize) -> Self {
+        let inbox = Inbox { queue: VecDeque::new(), control: Control::Run, state: VcpuState::Booting, results: VecDeque::new(), next_seq: 1 };
+        VcpuShared { index, counters: ExitCounters::default(), phase: AtomicU64::new(0), first_exit: OnceLock::new(), inbox: Mutex::new(inbox), wake: Condvar::new(), pending: AtomicBool::new(false) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inbox> {
+        // A panic elsewhere while holding the lock leaves the inbox consistent
+        // (every update is a single assignment), so poisoning is not fatal.
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues commands; returns the sequence number the first will get.
+    pub fn push_commands(&self, commands: impl IntoIterator<Item = Command>) -> u64 {
+        let mut inbox = self.lock();
+        let first = inbox.next_seq + inbox.queue.len() as u64;
+        inbox.queue.extend(commands);
+        self.wake.notify_all();
+        first
+    }
+
+    /// Records a control request. The caller must then kick the thread.
+    pub fn set_control(&self, c: Control) {
+        let mut inbox = self.lock();
+        if inbox.control != Control::Stop {
+            inbox.control = c;
+        }
+        self.pending.store(true, Ordering::Release);
+        self.wake.notify_all();
+    }
+
+    /// The vCPU's state.
+    pub fn state(&self) -> VcpuState {
+        self.lock().state.clone()
+    }
+
+    /// Commands queued and not yet started.
+    pub fn queued(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// The most recent results, oldest first.
+    pub fn results(&self) -> Vec<CommandResult> {
+        self.lock().results.iter().cloned().collect()
+    }
+}
+
+/// The part of a vCPU its thread owns.
+pub struct Vcpu {
+    pub fd: VcpuFd,
+    pub mem: GuestMemory,
+    pub bus: Bus,
+    pub arena_size: u64,
+    pub shared: Arc<VcpuShared>,
+    pub events: Sender<VmEvent>,
+    /// The command the guest is running: sequence, spec, start time.
+    current: Option<(u64, String, Instant)>,
+}
+
+enum State {
+    Running,
+    Paused,
+    Finished(Outcome),
+}
+
+impl Vcpu {
+    pub fn new(fd: VcpuFd, mem: GuestMemory, bus: Bus, arena_size: u64, shared: Arc<VcpuShared>, events: Sender<VmEvent>) -> Self {
+        Vcpu { fd, mem, bus, arena_size, shared, events, current: None }
+    }
+
+    /// Runs the vCPU until it is stopped or the guest fails; call on its own thread.
+    pub fn run(mut self) -> Outcome {
+        kick::arm(&mut self.fd.get_kvm_run().immediate_exit);
+        let mut state = State::Running;
+        let outcome = loop {
+            state = match state {
+                State::Running => self.running(),
+                State::Paused => self.paused(),
+                State::Finished(outcome) => break outcome,
+            }
+        };
+        kick::disarm();
+        let text = match &outcome {
+            Outcome::Stopped => "stopped".to_string(),
+            Outcome::GuestPanic { message, .. } => format!("guest panic: {message}"),
+            Outcome::Fault { fault, .. } => format!("fault: {fault}"),
+            Outcome::Error(e) => format!("error: {e}"),
+        };
+        self.shared.lock().state = VcpuState::Finished(text);
+        outcome
+    }
+
+    /// Looks at a pending control request; `Some` when the loop must change state.
+    fn take_control(&self) -> Option<State> {
+        if !self.shared.pending.load(Ordering::Acquire) {
+            return None;
+        }
+        let inbox = self.shared.lock();
+        match inbox.control {
+            Control::Stop => Some(State::Finished(Outcome::Stopped)),
+            Control::Pause => Some(State::Paused),
+            Control::Run => {
+                self.shared.pending.store(false, Ordering::Release);
+                None
+            }
+        }
+    }
+
+    fn paused(&mut self) -> State {
+        let mut inbox = self.shared.lock();
+        let before = std::mem::replace(&mut inbox.state, VcpuState::Paused);
+        while inbox.control == Control::Pause {
+            inbox = self.shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+        }
+        inbox.state = before;
+        match inbox.control {
+            Control::Stop => State::Finished(Outcome::Stopped),
+            _ => {
+                self.shared.pending.store(false, Ordering::Release);
+                State::Running
+            }
+        }
+    }
+
+    fn running(&mut self) -> State {
+        loop {
+            if let Some(s) = self.take_control() {
+                return s;
+            }
+            let exit = match self.enter() {
+                Ok(exit) => exit,
+                Err(e) => return State::Finished(Outcome::Error(format!("KVM_RUN failed: {e}"))),
+            };
+            let action = dispatch(&exit, &self.bus, &self.shared.counters);
+            if let Some(s) = self.act(action) {
+                return s;
+            }
+        }
+    }
+
+    /// One KVM_RUN, with the exit copied out of `kvm_run`.
+    fn enter(&mut self) -> Result<Exit, kvm_ioctls::Error> {
+        let exit = match self.fd.run() {
+            Ok(VcpuExit::IoOut(port, data)) => {
+                let mut v = [0u8; 4];
+                let n = data.len().min(4);
+                v[..n].copy_from_slice(&data[..n]);
+                Exit::IoOut { port, value: u32::from_le_bytes(v) }
+            }
+            Ok(VcpuExit::IoIn(port, data)) => {
+                data.fill(0xff);
+                Exit::IoIn { port }
+            }
+            Ok(VcpuExit::MmioRead(addr, data)) => {
+                data.fill(0);
+                Exit::MmioRead { addr }
+            }
+            Ok(VcpuExit::MmioWrite(addr, _)) => Exit::MmioWrite { addr },
+            Ok(VcpuExit::Hlt) => Exit::Hlt,
+            Ok(VcpuExit::Shutdown) => Exit::Shutdown,
+            Ok(VcpuExit::InternalError) => {
+                // SAFETY: KVM filled the `internal` member of the union for this exit reason.
+                let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                Exit::InternalError { suberror }
+            }
+            Ok(VcpuExit::FailEntry(reason, cpu)) => Exit::FailEntry { reason, cpu },
+            Ok(VcpuExit::SystemEvent(kind, _)) => Exit::SystemEvent { kind },
+            Ok(VcpuExit::Intr) => Exit::Interrupted,
+            Ok(other) => Exit::Other(format!("{other:?}")),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                self.fd.set_kvm_immediate_exit(0);
+                Exit::Interrupted
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(exit)
+    }
+
+    fn act(&mut self, action: Action) -> Option<State> {
+        match action {
+            Action::Resume | Action::Interrupted => None,
+            Action::Phase(v) => {
+                self.shared.phase.store(u64::from(v), Ordering::Relaxed);
+                None
+            }
+            Action::Console(len) => {
+                let text = self.read_text(len);
+                log::info!("vcpu{} console: {text}", self.shared.index);
+                let _ = self.events.send(VmEvent::Console(self.shared.index, text));
+                None
+            }
+            Action::Ready => {
+                let _ = self.shared.first_exit.set(Instant::now());
+                self.next_command()
+            }
+            Action::Done => {
+                self.finish_command();
+                self.next_command()
+            }
+            Action::Panic(len) => {
+                let message = self.read_text(len);
+                Some(State::Finished(Outcome::GuestPanic { message, registers: self.registers() }))
+            }
+            Action::Fault(fault) => Some(State::Finished(Outcome::Fault { fault, registers: self.registers() })),
+        }
+    }
+
+    fn read_u64(&self, offset: u64) -> u64 {
+        let addr = GuestAddress(mailbox_addr(self.shared.index as u64) + offset);
+        self.mem.read_obj(addr).unwrap_or(u64::MAX)
+    }
+
+    fn read_text(&self, len: u32) -> String {
+        let mut buf = vec![0u8; (len as usize).min(abi::TEXT_MAX)];
+        let addr = GuestAddress(mailbox_addr(self.shared.index as u64) + mb::TEXT);
+        if self.mem.read_slice(&mut buf, addr).is_err() {
+            return "<unreadable mailbox>".to_string();
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    fn record(&self, result: CommandResult) {
+        let mut inbox = self.shared.lock();
+        if inbox.results.len() == RESULTS_KEPT {
+            inbox.results.pop_front();
+        }
+        inbox.results.push_back(result.clone());
+        drop(inbox);
+        let _ = self.events.send(VmEvent::CommandDone(self.shared.index, result));
+    }
+
+    /// Reads the guest's result for the current command.
+    fn finish_command(&mut self) {
+        let Some((seq, command, started)) = self.current.take() else { return };
+        let status = match (self.read_u64(mb::RESULT_SEQ), self.read_u64(mb::STATUS)) {
+            (s, _) if s != seq => format!("guest answered for command {s}, not {seq}"),
+            (_, abi::STATUS_OK) => "ok".to_string(),
+            (_, abi::STATUS_BAD_ARGS) => "guest rejected the arguments".to_string(),
+            (_, abi::STATUS_UNKNOWN_COMMAND) => "guest does not know the command".to_string(),
+            (_, other) => format!("guest status {other}"),
+        };
+        let values = [0, 1, 2].map(|i| self.read_u64(mb::RESULT + 8 * i));
+        self.record(CommandResult { seq, command, status, values, host_time: started.elapsed() });
+    }
+
+    /// Blocks until the guest has a command in its mailbox, or a control request
+    /// makes the loop change state.
+    fn next_command(&mut self) -> Option<State> {
+        loop {
+            let (seq, command) = match self.wait_for_command() {
+                Ok(next) => next,
+                Err(state) => return Some(state),
+            };
+            let started = Instant::now();
+            match command.to_guest(self.arena_size) {
+                Ok(Some(g)) => {
+                    let mut words = vec![g.code, seq];
+                    words.extend_from_slice(&g.args);
+                    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                    let addr = GuestAddress(mailbox_addr(self.shared.index as u64) + mb::CMD);
+                    if let Err(e) = self.mem.write_slice(&bytes, addr) {
+                        return Some(State::Finished(Outcome::Error(format!("writing the mailbox: {e}"))));
+                    }
+                    self.shared.lock().state = VcpuState::Running { seq, command: command.to_string() };
+                    self.current = Some((seq, command.to_string(), started));
+                    return None;
+                }
+                Ok(None) => {
+                    if let Command::Wait { duration } = command {
+                        if let Some(state) = self.vmm_wait(duration) {
+                            return Some(state);
+                        }
+                    }
+                    self.record(CommandResult { seq, command: command.to_string(), status: "ok".into(), values: [0; 3], host_time: started.elapsed() });
+                }
+                Err(e) => self.record(CommandResult { seq, command: command.to_string(), status: e.to_string(), values: [0; 3], host_time: Duration::ZERO }),
+            }
+        }
+    }
+
+    /// Pops the next command, sleeping while there is none.
+    fn wait_for_command(&mut self) -> Result<(u64, Command), State> {
+        let mut inbox = self.shared.lock();
+        let mut told_idle = false;
+        loop {
+            match inbox.control {
+                Control::Stop => return Err(State::Finished(Outcome::Stopped)),
+                Control::Pause => {
+                    inbox.state = VcpuState::Paused;
+                    inbox = self.shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                    continue;
+                }
+                Control::Run => self.shared.pending.store(false, Ordering::Release),
+            }
+            if let Some(cmd) = inbox.queue.pop_front() {
+                let seq = inbox.next_seq;
+                inbox.next_seq += 1;
+                return Ok((seq, cmd));
+            }
+            inbox.state = VcpuState::Waiting;
+            if !told_idle {
+                told_idle = true;
+                let _ = self.events.send(VmEvent::Idle(self.shared.index));
+            }
+            inbox = self.shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// `wait`: sleep for `duration` (or until a command is queued when `None`),
+    /// waking early for pause/stop.
+    fn vmm_wait(&self, duration: Option<Duration>) -> Option<State> {
+        let deadline = duration.map(|d| Instant::now() + d);
+        let mut inbox = self.shared.lock();
+        inbox.state = VcpuState::Waiting;
+        loop {
+            match inbox.control {
+                Control::Stop => return Some(State::Finished(Outcome::Stopped)),
+                Control::Pause => {}
+                Control::Run => {
+                    let done = match deadline {
+                        Some(d) => Instant::now() >= d,
+                        None => !inbox.queue.is_empty(),
+                    };
+                    if done {
+                        return None;
+                    }
+                }
+            }
+            inbox = match deadline {
+                Some(d) => self.shared.wake.wait_timeout(inbox, d.saturating_duration_since(Instant::now())).unwrap_or_else(|e| e.into_inner()).0,
+                None => self.shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+    }
+
+    /// The registers, for fault reports.
+    fn registers(&self) -> String {
+        describe_registers(&self.fd)
+    }
+}
+
+/// A one-line dump of the registers that matter when a guest fails.
+pub fn describe_registers(fd: &VcpuFd) -> String {
+    let regs = match fd.get_regs() {
+        Ok(r) => format!(
+            "rip={:#x} rsp={:#x} rflags={:#x} rax={:#x} rbx={:#x} rcx={:#x} rdx={:#x} rsi={:#x} rdi={:#x}",
+            r.rip, r.rsp, r.rflags, r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi
+        ),
+        Err(e) => format!("registers unreadable ({e})"),
+    };
+    match fd.get_sregs() {
+        Ok(s) => format!("{regs} cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x} cs={:#x}", s.cr0, s.cr2, s.cr3, s.cr4, s.efer, s.cs.selector),
+        Err(_) => regs,
+    }
+}

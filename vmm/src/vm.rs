@@ -1,0 +1,283 @@
+//! The VM: KVM handles, guest RAM, vCPU threads and their stats fds, and the
+//! orderly start and stop of it all.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES};
+use kvm_ioctls::{Kvm, VmFd};
+use kvm_stats::StatsFd;
+use vm_memory::{GuestMemoryBackend as _, GuestMemoryRegion as _};
+use vmm_sys_util::signal::Killable;
+
+use crate::abi;
+use crate::backend::{self, Backend};
+use crate::boot;
+use crate::exits::Bus;
+use crate::kick;
+use crate::memory::{self, GuestMemory};
+use crate::vcpu::{Control, Outcome, Vcpu, VcpuShared, VmEvent};
+use crate::workload::Command;
+use crate::x86_64::{paging, regs};
+
+/// Everything needed to build a VM.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// Bytes of guest RAM.
+    pub memory: u64,
+    pub vcpus: usize,
+    /// Back guest RAM with transparent huge pages.
+    pub hugepages: bool,
+    /// Enable KVM dirty-page logging on guest RAM.
+    pub dirty_log: bool,
+    /// An ELF to boot instead of the built-in guest.
+    pub guest: Option<PathBuf>,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig { memory: 256 << 20, vcpus: 1, hugepages: false, dirty_log: false, guest: None }
+    }
+}
+
+/// Why the VM could not be built or run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("opening /dev/kvm")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("this kernel has no KVM binary stats (KVM_CAP_BINARY_STATS_FD)")]
+    NoBinaryStats,
+    #[error("creating the VM")]
+    CreateVm(#[source] kvm_ioctls::Error),
+    #[error("{requested} vCPUs requested; this host and the guest ABI allow 1 to {max}")]
+    VcpuCount { requested: usize, max: usize },
+    #[error("setting up guest memory")]
+    Memory(#[from] memory::Error),
+    #[error("reading the guest image {0}")]
+    ReadGuest(PathBuf, #[source] std::io::Error),
+    #[error("booting the guest")]
+    Boot(#[from] boot::Error),
+    #[error("registering guest memory with KVM")]
+    SetMemory(#[source] kvm_ioctls::Error),
+    #[error("reading the supported CPUID")]
+    Cpuid(#[source] kvm_ioctls::Error),
+    #[error("creating vCPU {0}")]
+    CreateVcpu(usize, #[source] kvm_ioctls::Error),
+    #[error("setting up vCPU {0}")]
+    SetupVcpu(usize, #[source] regs::Error),
+    #[error("opening a stats fd")]
+    StatsFd(#[from] kvm_stats::ioctl::Error),
+    #[error("reading a stats fd")]
+    Stats(#[from] kvm_stats::Error),
+    #[error("installing the vCPU kick signal handler")]
+    Signal(#[source] vmm_sys_util::errno::Error),
+    #[error("starting the vCPU {0} thread")]
+    Spawn(usize, #[source] std::io::Error),
+}
+
+/// The VMM's grip on one vCPU thread.
+pub struct VcpuHandle {
+    pub shared: Arc<VcpuShared>,
+    thread: Option<JoinHandle<()>>,
+    outcome: Option<Outcome>,
+}
+
+impl VcpuHandle {
+    /// Records a control request and kicks the thread out of KVM_RUN (see `kick`).
+    pub fn control(&self, c: Control) {
+        self.shared.set_control(c);
+        if let Some(t) = &self.thread {
+            if self.outcome.is_none() {
+                // ESRCH only if the thread already ended, which is fine.
+                let _ = t.kill(kick::kick_signal());
+            }
+        }
+    }
+
+    /// How the thread ended, once it has.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        self.outcome.as_ref()
+    }
+}
+
+/// A VM with its vCPUs (threads started by [`Vm::start`]).
+pub struct Vm {
+    pub backend: Backend,
+    pub config: VmConfig,
+    pub mem: GuestMemory,
+    pub vm_stats: StatsFd,
+    pub vcpu_stats: Vec<StatsFd>,
+    pub vcpus: Vec<VcpuHandle>,
+    pub created: Instant,
+    unstarted: Vec<Vcpu>,
+    events_tx: Sender<VmEvent>,
+    events: Receiver<VmEvent>,
+    // Dropped last: the VM fd outlives everything that refers to the VM.
+    pub fd: VmFd,
+    _kvm: Kvm,
+}
+
+impl Vm {
+    /// Builds the VM and its vCPUs, ready to [`start`](Vm::start).
+    ///
+    /// # Errors
+    /// The step that failed.
+    pub fn new(config: VmConfig) -> Result<Vm, Error> {
+        let created = Instant::now();
+        kick::install().map_err(Error::Signal)?;
+        let kvm = Kvm::new().map_err(Error::OpenKvm)?;
+        if kvm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_BINARY_STATS_FD)) <= 0 {
+            return Err(Error::NoBinaryStats);
+        }
+        let max = kvm.get_max_vcpus().min(abi::MAX_VCPUS as usize);
+        if config.vcpus == 0 || config.vcpus > max {
+            return Err(Error::VcpuCount { requested: config.vcpus, max });
+        }
+        let fd = kvm.create_vm().map_err(Error::CreateVm)?;
+        let mem = memory::create(config.memory, config.hugepages)?;
+        let image = match &config.guest {
+            Some(path) => std::fs::read(path).map_err(|e| Error::ReadGuest(path.clone(), e))?,
+            None => boot::DEFAULT_GUEST.to_vec(),
+        };
+        let entry = boot::load_guest(&mem, &image)?;
+        boot::write_boot_structures(&mem)?;
+        register_memory(&fd, &mem, config.dirty_log)?;
+        let vm_stats = StatsFd::new(kvm_stats::ioctl::get_stats_fd(&fd)?)?;
+        let (events_tx, events) = channel();
+        let cpuid = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(Error::Cpuid)?;
+        let bus = Bus::new(paging::mmio_addr(config.memory));
+        let mut unstarted = Vec::with_capacity(config.vcpus);
+        let mut vcpus = Vec::with_capacity(config.vcpus);
+        let mut vcpu_stats = Vec::with_capacity(config.vcpus);
+        for i in 0..config.vcpus {
+            let vfd = fd.create_vcpu(i as u64).map_err(|e| Error::CreateVcpu(i, e))?;
+            regs::setup(&vfd, &cpuid, entry, i as u64).map_err(|e| Error::SetupVcpu(i, e))?;
+            let tsc_khz = vfd.get_tsc_khz().map(u64::from).unwrap_or_else(|_| host_tsc_khz());
+            boot::write_mailbox_boot(&mem, i as u64, tsc_khz)?;
+            vcpu_stats.push(StatsFd::new(kvm_stats::ioctl::get_stats_fd(&vfd)?)?);
+            let shared = Arc::new(VcpuShared::new(i));
+            let arena = boot::arena_size(config.memory);
+            unstarted.push(Vcpu::new(vfd, mem.clone(), bus.clone(), arena, shared.clone(), events_tx.clone()));
+            vcpus.push(VcpuHandle { shared, thread: None, outcome: None });
+        }
+        let backend = backend::detect();
+        Ok(Vm { backend, config, mem, vm_stats, vcpu_stats, vcpus, created, unstarted, events_tx, events, fd, _kvm: kvm })
+    }
+
+    /// Starts one thread per vCPU, named `vcpu<N>`.
+    ///
+    /// # Errors
+    /// `Spawn` if a thread cannot be started (those already started keep running).
+    pub fn start(&mut self) -> Result<(), Error> {
+        for vcpu in std::mem::take(&mut self.unstarted) {
+            let i = vcpu.shared.index;
+            let events = vcpu.events.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("vcpu{i}"))
+                .spawn(move || {
+                    let outcome = vcpu.run();
+                    let _ = events.send(VmEvent::Finished(i, outcome));
+                })
+                .map_err(|e| Error::Spawn(i, e))?;
+            self.vcpus[i].thread = Some(thread);
+        }
+        Ok(())
+    }
+
+    /// A sender for events that do not come from vCPUs (signals, the control plane).
+    pub fn event_sender(&self) -> Sender<VmEvent> {
+        self.events_tx.clone()
+    }
+
+    /// Queues commands on vCPU `index`.
+    pub fn push_commands(&self, index: usize, commands: Vec<Command>) -> Option<u64> {
+        self.vcpus.get(index).map(|v| v.shared.push_commands(commands))
+    }
+
+    /// The next event, or `None` after `timeout`. Records vCPU outcomes as they arrive.
+    pub fn next_event(&mut self, timeout: Duration) -> Option<VmEvent> {
+        match self.events.recv_timeout(timeout) {
+            Ok(VmEvent::Finished(i, outcome)) => {
+                if let Some(v) = self.vcpus.get_mut(i) {
+                    v.outcome = Some(outcome.clone());
+                }
+                Some(VmEvent::Finished(i, outcome))
+            }
+            Ok(event) => Some(event),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    /// Tells every vCPU to pause (`Control::Pause`) or resume (`Control::Run`).
+    pub fn control_all(&self, c: Control) {
+        for v in &self.vcpus {
+            v.control(c);
+        }
+    }
+
+    /// Stops every vCPU and joins the threads, waiting at most `timeout`.
+    /// Returns the indexes of vCPUs that did not stop in time (left detached).
+    pub fn stop(&mut self, timeout: Duration) -> Vec<usize> {
+        self.control_all(Control::Stop);
+        let deadline = Instant::now() + timeout;
+        while self.vcpus.iter().any(|v| v.thread.is_some() && v.outcome.is_none()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.next_event(left).is_none() && Instant::now() >= deadline {
+                break;
+            }
+        }
+        let mut stuck = Vec::new();
+        for (i, v) in self.vcpus.iter_mut().enumerate() {
+            match (v.thread.take(), v.outcome.is_some()) {
+                (Some(t), true) => {
+                    let _ = t.join();
+                }
+                (Some(_), false) => stuck.push(i),
+                (None, _) => {}
+            }
+        }
+        stuck
+    }
+
+    /// Host address and size of guest RAM (one region).
+    pub fn ram_host_range(&self) -> (*mut u8, usize) {
+        self.mem.iter().next().map(memory::host_range).unwrap_or((std::ptr::null_mut(), 0))
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if self.vcpus.iter().any(|v| v.thread.is_some()) {
+            self.stop(Duration::from_secs(1));
+        }
+    }
+}
+
+fn register_memory(fd: &VmFd, mem: &GuestMemory, dirty_log: bool) -> Result<(), Error> {
+    for (slot, region) in mem.iter().enumerate() {
+        let (host, len) = memory::host_range(region);
+        let region = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: if dirty_log { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+            guest_phys_addr: region.start_addr().0,
+            memory_size: len as u64,
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region is a live mapping of `mem`; it is unmapped only when the
+        // last `GuestMemory` clone goes, and every vCPU holds one, so no vCPU can run
+        // on an unmapped slot.
+        unsafe { fd.set_user_memory_region(region) }.map_err(Error::SetMemory)?;
+    }
+    Ok(())
+}
+
+/// TSC frequency from the host, for when KVM_GET_TSC_KHZ is not available.
+fn host_tsc_khz() -> u64 {
+    std::fs::read_to_string("/sys/devices/system/cpu/cpu0/tsc_freq_khz")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1_000_000)
+}

@@ -1,0 +1,387 @@
+//! Workload specs: the text users give to `--workload` and `guest-command`, parsed
+//! into commands, and their encoding into the guest's mailbox.
+//!
+//! Grammar: `[TARGET:] COMMAND (; COMMAND)*`, where `TARGET` is `all`, a vCPU
+//! index, a range `1-3` or a list `0,2`, and `COMMAND` is a name followed by
+//! `key=value` parameters, e.g. `touch size=64M; dirty rate=2000/s for=5s`.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::abi;
+use crate::units::{format_bytes, parse_duration, parse_size};
+
+/// What is wrong with a workload spec; each names the part at fault.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error("empty workload: expected a command such as 'touch size=4M'")]
+    Empty,
+    #[error("unknown workload command '{0}' (known: {known})", known = COMMANDS.join(", "))]
+    UnknownCommand(String),
+    #[error("unknown parameter '{param}' for {command} (known: {known})")]
+    UnknownParam { command: &'static str, param: String, known: String },
+    #[error("parameter '{param}' of {command} needs a value: write {param}=VALUE")]
+    MissingValue { command: &'static str, param: String },
+    #[error("parameter '{param}' of {command} is given twice")]
+    DuplicateParam { command: &'static str, param: String },
+    #[error("bad value '{value}' for {param} of {command}: expected {expected}")]
+    BadValue { command: &'static str, param: &'static str, value: String, expected: &'static str },
+    #[error("bad vCPU target '{0}': expected all, an index (2), a range (1-3) or a list (0,2)")]
+    BadTarget(String),
+    #[error("vCPU {index} in target '{target}' does not exist (the VM has {vcpus})")]
+    NoSuchVcpu { target: String, index: usize, vcpus: usize },
+    #[error("{command} range {start:#x}..{end:#x} does not fit the {arena} arena")]
+    OutsideArena { command: &'static str, start: u64, end: u64, arena: String },
+}
+
+const COMMANDS: [&str; 8] = ["touch", "touch-zero", "read", "dirty", "exits", "wait", "panic", "fault"];
+
+/// A page range of the arena, as written in a spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Bytes from the start of the arena (page-aligned).
+    pub offset: u64,
+    /// Bytes to cover; `None` means to the end of the arena.
+    pub size: Option<u64>,
+    /// Touch every `stride`th page.
+    pub stride: u64,
+}
+
+/// One workload command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Write a non-zero pattern into pages.
+    Touch { span: Span, pattern: u64 },
+    /// Write zeros into pages.
+    TouchZero { span: Span },
+    /// Read one word of each page.
+    Read { span: Span },
+    /// Rewrite random pages of a working set at a paced rate.
+    Dirty { offset: u64, ws: Option<u64>, rate: u64, duration: Duration, seed: u64 },
+    /// Port-I/O and MMIO exits.
+    Exits { ports: u64, mmio: u64 },
+    /// Park the vCPU in the VMM until the next command (or for a while).
+    Wait { duration: Option<Duration> },
+    /// Test aid: the guest panics.
+    Panic,
+    /// Test aid: the guest triple-faults.
+    Fault,
+}
+
+/// A command as the guest's mailbox takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestCommand {
+    pub code: u64,
+    pub args: [u64; 6],
+}
+
+/// Which vCPUs a workload is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    All,
+    Some(Vec<usize>),
+}
+
+/// A parsed `--workload` value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub target: Target,
+    pub commands: Vec<Command>,
+}
+
+impl Command {
+    /// The command's name in specs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Touch { .. } => "touch",
+            Command::TouchZero { .. } => "touch-zero",
+            Command::Read { .. } => "read",
+            Command::Dirty { .. } => "dirty",
+            Command::Exits { .. } => "exits",
+            Command::Wait { .. } => "wait",
+            Command::Panic => "panic",
+            Command::Fault => "fault",
+        }
+    }
+
+    /// Encodes the command for the guest, checking it against an arena of
+    /// `arena_size` bytes. `None` for `wait`, which the VMM carries out itself.
+    ///
+    /// # Errors
+    /// `OutsideArena` when a range does not fit the arena.
+    pub fn to_guest(&self, arena_size: u64) -> Result<Option<GuestCommand>, SpecError> {
+        let a = |code, args: [u64; 6]| Ok(Some(GuestCommand { code, args }));
+        match *self {
+            Command::Touch { span, pattern } => {
+                let (off, len) = span_bounds(self.name(), span.offset, span.size, arena_size)?;
+                a(abi::CMD_TOUCH, [off, len, span.stride, pattern, 0, 0])
+            }
+            Command::TouchZero { span } | Command::Read { span } => {
+                let (off, len) = span_bounds(self.name(), span.offset, span.size, arena_size)?;
+                let code = if matches!(self, Command::Read { .. }) { abi::CMD_READ } else { abi::CMD_TOUCH_ZERO };
+                a(code, [off, len, span.stride, 0, 0, 0])
+            }
+            Command::Dirty { offset, ws, rate, duration, seed } => {
+                let (off, len) = span_bounds(self.name(), offset, ws, arena_size)?;
+                let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+                a(abi::CMD_DIRTY, [off, len, rate, ms, seed, 0])
+            }
+            Command::Exits { ports, mmio } => a(abi::CMD_EXITS, [ports, mmio, 0, 0, 0, 0]),
+            Command::Wait { .. } => Ok(None),
+            Command::Panic => a(abi::CMD_PANIC, [0; 6]),
+            Command::Fault => a(abi::CMD_FAULT, [0; 6]),
+        }
+    }
+}
+
+fn span_bounds(command: &'static str, offset: u64, size: Option<u64>, arena: u64) -> Result<(u64, u64), SpecError> {
+    let len = size.unwrap_or_else(|| arena.saturating_sub(offset));
+    let end = offset.saturating_add(len);
+    if end > arena || (size.is_none() && offset >= arena) {
+        return Err(SpecError::OutsideArena { command, start: offset, end, arena: format_bytes(arena) });
+    }
+    Ok((offset, len))
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        let span = |f: &mut fmt::Formatter<'_>, s: &Span| {
+            write!(f, " offset={}", s.offset)?;
+            if let Some(size) = s.size {
+                write!(f, " size={size}")?;
+            }
+            if s.stride != 1 {
+                write!(f, " stride={}", s.stride)?;
+            }
+            Ok(())
+        };
+        match self {
+            Command::Touch { span: s, pattern } => {
+                span(f, s)?;
+                write!(f, " pattern={pattern:#x}")
+            }
+            Command::TouchZero { span: s } | Command::Read { span: s } => span(f, s),
+            Command::Dirty { offset, ws, rate, duration, seed } => {
+                write!(f, " offset={offset}")?;
+                if let Some(ws) = ws {
+                    write!(f, " ws={ws}")?;
+                }
+                write!(f, " rate={rate}/s for={}ms seed={seed}", duration.as_millis())
+            }
+            Command::Exits { ports, mmio } => write!(f, " ports={ports} mmio={mmio}"),
+            Command::Wait { duration: Some(d) } => write!(f, " for={}ms", d.as_millis()),
+            Command::Wait { duration: None } | Command::Panic | Command::Fault => Ok(()),
+        }
+    }
+}
+
+/// Parses `[TARGET:] COMMAND (; COMMAND)*`.
+///
+/// # Errors
+/// A `SpecError` naming the bad part.
+pub fn parse_workload(text: &str) -> Result<Workload, SpecError> {
+    let (target, rest) = match text.split_once(':') {
+        Some((t, rest)) if looks_like_target(t) => (parse_target(t.trim())?, rest),
+        _ => (Target::Some(vec![0]), text),
+    };
+    Ok(Workload { target, commands: parse_sequence(rest)? })
+}
+
+fn looks_like_target(t: &str) -> bool {
+    let t = t.trim();
+    t == "all" || (!t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == ',' || c == '-' || c == ' '))
+}
+
+fn parse_target(t: &str) -> Result<Target, SpecError> {
+    if t == "all" {
+        return Ok(Target::All);
+    }
+    let bad = || SpecError::BadTarget(t.to_string());
+    let mut out = Vec::new();
+    for part in t.split(',').map(str::trim) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+                if a > b || b - a > abi::MAX_VCPUS as usize {
+                    return Err(bad());
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(Target::Some(out))
+}
+
+impl Target {
+    /// The vCPU indexes this target names in a VM of `vcpus` vCPUs.
+    ///
+    /// # Errors
+    /// `NoSuchVcpu` when an index is out of range.
+    pub fn resolve(&self, vcpus: usize) -> Result<Vec<usize>, SpecError> {
+        match self {
+            Target::All => Ok((0..vcpus).collect()),
+            Target::Some(list) => match list.iter().find(|&&i| i >= vcpus) {
+                Some(&index) => Err(SpecError::NoSuchVcpu { target: format!("{list:?}"), index, vcpus }),
+                None => Ok(list.clone()),
+            },
+        }
+    }
+}
+
+/// Parses `COMMAND (; COMMAND)*` (newlines also separate commands).
+///
+/// # Errors
+/// A `SpecError` naming the bad part.
+pub fn parse_sequence(text: &str) -> Result<Vec<Command>, SpecError> {
+    let cmds = text
+        .split([';', '\n'])
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(parse_command)
+        .collect::<Result<Vec<_>, _>>()?;
+    if cmds.is_empty() {
+        return Err(SpecError::Empty);
+    }
+    Ok(cmds)
+}
+
+/// Parses one command, e.g. `touch size=64M stride=2`.
+///
+/// # Errors
+/// A `SpecError` naming the bad part.
+pub fn parse_command(text: &str) -> Result<Command, SpecError> {
+    let mut words = text.split_whitespace();
+    let name = words.next().ok_or(SpecError::Empty)?;
+    let (command, known): (&'static str, &[&'static str]) = match name {
+        "touch" => ("touch", &["offset", "size", "stride", "pattern"]),
+        "touch-zero" => ("touch-zero", &["offset", "size", "stride"]),
+        "read" => ("read", &["offset", "size", "stride"]),
+        "dirty" => ("dirty", &["offset", "ws", "rate", "for", "seed"]),
+        "exits" => ("exits", &["count", "ports", "mmio"]),
+        "wait" => ("wait", &["for"]),
+        "panic" => ("panic", &[]),
+        "fault" => ("fault", &[]),
+        other => return Err(SpecError::UnknownCommand(other.to_string())),
+    };
+    let p = Params::parse(command, known, words)?;
+    Ok(match command {
+        "touch" => Command::Touch { span: p.span()?, pattern: p.hex("pattern")?.unwrap_or(0x6b76_6d73_636f_7065) },
+        "touch-zero" => Command::TouchZero { span: p.span()? },
+        "read" => Command::Read { span: p.span()? },
+        "dirty" => Command::Dirty {
+            offset: p.offset()?,
+            ws: p.size("ws")?,
+            rate: p.rate()?.unwrap_or(1000),
+            duration: p.duration("for")?.unwrap_or(Duration::from_secs(1)),
+            seed: p.count("seed")?.unwrap_or(1),
+        },
+        "exits" => {
+            let count = p.count("count")?;
+            Command::Exits {
+                ports: p.count("ports")?.or(count).unwrap_or(1000),
+                mmio: p.count("mmio")?.or(count).unwrap_or(1000),
+            }
+        }
+        "wait" => Command::Wait { duration: p.duration("for")? },
+        "panic" => Command::Panic,
+        _ => Command::Fault,
+    })
+}
+
+/// The `key=value` parameters of one command.
+struct Params<'a> {
+    command: &'static str,
+    pairs: Vec<(&'static str, &'a str)>,
+}
+
+impl<'a> Params<'a> {
+    fn parse(command: &'static str, known: &[&'static str], words: impl Iterator<Item = &'a str>) -> Result<Self, SpecError> {
+        let mut pairs: Vec<(&'static str, &'a str)> = Vec::new();
+        for word in words {
+            let (key, value) = match word.split_once('=') {
+                Some((k, v)) if !v.is_empty() => (k, v),
+                _ => return Err(SpecError::MissingValue { command, param: word.trim_end_matches('=').to_string() }),
+            };
+            let key = known.iter().copied().find(|k| *k == key).ok_or_else(|| SpecError::UnknownParam {
+                command,
+                param: key.to_string(),
+                known: if known.is_empty() { "none".to_string() } else { known.join(", ") },
+            })?;
+            if pairs.iter().any(|(k, _)| *k == key) {
+                return Err(SpecError::DuplicateParam { command, param: key.to_string() });
+            }
+            pairs.push((key, value));
+        }
+        Ok(Params { command, pairs })
+    }
+
+    fn get(&self, key: &str) -> Option<&'a str> {
+        self.pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    fn bad(&self, param: &'static str, value: &str, expected: &'static str) -> SpecError {
+        SpecError::BadValue { command: self.command, param, value: value.to_string(), expected }
+    }
+
+    fn size(&self, key: &'static str) -> Result<Option<u64>, SpecError> {
+        self.get(key)
+            .map(|v| parse_size(v).filter(|&s| s > 0).ok_or_else(|| self.bad(key, v, "a non-zero size like 4096, 64K or 16M")))
+            .transpose()
+    }
+
+    fn offset(&self) -> Result<u64, SpecError> {
+        match self.get("offset") {
+            None => Ok(0),
+            Some(v) => parse_size(v)
+                .filter(|o| o % abi::PAGE_SIZE == 0)
+                .ok_or_else(|| self.bad("offset", v, "a page-aligned size like 0, 4K or 8M")),
+        }
+    }
+
+    fn span(&self) -> Result<Span, SpecError> {
+        let stride = self.count("stride")?.unwrap_or(1);
+        if stride == 0 {
+            return Err(self.bad("stride", "0", "a page stride of at least 1"));
+        }
+        Ok(Span { offset: self.offset()?, size: self.size("size")?, stride })
+    }
+
+    fn count(&self, key: &'static str) -> Result<Option<u64>, SpecError> {
+        self.get(key).map(|v| v.parse().map_err(|_| self.bad(key, v, "a whole number"))).transpose()
+    }
+
+    fn hex(&self, key: &'static str) -> Result<Option<u64>, SpecError> {
+        self.get(key)
+            .map(|v| {
+                let digits = v.strip_prefix("0x").unwrap_or(v);
+                u64::from_str_radix(digits, 16).ok().filter(|&p| p != 0).ok_or_else(|| self.bad(key, v, "a non-zero hex number like 0xabcd"))
+            })
+            .transpose()
+    }
+
+    fn rate(&self) -> Result<Option<u64>, SpecError> {
+        self.get("rate")
+            .map(|v| {
+                let n = v.strip_suffix("/s").unwrap_or(v);
+                match n {
+                    "max" => Ok(0),
+                    _ => n.parse().ok().filter(|&r| r > 0).ok_or_else(|| self.bad("rate", v, "pages per second like 2000/s, or max")),
+                }
+            })
+            .transpose()
+    }
+
+    fn duration(&self, key: &'static str) -> Result<Option<Duration>, SpecError> {
+        self.get(key)
+            .map(|v| parse_duration(v).ok_or_else(|| self.bad(key, v, "a duration like 500ms or 5s")))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+#[path = "workload_tests.rs"]
+mod tests;
