@@ -91,7 +91,9 @@ impl StatsFileBuilder {
     }
 
     /// The file with `header` written as given and each block written at the header's
-    /// offsets; where blocks overlap, the later of data, descriptors, id, header wins. Descriptors past
+    /// offsets; where blocks overlap, the later of data, descriptors, id, header wins.
+    /// A stat's values are zero-padded to its `size`, unless it has none: then the file is
+    /// not extended for it (to build a descriptor pointing far away). Descriptors past
     /// `num_desc` are left out; values past a descriptor's `size` too.
     pub fn build_with(&self, header: Header) -> Vec<u8> {
         let mut out = vec![0u8; HEADER_SIZE as usize];
@@ -104,7 +106,9 @@ impl StatsFileBuilder {
                 .collect();
             let at = u64::from(header.data_offset) + u64::from(desc.offset);
             put(&mut out, at, &bytes);
-            grow(&mut out, u64::from(header.data_offset) + desc.data_range().end);
+            if !values.is_empty() {
+                grow(&mut out, u64::from(header.data_offset) + desc.data_range().end);
+            }
         }
         let name_size = header.name_size as usize;
         let stride = 16 + name_size as u64;

@@ -8,6 +8,7 @@
 pub mod abi;
 pub mod backend;
 pub mod boot;
+pub mod control;
 pub mod exits;
 pub mod kick;
 pub mod memory;

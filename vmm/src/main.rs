@@ -46,6 +46,10 @@ struct RunArgs {
     /// Without any, vCPU 0 runs the demo workload.
     #[arg(long, value_name = "SPEC", value_parser = workload_arg)]
     workload: Vec<Workload>,
+    /// Serve the control socket at PATH (see docs/PROTOCOL.md); the VM then runs
+    /// until a client sends `quit` or the process gets SIGINT/SIGTERM.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -67,6 +71,7 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         process_start,
         stop_timeout: Duration::from_secs(1),
         handle_signals: true,
+        socket: args.socket,
     };
     let summary = run::run(config)?;
     if args.json {

@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use crate::boot;
 use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
-use crate::vcpu::{Outcome, VmEvent};
+use crate::control;
+use crate::vcpu::{Control, Outcome, RunRequest, VmEvent};
 use crate::vm::{self, Vm, VmConfig};
 use crate::workload::{parse_workload, SpecError, Workload};
 
@@ -23,6 +24,8 @@ pub struct RunConfig {
     /// Turn SIGINT/SIGTERM into an orderly stop (the binary; the caller must have
     /// called `signals::block_termination` before starting any thread).
     pub handle_signals: bool,
+    /// Serve the control socket at this path; the VM then runs until `quit` or a signal.
+    pub socket: Option<std::path::PathBuf>,
 }
 
 /// Why a run could not happen.
@@ -30,6 +33,8 @@ pub struct RunConfig {
 pub enum Error {
     #[error(transparent)]
     Vm(#[from] vm::Error),
+    #[error("starting the control socket")]
+    Control(#[from] control::Error),
     #[error("starting the signal thread")]
     Signals(#[source] std::io::Error),
     #[error("workload for vCPU {vcpu}: {source}")]
@@ -40,7 +45,7 @@ impl RunConfig {
     /// A run of the demo workload on a default VM.
     pub fn demo() -> Self {
         let demo = parse_workload(DEMO_WORKLOAD).unwrap_or_else(|e| unreachable!("the demo workload parses: {e}"));
-        RunConfig { vm: VmConfig::default(), workloads: vec![demo], process_start: Instant::now(), stop_timeout: Duration::from_secs(1), handle_signals: false }
+        RunConfig { vm: VmConfig::default(), workloads: vec![demo], process_start: Instant::now(), stop_timeout: Duration::from_secs(1), handle_signals: false, socket: None }
     }
 }
 
@@ -71,8 +76,9 @@ struct Watch {
     first_done: Option<Instant>,
 }
 
-/// Waits until every vCPU has run out of work, one fails, or a signal arrives.
-fn wait_until_done(vm: &mut Vm, watch: &mut Watch) {
+/// Waits until every vCPU has run out of work (unless `serving` a control
+/// socket), one fails, a signal arrives or a client asks to quit.
+fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
     let n = vm.vcpus.len();
     let mut idle = vec![false; n];
     loop {
@@ -88,9 +94,20 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch) {
                 watch.signal = Some(sig);
                 return;
             }
+            Some(VmEvent::Control(request, reply)) => {
+                match request {
+                    RunRequest::Pause => vm.control_all(Control::Pause),
+                    RunRequest::Resume => vm.control_all(Control::Run),
+                    RunRequest::Quit => {
+                        let _ = reply.send(Ok(()));
+                        return;
+                    }
+                }
+                let _ = reply.send(Ok(()));
+            }
             Some(VmEvent::Console(..)) | None => {}
         }
-        if idle.iter().all(|&b| b) && vm.vcpus.iter().all(|v| v.shared.queued() == 0) {
+        if !serving && idle.iter().all(|&b| b) && vm.vcpus.iter().all(|v| v.shared.queued() == 0) {
             return;
         }
     }
@@ -117,8 +134,13 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     }
     let started = Instant::now();
     vm.start()?;
+    let server = match &config.socket {
+        Some(path) => Some(control::Server::start(path, control::Context::new(&vm)?)?),
+        None => None,
+    };
     let mut watch = Watch::default();
-    wait_until_done(&mut vm, &mut watch);
+    wait_until_done(&mut vm, &mut watch, server.is_some());
+    drop(server);
     let stuck = vm.stop(config.stop_timeout);
     let mut vm_after = vm.vm_stats.new_sample();
     vm.vm_stats.read_sample(&mut vm_after).map_err(vm::Error::Stats)?;

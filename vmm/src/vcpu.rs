@@ -83,6 +83,16 @@ pub enum VmEvent {
     Finished(usize, Outcome),
     /// The process received a termination signal.
     Signal(i32),
+    /// The control plane asks the main loop to change the VM's run state.
+    Control(RunRequest, Sender<Result<(), String>>),
+}
+
+/// Run-state changes only the main loop (which owns the vCPU threads) may make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunRequest {
+    Pause,
+    Resume,
+    Quit,
 }
 
 struct Inbox {

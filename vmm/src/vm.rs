@@ -74,6 +74,8 @@ pub enum Error {
     Stats(#[from] kvm_stats::Error),
     #[error("installing the vCPU kick signal handler")]
     Signal(#[source] vmm_sys_util::errno::Error),
+    #[error("duplicating the vCPU {0} fd")]
+    DupVcpu(usize, #[source] std::io::Error),
     #[error("starting the vCPU {0} thread")]
     Spawn(usize, #[source] std::io::Error),
 }
@@ -110,6 +112,9 @@ pub struct Vm {
     pub mem: GuestMemory,
     pub vm_stats: StatsFd,
     pub vcpu_stats: Vec<StatsFd>,
+    /// Duplicates of the vCPU fds (their threads own the originals), for making
+    /// fresh stats fds; never handed out.
+    pub vcpu_fds: Vec<std::fs::File>,
     pub vcpus: Vec<VcpuHandle>,
     pub created: Instant,
     unstarted: Vec<Vcpu>,
@@ -152,19 +157,21 @@ impl Vm {
         let mut unstarted = Vec::with_capacity(config.vcpus);
         let mut vcpus = Vec::with_capacity(config.vcpus);
         let mut vcpu_stats = Vec::with_capacity(config.vcpus);
+        let mut vcpu_fds = Vec::with_capacity(config.vcpus);
         for i in 0..config.vcpus {
             let vfd = fd.create_vcpu(i as u64).map_err(|e| Error::CreateVcpu(i, e))?;
             regs::setup(&vfd, &cpuid, entry, i as u64).map_err(|e| Error::SetupVcpu(i, e))?;
             let tsc_khz = vfd.get_tsc_khz().map(u64::from).unwrap_or_else(|_| host_tsc_khz());
             boot::write_mailbox_boot(&mem, i as u64, tsc_khz)?;
             vcpu_stats.push(StatsFd::new(kvm_stats::ioctl::get_stats_fd(&vfd)?)?);
+            vcpu_fds.push(dup_fd(&vfd).map_err(|e| Error::DupVcpu(i, e))?);
             let shared = Arc::new(VcpuShared::new(i));
             let arena = boot::arena_size(config.memory);
             unstarted.push(Vcpu::new(vfd, mem.clone(), bus.clone(), arena, shared.clone(), events_tx.clone()));
             vcpus.push(VcpuHandle { shared, thread: None, outcome: None });
         }
         let backend = backend::detect();
-        Ok(Vm { backend, config, mem, vm_stats, vcpu_stats, vcpus, created, unstarted, events_tx, events, fd, _kvm: kvm })
+        Ok(Vm { backend, config, mem, vm_stats, vcpu_stats, vcpu_fds, vcpus, created, unstarted, events_tx, events, fd, _kvm: kvm })
     }
 
     /// Starts one thread per vCPU, named `vcpu<N>`.
@@ -272,6 +279,13 @@ fn register_memory(fd: &VmFd, mem: &GuestMemory, dirty_log: bool) -> Result<(), 
         unsafe { fd.set_user_memory_region(region) }.map_err(Error::SetMemory)?;
     }
     Ok(())
+}
+
+/// A close-on-exec duplicate of `fd`.
+pub fn dup_fd(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<std::fs::File> {
+    // SAFETY: `fd` is a live descriptor, owned by the argument for this whole call.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd.as_raw_fd()) };
+    Ok(std::fs::File::from(borrowed.try_clone_to_owned()?))
 }
 
 /// TSC frequency from the host, for when KVM_GET_TSC_KHZ is not available.
