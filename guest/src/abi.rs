@@ -150,7 +150,8 @@ pub mod mailbox_offset {
 const _: () = assert!(core::mem::size_of::<Mailbox>() as u64 <= PAGE_SIZE);
 const _: () = assert!(core::mem::offset_of!(Mailbox, cmd) as u64 == mailbox_offset::CMD);
 const _: () = assert!(core::mem::offset_of!(Mailbox, args) as u64 == mailbox_offset::ARGS);
-const _: () = assert!(core::mem::offset_of!(Mailbox, result_seq) as u64 == mailbox_offset::RESULT_SEQ);
+const _: () =
+    assert!(core::mem::offset_of!(Mailbox, result_seq) as u64 == mailbox_offset::RESULT_SEQ);
 const _: () = assert!(core::mem::offset_of!(Mailbox, result) as u64 == mailbox_offset::RESULT);
 const _: () = assert!(core::mem::offset_of!(Mailbox, text) as u64 == mailbox_offset::TEXT);
 const _: () = assert!(MAILBOX_BASE + MAX_VCPUS * PAGE_SIZE <= IMAGE_BASE);

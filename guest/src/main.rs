@@ -18,7 +18,6 @@ mod workload;
 use abi::*;
 use core::ptr::{addr_of, addr_of_mut};
 
-
 core::arch::global_asm!(
     ".section .text._start, \"ax\"",
     ".global _start",
@@ -61,7 +60,11 @@ impl Mbox {
             for (i, a) in args.iter_mut().enumerate() {
                 *a = self.get(addr_of!((*m).args[i]));
             }
-            (self.get(addr_of!((*m).cmd)), self.get(addr_of!((*m).seq)), args)
+            (
+                self.get(addr_of!((*m).cmd)),
+                self.get(addr_of!((*m).seq)),
+                args,
+            )
         }
     }
     fn put_result(&self, seq: u64, status: u64, result: [u64; 3]) {

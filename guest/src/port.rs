@@ -4,5 +4,7 @@
 #[inline(always)]
 pub fn out(port: u16, value: u32) {
     // SAFETY: port writes have no memory effects in the guest; IOPL=3 permits them.
-    unsafe { core::arch::asm!("out dx, eax", in("dx") port, in("eax") value, options(nostack, preserves_flags)) };
+    unsafe {
+        core::arch::asm!("out dx, eax", in("dx") port, in("eax") value, options(nostack, preserves_flags))
+    };
 }

@@ -49,7 +49,12 @@ pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
     let mut i = 0;
     while i < n {
         // SAFETY: i < n, within both buffers.
-        let (x, y) = unsafe { (core::ptr::read_volatile(a.add(i)), core::ptr::read_volatile(b.add(i))) };
+        let (x, y) = unsafe {
+            (
+                core::ptr::read_volatile(a.add(i)),
+                core::ptr::read_volatile(b.add(i)),
+            )
+        };
         if x != y {
             return x as i32 - y as i32;
         }
@@ -85,7 +90,10 @@ impl core::fmt::Write for TextBuf {
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo) -> ! {
     use core::fmt::Write;
-    let mut text = TextBuf { buf: [0; crate::abi::TEXT_MAX], len: 0 };
+    let mut text = TextBuf {
+        buf: [0; crate::abi::TEXT_MAX],
+        len: 0,
+    };
     let _ = write!(text, "{info}");
     let mb = crate::my_mailbox();
     let n = mb.put_text(&text.buf[..text.len]);

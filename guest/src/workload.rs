@@ -23,7 +23,11 @@ fn range(boot: &Boot, offset: u64, bytes: u64, stride: u64) -> Option<Range> {
     if end > boot.arena_size || offset % PAGE_SIZE != 0 || stride == 0 {
         return None;
     }
-    Some(Range { first: boot.arena_base + offset, pages: bytes.div_ceil(PAGE_SIZE), stride })
+    Some(Range {
+        first: boot.arena_base + offset,
+        pages: bytes.div_ceil(PAGE_SIZE),
+        stride,
+    })
 }
 
 fn rdtsc() -> u64 {
@@ -107,7 +111,11 @@ fn dirty(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
     let tag = (DIRTY_MAGIC << 56) | ((rdtsc() & 0xff_ffff) << 32);
     let mut rng = Rng(seed | 1);
     let ticks_per_ms = boot.tsc_khz;
-    let interval = if rate == 0 { 0 } else { (ticks_per_ms * 1000 / rate).max(1) };
+    let interval = if rate == 0 {
+        0
+    } else {
+        (ticks_per_ms * 1000 / rate).max(1)
+    };
     let start = rdtsc();
     let end = start.saturating_add(ms.saturating_mul(ticks_per_ms));
     let (mut writes, mut distinct, mut due) = (0u64, 0u64, start);

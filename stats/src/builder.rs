@@ -34,8 +34,21 @@ impl StatsFileBuilder {
 
     /// Adds a stat after the previous one in the data block; `size` is `values.len()`, and a
     /// linear histogram gets `bucket_size` 1 (change it with [`StatsFileBuilder::last_mut`]).
-    pub fn stat(mut self, name: &str, kind: StatType, unit: Unit, base: Base, exponent: i16, values: &[u64]) -> Self {
-        let offset = self.stats.iter().map(|(d, _)| d.data_range().end).max().unwrap_or(0);
+    pub fn stat(
+        mut self,
+        name: &str,
+        kind: StatType,
+        unit: Unit,
+        base: Base,
+        exponent: i16,
+        values: &[u64],
+    ) -> Self {
+        let offset = self
+            .stats
+            .iter()
+            .map(|(d, _)| d.data_range().end)
+            .max()
+            .unwrap_or(0);
         let desc = Descriptor {
             name: name.to_owned(),
             flags: kind.to_flags() | unit.to_flags() | base.to_flags(),
@@ -53,7 +66,14 @@ impl StatsFileBuilder {
 
     /// A plain cumulative counter.
     pub fn counter(self, name: &str, value: u64) -> Self {
-        self.stat(name, StatType::Cumulative, Unit::None, Base::Pow10, 0, &[value])
+        self.stat(
+            name,
+            StatType::Cumulative,
+            Unit::None,
+            Base::Pow10,
+            0,
+            &[value],
+        )
     }
 
     /// The last stat added, to adjust its descriptor or values.
@@ -107,7 +127,10 @@ impl StatsFileBuilder {
             let at = u64::from(header.data_offset) + u64::from(desc.offset);
             put(&mut out, at, &bytes);
             if !values.is_empty() {
-                grow(&mut out, u64::from(header.data_offset) + desc.data_range().end);
+                grow(
+                    &mut out,
+                    u64::from(header.data_offset) + desc.data_range().end,
+                );
             }
         }
         let name_size = header.name_size as usize;
@@ -131,17 +154,59 @@ pub fn every_kind() -> StatsFileBuilder {
     use StatType::*;
     let b = StatsFileBuilder::new("kvm-4242/vcpu-3")
         .counter("exits", 1000)
-        .stat("halt_wait_ns", Cumulative, Unit::Seconds, Base::Pow10, -9, &[1_250_000_000])
+        .stat(
+            "halt_wait_ns",
+            Cumulative,
+            Unit::Seconds,
+            Base::Pow10,
+            -9,
+            &[1_250_000_000],
+        )
         .stat("pages_4k", Instant, Unit::None, Base::Pow10, 0, &[12])
-        .stat("guest_bytes", Instant, Unit::Bytes, Base::Pow2, 0, &[3 << 20])
+        .stat(
+            "guest_bytes",
+            Instant,
+            Unit::Bytes,
+            Base::Pow2,
+            0,
+            &[3 << 20],
+        )
         .stat("guest_pages", Instant, Unit::Bytes, Base::Pow2, 12, &[256])
-        .stat("tsc_cycles", Cumulative, Unit::Cycles, Base::Pow10, 0, &[123_456_789])
+        .stat(
+            "tsc_cycles",
+            Cumulative,
+            Unit::Cycles,
+            Base::Pow10,
+            0,
+            &[123_456_789],
+        )
         .stat("max_rmap", Peak, Unit::None, Base::Pow10, 0, &[7])
         .stat("blocking", Instant, Unit::Boolean, Base::Pow10, 0, &[1])
         .stat("ever_nested", Peak, Unit::Boolean, Base::Pow10, 0, &[0])
-        .stat("halt_wait_hist", Log2Histogram, Unit::Seconds, Base::Pow10, -9, &[0, 1, 2, 0, 5, 0, 0, 1])
-        .stat("wait_lin_hist", LinearHistogram, Unit::Seconds, Base::Pow10, -6, &[3, 0, 2, 1])
-        .stat("mode_hist", LinearHistogram, Unit::Boolean, Base::Pow10, 0, &[4, 6]);
+        .stat(
+            "halt_wait_hist",
+            Log2Histogram,
+            Unit::Seconds,
+            Base::Pow10,
+            -9,
+            &[0, 1, 2, 0, 5, 0, 0, 1],
+        )
+        .stat(
+            "wait_lin_hist",
+            LinearHistogram,
+            Unit::Seconds,
+            Base::Pow10,
+            -6,
+            &[3, 0, 2, 1],
+        )
+        .stat(
+            "mode_hist",
+            LinearHistogram,
+            Unit::Boolean,
+            Base::Pow10,
+            0,
+            &[4, 6],
+        );
     with_bucket_size(b, "wait_lin_hist", 250)
 }
 
@@ -167,6 +232,9 @@ fn put(out: &mut Vec<u8>, at: u64, bytes: &[u8]) {
     let Ok(at) = usize::try_from(at) else {
         return;
     };
+    if bytes.is_empty() {
+        return;
+    }
     grow(out, (at + bytes.len()) as u64);
     out[at..at + bytes.len()].copy_from_slice(bytes);
 }

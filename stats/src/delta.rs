@@ -58,10 +58,20 @@ impl Delta {
 
 /// Computes per-stat changes from `older` to `newer`, two samples of the same schema.
 pub fn delta(schema: &Schema, older: &Sample, newer: &Sample) -> Delta {
-    let elapsed = newer.timestamp().saturating_duration_since(older.timestamp());
+    let elapsed = newer
+        .timestamp()
+        .saturating_duration_since(older.timestamp());
     let changes = schema
         .iter()
-        .map(|(id, desc)| change(desc.kind, desc.unit, older.values(id), newer.values(id), elapsed))
+        .map(|(id, desc)| {
+            change(
+                desc.kind,
+                desc.unit,
+                older.values(id),
+                newer.values(id),
+                elapsed,
+            )
+        })
         .collect();
     Delta { elapsed, changes }
 }
@@ -81,7 +91,13 @@ fn change(kind: StatType, unit: Unit, older: &[u64], newer: &[u64], elapsed: Dur
         }
         StatType::LinearHistogram | StatType::Log2Histogram => {
             let old = older.iter().copied().chain(std::iter::repeat(0));
-            Change::Histogram(newer.iter().zip(old).map(|(n, o)| n.saturating_sub(o)).collect())
+            Change::Histogram(
+                newer
+                    .iter()
+                    .zip(old)
+                    .map(|(n, o)| n.saturating_sub(o))
+                    .collect(),
+            )
         }
         StatType::Unknown(_) => Change::Unknown(newer.to_vec()),
     }
@@ -93,32 +109,83 @@ mod tests {
 
     #[test]
     fn cumulative_change_has_delta_and_rate() {
-        let c = change(StatType::Cumulative, Unit::None, &[10], &[40], Duration::from_secs(2));
-        assert_eq!(c, Change::Cumulative { delta: 30, per_second: Some(15.0) });
+        let c = change(
+            StatType::Cumulative,
+            Unit::None,
+            &[10],
+            &[40],
+            Duration::from_secs(2),
+        );
+        assert_eq!(
+            c,
+            Change::Cumulative {
+                delta: 30,
+                per_second: Some(15.0)
+            }
+        );
     }
 
     #[test]
     fn cumulative_change_without_elapsed_time_has_no_rate() {
-        let c = change(StatType::Cumulative, Unit::None, &[10], &[11], Duration::ZERO);
-        assert_eq!(c, Change::Cumulative { delta: 1, per_second: None });
+        let c = change(
+            StatType::Cumulative,
+            Unit::None,
+            &[10],
+            &[11],
+            Duration::ZERO,
+        );
+        assert_eq!(
+            c,
+            Change::Cumulative {
+                delta: 1,
+                per_second: None
+            }
+        );
     }
 
     #[test]
     fn decreasing_cumulative_reads_as_zero() {
-        let c = change(StatType::Cumulative, Unit::None, &[10], &[4], Duration::from_secs(1));
-        assert_eq!(c, Change::Cumulative { delta: 0, per_second: Some(0.0) });
+        let c = change(
+            StatType::Cumulative,
+            Unit::None,
+            &[10],
+            &[4],
+            Duration::from_secs(1),
+        );
+        assert_eq!(
+            c,
+            Change::Cumulative {
+                delta: 0,
+                per_second: Some(0.0)
+            }
+        );
     }
 
     #[test]
     fn instant_and_peak_report_newer_value() {
-        assert_eq!(change(StatType::Instant, Unit::None, &[9], &[3], Duration::ZERO), Change::Instant(3));
-        assert_eq!(change(StatType::Peak, Unit::None, &[3], &[9], Duration::ZERO), Change::Peak(9));
-        assert_eq!(change(StatType::Peak, Unit::Boolean, &[0], &[1], Duration::ZERO), Change::Boolean(true));
+        assert_eq!(
+            change(StatType::Instant, Unit::None, &[9], &[3], Duration::ZERO),
+            Change::Instant(3)
+        );
+        assert_eq!(
+            change(StatType::Peak, Unit::None, &[3], &[9], Duration::ZERO),
+            Change::Peak(9)
+        );
+        assert_eq!(
+            change(StatType::Peak, Unit::Boolean, &[0], &[1], Duration::ZERO),
+            Change::Boolean(true)
+        );
     }
 
     #[test]
     fn histogram_change_is_per_bucket() {
-        let c = change(StatType::Log2Histogram, Unit::None, &[1, 2, 3], &[1, 5, 4], Duration::ZERO);
+        let c = change(
+            StatType::Log2Histogram,
+            Unit::None,
+            &[1, 2, 3],
+            &[1, 5, 4],
+            Duration::ZERO,
+        );
         assert_eq!(c, Change::Histogram(vec![0, 3, 1]));
     }
 }

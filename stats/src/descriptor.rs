@@ -99,10 +99,12 @@ impl Descriptor {
     /// [`StatError::NameNotTerminated`], [`StatError::NameEmpty`] or
     /// [`StatError::NameNotUtf8`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, StatError> {
-        let Some((head, name_bytes)) = bytes.split_first_chunk::<{ DESC_FIXED_SIZE as usize }>() else {
+        let Some((head, name_bytes)) = bytes.split_first_chunk::<{ DESC_FIXED_SIZE as usize }>()
+        else {
             return Err(StatError::NameNotTerminated);
         };
-        let u32_at = |i: usize| u32::from_ne_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+        let u32_at =
+            |i: usize| u32::from_ne_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         let flags = u32_at(0);
         let name = parse_name(name_bytes)?;
         Ok(Self {
@@ -200,7 +202,9 @@ impl Descriptor {
         }
         match self.kind {
             StatType::Log2Histogram => Err(StatError::BooleanLog2Histogram),
-            StatType::LinearHistogram if self.size != 2 => Err(StatError::BooleanBuckets { size: self.size }),
+            StatType::LinearHistogram if self.size != 2 => {
+                Err(StatError::BooleanBuckets { size: self.size })
+            }
             _ => Ok(()),
         }
     }
@@ -300,13 +304,19 @@ mod tests {
         d.name = "abcdefgh".into();
         let mut bytes = d.to_bytes(8);
         bytes[23] = b'h';
-        assert_eq!(Descriptor::from_bytes(&bytes), Err(StatError::NameNotTerminated));
+        assert_eq!(
+            Descriptor::from_bytes(&bytes),
+            Err(StatError::NameNotTerminated)
+        );
     }
 
     #[test]
     fn validate_rejects_bucket_size_on_log2_histogram() {
         let d = desc(StatType::Log2Histogram, Unit::None, 0, 4, 8);
-        assert!(matches!(d.validate(), Err(StatError::BucketSize { value: 8, .. })));
+        assert!(matches!(
+            d.validate(),
+            Err(StatError::BucketSize { value: 8, .. })
+        ));
     }
 
     #[test]

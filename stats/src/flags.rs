@@ -207,7 +207,8 @@ mod tests {
 
     #[test]
     fn known_fields_round_trip_through_flags() {
-        let flags = StatType::Log2Histogram.to_flags() | Unit::Seconds.to_flags() | Base::Pow2.to_flags();
+        let flags =
+            StatType::Log2Histogram.to_flags() | Unit::Seconds.to_flags() | Base::Pow2.to_flags();
         assert_eq!(flags, 0x124);
         assert_eq!(StatType::from_flags(flags), StatType::Log2Histogram);
         assert_eq!(Unit::from_flags(flags), Unit::Seconds);
@@ -220,12 +221,18 @@ mod tests {
         assert_eq!(StatType::from_flags(flags), StatType::Unknown(7));
         assert_eq!(Unit::from_flags(flags), Unit::Unknown(0xf));
         assert_eq!(Base::from_flags(0x300), Base::Unknown(3));
-        assert_eq!(StatType::Unknown(7).to_flags() | Unit::Unknown(0xf).to_flags(), flags);
+        assert_eq!(
+            StatType::Unknown(7).to_flags() | Unit::Unknown(0xf).to_flags(),
+            flags
+        );
     }
 
     #[test]
     fn qapi_names_match_qemu_enums() {
-        assert_eq!(StatType::LinearHistogram.qapi_name(), Some("linear-histogram"));
+        assert_eq!(
+            StatType::LinearHistogram.qapi_name(),
+            Some("linear-histogram")
+        );
         assert_eq!(Unit::None.qapi_name(), None);
         assert_eq!(Unit::Boolean.qapi_name(), Some("boolean"));
         assert_eq!(StatType::Unknown(9).qapi_name(), None);

@@ -64,7 +64,10 @@ fn change(desc: &Descriptor, change: &Change) -> String {
     match change {
         Change::Cumulative { delta, per_second } => {
             let rate = per_second.map_or_else(String::new, |r| {
-                format!(" ({}/s)", in_unit(desc.unit, r * desc.scale().unwrap_or(1.0), " "))
+                format!(
+                    " ({}/s)",
+                    in_unit(desc.unit, r * desc.scale().unwrap_or(1.0), " ")
+                )
             });
             format!("+{}{rate}", scalar(desc, *delta))
         }
@@ -146,7 +149,9 @@ fn bytes(x: f64, sep: &str) -> String {
 
 /// `n=<total>` then each non-empty bucket as `[lower,upper)=count`.
 fn histogram(desc: &Descriptor, buckets: &[Bucket]) -> String {
-    let total = buckets.iter().fold(0u64, |acc, b| acc.saturating_add(b.count));
+    let total = buckets
+        .iter()
+        .fold(0u64, |acc, b| acc.saturating_add(b.count));
     let mut out = format!("n={total}");
     for b in buckets.iter().filter(|b| b.count > 0) {
         let lower = bound(desc, b.lower);
@@ -184,22 +189,37 @@ mod tests {
 
     #[test]
     fn nanoseconds_show_as_seconds() {
-        assert_eq!(scalar(&desc(Unit::Seconds, Base::Pow10, -9), 1_250_000_000), "1.25 s");
-        assert_eq!(scalar(&desc(Unit::Seconds, Base::Pow10, -9), 1_500), "1.50 us");
+        assert_eq!(
+            scalar(&desc(Unit::Seconds, Base::Pow10, -9), 1_250_000_000),
+            "1.25 s"
+        );
+        assert_eq!(
+            scalar(&desc(Unit::Seconds, Base::Pow10, -9), 1_500),
+            "1.50 us"
+        );
         assert_eq!(scalar(&desc(Unit::Seconds, Base::Pow10, -9), 15), "15 ns");
     }
 
     #[test]
     fn bytes_show_with_binary_prefixes() {
         assert_eq!(scalar(&desc(Unit::Bytes, Base::Pow2, 0), 512), "512 B");
-        assert_eq!(scalar(&desc(Unit::Bytes, Base::Pow2, 0), 3 << 20), "3.00 MiB");
-        assert_eq!(scalar(&desc(Unit::Bytes, Base::Pow2, 12), 1 << 18), "1.00 GiB");
+        assert_eq!(
+            scalar(&desc(Unit::Bytes, Base::Pow2, 0), 3 << 20),
+            "3.00 MiB"
+        );
+        assert_eq!(
+            scalar(&desc(Unit::Bytes, Base::Pow2, 12), 1 << 18),
+            "1.00 GiB"
+        );
     }
 
     #[test]
     fn counts_and_cycles_show_plain() {
         assert_eq!(scalar(&desc(Unit::None, Base::Pow10, 0), 12), "12");
-        assert_eq!(scalar(&desc(Unit::Cycles, Base::Pow10, 0), 12345), "12345 cycles");
+        assert_eq!(
+            scalar(&desc(Unit::Cycles, Base::Pow10, 0), 12345),
+            "12345 cycles"
+        );
     }
 
     #[test]

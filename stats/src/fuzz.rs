@@ -56,11 +56,20 @@ pub fn parse_and_sample(data: &[u8]) -> crate::Result<()> {
 pub fn assert_invariants(schema: &Schema, file_len: u64) {
     let h = schema.header();
     assert_eq!(h.flags, 0, "header flags");
-    assert!(h.name_size <= MAX_NAME_SIZE && h.num_desc <= MAX_NUM_DESC, "caps");
+    assert!(
+        h.name_size <= MAX_NAME_SIZE && h.num_desc <= MAX_NUM_DESC,
+        "caps"
+    );
     for offset in [h.id_offset, h.desc_offset, h.data_offset] {
-        assert!(offset % 8 == 0 && u64::from(offset) >= HEADER_SIZE, "offset {offset}");
+        assert!(
+            offset % 8 == 0 && u64::from(offset) >= HEADER_SIZE,
+            "offset {offset}"
+        );
     }
-    assert!(h.desc_range().end <= file_len, "descriptors inside the file");
+    assert!(
+        h.desc_range().end <= file_len,
+        "descriptors inside the file"
+    );
     assert!(h.id_range().end <= file_len, "id inside the file");
     assert!(schema.id().starts_with("kvm") && schema.id().len() < h.name_size as usize);
     assert_eq!(schema.len(), h.num_desc as usize);
@@ -68,22 +77,39 @@ pub fn assert_invariants(schema: &Schema, file_len: u64) {
     for (index, (id, desc)) in schema.iter().enumerate() {
         assert_descriptor(desc, h.name_size, schema.data_size());
         assert_eq!(id.index(), index);
-        assert_eq!(schema.find(&desc.name), Some(id), "lookup of {:?}", desc.name);
+        assert_eq!(
+            schema.find(&desc.name),
+            Some(id),
+            "lookup of {:?}",
+            desc.name
+        );
     }
     let mut ranges: Vec<_> = schema.stats().iter().map(Descriptor::data_range).collect();
     ranges.sort_by_key(|r| r.start);
-    assert!(ranges.windows(2).all(|w| w[0].end <= w[1].start), "stats overlap");
+    assert!(
+        ranges.windows(2).all(|w| w[0].end <= w[1].start),
+        "stats overlap"
+    );
     let data = h.data_range(schema.data_size());
     for other in [h.id_range(), h.desc_range()] {
-        let disjoint = data.is_empty() || other.is_empty() || data.end <= other.start || other.end <= data.start;
+        let disjoint = data.is_empty()
+            || other.is_empty()
+            || data.end <= other.start
+            || other.end <= data.start;
         assert!(disjoint, "data block overlaps {other:?}");
     }
 }
 
 fn assert_descriptor(desc: &Descriptor, name_size: u32, data_size: u64) {
-    assert!(!desc.name.is_empty() && desc.name.len() < name_size as usize, "name");
+    assert!(
+        !desc.name.is_empty() && desc.name.len() < name_size as usize,
+        "name"
+    );
     assert!(!desc.name.contains('\0'), "name with NUL");
     assert!(desc.size != 0 && desc.offset % 8 == 0, "size/offset");
-    assert!(desc.data_range().end <= data_size, "values past the data block");
+    assert!(
+        desc.data_range().end <= data_size,
+        "values past the data block"
+    );
     assert_eq!(desc.validate(), Ok(()), "descriptor rules");
 }

@@ -42,7 +42,8 @@ pub struct Header {
 impl Header {
     /// Decodes the header from its 24 bytes (native endianness).
     pub fn from_bytes(bytes: &[u8; HEADER_SIZE as usize]) -> Self {
-        let field = |i: usize| u32::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let field =
+            |i: usize| u32::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
         Self {
             flags: field(0),
             name_size: field(4),
@@ -177,7 +178,10 @@ fn check_range(field: &'static str, value: u32, min: u32, max: u32) -> Result<()
 }
 
 /// Fails if two non-empty byte ranges share a byte.
-pub(crate) fn check_disjoint(a: (&'static str, Range<u64>), b: (&'static str, Range<u64>)) -> Result<()> {
+pub(crate) fn check_disjoint(
+    a: (&'static str, Range<u64>),
+    b: (&'static str, Range<u64>),
+) -> Result<()> {
     let (first, first_range) = a;
     let (second, second_range) = b;
     let empty = first_range.is_empty() || second_range.is_empty();
@@ -220,31 +224,61 @@ mod tests {
 
     #[test]
     fn validate_rejects_nonzero_flags() {
-        let header = Header { flags: 1, ..kernel_like() };
-        assert!(matches!(header.validate(), Err(Error::NonZero { field: "flags", value: 1 })));
+        let header = Header {
+            flags: 1,
+            ..kernel_like()
+        };
+        assert!(matches!(
+            header.validate(),
+            Err(Error::NonZero {
+                field: "flags",
+                value: 1
+            })
+        ));
     }
 
     #[test]
     fn validate_rejects_misaligned_desc_offset() {
-        let header = Header { desc_offset: 13, ..kernel_like() };
+        let header = Header {
+            desc_offset: 13,
+            ..kernel_like()
+        };
         assert!(matches!(
             header.validate(),
-            Err(Error::Misaligned { field: "desc_offset", value: 13 })
+            Err(Error::Misaligned {
+                field: "desc_offset",
+                value: 13
+            })
         ));
     }
 
     #[test]
     fn validate_rejects_name_size_over_cap() {
-        let header = Header { name_size: MAX_NAME_SIZE + 1, ..kernel_like() };
-        assert!(matches!(header.validate(), Err(Error::TooLarge { field: "name_size", .. })));
+        let header = Header {
+            name_size: MAX_NAME_SIZE + 1,
+            ..kernel_like()
+        };
+        assert!(matches!(
+            header.validate(),
+            Err(Error::TooLarge {
+                field: "name_size",
+                ..
+            })
+        ));
     }
 
     #[test]
     fn validate_rejects_id_inside_header() {
-        let header = Header { id_offset: 16, ..kernel_like() };
+        let header = Header {
+            id_offset: 16,
+            ..kernel_like()
+        };
         assert!(matches!(
             header.validate(),
-            Err(Error::InsideHeader { field: "id_offset", value: 16 })
+            Err(Error::InsideHeader {
+                field: "id_offset",
+                value: 16
+            })
         ));
     }
 

@@ -61,7 +61,11 @@ impl<T: ReadAt + ?Sized> ReadAt for &T {
 /// # Errors
 ///
 /// Any I/O error but `Interrupted`, which is retried.
-pub(crate) fn read_full_at(src: &(impl ReadAt + ?Sized), buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn read_full_at(
+    src: &(impl ReadAt + ?Sized),
+    buf: &mut [u8],
+    offset: u64,
+) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         let at = offset.saturating_add(done as u64);

@@ -153,7 +153,10 @@ impl Schema {
 
     /// The stat called `name`, in O(1).
     pub fn find(&self, name: &str) -> Option<StatId> {
-        self.by_name.get(name).and_then(|&i| self.ids.get(i)).copied()
+        self.by_name
+            .get(name)
+            .and_then(|&i| self.ids.get(i))
+            .copied()
     }
 
     /// The stat at position `index` of [`Schema::stats`].
@@ -183,8 +186,17 @@ impl Schema {
     }
 }
 
-fn read_block(src: &(impl ReadAt + ?Sized), block: &'static str, offset: u64, buf: &mut [u8]) -> Result<()> {
-    let got = read_full_at(src, buf, offset).map_err(|source| Error::Read { block, offset, source })?;
+fn read_block(
+    src: &(impl ReadAt + ?Sized),
+    block: &'static str,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    let got = read_full_at(src, buf, offset).map_err(|source| Error::Read {
+        block,
+        offset,
+        source,
+    })?;
     if got < buf.len() {
         return Err(Error::Truncated {
             block,
@@ -225,8 +237,10 @@ fn read_descriptors(src: &(impl ReadAt + ?Sized), header: &Header) -> Result<Vec
         read_chunk(src, header, offset, bytes)?;
         for raw in bytes.chunks_exact(stride as usize) {
             let index = stats.len();
-            let desc = Descriptor::from_bytes(raw).map_err(|source| stat_error(index, "", source))?;
-            desc.validate().map_err(|source| stat_error(index, &desc.name, source))?;
+            let desc =
+                Descriptor::from_bytes(raw).map_err(|source| stat_error(index, "", source))?;
+            desc.validate()
+                .map_err(|source| stat_error(index, &desc.name, source))?;
             stats.push(desc);
         }
         first += count;
@@ -234,10 +248,17 @@ fn read_descriptors(src: &(impl ReadAt + ?Sized), header: &Header) -> Result<Vec
     Ok(stats)
 }
 
-fn read_chunk(src: &(impl ReadAt + ?Sized), header: &Header, offset: u64, bytes: &mut [u8]) -> Result<()> {
+fn read_chunk(
+    src: &(impl ReadAt + ?Sized),
+    header: &Header,
+    offset: u64,
+    bytes: &mut [u8],
+) -> Result<()> {
     read_block(src, "descriptors", offset, bytes).map_err(|e| match e {
         // Report the whole block, not the chunk, so the numbers match the header.
-        Error::Truncated { got, offset: at, .. } => Error::Truncated {
+        Error::Truncated {
+            got, offset: at, ..
+        } => Error::Truncated {
             block: "descriptors",
             offset: header.desc_offset.into(),
             wanted: header.desc_range().end - header.desc_range().start,

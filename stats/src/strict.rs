@@ -66,23 +66,38 @@ fn descriptor_warnings(d: &Descriptor) -> Vec<Warning> {
     let stat = || d.name.clone();
     let mut out = Vec::new();
     if let StatType::Unknown(value) = d.kind {
-        out.push(Warning::UnknownType { stat: stat(), value });
+        out.push(Warning::UnknownType {
+            stat: stat(),
+            value,
+        });
     }
     if let Unit::Unknown(_) = d.unit {
         let value = d.unit.to_flags();
-        out.push(Warning::UnknownUnit { stat: stat(), value });
+        out.push(Warning::UnknownUnit {
+            stat: stat(),
+            value,
+        });
     }
     if let Base::Unknown(_) = d.base {
         let value = d.base.to_flags();
-        out.push(Warning::UnknownBase { stat: stat(), value });
+        out.push(Warning::UnknownBase {
+            stat: stat(),
+            value,
+        });
     }
     let bits = d.flags & UNKNOWN_BITS;
     if bits != 0 {
         out.push(Warning::UnknownFlagBits { stat: stat(), bits });
     }
-    let scalar = matches!(d.kind, StatType::Cumulative | StatType::Instant | StatType::Peak);
+    let scalar = matches!(
+        d.kind,
+        StatType::Cumulative | StatType::Instant | StatType::Peak
+    );
     if scalar && d.size > 1 {
-        out.push(Warning::ScalarArray { stat: stat(), size: d.size });
+        out.push(Warning::ScalarArray {
+            stat: stat(),
+            size: d.size,
+        });
     }
     out
 }

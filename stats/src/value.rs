@@ -48,11 +48,15 @@ impl Value {
     pub fn from_raw(desc: &Descriptor, raw: &[u64]) -> Self {
         let first = raw.first().copied().unwrap_or(0);
         match desc.kind {
-            StatType::Cumulative | StatType::Instant | StatType::Peak if desc.unit == Unit::Boolean => {
+            StatType::Cumulative | StatType::Instant | StatType::Peak
+                if desc.unit == Unit::Boolean =>
+            {
                 Self::Boolean(first != 0)
             }
             StatType::Cumulative | StatType::Instant | StatType::Peak => Self::Scalar(first),
-            StatType::LinearHistogram | StatType::Log2Histogram => Self::Histogram(buckets(desc, raw)),
+            StatType::LinearHistogram | StatType::Log2Histogram => {
+                Self::Histogram(buckets(desc, raw))
+            }
             StatType::Unknown(_) => Self::Unknown(raw.to_vec()),
         }
     }
@@ -83,7 +87,11 @@ pub fn buckets(desc: &Descriptor, raw: &[u64]) -> Vec<Bucket> {
         .enumerate()
         .filter_map(|(i, &count)| {
             let (lower, upper) = desc.bucket_bounds(i)?;
-            Some(Bucket { lower, upper, count })
+            Some(Bucket {
+                lower,
+                upper,
+                count,
+            })
         })
         .collect()
 }
@@ -103,7 +111,11 @@ mod tests {
             exponent,
             size,
             offset: 0,
-            bucket_size: if kind == StatType::LinearHistogram { 1 } else { 0 },
+            bucket_size: if kind == StatType::LinearHistogram {
+                1
+            } else {
+                0
+            },
         }
     }
 
@@ -119,7 +131,14 @@ mod tests {
         let Value::Histogram(b) = Value::from_raw(&d, &[5, 6, 7]) else {
             panic!("not a histogram");
         };
-        assert_eq!(b[2], Bucket { lower: 2, upper: None, count: 7 });
+        assert_eq!(
+            b[2],
+            Bucket {
+                lower: 2,
+                upper: None,
+                count: 7
+            }
+        );
         assert!((b[1].lower_in_unit(&d) - 1e-9).abs() < 1e-18);
     }
 

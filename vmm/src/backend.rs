@@ -28,7 +28,13 @@ pub fn quiet_stats(backend: &Backend) -> &'static [&'static str] {
 }
 
 fn param(root: &Path, module: &str, name: &str) -> Option<bool> {
-    let v = fs::read_to_string(root.join("module").join(module).join("parameters").join(name)).ok()?;
+    let v = fs::read_to_string(
+        root.join("module")
+            .join(module)
+            .join("parameters")
+            .join(name),
+    )
+    .ok()?;
     match v.trim() {
         "Y" | "y" | "1" => Some(true),
         "N" | "n" | "0" => Some(false),
@@ -41,15 +47,28 @@ pub fn detect_in(root: &Path) -> Backend {
     let loaded = |m: &str| root.join("module").join(m).exists();
     let tdp_mmu = param(root, "kvm", "tdp_mmu");
     let (kind, module, tdp) = if loaded("kvm_intel") {
-        ("vmx", "kvm_intel", param(root, "kvm_intel", "ept").unwrap_or(false))
+        (
+            "vmx",
+            "kvm_intel",
+            param(root, "kvm_intel", "ept").unwrap_or(false),
+        )
     } else if loaded("kvm_amd") {
-        ("svm", "kvm_amd", param(root, "kvm_amd", "npt").unwrap_or(false))
+        (
+            "svm",
+            "kvm_amd",
+            param(root, "kvm_amd", "npt").unwrap_or(false),
+        )
     } else if loaded("kvm_pvm") {
         ("pvm", "kvm_pvm", false)
     } else {
         ("unknown", "unknown", false)
     };
-    Backend { kind, tdp, tdp_mmu, module }
+    Backend {
+        kind,
+        tdp,
+        tdp_mmu,
+        module,
+    }
 }
 
 /// Detects this host's backend.
@@ -65,7 +84,11 @@ impl Backend {
             ("svm", true) => "NPT",
             _ => "shadow paging",
         };
-        let soft = if self.kind == "pvm" { "software backend, " } else { "" };
+        let soft = if self.kind == "pvm" {
+            "software backend, "
+        } else {
+            ""
+        };
         let mmu = match self.tdp_mmu {
             Some(true) => ", tdp_mmu=Y",
             Some(false) => ", tdp_mmu=N",
@@ -119,7 +142,10 @@ mod tests {
     fn detects_pvm_as_software_shadow_with_quiet_stats() {
         let d = fake_sys(&[("kvm", &[("tdp_mmu", "N")]), ("kvm_pvm", &[])]);
         let b = detect_in(d.path());
-        assert_eq!(b.describe(), "pvm (software backend, shadow paging, tdp_mmu=N)");
+        assert_eq!(
+            b.describe(),
+            "pvm (software backend, shadow paging, tdp_mmu=N)"
+        );
         assert!(quiet_stats(&b).contains(&"io_exits"));
     }
 
@@ -136,7 +162,8 @@ mod tests {
             pub fn new() -> Self {
                 static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                 let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let p = std::env::temp_dir().join(format!("kvmscope-backend-{}-{n}", std::process::id()));
+                let p = std::env::temp_dir()
+                    .join(format!("kvmscope-backend-{}-{n}", std::process::id()));
                 std::fs::create_dir_all(&p).unwrap();
                 Dir(p)
             }

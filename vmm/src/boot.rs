@@ -32,17 +32,28 @@ pub enum Error {
 /// `LoadElf` for a malformed ELF or one whose entry lies below the image area;
 /// `ImageTooLarge` when it does not fit the image area.
 pub fn load_guest(mem: &GuestMemory, image: &[u8]) -> Result<u64, Error> {
-    let loaded = Elf::load(mem, None, &mut Cursor::new(image), Some(GuestAddress(abi::IMAGE_BASE))).map_err(Error::LoadElf)?;
+    let loaded = Elf::load(
+        mem,
+        None,
+        &mut Cursor::new(image),
+        Some(GuestAddress(abi::IMAGE_BASE)),
+    )
+    .map_err(Error::LoadElf)?;
     let limit = abi::IMAGE_BASE + abi::IMAGE_MAX;
     if loaded.kernel_end > limit {
-        return Err(Error::ImageTooLarge { end: loaded.kernel_end, base: abi::IMAGE_BASE, limit });
+        return Err(Error::ImageTooLarge {
+            end: loaded.kernel_end,
+            base: abi::IMAGE_BASE,
+            limit,
+        });
     }
     Ok(loaded.kernel_load.0)
 }
 
 fn write_words(mem: &GuestMemory, addr: u64, words: &[u64]) -> Result<(), Error> {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    mem.write_slice(&bytes, GuestAddress(addr)).map_err(|e| Error::Write(addr, e))
+    mem.write_slice(&bytes, GuestAddress(addr))
+        .map_err(|e| Error::Write(addr, e))
 }
 
 /// Writes the GDT, a zeroed TSS and identity page tables over all of guest RAM.
@@ -52,7 +63,8 @@ fn write_words(mem: &GuestMemory, addr: u64, words: &[u64]) -> Result<(), Error>
 pub fn write_boot_structures(mem: &GuestMemory) -> Result<(), Error> {
     let size = memory::size(mem);
     write_words(mem, abi::GDT_ADDR, &gdt::table(abi::TSS_ADDR))?;
-    mem.write_slice(&gdt::tss_image(), GuestAddress(abi::TSS_ADDR)).map_err(|e| Error::Write(abi::TSS_ADDR, e))?;
+    mem.write_slice(&gdt::tss_image(), GuestAddress(abi::TSS_ADDR))
+        .map_err(|e| Error::Write(abi::TSS_ADDR, e))?;
     let tables = paging::build(size)?;
     write_words(mem, abi::PML4_ADDR, &tables.pml4)?;
     write_words(mem, abi::PDPT_ADDR, &tables.pdpt)?;
@@ -106,21 +118,30 @@ mod tests {
     #[test]
     fn rejects_garbage_as_a_guest() {
         let mem = memory::create(32 << 20, false).unwrap();
-        assert!(matches!(load_guest(&mem, b"not an elf at all, sorry"), Err(Error::LoadElf(_))));
+        assert!(matches!(
+            load_guest(&mem, b"not an elf at all, sorry"),
+            Err(Error::LoadElf(_))
+        ));
     }
 
     #[test]
     fn boot_structures_land_at_their_abi_addresses() {
         let mem = memory::create(32 << 20, false).unwrap();
         write_boot_structures(&mem).unwrap();
-        let cs: u64 = mem.read_obj(GuestAddress(abi::GDT_ADDR + 8 * u64::from(gdt::USER_CODE))).unwrap();
+        let cs: u64 = mem
+            .read_obj(GuestAddress(abi::GDT_ADDR + 8 * u64::from(gdt::USER_CODE)))
+            .unwrap();
         assert_eq!(cs, gdt::code(3).descriptor());
         let pml4e: u64 = mem.read_obj(GuestAddress(abi::PML4_ADDR)).unwrap();
         assert_eq!(pml4e & !0xfff, abi::PDPT_ADDR);
         write_mailbox_boot(&mem, 2, 2_000_000).unwrap();
-        let arena: u64 = mem.read_obj(GuestAddress(mailbox_addr(2) + mb::ARENA_SIZE)).unwrap();
+        let arena: u64 = mem
+            .read_obj(GuestAddress(mailbox_addr(2) + mb::ARENA_SIZE))
+            .unwrap();
         assert_eq!(arena, (32 << 20) - abi::ARENA_BASE);
-        let khz: u64 = mem.read_obj(GuestAddress(mailbox_addr(2) + mb::TSC_KHZ)).unwrap();
+        let khz: u64 = mem
+            .read_obj(GuestAddress(mailbox_addr(2) + mb::TSC_KHZ))
+            .unwrap();
         assert_eq!(khz, 2_000_000);
     }
 }

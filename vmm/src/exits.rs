@@ -11,17 +11,33 @@ use crate::abi;
 /// A vCPU exit, copied out of `kvm_run` (kvm-ioctls' `VcpuExit` borrows the vCPU).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Exit {
-    IoOut { port: u16, value: u32 },
-    IoIn { port: u16 },
-    MmioRead { addr: u64 },
-    MmioWrite { addr: u64 },
+    IoOut {
+        port: u16,
+        value: u32,
+    },
+    IoIn {
+        port: u16,
+    },
+    MmioRead {
+        addr: u64,
+    },
+    MmioWrite {
+        addr: u64,
+    },
     Hlt,
     Shutdown,
-    InternalError { suberror: u32 },
-    FailEntry { reason: u64, cpu: u32 },
+    InternalError {
+        suberror: u32,
+    },
+    FailEntry {
+        reason: u64,
+        cpu: u32,
+    },
     /// KVM_RUN returned EINTR: a kick (or another signal) arrived.
     Interrupted,
-    SystemEvent { kind: u32 },
+    SystemEvent {
+        kind: u32,
+    },
     Other(String),
 }
 
@@ -164,8 +180,14 @@ impl ExitCounters {
 
     /// The counters as JSON: `{"reasons": {...}, "devices": {...}, "total": n}`.
     pub fn to_json(&self) -> serde_json::Value {
-        let reasons: serde_json::Map<_, _> = Reason::ALL.iter().map(|&r| (r.label().to_string(), self.reason(r).into())).collect();
-        let devices: serde_json::Map<_, _> = Device::ALL.iter().map(|&d| (d.label().to_string(), self.device(d).into())).collect();
+        let reasons: serde_json::Map<_, _> = Reason::ALL
+            .iter()
+            .map(|&r| (r.label().to_string(), self.reason(r).into()))
+            .collect();
+        let devices: serde_json::Map<_, _> = Device::ALL
+            .iter()
+            .map(|&d| (d.label().to_string(), self.device(d).into()))
+            .collect();
         serde_json::json!({ "reasons": reasons, "devices": devices, "total": self.total() })
     }
 }
@@ -196,18 +218,37 @@ pub fn dispatch(exit: &Exit, bus: &Bus, counters: &ExitCounters) -> Action {
     }
     match (exit, device) {
         (Exit::IoOut { port, value }, Some(d)) => port_write(d, *port, *value),
-        (Exit::IoIn { port }, _) => Action::Fault(Fault::UnhandledPort { port: *port, write: false }),
+        (Exit::IoIn { port }, _) => Action::Fault(Fault::UnhandledPort {
+            port: *port,
+            write: false,
+        }),
         (Exit::MmioRead { .. } | Exit::MmioWrite { .. }, Some(Device::MmioTest)) => Action::Resume,
-        (Exit::MmioRead { addr }, _) => Action::Fault(Fault::UnhandledMmio { addr: *addr, write: false }),
-        (Exit::MmioWrite { addr }, _) => Action::Fault(Fault::UnhandledMmio { addr: *addr, write: true }),
+        (Exit::MmioRead { addr }, _) => Action::Fault(Fault::UnhandledMmio {
+            addr: *addr,
+            write: false,
+        }),
+        (Exit::MmioWrite { addr }, _) => Action::Fault(Fault::UnhandledMmio {
+            addr: *addr,
+            write: true,
+        }),
         (Exit::Interrupted, _) => Action::Interrupted,
         (Exit::Hlt, _) => Action::Fault(Fault::Halted),
         (Exit::Shutdown, _) => Action::Fault(Fault::TripleFault),
-        (Exit::InternalError { suberror }, _) => Action::Fault(Fault::InternalError { suberror: *suberror }),
-        (Exit::FailEntry { reason, cpu }, _) => Action::Fault(Fault::FailedEntry { reason: *reason, cpu: *cpu }),
-        (Exit::SystemEvent { kind }, _) => Action::Fault(Fault::Unexpected(format!("system event {kind}"))),
+        (Exit::InternalError { suberror }, _) => Action::Fault(Fault::InternalError {
+            suberror: *suberror,
+        }),
+        (Exit::FailEntry { reason, cpu }, _) => Action::Fault(Fault::FailedEntry {
+            reason: *reason,
+            cpu: *cpu,
+        }),
+        (Exit::SystemEvent { kind }, _) => {
+            Action::Fault(Fault::Unexpected(format!("system event {kind}")))
+        }
         (Exit::Other(what), _) => Action::Fault(Fault::Unexpected(what.clone())),
-        (Exit::IoOut { port, .. }, None) => Action::Fault(Fault::UnhandledPort { port: *port, write: true }),
+        (Exit::IoOut { port, .. }, None) => Action::Fault(Fault::UnhandledPort {
+            port: *port,
+            write: true,
+        }),
     }
 }
 

@@ -12,7 +12,11 @@ use kvmscope::vm::VmConfig;
 use kvmscope::workload::{parse_workload, Workload};
 
 #[derive(Parser)]
-#[command(name = "kvmscope", version, about = "A tiny VMM that shows KVM's binary statistics end to end")]
+#[command(
+    name = "kvmscope",
+    version,
+    about = "A tiny VMM that shows KVM's binary statistics end to end"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -56,7 +60,8 @@ struct RunArgs {
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).ok_or_else(|| format!("'{s}' is not a size: use a number with K, M, G or T, like 512M"))
+    parse_size(s)
+        .ok_or_else(|| format!("'{s}' is not a size: use a number with K, M, G or T, like 512M"))
 }
 
 fn workload_arg(s: &str) -> Result<Workload, String> {
@@ -64,9 +69,19 @@ fn workload_arg(s: &str) -> Result<Workload, String> {
 }
 
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
-    let workloads = if args.workload.is_empty() { vec![workload_arg(DEMO_WORKLOAD).map_err(anyhow::Error::msg)?] } else { args.workload };
+    let workloads = if args.workload.is_empty() {
+        vec![workload_arg(DEMO_WORKLOAD).map_err(anyhow::Error::msg)?]
+    } else {
+        args.workload
+    };
     let config = RunConfig {
-        vm: VmConfig { memory: args.memory, vcpus: args.vcpus, hugepages: args.hugepages, dirty_log: args.dirty_log, guest: args.guest },
+        vm: VmConfig {
+            memory: args.memory,
+            vcpus: args.vcpus,
+            hugepages: args.hugepages,
+            dirty_log: args.dirty_log,
+            guest: args.guest,
+        },
         workloads,
         process_start,
         stop_timeout: Duration::from_secs(1),
@@ -84,7 +99,10 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         return Ok(ExitCode::from(2));
     }
     if !summary.stuck.is_empty() {
-        eprintln!("kvmscope: vCPUs {:?} did not stop within a second", summary.stuck);
+        eprintln!(
+            "kvmscope: vCPUs {:?} did not stop within a second",
+            summary.stuck
+        );
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)

@@ -32,13 +32,19 @@ pub const MAX_MEMORY: u64 = (abi::MAX_PD_PAGES << 30) - paging::PAGE_2M;
 /// `TooSmall`, `Unaligned` or `TooLarge`.
 pub fn check_size(size: u64) -> Result<(), Error> {
     if size < abi::MIN_MEMORY {
-        return Err(Error::TooSmall { size, min: abi::MIN_MEMORY });
+        return Err(Error::TooSmall {
+            size,
+            min: abi::MIN_MEMORY,
+        });
     }
     if size % paging::PAGE_2M != 0 {
         return Err(Error::Unaligned(size));
     }
     if size > MAX_MEMORY {
-        return Err(Error::TooLarge { size, max: MAX_MEMORY });
+        return Err(Error::TooLarge {
+            size,
+            max: MAX_MEMORY,
+        });
     }
     Ok(())
 }
@@ -51,9 +57,17 @@ pub fn check_size(size: u64) -> Result<(), Error> {
 /// A bad size, or the mmap/madvise that failed.
 pub fn create(size: u64, hugepages: bool) -> Result<GuestMemory, Error> {
     check_size(size)?;
-    let len = usize::try_from(size).map_err(|_| Error::TooLarge { size, max: MAX_MEMORY })?;
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)]).map_err(|e| Error::Map(size, e))?;
-    let advice = if hugepages { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+    let len = usize::try_from(size).map_err(|_| Error::TooLarge {
+        size,
+        max: MAX_MEMORY,
+    })?;
+    let mem =
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)]).map_err(|e| Error::Map(size, e))?;
+    let advice = if hugepages {
+        libc::MADV_HUGEPAGE
+    } else {
+        libc::MADV_NOHUGEPAGE
+    };
     for region in mem.iter() {
         let (ptr, len) = host_range(region);
         // SAFETY: the range is exactly one mapping vm-memory made and still owns;
@@ -83,8 +97,14 @@ mod tests {
     #[test]
     fn size_checks_name_the_problem() {
         assert!(matches!(check_size(4 << 20), Err(Error::TooSmall { .. })));
-        assert!(matches!(check_size((64 << 20) + 4096), Err(Error::Unaligned(_))));
-        assert!(matches!(check_size(MAX_MEMORY + paging::PAGE_2M), Err(Error::TooLarge { .. })));
+        assert!(matches!(
+            check_size((64 << 20) + 4096),
+            Err(Error::Unaligned(_))
+        ));
+        assert!(matches!(
+            check_size(MAX_MEMORY + paging::PAGE_2M),
+            Err(Error::TooLarge { .. })
+        ));
         assert!(check_size(64 << 20).is_ok());
     }
 

@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use crate::boot;
-use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
 use crate::control;
+use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
 use crate::vcpu::{Control, Outcome, RunRequest, VmEvent};
 use crate::vm::{self, Vm, VmConfig};
 use crate::workload::{parse_workload, SpecError, Workload};
@@ -44,8 +44,16 @@ pub enum Error {
 impl RunConfig {
     /// A run of the demo workload on a default VM.
     pub fn demo() -> Self {
-        let demo = parse_workload(DEMO_WORKLOAD).unwrap_or_else(|e| unreachable!("the demo workload parses: {e}"));
-        RunConfig { vm: VmConfig::default(), workloads: vec![demo], process_start: Instant::now(), stop_timeout: Duration::from_secs(1), handle_signals: false, socket: None }
+        let demo = parse_workload(DEMO_WORKLOAD)
+            .unwrap_or_else(|e| unreachable!("the demo workload parses: {e}"));
+        RunConfig {
+            vm: VmConfig::default(),
+            workloads: vec![demo],
+            process_start: Instant::now(),
+            stop_timeout: Duration::from_secs(1),
+            handle_signals: false,
+            socket: None,
+        }
     }
 }
 
@@ -55,10 +63,14 @@ fn queue_workloads(vm: &Vm, workloads: &[Workload]) -> Result<(), Error> {
     let arena = boot::arena_size(vm.config.memory);
     let mut per_vcpu = vec![Vec::new(); vm.config.vcpus];
     for w in workloads {
-        let targets = w.target.resolve(vm.config.vcpus).map_err(|source| Error::Workload { vcpu: 0, source })?;
+        let targets = w
+            .target
+            .resolve(vm.config.vcpus)
+            .map_err(|source| Error::Workload { vcpu: 0, source })?;
         for &vcpu in &targets {
             for c in &w.commands {
-                c.to_guest(arena).map_err(|source| Error::Workload { vcpu, source })?;
+                c.to_guest(arena)
+                    .map_err(|source| Error::Workload { vcpu, source })?;
                 per_vcpu[vcpu].push(c.clone());
             }
         }
@@ -122,7 +134,9 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     let mut vm = Vm::new(config.vm.clone())?;
     queue_workloads(&vm, &config.workloads)?;
     let mut vm_before = vm.vm_stats.new_sample();
-    vm.vm_stats.read_sample(&mut vm_before).map_err(vm::Error::Stats)?;
+    vm.vm_stats
+        .read_sample(&mut vm_before)
+        .map_err(vm::Error::Stats)?;
     let mut before = Vec::new();
     for s in &vm.vcpu_stats {
         let mut sample = s.new_sample();
@@ -143,7 +157,9 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     drop(server);
     let stuck = vm.stop(config.stop_timeout);
     let mut vm_after = vm.vm_stats.new_sample();
-    vm.vm_stats.read_sample(&mut vm_after).map_err(vm::Error::Stats)?;
+    vm.vm_stats
+        .read_sample(&mut vm_after)
+        .map_err(vm::Error::Stats)?;
     let mut vcpus = Vec::new();
     for (i, (stats, older)) in vm.vcpu_stats.iter().zip(&before).enumerate() {
         let mut newer = stats.new_sample();
@@ -163,7 +179,12 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
         memory: vm.config.memory,
         hugepages: vm.config.hugepages,
         elapsed: started.elapsed(),
-        to_first_exit: since(vm.vcpus.iter().filter_map(|v| v.shared.first_exit.get().copied()).min()),
+        to_first_exit: since(
+            vm.vcpus
+                .iter()
+                .filter_map(|v| v.shared.first_exit.get().copied())
+                .min(),
+        ),
         to_first_done: since(watch.first_done),
         before: Mapped::from_sample(&vm.vm_stats, &vm_before),
         after: Mapped::from_sample(&vm.vm_stats, &vm_after),

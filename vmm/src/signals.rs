@@ -30,14 +30,16 @@ pub fn block_termination() {
 /// # Errors
 /// The thread could not be started.
 pub fn forward_termination(events: Sender<VmEvent>) -> std::io::Result<()> {
-    std::thread::Builder::new().name("signals".into()).spawn(move || loop {
-        let set = termination_set();
-        let mut sig = 0;
-        // SAFETY: sigwait writes the signal number into `sig`.
-        let rc = unsafe { libc::sigwait(&set, &mut sig) };
-        if rc == 0 && events.send(VmEvent::Signal(sig)).is_err() {
-            return;
-        }
-    })?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            let set = termination_set();
+            let mut sig = 0;
+            // SAFETY: sigwait writes the signal number into `sig`.
+            let rc = unsafe { libc::sigwait(&set, &mut sig) };
+            if rc == 0 && events.send(VmEvent::Signal(sig)).is_err() {
+                return;
+            }
+        })?;
     Ok(())
 }

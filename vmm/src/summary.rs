@@ -21,8 +21,18 @@ pub struct Mapped {
 impl Mapped {
     /// Reads the page counts out of a VM stats sample (missing stats read as 0).
     pub fn from_sample(stats: &StatsFd, sample: &Sample) -> Mapped {
-        let get = |name| stats.schema().find(name).map(|id| sample.u64(id)).unwrap_or(0);
-        Mapped { pages_4k: get("pages_4k"), pages_2m: get("pages_2m"), pages_1g: get("pages_1g") }
+        let get = |name| {
+            stats
+                .schema()
+                .find(name)
+                .map(|id| sample.u64(id))
+                .unwrap_or(0)
+        };
+        Mapped {
+            pages_4k: get("pages_4k"),
+            pages_2m: get("pages_2m"),
+            pages_1g: get("pages_1g"),
+        }
     }
 
     /// Bytes of guest memory mapped.
@@ -83,8 +93,12 @@ pub fn describe_outcome(o: Option<&Outcome>) -> String {
     match o {
         None => "still running".into(),
         Some(Outcome::Stopped) => "stopped".into(),
-        Some(Outcome::GuestPanic { message, registers }) => format!("guest panic: {message}\n      registers: {registers}"),
-        Some(Outcome::Fault { fault, registers }) => format!("guest fault: {fault}\n      registers: {registers}"),
+        Some(Outcome::GuestPanic { message, registers }) => {
+            format!("guest panic: {message}\n      registers: {registers}")
+        }
+        Some(Outcome::Fault { fault, registers }) => {
+            format!("guest fault: {fault}\n      registers: {registers}")
+        }
         Some(Outcome::Error(e)) => format!("VMM error: {e}"),
     }
 }
@@ -94,20 +108,57 @@ impl Summary {
     pub fn failure(&self) -> Option<String> {
         self.vcpus.iter().find_map(|v| match &v.outcome {
             Some(Outcome::Stopped) | None => None,
-            o => Some(format!("vCPU {}: {}", v.index, describe_outcome(o.as_ref()))),
+            o => Some(format!(
+                "vCPU {}: {}",
+                v.index,
+                describe_outcome(o.as_ref())
+            )),
         })
     }
 
     /// The summary for people.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "kvmscope run: {} vCPU(s), {} guest RAM{}, backend {}", self.vcpus.len(), format_bytes(self.memory), if self.hugepages { " (huge pages)" } else { "" }, self.backend.describe());
-        let us = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3));
-        let _ = writeln!(s, "time: {:.3} s total; {} to the first guest exit; {} to the first command done", self.elapsed.as_secs_f64(), us(self.to_first_exit), us(self.to_first_done));
-        let m = |m: &Mapped| format!("4k={} 2m={} 1g={} ({})", m.pages_4k, m.pages_2m, m.pages_1g, format_bytes(m.bytes()));
-        let _ = writeln!(s, "mapped pages: before {}\n              after  {}", m(&self.before), m(&self.after));
+        let _ = writeln!(
+            s,
+            "kvmscope run: {} vCPU(s), {} guest RAM{}, backend {}",
+            self.vcpus.len(),
+            format_bytes(self.memory),
+            if self.hugepages { " (huge pages)" } else { "" },
+            self.backend.describe()
+        );
+        let us = |d: Option<Duration>| {
+            d.map_or("-".into(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3))
+        };
+        let _ = writeln!(
+            s,
+            "time: {:.3} s total; {} to the first guest exit; {} to the first command done",
+            self.elapsed.as_secs_f64(),
+            us(self.to_first_exit),
+            us(self.to_first_done)
+        );
+        let m = |m: &Mapped| {
+            format!(
+                "4k={} 2m={} 1g={} ({})",
+                m.pages_4k,
+                m.pages_2m,
+                m.pages_1g,
+                format_bytes(m.bytes())
+            )
+        };
+        let _ = writeln!(
+            s,
+            "mapped pages: before {}\n              after  {}",
+            m(&self.before),
+            m(&self.after)
+        );
         for v in &self.vcpus {
-            let _ = writeln!(s, "vcpu{}: {}", v.index, describe_outcome(v.outcome.as_ref()));
+            let _ = writeln!(
+                s,
+                "vcpu{}: {}",
+                v.index,
+                describe_outcome(v.outcome.as_ref())
+            );
             let kvm: Vec<String> = v.kvm.iter().map(|(n, d)| format!("{n}={d}")).collect();
             let _ = writeln!(s, "  kvm stats (growth): {}", kvm.join(" "));
             let ours: Vec<String> = ["reasons", "devices"]
@@ -116,9 +167,22 @@ impl Summary {
                 .filter(|(_, n)| n.as_u64() != Some(0))
                 .map(|(k, n)| format!("{k}={n}"))
                 .collect();
-            let _ = writeln!(s, "  our exit counters: total={} {}", v.ours["total"], ours.join(" "));
+            let _ = writeln!(
+                s,
+                "  our exit counters: total={} {}",
+                v.ours["total"],
+                ours.join(" ")
+            );
             for r in &v.results {
-                let _ = writeln!(s, "  #{:<3} {:<48} {:<4} values={:?} in {:.2} ms", r.seq, r.command, r.status, r.values, r.host_time.as_secs_f64() * 1e3);
+                let _ = writeln!(
+                    s,
+                    "  #{:<3} {:<48} {:<4} values={:?} in {:.2} ms",
+                    r.seq,
+                    r.command,
+                    r.status,
+                    r.values,
+                    r.host_time.as_secs_f64() * 1e3
+                );
             }
         }
         if let Some(sig) = self.signal {
@@ -137,7 +201,11 @@ impl Summary {
             .vcpus
             .iter()
             .map(|v| {
-                let kvm: serde_json::Map<_, _> = v.kvm.iter().map(|(n, d)| (n.clone(), (*d).into())).collect();
+                let kvm: serde_json::Map<_, _> = v
+                    .kvm
+                    .iter()
+                    .map(|(n, d)| (n.clone(), (*d).into()))
+                    .collect();
                 let results: Vec<_> = v.results.iter().map(result_json).collect();
                 serde_json::json!({
                     "index": v.index, "outcome": describe_outcome(v.outcome.as_ref()),

@@ -23,7 +23,9 @@ pub fn parse_size(text: &str) -> Option<u64> {
 /// Parses a duration: a number with a suffix `ns`, `us`, `ms`, `s` or `m` (`1.5s` allowed).
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: f64 = num.parse().ok()?;
     let secs = match unit {
@@ -34,7 +36,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         "m" | "min" => n * 60.0,
         _ => return None,
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return None;
     }
     Some(Duration::from_secs_f64(secs))

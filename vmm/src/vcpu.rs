@@ -17,7 +17,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::abi::{self, mailbox_offset as mb};
 use crate::boot::mailbox_addr;
-use crate::exits::{dispatch, Action, Bus, ExitCounters, Exit, Fault};
+use crate::exits::{dispatch, Action, Bus, Exit, ExitCounters, Fault};
 use crate::kick;
 use crate::memory::GuestMemory;
 use crate::workload::Command;
@@ -120,8 +120,22 @@ pub struct VcpuShared {
 
 impl VcpuShared {
     pub fn new(index: usize) -> Self {
-        let inbox = Inbox { queue: VecDeque::new(), control: Control::Run, state: VcpuState::Booting, results: VecDeque::new(), next_seq: 1 };
-        VcpuShared { index, counters: ExitCounters::default(), phase: AtomicU64::new(0), first_exit: OnceLock::new(), inbox: Mutex::new(inbox), wake: Condvar::new(), pending: AtomicBool::new(false) }
+        let inbox = Inbox {
+            queue: VecDeque::new(),
+            control: Control::Run,
+            state: VcpuState::Booting,
+            results: VecDeque::new(),
+            next_seq: 1,
+        };
+        VcpuShared {
+            index,
+            counters: ExitCounters::default(),
+            phase: AtomicU64::new(0),
+            first_exit: OnceLock::new(),
+            inbox: Mutex::new(inbox),
+            wake: Condvar::new(),
+            pending: AtomicBool::new(false),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inbox> {
@@ -184,8 +198,23 @@ enum State {
 }
 
 impl Vcpu {
-    pub fn new(fd: VcpuFd, mem: GuestMemory, bus: Bus, arena_size: u64, shared: Arc<VcpuShared>, events: Sender<VmEvent>) -> Self {
-        Vcpu { fd, mem, bus, arena_size, shared, events, current: None }
+    pub fn new(
+        fd: VcpuFd,
+        mem: GuestMemory,
+        bus: Bus,
+        arena_size: u64,
+        shared: Arc<VcpuShared>,
+        events: Sender<VmEvent>,
+    ) -> Self {
+        Vcpu {
+            fd,
+            mem,
+            bus,
+            arena_size,
+            shared,
+            events,
+            current: None,
+        }
     }
 
     /// Runs the vCPU until it is stopped or the guest fails; call on its own thread.
@@ -230,7 +259,11 @@ impl Vcpu {
         let mut inbox = self.shared.lock();
         let before = std::mem::replace(&mut inbox.state, VcpuState::Paused);
         while inbox.control == Control::Pause {
-            inbox = self.shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+            inbox = self
+                .shared
+                .wake
+                .wait(inbox)
+                .unwrap_or_else(|e| e.into_inner());
         }
         inbox.state = before;
         match inbox.control {
@@ -265,7 +298,10 @@ impl Vcpu {
                 let mut v = [0u8; 4];
                 let n = data.len().min(4);
                 v[..n].copy_from_slice(&data[..n]);
-                Exit::IoOut { port, value: u32::from_le_bytes(v) }
+                Exit::IoOut {
+                    port,
+                    value: u32::from_le_bytes(v),
+                }
             }
             Ok(VcpuExit::IoIn(port, data)) => {
                 data.fill(0xff);
@@ -319,9 +355,15 @@ impl Vcpu {
             }
             Action::Panic(len) => {
                 let message = self.read_text(len);
-                Some(State::Finished(Outcome::GuestPanic { message, registers: self.registers() }))
+                Some(State::Finished(Outcome::GuestPanic {
+                    message,
+                    registers: self.registers(),
+                }))
             }
-            Action::Fault(fault) => Some(State::Finished(Outcome::Fault { fault, registers: self.registers() })),
+            Action::Fault(fault) => Some(State::Finished(Outcome::Fault {
+                fault,
+                registers: self.registers(),
+            })),
         }
     }
 
@@ -346,12 +388,16 @@ impl Vcpu {
         }
         inbox.results.push_back(result.clone());
         drop(inbox);
-        let _ = self.events.send(VmEvent::CommandDone(self.shared.index, result));
+        let _ = self
+            .events
+            .send(VmEvent::CommandDone(self.shared.index, result));
     }
 
     /// Reads the guest's result for the current command.
     fn finish_command(&mut self) {
-        let Some((seq, command, started)) = self.current.take() else { return };
+        let Some((seq, command, started)) = self.current.take() else {
+            return;
+        };
         let status = match (self.read_u64(mb::RESULT_SEQ), self.read_u64(mb::STATUS)) {
             (s, _) if s != seq => format!("guest answered for command {s}, not {seq}"),
             (_, abi::STATUS_OK) => "ok".to_string(),
@@ -360,7 +406,13 @@ impl Vcpu {
             (_, other) => format!("guest status {other}"),
         };
         let values = [0, 1, 2].map(|i| self.read_u64(mb::RESULT + 8 * i));
-        self.record(CommandResult { seq, command, status, values, host_time: started.elapsed() });
+        self.record(CommandResult {
+            seq,
+            command,
+            status,
+            values,
+            host_time: started.elapsed(),
+        });
     }
 
     /// Blocks until the guest has a command in its mailbox, or a control request
@@ -379,9 +431,14 @@ impl Vcpu {
                     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                     let addr = GuestAddress(mailbox_addr(self.shared.index as u64) + mb::CMD);
                     if let Err(e) = self.mem.write_slice(&bytes, addr) {
-                        return Some(State::Finished(Outcome::Error(format!("writing the mailbox: {e}"))));
+                        return Some(State::Finished(Outcome::Error(format!(
+                            "writing the mailbox: {e}"
+                        ))));
                     }
-                    self.shared.lock().state = VcpuState::Running { seq, command: command.to_string() };
+                    self.shared.lock().state = VcpuState::Running {
+                        seq,
+                        command: command.to_string(),
+                    };
                     self.current = Some((seq, command.to_string(), started));
                     return None;
                 }
@@ -391,9 +448,21 @@ impl Vcpu {
                             return Some(state);
                         }
                     }
-                    self.record(CommandResult { seq, command: command.to_string(), status: "ok".into(), values: [0; 3], host_time: started.elapsed() });
+                    self.record(CommandResult {
+                        seq,
+                        command: command.to_string(),
+                        status: "ok".into(),
+                        values: [0; 3],
+                        host_time: started.elapsed(),
+                    });
                 }
-                Err(e) => self.record(CommandResult { seq, command: command.to_string(), status: e.to_string(), values: [0; 3], host_time: Duration::ZERO }),
+                Err(e) => self.record(CommandResult {
+                    seq,
+                    command: command.to_string(),
+                    status: e.to_string(),
+                    values: [0; 3],
+                    host_time: Duration::ZERO,
+                }),
             }
         }
     }
@@ -407,7 +476,11 @@ impl Vcpu {
                 Control::Stop => return Err(State::Finished(Outcome::Stopped)),
                 Control::Pause => {
                     inbox.state = VcpuState::Paused;
-                    inbox = self.shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                    inbox = self
+                        .shared
+                        .wake
+                        .wait(inbox)
+                        .unwrap_or_else(|e| e.into_inner());
                     continue;
                 }
                 Control::Run => self.shared.pending.store(false, Ordering::Release),
@@ -422,7 +495,11 @@ impl Vcpu {
                 told_idle = true;
                 let _ = self.events.send(VmEvent::Idle(self.shared.index));
             }
-            inbox = self.shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+            inbox = self
+                .shared
+                .wake
+                .wait(inbox)
+                .unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -447,8 +524,18 @@ impl Vcpu {
                 }
             }
             inbox = match deadline {
-                Some(d) => self.shared.wake.wait_timeout(inbox, d.saturating_duration_since(Instant::now())).unwrap_or_else(|e| e.into_inner()).0,
-                None => self.shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    self.shared
+                        .wake
+                        .wait_timeout(inbox, d.saturating_duration_since(Instant::now()))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self
+                    .shared
+                    .wake
+                    .wait(inbox)
+                    .unwrap_or_else(|e| e.into_inner()),
             };
         }
     }
@@ -469,7 +556,10 @@ pub fn describe_registers(fd: &VcpuFd) -> String {
         Err(e) => format!("registers unreadable ({e})"),
     };
     match fd.get_sregs() {
-        Ok(s) => format!("{regs} cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x} cs={:#x}", s.cr0, s.cr2, s.cr3, s.cr4, s.efer, s.cs.selector),
+        Ok(s) => format!(
+            "{regs} cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x} cs={:#x}",
+            s.cr0, s.cr2, s.cr3, s.cr4, s.efer, s.cs.selector
+        ),
         Err(_) => regs,
     }
 }

@@ -39,7 +39,13 @@ pub struct VmConfig {
 
 impl Default for VmConfig {
     fn default() -> Self {
-        VmConfig { memory: 256 << 20, vcpus: 1, hugepages: false, dirty_log: false, guest: None }
+        VmConfig {
+            memory: 256 << 20,
+            vcpus: 1,
+            hugepages: false,
+            dirty_log: false,
+            guest: None,
+        }
     }
 }
 
@@ -139,7 +145,10 @@ impl Vm {
         }
         let max = kvm.get_max_vcpus().min(abi::MAX_VCPUS as usize);
         if config.vcpus == 0 || config.vcpus > max {
-            return Err(Error::VcpuCount { requested: config.vcpus, max });
+            return Err(Error::VcpuCount {
+                requested: config.vcpus,
+                max,
+            });
         }
         let fd = kvm.create_vm().map_err(Error::CreateVm)?;
         let mem = memory::create(config.memory, config.hugepages)?;
@@ -152,26 +161,58 @@ impl Vm {
         register_memory(&fd, &mem, config.dirty_log)?;
         let vm_stats = StatsFd::new(kvm_stats::ioctl::get_stats_fd(&fd)?)?;
         let (events_tx, events) = channel();
-        let cpuid = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(Error::Cpuid)?;
+        let cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(Error::Cpuid)?;
         let bus = Bus::new(paging::mmio_addr(config.memory));
         let mut unstarted = Vec::with_capacity(config.vcpus);
         let mut vcpus = Vec::with_capacity(config.vcpus);
         let mut vcpu_stats = Vec::with_capacity(config.vcpus);
         let mut vcpu_fds = Vec::with_capacity(config.vcpus);
         for i in 0..config.vcpus {
-            let vfd = fd.create_vcpu(i as u64).map_err(|e| Error::CreateVcpu(i, e))?;
+            let vfd = fd
+                .create_vcpu(i as u64)
+                .map_err(|e| Error::CreateVcpu(i, e))?;
             regs::setup(&vfd, &cpuid, entry, i as u64).map_err(|e| Error::SetupVcpu(i, e))?;
-            let tsc_khz = vfd.get_tsc_khz().map(u64::from).unwrap_or_else(|_| host_tsc_khz());
+            let tsc_khz = vfd
+                .get_tsc_khz()
+                .map(u64::from)
+                .unwrap_or_else(|_| host_tsc_khz());
             boot::write_mailbox_boot(&mem, i as u64, tsc_khz)?;
             vcpu_stats.push(StatsFd::new(kvm_stats::ioctl::get_stats_fd(&vfd)?)?);
             vcpu_fds.push(dup_fd(&vfd).map_err(|e| Error::DupVcpu(i, e))?);
             let shared = Arc::new(VcpuShared::new(i));
             let arena = boot::arena_size(config.memory);
-            unstarted.push(Vcpu::new(vfd, mem.clone(), bus.clone(), arena, shared.clone(), events_tx.clone()));
-            vcpus.push(VcpuHandle { shared, thread: None, outcome: None });
+            unstarted.push(Vcpu::new(
+                vfd,
+                mem.clone(),
+                bus.clone(),
+                arena,
+                shared.clone(),
+                events_tx.clone(),
+            ));
+            vcpus.push(VcpuHandle {
+                shared,
+                thread: None,
+                outcome: None,
+            });
         }
         let backend = backend::detect();
-        Ok(Vm { backend, config, mem, vm_stats, vcpu_stats, vcpu_fds, vcpus, created, unstarted, events_tx, events, fd, _kvm: kvm })
+        Ok(Vm {
+            backend,
+            config,
+            mem,
+            vm_stats,
+            vcpu_stats,
+            vcpu_fds,
+            vcpus,
+            created,
+            unstarted,
+            events_tx,
+            events,
+            fd,
+            _kvm: kvm,
+        })
     }
 
     /// Starts one thread per vCPU, named `vcpu<N>`.
@@ -201,7 +242,9 @@ impl Vm {
 
     /// Queues commands on vCPU `index`.
     pub fn push_commands(&self, index: usize, commands: Vec<Command>) -> Option<u64> {
-        self.vcpus.get(index).map(|v| v.shared.push_commands(commands))
+        self.vcpus
+            .get(index)
+            .map(|v| v.shared.push_commands(commands))
     }
 
     /// The next event, or `None` after `timeout`. Records vCPU outcomes as they arrive.
@@ -230,7 +273,11 @@ impl Vm {
     pub fn stop(&mut self, timeout: Duration) -> Vec<usize> {
         self.control_all(Control::Stop);
         let deadline = Instant::now() + timeout;
-        while self.vcpus.iter().any(|v| v.thread.is_some() && v.outcome.is_none()) {
+        while self
+            .vcpus
+            .iter()
+            .any(|v| v.thread.is_some() && v.outcome.is_none())
+        {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || self.next_event(left).is_none() && Instant::now() >= deadline {
                 break;
@@ -251,7 +298,11 @@ impl Vm {
 
     /// Host address and size of guest RAM (one region).
     pub fn ram_host_range(&self) -> (*mut u8, usize) {
-        self.mem.iter().next().map(memory::host_range).unwrap_or((std::ptr::null_mut(), 0))
+        self.mem
+            .iter()
+            .next()
+            .map(memory::host_range)
+            .unwrap_or((std::ptr::null_mut(), 0))
     }
 }
 
@@ -268,7 +319,11 @@ fn register_memory(fd: &VmFd, mem: &GuestMemory, dirty_log: bool) -> Result<(), 
         let (host, len) = memory::host_range(region);
         let region = kvm_userspace_memory_region {
             slot: slot as u32,
-            flags: if dirty_log { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+            flags: if dirty_log {
+                KVM_MEM_LOG_DIRTY_PAGES
+            } else {
+                0
+            },
             guest_phys_addr: region.start_addr().0,
             memory_size: len as u64,
             userspace_addr: host as u64,

@@ -19,22 +19,55 @@ pub enum SpecError {
     #[error("unknown workload command '{0}' (known: {known})", known = COMMANDS.join(", "))]
     UnknownCommand(String),
     #[error("unknown parameter '{param}' for {command} (known: {known})")]
-    UnknownParam { command: &'static str, param: String, known: String },
+    UnknownParam {
+        command: &'static str,
+        param: String,
+        known: String,
+    },
     #[error("parameter '{param}' of {command} needs a value: write {param}=VALUE")]
-    MissingValue { command: &'static str, param: String },
+    MissingValue {
+        command: &'static str,
+        param: String,
+    },
     #[error("parameter '{param}' of {command} is given twice")]
-    DuplicateParam { command: &'static str, param: String },
+    DuplicateParam {
+        command: &'static str,
+        param: String,
+    },
     #[error("bad value '{value}' for {param} of {command}: expected {expected}")]
-    BadValue { command: &'static str, param: &'static str, value: String, expected: &'static str },
+    BadValue {
+        command: &'static str,
+        param: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     #[error("bad vCPU target '{0}': expected all, an index (2), a range (1-3) or a list (0,2)")]
     BadTarget(String),
     #[error("vCPU {index} in target '{target}' does not exist (the VM has {vcpus})")]
-    NoSuchVcpu { target: String, index: usize, vcpus: usize },
+    NoSuchVcpu {
+        target: String,
+        index: usize,
+        vcpus: usize,
+    },
     #[error("{command} range {start:#x}..{end:#x} does not fit the {arena} arena")]
-    OutsideArena { command: &'static str, start: u64, end: u64, arena: String },
+    OutsideArena {
+        command: &'static str,
+        start: u64,
+        end: u64,
+        arena: String,
+    },
 }
 
-const COMMANDS: [&str; 8] = ["touch", "touch-zero", "read", "dirty", "exits", "wait", "panic", "fault"];
+const COMMANDS: [&str; 8] = [
+    "touch",
+    "touch-zero",
+    "read",
+    "dirty",
+    "exits",
+    "wait",
+    "panic",
+    "fault",
+];
 
 /// A page range of the arena, as written in a spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +90,13 @@ pub enum Command {
     /// Read one word of each page.
     Read { span: Span },
     /// Rewrite random pages of a working set at a paced rate.
-    Dirty { offset: u64, ws: Option<u64>, rate: u64, duration: Duration, seed: u64 },
+    Dirty {
+        offset: u64,
+        ws: Option<u64>,
+        rate: u64,
+        duration: Duration,
+        seed: u64,
+    },
     /// Port-I/O and MMIO exits.
     Exits { ports: u64, mmio: u64 },
     /// Park the vCPU in the VMM until the next command (or for a while).
@@ -118,10 +157,20 @@ impl Command {
             }
             Command::TouchZero { span } | Command::Read { span } => {
                 let (off, len) = span_bounds(self.name(), span.offset, span.size, arena_size)?;
-                let code = if matches!(self, Command::Read { .. }) { abi::CMD_READ } else { abi::CMD_TOUCH_ZERO };
+                let code = if matches!(self, Command::Read { .. }) {
+                    abi::CMD_READ
+                } else {
+                    abi::CMD_TOUCH_ZERO
+                };
                 a(code, [off, len, span.stride, 0, 0, 0])
             }
-            Command::Dirty { offset, ws, rate, duration, seed } => {
+            Command::Dirty {
+                offset,
+                ws,
+                rate,
+                duration,
+                seed,
+            } => {
                 let (off, len) = span_bounds(self.name(), offset, ws, arena_size)?;
                 let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
                 a(abi::CMD_DIRTY, [off, len, rate, ms, seed, 0])
@@ -134,11 +183,21 @@ impl Command {
     }
 }
 
-fn span_bounds(command: &'static str, offset: u64, size: Option<u64>, arena: u64) -> Result<(u64, u64), SpecError> {
+fn span_bounds(
+    command: &'static str,
+    offset: u64,
+    size: Option<u64>,
+    arena: u64,
+) -> Result<(u64, u64), SpecError> {
     let len = size.unwrap_or_else(|| arena.saturating_sub(offset));
     let end = offset.saturating_add(len);
     if end > arena || (size.is_none() && offset >= arena) {
-        return Err(SpecError::OutsideArena { command, start: offset, end, arena: format_bytes(arena) });
+        return Err(SpecError::OutsideArena {
+            command,
+            start: offset,
+            end,
+            arena: format_bytes(arena),
+        });
     }
     Ok((offset, len))
 }
@@ -162,12 +221,22 @@ impl fmt::Display for Command {
                 write!(f, " pattern={pattern:#x}")
             }
             Command::TouchZero { span: s } | Command::Read { span: s } => span(f, s),
-            Command::Dirty { offset, ws, rate, duration, seed } => {
+            Command::Dirty {
+                offset,
+                ws,
+                rate,
+                duration,
+                seed,
+            } => {
                 write!(f, " offset={offset}")?;
                 if let Some(ws) = ws {
                     write!(f, " ws={ws}")?;
                 }
-                write!(f, " rate={rate}/s for={}ms seed={seed}", duration.as_millis())
+                write!(
+                    f,
+                    " rate={rate}/s for={}ms seed={seed}",
+                    duration.as_millis()
+                )
             }
             Command::Exits { ports, mmio } => write!(f, " ports={ports} mmio={mmio}"),
             Command::Wait { duration: Some(d) } => write!(f, " for={}ms", d.as_millis()),
@@ -185,12 +254,18 @@ pub fn parse_workload(text: &str) -> Result<Workload, SpecError> {
         Some((t, rest)) if looks_like_target(t) => (parse_target(t.trim())?, rest),
         _ => (Target::Some(vec![0]), text),
     };
-    Ok(Workload { target, commands: parse_sequence(rest)? })
+    Ok(Workload {
+        target,
+        commands: parse_sequence(rest)?,
+    })
 }
 
 fn looks_like_target(t: &str) -> bool {
     let t = t.trim();
-    t == "all" || (!t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == ',' || c == '-' || c == ' '))
+    t == "all"
+        || (!t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_digit() || c == ',' || c == '-' || c == ' '))
 }
 
 fn parse_target(t: &str) -> Result<Target, SpecError> {
@@ -202,7 +277,10 @@ fn parse_target(t: &str) -> Result<Target, SpecError> {
     for part in t.split(',').map(str::trim) {
         match part.split_once('-') {
             Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+                let (a, b): (usize, usize) = (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                );
                 if a > b || b - a > abi::MAX_VCPUS as usize {
                     return Err(bad());
                 }
@@ -225,7 +303,11 @@ impl Target {
         match self {
             Target::All => Ok((0..vcpus).collect()),
             Target::Some(list) => match list.iter().find(|&&i| i >= vcpus) {
-                Some(&index) => Err(SpecError::NoSuchVcpu { target: format!("{list:?}"), index, vcpus }),
+                Some(&index) => Err(SpecError::NoSuchVcpu {
+                    target: format!("{list:?}"),
+                    index,
+                    vcpus,
+                }),
                 None => Ok(list.clone()),
             },
         }
@@ -269,7 +351,10 @@ pub fn parse_command(text: &str) -> Result<Command, SpecError> {
     };
     let p = Params::parse(command, known, words)?;
     Ok(match command {
-        "touch" => Command::Touch { span: p.span()?, pattern: p.hex("pattern")?.unwrap_or(0x6b76_6d73_636f_7065) },
+        "touch" => Command::Touch {
+            span: p.span()?,
+            pattern: p.hex("pattern")?.unwrap_or(0x6b76_6d73_636f_7065),
+        },
         "touch-zero" => Command::TouchZero { span: p.span()? },
         "read" => Command::Read { span: p.span()? },
         "dirty" => Command::Dirty {
@@ -286,7 +371,9 @@ pub fn parse_command(text: &str) -> Result<Command, SpecError> {
                 mmio: p.count("mmio")?.or(count).unwrap_or(1000),
             }
         }
-        "wait" => Command::Wait { duration: p.duration("for")? },
+        "wait" => Command::Wait {
+            duration: p.duration("for")?,
+        },
         "panic" => Command::Panic,
         _ => Command::Fault,
     })
@@ -299,20 +386,38 @@ struct Params<'a> {
 }
 
 impl<'a> Params<'a> {
-    fn parse(command: &'static str, known: &[&'static str], words: impl Iterator<Item = &'a str>) -> Result<Self, SpecError> {
+    fn parse(
+        command: &'static str,
+        known: &[&'static str],
+        words: impl Iterator<Item = &'a str>,
+    ) -> Result<Self, SpecError> {
         let mut pairs: Vec<(&'static str, &'a str)> = Vec::new();
         for word in words {
             let (key, value) = match word.split_once('=') {
                 Some((k, v)) if !v.is_empty() => (k, v),
-                _ => return Err(SpecError::MissingValue { command, param: word.trim_end_matches('=').to_string() }),
+                _ => {
+                    return Err(SpecError::MissingValue {
+                        command,
+                        param: word.trim_end_matches('=').to_string(),
+                    })
+                }
             };
-            let key = known.iter().copied().find(|k| *k == key).ok_or_else(|| SpecError::UnknownParam {
-                command,
-                param: key.to_string(),
-                known: if known.is_empty() { "none".to_string() } else { known.join(", ") },
+            let key = known.iter().copied().find(|k| *k == key).ok_or_else(|| {
+                SpecError::UnknownParam {
+                    command,
+                    param: key.to_string(),
+                    known: if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    },
+                }
             })?;
             if pairs.iter().any(|(k, _)| *k == key) {
-                return Err(SpecError::DuplicateParam { command, param: key.to_string() });
+                return Err(SpecError::DuplicateParam {
+                    command,
+                    param: key.to_string(),
+                });
             }
             pairs.push((key, value));
         }
@@ -324,12 +429,21 @@ impl<'a> Params<'a> {
     }
 
     fn bad(&self, param: &'static str, value: &str, expected: &'static str) -> SpecError {
-        SpecError::BadValue { command: self.command, param, value: value.to_string(), expected }
+        SpecError::BadValue {
+            command: self.command,
+            param,
+            value: value.to_string(),
+            expected,
+        }
     }
 
     fn size(&self, key: &'static str) -> Result<Option<u64>, SpecError> {
         self.get(key)
-            .map(|v| parse_size(v).filter(|&s| s > 0).ok_or_else(|| self.bad(key, v, "a non-zero size like 4096, 64K or 16M")))
+            .map(|v| {
+                parse_size(v)
+                    .filter(|&s| s > 0)
+                    .ok_or_else(|| self.bad(key, v, "a non-zero size like 4096, 64K or 16M"))
+            })
             .transpose()
     }
 
@@ -347,18 +461,27 @@ impl<'a> Params<'a> {
         if stride == 0 {
             return Err(self.bad("stride", "0", "a page stride of at least 1"));
         }
-        Ok(Span { offset: self.offset()?, size: self.size("size")?, stride })
+        Ok(Span {
+            offset: self.offset()?,
+            size: self.size("size")?,
+            stride,
+        })
     }
 
     fn count(&self, key: &'static str) -> Result<Option<u64>, SpecError> {
-        self.get(key).map(|v| v.parse().map_err(|_| self.bad(key, v, "a whole number"))).transpose()
+        self.get(key)
+            .map(|v| v.parse().map_err(|_| self.bad(key, v, "a whole number")))
+            .transpose()
     }
 
     fn hex(&self, key: &'static str) -> Result<Option<u64>, SpecError> {
         self.get(key)
             .map(|v| {
                 let digits = v.strip_prefix("0x").unwrap_or(v);
-                u64::from_str_radix(digits, 16).ok().filter(|&p| p != 0).ok_or_else(|| self.bad(key, v, "a non-zero hex number like 0xabcd"))
+                u64::from_str_radix(digits, 16)
+                    .ok()
+                    .filter(|&p| p != 0)
+                    .ok_or_else(|| self.bad(key, v, "a non-zero hex number like 0xabcd"))
             })
             .transpose()
     }
@@ -369,7 +492,11 @@ impl<'a> Params<'a> {
                 let n = v.strip_suffix("/s").unwrap_or(v);
                 match n {
                     "max" => Ok(0),
-                    _ => n.parse().ok().filter(|&r| r > 0).ok_or_else(|| self.bad("rate", v, "pages per second like 2000/s, or max")),
+                    _ => {
+                        n.parse().ok().filter(|&r| r > 0).ok_or_else(|| {
+                            self.bad("rate", v, "pages per second like 2000/s, or max")
+                        })
+                    }
                 }
             })
             .transpose()
@@ -377,7 +504,9 @@ impl<'a> Params<'a> {
 
     fn duration(&self, key: &'static str) -> Result<Option<Duration>, SpecError> {
         self.get(key)
-            .map(|v| parse_duration(v).ok_or_else(|| self.bad(key, v, "a duration like 500ms or 5s")))
+            .map(|v| {
+                parse_duration(v).ok_or_else(|| self.bad(key, v, "a duration like 500ms or 5s"))
+            })
             .transpose()
     }
 }

@@ -54,9 +54,14 @@ fn parse_decodes_descriptor_fields() {
     let schema = parse(&every_kind().build()).expect("valid file");
     let id = schema.find("wait_lin_hist").expect("stat present");
     let d = schema.get(id).expect("descriptor");
-    assert_eq!((d.kind, d.unit, d.base), (StatType::LinearHistogram, Unit::Seconds, Base::Pow10));
+    assert_eq!(
+        (d.kind, d.unit, d.base),
+        (StatType::LinearHistogram, Unit::Seconds, Base::Pow10)
+    );
     assert_eq!((d.exponent, d.size, d.bucket_size), (-6, 4, 250));
-    let pages = schema.get(schema.find("guest_pages").expect("present")).expect("descriptor");
+    let pages = schema
+        .get(schema.find("guest_pages").expect("present"))
+        .expect("descriptor");
     assert_eq!((pages.base, pages.exponent), (Base::Pow2, 12));
 }
 
@@ -72,7 +77,12 @@ fn find_returns_every_stat_and_none_for_unknown_names() {
 #[test]
 fn parse_accepts_blocks_in_any_order() {
     let b = every_kind();
-    let needed = b.stats.iter().map(|(d, _)| d.data_range().end).max().unwrap_or(0);
+    let needed = b
+        .stats
+        .iter()
+        .map(|(d, _)| d.data_range().end)
+        .max()
+        .unwrap_or(0);
     let bytes = with_header(&b, |h| {
         h.data_offset = 24;
         h.desc_offset = (24 + needed) as u32;
@@ -111,10 +121,16 @@ fn parse_keeps_unknown_type_unit_and_base_as_warnings() {
     }
     let schema = parse(&b.build()).expect("unknown fields are kept");
     let d = schema.stats().last().expect("stat present");
-    assert_eq!((d.kind, d.unit, d.base), (StatType::Unknown(7), Unit::Unknown(5), Base::Unknown(2)));
+    assert_eq!(
+        (d.kind, d.unit, d.base),
+        (StatType::Unknown(7), Unit::Unknown(5), Base::Unknown(2))
+    );
     let warnings = schema.warnings();
     assert_eq!(warnings.len(), 4);
-    assert!(matches!(&warnings[3], Warning::UnknownFlagBits { bits: 0x3_0000, .. }));
+    assert!(matches!(
+        &warnings[3],
+        Warning::UnknownFlagBits { bits: 0x3_0000, .. }
+    ));
 }
 
 #[test]
@@ -138,14 +154,25 @@ fn parse_rejects_short_header() {
     let result = parse(&bytes[..10]);
     assert!(matches!(
         result,
-        Err(Error::Truncated { block: "header", got: 10, wanted: 24, .. })
+        Err(Error::Truncated {
+            block: "header",
+            got: 10,
+            wanted: 24,
+            ..
+        })
     ));
 }
 
 #[test]
 fn parse_rejects_nonzero_header_flags() {
     let bytes = with_header(&every_kind(), |h| h.flags = 2);
-    assert!(matches!(parse(&bytes), Err(Error::NonZero { field: "flags", value: 2 })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::NonZero {
+            field: "flags",
+            value: 2
+        })
+    ));
 }
 
 #[test]
@@ -165,7 +192,14 @@ fn parse_rejects_name_size_over_cap_before_reading_names() {
 #[test]
 fn parse_rejects_name_size_too_small_for_an_id() {
     let bytes = with_header(&every_kind(), |h| h.name_size = 3);
-    assert!(matches!(parse(&bytes), Err(Error::TooSmall { field: "name_size", value: 3, .. })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::TooSmall {
+            field: "name_size",
+            value: 3,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -175,37 +209,74 @@ fn parse_rejects_num_desc_over_cap_before_reading_descriptors() {
         ..every_kind().layout()
     };
     let result = parse(&header.to_bytes());
-    assert!(matches!(result, Err(Error::TooLarge { field: "num_desc", value: 1025, .. })));
+    assert!(matches!(
+        result,
+        Err(Error::TooLarge {
+            field: "num_desc",
+            value: 1025,
+            ..
+        })
+    ));
 }
 
 #[test]
 fn parse_rejects_misaligned_id_offset() {
     let bytes = with_header(&every_kind(), |h| h.id_offset = 28);
-    assert!(matches!(parse(&bytes), Err(Error::Misaligned { field: "id_offset", value: 28 })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::Misaligned {
+            field: "id_offset",
+            value: 28
+        })
+    ));
 }
 
 #[test]
 fn parse_rejects_misaligned_desc_offset() {
     let bytes = with_header(&every_kind(), |h| h.desc_offset = 13);
-    assert!(matches!(parse(&bytes), Err(Error::Misaligned { field: "desc_offset", value: 13 })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::Misaligned {
+            field: "desc_offset",
+            value: 13
+        })
+    ));
 }
 
 #[test]
 fn parse_rejects_misaligned_data_offset() {
     let bytes = with_header(&every_kind(), |h| h.data_offset += 4);
-    assert!(matches!(parse(&bytes), Err(Error::Misaligned { field: "data_offset", .. })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::Misaligned {
+            field: "data_offset",
+            ..
+        })
+    ));
 }
 
 #[test]
 fn parse_rejects_desc_offset_inside_header() {
     let bytes = with_header(&every_kind(), |h| h.desc_offset = 16);
-    assert!(matches!(parse(&bytes), Err(Error::InsideHeader { field: "desc_offset", value: 16 })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::InsideHeader {
+            field: "desc_offset",
+            value: 16
+        })
+    ));
 }
 
 #[test]
 fn parse_rejects_data_offset_inside_header() {
     let bytes = with_header(&every_kind(), |h| h.data_offset = 8);
-    assert!(matches!(parse(&bytes), Err(Error::InsideHeader { field: "data_offset", value: 8 })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::InsideHeader {
+            field: "data_offset",
+            value: 8
+        })
+    ));
 }
 
 #[test]
@@ -213,7 +284,11 @@ fn parse_rejects_id_overlapping_descriptors() {
     let bytes = with_header(&every_kind(), |h| h.id_offset = h.desc_offset + 64);
     assert!(matches!(
         parse(&bytes),
-        Err(Error::Overlap { first: "id", second: "descriptors", .. })
+        Err(Error::Overlap {
+            first: "id",
+            second: "descriptors",
+            ..
+        })
     ));
 }
 
@@ -222,7 +297,11 @@ fn parse_rejects_data_overlapping_descriptors() {
     let bytes = with_header(&every_kind(), |h| h.data_offset = h.desc_offset + 128);
     assert!(matches!(
         parse(&bytes),
-        Err(Error::Overlap { first: "descriptors", second: "data", .. })
+        Err(Error::Overlap {
+            first: "descriptors",
+            second: "data",
+            ..
+        })
     ));
 }
 
@@ -234,7 +313,14 @@ fn parse_rejects_data_overlapping_id() {
         h.id_offset = 64;
         h.desc_offset = 4096;
     });
-    assert!(matches!(parse(&bytes), Err(Error::Overlap { first: "id", second: "data", .. })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::Overlap {
+            first: "id",
+            second: "data",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -246,7 +332,15 @@ fn parse_rejects_id_past_end_of_file() {
         ..b.layout()
     };
     bytes[..24].copy_from_slice(&header.to_bytes());
-    assert!(matches!(parse(&bytes), Err(Error::Truncated { block: "id", got: 0, wanted: 48, .. })));
+    assert!(matches!(
+        parse(&bytes),
+        Err(Error::Truncated {
+            block: "id",
+            got: 0,
+            wanted: 48,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -257,7 +351,12 @@ fn parse_rejects_truncated_descriptors() {
     let result = parse(&bytes[..cut]);
     assert!(matches!(
         result,
-        Err(Error::Truncated { block: "descriptors", got: 100, wanted: 768, .. })
+        Err(Error::Truncated {
+            block: "descriptors",
+            got: 100,
+            wanted: 768,
+            ..
+        })
     ));
 }
 
@@ -318,7 +417,16 @@ fn parse_rejects_zero_size_stat() {
 #[test]
 fn parse_rejects_misaligned_stat_offset() {
     let err = stat_error(with_stat(|d| d.offset += 4));
-    assert!(matches!(err, Some((1, StatError::Misaligned { field: "offset", .. }))));
+    assert!(matches!(
+        err,
+        Some((
+            1,
+            StatError::Misaligned {
+                field: "offset",
+                ..
+            }
+        ))
+    ));
 }
 
 #[test]
@@ -328,19 +436,46 @@ fn parse_rejects_linear_histogram_without_bucket_size() {
         d.bucket_size = 0;
     }
     let err = stat_error(parse(&b.build()));
-    assert!(matches!(err, Some((_, StatError::BucketSize { value: 0, kind: StatType::LinearHistogram }))));
+    assert!(matches!(
+        err,
+        Some((
+            _,
+            StatError::BucketSize {
+                value: 0,
+                kind: StatType::LinearHistogram
+            }
+        ))
+    ));
 }
 
 #[test]
 fn parse_rejects_bucket_size_on_scalar() {
     let err = stat_error(with_stat(|d| d.bucket_size = 10));
-    assert!(matches!(err, Some((1, StatError::BucketSize { value: 10, kind: StatType::Cumulative }))));
+    assert!(matches!(
+        err,
+        Some((
+            1,
+            StatError::BucketSize {
+                value: 10,
+                kind: StatType::Cumulative
+            }
+        ))
+    ));
 }
 
 #[test]
 fn parse_rejects_positive_exponent_for_seconds() {
     let err = stat_error(with_stat(|d| d.exponent = 3));
-    assert_eq!(err, Some((1, StatError::ExponentSign { unit: Unit::Seconds, exponent: 3 })));
+    assert_eq!(
+        err,
+        Some((
+            1,
+            StatError::ExponentSign {
+                unit: Unit::Seconds,
+                exponent: 3
+            }
+        ))
+    );
 }
 
 #[test]
@@ -350,7 +485,16 @@ fn parse_rejects_negative_exponent_for_bytes() {
         d.exponent = -1;
     }
     let err = stat_error(parse(&b.build()));
-    assert!(matches!(err, Some((_, StatError::ExponentSign { unit: Unit::Bytes, exponent: -1 }))));
+    assert!(matches!(
+        err,
+        Some((
+            _,
+            StatError::ExponentSign {
+                unit: Unit::Bytes,
+                exponent: -1
+            }
+        ))
+    ));
 }
 
 #[test]
@@ -360,18 +504,44 @@ fn parse_rejects_nonzero_exponent_for_boolean() {
         d.exponent = 1;
     }
     let err = stat_error(parse(&b.build()));
-    assert!(matches!(err, Some((_, StatError::ExponentSign { unit: Unit::Boolean, exponent: 1 }))));
+    assert!(matches!(
+        err,
+        Some((
+            _,
+            StatError::ExponentSign {
+                unit: Unit::Boolean,
+                exponent: 1
+            }
+        ))
+    ));
 }
 
 #[test]
 fn parse_rejects_boolean_log2_histogram() {
-    let b = every_kind().stat("flag_hist", StatType::Log2Histogram, Unit::Boolean, Base::Pow10, 0, &[1, 2]);
-    assert!(matches!(stat_error(parse(&b.build())), Some((12, StatError::BooleanLog2Histogram))));
+    let b = every_kind().stat(
+        "flag_hist",
+        StatType::Log2Histogram,
+        Unit::Boolean,
+        Base::Pow10,
+        0,
+        &[1, 2],
+    );
+    assert!(matches!(
+        stat_error(parse(&b.build())),
+        Some((12, StatError::BooleanLog2Histogram))
+    ));
 }
 
 #[test]
 fn parse_rejects_boolean_linear_histogram_with_three_buckets() {
-    let b = every_kind().stat("flag_hist", StatType::LinearHistogram, Unit::Boolean, Base::Pow10, 0, &[1, 2, 3]);
+    let b = every_kind().stat(
+        "flag_hist",
+        StatType::LinearHistogram,
+        Unit::Boolean,
+        Base::Pow10,
+        0,
+        &[1, 2, 3],
+    );
     let err = stat_error(parse(&b.build()));
     assert_eq!(err, Some((12, StatError::BooleanBuckets { size: 3 })));
 }
@@ -384,7 +554,16 @@ fn parse_rejects_stat_past_data_size_cap() {
         values.clear();
     }
     let err = stat_error(parse(&b.build()));
-    assert!(matches!(err, Some((1, StatError::OutsideData { limit: MAX_DATA_SIZE, .. }))));
+    assert!(matches!(
+        err,
+        Some((
+            1,
+            StatError::OutsideData {
+                limit: MAX_DATA_SIZE,
+                ..
+            }
+        ))
+    ));
 }
 
 #[test]

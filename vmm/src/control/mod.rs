@@ -38,7 +38,12 @@ impl Context {
     /// # Errors
     /// `Dup` if an fd cannot be duplicated.
     pub fn new(vm: &Vm) -> Result<Context, Error> {
-        let vcpu_fds = vm.vcpu_fds.iter().map(vm::dup_fd).collect::<Result<_, _>>().map_err(Error::Dup)?;
+        let vcpu_fds = vm
+            .vcpu_fds
+            .iter()
+            .map(vm::dup_fd)
+            .collect::<Result<_, _>>()
+            .map_err(Error::Dup)?;
         Ok(Context {
             vm_fd: vm::dup_fd(&vm.fd).map_err(Error::Dup)?,
             vcpu_fds,

@@ -30,7 +30,16 @@ pub const TSS: u16 = 5;
 pub const ENTRIES: usize = 7;
 
 const fn flat(type_: u8, dpl: u8, l: bool) -> Segment {
-    Segment { base: 0, limit: 0xfffff, type_, s: true, dpl, l, db: !l, g: true }
+    Segment {
+        base: 0,
+        limit: 0xfffff,
+        type_,
+        s: true,
+        dpl,
+        l,
+        db: !l,
+        g: true,
+    }
 }
 
 /// 64-bit code, execute/read, accessed.
@@ -56,7 +65,16 @@ pub const fn tss_limit() -> u32 {
 
 /// A busy 64-bit TSS at `base`, with room for the I/O bitmap.
 pub const fn tss(base: u64) -> Segment {
-    Segment { base, limit: tss_limit(), type_: 0xb, s: false, dpl: 0, l: false, db: false, g: false }
+    Segment {
+        base,
+        limit: tss_limit(),
+        type_: 0xb,
+        s: false,
+        dpl: 0,
+        l: false,
+        db: false,
+        g: false,
+    }
 }
 
 /// The TSS contents: zeros, the I/O map base pointing just past the core, an
@@ -74,7 +92,10 @@ impl Segment {
     pub fn descriptor(&self) -> u64 {
         let base = self.base & 0xffff_ffff;
         let limit = u64::from(self.limit & 0xfffff);
-        let access = u64::from(self.type_ & 0xf) | u64::from(self.s) << 4 | u64::from(self.dpl & 3) << 5 | 1 << 7;
+        let access = u64::from(self.type_ & 0xf)
+            | u64::from(self.s) << 4
+            | u64::from(self.dpl & 3) << 5
+            | 1 << 7;
         let flags = u64::from(self.l) << 1 | u64::from(self.db) << 2 | u64::from(self.g) << 3;
         (limit & 0xffff)
             | (base & 0xff_ffff) << 16
@@ -86,7 +107,11 @@ impl Segment {
 
     /// The segment as KVM takes it, loaded from GDT slot `index` at privilege `rpl`.
     pub fn kvm(&self, index: u16, rpl: u16) -> kvm_segment {
-        let limit = if self.g { (self.limit << 12) | 0xfff } else { self.limit };
+        let limit = if self.g {
+            (self.limit << 12) | 0xfff
+        } else {
+            self.limit
+        };
         kvm_segment {
             base: self.base,
             limit,
@@ -147,7 +172,10 @@ mod tests {
         assert_eq!(cs.selector, 0x1b);
         assert_eq!((cs.dpl, cs.l, cs.db, cs.limit), (3, 1, 0, 0xffff_ffff));
         let tr = tss(0x2000).kvm(TSS, 0);
-        assert_eq!((tr.selector, tr.limit, tr.s, tr.type_), (0x28, tss_limit(), 0, 0xb));
+        assert_eq!(
+            (tr.selector, tr.limit, tr.s, tr.type_),
+            (0x28, tss_limit(), 0, 0xb)
+        );
     }
 
     #[test]
@@ -156,7 +184,11 @@ mod tests {
         let base = u16::from_le_bytes([t[0x66], t[0x67]]) as usize;
         assert_eq!(base, 0x68);
         for port in [crate::abi::PORT_READY, crate::abi::PORT_EXIT_TEST] {
-            assert_eq!(t[base + port as usize / 8] & (1 << (port % 8)), 0, "port {port:#x} allowed");
+            assert_eq!(
+                t[base + port as usize / 8] & (1 << (port % 8)),
+                0,
+                "port {port:#x} allowed"
+            );
         }
         assert_eq!(t.last(), Some(&0xff));
         assert!(t.len() as u64 <= crate::abi::PAGE_SIZE);

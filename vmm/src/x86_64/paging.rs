@@ -17,7 +17,9 @@ const GIB: u64 = 1 << 30;
 pub enum Error {
     #[error("guest memory of {0:#x} bytes is not a multiple of 2 MiB")]
     Unaligned(u64),
-    #[error("guest memory of {bytes:#x} bytes needs more than the {max} GiB the page tables cover")]
+    #[error(
+        "guest memory of {bytes:#x} bytes needs more than the {max} GiB the page tables cover"
+    )]
     TooLarge { bytes: u64, max: u64 },
 }
 
@@ -46,7 +48,10 @@ pub fn build(mem_size: u64) -> Result<PageTables, Error> {
     let covered = mem_size + PAGE_2M;
     let pd_count = covered.div_ceil(GIB);
     if pd_count > abi::MAX_PD_PAGES {
-        return Err(Error::TooLarge { bytes: mem_size, max: abi::MAX_PD_PAGES });
+        return Err(Error::TooLarge {
+            bytes: mem_size,
+            max: abi::MAX_PD_PAGES,
+        });
     }
     let mut pml4 = [0u64; 512];
     let mut pdpt = [0u64; 512];
@@ -88,17 +93,30 @@ mod tests {
     #[test]
     fn maps_ram_and_mmio_page_identically_user_writable_2m() {
         let t = build(512 << 20).unwrap();
-        for va in [0, 0x20_1234, abi::ARENA_BASE, (512 << 20) - 8, mmio_addr(512 << 20)] {
+        for va in [
+            0,
+            0x20_1234,
+            abi::ARENA_BASE,
+            (512 << 20) - 8,
+            mmio_addr(512 << 20),
+        ] {
             let (pa, flags) = translate(&t, va).unwrap();
             assert_eq!(pa, va);
-            assert_eq!(flags & (PRESENT | WRITABLE | USER | HUGE), PRESENT | WRITABLE | USER | HUGE);
+            assert_eq!(
+                flags & (PRESENT | WRITABLE | USER | HUGE),
+                PRESENT | WRITABLE | USER | HUGE
+            );
         }
         assert_eq!(translate(&t, (512 << 20) + PAGE_2M), None);
     }
 
     #[test]
     fn uses_one_page_directory_per_gib() {
-        assert_eq!(build(1 << 30).unwrap().pds.len(), 2, "1 GiB plus the MMIO page spills into a second GiB");
+        assert_eq!(
+            build(1 << 30).unwrap().pds.len(),
+            2,
+            "1 GiB plus the MMIO page spills into a second GiB"
+        );
         assert_eq!(build((1 << 30) - PAGE_2M).unwrap().pds.len(), 1);
         let t = build(3 << 30).unwrap();
         assert_eq!(translate(&t, (3 << 30) - 4096).unwrap().0, (3 << 30) - 4096);
@@ -106,7 +124,13 @@ mod tests {
 
     #[test]
     fn rejects_unaligned_and_oversized_memory() {
-        assert_eq!(build((16 << 20) + 4096).err(), Some(Error::Unaligned((16 << 20) + 4096)));
-        assert!(matches!(build(abi::MAX_PD_PAGES << 30), Err(Error::TooLarge { .. })));
+        assert_eq!(
+            build((16 << 20) + 4096).err(),
+            Some(Error::Unaligned((16 << 20) + 4096))
+        );
+        assert!(matches!(
+            build(abi::MAX_PD_PAGES << 30),
+            Err(Error::TooLarge { .. })
+        ));
     }
 }

@@ -76,9 +76,15 @@ pub fn entry_regs(entry: u64, index: u64) -> kvm_regs {
 pub fn setup(vcpu: &VcpuFd, cpuid: &CpuId, entry: u64, index: u64) -> Result<(), Error> {
     vcpu.set_cpuid2(cpuid).map_err(Error::SetCpuid)?;
     let sregs = vcpu.get_sregs().map_err(Error::GetSregs)?;
-    vcpu.set_sregs(&long_mode_sregs(sregs)).map_err(Error::SetSregs)?;
-    vcpu.set_regs(&entry_regs(entry, index)).map_err(Error::SetRegs)?;
-    let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
+    vcpu.set_sregs(&long_mode_sregs(sregs))
+        .map_err(Error::SetSregs)?;
+    vcpu.set_regs(&entry_regs(entry, index))
+        .map_err(Error::SetRegs)?;
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
     vcpu.set_fpu(&fpu).map_err(Error::SetFpu)
 }
 
