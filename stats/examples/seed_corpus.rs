@@ -37,7 +37,7 @@ fn main() -> Result<(), Failure> {
 fn synthetic() -> Vec<(&'static str, Vec<u8>)> {
     let b = every_kind();
     let layout = b.layout();
-    let mut header = |edit: fn(&mut kvm_stats::Header)| {
+    let header = |edit: fn(&mut kvm_stats::Header)| {
         let mut h = layout;
         edit(&mut h);
         b.build_with(h)

@@ -22,7 +22,7 @@ pub struct Backend {
 /// there is not a measurement (found by experiment; see docs/GUEST_ABI.md).
 pub fn quiet_stats(backend: &Backend) -> &'static [&'static str] {
     match backend.kind {
-        "pvm" => &["io_exits", "mmio_exits"],
+        "pvm" => &["io_exits"],
         _ => &[],
     }
 }

@@ -13,6 +13,7 @@ pub mod exits;
 pub mod kick;
 pub mod memory;
 pub mod run;
+pub mod sampler;
 pub mod signals;
 pub mod summary;
 pub mod units;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use kvmscope::run::{self, RunConfig, DEMO_WORKLOAD};
+use kvmscope::sampler::SamplerConfig;
 use kvmscope::units::parse_size;
 use kvmscope::vm::VmConfig;
 use kvmscope::workload::{parse_workload, Workload};
@@ -54,9 +55,34 @@ struct RunArgs {
     /// until a client sends `quit` or the process gets SIGINT/SIGTERM.
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Sampler tick: a duration from 1ms up, e.g. 100ms or 1s; `off` runs no sampler.
+    #[arg(long, default_value = "100ms", value_name = "DUR", value_parser = interval_arg)]
+    sample_interval: Interval,
+    /// Points the sampler keeps in memory (its ring buffer); older ones are dropped.
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    sample_buffer: usize,
+    /// Write every sample to FILE as it is taken: CSV if it ends in .csv, else
+    /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick.
+    #[arg(long, value_name = "FILE")]
+    samples_out: Option<PathBuf>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// A sampler interval, or none for `off`.
+#[derive(Clone, Copy)]
+struct Interval(Option<Duration>);
+
+fn interval_arg(s: &str) -> Result<Interval, String> {
+    if s == "off" {
+        return Ok(Interval(None));
+    }
+    let d = kvmscope::units::parse_duration(s).ok_or_else(|| format!("'{s}' is not a duration: use e.g. 100ms, 1s, or off"))?;
+    if d < kvmscope::sampler::MIN_INTERVAL {
+        return Err(format!("{s} is below the 1ms minimum"));
+    }
+    Ok(Interval(Some(d)))
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -87,6 +113,11 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         stop_timeout: Duration::from_secs(1),
         handle_signals: true,
         socket: args.socket,
+        sampler: match (args.sample_interval.0, args.samples_out) {
+            (Some(interval), out) => Some(SamplerConfig { interval, capacity: args.sample_buffer, out }),
+            (None, Some(_)) => anyhow::bail!("--samples-out needs the sampler: drop --sample-interval off"),
+            (None, None) => None,
+        },
     };
     let summary = run::run(config)?;
     if args.json {

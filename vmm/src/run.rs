@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::boot;
 use crate::control;
+use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
 use crate::vcpu::{Control, Outcome, RunRequest, VmEvent};
 use crate::vm::{self, Vm, VmConfig};
@@ -26,6 +27,8 @@ pub struct RunConfig {
     pub handle_signals: bool,
     /// Serve the control socket at this path; the VM then runs until `quit` or a signal.
     pub socket: Option<std::path::PathBuf>,
+    /// Run the sampler thread.
+    pub sampler: Option<SamplerConfig>,
 }
 
 /// Why a run could not happen.
@@ -33,6 +36,8 @@ pub struct RunConfig {
 pub enum Error {
     #[error(transparent)]
     Vm(#[from] vm::Error),
+    #[error("starting the sampler")]
+    Sampler(#[from] sampler::Error),
     #[error("starting the control socket")]
     Control(#[from] control::Error),
     #[error("starting the signal thread")]
@@ -53,6 +58,7 @@ impl RunConfig {
             stop_timeout: Duration::from_secs(1),
             handle_signals: false,
             socket: None,
+            sampler: None,
         }
     }
 }
@@ -146,15 +152,25 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     if config.handle_signals {
         crate::signals::forward_termination(vm.event_sender()).map_err(Error::Signals)?;
     }
+    let mut sampler = match &config.sampler {
+        Some(c) => Some(Sampler::start(c.clone(), &vm.fd_file()?, &vm.vcpu_fds, vm.vcpus.iter().map(|v| v.shared.clone()).collect(), vm.config.memory)?),
+        None => None,
+    };
     let started = Instant::now();
     vm.start()?;
     let server = match &config.socket {
-        Some(path) => Some(control::Server::start(path, control::Context::new(&vm)?)?),
+        Some(path) => {
+            let mut context = control::Context::new(&vm)?;
+            context.samples = sampler.as_ref().map(|s| s.shared.clone());
+            Some(control::Server::start(path, context)?)
+        }
         None => None,
     };
     let mut watch = Watch::default();
     wait_until_done(&mut vm, &mut watch, server.is_some());
     drop(server);
+    // One last point after the guest stopped, so the series ends with the final state.
+    let sampler_result = sampler.as_mut().map_or(Ok(()), Sampler::stop);
     let stuck = vm.stop(config.stop_timeout);
     let mut vm_after = vm.vm_stats.new_sample();
     vm.vm_stats
@@ -173,6 +189,7 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
             results: shared.results(),
         });
     }
+    sampler_result?;
     let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(config.process_start));
     Ok(Summary {
         backend: vm.backend.clone(),

@@ -296,6 +296,14 @@ impl Vm {
         stuck
     }
 
+    /// A duplicate of the VM fd, for opening more stats fds.
+    ///
+    /// # Errors
+    /// `DupVcpu` naming slot `usize::MAX` if the fd cannot be duplicated.
+    pub fn fd_file(&self) -> Result<std::fs::File, Error> {
+        dup_fd(&self.fd).map_err(|e| Error::DupVcpu(usize::MAX, e))
+    }
+
     /// Host address and size of guest RAM (one region).
     pub fn ram_host_range(&self) -> (*mut u8, usize) {
         self.mem

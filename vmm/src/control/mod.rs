@@ -30,6 +30,8 @@ pub struct Context {
     pub hugepages: bool,
     /// To the main loop: `VmEvent::Control` requests.
     pub main: Sender<VmEvent>,
+    /// The sampler's ring, when it runs (for `query-samples` / `subscribe-samples`).
+    pub samples: Option<Arc<crate::sampler::Shared>>,
 }
 
 impl Context {
@@ -52,6 +54,7 @@ impl Context {
             memory: vm.config.memory,
             hugepages: vm.config.hugepages,
             main: vm.event_sender(),
+            samples: None,
         })
     }
 }

@@ -1,0 +1,304 @@
+//! The in-process sampler: a `sampler` thread that records mapped guest pages
+//! and exit counts over time, cheaply enough to run all the time.
+//!
+//! It opens its own stats fds (VM and every vCPU) once, and per tick does one
+//! `pread` per fd and reads our lock-free counters: it never interrupts a vCPU.
+//! Points go into a bounded ring (memory stays flat however long the VM runs),
+//! to an export file as they are taken, and to whoever waits for new ones.
+
+pub mod export;
+pub mod record;
+mod ring;
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_stats::{Sample, StatId, StatType, StatsFd};
+
+use crate::backend::{self, Backend};
+use crate::exits::Reason;
+use crate::vcpu::VcpuShared;
+pub use record::{Point, SeriesHeader, VcpuPoint};
+pub use ring::Ring;
+
+/// Shortest interval between ticks.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
+
+/// How the sampler runs.
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    pub interval: Duration,
+    /// Points kept in the ring.
+    pub capacity: usize,
+    /// Where to write the series as it is taken (.csv or JSON lines).
+    pub out: Option<std::path::PathBuf>,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig { interval: Duration::from_millis(100), capacity: 4096, out: None }
+    }
+}
+
+/// Why the sampler could not start or went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("sample interval {0:?} is below the 1 ms minimum")]
+    IntervalTooShort(Duration),
+    #[error("the sample ring needs room for at least 2 points, not {0}")]
+    CapacityTooSmall(usize),
+    #[error("opening a stats fd for the sampler")]
+    StatsFd(#[from] kvm_stats::ioctl::Error),
+    #[error("reading a stats fd")]
+    Stats(#[from] kvm_stats::Error),
+    #[error(transparent)]
+    Export(#[from] export::Error),
+    #[error("starting the sampler thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// What the sampler shares with readers (the control socket, metrics, tests).
+pub struct Shared {
+    pub header: SeriesHeader,
+    pub backend: Backend,
+    ring: Mutex<Ring>,
+    /// Signalled after every tick, and on stop.
+    pub ticked: Condvar,
+    /// The latest raw samples, for the metrics page: VM first, then vCPUs.
+    latest: Mutex<Vec<Sample>>,
+    /// The stats schemas, in the same order as `latest`.
+    pub sources: Vec<StatsFd>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+    /// Nanoseconds spent in the most recent tick's reads.
+    pub last_tick_ns: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Points with a sequence number above `since`, oldest first, and how many
+    /// such points were already dropped from the ring.
+    pub fn since(&self, since: u64) -> (Vec<Point>, u64) {
+        self.ring().since(since)
+    }
+
+    /// The newest point's sequence number (0 before the first tick).
+    pub fn last_seq(&self) -> u64 {
+        self.ring().last_seq()
+    }
+
+    /// Waits until a point newer than `seq` exists, the sampler stops, or `timeout`.
+    pub fn wait_after(&self, seq: u64, timeout: Duration) -> bool {
+        let ring = self.ring();
+        let (ring, _) = self.ticked.wait_timeout_while(ring, timeout, |r| r.last_seq() <= seq && !r.stopped).unwrap_or_else(|e| e.into_inner());
+        ring.last_seq() > seq
+    }
+
+    /// Calls `f` with the latest raw samples (VM first, then vCPUs) and their sources.
+    pub fn with_latest<T>(&self, f: impl FnOnce(&[StatsFd], &[Sample]) -> T) -> T {
+        let latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        f(&self.sources, &latest)
+    }
+}
+
+/// The running sampler; dropping it stops the thread (the export is flushed).
+pub struct Sampler {
+    pub shared: Arc<Shared>,
+    thread: Option<JoinHandle<Result<(), Error>>>,
+}
+
+/// Column plan: which stats each tick reads, resolved once.
+struct Plan {
+    pages: [Option<StatId>; 3],
+    kvm: Vec<StatId>,
+    exits: Option<StatId>,
+}
+
+fn plan(vm: &StatsFd, vcpu: Option<&StatsFd>) -> (Plan, Vec<String>) {
+    let find = |n| vm.schema().find(n);
+    let mut names = Vec::new();
+    let mut kvm = Vec::new();
+    let mut exits = None;
+    if let Some(v) = vcpu {
+        for (id, d) in v.schema().iter() {
+            if d.kind == StatType::Cumulative && d.size == 1 {
+                if d.name == "exits" {
+                    exits = Some(id);
+                }
+                names.push(d.name.clone());
+                kvm.push(id);
+            }
+        }
+    }
+    (Plan { pages: [find("pages_4k"), find("pages_2m"), find("pages_1g")], kvm, exits }, names)
+}
+
+impl Sampler {
+    /// Opens the sampler's own stats fds from `vm_fd` and `vcpu_fds` and starts
+    /// the `sampler` thread.
+    ///
+    /// # Errors
+    /// A bad config, an fd that cannot be opened or read, or the export file.
+    pub fn start(config: SamplerConfig, vm_fd: &File, vcpu_fds: &[File], vcpus: Vec<Arc<VcpuShared>>, memory: u64) -> Result<Sampler, Error> {
+        if config.interval < MIN_INTERVAL {
+            return Err(Error::IntervalTooShort(config.interval));
+        }
+        if config.capacity < 2 {
+            return Err(Error::CapacityTooSmall(config.capacity));
+        }
+        let mut sources = vec![StatsFd::new(kvm_stats::ioctl::get_stats_fd(vm_fd)?)?];
+        for fd in vcpu_fds {
+            sources.push(StatsFd::new(kvm_stats::ioctl::get_stats_fd(fd)?)?);
+        }
+        let (plan, kvm_names) = plan(&sources[0], sources.get(1));
+        let backend = backend::detect();
+        let header = SeriesHeader {
+            version: 1,
+            backend: backend.to_json(),
+            quiet_stats: backend::quiet_stats(&backend).iter().map(|s| s.to_string()).collect(),
+            vcpus: vcpus.len(),
+            memory,
+            interval_ms: config.interval.as_secs_f64() * 1e3,
+            kvm_stats: kvm_names,
+        };
+        let writer = config.out.as_deref().map(|p| export::Writer::create(p, &header)).transpose()?;
+        let latest = sources.iter().map(StatsFd::new_sample).collect();
+        let shared = Arc::new(Shared {
+            header,
+            backend,
+            ring: Mutex::new(Ring::new(config.capacity)),
+            ticked: Condvar::new(),
+            latest: Mutex::new(latest),
+            sources,
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            last_tick_ns: Default::default(),
+        });
+        let worker = Worker::new(shared.clone(), vcpus, plan, writer, config.interval);
+        let thread = std::thread::Builder::new().name("sampler".into()).spawn(move || worker.run()).map_err(Error::Spawn)?;
+        Ok(Sampler { shared, thread: Some(thread) })
+    }
+
+    /// Stops the thread; returns what ended it if it failed.
+    pub fn stop(&mut self) -> Result<(), Error> {
+        *self.shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.shared.wake.notify_all();
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Ok(()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            log::warn!("sampler: {e}");
+        }
+    }
+}
+
+/// The thread's side.
+struct Worker {
+    shared: Arc<Shared>,
+    vcpus: Vec<Arc<VcpuShared>>,
+    plan: Plan,
+    writer: Option<export::Writer>,
+    interval: Duration,
+    samples: Vec<Sample>,
+    prev: Option<(Instant, Vec<(u64, u64)>)>,
+    started: Instant,
+}
+
+impl Worker {
+    fn new(shared: Arc<Shared>, vcpus: Vec<Arc<VcpuShared>>, plan: Plan, writer: Option<export::Writer>, interval: Duration) -> Self {
+        let samples = shared.sources.iter().map(StatsFd::new_sample).collect();
+        Worker { shared, vcpus, plan, writer, interval, samples, prev: None, started: Instant::now() }
+    }
+
+    fn run(mut self) -> Result<(), Error> {
+        let mut next = Instant::now();
+        let result = loop {
+            if let Err(e) = self.tick() {
+                break Err(e);
+            }
+            next += self.interval;
+            let now = Instant::now();
+            if next < now {
+                // Behind (a slow disk, a loaded host): skip the missed ticks.
+                next = now + self.interval;
+            }
+            if self.sleep_until(next) {
+                break Ok(());
+            }
+        };
+        self.shared.ring().stopped = true;
+        self.shared.ticked.notify_all();
+        let flushed = self.writer.as_mut().map_or(Ok(()), export::Writer::flush).map_err(Error::from);
+        result.and(flushed)
+    }
+
+    /// Sleeps until `deadline`; true if told to stop.
+    fn sleep_until(&self, deadline: Instant) -> bool {
+        let stop = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (stop, _) = self.shared.wake.wait_timeout_while(stop, left, |s| !*s).unwrap_or_else(|e| e.into_inner());
+        *stop
+    }
+
+    fn tick(&mut self) -> Result<(), Error> {
+        let t0 = Instant::now();
+        for (fd, sample) in self.shared.sources.iter().zip(self.samples.iter_mut()) {
+            fd.read_sample(sample)?;
+        }
+        self.shared.last_tick_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let now = self.samples[0].timestamp();
+        let mut point = self.shared.ring().recycle();
+        self.fill(&mut point, now);
+        if let Some(w) = self.writer.as_mut() {
+            w.write(&self.shared.header, &point)?;
+        }
+        self.shared.ring().push(point);
+        self.shared.ticked.notify_all();
+        let mut latest = self.shared.latest.lock().unwrap_or_else(|e| e.into_inner());
+        for (dst, src) in latest.iter_mut().zip(&self.samples) {
+            dst.copy_from(src);
+        }
+        Ok(())
+    }
+
+    /// Fills a (recycled) point from the samples just read.
+    fn fill(&mut self, p: &mut Point, now: Instant) {
+        let vm = &self.samples[0];
+        let page = |id: Option<StatId>| id.map_or(0, |id| vm.u64(id));
+        p.time_s = now.saturating_duration_since(self.started).as_secs_f64();
+        (p.pages_4k, p.pages_2m, p.pages_1g) = (page(self.plan.pages[0]), page(self.plan.pages[1]), page(self.plan.pages[2]));
+        p.vcpus.resize_with(self.vcpus.len(), VcpuPoint::default);
+        let dt = self.prev.as_ref().map(|(t, _)| now.saturating_duration_since(*t).as_secs_f64());
+        let prev = self.prev.take().map(|(_, v)| v);
+        let mut totals = prev.unwrap_or_default();
+        totals.resize(self.vcpus.len(), (0, 0));
+        for (i, (vp, vcpu)) in p.vcpus.iter_mut().zip(&self.vcpus).enumerate() {
+            let s = &self.samples[i + 1];
+            vp.phase = vcpu.phase.load(Ordering::Relaxed);
+            vp.kvm.clear();
+            vp.kvm.extend(self.plan.kvm.iter().map(|&id| s.u64(id)));
+            vp.ours.clear();
+            vp.ours.extend(Reason::ALL.iter().map(|&r| vcpu.counters.reason(r)));
+            let exits = self.plan.exits.map_or(0, |id| s.u64(id));
+            let ours: u64 = vp.ours.iter().sum();
+            let rate = |new: u64, old: u64| dt.filter(|&d| d > 0.0).map_or(0.0, |d| new.saturating_sub(old) as f64 / d);
+            vp.exits_per_s = rate(exits, totals[i].0);
+            vp.our_exits_per_s = rate(ours, totals[i].1);
+            totals[i] = (exits, ours);
+        }
+        self.prev = Some((now, totals));
+    }
+}

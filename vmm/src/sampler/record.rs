@@ -1,0 +1,309 @@
+//! What the sampler records: one `Point` per tick, and the `SeriesHeader` that
+//! says what the columns mean. Written as JSON lines or CSV, and read back by
+//! `kvmscope plot` and the tests.
+//!
+//! JSON lines: the first line is the header (`"kind": "header"`), then one
+//! `"kind": "sample"` object per tick. CSV: a header row, then one row per
+//! (tick, vCPU), VM-wide columns repeated on each row of a tick.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::exits::Reason;
+
+/// What a series is about; the first record of every export.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesHeader {
+    pub version: u32,
+    /// `Backend::to_json()`.
+    pub backend: Value,
+    /// Stats that do not move on this backend even when the event happens.
+    pub quiet_stats: Vec<String>,
+    pub vcpus: usize,
+    pub memory: u64,
+    pub interval_ms: f64,
+    /// Cumulative KVM vCPU stats recorded, in column order.
+    pub kvm_stats: Vec<String>,
+}
+
+/// One vCPU in one tick.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct VcpuPoint {
+    /// Latest phase marker: `(seq << 8) | command code`, 0 before the first.
+    pub phase: u64,
+    /// Values of `SeriesHeader::kvm_stats`, in order.
+    pub kvm: Vec<u64>,
+    /// Our exit counters, in `Reason::ALL` order.
+    pub ours: Vec<u64>,
+    /// KVM `exits` per second since the previous tick.
+    pub exits_per_s: f64,
+    /// Our exits per second since the previous tick.
+    pub our_exits_per_s: f64,
+}
+
+/// One tick.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Point {
+    pub seq: u64,
+    /// Seconds since the sampler started (monotonic clock).
+    pub time_s: f64,
+    pub pages_4k: u64,
+    pub pages_2m: u64,
+    pub pages_1g: u64,
+    pub vcpus: Vec<VcpuPoint>,
+}
+
+/// A record that does not read back.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ParseError {
+    #[error("line {line}: {what}")]
+    Bad { line: usize, what: String },
+    #[error("no header record: the first line must be the series header")]
+    NoHeader,
+}
+
+impl Point {
+    /// Bytes of guest memory the MMU maps.
+    pub fn mapped_bytes(&self) -> u64 {
+        (self.pages_4k << 12) + (self.pages_2m << 21) + (self.pages_1g << 30)
+    }
+}
+
+/// The names of our counters, in column order.
+pub fn our_names() -> Vec<&'static str> {
+    Reason::ALL.iter().map(|r| r.label()).collect()
+}
+
+impl SeriesHeader {
+    /// The header as a JSON-lines record.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "kind": "header", "version": self.version, "backend": self.backend, "quiet_stats": self.quiet_stats,
+            "vcpus": self.vcpus, "memory": self.memory, "interval_ms": self.interval_ms,
+            "kvm_stats": self.kvm_stats, "our_counters": our_names(),
+        })
+    }
+
+    /// The CSV header row.
+    pub fn csv_columns(&self) -> String {
+        let mut cols: Vec<String> = ["seq", "time_s", "pages_4k", "pages_2m", "pages_1g", "mapped_bytes", "vcpu", "phase"].iter().map(|s| s.to_string()).collect();
+        cols.extend(self.kvm_stats.iter().map(|s| format!("kvm_{s}")));
+        cols.extend(our_names().iter().map(|s| format!("our_{s}")));
+        cols.push("exits_per_s".into());
+        cols.push("our_exits_per_s".into());
+        cols.join(",")
+    }
+}
+
+impl Point {
+    /// The tick as a JSON-lines record.
+    pub fn to_json(&self, header: &SeriesHeader) -> Value {
+        let ours = our_names();
+        let vcpus: Vec<Value> = self
+            .vcpus
+            .iter()
+            .map(|v| {
+                let kvm: BTreeMap<_, _> = header.kvm_stats.iter().zip(&v.kvm).collect();
+                let our: BTreeMap<_, _> = ours.iter().zip(&v.ours).collect();
+                json!({ "phase": v.phase, "kvm": kvm, "ours": our, "exits_per_s": v.exits_per_s, "our_exits_per_s": v.our_exits_per_s })
+            })
+            .collect();
+        json!({
+            "kind": "sample", "seq": self.seq, "time_s": self.time_s,
+            "pages_4k": self.pages_4k, "pages_2m": self.pages_2m, "pages_1g": self.pages_1g,
+            "mapped_bytes": self.mapped_bytes(), "vcpus": vcpus,
+        })
+    }
+
+    /// The tick as CSV rows, one per vCPU, each ending in a newline.
+    pub fn to_csv(&self) -> String {
+        let mut out = String::new();
+        for (i, v) in self.vcpus.iter().enumerate() {
+            let mut cells = vec![
+                self.seq.to_string(),
+                format!("{:.6}", self.time_s),
+                self.pages_4k.to_string(),
+                self.pages_2m.to_string(),
+                self.pages_1g.to_string(),
+                self.mapped_bytes().to_string(),
+                i.to_string(),
+                v.phase.to_string(),
+            ];
+            cells.extend(v.kvm.iter().chain(&v.ours).map(u64::to_string));
+            cells.push(format!("{:.3}", v.exits_per_s));
+            cells.push(format!("{:.3}", v.our_exits_per_s));
+            out.push_str(&cells.join(","));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+fn field<'a>(v: &'a Value, key: &str, line: usize) -> Result<&'a Value, ParseError> {
+    v.get(key).ok_or_else(|| ParseError::Bad { line, what: format!("missing field '{key}'") })
+}
+
+fn u64_field(v: &Value, key: &str, line: usize) -> Result<u64, ParseError> {
+    field(v, key, line)?.as_u64().ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' is not a whole number") })
+}
+
+fn f64_field(v: &Value, key: &str, line: usize) -> Result<f64, ParseError> {
+    field(v, key, line)?.as_f64().ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' is not a number") })
+}
+
+fn names(v: &Value, key: &str, line: usize) -> Result<Vec<String>, ParseError> {
+    let arr = field(v, key, line)?.as_array().ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' is not a list") })?;
+    arr.iter().map(|s| s.as_str().map(str::to_string).ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' holds a non-string") })).collect()
+}
+
+fn parse_header(v: &Value, line: usize) -> Result<SeriesHeader, ParseError> {
+    Ok(SeriesHeader {
+        version: u32::try_from(u64_field(v, "version", line)?).unwrap_or(u32::MAX),
+        backend: field(v, "backend", line)?.clone(),
+        quiet_stats: names(v, "quiet_stats", line)?,
+        vcpus: u64_field(v, "vcpus", line)? as usize,
+        memory: u64_field(v, "memory", line)?,
+        interval_ms: f64_field(v, "interval_ms", line)?,
+        kvm_stats: names(v, "kvm_stats", line)?,
+    })
+}
+
+fn parse_vcpu(v: &Value, header: &SeriesHeader, line: usize) -> Result<VcpuPoint, ParseError> {
+    let kvm = field(v, "kvm", line)?;
+    let ours = field(v, "ours", line)?;
+    Ok(VcpuPoint {
+        phase: u64_field(v, "phase", line)?,
+        kvm: header.kvm_stats.iter().map(|n| u64_field(kvm, n, line)).collect::<Result<_, _>>()?,
+        ours: our_names().iter().map(|n| u64_field(ours, n, line)).collect::<Result<_, _>>()?,
+        exits_per_s: f64_field(v, "exits_per_s", line)?,
+        our_exits_per_s: f64_field(v, "our_exits_per_s", line)?,
+    })
+}
+
+/// Reads a JSON-lines series back.
+///
+/// # Errors
+/// The first line that is not a valid record, naming it.
+pub fn parse_jsonl(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
+    let mut header = None;
+    let mut points = Vec::new();
+    for (i, raw) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let line = i + 1;
+        let v: Value = serde_json::from_str(raw).map_err(|e| ParseError::Bad { line, what: format!("not JSON: {e}") })?;
+        match (v.get("kind").and_then(Value::as_str), &header) {
+            (Some("header"), None) => header = Some(parse_header(&v, line)?),
+            (Some("sample"), Some(h)) => {
+                let vcpus = field(&v, "vcpus", line)?.as_array().ok_or_else(|| ParseError::Bad { line, what: "'vcpus' is not a list".into() })?;
+                points.push(Point {
+                    seq: u64_field(&v, "seq", line)?,
+                    time_s: f64_field(&v, "time_s", line)?,
+                    pages_4k: u64_field(&v, "pages_4k", line)?,
+                    pages_2m: u64_field(&v, "pages_2m", line)?,
+                    pages_1g: u64_field(&v, "pages_1g", line)?,
+                    vcpus: vcpus.iter().map(|c| parse_vcpu(c, h, line)).collect::<Result<_, _>>()?,
+                });
+            }
+            (Some("sample"), None) => return Err(ParseError::NoHeader),
+            (kind, _) => return Err(ParseError::Bad { line, what: format!("unexpected record kind {kind:?}") }),
+        }
+    }
+    Ok((header.ok_or(ParseError::NoHeader)?, points))
+}
+
+/// Reads a CSV series back (the columns say which stats it holds; the
+/// header fields a CSV cannot carry are left empty).
+///
+/// # Errors
+/// The first row that does not fit the header row, naming it.
+pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let (_, head) = lines.next().ok_or(ParseError::NoHeader)?;
+    let cols: Vec<&str> = head.split(',').collect();
+    let kvm_stats: Vec<String> = cols.iter().filter_map(|c| c.strip_prefix("kvm_")).map(str::to_string).collect();
+    let ours = our_names().len();
+    let width = 8 + kvm_stats.len() + ours + 2;
+    if cols.len() != width || cols[..2] != ["seq", "time_s"] {
+        return Err(ParseError::Bad { line: 1, what: format!("unexpected CSV columns ({} of them)", cols.len()) });
+    }
+    let mut points: Vec<Point> = Vec::new();
+    for (i, row) in lines {
+        let line = i + 1;
+        let cells: Vec<&str> = row.split(',').collect();
+        if cells.len() != width {
+            return Err(ParseError::Bad { line, what: format!("{} cells, the header has {width}", cells.len()) });
+        }
+        let int = |k: usize| cells[k].parse::<u64>().map_err(|_| ParseError::Bad { line, what: format!("column '{}' is not a whole number: {}", cols[k], cells[k]) });
+        let float = |k: usize| cells[k].parse::<f64>().map_err(|_| ParseError::Bad { line, what: format!("column '{}' is not a number: {}", cols[k], cells[k]) });
+        let seq = int(0)?;
+        if points.last().map(|p| p.seq) != Some(seq) {
+            points.push(Point { seq, time_s: float(1)?, pages_4k: int(2)?, pages_2m: int(3)?, pages_1g: int(4)?, vcpus: Vec::new() });
+        }
+        let k0 = 8 + kvm_stats.len();
+        let point = points.last_mut().ok_or(ParseError::NoHeader)?;
+        point.vcpus.push(VcpuPoint {
+            phase: int(7)?,
+            kvm: (8..k0).map(int).collect::<Result<_, _>>()?,
+            ours: (k0..k0 + ours).map(int).collect::<Result<_, _>>()?,
+            exits_per_s: float(width - 2)?,
+            our_exits_per_s: float(width - 1)?,
+        });
+    }
+    let vcpus = points.first().map_or(0, |p| p.vcpus.len());
+    let header = SeriesHeader { version: 1, backend: Value::Null, quiet_stats: Vec::new(), vcpus, memory: 0, interval_ms: 0.0, kvm_stats };
+    Ok((header, points))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_series() -> (SeriesHeader, Vec<Point>) {
+        let header = SeriesHeader { version: 1, backend: json!({"kind": "pvm"}), quiet_stats: vec!["io_exits".into()], vcpus: 2, memory: 64 << 20, interval_ms: 100.0, kvm_stats: vec!["exits".into(), "pf_fixed".into()] };
+        let v = |n: u64| VcpuPoint { phase: n, kvm: vec![n * 10, n], ours: (0..Reason::ALL.len() as u64).map(|i| i + n).collect(), exits_per_s: 12.5, our_exits_per_s: 2.25 };
+        let points = vec![
+            Point { seq: 1, time_s: 0.1, pages_4k: 5, pages_2m: 1, pages_1g: 0, vcpus: vec![v(1), v(2)] },
+            Point { seq: 2, time_s: 0.2, pages_4k: 9, pages_2m: 1, pages_1g: 0, vcpus: vec![v(3), v(4)] },
+        ];
+        (header, points)
+    }
+
+    #[test]
+    fn jsonl_round_trips() {
+        let (h, pts) = sample_series();
+        let mut text = h.to_json().to_string() + "\n";
+        for p in &pts {
+            text += &(p.to_json(&h).to_string() + "\n");
+        }
+        assert_eq!(parse_jsonl(&text).unwrap(), (h, pts));
+    }
+
+    #[test]
+    fn csv_round_trips_the_points() {
+        let (h, pts) = sample_series();
+        let mut text = h.csv_columns() + "\n";
+        for p in &pts {
+            text += &p.to_csv();
+        }
+        let (h2, pts2) = parse_csv(&text).unwrap();
+        assert_eq!(pts2, pts);
+        assert_eq!(h2.kvm_stats, h.kvm_stats);
+    }
+
+    #[test]
+    fn mapped_bytes_weigh_each_page_size() {
+        let p = Point { pages_4k: 2, pages_2m: 1, pages_1g: 1, ..Point::default() };
+        assert_eq!(p.mapped_bytes(), 8192 + (2 << 20) + (1 << 30));
+    }
+
+    #[test]
+    fn parse_errors_name_the_line() {
+        assert_eq!(parse_jsonl("").unwrap_err(), ParseError::NoHeader);
+        let (h, _) = sample_series();
+        let text = h.to_json().to_string() + "\n{\"kind\": \"sample\", \"seq\": 1}\n";
+        assert!(matches!(parse_jsonl(&text), Err(ParseError::Bad { line: 2, .. })));
+        let text = h.csv_columns() + "\n1,2,3\n";
+        assert!(matches!(parse_csv(&text), Err(ParseError::Bad { line: 2, .. })));
+        assert!(matches!(parse_jsonl("not json"), Err(ParseError::Bad { line: 1, .. })));
+    }
+}

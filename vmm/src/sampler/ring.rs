@@ -1,0 +1,111 @@
+//! A bounded ring of points: the oldest goes when it is full, and its buffers
+//! are reused for the next point, so a long run allocates nothing per tick.
+
+use std::collections::VecDeque;
+
+use super::record::Point;
+
+/// The sampler's memory.
+pub struct Ring {
+    points: VecDeque<Point>,
+    capacity: usize,
+    next_seq: u64,
+    spare: Option<Point>,
+    /// The sampler has stopped: no more points will come.
+    pub stopped: bool,
+}
+
+impl Ring {
+    /// A ring holding at most `capacity` points.
+    pub fn new(capacity: usize) -> Self {
+        Ring { points: VecDeque::with_capacity(capacity), capacity, next_seq: 1, spare: None, stopped: false }
+    }
+
+    /// A point to fill: the oldest one's buffers when the ring is full.
+    pub fn recycle(&mut self) -> Point {
+        let mut p = if self.points.len() == self.capacity { self.points.pop_front().unwrap_or_default() } else { self.spare.take().unwrap_or_default() };
+        p.seq = self.next_seq;
+        p
+    }
+
+    /// Adds a point filled after `recycle`.
+    pub fn push(&mut self, point: Point) {
+        self.next_seq = point.seq + 1;
+        if self.points.len() == self.capacity {
+            self.spare = self.points.pop_front();
+        }
+        self.points.push_back(point);
+    }
+
+    /// Points newer than `since`, and how many newer ones were already dropped.
+    pub fn since(&self, since: u64) -> (Vec<Point>, u64) {
+        let oldest = self.points.front().map_or(self.next_seq, |p| p.seq);
+        let dropped = oldest.saturating_sub(since.saturating_add(1));
+        (self.points.iter().filter(|p| p.seq > since).cloned().collect(), dropped)
+    }
+
+    /// Sequence number of the newest point (0 before any).
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Points held.
+    pub fn len(&self) -> usize {
+        self.points.len()
+    }
+
+    /// No point yet.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(ring: &mut Ring, n: usize) {
+        for _ in 0..n {
+            let mut p = ring.recycle();
+            p.pages_4k = p.seq * 10;
+            ring.push(p);
+        }
+    }
+
+    #[test]
+    fn keeps_at_most_capacity_points() {
+        let mut r = Ring::new(4);
+        fill(&mut r, 10);
+        assert_eq!(r.len(), 4);
+        assert_eq!(r.last_seq(), 10);
+        let (pts, dropped) = r.since(0);
+        assert_eq!(pts.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![7, 8, 9, 10]);
+        assert_eq!(dropped, 6);
+    }
+
+    #[test]
+    fn since_returns_only_newer_points_without_drops() {
+        let mut r = Ring::new(8);
+        fill(&mut r, 5);
+        let (pts, dropped) = r.since(3);
+        assert_eq!(pts.iter().map(|p| (p.seq, p.pages_4k)).collect::<Vec<_>>(), vec![(4, 40), (5, 50)]);
+        assert_eq!(dropped, 0);
+        assert!(r.since(5).0.is_empty());
+    }
+
+    #[test]
+    fn recycled_points_get_fresh_sequence_numbers() {
+        let mut r = Ring::new(2);
+        fill(&mut r, 3);
+        let p = r.recycle();
+        assert_eq!(p.seq, 4);
+    }
+
+    #[test]
+    fn empty_ring_reports_nothing() {
+        let r = Ring::new(2);
+        assert!(r.is_empty());
+        assert_eq!(r.last_seq(), 0);
+        assert_eq!(r.since(0), (vec![], 0));
+    }
+}
