@@ -22,17 +22,27 @@ fn bare_loop(n: u64) -> Duration {
     let entry = boot::load_guest(&mem, boot::DEFAULT_GUEST).expect("load guest");
     boot::write_boot_structures(&mem).expect("boot structures");
     let region = mem.iter().next().expect("one region");
-    let slot = kvm_userspace_memory_region { slot: 0, flags: 0, guest_phys_addr: 0, memory_size: region.len(), userspace_addr: region.as_ptr() as u64 };
+    let slot = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: region.len(),
+        userspace_addr: region.as_ptr() as u64,
+    };
     // SAFETY: the mapping belongs to `mem`, which outlives the VM in this function.
     unsafe { vm.set_user_memory_region(slot) }.expect("memory slot");
     let mut vcpu = vm.create_vcpu(0).expect("vCPU");
-    let cpuid = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).expect("cpuid");
+    let cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .expect("cpuid");
     regs::setup(&vcpu, &cpuid, entry, 0).expect("registers");
-    boot::write_mailbox_boot(&mem, 0, u64::from(vcpu.get_tsc_khz().unwrap_or(1_000_000))).expect("mailbox");
+    boot::write_mailbox_boot(&mem, 0, u64::from(vcpu.get_tsc_khz().unwrap_or(1_000_000)))
+        .expect("mailbox");
     let mbox = boot::mailbox_addr(0);
     let words = [abi::CMD_EXITS, 1, n, 0, 0, 0, 0, 0];
     for (i, w) in words.iter().enumerate() {
-        mem.write_obj(*w, GuestAddress(mbox + mb::CMD + 8 * i as u64)).expect("command");
+        mem.write_obj(*w, GuestAddress(mbox + mb::CMD + 8 * i as u64))
+            .expect("command");
     }
     let mut start = None;
     loop {
@@ -48,8 +58,15 @@ fn bare_loop(n: u64) -> Duration {
 
 /// Runs `exits ports=n` through kvmscope's VM; returns the time per exit.
 fn kvmscope_loop(n: u64) -> Duration {
-    let mut vm = kvmscope::vm::Vm::new(kvmscope::vm::VmConfig { memory: MEMORY, ..Default::default() }).expect("VM");
-    vm.push_commands(0, parse_sequence(&format!("exits ports={n} mmio=0")).expect("spec"));
+    let mut vm = kvmscope::vm::Vm::new(kvmscope::vm::VmConfig {
+        memory: MEMORY,
+        ..Default::default()
+    })
+    .expect("VM");
+    vm.push_commands(
+        0,
+        parse_sequence(&format!("exits ports={n} mmio=0")).expect("spec"),
+    );
     vm.start().expect("start");
     let result = loop {
         if let Some(r) = vm.vcpus[0].shared.results().first().cloned() {
@@ -82,5 +99,8 @@ fn main() {
     println!("port-I/O exit round trip, {n} exits x {rounds} rounds (median):");
     println!("  bare KVM_RUN loop : {:>8.0} ns/exit", b.as_nanos() as f64);
     println!("  kvmscope vCPU loop: {:>8.0} ns/exit", o.as_nanos() as f64);
-    println!("  overhead          : {:>+8.1} %", (o.as_nanos() as f64 / b.as_nanos() as f64 - 1.0) * 100.0);
+    println!(
+        "  overhead          : {:>+8.1} %",
+        (o.as_nanos() as f64 / b.as_nanos() as f64 - 1.0) * 100.0
+    );
 }

@@ -12,6 +12,7 @@ pub mod control;
 pub mod exits;
 pub mod kick;
 pub mod memory;
+pub mod metrics;
 pub mod run;
 pub mod sampler;
 pub mod signals;

@@ -65,6 +65,10 @@ struct RunArgs {
     /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick.
     #[arg(long, value_name = "FILE")]
     samples_out: Option<PathBuf>,
+    /// Serve the sampler's readings as Prometheus text at http://ADDR/metrics,
+    /// e.g. 127.0.0.1:9100.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -78,7 +82,8 @@ fn interval_arg(s: &str) -> Result<Interval, String> {
     if s == "off" {
         return Ok(Interval(None));
     }
-    let d = kvmscope::units::parse_duration(s).ok_or_else(|| format!("'{s}' is not a duration: use e.g. 100ms, 1s, or off"))?;
+    let d = kvmscope::units::parse_duration(s)
+        .ok_or_else(|| format!("'{s}' is not a duration: use e.g. 100ms, 1s, or off"))?;
     if d < kvmscope::sampler::MIN_INTERVAL {
         return Err(format!("{s} is below the 1ms minimum"));
     }
@@ -114,10 +119,17 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         handle_signals: true,
         socket: args.socket,
         sampler: match (args.sample_interval.0, args.samples_out) {
-            (Some(interval), out) => Some(SamplerConfig { interval, capacity: args.sample_buffer, out }),
-            (None, Some(_)) => anyhow::bail!("--samples-out needs the sampler: drop --sample-interval off"),
+            (Some(interval), out) => Some(SamplerConfig {
+                interval,
+                capacity: args.sample_buffer,
+                out,
+            }),
+            (None, Some(_)) => {
+                anyhow::bail!("--samples-out needs the sampler: drop --sample-interval off")
+            }
             (None, None) => None,
         },
+        metrics_addr: args.metrics_addr,
     };
     let summary = run::run(config)?;
     if args.json {

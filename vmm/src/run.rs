@@ -29,6 +29,8 @@ pub struct RunConfig {
     pub socket: Option<std::path::PathBuf>,
     /// Run the sampler thread.
     pub sampler: Option<SamplerConfig>,
+    /// Serve the sampler's readings as Prometheus text at this address (needs the sampler).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Why a run could not happen.
@@ -38,6 +40,10 @@ pub enum Error {
     Vm(#[from] vm::Error),
     #[error("starting the sampler")]
     Sampler(#[from] sampler::Error),
+    #[error("starting the metrics server")]
+    Metrics(#[from] crate::metrics::Error),
+    #[error("--metrics-addr needs the sampler")]
+    MetricsWithoutSampler,
     #[error("starting the control socket")]
     Control(#[from] control::Error),
     #[error("starting the signal thread")]
@@ -59,6 +65,7 @@ impl RunConfig {
             handle_signals: false,
             socket: None,
             sampler: None,
+            metrics_addr: None,
         }
     }
 }
@@ -153,9 +160,26 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
         crate::signals::forward_termination(vm.event_sender()).map_err(Error::Signals)?;
     }
     let mut sampler = match &config.sampler {
-        Some(c) => Some(Sampler::start(c.clone(), &vm.fd_file()?, &vm.vcpu_fds, vm.vcpus.iter().map(|v| v.shared.clone()).collect(), vm.config.memory)?),
+        Some(c) => Some(Sampler::start(
+            c.clone(),
+            &vm.fd_file()?,
+            &vm.vcpu_fds,
+            vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
+            vm.config.memory,
+        )?),
         None => None,
     };
+    let metrics = match (&config.metrics_addr, &sampler) {
+        (Some(addr), Some(s)) => Some(crate::metrics::MetricsServer::start(
+            *addr,
+            s.shared.clone(),
+        )?),
+        (Some(_), None) => return Err(Error::MetricsWithoutSampler),
+        (None, _) => None,
+    };
+    if let Some(m) = &metrics {
+        log::info!("metrics at http://{}/metrics", m.addr);
+    }
     let started = Instant::now();
     vm.start()?;
     let server = match &config.socket {
@@ -171,6 +195,7 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     drop(server);
     // One last point after the guest stopped, so the series ends with the final state.
     let sampler_result = sampler.as_mut().map_or(Ok(()), Sampler::stop);
+    drop(metrics);
     let stuck = vm.stop(config.stop_timeout);
     let mut vm_after = vm.vm_stats.new_sample();
     vm.vm_stats

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::abi::{self, mailbox_offset as mb};
 use crate::boot::mailbox_addr;
@@ -112,6 +113,9 @@ pub struct VcpuShared {
     pub phase: AtomicU64,
     /// When the guest first asked for a command (its first port write).
     pub first_exit: OnceLock<Instant>,
+    /// Written when a result is recorded and when the thread ends, so that the
+    /// control plane can wait for results in its event loop (set by it).
+    pub watcher: OnceLock<Arc<EventFd>>,
     inbox: Mutex<Inbox>,
     wake: Condvar,
     /// A control request (pause/stop) waits in the inbox.
@@ -132,9 +136,18 @@ impl VcpuShared {
             counters: ExitCounters::default(),
             phase: AtomicU64::new(0),
             first_exit: OnceLock::new(),
+            watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
             wake: Condvar::new(),
             pending: AtomicBool::new(false),
+        }
+    }
+
+    /// Tells the watcher, if any, that results or the state changed.
+    fn notify_watcher(&self) {
+        if let Some(w) = self.watcher.get() {
+            // Fails only when the counter would overflow, which means it is already set.
+            let _ = w.write(1);
         }
     }
 
@@ -236,6 +249,7 @@ impl Vcpu {
             Outcome::Error(e) => format!("error: {e}"),
         };
         self.shared.lock().state = VcpuState::Finished(text);
+        self.shared.notify_watcher();
         outcome
     }
 
@@ -388,6 +402,7 @@ impl Vcpu {
         }
         inbox.results.push_back(result.clone());
         drop(inbox);
+        self.shared.notify_watcher();
         let _ = self
             .events
             .send(VmEvent::CommandDone(self.shared.index, result));

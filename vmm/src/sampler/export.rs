@@ -10,7 +10,9 @@ use super::record::{Point, SeriesHeader};
 /// Why the export failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("samples file {0}: unknown extension; use .csv, or .jsonl/.json/.ndjson for JSON lines")]
+    #[error(
+        "samples file {0}: unknown extension; use .csv, or .jsonl/.json/.ndjson for JSON lines"
+    )]
     Extension(PathBuf),
     #[error("creating samples file {0}")]
     Create(PathBuf, #[source] std::io::Error),
@@ -52,7 +54,11 @@ impl Writer {
     pub fn create(path: &Path, header: &SeriesHeader) -> Result<Writer, Error> {
         let format = format_of(path)?;
         let file = File::create(path).map_err(|e| Error::Create(path.to_path_buf(), e))?;
-        let mut w = Writer { path: path.to_path_buf(), format, out: BufWriter::new(file) };
+        let mut w = Writer {
+            path: path.to_path_buf(),
+            format,
+            out: BufWriter::new(file),
+        };
         let head = match format {
             Format::Csv => header.csv_columns(),
             Format::JsonLines => header.to_json().to_string(),
@@ -72,7 +78,10 @@ impl Writer {
     /// The write failed.
     pub fn write(&mut self, header: &SeriesHeader, point: &Point) -> Result<(), Error> {
         match self.format {
-            Format::Csv => self.out.write_all(point.to_csv().as_bytes()).map_err(|e| Error::Write(self.path.clone(), e))?,
+            Format::Csv => self
+                .out
+                .write_all(point.to_csv().as_bytes())
+                .map_err(|e| Error::Write(self.path.clone(), e))?,
             Format::JsonLines => self.line(&point.to_json(header).to_string())?,
         }
         self.flush()
@@ -83,7 +92,9 @@ impl Writer {
     /// # Errors
     /// The write failed.
     pub fn flush(&mut self) -> Result<(), Error> {
-        self.out.flush().map_err(|e| Error::Write(self.path.clone(), e))
+        self.out
+            .flush()
+            .map_err(|e| Error::Write(self.path.clone(), e))
     }
 }
 
@@ -95,7 +106,13 @@ mod tests {
     fn format_follows_the_extension() {
         assert_eq!(format_of(Path::new("a.csv")).unwrap(), Format::Csv);
         assert_eq!(format_of(Path::new("a.jsonl")).unwrap(), Format::JsonLines);
-        assert!(matches!(format_of(Path::new("a.txt")), Err(Error::Extension(_))));
-        assert!(matches!(format_of(Path::new("noext")), Err(Error::Extension(_))));
+        assert!(matches!(
+            format_of(Path::new("a.txt")),
+            Err(Error::Extension(_))
+        ));
+        assert!(matches!(
+            format_of(Path::new("noext")),
+            Err(Error::Extension(_))
+        ));
     }
 }

@@ -39,7 +39,11 @@ pub struct SamplerConfig {
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        SamplerConfig { interval: Duration::from_millis(100), capacity: 4096, out: None }
+        SamplerConfig {
+            interval: Duration::from_millis(100),
+            capacity: 4096,
+            out: None,
+        }
     }
 }
 
@@ -96,7 +100,10 @@ impl Shared {
     /// Waits until a point newer than `seq` exists, the sampler stops, or `timeout`.
     pub fn wait_after(&self, seq: u64, timeout: Duration) -> bool {
         let ring = self.ring();
-        let (ring, _) = self.ticked.wait_timeout_while(ring, timeout, |r| r.last_seq() <= seq && !r.stopped).unwrap_or_else(|e| e.into_inner());
+        let (ring, _) = self
+            .ticked
+            .wait_timeout_while(ring, timeout, |r| r.last_seq() <= seq && !r.stopped)
+            .unwrap_or_else(|e| e.into_inner());
         ring.last_seq() > seq
     }
 
@@ -136,7 +143,14 @@ fn plan(vm: &StatsFd, vcpu: Option<&StatsFd>) -> (Plan, Vec<String>) {
             }
         }
     }
-    (Plan { pages: [find("pages_4k"), find("pages_2m"), find("pages_1g")], kvm, exits }, names)
+    (
+        Plan {
+            pages: [find("pages_4k"), find("pages_2m"), find("pages_1g")],
+            kvm,
+            exits,
+        },
+        names,
+    )
 }
 
 impl Sampler {
@@ -145,7 +159,13 @@ impl Sampler {
     ///
     /// # Errors
     /// A bad config, an fd that cannot be opened or read, or the export file.
-    pub fn start(config: SamplerConfig, vm_fd: &File, vcpu_fds: &[File], vcpus: Vec<Arc<VcpuShared>>, memory: u64) -> Result<Sampler, Error> {
+    pub fn start(
+        config: SamplerConfig,
+        vm_fd: &File,
+        vcpu_fds: &[File],
+        vcpus: Vec<Arc<VcpuShared>>,
+        memory: u64,
+    ) -> Result<Sampler, Error> {
         if config.interval < MIN_INTERVAL {
             return Err(Error::IntervalTooShort(config.interval));
         }
@@ -161,13 +181,20 @@ impl Sampler {
         let header = SeriesHeader {
             version: 1,
             backend: backend.to_json(),
-            quiet_stats: backend::quiet_stats(&backend).iter().map(|s| s.to_string()).collect(),
+            quiet_stats: backend::quiet_stats(&backend)
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             vcpus: vcpus.len(),
             memory,
             interval_ms: config.interval.as_secs_f64() * 1e3,
             kvm_stats: kvm_names,
         };
-        let writer = config.out.as_deref().map(|p| export::Writer::create(p, &header)).transpose()?;
+        let writer = config
+            .out
+            .as_deref()
+            .map(|p| export::Writer::create(p, &header))
+            .transpose()?;
         let latest = sources.iter().map(StatsFd::new_sample).collect();
         let shared = Arc::new(Shared {
             header,
@@ -181,8 +208,14 @@ impl Sampler {
             last_tick_ns: Default::default(),
         });
         let worker = Worker::new(shared.clone(), vcpus, plan, writer, config.interval);
-        let thread = std::thread::Builder::new().name("sampler".into()).spawn(move || worker.run()).map_err(Error::Spawn)?;
-        Ok(Sampler { shared, thread: Some(thread) })
+        let thread = std::thread::Builder::new()
+            .name("sampler".into())
+            .spawn(move || worker.run())
+            .map_err(Error::Spawn)?;
+        Ok(Sampler {
+            shared,
+            thread: Some(thread),
+        })
     }
 
     /// Stops the thread; returns what ended it if it failed.
@@ -218,9 +251,24 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(shared: Arc<Shared>, vcpus: Vec<Arc<VcpuShared>>, plan: Plan, writer: Option<export::Writer>, interval: Duration) -> Self {
+    fn new(
+        shared: Arc<Shared>,
+        vcpus: Vec<Arc<VcpuShared>>,
+        plan: Plan,
+        writer: Option<export::Writer>,
+        interval: Duration,
+    ) -> Self {
         let samples = shared.sources.iter().map(StatsFd::new_sample).collect();
-        Worker { shared, vcpus, plan, writer, interval, samples, prev: None, started: Instant::now() }
+        Worker {
+            shared,
+            vcpus,
+            plan,
+            writer,
+            interval,
+            samples,
+            prev: None,
+            started: Instant::now(),
+        }
     }
 
     fn run(mut self) -> Result<(), Error> {
@@ -241,7 +289,11 @@ impl Worker {
         };
         self.shared.ring().stopped = true;
         self.shared.ticked.notify_all();
-        let flushed = self.writer.as_mut().map_or(Ok(()), export::Writer::flush).map_err(Error::from);
+        let flushed = self
+            .writer
+            .as_mut()
+            .map_or(Ok(()), export::Writer::flush)
+            .map_err(Error::from);
         result.and(flushed)
     }
 
@@ -249,7 +301,11 @@ impl Worker {
     fn sleep_until(&self, deadline: Instant) -> bool {
         let stop = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
         let left = deadline.saturating_duration_since(Instant::now());
-        let (stop, _) = self.shared.wake.wait_timeout_while(stop, left, |s| !*s).unwrap_or_else(|e| e.into_inner());
+        let (stop, _) = self
+            .shared
+            .wake
+            .wait_timeout_while(stop, left, |s| !*s)
+            .unwrap_or_else(|e| e.into_inner());
         *stop
     }
 
@@ -258,7 +314,9 @@ impl Worker {
         for (fd, sample) in self.shared.sources.iter().zip(self.samples.iter_mut()) {
             fd.read_sample(sample)?;
         }
-        self.shared.last_tick_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.shared
+            .last_tick_ns
+            .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let now = self.samples[0].timestamp();
         let mut point = self.shared.ring().recycle();
         self.fill(&mut point, now);
@@ -279,9 +337,16 @@ impl Worker {
         let vm = &self.samples[0];
         let page = |id: Option<StatId>| id.map_or(0, |id| vm.u64(id));
         p.time_s = now.saturating_duration_since(self.started).as_secs_f64();
-        (p.pages_4k, p.pages_2m, p.pages_1g) = (page(self.plan.pages[0]), page(self.plan.pages[1]), page(self.plan.pages[2]));
+        (p.pages_4k, p.pages_2m, p.pages_1g) = (
+            page(self.plan.pages[0]),
+            page(self.plan.pages[1]),
+            page(self.plan.pages[2]),
+        );
         p.vcpus.resize_with(self.vcpus.len(), VcpuPoint::default);
-        let dt = self.prev.as_ref().map(|(t, _)| now.saturating_duration_since(*t).as_secs_f64());
+        let dt = self
+            .prev
+            .as_ref()
+            .map(|(t, _)| now.saturating_duration_since(*t).as_secs_f64());
         let prev = self.prev.take().map(|(_, v)| v);
         let mut totals = prev.unwrap_or_default();
         totals.resize(self.vcpus.len(), (0, 0));
@@ -291,10 +356,14 @@ impl Worker {
             vp.kvm.clear();
             vp.kvm.extend(self.plan.kvm.iter().map(|&id| s.u64(id)));
             vp.ours.clear();
-            vp.ours.extend(Reason::ALL.iter().map(|&r| vcpu.counters.reason(r)));
+            vp.ours
+                .extend(Reason::ALL.iter().map(|&r| vcpu.counters.reason(r)));
             let exits = self.plan.exits.map_or(0, |id| s.u64(id));
             let ours: u64 = vp.ours.iter().sum();
-            let rate = |new: u64, old: u64| dt.filter(|&d| d > 0.0).map_or(0.0, |d| new.saturating_sub(old) as f64 / d);
+            let rate = |new: u64, old: u64| {
+                dt.filter(|&d| d > 0.0)
+                    .map_or(0.0, |d| new.saturating_sub(old) as f64 / d)
+            };
             vp.exits_per_s = rate(exits, totals[i].0);
             vp.our_exits_per_s = rate(ours, totals[i].1);
             totals[i] = (exits, ours);

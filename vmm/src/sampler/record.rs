@@ -87,7 +87,19 @@ impl SeriesHeader {
 
     /// The CSV header row.
     pub fn csv_columns(&self) -> String {
-        let mut cols: Vec<String> = ["seq", "time_s", "pages_4k", "pages_2m", "pages_1g", "mapped_bytes", "vcpu", "phase"].iter().map(|s| s.to_string()).collect();
+        let mut cols: Vec<String> = [
+            "seq",
+            "time_s",
+            "pages_4k",
+            "pages_2m",
+            "pages_1g",
+            "mapped_bytes",
+            "vcpu",
+            "phase",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         cols.extend(self.kvm_stats.iter().map(|s| format!("kvm_{s}")));
         cols.extend(our_names().iter().map(|s| format!("our_{s}")));
         cols.push("exits_per_s".into());
@@ -141,20 +153,47 @@ impl Point {
 }
 
 fn field<'a>(v: &'a Value, key: &str, line: usize) -> Result<&'a Value, ParseError> {
-    v.get(key).ok_or_else(|| ParseError::Bad { line, what: format!("missing field '{key}'") })
+    v.get(key).ok_or_else(|| ParseError::Bad {
+        line,
+        what: format!("missing field '{key}'"),
+    })
 }
 
 fn u64_field(v: &Value, key: &str, line: usize) -> Result<u64, ParseError> {
-    field(v, key, line)?.as_u64().ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' is not a whole number") })
+    field(v, key, line)?
+        .as_u64()
+        .ok_or_else(|| ParseError::Bad {
+            line,
+            what: format!("'{key}' is not a whole number"),
+        })
 }
 
 fn f64_field(v: &Value, key: &str, line: usize) -> Result<f64, ParseError> {
-    field(v, key, line)?.as_f64().ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' is not a number") })
+    field(v, key, line)?
+        .as_f64()
+        .ok_or_else(|| ParseError::Bad {
+            line,
+            what: format!("'{key}' is not a number"),
+        })
 }
 
 fn names(v: &Value, key: &str, line: usize) -> Result<Vec<String>, ParseError> {
-    let arr = field(v, key, line)?.as_array().ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' is not a list") })?;
-    arr.iter().map(|s| s.as_str().map(str::to_string).ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' holds a non-string") })).collect()
+    let arr = field(v, key, line)?
+        .as_array()
+        .ok_or_else(|| ParseError::Bad {
+            line,
+            what: format!("'{key}' is not a list"),
+        })?;
+    arr.iter()
+        .map(|s| {
+            s.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| ParseError::Bad {
+                    line,
+                    what: format!("'{key}' holds a non-string"),
+                })
+        })
+        .collect()
 }
 
 fn parse_header(v: &Value, line: usize) -> Result<SeriesHeader, ParseError> {
@@ -174,8 +213,15 @@ fn parse_vcpu(v: &Value, header: &SeriesHeader, line: usize) -> Result<VcpuPoint
     let ours = field(v, "ours", line)?;
     Ok(VcpuPoint {
         phase: u64_field(v, "phase", line)?,
-        kvm: header.kvm_stats.iter().map(|n| u64_field(kvm, n, line)).collect::<Result<_, _>>()?,
-        ours: our_names().iter().map(|n| u64_field(ours, n, line)).collect::<Result<_, _>>()?,
+        kvm: header
+            .kvm_stats
+            .iter()
+            .map(|n| u64_field(kvm, n, line))
+            .collect::<Result<_, _>>()?,
+        ours: our_names()
+            .iter()
+            .map(|n| u64_field(ours, n, line))
+            .collect::<Result<_, _>>()?,
         exits_per_s: f64_field(v, "exits_per_s", line)?,
         our_exits_per_s: f64_field(v, "our_exits_per_s", line)?,
     })
@@ -188,24 +234,45 @@ fn parse_vcpu(v: &Value, header: &SeriesHeader, line: usize) -> Result<VcpuPoint
 pub fn parse_jsonl(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
     let mut header = None;
     let mut points = Vec::new();
-    for (i, raw) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (i, raw) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let line = i + 1;
-        let v: Value = serde_json::from_str(raw).map_err(|e| ParseError::Bad { line, what: format!("not JSON: {e}") })?;
+        let v: Value = serde_json::from_str(raw).map_err(|e| ParseError::Bad {
+            line,
+            what: format!("not JSON: {e}"),
+        })?;
         match (v.get("kind").and_then(Value::as_str), &header) {
             (Some("header"), None) => header = Some(parse_header(&v, line)?),
             (Some("sample"), Some(h)) => {
-                let vcpus = field(&v, "vcpus", line)?.as_array().ok_or_else(|| ParseError::Bad { line, what: "'vcpus' is not a list".into() })?;
+                let vcpus =
+                    field(&v, "vcpus", line)?
+                        .as_array()
+                        .ok_or_else(|| ParseError::Bad {
+                            line,
+                            what: "'vcpus' is not a list".into(),
+                        })?;
                 points.push(Point {
                     seq: u64_field(&v, "seq", line)?,
                     time_s: f64_field(&v, "time_s", line)?,
                     pages_4k: u64_field(&v, "pages_4k", line)?,
                     pages_2m: u64_field(&v, "pages_2m", line)?,
                     pages_1g: u64_field(&v, "pages_1g", line)?,
-                    vcpus: vcpus.iter().map(|c| parse_vcpu(c, h, line)).collect::<Result<_, _>>()?,
+                    vcpus: vcpus
+                        .iter()
+                        .map(|c| parse_vcpu(c, h, line))
+                        .collect::<Result<_, _>>()?,
                 });
             }
             (Some("sample"), None) => return Err(ParseError::NoHeader),
-            (kind, _) => return Err(ParseError::Bad { line, what: format!("unexpected record kind {kind:?}") }),
+            (kind, _) => {
+                return Err(ParseError::Bad {
+                    line,
+                    what: format!("unexpected record kind {kind:?}"),
+                })
+            }
         }
     }
     Ok((header.ok_or(ParseError::NoHeader)?, points))
@@ -217,27 +284,57 @@ pub fn parse_jsonl(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError>
 /// # Errors
 /// The first row that does not fit the header row, naming it.
 pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
     let (_, head) = lines.next().ok_or(ParseError::NoHeader)?;
     let cols: Vec<&str> = head.split(',').collect();
-    let kvm_stats: Vec<String> = cols.iter().filter_map(|c| c.strip_prefix("kvm_")).map(str::to_string).collect();
+    let kvm_stats: Vec<String> = cols
+        .iter()
+        .filter_map(|c| c.strip_prefix("kvm_"))
+        .map(str::to_string)
+        .collect();
     let ours = our_names().len();
     let width = 8 + kvm_stats.len() + ours + 2;
     if cols.len() != width || cols[..2] != ["seq", "time_s"] {
-        return Err(ParseError::Bad { line: 1, what: format!("unexpected CSV columns ({} of them)", cols.len()) });
+        return Err(ParseError::Bad {
+            line: 1,
+            what: format!("unexpected CSV columns ({} of them)", cols.len()),
+        });
     }
     let mut points: Vec<Point> = Vec::new();
     for (i, row) in lines {
         let line = i + 1;
         let cells: Vec<&str> = row.split(',').collect();
         if cells.len() != width {
-            return Err(ParseError::Bad { line, what: format!("{} cells, the header has {width}", cells.len()) });
+            return Err(ParseError::Bad {
+                line,
+                what: format!("{} cells, the header has {width}", cells.len()),
+            });
         }
-        let int = |k: usize| cells[k].parse::<u64>().map_err(|_| ParseError::Bad { line, what: format!("column '{}' is not a whole number: {}", cols[k], cells[k]) });
-        let float = |k: usize| cells[k].parse::<f64>().map_err(|_| ParseError::Bad { line, what: format!("column '{}' is not a number: {}", cols[k], cells[k]) });
+        let int = |k: usize| {
+            cells[k].parse::<u64>().map_err(|_| ParseError::Bad {
+                line,
+                what: format!("column '{}' is not a whole number: {}", cols[k], cells[k]),
+            })
+        };
+        let float = |k: usize| {
+            cells[k].parse::<f64>().map_err(|_| ParseError::Bad {
+                line,
+                what: format!("column '{}' is not a number: {}", cols[k], cells[k]),
+            })
+        };
         let seq = int(0)?;
         if points.last().map(|p| p.seq) != Some(seq) {
-            points.push(Point { seq, time_s: float(1)?, pages_4k: int(2)?, pages_2m: int(3)?, pages_1g: int(4)?, vcpus: Vec::new() });
+            points.push(Point {
+                seq,
+                time_s: float(1)?,
+                pages_4k: int(2)?,
+                pages_2m: int(3)?,
+                pages_1g: int(4)?,
+                vcpus: Vec::new(),
+            });
         }
         let k0 = 8 + kvm_stats.len();
         let point = points.last_mut().ok_or(ParseError::NoHeader)?;
@@ -250,7 +347,15 @@ pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
         });
     }
     let vcpus = points.first().map_or(0, |p| p.vcpus.len());
-    let header = SeriesHeader { version: 1, backend: Value::Null, quiet_stats: Vec::new(), vcpus, memory: 0, interval_ms: 0.0, kvm_stats };
+    let header = SeriesHeader {
+        version: 1,
+        backend: Value::Null,
+        quiet_stats: Vec::new(),
+        vcpus,
+        memory: 0,
+        interval_ms: 0.0,
+        kvm_stats,
+    };
     Ok((header, points))
 }
 
@@ -259,11 +364,39 @@ mod tests {
     use super::*;
 
     fn sample_series() -> (SeriesHeader, Vec<Point>) {
-        let header = SeriesHeader { version: 1, backend: json!({"kind": "pvm"}), quiet_stats: vec!["io_exits".into()], vcpus: 2, memory: 64 << 20, interval_ms: 100.0, kvm_stats: vec!["exits".into(), "pf_fixed".into()] };
-        let v = |n: u64| VcpuPoint { phase: n, kvm: vec![n * 10, n], ours: (0..Reason::ALL.len() as u64).map(|i| i + n).collect(), exits_per_s: 12.5, our_exits_per_s: 2.25 };
+        let header = SeriesHeader {
+            version: 1,
+            backend: json!({"kind": "pvm"}),
+            quiet_stats: vec!["io_exits".into()],
+            vcpus: 2,
+            memory: 64 << 20,
+            interval_ms: 100.0,
+            kvm_stats: vec!["exits".into(), "pf_fixed".into()],
+        };
+        let v = |n: u64| VcpuPoint {
+            phase: n,
+            kvm: vec![n * 10, n],
+            ours: (0..Reason::ALL.len() as u64).map(|i| i + n).collect(),
+            exits_per_s: 12.5,
+            our_exits_per_s: 2.25,
+        };
         let points = vec![
-            Point { seq: 1, time_s: 0.1, pages_4k: 5, pages_2m: 1, pages_1g: 0, vcpus: vec![v(1), v(2)] },
-            Point { seq: 2, time_s: 0.2, pages_4k: 9, pages_2m: 1, pages_1g: 0, vcpus: vec![v(3), v(4)] },
+            Point {
+                seq: 1,
+                time_s: 0.1,
+                pages_4k: 5,
+                pages_2m: 1,
+                pages_1g: 0,
+                vcpus: vec![v(1), v(2)],
+            },
+            Point {
+                seq: 2,
+                time_s: 0.2,
+                pages_4k: 9,
+                pages_2m: 1,
+                pages_1g: 0,
+                vcpus: vec![v(3), v(4)],
+            },
         ];
         (header, points)
     }
@@ -292,7 +425,12 @@ mod tests {
 
     #[test]
     fn mapped_bytes_weigh_each_page_size() {
-        let p = Point { pages_4k: 2, pages_2m: 1, pages_1g: 1, ..Point::default() };
+        let p = Point {
+            pages_4k: 2,
+            pages_2m: 1,
+            pages_1g: 1,
+            ..Point::default()
+        };
         assert_eq!(p.mapped_bytes(), 8192 + (2 << 20) + (1 << 30));
     }
 
@@ -301,9 +439,18 @@ mod tests {
         assert_eq!(parse_jsonl("").unwrap_err(), ParseError::NoHeader);
         let (h, _) = sample_series();
         let text = h.to_json().to_string() + "\n{\"kind\": \"sample\", \"seq\": 1}\n";
-        assert!(matches!(parse_jsonl(&text), Err(ParseError::Bad { line: 2, .. })));
+        assert!(matches!(
+            parse_jsonl(&text),
+            Err(ParseError::Bad { line: 2, .. })
+        ));
         let text = h.csv_columns() + "\n1,2,3\n";
-        assert!(matches!(parse_csv(&text), Err(ParseError::Bad { line: 2, .. })));
-        assert!(matches!(parse_jsonl("not json"), Err(ParseError::Bad { line: 1, .. })));
+        assert!(matches!(
+            parse_csv(&text),
+            Err(ParseError::Bad { line: 2, .. })
+        ));
+        assert!(matches!(
+            parse_jsonl("not json"),
+            Err(ParseError::Bad { line: 1, .. })
+        ));
     }
 }

@@ -18,12 +18,22 @@ pub struct Ring {
 impl Ring {
     /// A ring holding at most `capacity` points.
     pub fn new(capacity: usize) -> Self {
-        Ring { points: VecDeque::with_capacity(capacity), capacity, next_seq: 1, spare: None, stopped: false }
+        Ring {
+            points: VecDeque::with_capacity(capacity),
+            capacity,
+            next_seq: 1,
+            spare: None,
+            stopped: false,
+        }
     }
 
     /// A point to fill: the oldest one's buffers when the ring is full.
     pub fn recycle(&mut self) -> Point {
-        let mut p = if self.points.len() == self.capacity { self.points.pop_front().unwrap_or_default() } else { self.spare.take().unwrap_or_default() };
+        let mut p = if self.points.len() == self.capacity {
+            self.points.pop_front().unwrap_or_default()
+        } else {
+            self.spare.take().unwrap_or_default()
+        };
         p.seq = self.next_seq;
         p
     }
@@ -41,7 +51,14 @@ impl Ring {
     pub fn since(&self, since: u64) -> (Vec<Point>, u64) {
         let oldest = self.points.front().map_or(self.next_seq, |p| p.seq);
         let dropped = oldest.saturating_sub(since.saturating_add(1));
-        (self.points.iter().filter(|p| p.seq > since).cloned().collect(), dropped)
+        (
+            self.points
+                .iter()
+                .filter(|p| p.seq > since)
+                .cloned()
+                .collect(),
+            dropped,
+        )
     }
 
     /// Sequence number of the newest point (0 before any).
@@ -79,7 +96,10 @@ mod tests {
         assert_eq!(r.len(), 4);
         assert_eq!(r.last_seq(), 10);
         let (pts, dropped) = r.since(0);
-        assert_eq!(pts.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![7, 8, 9, 10]);
+        assert_eq!(
+            pts.iter().map(|p| p.seq).collect::<Vec<_>>(),
+            vec![7, 8, 9, 10]
+        );
         assert_eq!(dropped, 6);
     }
 
@@ -88,7 +108,10 @@ mod tests {
         let mut r = Ring::new(8);
         fill(&mut r, 5);
         let (pts, dropped) = r.since(3);
-        assert_eq!(pts.iter().map(|p| (p.seq, p.pages_4k)).collect::<Vec<_>>(), vec![(4, 40), (5, 50)]);
+        assert_eq!(
+            pts.iter().map(|p| (p.seq, p.pages_4k)).collect::<Vec<_>>(),
+            vec![(4, 40), (5, 50)]
+        );
         assert_eq!(dropped, 0);
         assert!(r.since(5).0.is_empty());
     }

@@ -1,0 +1,247 @@
+//! The control socket's file: created mode 0600 with no moment at which it is
+//! more open, never replacing a live socket, replacing a stale one, and removed
+//! when the server goes.
+//!
+//! How the mode is made safe: `bind` creates the file with `0777 & ~umask`, and
+//! changing the umask around it would change it for every thread of the
+//! process (and two threads doing so at once can leave it changed for good).
+//! So we bind in a fresh private directory instead: `mkdtemp` makes a 0700
+//! directory next to PATH (same filesystem), the socket is bound inside it and
+//! `chmod`ed to 0600 while no other user can reach it, and only then
+//! `renameat2(RENAME_NOREPLACE)` moves it to PATH. The file appears at PATH
+//! already 0600, and the rename fails, rather than replaces, if anything
+//! appeared at PATH meanwhile. Root can reach the file at any time, as it can
+//! any file; peers are also checked by uid when they connect.
+//!
+//! What is at PATH before we start: nothing is fine; a socket nobody listens on
+//! (connect fails with ECONNREFUSED: a VMM that died without cleaning up) is
+//! replaced; a socket somebody listens on is an error; anything else is an
+//! error. Between the stale check and the rename another process could bind
+//! PATH; the rename then fails, so a live socket is still never replaced.
+
+use std::ffi::{CString, OsString};
+use std::fs;
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+/// Why the socket file could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0} is in use by a running server")]
+    InUse(PathBuf),
+    #[error("{0} exists and is not a socket; not replacing it")]
+    NotASocket(PathBuf),
+    #[error("checking what is at {0}")]
+    Probe(PathBuf, #[source] io::Error),
+    #[error("creating a private directory next to {0}")]
+    TempDir(PathBuf, #[source] io::Error),
+    #[error("binding a socket at {0}")]
+    Bind(PathBuf, #[source] io::Error),
+    #[error("restricting the socket to its owner")]
+    Chmod(#[source] io::Error),
+    #[error("removing the stale socket {0}")]
+    RemoveStale(PathBuf, #[source] io::Error),
+    #[error("moving the socket to {0}")]
+    Rename(PathBuf, #[source] io::Error),
+}
+
+/// A listening socket and the file it is reachable at; dropping it removes the
+/// file, unless something else has been put at that path since.
+#[derive(Debug)]
+pub struct SocketFile {
+    path: PathBuf,
+    /// Device and inode of our file, to recognise it at removal.
+    identity: (u64, u64),
+}
+
+impl SocketFile {
+    /// Binds a listening socket at `path`, mode 0600 (see the module docs).
+    ///
+    /// # Errors
+    /// `InUse` if a server answers at `path`, `NotASocket` if something else is
+    /// there, or the step that failed.
+    pub fn bind(path: &Path) -> Result<(SocketFile, UnixListener), Error> {
+        let stale = probe(path)?;
+        let dir = PrivateDir::new(path)?;
+        let temp = dir.0.join("s");
+        let listener = UnixListener::bind(&temp).map_err(|e| Error::Bind(path.to_path_buf(), e))?;
+        fs::set_permissions(&temp, fs::Permissions::from_mode(0o600)).map_err(Error::Chmod)?;
+        if stale {
+            match fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(Error::RemoveStale(path.to_path_buf(), e)),
+                _ => {}
+            }
+        }
+        rename_noreplace(&temp, path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EEXIST) => Error::InUse(path.to_path_buf()),
+            _ => Error::Rename(path.to_path_buf(), e),
+        })?;
+        let meta = fs::symlink_metadata(path).map_err(|e| Error::Probe(path.to_path_buf(), e))?;
+        Ok((SocketFile { path: path.to_path_buf(), identity: (meta.dev(), meta.ino()) }, listener))
+    }
+
+    /// Where the socket is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let ours = fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.identity);
+        if ours {
+            if let Err(e) = fs::remove_file(&self.path) {
+                log::warn!("could not remove the control socket {}: {e}", self.path.display());
+            }
+        }
+    }
+}
+
+/// What is at `path`: `Ok(false)` nothing, `Ok(true)` a stale socket.
+fn probe(path: &Path) -> Result<bool, Error> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::Probe(path.to_path_buf(), e)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(Error::NotASocket(path.to_path_buf()));
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err(Error::InUse(path.to_path_buf())),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(true),
+        Err(e) => Err(Error::Probe(path.to_path_buf(), e)),
+    }
+}
+
+/// A 0700 directory beside the target path, removed (with its content) on drop.
+struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    fn new(target: &Path) -> Result<PrivateDir, Error> {
+        let parent = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let template = parent.join(".kvmscope-XXXXXX");
+        let fail = |e| Error::TempDir(target.to_path_buf(), e);
+        let mut bytes = CString::new(template.into_os_string().into_vec())
+            .map_err(|_| fail(io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte")))?
+            .into_bytes_with_nul();
+        // SAFETY: `bytes` is a NUL-terminated template we own; mkdtemp rewrites
+        // its trailing XXXXXX in place and creates the directory with mode 0700.
+        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+        if made.is_null() {
+            return Err(fail(io::Error::last_os_error()));
+        }
+        bytes.pop();
+        Ok(PrivateDir(PathBuf::from(OsString::from_vec(bytes))))
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"));
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: both are valid NUL-terminated paths that outlive the call.
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let p = std::env::temp_dir().join(format!("kvmscope-sock-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir_all(&p).unwrap();
+            Scratch(p)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn bind_creates_an_owner_only_socket_and_leaves_no_temp_dir() {
+        let d = Scratch::new("mode");
+        let path = d.0.join("ctl.sock");
+        let (_file, _listener) = SocketFile::bind(&path).unwrap();
+        let meta = fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(entries(&d.0), vec!["ctl.sock"]);
+        UnixStream::connect(&path).unwrap();
+    }
+
+    #[test]
+    fn bind_refuses_a_live_socket() {
+        let d = Scratch::new("live");
+        let path = d.0.join("ctl.sock");
+        let _other = UnixListener::bind(&path).unwrap();
+        assert!(matches!(SocketFile::bind(&path), Err(Error::InUse(_))));
+        assert!(fs::symlink_metadata(&path).is_ok(), "the live socket is left alone");
+    }
+
+    #[test]
+    fn bind_replaces_a_stale_socket() {
+        let d = Scratch::new("stale");
+        let path = d.0.join("ctl.sock");
+        drop(UnixListener::bind(&path).unwrap());
+        let (_file, _listener) = SocketFile::bind(&path).unwrap();
+        UnixStream::connect(&path).unwrap();
+    }
+
+    #[test]
+    fn bind_refuses_to_replace_a_regular_file() {
+        let d = Scratch::new("file");
+        let path = d.0.join("ctl.sock");
+        fs::write(&path, b"precious").unwrap();
+        assert!(matches!(SocketFile::bind(&path), Err(Error::NotASocket(_))));
+        assert_eq!(fs::read(&path).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn drop_removes_the_socket_file() {
+        let d = Scratch::new("drop");
+        let path = d.0.join("ctl.sock");
+        drop(SocketFile::bind(&path).unwrap());
+        assert!(entries(&d.0).is_empty());
+    }
+
+    #[test]
+    fn drop_leaves_a_file_that_replaced_ours() {
+        let d = Scratch::new("replaced");
+        let path = d.0.join("ctl.sock");
+        let (file, _listener) = SocketFile::bind(&path).unwrap();
+        fs::remove_file(&path).unwrap();
+        fs::write(&path, b"someone else's").unwrap();
+        drop(file);
+        assert_eq!(fs::read(&path).unwrap(), b"someone else's");
+    }
+}

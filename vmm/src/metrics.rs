@@ -1,0 +1,280 @@
+//! `--metrics-addr`: the sampler's latest readings as a Prometheus text page at
+//! `/metrics`, served by a small `metrics` thread.
+//!
+//! Names follow Prometheus conventions: a `kvmscope_` prefix, base units in the
+//! name (`_seconds`, `_bytes`) with values scaled to them, `_total` on counters,
+//! `vcpu` labels, and KVM histograms as Prometheus histograms (cumulative
+//! `_bucket{le=…}` and `_count`; KVM keeps no sum, so there is no `_sum`).
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvm_stats::{Descriptor, Sample, StatType, StatsFd, Unit};
+
+use crate::exits::Reason;
+use crate::sampler::Shared;
+
+/// Why the metrics server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("listening on {0} for metrics")]
+    Bind(SocketAddr, #[source] std::io::Error),
+    #[error("starting the metrics thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// The running metrics server; dropping it stops the thread.
+pub struct MetricsServer {
+    /// The address bound (with the real port when 0 was asked for).
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Listens on `addr` and serves `/metrics` from `samples`.
+    ///
+    /// # Errors
+    /// The address cannot be bound, or the thread not started.
+    pub fn start(addr: SocketAddr, samples: Arc<Shared>) -> Result<MetricsServer, Error> {
+        let listener = TcpListener::bind(addr).map_err(|e| Error::Bind(addr, e))?;
+        let addr = listener.local_addr().map_err(|e| Error::Bind(addr, e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if flag.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Ok(stream) = conn {
+                        if let Err(e) = serve(stream, &samples) {
+                            log::debug!("metrics client: {e}");
+                        }
+                    }
+                }
+            })
+            .map_err(Error::Spawn)?;
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the blocking accept with a connection of our own.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Most bytes of request head read.
+const MAX_REQUEST: usize = 8192;
+
+fn serve(mut stream: TcpStream, samples: &Shared) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&head);
+    let mut words = line.split_whitespace();
+    let (status, body) = match (words.next(), words.next()) {
+        (Some("GET"), Some("/metrics")) => ("200 OK", render(samples)),
+        (Some("GET"), Some(_)) => (
+            "404 Not Found",
+            "only /metrics is served here\n".to_string(),
+        ),
+        _ => ("405 Method Not Allowed", "use GET /metrics\n".to_string()),
+    };
+    let reply = format!("HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    stream.write_all(reply.as_bytes())
+}
+
+/// A raw value in base units. Negative exponents divide by an exact power, so
+/// 3 ns prints as 0.000000003, not 0.0000000030000000000000004.
+pub fn in_base_units(raw: u64, d: &Descriptor) -> f64 {
+    let radix = f64::from(d.base.radix().unwrap_or(10));
+    let exp = i32::from(d.exponent);
+    if exp < 0 {
+        raw as f64 / radix.powi(-exp)
+    } else {
+        raw as f64 * radix.powi(exp)
+    }
+}
+
+/// A KVM stat's Prometheus name (with its base unit).
+pub fn metric_name(prefix: &str, d: &Descriptor) -> String {
+    let name = match d.unit {
+        Unit::Seconds => {
+            let stem = ["_ns", "_us", "_ms", "_seconds", "_s"]
+                .iter()
+                .find_map(|s| d.name.strip_suffix(s))
+                .unwrap_or(&d.name);
+            format!("{stem}_seconds")
+        }
+        Unit::Bytes if !d.name.ends_with("_bytes") => format!("{}_bytes", d.name),
+        Unit::Cycles if !d.name.ends_with("_cycles") => format!("{}_cycles", d.name),
+        _ => d.name.clone(),
+    };
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{prefix}{name}")
+}
+
+/// Writes one KVM stat of one source: a counter, a gauge or a histogram.
+fn write_stat(
+    out: &mut String,
+    prefix: &str,
+    d: &Descriptor,
+    values: &[u64],
+    labels: &str,
+    seen: &mut Vec<String>,
+) {
+    let name = metric_name(prefix, d);
+    let (kind, full) = match d.kind {
+        StatType::Cumulative => ("counter", format!("{name}_total")),
+        StatType::Instant | StatType::Peak => ("gauge", name.clone()),
+        StatType::LinearHistogram | StatType::Log2Histogram => ("histogram", name.clone()),
+        StatType::Unknown(_) => return,
+    };
+    if !seen.contains(&full) {
+        let _ = writeln!(
+            out,
+            "# HELP {full} KVM {} stat {} ({:?})",
+            if prefix.contains("vcpu") {
+                "vCPU"
+            } else {
+                "VM"
+            },
+            d.name,
+            d.kind
+        );
+        let _ = writeln!(out, "# TYPE {full} {kind}");
+        seen.push(full.clone());
+    }
+    if kind != "histogram" {
+        let v = in_base_units(values.first().copied().unwrap_or(0), d);
+        let _ = writeln!(out, "{full}{{{labels}}} {v}");
+        return;
+    }
+    let mut cumulative = 0u64;
+    for (i, count) in values.iter().enumerate() {
+        cumulative += count;
+        let le = match d.bucket_bounds(i).and_then(|(_, upper)| upper) {
+            Some(upper) => format!("{}", in_base_units(upper.saturating_sub(1), d)),
+            None => "+Inf".to_string(),
+        };
+        let _ = writeln!(out, "{full}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    if d.bucket_bounds(values.len().saturating_sub(1))
+        .and_then(|(_, u)| u)
+        .is_some()
+    {
+        let _ = writeln!(out, "{full}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{full}_count{{{labels}}} {cumulative}");
+}
+
+/// Writes every stat of `sources`, grouped by stat (all vCPUs of one stat
+/// together, as the text format requires), labelled by `labels(i)`.
+fn write_sources(
+    out: &mut String,
+    sources: &[(&StatsFd, &Sample)],
+    prefix: &str,
+    labels: impl Fn(usize) -> String,
+    seen: &mut Vec<String>,
+) {
+    let Some((first, _)) = sources.first() else {
+        return;
+    };
+    for (_, d) in first.schema().iter() {
+        for (i, (fd, sample)) in sources.iter().enumerate() {
+            if let Some(id) = fd.schema().find(&d.name) {
+                write_stat(out, prefix, d, sample.values(id), &labels(i), seen);
+            }
+        }
+    }
+}
+
+/// The page: our own gauges and counters, then every KVM stat of the VM and vCPUs.
+pub fn render(samples: &Shared) -> String {
+    let mut out = String::new();
+    let vm = format!("vm=\"{}\"", std::process::id());
+    let (points, _) = samples.since(samples.last_seq().saturating_sub(1));
+    let _ = writeln!(
+        out,
+        "# HELP kvmscope_info The KVM backend running the guest.\n# TYPE kvmscope_info gauge"
+    );
+    let _ = writeln!(
+        out,
+        "kvmscope_info{{{vm},backend=\"{}\",tdp=\"{}\"}} 1",
+        samples.backend.kind, samples.backend.tdp
+    );
+    if let Some(p) = points.last() {
+        let _ = writeln!(out, "# HELP kvmscope_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes).\n# TYPE kvmscope_mapped_bytes gauge");
+        let _ = writeln!(out, "kvmscope_mapped_bytes{{{vm}}} {}", p.mapped_bytes());
+        let _ = writeln!(out, "# HELP kvmscope_exits_total vCPU exits to the VMM, by our own count.\n# TYPE kvmscope_exits_total counter");
+        for (i, v) in p.vcpus.iter().enumerate() {
+            for (r, n) in Reason::ALL.iter().zip(&v.ours) {
+                let _ = writeln!(
+                    out,
+                    "kvmscope_exits_total{{{vm},vcpu=\"{i}\",reason=\"{}\"}} {n}",
+                    r.label()
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP kvmscope_guest_phase Latest guest phase marker ((seq << 8) | command code).\n# TYPE kvmscope_guest_phase gauge");
+        for (i, v) in p.vcpus.iter().enumerate() {
+            let _ = writeln!(out, "kvmscope_guest_phase{{{vm},vcpu=\"{i}\"}} {}", v.phase);
+        }
+    }
+    let tick = samples.last_tick_ns.load(Ordering::Relaxed) as f64 / 1e9;
+    let _ = writeln!(out, "# HELP kvmscope_sampler_tick_seconds Time the sampler's last tick spent reading stats.\n# TYPE kvmscope_sampler_tick_seconds gauge\nkvmscope_sampler_tick_seconds{{{vm}}} {tick}");
+    samples.with_latest(|sources, latest| {
+        let mut seen = Vec::new();
+        let pairs: Vec<(&StatsFd, &Sample)> = sources.iter().zip(latest).collect();
+        let (vm_source, vcpu_sources) = pairs.split_at(pairs.len().min(1));
+        write_sources(
+            &mut out,
+            vm_source,
+            "kvmscope_kvm_vm_",
+            |_| vm.clone(),
+            &mut seen,
+        );
+        write_sources(
+            &mut out,
+            vcpu_sources,
+            "kvmscope_kvm_vcpu_",
+            |i| format!("{vm},vcpu=\"{i}\""),
+            &mut seen,
+        );
+    });
+    out
+}
