@@ -256,7 +256,7 @@ pub fn render(samples: &Shared) -> String {
         }
     }
     let tick = samples.last_tick_ns.load(Ordering::Relaxed) as f64 / 1e9;
-    let _ = writeln!(out, "# HELP kvmscope_sampler_tick_seconds Time the sampler's last tick spent reading stats.\n# TYPE kvmscope_sampler_tick_seconds gauge\nkvmscope_sampler_tick_seconds{{{vm}}} {tick}");
+    let _ = writeln!(out, "# HELP kvmscope_sampler_tick_seconds Time the sampler's last tick took.\n# TYPE kvmscope_sampler_tick_seconds gauge\nkvmscope_sampler_tick_seconds{{{vm}}} {tick}");
     samples.with_latest(|sources, latest| {
         let mut seen = Vec::new();
         let pairs: Vec<(&StatsFd, &Sample)> = sources.iter().zip(latest).collect();

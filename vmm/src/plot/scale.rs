@@ -36,10 +36,10 @@ impl Axis {
         } else {
             (v - self.lo) / (self.hi - self.lo)
         };
-        if f.is_finite() {
-            f.clamp(0.0, 1.0)
-        } else {
+        if f.is_nan() {
             0.0
+        } else {
+            f.clamp(0.0, 1.0)
         }
     }
 
@@ -53,7 +53,8 @@ impl Axis {
     }
 }
 
-/// A round step (1, 2 or 5 times a power of ten) that cuts `span` into about `target` parts.
+/// A round step (1, 2 or 5 times a power of ten) that cuts `span` into about
+/// `target` parts (the multiplier nearest on a log scale, so the count stays close).
 pub fn nice_step(span: f64, target: f64) -> f64 {
     let raw = span / target;
     if !(raw.is_finite() && raw > 0.0) {
@@ -61,9 +62,9 @@ pub fn nice_step(span: f64, target: f64) -> f64 {
     }
     let mag = 10f64.powf(raw.log10().floor());
     let mult = match raw / mag {
-        n if n <= 1.0 => 1.0,
-        n if n <= 2.0 => 2.0,
-        n if n <= 5.0 => 5.0,
+        n if n < std::f64::consts::SQRT_2 => 1.0,
+        n if n < 3.16 => 2.0,
+        n if n < 7.07 => 5.0,
         _ => 10.0,
     };
     mult * mag
@@ -147,7 +148,7 @@ pub fn log_rate_axis(max: f64) -> Axis {
     Axis { lo: 0.0, hi, log: true, ticks }
 }
 
-/// A short label for a count: `950`, `1.5k`, `20M`, `1e+18`.
+/// A short label for a count: `950`, `1.5k`, `20M`, `1e18`.
 pub fn si(v: f64) -> String {
     let a = v.abs();
     let (div, suffix) = match a {
@@ -175,7 +176,8 @@ mod tests {
     fn nice_step_picks_one_two_or_five() {
         assert_eq!(nice_step(10.0, 5.0), 2.0);
         assert_eq!(nice_step(48.0, 5.0), 10.0);
-        assert_eq!(nice_step(0.7, 5.0), 0.2);
+        assert_eq!(nice_step(0.7, 5.0), 0.1);
+        assert_eq!(nice_step(1.8, 5.0), 0.5);
         assert_eq!(nice_step(0.0, 5.0), 1.0);
         assert_eq!(nice_step(f64::NAN, 5.0), 1.0);
     }

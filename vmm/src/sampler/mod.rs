@@ -77,7 +77,7 @@ pub struct Shared {
     pub sources: Vec<StatsFd>,
     stop: Mutex<bool>,
     wake: Condvar,
-    /// Nanoseconds spent in the most recent tick's reads.
+    /// Nanoseconds the most recent tick took (reads, point, export, ring).
     pub last_tick_ns: std::sync::atomic::AtomicU64,
 }
 
@@ -329,6 +329,7 @@ impl Worker {
         for (dst, src) in latest.iter_mut().zip(&self.samples) {
             dst.copy_from(src);
         }
+        self.shared.last_tick_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
     }
 
