@@ -18,7 +18,9 @@ use kvm_stats::{Base, StatType, Unit};
 type Failure = Box<dyn std::error::Error>;
 
 fn main() -> Result<(), Failure> {
-    let dir = std::env::args().nth(1).ok_or("usage: seed_corpus OUT_DIR")?;
+    let dir = std::env::args()
+        .nth(1)
+        .ok_or("usage: seed_corpus OUT_DIR")?;
     let dir = Path::new(&dir);
     fs::create_dir_all(dir)?;
     for (name, bytes) in synthetic() {
@@ -56,14 +58,24 @@ fn synthetic() -> Vec<(&'static str, Vec<u8>)> {
         ("bad-misaligned-desc", misaligned),
         ("bad-huge-name-size", huge_name),
         ("bad-overlap", overlap),
-        ("bad-duplicate-name", every_kind().counter("exits", 1).build()),
+        (
+            "bad-duplicate-name",
+            every_kind().counter("exits", 1).build(),
+        ),
         ("bad-boolean-log2", bool_log2()),
     ]
 }
 
 fn bool_log2() -> Vec<u8> {
     every_kind()
-        .stat("flag_hist", StatType::Log2Histogram, Unit::Boolean, Base::Pow10, 0, &[1, 2])
+        .stat(
+            "flag_hist",
+            StatType::Log2Histogram,
+            Unit::Boolean,
+            Base::Pow10,
+            0,
+            &[1, 2],
+        )
         .build()
 }
 

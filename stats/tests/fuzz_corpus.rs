@@ -24,7 +24,10 @@ fn fuzz_body_handles_seed_corpus() {
     for entry in entries {
         let path = entry.expect("corpus entry").path();
         let bytes = fs::read(&path).expect("corpus file");
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let result = kvm_stats::fuzz::parse_and_sample(&bytes);
         if name.starts_with("valid-") {
             assert!(result.is_ok(), "{name}: {result:?}");

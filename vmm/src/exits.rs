@@ -38,6 +38,8 @@ pub enum Exit {
     SystemEvent {
         kind: u32,
     },
+    /// KVM_EXIT_DIRTY_RING_FULL: the vCPU's dirty ring must be harvested.
+    DirtyRingFull,
     Other(String),
 }
 
@@ -62,7 +64,8 @@ counted_enum!(
     Reason {
         IoOut => "io_out", IoIn => "io_in", MmioRead => "mmio_read", MmioWrite => "mmio_write",
         Hlt => "hlt", Shutdown => "shutdown", InternalError => "internal_error",
-        FailEntry => "fail_entry", Interrupted => "interrupted", SystemEvent => "system_event", Other => "other",
+        FailEntry => "fail_entry", Interrupted => "interrupted", SystemEvent => "system_event",
+        DirtyRingFull => "dirty_ring_full", Other => "other",
     }
 );
 
@@ -110,6 +113,8 @@ pub enum Action {
     Phase(u32),
     /// The guest panicked, `len` bytes of message in its mailbox.
     Panic(u32),
+    /// Harvest this vCPU's dirty ring, then re-enter.
+    HarvestDirtyRing,
     /// The guest cannot go on.
     Fault(Fault),
 }
@@ -205,6 +210,7 @@ pub fn dispatch(exit: &Exit, bus: &Bus, counters: &ExitCounters) -> Action {
         Exit::FailEntry { .. } => Reason::FailEntry,
         Exit::Interrupted => Reason::Interrupted,
         Exit::SystemEvent { .. } => Reason::SystemEvent,
+        Exit::DirtyRingFull => Reason::DirtyRingFull,
         Exit::Other(_) => Reason::Other,
     };
     bump(&counters.reasons[reason as usize]);
@@ -232,6 +238,7 @@ pub fn dispatch(exit: &Exit, bus: &Bus, counters: &ExitCounters) -> Action {
             write: true,
         }),
         (Exit::Interrupted, _) => Action::Interrupted,
+        (Exit::DirtyRingFull, _) => Action::HarvestDirtyRing,
         (Exit::Hlt, _) => Action::Fault(Fault::Halted),
         (Exit::Shutdown, _) => Action::Fault(Fault::TripleFault),
         (Exit::InternalError { suberror }, _) => Action::Fault(Fault::InternalError {

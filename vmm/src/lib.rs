@@ -8,11 +8,14 @@
 pub mod abi;
 pub mod backend;
 pub mod boot;
+pub mod client;
 pub mod control;
 pub mod exits;
 pub mod kick;
 pub mod memory;
 pub mod metrics;
+pub mod plot;
+pub mod readiness;
 pub mod run;
 pub mod sampler;
 pub mod signals;

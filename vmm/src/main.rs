@@ -1,12 +1,16 @@
 //! The `kvmscope` command line: parses flags into config structs and hands them
 //! to the library. Nothing else lives here.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchConfig};
+use kvmscope::control::request::VcpuSelector;
 use kvmscope::run::{self, RunConfig, DEMO_WORKLOAD};
+use kvmscope::readiness::dirty::DirtyMode;
 use kvmscope::sampler::SamplerConfig;
 use kvmscope::units::parse_size;
 use kvmscope::vm::VmConfig;
@@ -27,6 +31,104 @@ struct Cli {
 enum Cmd {
     /// Boot the built-in guest, run workloads, and print a summary per vCPU.
     Run(RunArgs),
+    /// Receive stats fds from a running VMM's socket and print the stats read through them.
+    Stats(StatsArgs),
+    /// A live view of stats and their rates, read through fds received once.
+    Watch(WatchArgs),
+    /// Send one raw JSON request to a VMM's socket and print the reply.
+    Ctl(CtlArgs),
+    /// The whole story: start a VMM with a socket, drive the guest through it,
+    /// and show how the stats move, read through fds received from it.
+    Demo(DemoArgs),
+    /// Draw a series from `run --samples-out` (mapped memory, exit rates, phases) as SVG or PNG.
+    Plot(PlotArgs),
+}
+
+#[derive(clap::Args)]
+struct StatsArgs {
+    /// The VMM's control socket (`kvmscope run --socket PATH`).
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// The VM's stats (with neither --vm nor --vcpu: the VM and every vCPU).
+    #[arg(long)]
+    vm: bool,
+    /// A vCPU's stats: an index or `all`.
+    #[arg(long, value_name = "N|all", value_parser = vcpu_arg)]
+    vcpu: Option<VcpuSelector>,
+    /// Only these stats, e.g. pages_4k,exits.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    names: Option<Vec<String>>,
+    /// Print QMP-like JSON (`{"return": [...]}`, as `query-stats`).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct WatchArgs {
+    /// The VMM's control socket.
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// Time between refreshes, e.g. 500ms or 2s.
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    interval: Duration,
+    /// The stats to show (default: pages, exits and faults).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    names: Option<Vec<String>>,
+    /// Stop after N refreshes.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+    /// The VM's stats (with neither --vm nor --vcpu: the VM and every vCPU).
+    #[arg(long)]
+    vm: bool,
+    /// A vCPU's stats: an index or `all`.
+    #[arg(long, value_name = "N|all", value_parser = vcpu_arg)]
+    vcpu: Option<VcpuSelector>,
+}
+
+#[derive(clap::Args)]
+struct CtlArgs {
+    /// The VMM's control socket.
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// The request, e.g. '{"execute":"query-vm"}' (docs/PROTOCOL.md).
+    request: String,
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Guest RAM.
+    #[arg(long, default_value = "256M", value_parser = size_arg)]
+    memory: u64,
+    /// Back guest RAM with transparent huge pages.
+    #[arg(long)]
+    hugepages: bool,
+    /// Bytes each memory phase touches.
+    #[arg(long, default_value = "4M", value_parser = size_arg)]
+    phase_size: u64,
+}
+
+#[derive(clap::Args)]
+struct PlotArgs {
+    /// The series: JSON lines, or CSV if the name ends in .csv.
+    file: PathBuf,
+    /// The image to write; its extension picks the format: .svg or .png.
+    #[arg(short, long, value_name = "OUT")]
+    output: PathBuf,
+    /// Chart title (default: the series' file name).
+    #[arg(long)]
+    title: Option<String>,
+    /// Width in pixels.
+    #[arg(long, default_value_t = kvmscope::plot::DEFAULT_WIDTH)]
+    width: u32,
+    /// Height in pixels.
+    #[arg(long, default_value_t = kvmscope::plot::DEFAULT_HEIGHT)]
+    height: u32,
+    /// Draw only this vCPU's exit rates and phases.
+    #[arg(long, value_name = "N")]
+    vcpu: Option<usize>,
+    /// Scale of the exit-rate axis.
+    #[arg(long, value_name = "log|linear", default_value = "log")]
+    rates: kvmscope::plot::RateScale,
 }
 
 #[derive(clap::Args)]
@@ -40,9 +142,10 @@ struct RunArgs {
     /// Back guest RAM with transparent huge pages (MADV_HUGEPAGE).
     #[arg(long)]
     hugepages: bool,
-    /// Enable KVM dirty-page logging on guest RAM.
-    #[arg(long)]
-    dirty_log: bool,
+    /// KVM dirty-page tracking on guest RAM, for `readiness`: `bitmap`
+    /// (KVM_GET_DIRTY_LOG) or `ring[:ENTRIES]` (per-vCPU dirty ring, default 4096 entries).
+    #[arg(long, value_name = "MODE", value_parser = dirty_arg)]
+    dirty_log: Option<DirtyMode>,
     /// Boot this ELF instead of the built-in guest (it must follow docs/GUEST_ABI.md).
     #[arg(long, value_name = "PATH")]
     guest: Option<PathBuf>,
@@ -90,9 +193,31 @@ fn interval_arg(s: &str) -> Result<Interval, String> {
     Ok(Interval(Some(d)))
 }
 
+fn dirty_arg(s: &str) -> Result<DirtyMode, String> {
+    match s.split_once(':') {
+        None if s == "bitmap" => Ok(DirtyMode::Bitmap),
+        None if s == "ring" => Ok(DirtyMode::Ring(4096)),
+        Some(("ring", n)) => n.parse().map(DirtyMode::Ring).map_err(|_| format!("'{n}' is not a ring size: use e.g. ring:4096")),
+        _ => Err(format!("'{s}' is not a dirty-log mode: use bitmap, ring or ring:ENTRIES")),
+    }
+}
+
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
         .ok_or_else(|| format!("'{s}' is not a size: use a number with K, M, G or T, like 512M"))
+}
+
+fn vcpu_arg(s: &str) -> Result<VcpuSelector, String> {
+    match s {
+        "all" => Ok(VcpuSelector::All),
+        n => n.parse().map(VcpuSelector::One).map_err(|_| format!("'{s}' is not a vCPU: use an index or all")),
+    }
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    kvmscope::units::parse_duration(s)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("'{s}' is not a duration: use e.g. 500ms or 2s"))
 }
 
 fn workload_arg(s: &str) -> Result<Workload, String> {
@@ -100,7 +225,8 @@ fn workload_arg(s: &str) -> Result<Workload, String> {
 }
 
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
-    let workloads = if args.workload.is_empty() {
+    // With a socket, clients drive the guest: no demo workload by default.
+    let workloads = if args.workload.is_empty() && args.socket.is_none() {
         vec![workload_arg(DEMO_WORKLOAD).map_err(anyhow::Error::msg)?]
     } else {
         args.workload
@@ -151,13 +277,48 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
+fn demo_command(a: DemoArgs) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe()?;
+    let config = DemoConfig { exe, memory: a.memory, hugepages: a.hugepages, phase_size: a.phase_size, startup_timeout: Duration::from_secs(10) };
+    client::demo::run(&config, &mut std::io::stdout().lock())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn plot_command(a: PlotArgs) -> anyhow::Result<ExitCode> {
+    let source = kvmscope::plot::source_name(&a.file);
+    let chart = kvmscope::plot::ChartOptions { title: a.title, source, width: a.width, height: a.height, vcpu: a.vcpu, rates: a.rates };
+    let config = kvmscope::plot::PlotConfig { input: a.file, output: a.output, chart };
+    let done = kvmscope::plot::plot(&config)?;
+    println!("wrote {}: {} samples, {} vCPUs, {} phase markers", config.output.display(), done.points, done.vcpus, done.markers);
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     let process_start = Instant::now();
-    kvmscope::signals::block_termination();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
+    if let Cmd::Run(_) = cli.command {
+        // Before any thread exists; clients keep the default actions (Ctrl-C ends them).
+        kvmscope::signals::block_termination();
+    }
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let result = match cli.command {
         Cmd::Run(args) => run_command(args, process_start),
+        Cmd::Stats(a) => {
+            let config = StatsConfig { socket: a.socket, vm: a.vm, vcpus: a.vcpu, names: a.names, json: a.json };
+            client::stats::run(&config, &mut std::io::stdout().lock()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)
+        }
+        Cmd::Watch(a) => {
+            let clear = std::io::stdout().is_terminal();
+            let config = WatchConfig { socket: a.socket, interval: a.interval, names: a.names, count: a.count, vm: a.vm, vcpus: a.vcpu, clear };
+            client::watch::run(&config, &mut std::io::stdout().lock()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)
+        }
+        Cmd::Ctl(a) => match client::ctl(&a.socket, &a.request, &mut std::io::stdout().lock()) {
+            Ok(true) => Ok(ExitCode::SUCCESS),
+            Ok(false) => Ok(ExitCode::from(1)),
+            Err(e) => Err(e.into()),
+        },
+        Cmd::Demo(a) => demo_command(a),
+        Cmd::Plot(a) => plot_command(a),
     };
     match result {
         Ok(code) => code,

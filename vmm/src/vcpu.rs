@@ -200,6 +200,8 @@ pub struct Vcpu {
     pub arena_size: u64,
     pub shared: Arc<VcpuShared>,
     pub events: Sender<VmEvent>,
+    /// Dirty tracking, when the VM has it (the ring needs harvesting on ring-full exits).
+    pub dirty: Option<Arc<crate::readiness::dirty::Dirty>>,
     /// The command the guest is running: sequence, spec, start time.
     current: Option<(u64, String, Instant)>,
 }
@@ -226,6 +228,7 @@ impl Vcpu {
             arena_size,
             shared,
             events,
+            dirty: None,
             current: None,
         }
     }
@@ -336,6 +339,7 @@ impl Vcpu {
             Ok(VcpuExit::FailEntry(reason, cpu)) => Exit::FailEntry { reason, cpu },
             Ok(VcpuExit::SystemEvent(kind, _)) => Exit::SystemEvent { kind },
             Ok(VcpuExit::Intr) => Exit::Interrupted,
+            Ok(VcpuExit::Unsupported(kvm_bindings::KVM_EXIT_DIRTY_RING_FULL)) => Exit::DirtyRingFull,
             Ok(other) => Exit::Other(format!("{other:?}")),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
@@ -374,11 +378,22 @@ impl Vcpu {
                     registers: self.registers(),
                 }))
             }
+            Action::HarvestDirtyRing => self.harvest_dirty_ring(),
             Action::Fault(fault) => Some(State::Finished(Outcome::Fault {
                 fault,
                 registers: self.registers(),
             })),
         }
+    }
+
+    /// KVM_EXIT_DIRTY_RING_FULL: empties this vCPU's ring into the tracker.
+    fn harvest_dirty_ring(&self) -> Option<State> {
+        let error = match self.dirty.as_ref().map(|d| d.harvest_vcpu(self.shared.index)) {
+            Some(Ok(_)) => return None,
+            Some(Err(e)) => format!("harvesting the dirty ring: {e}"),
+            None => "dirty ring full, but no dirty ring is set up".to_string(),
+        };
+        Some(State::Finished(Outcome::Error(error)))
     }
 
     fn read_u64(&self, offset: u64) -> u64 {

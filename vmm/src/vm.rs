@@ -19,6 +19,7 @@ use crate::boot;
 use crate::exits::Bus;
 use crate::kick;
 use crate::memory::{self, GuestMemory};
+use crate::readiness::dirty::{self, Dirty, DirtyMode};
 use crate::vcpu::{Control, Outcome, Vcpu, VcpuShared, VmEvent};
 use crate::workload::Command;
 use crate::x86_64::{paging, regs};
@@ -31,8 +32,8 @@ pub struct VmConfig {
     pub vcpus: usize,
     /// Back guest RAM with transparent huge pages.
     pub hugepages: bool,
-    /// Enable KVM dirty-page logging on guest RAM.
-    pub dirty_log: bool,
+    /// KVM dirty-page tracking on guest RAM: the bitmap or the per-vCPU ring.
+    pub dirty_log: Option<DirtyMode>,
     /// An ELF to boot instead of the built-in guest.
     pub guest: Option<PathBuf>,
 }
@@ -43,7 +44,7 @@ impl Default for VmConfig {
             memory: 256 << 20,
             vcpus: 1,
             hugepages: false,
-            dirty_log: false,
+            dirty_log: None,
             guest: None,
         }
     }
@@ -82,6 +83,8 @@ pub enum Error {
     Signal(#[source] vmm_sys_util::errno::Error),
     #[error("duplicating the vCPU {0} fd")]
     DupVcpu(usize, #[source] std::io::Error),
+    #[error("setting up dirty tracking")]
+    Dirty(#[from] dirty::Error),
     #[error("starting the vCPU {0} thread")]
     Spawn(usize, #[source] std::io::Error),
 }
@@ -122,6 +125,8 @@ pub struct Vm {
     /// fresh stats fds; never handed out.
     pub vcpu_fds: Vec<std::fs::File>,
     pub vcpus: Vec<VcpuHandle>,
+    /// Dirty tracking, when configured.
+    pub dirty: Option<Arc<Dirty>>,
     pub created: Instant,
     unstarted: Vec<Vcpu>,
     events_tx: Sender<VmEvent>,
@@ -158,7 +163,10 @@ impl Vm {
         };
         let entry = boot::load_guest(&mem, &image)?;
         boot::write_boot_structures(&mem)?;
-        register_memory(&fd, &mem, config.dirty_log)?;
+        register_memory(&fd, &mem, config.dirty_log.is_some())?;
+        if let Some(DirtyMode::Ring(entries)) = config.dirty_log {
+            dirty::enable_ring(&fd, entries)?;
+        }
         let vm_stats = StatsFd::new(kvm_stats::ioctl::get_stats_fd(&fd)?)?;
         let (events_tx, events) = channel();
         let cpuid = kvm
@@ -197,8 +205,16 @@ impl Vm {
                 outcome: None,
             });
         }
+        let dirty = match config.dirty_log {
+            Some(mode) => Some(Dirty::new(mode, dup_fd(&fd).map_err(|e| Error::DupVcpu(usize::MAX, e))?, config.memory, &vcpu_fds)?),
+            None => None,
+        };
+        for v in &mut unstarted {
+            v.dirty = dirty.clone();
+        }
         let backend = backend::detect();
         Ok(Vm {
+            dirty,
             backend,
             config,
             mem,

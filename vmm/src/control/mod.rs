@@ -1,20 +1,68 @@
 //! The control plane: a Unix socket speaking QMP-like JSON lines that hands out
 //! stats fds (SCM_RIGHTS) and drives the guest, served by one `control` thread.
+//!
+//! - [`request`]: parsing a request line (pure, property-tested);
+//! - [`commands`]: what each command does against the VM;
+//! - [`plane`]: the event-manager subscriber (listener, clients, exit eventfd);
+//! - [`connection`]: one client's line input and fd-carrying output queue;
+//! - [`socket`]: the socket file (mode 0600, never clobbering a live socket);
+//! - [`scm`]: sending and receiving fds, peer credentials.
+//!
+//! The protocol, with examples, is in docs/PROTOCOL.md.
+
+pub mod commands;
+pub mod connection;
+pub mod plane;
+pub mod request;
+pub mod scm;
+pub mod socket;
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use event_manager::{EventManager, SubscriberId, SubscriberOps};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::timerfd::TimerFd;
 
 use crate::backend::Backend;
 use crate::vcpu::{VcpuShared, VmEvent};
 use crate::vm::{self, Vm};
+use commands::Handler;
+use plane::Plane;
+use socket::SocketFile;
+
+/// Version of the protocol in the greeting; bumped when a reply changes shape.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Clients served at once; one more is told `TooManyClients` and closed.
+pub const MAX_CLIENTS: usize = 64;
+/// Longest request line, in bytes; a longer one is answered `LineTooLong` and closed.
+pub const MAX_LINE: usize = 64 << 10;
+/// Reply bytes a client may leave unread before it is dropped.
+pub const MAX_QUEUED_BYTES: usize = 4 << 20;
+/// Fds a client may leave unreceived before it is dropped.
+pub const MAX_QUEUED_FDS: usize = 512;
 
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("duplicating the VM fd")]
+    #[error("duplicating a VMM fd")]
     Dup(#[source] std::io::Error),
+    #[error(transparent)]
+    Socket(#[from] socket::Error),
+    #[error("opening a stats fd")]
+    StatsFd(#[from] kvm_stats::ioctl::Error),
+    #[error("reading a stats fd")]
+    Stats(#[from] kvm_stats::Error),
+    #[error("creating the control thread's eventfds and timer")]
+    EventFd(#[source] std::io::Error),
+    #[error("setting up the control thread's event manager")]
+    EventManager(#[source] event_manager::Error),
+    #[error("starting the control thread")]
+    Spawn(#[source] std::io::Error),
 }
 
 /// What the control thread may reach of the VM: read-only handles, the vCPUs'
@@ -22,8 +70,11 @@ pub enum Error {
 pub struct Context {
     /// Duplicate of the VM fd, only for KVM_GET_STATS_FD.
     pub vm_fd: File,
-    /// Duplicates of the vCPU fds, only for KVM_GET_STATS_FD.
-    pub vcpu_fds: Vec<File>,
+    /// Duplicates of the vCPU stats files the VMM opened before the vCPUs first
+    /// ran. The control plane hands out copies of these rather than issuing
+    /// KVM_GET_STATS_FD on a vCPU fd, which takes the vCPU's mutex and so
+    /// waits, for as long as the guest runs, until the vCPU leaves KVM_RUN.
+    pub vcpu_stats: Vec<File>,
     pub vcpus: Vec<Arc<VcpuShared>>,
     pub backend: Backend,
     pub memory: u64,
@@ -40,15 +91,10 @@ impl Context {
     /// # Errors
     /// `Dup` if an fd cannot be duplicated.
     pub fn new(vm: &Vm) -> Result<Context, Error> {
-        let vcpu_fds = vm
-            .vcpu_fds
-            .iter()
-            .map(vm::dup_fd)
-            .collect::<Result<_, _>>()
-            .map_err(Error::Dup)?;
+        let vcpu_stats = vm.vcpu_stats.iter().map(|s| vm::dup_fd(s.file())).collect::<Result<_, _>>().map_err(Error::Dup)?;
         Ok(Context {
             vm_fd: vm::dup_fd(&vm.fd).map_err(Error::Dup)?,
-            vcpu_fds,
+            vcpu_stats,
             vcpus: vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
             backend: vm.backend.clone(),
             memory: vm.config.memory,
@@ -61,15 +107,72 @@ impl Context {
 
 /// The running control socket; dropping it stops the thread and removes the socket file.
 pub struct Server {
-    _context: Context,
+    exit: EventFd,
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    // Dropped after the thread is joined: the file goes once nobody listens.
+    socket: SocketFile,
 }
 
 impl Server {
     /// Binds the socket at `path` and starts the `control` thread.
     ///
     /// # Errors
-    /// Not implemented yet.
-    pub fn start(_path: &Path, context: Context) -> Result<Server, Error> {
-        Ok(Server { _context: context })
+    /// The socket file cannot be set up (in use, not a socket, ...), or a stats
+    /// fd, eventfd, epoll or thread cannot be had.
+    pub fn start(path: &Path, context: Context) -> Result<Server, Error> {
+        let (socket, listener) = SocketFile::bind(path)?;
+        listener.set_nonblocking(true).map_err(Error::EventFd)?;
+        let new_eventfd = || EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd);
+        let exit = new_eventfd()?;
+        let ours = Arc::new(new_eventfd()?);
+        // Every vCPU writes the same watcher (if another server set one first, use that).
+        let watcher = context.vcpus.first().map_or(ours.clone(), |v| v.watcher.get_or_init(|| ours.clone()).clone());
+        for v in &context.vcpus {
+            v.watcher.get_or_init(|| watcher.clone());
+        }
+        let retry = TimerFd::new().map_err(|e| Error::EventFd(std::io::Error::from_raw_os_error(e.errno())))?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let handler = Handler::new(context, stopping.clone())?;
+        let plane = Plane::new(listener, exit.try_clone().map_err(Error::EventFd)?, watcher, retry, handler);
+        let mut manager = EventManager::new().map_err(Error::EventManager)?;
+        let id = manager.add_subscriber(plane);
+        let thread = std::thread::Builder::new().name("control".into()).spawn(move || serve(manager, id)).map_err(Error::Spawn)?;
+        log::info!("control socket at {}", socket.path().display());
+        Ok(Server { exit, stopping, thread: Some(thread), socket })
+    }
+
+    /// Where clients connect.
+    pub fn path(&self) -> &Path {
+        self.socket.path()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+        if let Err(e) = self.exit.write(1) {
+            log::error!("control: cannot signal the control thread to stop ({e}); leaving it");
+            return;
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("control: the control thread panicked");
+            }
+        }
+    }
+}
+
+/// The `control` thread: dispatch events until the exit eventfd fires.
+fn serve(mut manager: EventManager<Plane>, id: SubscriberId) {
+    loop {
+        if let Err(e) = manager.run() {
+            log::error!("control: epoll failed ({e}); the control socket stops serving");
+            return;
+        }
+        match manager.subscriber_mut(id) {
+            Ok(plane) if !plane.done => {}
+            _ => return,
+        }
     }
 }

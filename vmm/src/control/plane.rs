@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::commands::{GuestWait, Handler, Outcome};
-use super::connection::{Connection, Input, Line};
+use super::connection::{Connection, Line};
 use super::request::{self, ErrorClass};
 use super::{scm, MAX_CLIENTS};
 

@@ -44,6 +44,7 @@ impl Axis {
     }
 
     /// The largest value the axis shows.
+    #[cfg(test)]
     pub fn top(&self) -> f64 {
         if self.log {
             10f64.powf(self.hi)
@@ -127,7 +128,8 @@ pub fn bytes_axis(max: f64) -> Axis {
 
 /// A linear rate axis from zero to a round number above `max`.
 pub fn linear_rate_axis(max: f64) -> Axis {
-    let max = if max.is_finite() && max > 0.0 { max } else { 1.0 };
+    // Capped so that a round step above it is still finite.
+    let max = if max.is_finite() && max > 0.0 { max.min(1e300) } else { 1.0 };
     let step = nice_step(max, 5.0);
     let top = (max / step - 1e-9).ceil().max(1.0) * step;
     let ticks = multiples(0.0, top, step).into_iter().map(|v| Tick { value: v, label: si(v) }).collect();
@@ -229,6 +231,12 @@ mod tests {
         let a = log_rate_axis(1e300);
         assert!(a.ticks.len() <= 9, "{:?}", labels(&a));
         assert_eq!(a.frac(f64::INFINITY), 1.0);
+    }
+
+    #[test]
+    fn linear_rate_axis_of_the_largest_float_stays_finite() {
+        let a = linear_rate_axis(f64::MAX);
+        assert!(a.top().is_finite() && a.ticks.len() > 1);
     }
 
     #[test]

@@ -54,3 +54,94 @@ pub fn open_fds() -> usize {
         .map(|d| d.count())
         .unwrap_or(0)
 }
+
+// ---- Control socket (vmm/tests/control_*.rs) -------------------------------
+
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use kvmscope::client::Client;
+use kvmscope::run::{self, RunConfig};
+use kvmscope::summary::Summary;
+use kvmscope::vm::VmConfig;
+
+/// A unique socket path for one test, in a fresh directory under the temp dir.
+pub fn socket_path(test: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kvmscope-test-{}-{test}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a test directory");
+    dir.join("ctl.sock")
+}
+
+/// A VMM run in this process (`run::run` on a thread) serving a control socket.
+pub struct ServedVm {
+    pub socket: PathBuf,
+    thread: Option<JoinHandle<Result<Summary, run::Error>>>,
+}
+
+impl ServedVm {
+    /// Starts a VMM with `memory` bytes and `vcpus` vCPUs, no workload, and
+    /// waits (bounded) until its socket accepts.
+    pub fn start(test: &str, memory: u64, vcpus: usize) -> ServedVm {
+        let socket = socket_path(test);
+        let config = RunConfig {
+            vm: VmConfig { memory, vcpus, ..VmConfig::default() },
+            workloads: Vec::new(),
+            socket: Some(socket.clone()),
+            ..RunConfig::demo()
+        };
+        let thread = std::thread::spawn(move || run::run(config));
+        let mut vm = ServedVm { socket, thread: Some(thread) };
+        let running = |vm: &ServedVm| vm.thread.as_ref().is_some_and(|t| !t.is_finished());
+        let ready = Client::connect_when_ready(&vm.socket, Duration::from_secs(20), || {
+            if running(&vm) {
+                Ok(())
+            } else {
+                Err(kvmscope::client::Error::Closed)
+            }
+        });
+        if let Err(e) = ready {
+            let result = vm.thread.take().map(|t| t.join());
+            panic!("the VMM did not start serving: {e} (run: {:?})", result.map(|r| r.map(|s| s.map(|_| ()))));
+        }
+        vm
+    }
+
+    /// A client past its greeting, with a 30 s bound on every read and write.
+    pub fn client(&self) -> Client {
+        let c = Client::connect(&self.socket).expect("connecting to the VMM");
+        c.set_timeout(Some(Duration::from_secs(30))).expect("setting a timeout");
+        c
+    }
+
+    /// Sends `quit` and returns the run's summary.
+    pub fn quit(mut self) -> Summary {
+        let mut c = self.client();
+        c.execute("quit", serde_json::json!({})).expect("quit");
+        self.join()
+    }
+
+    /// Waits for the run to end (after `quit`, or a failure).
+    pub fn join(&mut self) -> Summary {
+        let thread = self.thread.take().expect("joined once");
+        thread.join().expect("the VMM thread panicked").expect("the run failed")
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.socket.parent().expect("the socket is in a directory")
+    }
+}
+
+impl Drop for ServedVm {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            if let Ok(mut c) = Client::connect(&self.socket) {
+                let _ = c.execute("quit", serde_json::json!({}));
+            }
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(self.dir());
+    }
+}

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""A kvmscope control-socket client in Python, standard library only.
+
+It shows that the protocol (docs/PROTOCOL.md) serves other languages: it
+receives KVM stats fds over SCM_RIGHTS (socket.recv_fds), parses the binary
+stats format itself (header, id, descriptors, data; docs in
+/work/shared/KVM_STATS_ABI.md, kernel Documentation/virt/kvm/api.rst), checks
+it as a careful reader should, and prints the stats it read from the kernel.
+
+    python3 scripts/kvmscope_client.py --socket /tmp/kvmscope.sock
+    python3 scripts/kvmscope_client.py --socket S --vcpu 0 --names exits,pf_fixed --json
+    python3 scripts/kvmscope_client.py --socket S --execute '{"execute":"query-vm"}'
+"""
+
+import argparse
+import json
+import os
+import socket
+import struct
+import sys
+
+HEADER = struct.Struct("=6I")  # flags, name_size, num_desc, id_offset, desc_offset, data_offset
+DESC = struct.Struct("=IhHII")  # flags, exponent, size, offset, bucket_size
+MAX_NAME_SIZE = 1 << 20  # QEMU's caps, checked before anything is allocated
+MAX_NUM_DESC = 1024
+MAX_FDS = 253  # SCM_MAX_FD: most fds one message carries
+
+TYPES = {0: "cumulative", 1: "instant", 2: "peak", 3: "linear-histogram", 4: "log2-histogram"}
+UNITS = {0x00: "none", 0x10: "bytes", 0x20: "seconds", 0x30: "cycles", 0x40: "boolean"}
+BASES = {0x000: 10, 0x100: 2}
+
+
+class StatsError(Exception):
+    """The stats file breaks a rule of the format."""
+
+
+class Connection:
+    """A control-socket connection: JSON lines out, lines with their fds in."""
+
+    def __init__(self, path, timeout):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.buf = b""
+        self.fds = []  # (index of the last byte of the read that brought it, fd)
+        self.greeting = self.read_line()[0]
+        if "error" in self.greeting:
+            raise RuntimeError("refused: %s" % self.greeting["error"]["desc"])
+
+    def read_line(self):
+        """The next JSON line and the fds that rode on it (they belong to the
+        line holding the last byte of the recvmsg that brought them)."""
+        while b"\n" not in self.buf:
+            data, fds, flags, _ = socket.recv_fds(self.sock, 1 << 16, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+            if flags & socket.MSG_CTRUNC:
+                for fd in fds:
+                    os.close(fd)
+                raise RuntimeError("fds were dropped: no room for them")
+            if not data:
+                raise RuntimeError("the VMM closed the connection")
+            self.buf += data
+            self.fds += [(len(self.buf) - 1, fd) for fd in fds]
+        nl = self.buf.index(b"\n")
+        line, self.buf = self.buf[: nl + 1], self.buf[nl + 1 :]
+        mine = [fd for at, fd in self.fds if at <= nl]
+        self.fds = [(at - nl - 1, fd) for at, fd in self.fds if at > nl]
+        return json.loads(line), mine
+
+    def execute(self, command, arguments=None):
+        """Runs a command; its return value and fds, or raises on an error reply."""
+        req = {"execute": command, "arguments": arguments or {}}
+        self.sock.sendall(json.dumps(req).encode() + b"\n")
+        reply, fds = self.read_line()
+        if "error" in reply:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("%s: %s" % (reply["error"]["class"], reply["error"]["desc"]))
+        return reply["return"], fds
+
+
+def pread_exact(fd, size, offset, block):
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise StatsError("the %s at offset %d ends after %d of its %d bytes" % (block, offset, len(data), size))
+    return data
+
+
+def cstring(raw, what):
+    if b"\0" not in raw:
+        raise StatsError("%s has no NUL terminator within name_size bytes" % what)
+    text = raw[: raw.index(b"\0")].decode("utf-8")
+    if not text:
+        raise StatsError("%s is empty" % what)
+    return text
+
+
+def check_descriptor(d):
+    kind, unit, base = d["flags"] & 0xF, d["flags"] & 0xF0, d["flags"] & 0xF00
+    name = d["name"]
+    if kind not in TYPES or unit not in UNITS or base not in BASES:
+        raise StatsError("%s: unknown type/unit/base in flags %#x" % (name, d["flags"]))
+    exp = d["exponent"]
+    if (unit in (0x00, 0x10, 0x30) and exp < 0) or (unit == 0x20 and exp > 0) or (unit == 0x40 and exp != 0):
+        raise StatsError("%s: exponent %d does not fit unit %s" % (name, exp, UNITS[unit]))
+    if d["size"] == 0:
+        raise StatsError("%s: size is 0" % name)
+    if (d["bucket_size"] != 0) != (kind == 3):
+        raise StatsError("%s: bucket_size %d for a %s stat" % (name, d["bucket_size"], TYPES[kind]))
+    if unit == 0x40 and (kind == 4 or (kind == 3 and d["size"] != 2)):
+        raise StatsError("%s: a boolean is a scalar or a 2-bucket linear histogram" % name)
+    if d["offset"] % 8:
+        raise StatsError("%s: offset %d is not a multiple of 8" % (name, d["offset"]))
+    d.update(type=TYPES[kind], unit=UNITS[unit], base=BASES[base])
+
+
+class StatsFile:
+    """A stats fd with its schema, read and checked once."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        flags, name_size, num_desc, id_off, desc_off, data_off = HEADER.unpack(pread_exact(fd, HEADER.size, 0, "header"))
+        if flags != 0:
+            raise StatsError("header flags are %#x, expected 0" % flags)
+        if not 0 < name_size <= MAX_NAME_SIZE or num_desc > MAX_NUM_DESC:
+            raise StatsError("name_size %d or num_desc %d is out of bounds" % (name_size, num_desc))
+        for field, off in (("id_offset", id_off), ("desc_offset", desc_off), ("data_offset", data_off)):
+            if off < HEADER.size or off % 8:
+                raise StatsError("%s %d is inside the header or not a multiple of 8" % (field, off))
+        self.id = cstring(pread_exact(fd, name_size, id_off, "id"), "the id string")
+        if not self.id.startswith("kvm"):
+            raise StatsError("the id %r does not start with kvm" % self.id)
+        stride = DESC.size + name_size
+        raw = pread_exact(fd, stride * num_desc, desc_off, "descriptors")
+        self.stats = []
+        for i in range(num_desc):
+            chunk = raw[i * stride : (i + 1) * stride]
+            flags, exponent, size, offset, bucket_size = DESC.unpack(chunk[: DESC.size])
+            d = dict(flags=flags, exponent=exponent, size=size, offset=offset, bucket_size=bucket_size)
+            d["name"] = cstring(chunk[DESC.size :], "the name of stat #%d" % i)
+            check_descriptor(d)
+            self.stats.append(d)
+        self.check_layout(id_off, name_size, desc_off, stride * num_desc, data_off)
+        self.data_offset = data_off
+
+    def check_layout(self, id_off, name_size, desc_off, desc_len, data_off):
+        names = [d["name"] for d in self.stats]
+        if len(set(names)) != len(names):
+            raise StatsError("stat names are not unique")
+        spans = sorted((d["offset"], d["offset"] + 8 * d["size"], d["name"]) for d in self.stats)
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+            if end > start:
+                raise StatsError("stats %s and %s share bytes of the data block" % (a, b))
+        self.data_size = max((end for _, end, _ in spans), default=0)
+        blocks = [("id", id_off, id_off + name_size), ("descriptors", desc_off, desc_off + desc_len), ("data", data_off, data_off + self.data_size)]
+        for i, (a, s1, e1) in enumerate(blocks):
+            for b, s2, e2 in blocks[i + 1 :]:
+                if s1 < e2 and s2 < e1 and e1 > s1 and e2 > s2:
+                    raise StatsError("the %s and %s blocks overlap" % (a, b))
+
+    def read(self):
+        """One pread of the data block: {name: value or list of bucket counts}."""
+        words = struct.unpack("=%dQ" % (self.data_size // 8), pread_exact(self.fd, self.data_size, self.data_offset, "data"))
+        out = {}
+        for d in self.stats:
+            values = words[d["offset"] // 8 : d["offset"] // 8 + d["size"]]
+            if d["unit"] == "boolean" and d["size"] == 1:
+                if values[0] > 1:
+                    raise StatsError("boolean %s reads %d" % (d["name"], values[0]))
+                out[d["name"]] = bool(values[0])
+            else:
+                out[d["name"]] = values[0] if d["type"] in ("cumulative", "instant", "peak") else list(values)
+        return out
+
+
+def receive(conn, vm, vcpu):
+    """Stats fds for the VM and/or vCPUs: [(entry naming the fd, StatsFile)]."""
+    requests = ([{"target": "vm"}] if vm else []) + ([{"target": "vcpu", "vcpu": vcpu}] if vcpu is not None else [])
+    out = []
+    for args in requests:
+        ret, fds = conn.execute("get-stats-fd", args)
+        if len(fds) != len(ret["fds"]):
+            raise RuntimeError("the reply names %d fds but carried %d" % (len(ret["fds"]), len(fds)))
+        out += [(entry, StatsFile(fd)) for entry, fd in zip(ret["fds"], fds)]
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--socket", required=True, help="the VMM's control socket")
+    p.add_argument("--vm", action="store_true", help="the VM's stats (default: VM and all vCPUs)")
+    p.add_argument("--vcpu", help="a vCPU index or 'all'")
+    p.add_argument("--names", help="only these stats, comma-separated")
+    p.add_argument("--json", action="store_true", help="print query-stats-shaped JSON")
+    p.add_argument("--execute", metavar="JSON", help="send this raw request and print the reply instead")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the VMM")
+    a = p.parse_args()
+    conn = Connection(a.socket, a.timeout)
+    if a.execute:
+        conn.sock.sendall(a.execute.encode() + b"\n")
+        reply, fds = conn.read_line()
+        for fd in fds:
+            os.close(fd)
+        print(json.dumps(reply))
+        return 0 if "return" in reply else 1
+    vm, vcpu = a.vm, (a.vcpu if a.vcpu == "all" or a.vcpu is None else int(a.vcpu))
+    if not vm and vcpu is None:
+        vm, vcpu = True, "all"
+    sources = receive(conn, vm, vcpu)
+    conn.sock.close()  # from here on, everything comes from the kernel through the fds
+    names = set(a.names.split(",")) if a.names else None
+    results = []
+    for entry, stats in sources:
+        values = stats.read()
+        os.close(stats.fd)
+        shown = [{"name": n, "value": v} for n, v in values.items() if names is None or n in names]
+        result = {"provider": "kvm", "target": entry["target"], "id": stats.id, "stats": shown}
+        if "vcpu" in entry:
+            result["vcpu"] = entry["vcpu"]
+        results.append(result)
+    if a.json:
+        print(json.dumps({"return": results}))
+        return 0
+    for r in results:
+        print("== %s (%s) ==" % ("vcpu %d" % r["vcpu"] if "vcpu" in r else "vm", r["id"]))
+        width = max((len(s["name"]) for s in r["stats"]), default=0)
+        for s in r["stats"]:
+            print("%-*s  %s" % (width, s["name"], s["value"]))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (OSError, RuntimeError, StatsError, ValueError) as e:
+        print("kvmscope_client: %s" % e, file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,203 @@
+//! `kvmscope demo`: the whole story in one command. Starts a VMM as a child
+//! process with a control socket, connects as a client, receives the stats fds
+//! (so they really cross processes), drives the guest through phases over the
+//! socket, and shows how KVM's stats and our own counters move in each.
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvm_stats::{Change, Sample};
+use serde_json::{json, Value};
+
+use super::stats::{receive, sample_all, Received};
+use super::{Client, Error};
+use crate::control::request::VcpuSelector;
+use crate::summary::Mapped;
+use crate::units::format_bytes;
+
+/// What `kvmscope demo` runs.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    /// The `kvmscope` binary to start the VMM with (normally this one).
+    pub exe: PathBuf,
+    pub memory: u64,
+    pub hugepages: bool,
+    /// Bytes each memory phase covers.
+    pub phase_size: u64,
+    /// How long the VMM may take to start serving.
+    pub startup_timeout: Duration,
+}
+
+/// The VMM child: killed if still running when dropped, whatever the path out.
+struct Vmm {
+    child: Child,
+    stdout: Option<ChildStdout>,
+}
+
+impl Vmm {
+    fn spawn(config: &DemoConfig, socket: &Path) -> Result<Vmm, Error> {
+        let mut cmd = Command::new(&config.exe);
+        cmd.arg("run").arg("--socket").arg(socket).arg("--memory").arg(config.memory.to_string());
+        if config.hugepages {
+            cmd.arg("--hugepages");
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        // SAFETY: the closure runs in the child between fork and exec and only
+        // calls prctl, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                // If the demo dies without cleaning up, the VMM gets SIGTERM
+                // (an orderly stop that removes the socket).
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        let mut child = cmd.spawn().map_err(Error::Child)?;
+        let stdout = child.stdout.take();
+        Ok(Vmm { child, stdout })
+    }
+
+    /// `Err(ChildExited)` once the VMM has exited.
+    fn check_running(&mut self) -> Result<(), Error> {
+        match self.child.try_wait().map_err(Error::Child)? {
+            Some(status) => Err(Error::ChildExited(status)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the VMM to exit (after `quit`) and returns what it printed.
+    fn finish(mut self) -> Result<(std::process::ExitStatus, String), Error> {
+        let mut text = String::new();
+        if let Some(mut out) = self.stdout.take() {
+            out.read_to_string(&mut text).map_err(Error::Child)?;
+        }
+        Ok((self.child.wait().map_err(Error::Child)?, text))
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The guest phases: name and workload command.
+fn phases(size: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("touch: write a pattern into fresh pages", format!("touch size={size}")),
+        ("touch-zero: write zeros into other fresh pages", format!("touch-zero offset={size} size={size}")),
+        ("dirty: rewrite random pages of the first range, paced", format!("dirty ws={size} rate=20000/s for=200ms")),
+        ("exits: port I/O and MMIO exits to the VMM", "exits count=1000".to_string()),
+    ]
+}
+
+/// Runs the demo, writing the story to `out`.
+///
+/// # Errors
+/// The VMM could not be started or reached, or a request failed.
+pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
+    let socket = std::env::temp_dir().join(format!("kvmscope-demo-{}.sock", std::process::id()));
+    let mut vmm = Vmm::spawn(config, &socket)?;
+    let started = Instant::now();
+    let mut client = Client::connect_when_ready(&socket, config.startup_timeout, || vmm.check_running())?;
+    let (vm, _) = client.execute("query-vm", json!({}))?;
+    writeln!(
+        out,
+        "VMM pid {} serving {} ({:.0} ms to start): {} vCPU, {} guest RAM{}, backend {}",
+        vm["pid"],
+        socket.display(),
+        started.elapsed().as_secs_f64() * 1e3,
+        vm["vcpus"],
+        format_bytes(config.memory),
+        if config.hugepages { " (huge pages)" } else { "" },
+        vm["backend"]["description"].as_str().unwrap_or("?"),
+    )?;
+    let received = receive(&mut client, true, Some(VcpuSelector::All))?;
+    let ids: Vec<&str> = received.iter().map(|r| r.stats.schema().id()).collect();
+    writeln!(out, "received {} stats fds over SCM_RIGHTS: {}; every figure below is read through them\n", received.len(), ids.join(", "))?;
+    for (n, (what, command)) in phases(config.phase_size).into_iter().enumerate() {
+        let before = sample_all(&received)?;
+        let ours_before = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
+        let (done, _) = client.execute("guest-command", json!({"vcpu": 0, "command": command, "wait": true}))?;
+        let after = sample_all(&received)?;
+        let ours_after = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
+        writeln!(out, "phase {}: {what}\n  {command}: {}", n + 1, describe_results(&done))?;
+        write!(out, "{}", report(&received, &before, &after))?;
+        writeln!(out, "  our counters: {}\n", counter_growth(&ours_before[0], &ours_after[0]))?;
+    }
+    client.execute("quit", json!({}))?;
+    drop(client);
+    let (status, summary) = vmm.finish()?;
+    writeln!(out, "quit: the VMM exited ({status}); its own end-of-run summary:")?;
+    for line in summary.lines() {
+        writeln!(out, "  | {line}")?;
+    }
+    Ok(())
+}
+
+fn describe_results(done: &Value) -> String {
+    let results = done["results"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    results
+        .iter()
+        .map(|r| format!("{} in {:.1} ms (guest values {})", r["status"].as_str().unwrap_or("?"), r["host_time_s"].as_f64().unwrap_or(0.0) * 1e3, r["values"]))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What moved between two samples of every received fd: the VM's mapped pages,
+/// and each vCPU's cumulative stats that grew.
+fn report(received: &[Received], before: &[Sample], after: &[Sample]) -> String {
+    let mut text = String::new();
+    for ((r, old), new) in received.iter().zip(before).zip(after) {
+        let schema = r.stats.schema();
+        if r.entry["target"] == "vm" {
+            let (a, b) = (Mapped::from_sample(&r.stats, old), Mapped::from_sample(&r.stats, new));
+            text += &format!(
+                "  vm:     pages_4k {}->{}, pages_2m {}->{}, pages_1g {}->{}; mapped {} -> {}\n",
+                a.pages_4k,
+                b.pages_4k,
+                a.pages_2m,
+                b.pages_2m,
+                a.pages_1g,
+                b.pages_1g,
+                format_bytes(a.bytes()),
+                format_bytes(b.bytes())
+            );
+            continue;
+        }
+        let delta = kvm_stats::delta(schema, old, new);
+        let grew: Vec<String> = schema
+            .iter()
+            .filter_map(|(id, d)| match delta.get(id)? {
+                Change::Cumulative { delta, .. } if *delta > 0 => Some(format!("{}+{}", d.name, kvm_stats::format::scalar(d, *delta))),
+                _ => None,
+            })
+            .collect();
+        let shown = if grew.is_empty() { "nothing moved".to_string() } else { grew.join(" ") };
+        text += &format!("  {}: {shown}\n", r.label());
+    }
+    text
+}
+
+/// Our counters (`query-exits` entries) that grew, as `name+delta`.
+fn counter_growth(before: &Value, after: &Value) -> String {
+    let mut parts = vec![format!("total+{}", after["total"].as_u64().unwrap_or(0).saturating_sub(before["total"].as_u64().unwrap_or(0)))];
+    for group in ["reasons", "devices"] {
+        let Some(map) = after[group].as_object() else { continue };
+        for (name, v) in map {
+            let grew = v.as_u64().unwrap_or(0).saturating_sub(before[group][name].as_u64().unwrap_or(0));
+            if grew > 0 {
+                parts.push(format!("{name}+{grew}"));
+            }
+        }
+    }
+    parts.join(" ")
+}

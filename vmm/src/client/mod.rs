@@ -1,0 +1,196 @@
+//! Clients of the control socket (docs/PROTOCOL.md): a [`Client`] that sends
+//! requests and receives replies with the fds riding on them, and the commands
+//! built on it: `kvmscope stats`, `watch`, `ctl` and `demo`.
+//!
+//! `stats` and `watch` read the kernel themselves through the fds they receive;
+//! they never ask the VMM for values.
+
+pub mod demo;
+pub mod stats;
+pub mod watch;
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::control::scm::{self, MAX_FDS_PER_MESSAGE};
+
+/// Longest reply line a client accepts (a `query-stats` of 256 vCPUs is ~1 MiB).
+const MAX_REPLY: usize = 64 << 20;
+
+/// Why a client command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("connecting to {0}")]
+    Connect(PathBuf, #[source] io::Error),
+    #[error("no control socket answered at {0} within {1:?}")]
+    NotReady(PathBuf, Duration),
+    #[error("talking to the VMM")]
+    Io(#[from] io::Error),
+    #[error("the VMM closed the connection")]
+    Closed,
+    #[error("the VMM sent something that is not a reply: {0}")]
+    BadReply(String),
+    #[error("the VMM refused the connection ({class}): {desc}")]
+    Refused { class: String, desc: String },
+    #[error("the VMM answered {class}: {desc}")]
+    Remote { class: String, desc: String },
+    #[error("reading a received stats fd")]
+    Stats(#[from] kvm_stats::Error),
+    #[error("the VMM process")]
+    Child(#[source] io::Error),
+    #[error("the VMM exited early ({0})")]
+    ChildExited(std::process::ExitStatus),
+}
+
+/// A reply line and the fds that came with it, in order.
+#[derive(Debug)]
+pub struct Reply {
+    pub value: Value,
+    pub fds: Vec<File>,
+}
+
+/// A connection to a control socket, past its greeting.
+pub struct Client {
+    stream: UnixStream,
+    input: Vec<u8>,
+    /// Received fds, each tagged with the index in `input` of the last byte of
+    /// the read that brought it: it belongs to the line holding that byte.
+    fds: Vec<(usize, File)>,
+    /// The server's greeting (`{"QMP": {...}}`).
+    pub greeting: Value,
+}
+
+impl Client {
+    /// Connects and reads the greeting.
+    ///
+    /// # Errors
+    /// `Connect` if nobody listens at `path`; `Refused` if the server says why
+    /// it will not serve us (too many clients, wrong uid).
+    pub fn connect(path: &Path) -> Result<Client, Error> {
+        let stream = UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
+        let mut client = Client { stream, input: Vec::new(), fds: Vec::new(), greeting: Value::Null };
+        let greeting = client.read_reply()?.value;
+        if let Some(err) = greeting.get("error") {
+            let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
+            return Err(Error::Refused { class: s("class"), desc: s("desc") });
+        }
+        if greeting.get("QMP").is_none() {
+            return Err(Error::BadReply(format!("expected a greeting, got {greeting}")));
+        }
+        client.greeting = greeting;
+        Ok(client)
+    }
+
+    /// Connects once the socket at `path` accepts, trying until `timeout`, as
+    /// long as `starting()` says the server may still come up.
+    ///
+    /// # Errors
+    /// `NotReady` after `timeout`; `ChildExited` (or another error) from `starting`.
+    pub fn connect_when_ready(path: &Path, timeout: Duration, mut starting: impl FnMut() -> Result<(), Error>) -> Result<Client, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match Client::connect(path) {
+                Err(Error::Connect(_, e)) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) => {}
+                other => return other,
+            }
+            starting()?;
+            if Instant::now() >= deadline {
+                return Err(Error::NotReady(path.to_path_buf(), timeout));
+            }
+            // Readiness of another process's socket has no event to wait on.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Bounds how long a read or write may block (`None`: forever).
+    ///
+    /// # Errors
+    /// The `setsockopt` failure.
+    pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), Error> {
+        self.stream.set_read_timeout(timeout)?;
+        self.stream.set_write_timeout(timeout)?;
+        Ok(())
+    }
+
+    /// Sends one raw line (a newline is added if missing).
+    ///
+    /// # Errors
+    /// The write failure.
+    pub fn send_line(&mut self, line: &[u8]) -> Result<(), Error> {
+        let mut buf = line.to_vec();
+        if buf.last() != Some(&b'\n') {
+            buf.push(b'\n');
+        }
+        self.stream.write_all(&buf)?;
+        Ok(())
+    }
+
+    /// Reads the next line and the fds that rode on it.
+    ///
+    /// # Errors
+    /// `Closed` at end of stream, `BadReply` for a line that is not JSON or too
+    /// long, or the read failure.
+    pub fn read_reply(&mut self) -> Result<Reply, Error> {
+        loop {
+            if let Some(nl) = self.input.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.input.drain(..=nl).collect();
+                let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fds).into_iter().partition(|(at, _)| *at <= nl);
+                self.fds = rest.into_iter().map(|(at, f)| (at - nl - 1, f)).collect();
+                let value = serde_json::from_slice(&line).map_err(|e| Error::BadReply(format!("{e}: {}", String::from_utf8_lossy(&line))))?;
+                return Ok(Reply { value, fds: mine.into_iter().map(|(_, f)| f).collect() });
+            }
+            if self.input.len() > MAX_REPLY {
+                return Err(Error::BadReply(format!("a line longer than {MAX_REPLY} bytes")));
+            }
+            let mut buf = vec![0u8; 64 << 10];
+            let mut fds = Vec::new();
+            let n = scm::recv_with_fds(&self.stream, &mut buf, &mut fds, MAX_FDS_PER_MESSAGE)?;
+            if n == 0 {
+                return Err(Error::Closed);
+            }
+            self.input.extend_from_slice(&buf[..n]);
+            let at = self.input.len() - 1;
+            self.fds.extend(fds.into_iter().map(|f| (at, f)));
+        }
+    }
+
+    /// Runs a command: its `return` value and fds, or its error as `Remote`.
+    ///
+    /// # Errors
+    /// `Remote` for an error reply, or a transport error.
+    pub fn execute(&mut self, command: &str, arguments: Value) -> Result<(Value, Vec<File>), Error> {
+        let line = json!({"execute": command, "arguments": arguments}).to_string();
+        self.send_line(line.as_bytes())?;
+        let Reply { mut value, fds } = self.read_reply()?;
+        if let Some(err) = value.get("error") {
+            let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
+            return Err(Error::Remote { class: s("class"), desc: s("desc") });
+        }
+        match value.get_mut("return") {
+            Some(v) => Ok((v.take(), fds)),
+            None => Err(Error::BadReply(value.to_string())),
+        }
+    }
+}
+
+/// `kvmscope ctl`: sends one raw request line and prints the reply line.
+/// Returns whether the reply was a success (`return`).
+///
+/// # Errors
+/// A transport failure (an error reply is printed and returns `Ok(false)`).
+pub fn ctl(socket: &Path, line: &str, out: &mut dyn Write) -> Result<bool, Error> {
+    let mut client = Client::connect(socket)?;
+    client.send_line(line.as_bytes())?;
+    let reply = client.read_reply()?;
+    writeln!(out, "{}", reply.value)?;
+    if !reply.fds.is_empty() {
+        // The fds were received (and are closed now); the reply names them.
+        log::info!("the reply carried {} fds", reply.fds.len());
+    }
+    Ok(reply.value.get("return").is_some())
+}

@@ -1,0 +1,112 @@
+//! `kvmscope stats`: receive stats fds from a running VMM and read the kernel's
+//! statistics through them, printing a table or QMP-like JSON.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvm_stats::{NameFilter, Sample, StatsFd};
+use serde_json::{json, Value};
+
+use super::{Client, Error};
+use crate::control::request::VcpuSelector;
+
+/// What `kvmscope stats` shows.
+#[derive(Debug, Clone)]
+pub struct StatsConfig {
+    pub socket: PathBuf,
+    /// The VM's stats.
+    pub vm: bool,
+    /// These vCPUs' stats.
+    pub vcpus: Option<VcpuSelector>,
+    /// Only these stats (all when `None`).
+    pub names: Option<Vec<String>>,
+    pub json: bool,
+}
+
+/// A stats fd received over the socket: how the VMM named it, and the fd.
+pub struct Received {
+    /// The reply's entry: `{"target": "vm"|"vcpu", ["vcpu": N,] "id": ...}`.
+    pub entry: Value,
+    pub stats: StatsFd,
+}
+
+impl Received {
+    /// `vm` or `vcpu N`, for headings.
+    pub fn label(&self) -> String {
+        match self.entry["vcpu"].as_u64() {
+            Some(i) => format!("vcpu {i}"),
+            None => "vm".to_string(),
+        }
+    }
+}
+
+/// Asks for the VM's stats fd (if `vm`) and the vCPUs' (if `vcpus`), and
+/// opens each received fd as a [`StatsFd`] (reading its schema once).
+///
+/// # Errors
+/// An error reply, a reply whose fds do not match the entries it names, or a
+/// received fd that is not a readable stats file.
+pub fn receive(client: &mut Client, vm: bool, vcpus: Option<VcpuSelector>) -> Result<Vec<Received>, Error> {
+    let mut requests = Vec::new();
+    if vm {
+        requests.push(json!({"target": "vm"}));
+    }
+    match vcpus {
+        Some(VcpuSelector::One(i)) => requests.push(json!({"target": "vcpu", "vcpu": i})),
+        Some(VcpuSelector::All) => requests.push(json!({"target": "vcpu", "vcpu": "all"})),
+        None => {}
+    }
+    let mut out = Vec::new();
+    for args in requests {
+        let (value, fds) = client.execute("get-stats-fd", args)?;
+        let entries = value["fds"].as_array().cloned().unwrap_or_default();
+        if entries.len() != fds.len() {
+            return Err(Error::BadReply(format!("the reply names {} fds but carried {}", entries.len(), fds.len())));
+        }
+        for (entry, file) in entries.into_iter().zip(fds) {
+            out.push(Received { entry, stats: StatsFd::new(file)? });
+        }
+    }
+    Ok(out)
+}
+
+/// One sample of each received fd.
+///
+/// # Errors
+/// A read failure.
+pub fn sample_all(received: &[Received]) -> Result<Vec<Sample>, Error> {
+    received
+        .iter()
+        .map(|r| {
+            let mut s = r.stats.new_sample();
+            r.stats.read_sample(&mut s)?;
+            Ok(s)
+        })
+        .collect()
+}
+
+/// Runs `kvmscope stats`.
+///
+/// # Errors
+/// Connecting, receiving or reading failed.
+pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
+    let mut client = Client::connect(&config.socket)?;
+    let (vm, vcpus) = match (config.vm, config.vcpus) {
+        (false, None) => (true, Some(VcpuSelector::All)),
+        other => other,
+    };
+    let received = receive(&mut client, vm, vcpus)?;
+    drop(client);
+    let samples = sample_all(&received)?;
+    let filter = NameFilter::from_option(config.names.clone());
+    if config.json {
+        let sources = received.iter().zip(&samples).map(|(r, s)| (r.stats.schema(), s));
+        writeln!(out, "{}", json!({ "return": kvm_stats::json::query_stats(sources, &filter) }))?;
+        return Ok(());
+    }
+    for (r, s) in received.iter().zip(&samples) {
+        writeln!(out, "== {} ({}) ==", r.label(), r.stats.schema().id())?;
+        write!(out, "{}", kvm_stats::format::table(r.stats.schema(), s, &filter))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! `kvmscope plot`: draws a series written by the sampler (JSON lines, or CSV
+//! for a `.csv` file) as a chart a person reads at a glance: mapped guest
+//! memory by page size above, exit rates per vCPU below, sharing one time
+//! axis, with a labelled line wherever a vCPU starts a command.
+//!
+//! `chart` lays the figure out, using `scale` for axis ticks and `markers` for
+//! phase changes, and writes it with the small SVG writer in `svg`; `png`
+//! rasterises that same SVG with resvg.
+
+mod chart;
+mod markers;
+mod png;
+mod scale;
+mod svg;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use crate::sampler::record::{self, ParseError, Point, SeriesHeader};
+
+pub use png::render_png;
+
+/// Default chart width in pixels.
+pub const DEFAULT_WIDTH: u32 = 1200;
+/// Default chart height in pixels.
+pub const DEFAULT_HEIGHT: u32 = 700;
+/// Smallest width that leaves room for the axes and the legend.
+pub const MIN_WIDTH: u32 = 480;
+/// Smallest height that leaves room for two panels.
+pub const MIN_HEIGHT: u32 = 300;
+/// Largest width or height.
+pub const MAX_SIDE: u32 = 10_000;
+
+/// How the exit-rate panel scales its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RateScale {
+    /// Decades from 1/s up; idle (zero) and bursty rates both stay readable.
+    #[default]
+    Log,
+    /// From zero, for comparing rates of one size.
+    Linear,
+}
+
+impl FromStr for RateScale {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "log" => Ok(RateScale::Log),
+            "linear" => Ok(RateScale::Linear),
+            _ => Err(format!("'{s}' is not a rate scale: use log or linear")),
+        }
+    }
+}
+
+/// The image format, chosen by the output file's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Svg,
+    Png,
+}
+
+impl Format {
+    /// The format `path`'s extension names (case does not matter).
+    ///
+    /// # Errors
+    /// The extension is missing or is neither `svg` nor `png`.
+    pub fn from_path(path: &Path) -> Result<Self, PlotError> {
+        let ext = path.extension().ok_or_else(|| PlotError::NoOutputExtension { path: path.to_path_buf() })?;
+        match ext.to_string_lossy().to_ascii_lowercase().as_str() {
+            "svg" => Ok(Format::Svg),
+            "png" => Ok(Format::Png),
+            _ => Err(PlotError::UnsupportedExtension { ext: ext.to_string_lossy().into_owned() }),
+        }
+    }
+}
+
+/// What `kvmscope plot` draws, and where.
+#[derive(Debug, Clone)]
+pub struct PlotConfig {
+    /// The series: JSON lines, or CSV when the name ends in `.csv`.
+    pub input: PathBuf,
+    /// The image; its extension picks the format.
+    pub output: PathBuf,
+    pub chart: ChartOptions,
+}
+
+/// How the chart looks.
+#[derive(Debug, Clone)]
+pub struct ChartOptions {
+    /// The title; `None` uses `source`.
+    pub title: Option<String>,
+    /// Where the series came from (usually its file name), for the title and errors.
+    pub source: String,
+    pub width: u32,
+    pub height: u32,
+    /// Draw only this vCPU's rates and phases.
+    pub vcpu: Option<usize>,
+    pub rates: RateScale,
+}
+
+impl Default for ChartOptions {
+    fn default() -> Self {
+        ChartOptions {
+            title: None,
+            source: String::new(),
+            width: DEFAULT_WIDTH,
+            height: DEFAULT_HEIGHT,
+            vcpu: None,
+            rates: RateScale::Log,
+        }
+    }
+}
+
+/// A chart written as SVG, with what it holds.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub svg: String,
+    /// Samples drawn.
+    pub points: usize,
+    /// Phase-marker lines drawn (changes close together share one).
+    pub markers: usize,
+    /// vCPUs whose rates are drawn.
+    pub vcpus: usize,
+}
+
+/// What `plot` wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlotOutcome {
+    pub format: Format,
+    pub points: usize,
+    pub markers: usize,
+    pub vcpus: usize,
+}
+
+/// A plot that could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("output '{}' has no extension: name it .svg or .png", path.display())]
+    NoOutputExtension { path: PathBuf },
+    #[error("unsupported output extension '.{ext}': use .svg or .png")]
+    UnsupportedExtension { ext: String },
+    #[error("chart size {width}x{height} is out of range: width {MIN_WIDTH} to {MAX_SIDE}, height {MIN_HEIGHT} to {MAX_SIDE}")]
+    BadSize { width: u32, height: u32 },
+    #[error("cannot read series {}", path.display())]
+    ReadSeries {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("series {} is not a sampler series", path.display())]
+    ParseSeries {
+        path: PathBuf,
+        #[source]
+        source: ParseError,
+    },
+    #[error("series {name} has no samples to plot (none with a finite time)")]
+    EmptySeries { name: String },
+    #[error("vCPU {vcpu} is not in the series (it has {vcpus})")]
+    NoSuchVcpu { vcpu: usize, vcpus: usize },
+    #[error("cannot read the chart back as SVG")]
+    ParseSvg(#[source] resvg::usvg::Error),
+    #[error("cannot allocate a {width}x{height} image")]
+    AllocateImage { width: u32, height: u32 },
+    #[error("cannot encode the PNG: {0}")]
+    EncodePng(String),
+    #[error("cannot write {}", path.display())]
+    WriteOutput {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The name a series goes by in titles and errors: its file name.
+pub fn source_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Reads a series: CSV when `path` ends in `.csv`, JSON lines otherwise.
+///
+/// # Errors
+/// The file cannot be read or does not parse.
+pub fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), PlotError> {
+    let text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries { path: path.to_path_buf(), source })?;
+    let is_csv = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    let parsed = if is_csv { record::parse_csv(&text) } else { record::parse_jsonl(&text) };
+    parsed.map_err(|source| PlotError::ParseSeries { path: path.to_path_buf(), source })
+}
+
+/// Draws a series as SVG.
+///
+/// # Errors
+/// The size is out of range, no sample has a finite time, or `opts.vcpu` is
+/// not in the series.
+pub fn render_svg(header: &SeriesHeader, points: &[Point], opts: &ChartOptions) -> Result<Rendered, PlotError> {
+    Ok(chart::Chart::new(header, points, opts)?.render())
+}
+
+/// Reads `config.input`, draws it and writes `config.output`.
+///
+/// # Errors
+/// Any `PlotError`: a bad output extension or size is reported before the
+/// series is read.
+pub fn plot(config: &PlotConfig) -> Result<PlotOutcome, PlotError> {
+    let format = Format::from_path(&config.output)?;
+    chart::check_size(&config.chart)?;
+    let (header, points) = load_series(&config.input)?;
+    let rendered = render_svg(&header, &points, &config.chart)?;
+    let bytes = match format {
+        Format::Svg => rendered.svg.into_bytes(),
+        Format::Png => render_png(&rendered.svg)?,
+    };
+    fs::write(&config.output, bytes).map_err(|source| PlotError::WriteOutput { path: config.output.clone(), source })?;
+    Ok(PlotOutcome { format, points: rendered.points, markers: rendered.markers, vcpus: rendered.vcpus })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_follows_the_extension_in_any_case() {
+        assert_eq!(Format::from_path(Path::new("a/b.SVG")).ok(), Some(Format::Svg));
+        assert_eq!(Format::from_path(Path::new("b.png")).ok(), Some(Format::Png));
+    }
+
+    #[test]
+    fn format_rejects_other_extensions_by_name() {
+        let err = Format::from_path(Path::new("chart.pdf")).err().map(|e| e.to_string());
+        assert_eq!(err.as_deref(), Some("unsupported output extension '.pdf': use .svg or .png"));
+        assert!(matches!(Format::from_path(Path::new("chart")), Err(PlotError::NoOutputExtension { .. })));
+    }
+
+    #[test]
+    fn rate_scale_parses_its_two_names() {
+        assert_eq!("log".parse(), Ok(RateScale::Log));
+        assert_eq!("linear".parse(), Ok(RateScale::Linear));
+        assert!("ln".parse::<RateScale>().is_err());
+    }
+}
