@@ -252,6 +252,7 @@ impl Vcpu {
             Outcome::Error(e) => format!("error: {e}"),
         };
         self.shared.lock().state = VcpuState::Finished(text);
+        self.shared.wake.notify_all();
         self.shared.notify_watcher();
         outcome
     }
@@ -275,6 +276,8 @@ impl Vcpu {
     fn paused(&mut self) -> State {
         let mut inbox = self.shared.lock();
         let before = std::mem::replace(&mut inbox.state, VcpuState::Paused);
+        // Tell `wait_parked` (it waits on the same condition variable).
+        self.shared.wake.notify_all();
         while inbox.control == Control::Pause {
             inbox = self
                 .shared
@@ -506,6 +509,7 @@ impl Vcpu {
                 Control::Stop => return Err(State::Finished(Outcome::Stopped)),
                 Control::Pause => {
                     inbox.state = VcpuState::Paused;
+                    self.shared.wake.notify_all();
                     inbox = self
                         .shared
                         .wake
@@ -542,8 +546,12 @@ impl Vcpu {
         loop {
             match inbox.control {
                 Control::Stop => return Some(State::Finished(Outcome::Stopped)),
-                Control::Pause => {}
+                Control::Pause => {
+                    inbox.state = VcpuState::Paused;
+                    self.shared.wake.notify_all();
+                }
                 Control::Run => {
+                    inbox.state = VcpuState::Waiting;
                     let done = match deadline {
                         Some(d) => Instant::now() >= d,
                         None => !inbox.queue.is_empty(),
@@ -574,6 +582,23 @@ impl Vcpu {
     fn registers(&self) -> String {
         describe_registers(&self.fd)
     }
+}
+
+/// Waits until no vCPU runs guest code (each paused or finished), for at most
+/// `timeout`; true if they all are. Request the pause first.
+pub fn wait_parked(vcpus: &[Arc<VcpuShared>], timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    for v in vcpus {
+        let mut inbox = v.lock();
+        while !matches!(inbox.state, VcpuState::Paused | VcpuState::Finished(_)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            inbox = v.wake.wait_timeout(inbox, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+    true
 }
 
 /// A one-line dump of the registers that matter when a guest fails.

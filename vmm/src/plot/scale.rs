@@ -89,10 +89,12 @@ fn multiples(lo: f64, hi: f64, step: f64) -> Vec<f64> {
         .collect()
 }
 
-/// The time axis from `t0` to `t1` seconds; a single instant gets a second around it.
+/// The time axis from `t0` to `t1` seconds, from 0 when `t0` is close to it
+/// (the sampler's clock starts at 0); a single instant gets a second around it.
 pub fn time_axis(t0: f64, t1: f64) -> Axis {
     let (lo, hi) = if t1 > t0 {
-        (t0, t1)
+        let near_zero = t0 > 0.0 && t0 <= 0.1 * (t1 - t0);
+        (if near_zero { 0.0 } else { t0 }, t1)
     } else {
         let lo = (t0 - 0.5).max(0.0).min(t0);
         (lo, lo + 1.0)
@@ -101,7 +103,7 @@ pub fn time_axis(t0: f64, t1: f64) -> Axis {
     let d = decimals(step);
     let ticks = multiples(lo, hi, step)
         .into_iter()
-        .map(|v| Tick { value: v, label: format!("{:.*}", d, v + 0.0) })
+        .map(|v| Tick { value: v, label: if v == 0.0 { "0".into() } else { format!("{v:.d$}") } })
         .collect();
     Axis { lo, hi, log: false, ticks }
 }
@@ -136,7 +138,8 @@ pub fn linear_rate_axis(max: f64) -> Axis {
     Axis { lo: 0.0, hi: top, log: false, ticks }
 }
 
-/// A log rate axis from 1/s (anything lower sits on the bottom) to the decade above `max`.
+/// A log rate axis from 1/s to the decade above `max`. Anything lower, zero
+/// included, sits on the bottom, so its tick reads `≤1`.
 pub fn log_rate_axis(max: f64) -> Axis {
     let hi = if max.is_finite() && max > 1.0 { max.log10().ceil().max(1.0) } else { 1.0 };
     let every = (hi / MAX_LOG_TICKS).ceil().max(1.0);
@@ -144,7 +147,7 @@ pub fn log_rate_axis(max: f64) -> Axis {
         .into_iter()
         .map(|e| {
             let value = 10f64.powf(e);
-            Tick { value, label: si(value) }
+            Tick { value, label: if e == 0.0 { "≤1".into() } else { si(value) } }
         })
         .collect();
     Axis { lo: 0.0, hi, log: true, ticks }
@@ -212,15 +215,21 @@ mod tests {
     }
 
     #[test]
+    fn time_axis_keeps_a_late_start() {
+        let a = time_axis(10.0, 12.0);
+        assert_eq!(labels(&a).first(), Some(&"10.0"));
+    }
+
+    #[test]
     fn time_axis_ticks_are_round() {
         let a = time_axis(0.013, 1.9);
-        assert_eq!(labels(&a), ["0.2", "0.4", "0.6", "0.8", "1.0", "1.2", "1.4", "1.6", "1.8"]);
+        assert_eq!(labels(&a), ["0", "0.2", "0.4", "0.6", "0.8", "1.0", "1.2", "1.4", "1.6", "1.8"]);
     }
 
     #[test]
     fn log_axis_puts_zero_and_small_rates_on_the_bottom() {
         let a = log_rate_axis(25_000.0);
-        assert_eq!(labels(&a), ["1", "10", "100", "1k", "10k", "100k"]);
+        assert_eq!(labels(&a), ["≤1", "10", "100", "1k", "10k", "100k"]);
         assert_eq!(a.frac(0.0), 0.0);
         assert_eq!(a.frac(0.5), 0.0);
         assert!((a.frac(1000.0) - 0.6).abs() < 1e-9);

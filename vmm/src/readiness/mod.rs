@@ -4,4 +4,132 @@
 
 pub mod dirty;
 pub mod model;
+pub mod report;
 pub mod scan;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvm_stats::StatsFd;
+
+use crate::summary::Mapped;
+use crate::vcpu::VcpuShared;
+use dirty::{Dirty, DirtyMode};
+pub use report::{DirtyRate, Figure, Report, ScanFigures};
+
+/// What to measure and the link to predict for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Window for the dirty rate (zero: no dirty-rate measurement).
+    pub calc_time: Duration,
+    /// Run the exact scan (pauses the guest while it reads RAM).
+    pub scan: bool,
+    /// Link bandwidth for the prediction, bytes per second.
+    pub bandwidth: f64,
+    /// Longest acceptable downtime for the prediction.
+    pub max_downtime: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { calc_time: Duration::from_secs(1), scan: false, bandwidth: 1.25e9, max_downtime: Duration::from_millis(300) }
+    }
+}
+
+/// Why a measurement failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading the VM stats")]
+    Stats(#[from] kvm_stats::Error),
+    #[error(transparent)]
+    Residency(#[from] scan::Error),
+    #[error(transparent)]
+    Dirty(#[from] dirty::Error),
+    #[error("pausing the guest for the scan: {0}")]
+    Pause(String),
+    #[error("the vCPUs did not pause within {0:?}")]
+    PauseTimeout(Duration),
+    #[error(transparent)]
+    Model(#[from] model::Error),
+}
+
+/// Pauses (`true`) or resumes (`false`) every vCPU.
+pub type PauseFn<'a> = dyn FnMut(bool) -> Result<(), String> + 'a;
+
+/// The guest being measured.
+pub struct Guest<'a> {
+    pub vm_stats: &'a StatsFd,
+    /// Host address and length of guest RAM (one mapping).
+    pub ram: (*const u8, usize),
+    pub dirty: Option<&'a Dirty>,
+    pub vcpus: &'a [Arc<VcpuShared>],
+    pub pause: &'a mut PauseFn<'a>,
+    /// Guest pages of the workload arena (for the arena's own counts).
+    pub arena: std::ops::Range<u64>,
+}
+
+fn timed<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<Figure<T>, Error> {
+    let t = Instant::now();
+    let value = f()?;
+    Ok(Figure { value, took: t.elapsed() })
+}
+
+/// Measures everything `options` asks for, then predicts the migration.
+/// `progress(done, total)` reports the scan's progress.
+///
+/// # Errors
+/// The first measurement that failed; the guest is resumed if it was paused.
+pub fn measure(g: &mut Guest<'_>, options: &Options, progress: impl FnMut(u64, u64)) -> Result<Report, Error> {
+    let ram_pages = (g.ram.1 / 4096) as u64;
+    let mapped = timed(|| {
+        let mut sample = g.vm_stats.new_sample();
+        g.vm_stats.read_sample(&mut sample)?;
+        Ok(Mapped::from_sample(g.vm_stats, &sample))
+    })?;
+    let resident = timed(|| Ok(scan::resident(g.ram.0, g.ram.1)?.1))?;
+    let written = g.dirty.map(|d| timed(|| Ok(d.sync(|t| t.since_boot.count())?))).transpose()?;
+    let dirty_rate = match g.dirty {
+        Some(d) if !options.calc_time.is_zero() => Some(timed(|| dirty_rate(d, options.calc_time))?),
+        _ => None,
+    };
+    let scan = if options.scan { Some(timed(|| exact_scan(g, progress))?) } else { None };
+    let mut report = Report { ram_pages, mapped, resident, written, dirty_rate, scan, prediction: None, estimate_used: "" };
+    report.predict(options)?;
+    Ok(report)
+}
+
+/// Distinct pages written during a window of `calc_time`.
+fn dirty_rate(d: &Dirty, calc_time: Duration) -> Result<DirtyRate, Error> {
+    d.sync(dirty::Tracker::reset_window)?;
+    let started = Instant::now();
+    std::thread::sleep(calc_time);
+    let (pages, per_vcpu) = d.sync(|t| (t.window.count(), t.window_per_vcpu.clone()))?;
+    let window = started.elapsed();
+    let mode = match d.mode {
+        DirtyMode::Bitmap => "dirty-bitmap",
+        DirtyMode::Ring(_) => "dirty-ring",
+    };
+    let per_vcpu = matches!(d.mode, DirtyMode::Ring(_)).then_some(per_vcpu);
+    Ok(DirtyRate { mode, window, pages, pages_per_s: pages as f64 / window.as_secs_f64(), per_vcpu })
+}
+
+/// Pauses the guest, counts zero and non-zero pages, resumes it.
+fn exact_scan(g: &mut Guest<'_>, progress: impl FnMut(u64, u64)) -> Result<scan::Scan, Error> {
+    const PAUSE_LIMIT: Duration = Duration::from_secs(5);
+    (g.pause)(true).map_err(Error::Pause)?;
+    let result = (|| {
+        if !crate::vcpu::wait_parked(g.vcpus, PAUSE_LIMIT) {
+            return Err(Error::PauseTimeout(PAUSE_LIMIT));
+        }
+        let (residency, _) = scan::resident(g.ram.0, g.ram.1)?;
+        // SAFETY: every vCPU is parked (checked just above) and stays so until
+        // the resume below; the mapping lives as long as the VM's memory, which
+        // outlives this call (the caller holds the VM).
+        let ram = unsafe { scan::Ram::paused(g.ram.0, g.ram.1) };
+        Ok(scan::scan(&ram, Some(&residency), g.arena.clone(), progress))
+    })();
+    let resumed = (g.pause)(false).map_err(Error::Pause);
+    let scan = result?;
+    resumed?;
+    Ok(scan)
+}

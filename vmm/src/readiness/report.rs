@@ -1,0 +1,216 @@
+//! The readiness report: each figure with how long it took, the scan's error
+//! figures for each estimate, and the migration prediction.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::model::{self, Inputs, Prediction};
+use super::scan::Scan;
+use super::{Error, Options};
+use crate::summary::Mapped;
+use crate::units::format_bytes;
+
+/// A figure and the time it took to get.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure<T> {
+    pub value: T,
+    pub took: Duration,
+}
+
+/// Distinct pages dirtied in a window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirtyRate {
+    /// `dirty-bitmap` or `dirty-ring`, as QEMU names its calc-dirty-rate modes.
+    pub mode: &'static str,
+    pub window: Duration,
+    pub pages: u64,
+    pub pages_per_s: f64,
+    /// Ring entries harvested per vCPU (ring mode).
+    pub per_vcpu: Option<Vec<u64>>,
+}
+
+/// What the report holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub ram_pages: u64,
+    pub mapped: Figure<Mapped>,
+    /// Host-resident pages of the guest-RAM mapping.
+    pub resident: Figure<u64>,
+    /// Pages written since boot (dirty logging).
+    pub written: Option<Figure<u64>>,
+    pub dirty_rate: Option<Figure<DirtyRate>>,
+    pub scan: Option<Figure<Scan>>,
+    pub prediction: Option<Prediction>,
+    /// Which non-zero estimate the prediction used.
+    pub estimate_used: &'static str,
+}
+
+/// How far an estimate of non-zero pages is from the scan's count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScanFigures {
+    pub estimate_pages: u64,
+    pub error_pages: i64,
+    /// `error / truth` (infinite when the truth is 0 and the estimate is not).
+    pub relative: f64,
+}
+
+fn error_of(estimate: u64, truth: u64) -> ScanFigures {
+    let error = estimate as i64 - truth as i64;
+    let relative = if truth == 0 { if error == 0 { 0.0 } else { f64::INFINITY } } else { error as f64 / truth as f64 };
+    ScanFigures { estimate_pages: estimate, error_pages: error, relative }
+}
+
+impl Report {
+    /// Mapped bytes as 4 KiB pages: the stats-only upper bound on non-zero pages.
+    pub fn mapped_pages(&self) -> u64 {
+        self.mapped.value.bytes() / 4096
+    }
+
+    /// Each estimate against the scan: (name, figures).
+    pub fn errors(&self) -> Vec<(&'static str, ScanFigures)> {
+        let Some(scan) = &self.scan else { return Vec::new() };
+        let truth = scan.value.nonzero_pages;
+        let mut out = vec![("mapped", error_of(self.mapped_pages(), truth)), ("resident", error_of(self.resident.value, truth))];
+        if let Some(w) = &self.written {
+            out.push(("written", error_of(w.value, truth)));
+        }
+        out
+    }
+
+    /// Fills in the prediction from the best figures at hand: the scan's count
+    /// if there is one, else the mapped-page upper bound; the measured dirty rate, else 0.
+    ///
+    /// # Errors
+    /// Options the model rejects.
+    pub fn predict(&mut self, options: &Options) -> Result<(), Error> {
+        let (nonzero, used) = match &self.scan {
+            Some(s) => (s.value.nonzero_pages, "scan"),
+            None => (self.mapped_pages().min(self.ram_pages), "mapped"),
+        };
+        let inputs = Inputs {
+            total_pages: self.ram_pages,
+            nonzero_pages: nonzero,
+            dirty_rate: self.dirty_rate.as_ref().map_or(0.0, |d| d.value.pages_per_s),
+            working_set: None,
+            bandwidth: options.bandwidth,
+            max_downtime: options.max_downtime.as_secs_f64(),
+        };
+        self.prediction = Some(model::predict(&inputs)?);
+        self.estimate_used = used;
+        Ok(())
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self) -> Value {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let pages = |p: u64| json!({ "pages": p, "bytes": p * 4096 });
+        let errors: serde_json::Map<_, _> = self
+            .errors()
+            .into_iter()
+            .map(|(n, e)| (n.to_string(), json!({ "estimate_pages": e.estimate_pages, "error_pages": e.error_pages, "relative": if e.relative.is_finite() { json!(e.relative) } else { Value::Null } })))
+            .collect();
+        json!({
+            "ram": pages(self.ram_pages),
+            "mapped": { "pages_4k": self.mapped.value.pages_4k, "pages_2m": self.mapped.value.pages_2m, "pages_1g": self.mapped.value.pages_1g, "bytes": self.mapped.value.bytes(), "took_us": us(self.mapped.took) },
+            "resident": { "pages": self.resident.value, "bytes": self.resident.value * 4096, "took_us": us(self.resident.took) },
+            "written_since_boot": self.written.as_ref().map(|w| json!({ "pages": w.value, "bytes": w.value * 4096, "took_us": us(w.took) })),
+            "dirty_rate": self.dirty_rate.as_ref().map(|d| json!({
+                "mode": d.value.mode, "window_s": d.value.window.as_secs_f64(), "pages": d.value.pages,
+                "pages_per_s": d.value.pages_per_s, "bytes_per_s": d.value.pages_per_s * 4096.0,
+                "per_vcpu": d.value.per_vcpu, "took_us": us(d.took),
+            })),
+            "scan": self.scan.as_ref().map(|s| json!({
+                "zero_pages": s.value.zero_pages, "nonzero_pages": s.value.nonzero_pages, "unbacked_pages": s.value.unbacked_pages,
+                "nonzero_in_arena": s.value.nonzero_in_range, "took_us": us(s.took), "errors": errors,
+            })),
+            "estimate_used": self.estimate_used,
+            "prediction": self.prediction.as_ref().map(Prediction::to_json),
+        })
+    }
+
+    /// The report for people.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let t = |d: Duration| if d < Duration::from_millis(1) { format!("{:.1} us", d.as_secs_f64() * 1e6) } else { format!("{:.2} ms", d.as_secs_f64() * 1e3) };
+        let b = |p: u64| format_bytes(p * 4096);
+        let m = &self.mapped.value;
+        let _ = writeln!(s, "guest RAM                 {:>12}", b(self.ram_pages));
+        let _ = writeln!(s, "mapped (pages_4k/2m/1g)   {:>12}   4k={} 2m={} 1g={}   in {}", format_bytes(m.bytes()), m.pages_4k, m.pages_2m, m.pages_1g, t(self.mapped.took));
+        let _ = writeln!(s, "host-resident             {:>12}   in {}", b(self.resident.value), t(self.resident.took));
+        match &self.written {
+            Some(w) => drop(writeln!(s, "written since boot        {:>12}   in {}", b(w.value), t(w.took))),
+            None => drop(writeln!(s, "written since boot                 -   (start with --dirty-log)")),
+        }
+        if let Some(d) = &self.dirty_rate {
+            let _ = writeln!(s, "dirty rate ({})   {:>9.0} pages/s ({}/s) over {:.2} s", d.value.mode, d.value.pages_per_s, format_bytes((d.value.pages_per_s * 4096.0) as u64), d.value.window.as_secs_f64());
+            if let Some(per) = &d.value.per_vcpu {
+                let _ = writeln!(s, "  per vCPU (ring entries): {per:?}");
+            }
+        }
+        if let Some(sc) = &self.scan {
+            let v = &sc.value;
+            let _ = writeln!(s, "scan: {} non-zero, {} zero ({} never backed, skipped)   in {}", v.nonzero_pages, v.zero_pages, v.unbacked_pages, t(sc.took));
+            for (name, e) in self.errors() {
+                let _ = writeln!(s, "  {name:<9} estimate {:>9} pages, error {:>+9} ({:+.1} %)", e.estimate_pages, e.error_pages, e.relative * 100.0);
+            }
+        }
+        if let Some(p) = &self.prediction {
+            let _ = writeln!(s, "pre-copy ({} estimate): {} in {} round(s) + stop-and-copy, {:.2} s total, downtime {}", self.estimate_used, format_bytes(p.total_bytes), p.rounds.len(), p.total_seconds, if p.converges { format!("{:.1} ms", p.downtime * 1e3) } else { "-".into() });
+            let _ = writeln!(s, "verdict: {} — {}", if p.converges { "converges" } else { "does NOT converge" }, p.reason);
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        let mapped = Mapped { pages_4k: 300, pages_2m: 1, pages_1g: 0 };
+        Report {
+            ram_pages: 4096,
+            mapped: Figure { value: mapped, took: Duration::from_micros(3) },
+            resident: Figure { value: 900, took: Duration::from_micros(50) },
+            written: Some(Figure { value: 700, took: Duration::ZERO }),
+            dirty_rate: None,
+            scan: Some(Figure { value: Scan { zero_pages: 3696, nonzero_pages: 400, unbacked_pages: 3000, nonzero_in_range: 390, elapsed: Duration::ZERO }, took: Duration::ZERO }),
+            prediction: None,
+            estimate_used: "",
+        }
+    }
+
+    #[test]
+    fn errors_compare_each_estimate_with_the_scan() {
+        let r = report();
+        let e = r.errors();
+        // 300 4 KiB pages + one 2 MiB page = 812 page-equivalents, against 400 non-zero.
+        assert_eq!(e[0], ("mapped", ScanFigures { estimate_pages: 812, error_pages: 412, relative: 1.03 }));
+        assert_eq!(e[1].1.error_pages, 500);
+        assert_eq!(e[2].1.error_pages, 300);
+    }
+
+    #[test]
+    fn prediction_prefers_the_scan_and_falls_back_to_mapped() {
+        let mut r = report();
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "scan");
+        assert_eq!(r.prediction.as_ref().unwrap().rounds[0].bytes, 400 * model::FULL_PAGE_WIRE + 3696 * model::ZERO_PAGE_WIRE);
+        r.scan = None;
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "mapped");
+        assert_eq!(r.prediction.unwrap().rounds[0].bytes, 812 * model::FULL_PAGE_WIRE + (4096 - 812) * model::ZERO_PAGE_WIRE);
+    }
+
+    #[test]
+    fn zero_truth_gives_infinite_relative_error_and_null_json() {
+        let e = error_of(5, 0);
+        assert!(e.relative.is_infinite());
+        assert_eq!(error_of(0, 0).relative, 0.0);
+        let mut r = report();
+        r.scan.as_mut().unwrap().value.nonzero_pages = 0;
+        assert!(r.to_json()["scan"]["errors"]["mapped"]["relative"].is_null());
+    }
+}
