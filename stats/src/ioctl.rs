@@ -13,7 +13,12 @@ use vmm_sys_util::ioctl_io_nr;
 /// `KVMIO`, the ioctl type of every KVM ioctl.
 const KVMIO: u32 = 0xAE;
 
-ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
+/// The request number, `_IO(KVMIO, 0xce)`; kept private, the helper below is the API.
+mod nr {
+    use super::{ioctl_io_nr, KVMIO};
+
+    ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
+}
 
 /// `KVM_CAP_BINARY_STATS_FD`, for `KVM_CHECK_EXTENSION` on /dev/kvm.
 pub const KVM_CAP_BINARY_STATS_FD: u32 = 203;
@@ -38,7 +43,7 @@ pub fn get_stats_fd(fd: &impl AsRawFd) -> Result<File, Error> {
     // SAFETY: KVM_GET_STATS_FD takes no argument, so the kernel reads and writes no user
     // memory; on a fd that is not a VM or vCPU fd it fails with ENOTTY. `fd` is borrowed
     // open for the duration of the call.
-    let ret = unsafe { ioctl(fd, KVM_GET_STATS_FD()) };
+    let ret = unsafe { ioctl(fd, nr::KVM_GET_STATS_FD()) };
     if ret < 0 {
         return Err(Error::GetStatsFd(io::Error::last_os_error()));
     }

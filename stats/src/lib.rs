@@ -25,6 +25,7 @@
 //! [`ioctl`] has unsafe code; every other module forbids it.
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod builder;
 pub mod check;

@@ -15,8 +15,7 @@ fn fuzz_body_handles_seed_corpus() {
     let entries = fs::read_dir(&dir).unwrap_or_else(|e| {
         panic!(
             "seed corpus {} unreadable ({e}); regenerate it with \
-             `cargo run -p kvm-stats --example seed_corpus -- fuzz/corpus/parse_stats` \
-             (the root .gitignore ignores fuzz/corpus/*/: add the seeds with `git add -f`)",
+             `cargo run -p kvm-stats --example seed_corpus -- fuzz/corpus/parse_stats`",
             dir.display()
         )
     });

@@ -57,37 +57,36 @@ fn throughput(socket: &Path, command: &'static str, args: Value) -> f64 {
             })
         })
         .collect();
-    threads.into_iter().map(|t| t.join().expect("client thread")).sum()
+    threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .sum()
 }
 
-fn main() {
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_err() {
-        eprintln!("control bench: /dev/kvm cannot be opened; skipped");
-        return;
-    }
-    let socket: PathBuf = std::env::temp_dir().join(format!("kvmscope-bench-{}.sock", std::process::id()));
-    let config = RunConfig {
-        vm: VmConfig { memory: 64 << 20, vcpus: 1, ..VmConfig::default() },
-        workloads: Vec::new(),
-        socket: Some(socket.clone()),
-        ..RunConfig::demo()
-    };
-    let vmm = std::thread::spawn(move || run::run(config));
-    let mut client = Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).expect("the VMM serves");
-    let cases = [
-        ("get-stats-fd", json!({"target": "vm"}), "get-stats-fd vm (fresh KVM_GET_STATS_FD)"),
-        ("get-stats-fd", json!({"target": "vcpu", "vcpu": 0}), "get-stats-fd vcpu 0 (dup)"),
+/// The requests measured: command, arguments, label.
+fn cases() -> Vec<(&'static str, Value, &'static str)> {
+    vec![
+        (
+            "get-stats-fd",
+            json!({"target": "vm"}),
+            "get-stats-fd vm (fresh KVM_GET_STATS_FD)",
+        ),
+        (
+            "get-stats-fd",
+            json!({"target": "vcpu", "vcpu": 0}),
+            "get-stats-fd vcpu 0 (dup)",
+        ),
         ("query-stats", json!({"target": "vm"}), "query-stats vm"),
         ("query-stats", json!({"target": "vcpu"}), "query-stats vcpu"),
         ("query-vm", json!({}), "query-vm"),
-    ];
-    println!("| request | p50 (us) | p99 (us) |\n|---|---|---|");
-    for (command, args, label) in &cases {
-        latency(&mut client, command, args, ROUND_TRIPS / 10);
-        let (p50, p99) = latency(&mut client, command, args, ROUND_TRIPS);
-        println!("| {label} | {} | {} |", us(p50), us(p99));
-    }
-    let (_, fds) = client.execute("get-stats-fd", json!({"target": "vcpu", "vcpu": 0})).expect("fd");
+    ]
+}
+
+/// p50 and p99 of one read of a vCPU stats fd received over the socket.
+fn read_latency(client: &mut Client) -> (Duration, Duration) {
+    let (_, fds) = client
+        .execute("get-stats-fd", json!({"target": "vcpu", "vcpu": 0}))
+        .expect("fd");
     let stats = kvm_stats::StatsFd::new(fds.into_iter().next().expect("one fd")).expect("stats fd");
     let mut sample = stats.new_sample();
     let mut times: Vec<Duration> = (0..ROUND_TRIPS)
@@ -98,10 +97,49 @@ fn main() {
         })
         .collect();
     times.sort_unstable();
-    println!("| (for scale) one read of a received vCPU stats fd | {} | {} |", us(percentile(&times, 0.5)), us(percentile(&times, 0.99)));
+    (percentile(&times, 0.5), percentile(&times, 0.99))
+}
+
+fn main() {
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_err()
+    {
+        eprintln!("control bench: /dev/kvm cannot be opened; skipped");
+        return;
+    }
+    let socket: PathBuf =
+        std::env::temp_dir().join(format!("kvmscope-bench-{}.sock", std::process::id()));
+    let config = RunConfig {
+        vm: VmConfig {
+            memory: 64 << 20,
+            vcpus: 1,
+            ..VmConfig::default()
+        },
+        workloads: Vec::new(),
+        socket: Some(socket.clone()),
+        ..RunConfig::demo()
+    };
+    let vmm = std::thread::spawn(move || run::run(config));
+    let mut client = Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(()))
+        .expect("the VMM serves");
+    println!("| request | p50 (us) | p99 (us) |\n|---|---|---|");
+    for (command, args, label) in &cases() {
+        latency(&mut client, command, args, ROUND_TRIPS / 10);
+        let (p50, p99) = latency(&mut client, command, args, ROUND_TRIPS);
+        println!("| {label} | {} | {} |", us(p50), us(p99));
+    }
+    let (p50, p99) = read_latency(&mut client);
+    println!(
+        "| (for scale) one read of a received vCPU stats fd | {} | {} |",
+        us(p50),
+        us(p99)
+    );
     println!("\n| {CLIENTS} clients, back to back for {LOAD_TIME:?} | requests/s |\n|---|---|");
-    for (command, args, label) in cases.iter().take(4) {
-        println!("| {label} | {:.0} |", throughput(&socket, command, args.clone()));
+    for (command, args, label) in cases().into_iter().take(4) {
+        println!("| {label} | {:.0} |", throughput(&socket, command, args));
     }
     client.execute("quit", json!({})).expect("quit");
     vmm.join().expect("VMM thread").expect("run");

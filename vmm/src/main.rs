@@ -286,10 +286,21 @@ fn demo_command(a: DemoArgs) -> anyhow::Result<ExitCode> {
 
 fn plot_command(a: PlotArgs) -> anyhow::Result<ExitCode> {
     let source = kvmscope::plot::source_name(&a.file);
-    let chart = kvmscope::plot::ChartOptions { title: a.title, source, width: a.width, height: a.height, vcpu: a.vcpu, rates: a.rates };
-    let config = kvmscope::plot::PlotConfig { input: a.file, output: a.output, chart };
+    let chart = kvmscope::plot::ChartOptions {
+        title: a.title,
+        source,
+        width: a.width,
+        height: a.height,
+        vcpu: a.vcpu,
+        rates: a.rates,
+    };
+    let config = kvmscope::plot::PlotConfig {
+        input: a.file,
+        output: a.output,
+        chart,
+    };
     let done = kvmscope::plot::plot(&config)?;
-    println!("wrote {}: {} samples, {} vCPUs, {} phase markers", config.output.display(), done.points, done.vcpus, done.markers);
+    println!("wrote {}: {done}", config.output.display());
     Ok(ExitCode::SUCCESS)
 }
 

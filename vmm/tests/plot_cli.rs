@@ -8,7 +8,10 @@ use std::process::{Command, Output};
 use plot_support::{experiment, write_csv, write_jsonl, TempDir};
 
 fn kvmscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvmscope")).args(args).output().expect("run kvmscope")
+    Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(args)
+        .output()
+        .expect("run kvmscope")
 }
 
 fn stderr(out: &Output) -> String {
@@ -22,7 +25,12 @@ fn plot_writes_an_svg_from_json_lines() {
     let series = dir.join("run.jsonl");
     write_jsonl(&series, &header, &points);
     let svg = dir.join("run.svg");
-    let out = kvmscope(&["plot", series.to_str().unwrap_or_default(), "-o", svg.to_str().unwrap_or_default()]);
+    let out = kvmscope(&[
+        "plot",
+        series.to_str().unwrap_or_default(),
+        "-o",
+        svg.to_str().unwrap_or_default(),
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = std::fs::read_to_string(&svg).unwrap_or_default();
     assert!(text.contains("<svg") && text.contains("run.jsonl"));
@@ -36,7 +44,16 @@ fn plot_writes_a_png_of_the_requested_size_from_csv() {
     let series = dir.join("run.csv");
     write_csv(&series, &header, &points);
     let png = dir.join("run.png");
-    let args = ["plot", series.to_str().unwrap_or_default(), "-o", png.to_str().unwrap_or_default(), "--width", "640", "--height", "400"];
+    let args = [
+        "plot",
+        series.to_str().unwrap_or_default(),
+        "-o",
+        png.to_str().unwrap_or_default(),
+        "--width",
+        "640",
+        "--height",
+        "400",
+    ];
     let out = kvmscope(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     let bytes = std::fs::read(&png).unwrap_or_default();
@@ -50,9 +67,18 @@ fn plot_to_an_unknown_extension_fails_naming_it() {
     let (header, points) = experiment();
     let series = dir.join("run.jsonl");
     write_jsonl(&series, &header, &points);
-    let out = kvmscope(&["plot", series.to_str().unwrap_or_default(), "-o", "chart.pdf"]);
+    let out = kvmscope(&[
+        "plot",
+        series.to_str().unwrap_or_default(),
+        "-o",
+        "chart.pdf",
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("unsupported output extension '.pdf'"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unsupported output extension '.pdf'"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -62,7 +88,10 @@ fn plot_of_a_missing_file_fails_naming_it() {
     let out = kvmscope(&["plot", missing.to_str().unwrap_or_default(), "-o", "x.svg"]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("cannot read series") && err.contains("nope.jsonl"), "{err}");
+    assert!(
+        err.contains("cannot read series") && err.contains("nope.jsonl"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -70,9 +99,18 @@ fn plot_of_a_malformed_series_fails_naming_the_line() {
     let dir = TempDir::new("cli-bad");
     let series = dir.join("bad.jsonl");
     std::fs::write(&series, "{\"kind\": \"sample\"}\n").unwrap_or_default();
-    let out = kvmscope(&["plot", series.to_str().unwrap_or_default(), "-o", dir.join("x.svg").to_str().unwrap_or_default()]);
+    let out = kvmscope(&[
+        "plot",
+        series.to_str().unwrap_or_default(),
+        "-o",
+        dir.join("x.svg").to_str().unwrap_or_default(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("bad.jsonl is not a sampler series"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("bad.jsonl is not a sampler series"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -81,7 +119,16 @@ fn plot_of_a_header_only_series_fails_saying_it_is_empty() {
     let (header, _) = experiment();
     let series = dir.join("empty.jsonl");
     write_jsonl(&series, &header, &[]);
-    let out = kvmscope(&["plot", series.to_str().unwrap_or_default(), "-o", dir.join("x.svg").to_str().unwrap_or_default()]);
+    let out = kvmscope(&[
+        "plot",
+        series.to_str().unwrap_or_default(),
+        "-o",
+        dir.join("x.svg").to_str().unwrap_or_default(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("empty.jsonl has no samples"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("empty.jsonl has no samples"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -40,11 +40,17 @@ struct Vmm {
 impl Vmm {
     fn spawn(config: &DemoConfig, socket: &Path) -> Result<Vmm, Error> {
         let mut cmd = Command::new(&config.exe);
-        cmd.arg("run").arg("--socket").arg(socket).arg("--memory").arg(config.memory.to_string());
+        cmd.arg("run")
+            .arg("--socket")
+            .arg(socket)
+            .arg("--memory")
+            .arg(config.memory.to_string());
         if config.hugepages {
             cmd.arg("--hugepages");
         }
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         // SAFETY: the closure runs in the child between fork and exec and only
         // calls prctl, which is async-signal-safe.
         unsafe {
@@ -92,10 +98,22 @@ impl Drop for Vmm {
 /// The guest phases: name and workload command.
 fn phases(size: u64) -> Vec<(&'static str, String)> {
     vec![
-        ("touch: write a pattern into fresh pages", format!("touch size={size}")),
-        ("touch-zero: write zeros into other fresh pages", format!("touch-zero offset={size} size={size}")),
-        ("dirty: rewrite random pages of the first range, paced", format!("dirty ws={size} rate=20000/s for=200ms")),
-        ("exits: port I/O and MMIO exits to the VMM", "exits count=1000".to_string()),
+        (
+            "touch: write a pattern into fresh pages",
+            format!("touch size={size}"),
+        ),
+        (
+            "touch-zero: write zeros into other fresh pages",
+            format!("touch-zero offset={size} size={size}"),
+        ),
+        (
+            "dirty: rewrite random pages of the first range, paced",
+            format!("dirty ws={size} rate=20000/s for=200ms"),
+        ),
+        (
+            "exits: port I/O and MMIO exits to the VMM",
+            "exits count=1000".to_string(),
+        ),
     ]
 }
 
@@ -107,7 +125,8 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
     let socket = std::env::temp_dir().join(format!("kvmscope-demo-{}.sock", std::process::id()));
     let mut vmm = Vmm::spawn(config, &socket)?;
     let started = Instant::now();
-    let mut client = Client::connect_when_ready(&socket, config.startup_timeout, || vmm.check_running())?;
+    let mut client =
+        Client::connect_when_ready(&socket, config.startup_timeout, || vmm.check_running())?;
     let (vm, _) = client.execute("query-vm", json!({}))?;
     writeln!(
         out,
@@ -117,29 +136,55 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
         started.elapsed().as_secs_f64() * 1e3,
         vm["vcpus"],
         format_bytes(config.memory),
-        if config.hugepages { " (huge pages)" } else { "" },
+        if config.hugepages {
+            " (huge pages)"
+        } else {
+            ""
+        },
         vm["backend"]["description"].as_str().unwrap_or("?"),
     )?;
     let received = receive(&mut client, true, Some(VcpuSelector::All))?;
     let ids: Vec<&str> = received.iter().map(|r| r.stats.schema().id()).collect();
-    writeln!(out, "received {} stats fds over SCM_RIGHTS: {}; every figure below is read through them\n", received.len(), ids.join(", "))?;
+    writeln!(
+        out,
+        "received {} stats fds over SCM_RIGHTS: {}; every figure below is read through them\n",
+        received.len(),
+        ids.join(", ")
+    )?;
     for (n, (what, command)) in phases(config.phase_size).into_iter().enumerate() {
-        let before = sample_all(&received)?;
-        let ours_before = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
-        let (done, _) = client.execute("guest-command", json!({"vcpu": 0, "command": command, "wait": true}))?;
-        let after = sample_all(&received)?;
-        let ours_after = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
-        writeln!(out, "phase {}: {what}\n  {command}: {}", n + 1, describe_results(&done))?;
-        write!(out, "{}", report(&received, &before, &after))?;
-        writeln!(out, "  our counters: {}\n", counter_growth(&ours_before[0], &ours_after[0]))?;
+        writeln!(out, "phase {}: {what}", n + 1)?;
+        run_phase(&mut client, &received, &command, out)?;
     }
     client.execute("quit", json!({}))?;
     drop(client);
     let (status, summary) = vmm.finish()?;
-    writeln!(out, "quit: the VMM exited ({status}); its own end-of-run summary:")?;
+    writeln!(
+        out,
+        "quit: the VMM exited ({status}); its own end-of-run summary:"
+    )?;
     for line in summary.lines() {
         writeln!(out, "  | {line}")?;
     }
+    Ok(())
+}
+
+/// Runs one guest command on vCPU 0 and reports what moved meanwhile.
+fn run_phase(
+    client: &mut Client,
+    received: &[Received],
+    command: &str,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let before = sample_all(received)?;
+    let ours_before = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
+    let args = json!({"vcpu": 0, "command": command, "wait": true});
+    let (done, _) = client.execute("guest-command", args)?;
+    let after = sample_all(received)?;
+    let ours_after = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
+    writeln!(out, "  {command}: {}", describe_results(&done))?;
+    write!(out, "{}", report(received, &before, &after))?;
+    let ours = counter_growth(&ours_before[0], &ours_after[0]);
+    writeln!(out, "  our counters: {ours}\n")?;
     Ok(())
 }
 
@@ -147,7 +192,14 @@ fn describe_results(done: &Value) -> String {
     let results = done["results"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     results
         .iter()
-        .map(|r| format!("{} in {:.1} ms (guest values {})", r["status"].as_str().unwrap_or("?"), r["host_time_s"].as_f64().unwrap_or(0.0) * 1e3, r["values"]))
+        .map(|r| {
+            format!(
+                "{} in {:.1} ms (guest values {})",
+                r["status"].as_str().unwrap_or("?"),
+                r["host_time_s"].as_f64().unwrap_or(0.0) * 1e3,
+                r["values"]
+            )
+        })
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -159,7 +211,10 @@ fn report(received: &[Received], before: &[Sample], after: &[Sample]) -> String 
     for ((r, old), new) in received.iter().zip(before).zip(after) {
         let schema = r.stats.schema();
         if r.entry["target"] == "vm" {
-            let (a, b) = (Mapped::from_sample(&r.stats, old), Mapped::from_sample(&r.stats, new));
+            let (a, b) = (
+                Mapped::from_sample(&r.stats, old),
+                Mapped::from_sample(&r.stats, new),
+            );
             text += &format!(
                 "  vm:     pages_4k {}->{}, pages_2m {}->{}, pages_1g {}->{}; mapped {} -> {}\n",
                 a.pages_4k,
@@ -177,11 +232,19 @@ fn report(received: &[Received], before: &[Sample], after: &[Sample]) -> String 
         let grew: Vec<String> = schema
             .iter()
             .filter_map(|(id, d)| match delta.get(id)? {
-                Change::Cumulative { delta, .. } if *delta > 0 => Some(format!("{}+{}", d.name, kvm_stats::format::scalar(d, *delta))),
+                Change::Cumulative { delta, .. } if *delta > 0 => Some(format!(
+                    "{}+{}",
+                    d.name,
+                    kvm_stats::format::scalar(d, *delta)
+                )),
                 _ => None,
             })
             .collect();
-        let shown = if grew.is_empty() { "nothing moved".to_string() } else { grew.join(" ") };
+        let shown = if grew.is_empty() {
+            "nothing moved".to_string()
+        } else {
+            grew.join(" ")
+        };
         text += &format!("  {}: {shown}\n", r.label());
     }
     text
@@ -189,11 +252,22 @@ fn report(received: &[Received], before: &[Sample], after: &[Sample]) -> String 
 
 /// Our counters (`query-exits` entries) that grew, as `name+delta`.
 fn counter_growth(before: &Value, after: &Value) -> String {
-    let mut parts = vec![format!("total+{}", after["total"].as_u64().unwrap_or(0).saturating_sub(before["total"].as_u64().unwrap_or(0)))];
+    let mut parts = vec![format!(
+        "total+{}",
+        after["total"]
+            .as_u64()
+            .unwrap_or(0)
+            .saturating_sub(before["total"].as_u64().unwrap_or(0))
+    )];
     for group in ["reasons", "devices"] {
-        let Some(map) = after[group].as_object() else { continue };
+        let Some(map) = after[group].as_object() else {
+            continue;
+        };
         for (name, v) in map {
-            let grew = v.as_u64().unwrap_or(0).saturating_sub(before[group][name].as_u64().unwrap_or(0));
+            let grew = v
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(before[group][name].as_u64().unwrap_or(0));
             if grew > 0 {
                 parts.push(format!("{name}+{grew}"));
             }

@@ -72,15 +72,26 @@ impl Client {
     /// `Connect` if nobody listens at `path`; `Refused` if the server says why
     /// it will not serve us (too many clients, wrong uid).
     pub fn connect(path: &Path) -> Result<Client, Error> {
-        let stream = UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
-        let mut client = Client { stream, input: Vec::new(), fds: Vec::new(), greeting: Value::Null };
+        let stream =
+            UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
+        let mut client = Client {
+            stream,
+            input: Vec::new(),
+            fds: Vec::new(),
+            greeting: Value::Null,
+        };
         let greeting = client.read_reply()?.value;
         if let Some(err) = greeting.get("error") {
             let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
-            return Err(Error::Refused { class: s("class"), desc: s("desc") });
+            return Err(Error::Refused {
+                class: s("class"),
+                desc: s("desc"),
+            });
         }
         if greeting.get("QMP").is_none() {
-            return Err(Error::BadReply(format!("expected a greeting, got {greeting}")));
+            return Err(Error::BadReply(format!(
+                "expected a greeting, got {greeting}"
+            )));
         }
         client.greeting = greeting;
         Ok(client)
@@ -91,11 +102,19 @@ impl Client {
     ///
     /// # Errors
     /// `NotReady` after `timeout`; `ChildExited` (or another error) from `starting`.
-    pub fn connect_when_ready(path: &Path, timeout: Duration, mut starting: impl FnMut() -> Result<(), Error>) -> Result<Client, Error> {
+    pub fn connect_when_ready(
+        path: &Path,
+        timeout: Duration,
+        mut starting: impl FnMut() -> Result<(), Error>,
+    ) -> Result<Client, Error> {
         let deadline = Instant::now() + timeout;
         loop {
             match Client::connect(path) {
-                Err(Error::Connect(_, e)) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) => {}
+                Err(Error::Connect(_, e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                    ) => {}
                 other => return other,
             }
             starting()?;
@@ -139,13 +158,22 @@ impl Client {
         loop {
             if let Some(nl) = self.input.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = self.input.drain(..=nl).collect();
-                let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fds).into_iter().partition(|(at, _)| *at <= nl);
+                let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fds)
+                    .into_iter()
+                    .partition(|(at, _)| *at <= nl);
                 self.fds = rest.into_iter().map(|(at, f)| (at - nl - 1, f)).collect();
-                let value = serde_json::from_slice(&line).map_err(|e| Error::BadReply(format!("{e}: {}", String::from_utf8_lossy(&line))))?;
-                return Ok(Reply { value, fds: mine.into_iter().map(|(_, f)| f).collect() });
+                let value = serde_json::from_slice(&line).map_err(|e| {
+                    Error::BadReply(format!("{e}: {}", String::from_utf8_lossy(&line)))
+                })?;
+                return Ok(Reply {
+                    value,
+                    fds: mine.into_iter().map(|(_, f)| f).collect(),
+                });
             }
             if self.input.len() > MAX_REPLY {
-                return Err(Error::BadReply(format!("a line longer than {MAX_REPLY} bytes")));
+                return Err(Error::BadReply(format!(
+                    "a line longer than {MAX_REPLY} bytes"
+                )));
             }
             let mut buf = vec![0u8; 64 << 10];
             let mut fds = Vec::new();
@@ -163,13 +191,20 @@ impl Client {
     ///
     /// # Errors
     /// `Remote` for an error reply, or a transport error.
-    pub fn execute(&mut self, command: &str, arguments: Value) -> Result<(Value, Vec<File>), Error> {
+    pub fn execute(
+        &mut self,
+        command: &str,
+        arguments: Value,
+    ) -> Result<(Value, Vec<File>), Error> {
         let line = json!({"execute": command, "arguments": arguments}).to_string();
         self.send_line(line.as_bytes())?;
         let Reply { mut value, fds } = self.read_reply()?;
         if let Some(err) = value.get("error") {
             let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
-            return Err(Error::Remote { class: s("class"), desc: s("desc") });
+            return Err(Error::Remote {
+                class: s("class"),
+                desc: s("desc"),
+            });
         }
         match value.get_mut("return") {
             Some(v) => Ok((v.take(), fds)),

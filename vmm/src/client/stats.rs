@@ -46,7 +46,11 @@ impl Received {
 /// # Errors
 /// An error reply, a reply whose fds do not match the entries it names, or a
 /// received fd that is not a readable stats file.
-pub fn receive(client: &mut Client, vm: bool, vcpus: Option<VcpuSelector>) -> Result<Vec<Received>, Error> {
+pub fn receive(
+    client: &mut Client,
+    vm: bool,
+    vcpus: Option<VcpuSelector>,
+) -> Result<Vec<Received>, Error> {
     let mut requests = Vec::new();
     if vm {
         requests.push(json!({"target": "vm"}));
@@ -61,10 +65,17 @@ pub fn receive(client: &mut Client, vm: bool, vcpus: Option<VcpuSelector>) -> Re
         let (value, fds) = client.execute("get-stats-fd", args)?;
         let entries = value["fds"].as_array().cloned().unwrap_or_default();
         if entries.len() != fds.len() {
-            return Err(Error::BadReply(format!("the reply names {} fds but carried {}", entries.len(), fds.len())));
+            return Err(Error::BadReply(format!(
+                "the reply names {} fds but carried {}",
+                entries.len(),
+                fds.len()
+            )));
         }
         for (entry, file) in entries.into_iter().zip(fds) {
-            out.push(Received { entry, stats: StatsFd::new(file)? });
+            out.push(Received {
+                entry,
+                stats: StatsFd::new(file)?,
+            });
         }
     }
     Ok(out)
@@ -100,13 +111,24 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
     let samples = sample_all(&received)?;
     let filter = NameFilter::from_option(config.names.clone());
     if config.json {
-        let sources = received.iter().zip(&samples).map(|(r, s)| (r.stats.schema(), s));
-        writeln!(out, "{}", json!({ "return": kvm_stats::json::query_stats(sources, &filter) }))?;
+        let sources = received
+            .iter()
+            .zip(&samples)
+            .map(|(r, s)| (r.stats.schema(), s));
+        writeln!(
+            out,
+            "{}",
+            json!({ "return": kvm_stats::json::query_stats(sources, &filter) })
+        )?;
         return Ok(());
     }
     for (r, s) in received.iter().zip(&samples) {
         writeln!(out, "== {} ({}) ==", r.label(), r.stats.schema().id())?;
-        write!(out, "{}", kvm_stats::format::table(r.stats.schema(), s, &filter))?;
+        write!(
+            out,
+            "{}",
+            kvm_stats::format::table(r.stats.schema(), s, &filter)
+        )?;
     }
     Ok(())
 }

@@ -61,7 +61,10 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
     let received = receive(&mut client, vm, vcpus)?;
     // Everything from here on comes from the kernel, through the fds.
     drop(client);
-    let names = config.names.clone().unwrap_or_else(|| DEFAULT_NAMES.iter().map(|s| s.to_string()).collect());
+    let names = config
+        .names
+        .clone()
+        .unwrap_or_else(|| DEFAULT_NAMES.iter().map(|s| s.to_string()).collect());
     let filter = NameFilter::names(names);
     let mut older = sample_all(&received)?;
     let mut refresh = 0u64;
@@ -72,12 +75,20 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         if config.clear {
             write!(out, "\x1b[H\x1b[2J")?;
         }
-        writeln!(out, "kvmscope watch: VMM pid {pid}, every {:?}, refresh {refresh}", config.interval)?;
+        writeln!(
+            out,
+            "kvmscope watch: VMM pid {pid}, every {:?}, refresh {refresh}",
+            config.interval
+        )?;
         for ((r, old), new) in received.iter().zip(&older).zip(&newer) {
             let schema = r.stats.schema();
             let delta = kvm_stats::delta(schema, old, new);
             writeln!(out, "== {} ({}) ==", r.label(), schema.id())?;
-            write!(out, "{}", kvm_stats::format::delta_table(schema, &delta, &filter))?;
+            write!(
+                out,
+                "{}",
+                kvm_stats::format::delta_table(schema, &delta, &filter)
+            )?;
         }
         out.flush()?;
         older = newer;

@@ -88,7 +88,14 @@ impl Handler {
             .collect::<Result<Vec<_>, Error>>()?;
         let vm_sample = vm_stats.new_sample();
         let vcpu_samples = vcpu_stats.iter().map(StatsFd::new_sample).collect();
-        Ok(Handler { ctx, vm_stats, vcpu_stats, vm_sample, vcpu_samples, stopping })
+        Ok(Handler {
+            ctx,
+            vm_stats,
+            vcpu_stats,
+            vm_sample,
+            vcpu_samples,
+            stopping,
+        })
     }
 
     /// The vCPUs' shared parts (for the watcher eventfd).
@@ -112,17 +119,28 @@ impl Handler {
     pub fn execute(&mut self, command: Command) -> Outcome {
         match command {
             Command::QmpCapabilities => ret(json!({})),
-            Command::QueryCommands => ret(COMMANDS.iter().map(|name| json!({ "name": name })).collect()),
+            Command::QueryCommands => ret(COMMANDS
+                .iter()
+                .map(|name| json!({ "name": name }))
+                .collect()),
             Command::QueryVm => ret(self.query_vm()),
             Command::GetStatsFd { target, vcpu } => self.get_stats_fd(target, vcpu),
-            Command::QueryStats { target, names, vcpus } => self.query_stats(target, names, vcpus),
+            Command::QueryStats {
+                target,
+                names,
+                vcpus,
+            } => self.query_stats(target, names, vcpus),
             Command::QueryStatsSchemas { target } => ret(self.query_schemas(target)),
             Command::QueryExits { vcpus } => self.per_vcpu(vcpus, |h, i| {
                 let mut counters = h.ctx.vcpus[i].counters.to_json();
                 counters["vcpu"] = json!(i);
                 counters
             }),
-            Command::GuestCommand { vcpu, command, wait } => self.guest_command(vcpu, &command, wait),
+            Command::GuestCommand {
+                vcpu,
+                command,
+                wait,
+            } => self.guest_command(vcpu, &command, wait),
             Command::QueryGuest { vcpus } => self.per_vcpu(vcpus, Handler::guest_state),
             Command::Pause => self.run_state(RunRequest::Pause),
             Command::Resume => self.run_state(RunRequest::Resume),
@@ -134,12 +152,19 @@ impl Handler {
         let n = self.ctx.vcpus.len();
         let list = vcpus.unwrap_or_else(|| (0..n).collect());
         match list.iter().find(|&&i| i >= n) {
-            Some(i) => Err(fail(ErrorClass::VcpuNotFound, format!("vCPU {i} does not exist (the VM has {n})"))),
+            Some(i) => Err(fail(
+                ErrorClass::VcpuNotFound,
+                format!("vCPU {i} does not exist (the VM has {n})"),
+            )),
             None => Ok(list),
         }
     }
 
-    fn per_vcpu(&mut self, vcpus: Option<Vec<usize>>, f: impl Fn(&Handler, usize) -> Value) -> Outcome {
+    fn per_vcpu(
+        &mut self,
+        vcpus: Option<Vec<usize>>,
+        f: impl Fn(&Handler, usize) -> Value,
+    ) -> Outcome {
         match self.check_vcpus(vcpus) {
             Ok(list) => ret(list.into_iter().map(|i| f(self, i)).collect()),
             Err(e) => e,
@@ -150,11 +175,16 @@ impl Handler {
         let n = self.ctx.vcpus.len() as u64;
         let size = self.ctx.memory;
         let page = abi::PAGE_SIZE;
-        let region = |name: &str, start: u64, len: u64| json!({"name": name, "start": start, "size": len});
+        let region =
+            |name: &str, start: u64, len: u64| json!({"name": name, "start": start, "size": len});
         let layout = [
             region("gdt", abi::GDT_ADDR, page),
             region("tss", abi::TSS_ADDR, page),
-            region("page-tables", abi::PML4_ADDR, abi::PD_ADDR + abi::MAX_PD_PAGES * page - abi::PML4_ADDR),
+            region(
+                "page-tables",
+                abi::PML4_ADDR,
+                abi::PD_ADDR + abi::MAX_PD_PAGES * page - abi::PML4_ADDR,
+            ),
             region("mailboxes", abi::MAILBOX_BASE, n * page),
             region("image", abi::IMAGE_BASE, abi::IMAGE_MAX),
             region("stacks", abi::STACK_BASE, n * abi::STACK_SIZE),
@@ -180,15 +210,28 @@ impl Handler {
     /// KVM_RUN, which may take seconds; see docs/PROTOCOL.md).
     fn get_stats_fd(&self, target: StatsTarget, vcpu: Option<VcpuSelector>) -> Outcome {
         let open = |i: usize| -> Result<(Value, File), Outcome> {
-            let file = self.ctx.vcpu_stats[i].try_clone().map_err(|e| fail(ErrorClass::GenericError, format!("duplicating the vCPU {i} stats fd: {e}")))?;
-            Ok((json!({"target": "vcpu", "vcpu": i, "id": self.vcpu_stats[i].schema().id()}), file))
+            let file = self.ctx.vcpu_stats[i].try_clone().map_err(|e| {
+                fail(
+                    ErrorClass::GenericError,
+                    format!("duplicating the vCPU {i} stats fd: {e}"),
+                )
+            })?;
+            Ok((
+                json!({"target": "vcpu", "vcpu": i, "id": self.vcpu_stats[i].schema().id()}),
+                file,
+            ))
         };
         let got: Result<Vec<(Value, File)>, Outcome> = match (target, vcpu) {
             (StatsTarget::Vm, _) => match kvm_stats::ioctl::get_stats_fd(&self.ctx.vm_fd) {
-                Ok(file) => Ok(vec![(json!({"target": "vm", "id": self.vm_stats.schema().id()}), file)]),
+                Ok(file) => Ok(vec![(
+                    json!({"target": "vm", "id": self.vm_stats.schema().id()}),
+                    file,
+                )]),
                 Err(e) => Err(fail(ErrorClass::GenericError, chain(&e))),
             },
-            (StatsTarget::Vcpu, Some(VcpuSelector::One(i))) => self.check_vcpus(Some(vec![i])).and_then(|_| open(i).map(|x| vec![x])),
+            (StatsTarget::Vcpu, Some(VcpuSelector::One(i))) => self
+                .check_vcpus(Some(vec![i]))
+                .and_then(|_| open(i).map(|x| vec![x])),
             (StatsTarget::Vcpu, _) => (0..self.ctx.vcpus.len()).map(open).collect(),
         };
         match got {
@@ -200,12 +243,20 @@ impl Handler {
         }
     }
 
-    fn query_stats(&mut self, target: StatsTarget, names: Option<Vec<String>>, vcpus: Option<Vec<usize>>) -> Outcome {
+    fn query_stats(
+        &mut self,
+        target: StatsTarget,
+        names: Option<Vec<String>>,
+        vcpus: Option<Vec<usize>>,
+    ) -> Outcome {
         let filter = NameFilter::from_option(names);
         let read_failed = |e: kvm_stats::Error| fail(ErrorClass::GenericError, chain(&e));
         if target == StatsTarget::Vm {
             return match self.vm_stats.read_sample(&mut self.vm_sample) {
-                Ok(()) => ret(kvm_stats::json::query_stats([(self.vm_stats.schema(), &self.vm_sample)], &filter)),
+                Ok(()) => ret(kvm_stats::json::query_stats(
+                    [(self.vm_stats.schema(), &self.vm_sample)],
+                    &filter,
+                )),
                 Err(e) => read_failed(e),
             };
         }
@@ -218,14 +269,21 @@ impl Handler {
                 return read_failed(e);
             }
         }
-        let sources = list.iter().map(|&i| (self.vcpu_stats[i].schema(), &self.vcpu_samples[i]));
+        let sources = list
+            .iter()
+            .map(|&i| (self.vcpu_stats[i].schema(), &self.vcpu_samples[i]));
         ret(kvm_stats::json::query_stats(sources, &filter))
     }
 
     fn query_schemas(&self, target: Option<StatsTarget>) -> Value {
         let vm = target != Some(StatsTarget::Vcpu);
         let vcpu = target != Some(StatsTarget::Vm);
-        let schemas = vm.then(|| self.vm_stats.schema()).into_iter().chain(self.vcpu_stats.first().filter(|_| vcpu).map(StatsFd::schema));
+        let schemas = vm.then(|| self.vm_stats.schema()).into_iter().chain(
+            self.vcpu_stats
+                .first()
+                .filter(|_| vcpu)
+                .map(StatsFd::schema),
+        );
         kvm_stats::json::query_stats_schemas(schemas)
     }
 
@@ -243,7 +301,10 @@ impl Handler {
         }
         let shared = &self.ctx.vcpus[vcpu];
         if let VcpuState::Finished(how) = shared.state() {
-            return fail(ErrorClass::GenericError, format!("vCPU {vcpu} has stopped ({how})"));
+            return fail(
+                ErrorClass::GenericError,
+                format!("vCPU {vcpu} has stopped ({how})"),
+            );
         }
         let count = commands.len() as u64;
         let first = shared.push_commands(commands);
@@ -260,11 +321,23 @@ impl Handler {
         let shared = &self.ctx.vcpus[w.vcpu];
         let results = shared.results();
         if results.last().is_some_and(|r| r.seq >= w.last) {
-            let mine: Vec<Value> = results.iter().filter(|r| (w.first..=w.last).contains(&r.seq)).map(result_json).collect();
-            return Some(ret(json!({"vcpu": w.vcpu, "first-seq": w.first, "last-seq": w.last, "results": mine})));
+            let mine: Vec<Value> = results
+                .iter()
+                .filter(|r| (w.first..=w.last).contains(&r.seq))
+                .map(result_json)
+                .collect();
+            return Some(ret(
+                json!({"vcpu": w.vcpu, "first-seq": w.first, "last-seq": w.last, "results": mine}),
+            ));
         }
         match shared.state() {
-            VcpuState::Finished(how) => Some(fail(ErrorClass::GenericError, format!("vCPU {} stopped before its commands finished ({how})", w.vcpu))),
+            VcpuState::Finished(how) => Some(fail(
+                ErrorClass::GenericError,
+                format!(
+                    "vCPU {} stopped before its commands finished ({how})",
+                    w.vcpu
+                ),
+            )),
             _ => None,
         }
     }
@@ -279,7 +352,10 @@ impl Handler {
         });
         let (state, detail) = match shared.state() {
             VcpuState::Booting => ("booting", None),
-            VcpuState::Running { seq, command } => ("running", Some(("command", json!({"seq": seq, "command": command})))),
+            VcpuState::Running { seq, command } => (
+                "running",
+                Some(("command", json!({"seq": seq, "command": command}))),
+            ),
             VcpuState::Waiting => ("waiting", None),
             VcpuState::Paused => ("paused", None),
             VcpuState::Finished(how) => ("finished", Some(("outcome", json!(how)))),

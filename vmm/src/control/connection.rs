@@ -132,10 +132,18 @@ impl Connection {
         while fds.len() > MAX_FDS_PER_MESSAGE && line.len() > 1 {
             let rest = fds.split_off(MAX_FDS_PER_MESSAGE);
             let tail = line.split_off(1);
-            self.output.push_back(Chunk { bytes: line, sent: 0, fds });
+            self.output.push_back(Chunk {
+                bytes: line,
+                sent: 0,
+                fds,
+            });
             (line, fds) = (tail, rest);
         }
-        self.output.push_back(Chunk { bytes: line, sent: 0, fds });
+        self.output.push_back(Chunk {
+            bytes: line,
+            sent: 0,
+            fds,
+        });
     }
 
     /// True when the client has more output waiting than it may.
@@ -240,7 +248,9 @@ mod tests {
     fn queued_fds_are_split_into_kernel_sized_messages() {
         let (mut c, peer) = pair();
         let file = File::open("/proc/self/stat").unwrap();
-        let fds: Vec<File> = (0..MAX_FDS_PER_MESSAGE + 2).map(|_| file.try_clone().unwrap()).collect();
+        let fds: Vec<File> = (0..MAX_FDS_PER_MESSAGE + 2)
+            .map(|_| file.try_clone().unwrap())
+            .collect();
         c.queue(b"{\"return\":{}}\n".to_vec(), fds);
         c.flush().unwrap();
         assert!(!c.has_output());
@@ -250,7 +260,10 @@ mod tests {
             let n = scm::recv_with_fds(&peer, &mut buf, &mut got, MAX_FDS_PER_MESSAGE).unwrap();
             bytes.extend_from_slice(&buf[..n]);
         }
-        assert_eq!((bytes.as_slice(), got.len()), (&b"{\"return\":{}}\n"[..], MAX_FDS_PER_MESSAGE + 2));
+        assert_eq!(
+            (bytes.as_slice(), got.len()),
+            (&b"{\"return\":{}}\n"[..], MAX_FDS_PER_MESSAGE + 2)
+        );
     }
 
     #[test]

@@ -91,7 +91,12 @@ impl Context {
     /// # Errors
     /// `Dup` if an fd cannot be duplicated.
     pub fn new(vm: &Vm) -> Result<Context, Error> {
-        let vcpu_stats = vm.vcpu_stats.iter().map(|s| vm::dup_fd(s.file())).collect::<Result<_, _>>().map_err(Error::Dup)?;
+        let vcpu_stats = vm
+            .vcpu_stats
+            .iter()
+            .map(|s| vm::dup_fd(s.file()))
+            .collect::<Result<_, _>>()
+            .map_err(Error::Dup)?;
         Ok(Context {
             vm_fd: vm::dup_fd(&vm.fd).map_err(Error::Dup)?,
             vcpu_stats,
@@ -127,19 +132,36 @@ impl Server {
         let exit = new_eventfd()?;
         let ours = Arc::new(new_eventfd()?);
         // Every vCPU writes the same watcher (if another server set one first, use that).
-        let watcher = context.vcpus.first().map_or(ours.clone(), |v| v.watcher.get_or_init(|| ours.clone()).clone());
+        let watcher = context.vcpus.first().map_or(ours.clone(), |v| {
+            v.watcher.get_or_init(|| ours.clone()).clone()
+        });
         for v in &context.vcpus {
             v.watcher.get_or_init(|| watcher.clone());
         }
-        let retry = TimerFd::new().map_err(|e| Error::EventFd(std::io::Error::from_raw_os_error(e.errno())))?;
+        let retry = TimerFd::new()
+            .map_err(|e| Error::EventFd(std::io::Error::from_raw_os_error(e.errno())))?;
         let stopping = Arc::new(AtomicBool::new(false));
         let handler = Handler::new(context, stopping.clone())?;
-        let plane = Plane::new(listener, exit.try_clone().map_err(Error::EventFd)?, watcher, retry, handler);
+        let plane = Plane::new(
+            listener,
+            exit.try_clone().map_err(Error::EventFd)?,
+            watcher,
+            retry,
+            handler,
+        );
         let mut manager = EventManager::new().map_err(Error::EventManager)?;
         let id = manager.add_subscriber(plane);
-        let thread = std::thread::Builder::new().name("control".into()).spawn(move || serve(manager, id)).map_err(Error::Spawn)?;
+        let thread = std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || serve(manager, id))
+            .map_err(Error::Spawn)?;
         log::info!("control socket at {}", socket.path().display());
-        Ok(Server { exit, stopping, thread: Some(thread), socket })
+        Ok(Server {
+            exit,
+            stopping,
+            thread: Some(thread),
+            socket,
+        })
     }
 
     /// Where clients connect.

@@ -67,10 +67,27 @@ pub struct Plane {
 }
 
 impl Plane {
-    pub fn new(listener: UnixListener, exit: EventFd, watcher: Arc<EventFd>, retry: TimerFd, handler: Handler) -> Plane {
+    pub fn new(
+        listener: UnixListener,
+        exit: EventFd,
+        watcher: Arc<EventFd>,
+        retry: TimerFd,
+        handler: Handler,
+    ) -> Plane {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let uid = unsafe { libc::geteuid() };
-        Plane { listener, exit, watcher, retry, handler, clients: HashMap::new(), waits: Vec::new(), next_token: FIRST_CLIENT, uid, done: false }
+        Plane {
+            listener,
+            exit,
+            watcher,
+            retry,
+            handler,
+            clients: HashMap::new(),
+            waits: Vec::new(),
+            next_token: FIRST_CLIENT,
+            uid,
+            done: false,
+        }
     }
 
     fn accept(&mut self, ops: &mut EventOps) {
@@ -82,8 +99,14 @@ impl Plane {
                 Err(e) => {
                     // Out of fds or memory: the listener would stay readable and
                     // spin the loop, so stop listening for a moment.
-                    log::warn!("control: accepting a client failed ({e}); retrying in {ACCEPT_RETRY:?}");
-                    let _ = ops.modify(Events::with_data(&self.listener, LISTENER, EventSet::empty()));
+                    log::warn!(
+                        "control: accepting a client failed ({e}); retrying in {ACCEPT_RETRY:?}"
+                    );
+                    let _ = ops.modify(Events::with_data(
+                        &self.listener,
+                        LISTENER,
+                        EventSet::empty(),
+                    ));
                     let _ = self.retry.reset(ACCEPT_RETRY, None);
                     return;
                 }
@@ -95,11 +118,27 @@ impl Plane {
     fn admit(&mut self, stream: UnixStream, ops: &mut EventOps) {
         let refusal = match scm::peer_uid(&stream) {
             Ok(uid) if uid == self.uid || uid == 0 => None,
-            Ok(uid) => Some((ErrorClass::PermissionDenied, format!("uid {uid} may not use this socket: only uid {} and root may", self.uid))),
-            Err(e) => Some((ErrorClass::PermissionDenied, format!("the peer's credentials are unreadable: {e}"))),
+            Ok(uid) => Some((
+                ErrorClass::PermissionDenied,
+                format!(
+                    "uid {uid} may not use this socket: only uid {} and root may",
+                    self.uid
+                ),
+            )),
+            Err(e) => Some((
+                ErrorClass::PermissionDenied,
+                format!("the peer's credentials are unreadable: {e}"),
+            )),
         };
         let refusal = refusal.or_else(|| {
-            (self.clients.len() >= MAX_CLIENTS).then(|| (ErrorClass::TooManyClients, format!("this VMM serves at most {MAX_CLIENTS} clients at once; try again later")))
+            (self.clients.len() >= MAX_CLIENTS).then(|| {
+                (
+                    ErrorClass::TooManyClients,
+                    format!(
+                        "this VMM serves at most {MAX_CLIENTS} clients at once; try again later"
+                    ),
+                )
+            })
         });
         if let Some((class, desc)) = refusal {
             log::info!("control: refusing a client: {desc}");
@@ -116,17 +155,25 @@ impl Plane {
         let mut greeting = self.handler.greeting().to_string().into_bytes();
         greeting.push(b'\n');
         client.queue(greeting, Vec::new());
-        if ops.add(Events::with_data(client.stream(), token, EventSet::IN)).is_err() {
+        if ops
+            .add(Events::with_data(client.stream(), token, EventSet::IN))
+            .is_err()
+        {
             return;
         }
         self.clients.insert(token, client);
-        log::debug!("control: client {token} connected ({} now)", self.clients.len());
+        log::debug!(
+            "control: client {token} connected ({} now)",
+            self.clients.len()
+        );
         self.settle(token, ops);
     }
 
     /// Handles readiness of client `token`.
     fn serve(&mut self, token: u32, set: EventSet, ops: &mut EventOps) {
-        let Some(client) = self.clients.get_mut(&token) else { return };
+        let Some(client) = self.clients.get_mut(&token) else {
+            return;
+        };
         if set.intersects(EventSet::HANG_UP | EventSet::ERROR) {
             return self.drop_client(token, ops, "it hung up");
         }
@@ -142,9 +189,15 @@ impl Plane {
     fn pump(&mut self, token: u32, ops: &mut EventOps) {
         while let Some(line) = self.clients.get_mut(&token).and_then(Connection::next_line) {
             let Line::Complete(line) = line else {
-                let desc = format!("a request line may be at most {} bytes; closing", super::MAX_LINE);
+                let desc = format!(
+                    "a request line may be at most {} bytes; closing",
+                    super::MAX_LINE
+                );
                 if let Some(c) = self.clients.get_mut(&token) {
-                    c.queue(reply_line(None, error_body(ErrorClass::LineTooLong, &desc)), Vec::new());
+                    c.queue(
+                        reply_line(None, error_body(ErrorClass::LineTooLong, &desc)),
+                        Vec::new(),
+                    );
                     let _ = c.flush();
                 }
                 return self.drop_client(token, ops, "its line was too long");
@@ -174,10 +227,14 @@ impl Plane {
     }
 
     fn answer(&mut self, token: u32, id: Option<&Value>, outcome: Outcome) {
-        let Some(client) = self.clients.get_mut(&token) else { return };
+        let Some(client) = self.clients.get_mut(&token) else {
+            return;
+        };
         match outcome {
             Outcome::Return(value, fds) => client.queue(reply_line(id, ("return", value)), fds),
-            Outcome::Error(class, desc) => client.queue(reply_line(id, error_body(class, &desc)), Vec::new()),
+            Outcome::Error(class, desc) => {
+                client.queue(reply_line(id, error_body(class, &desc)), Vec::new())
+            }
             Outcome::Wait(_) => {}
         }
     }
@@ -207,12 +264,18 @@ impl Plane {
     /// Sends what the client can take, then drops it if it is over its
     /// limits or finished, or updates what to watch it for.
     fn settle(&mut self, token: u32, ops: &mut EventOps) {
-        let Some(client) = self.clients.get_mut(&token) else { return };
+        let Some(client) = self.clients.get_mut(&token) else {
+            return;
+        };
         if let Err(e) = client.flush() {
             return self.drop_client(token, ops, &format!("sending failed: {e}"));
         }
         if client.over_limit() {
-            return self.drop_client(token, ops, "it does not read its replies (output limit reached)");
+            return self.drop_client(
+                token,
+                ops,
+                "it does not read its replies (output limit reached)",
+            );
         }
         if client.ended && !client.busy && !client.has_output() {
             return self.drop_client(token, ops, "it closed its end");
@@ -224,7 +287,10 @@ impl Plane {
         if client.has_output() {
             set |= EventSet::OUT;
         }
-        if ops.modify(Events::with_data(client.stream(), token, set)).is_err() {
+        if ops
+            .modify(Events::with_data(client.stream(), token, set))
+            .is_err()
+        {
             self.drop_client(token, ops, "epoll refused it");
         }
     }
@@ -262,7 +328,12 @@ impl Plane {
 
 impl MutEventSubscriber for Plane {
     fn init(&mut self, ops: &mut EventOps) {
-        let fds: [(&dyn std::os::fd::AsRawFd, u32); 4] = [(&self.listener, LISTENER), (&self.exit, EXIT), (&*self.watcher, WATCHER), (&self.retry, RETRY)];
+        let fds: [(&dyn std::os::fd::AsRawFd, u32); 4] = [
+            (&self.listener, LISTENER),
+            (&self.exit, EXIT),
+            (&*self.watcher, WATCHER),
+            (&self.retry, RETRY),
+        ];
         for (fd, token) in fds {
             if let Err(e) = ops.add(Events::with_data_raw(fd.as_raw_fd(), token, EventSet::IN)) {
                 log::error!("control: registering fd {token} with epoll failed: {e}");

@@ -75,12 +75,29 @@ pub enum Command {
     QueryCommands,
     QueryVm,
     /// `vcpu` is `None` for the VM target.
-    GetStatsFd { target: StatsTarget, vcpu: Option<VcpuSelector> },
-    QueryStats { target: StatsTarget, names: Option<Vec<String>>, vcpus: Option<Vec<usize>> },
-    QueryStatsSchemas { target: Option<StatsTarget> },
-    QueryExits { vcpus: Option<Vec<usize>> },
-    GuestCommand { vcpu: usize, command: String, wait: bool },
-    QueryGuest { vcpus: Option<Vec<usize>> },
+    GetStatsFd {
+        target: StatsTarget,
+        vcpu: Option<VcpuSelector>,
+    },
+    QueryStats {
+        target: StatsTarget,
+        names: Option<Vec<String>>,
+        vcpus: Option<Vec<usize>>,
+    },
+    QueryStatsSchemas {
+        target: Option<StatsTarget>,
+    },
+    QueryExits {
+        vcpus: Option<Vec<usize>>,
+    },
+    GuestCommand {
+        vcpu: usize,
+        command: String,
+        wait: bool,
+    },
+    QueryGuest {
+        vcpus: Option<Vec<usize>>,
+    },
     Pause,
     Resume,
     Quit,
@@ -115,28 +132,58 @@ pub struct Request {
 /// A [`RequestError`] saying what is wrong, carrying the request's `id` when
 /// the line was an object with one.
 pub fn parse(line: &[u8]) -> Result<Request, RequestError> {
-    let fail = |class, desc: String| RequestError { id: None, class, desc };
-    let value: Value =
-        serde_json::from_slice(line).map_err(|e| fail(ErrorClass::ParseError, format!("the line is not JSON: {e}")))?;
+    let fail = |class, desc: String| RequestError {
+        id: None,
+        class,
+        desc,
+    };
+    let value: Value = serde_json::from_slice(line)
+        .map_err(|e| fail(ErrorClass::ParseError, format!("the line is not JSON: {e}")))?;
     let Value::Object(mut top) = value else {
-        return Err(fail(ErrorClass::ParseError, "a request must be a JSON object".into()));
+        return Err(fail(
+            ErrorClass::ParseError,
+            "a request must be a JSON object".into(),
+        ));
     };
     let id = top.remove("id");
-    let with_id = |class, desc: String| RequestError { id: id.clone(), class, desc };
+    let with_id = |class, desc: String| RequestError {
+        id: id.clone(),
+        class,
+        desc,
+    };
     let name = match top.remove("execute") {
         Some(Value::String(name)) => name,
-        Some(_) => return Err(with_id(ErrorClass::ParseError, "'execute' must be a string".into())),
-        None => return Err(with_id(ErrorClass::ParseError, "a request needs an 'execute' member naming the command".into())),
+        Some(_) => {
+            return Err(with_id(
+                ErrorClass::ParseError,
+                "'execute' must be a string".into(),
+            ))
+        }
+        None => {
+            return Err(with_id(
+                ErrorClass::ParseError,
+                "a request needs an 'execute' member naming the command".into(),
+            ))
+        }
     };
     let arguments = match top.remove("arguments") {
         None => Map::new(),
         Some(Value::Object(map)) => map,
-        Some(_) => return Err(with_id(ErrorClass::ParseError, "'arguments' must be an object".into())),
+        Some(_) => {
+            return Err(with_id(
+                ErrorClass::ParseError,
+                "'arguments' must be an object".into(),
+            ))
+        }
     };
     if let Some(key) = top.keys().next() {
-        return Err(with_id(ErrorClass::ParseError, format!("member '{key}' is unexpected (a request has execute, arguments and id)")));
+        return Err(with_id(
+            ErrorClass::ParseError,
+            format!("member '{key}' is unexpected (a request has execute, arguments and id)"),
+        ));
     }
-    let command = parse_command(&name, Args::new(arguments)).map_err(|(class, desc)| with_id(class, desc))?;
+    let command =
+        parse_command(&name, Args::new(arguments)).map_err(|(class, desc)| with_id(class, desc))?;
     Ok(Request { id, command })
 }
 
@@ -151,41 +198,60 @@ fn parse_command(name: &str, mut a: Args) -> Result<Command, ArgError> {
         }
         "query-commands" => Command::QueryCommands,
         "query-vm" => Command::QueryVm,
-        "get-stats-fd" => {
-            let target = a.target("target")?.ok_or_else(|| Args::missing("target"))?;
-            let vcpu = match target {
-                StatsTarget::Vm => None,
-                StatsTarget::Vcpu => Some(a.selector("vcpu")?.unwrap_or(VcpuSelector::All)),
-            };
-            Command::GetStatsFd { target, vcpu }
-        }
-        "query-stats" => {
-            let target = a.target("target")?.ok_or_else(|| Args::missing("target"))?;
-            let names = a.strings("names")?;
-            let vcpus = a.indexes("vcpus")?;
-            if target == StatsTarget::Vm && vcpus.is_some() {
-                return Err(invalid("'vcpus' only goes with target 'vcpu'".into()));
-            }
-            Command::QueryStats { target, names, vcpus }
-        }
-        "query-stats-schemas" => Command::QueryStatsSchemas { target: a.target("target")? },
-        "query-exits" => Command::QueryExits { vcpus: a.indexes("vcpus")? },
-        "guest-command" => {
-            let vcpu = a.index("vcpu")?.ok_or_else(|| Args::missing("vcpu"))?;
-            let command = a.string("command")?.ok_or_else(|| Args::missing("command"))?;
-            Command::GuestCommand { vcpu, command, wait: a.boolean("wait")?.unwrap_or(false) }
-        }
-        "query-guest" => Command::QueryGuest { vcpus: a.indexes("vcpus")? },
+        "get-stats-fd" => get_stats_fd(&mut a)?,
+        "query-stats" => query_stats(&mut a)?,
+        "query-stats-schemas" => Command::QueryStatsSchemas {
+            target: a.target("target")?,
+        },
+        "query-exits" => Command::QueryExits {
+            vcpus: a.indexes("vcpus")?,
+        },
+        "guest-command" => Command::GuestCommand {
+            vcpu: a.index("vcpu")?.ok_or_else(|| Args::missing("vcpu"))?,
+            command: a
+                .string("command")?
+                .ok_or_else(|| Args::missing("command"))?,
+            wait: a.boolean("wait")?.unwrap_or(false),
+        },
+        "query-guest" => Command::QueryGuest {
+            vcpus: a.indexes("vcpus")?,
+        },
         "pause" => Command::Pause,
         "resume" => Command::Resume,
         "quit" => Command::Quit,
         other => {
             let shown: String = other.chars().take(64).collect();
-            return Err((ErrorClass::CommandNotFound, format!("the command '{shown}' does not exist (see query-commands)")));
+            return Err((
+                ErrorClass::CommandNotFound,
+                format!("the command '{shown}' does not exist (see query-commands)"),
+            ));
         }
     };
     a.finish()?;
     Ok(command)
+}
+
+fn get_stats_fd(a: &mut Args) -> Result<Command, ArgError> {
+    let target = a.target("target")?.ok_or_else(|| Args::missing("target"))?;
+    let vcpu = match target {
+        StatsTarget::Vm => None,
+        StatsTarget::Vcpu => Some(a.selector("vcpu")?.unwrap_or(VcpuSelector::All)),
+    };
+    Ok(Command::GetStatsFd { target, vcpu })
+}
+
+fn query_stats(a: &mut Args) -> Result<Command, ArgError> {
+    let target = a.target("target")?.ok_or_else(|| Args::missing("target"))?;
+    let names = a.strings("names")?;
+    let vcpus = a.indexes("vcpus")?;
+    if target == StatsTarget::Vm && vcpus.is_some() {
+        return Err(invalid("'vcpus' only goes with target 'vcpu'".into()));
+    }
+    Ok(Command::QueryStats {
+        target,
+        names,
+        vcpus,
+    })
 }
 
 fn invalid(desc: String) -> ArgError {
@@ -236,7 +302,9 @@ impl Args {
     }
 
     fn index(&mut self, key: &str) -> Result<Option<usize>, ArgError> {
-        self.take(key).map(|v| as_index(&v).ok_or_else(|| Self::wrong(key, "a vCPU index (a whole number)"))).transpose()
+        self.take(key)
+            .map(|v| as_index(&v).ok_or_else(|| Self::wrong(key, "a vCPU index (a whole number)")))
+            .transpose()
     }
 
     fn target(&mut self, key: &str) -> Result<Option<StatsTarget>, ArgError> {
@@ -252,7 +320,9 @@ impl Args {
         match self.take(key) {
             None => Ok(None),
             Some(Value::String(s)) if s == "all" => Ok(Some(VcpuSelector::All)),
-            Some(v) => as_index(&v).map(|i| Some(VcpuSelector::One(i))).ok_or_else(|| Self::wrong(key, "a vCPU index or \"all\"")),
+            Some(v) => as_index(&v)
+                .map(|i| Some(VcpuSelector::One(i)))
+                .ok_or_else(|| Self::wrong(key, "a vCPU index or \"all\"")),
         }
     }
 
@@ -260,7 +330,12 @@ impl Args {
         let expected = "a list of vCPU indexes";
         match self.take(key) {
             None => Ok(None),
-            Some(Value::Array(items)) => items.iter().map(as_index).collect::<Option<_>>().map(Some).ok_or_else(|| Self::wrong(key, expected)),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(as_index)
+                .collect::<Option<_>>()
+                .map(Some)
+                .ok_or_else(|| Self::wrong(key, expected)),
             Some(_) => Err(Self::wrong(key, expected)),
         }
     }

@@ -19,7 +19,13 @@ fn err(line: &str) -> RequestError {
 
 #[test]
 fn parse_accepts_command_without_arguments_or_id() {
-    assert_eq!(ok(r#"{"execute":"query-vm"}"#), Request { id: None, command: Command::QueryVm });
+    assert_eq!(
+        ok(r#"{"execute":"query-vm"}"#),
+        Request {
+            id: None,
+            command: Command::QueryVm
+        }
+    );
 }
 
 #[test]
@@ -36,15 +42,33 @@ fn parse_accepts_trailing_carriage_return() {
 #[test]
 fn get_stats_fd_for_vm_has_no_vcpu() {
     let r = ok(r#"{"execute":"get-stats-fd","arguments":{"target":"vm"}}"#);
-    assert_eq!(r.command, Command::GetStatsFd { target: StatsTarget::Vm, vcpu: None });
+    assert_eq!(
+        r.command,
+        Command::GetStatsFd {
+            target: StatsTarget::Vm,
+            vcpu: None
+        }
+    );
 }
 
 #[test]
 fn get_stats_fd_for_vcpu_takes_index_or_all_and_defaults_to_all() {
     let one = ok(r#"{"execute":"get-stats-fd","arguments":{"target":"vcpu","vcpu":3}}"#);
-    assert_eq!(one.command, Command::GetStatsFd { target: StatsTarget::Vcpu, vcpu: Some(VcpuSelector::One(3)) });
+    assert_eq!(
+        one.command,
+        Command::GetStatsFd {
+            target: StatsTarget::Vcpu,
+            vcpu: Some(VcpuSelector::One(3))
+        }
+    );
     let all = ok(r#"{"execute":"get-stats-fd","arguments":{"target":"vcpu","vcpu":"all"}}"#);
-    assert_eq!(all.command, Command::GetStatsFd { target: StatsTarget::Vcpu, vcpu: Some(VcpuSelector::All) });
+    assert_eq!(
+        all.command,
+        Command::GetStatsFd {
+            target: StatsTarget::Vcpu,
+            vcpu: Some(VcpuSelector::All)
+        }
+    );
     let default = ok(r#"{"execute":"get-stats-fd","arguments":{"target":"vcpu"}}"#);
     assert_eq!(default.command, all.command);
 }
@@ -59,26 +83,53 @@ fn get_stats_fd_for_vm_rejects_a_vcpu_argument() {
 #[test]
 fn get_stats_fd_without_target_is_missing_argument() {
     let e = err(r#"{"execute":"get-stats-fd","id":7}"#);
-    assert_eq!((e.class, e.id), (ErrorClass::InvalidArgument, Some(json!(7))));
+    assert_eq!(
+        (e.class, e.id),
+        (ErrorClass::InvalidArgument, Some(json!(7)))
+    );
     assert!(e.desc.contains("'target' is missing"));
 }
 
 #[test]
 fn query_stats_takes_names_and_vcpus() {
-    let r = ok(r#"{"execute":"query-stats","arguments":{"target":"vcpu","names":["exits"],"vcpus":[0,1]}}"#);
-    assert_eq!(r.command, Command::QueryStats { target: StatsTarget::Vcpu, names: Some(vec!["exits".into()]), vcpus: Some(vec![0, 1]) });
+    let r = ok(
+        r#"{"execute":"query-stats","arguments":{"target":"vcpu","names":["exits"],"vcpus":[0,1]}}"#,
+    );
+    assert_eq!(
+        r.command,
+        Command::QueryStats {
+            target: StatsTarget::Vcpu,
+            names: Some(vec!["exits".into()]),
+            vcpus: Some(vec![0, 1])
+        }
+    );
 }
 
 #[test]
 fn query_stats_rejects_vcpus_with_vm_target() {
-    assert_eq!(err(r#"{"execute":"query-stats","arguments":{"target":"vm","vcpus":[0]}}"#).class, ErrorClass::InvalidArgument);
+    assert_eq!(
+        err(r#"{"execute":"query-stats","arguments":{"target":"vm","vcpus":[0]}}"#).class,
+        ErrorClass::InvalidArgument
+    );
 }
 
 #[test]
 fn guest_command_needs_vcpu_and_command_and_takes_wait() {
-    let r = ok(r#"{"execute":"guest-command","arguments":{"vcpu":0,"command":"touch size=4M","wait":true}}"#);
-    assert_eq!(r.command, Command::GuestCommand { vcpu: 0, command: "touch size=4M".into(), wait: true });
-    assert_eq!(err(r#"{"execute":"guest-command","arguments":{"vcpu":0}}"#).class, ErrorClass::InvalidArgument);
+    let r = ok(
+        r#"{"execute":"guest-command","arguments":{"vcpu":0,"command":"touch size=4M","wait":true}}"#,
+    );
+    assert_eq!(
+        r.command,
+        Command::GuestCommand {
+            vcpu: 0,
+            command: "touch size=4M".into(),
+            wait: true
+        }
+    );
+    assert_eq!(
+        err(r#"{"execute":"guest-command","arguments":{"vcpu":0}}"#).class,
+        ErrorClass::InvalidArgument
+    );
 }
 
 #[test]
@@ -109,7 +160,10 @@ fn unexpected_argument_is_named() {
 #[test]
 fn unknown_command_is_command_not_found_with_id() {
     let e = err(r#"{"execute":"reboot","id":"x"}"#);
-    assert_eq!((e.class, e.id), (ErrorClass::CommandNotFound, Some(json!("x"))));
+    assert_eq!(
+        (e.class, e.id),
+        (ErrorClass::CommandNotFound, Some(json!("x")))
+    );
 }
 
 #[test]

@@ -30,11 +30,21 @@ fn control_buffer(max_fds: usize) -> Vec<u64> {
 /// # Errors
 /// The `sendmsg` failure (`WouldBlock` on a full non-blocking socket, when
 /// nothing was sent and the fds did not go either).
-pub fn send_with_fds(socket: &impl AsRawFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
+pub fn send_with_fds(
+    socket: &impl AsRawFd,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<usize> {
     if fds.len() > MAX_FDS_PER_MESSAGE {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds for one message"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many fds for one message",
+        ));
     }
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
     let mut control = control_buffer(fds.len());
     // SAFETY: an all-zero msghdr is a valid empty message.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
@@ -72,8 +82,16 @@ pub fn send_with_fds(socket: &impl AsRawFd, bytes: &[u8], fds: &[BorrowedFd<'_>]
 /// # Errors
 /// The `recvmsg` failure, or `InvalidData` when the kernel had to drop fds for
 /// lack of room (more than `max_fds`; those that did fit are closed too).
-pub fn recv_with_fds(socket: &impl AsRawFd, buf: &mut [u8], fds: &mut Vec<File>, max_fds: usize) -> io::Result<usize> {
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+pub fn recv_with_fds(
+    socket: &impl AsRawFd,
+    buf: &mut [u8],
+    fds: &mut Vec<File>,
+    max_fds: usize,
+) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     let mut control = control_buffer(max_fds);
     // SAFETY: an all-zero msghdr is a valid empty message.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
@@ -89,7 +107,10 @@ pub fn recv_with_fds(socket: &impl AsRawFd, buf: &mut [u8], fds: &mut Vec<File>,
     let received = take_fds(&msg);
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         drop(received);
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer sent more fds than there was room for"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the peer sent more fds than there was room for",
+        ));
     }
     fds.extend(received);
     Ok(read as usize)
@@ -127,7 +148,15 @@ pub fn peer_uid(socket: &impl AsRawFd) -> io::Result<u32> {
     let mut cred: libc::ucred = unsafe { mem::zeroed() };
     let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cred`, which we own.
-    let rc = unsafe { libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -150,7 +179,10 @@ mod tests {
     fn fds_arrive_with_their_bytes_and_are_close_on_exec() {
         let (a, b) = pair();
         let file = File::open("/proc/self/stat").unwrap();
-        assert_eq!(send_with_fds(&a, b"hello\n", &[file.as_fd(), file.as_fd()]).unwrap(), 6);
+        assert_eq!(
+            send_with_fds(&a, b"hello\n", &[file.as_fd(), file.as_fd()]).unwrap(),
+            6
+        );
         let mut buf = [0u8; 64];
         let mut fds = Vec::new();
         let n = recv_with_fds(&b, &mut buf, &mut fds, 8).unwrap();
@@ -185,7 +217,10 @@ mod tests {
         let (a, mut b) = pair();
         let file = File::open("/proc/self/stat").unwrap();
         let many = vec![file.as_fd(); MAX_FDS_PER_MESSAGE + 1];
-        assert_eq!(send_with_fds(&a, b"x", &many).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            send_with_fds(&a, b"x", &many).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
         drop(a);
         assert_eq!(b.read(&mut [0u8; 4]).unwrap(), 0);
     }

@@ -71,7 +71,9 @@ impl SocketFile {
         fs::set_permissions(&temp, fs::Permissions::from_mode(0o600)).map_err(Error::Chmod)?;
         if stale {
             match fs::remove_file(path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(Error::RemoveStale(path.to_path_buf(), e)),
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(Error::RemoveStale(path.to_path_buf(), e))
+                }
                 _ => {}
             }
         }
@@ -80,7 +82,13 @@ impl SocketFile {
             _ => Error::Rename(path.to_path_buf(), e),
         })?;
         let meta = fs::symlink_metadata(path).map_err(|e| Error::Probe(path.to_path_buf(), e))?;
-        Ok((SocketFile { path: path.to_path_buf(), identity: (meta.dev(), meta.ino()) }, listener))
+        Ok((
+            SocketFile {
+                path: path.to_path_buf(),
+                identity: (meta.dev(), meta.ino()),
+            },
+            listener,
+        ))
     }
 
     /// Where the socket is.
@@ -91,10 +99,14 @@ impl SocketFile {
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let ours = fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.identity);
+        let ours =
+            fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.identity);
         if ours {
             if let Err(e) = fs::remove_file(&self.path) {
-                log::warn!("could not remove the control socket {}: {e}", self.path.display());
+                log::warn!(
+                    "could not remove the control socket {}: {e}",
+                    self.path.display()
+                );
             }
         }
     }
@@ -129,7 +141,12 @@ impl PrivateDir {
         let template = parent.join(".kvmscope-XXXXXX");
         let fail = |e| Error::TempDir(target.to_path_buf(), e);
         let mut bytes = CString::new(template.into_os_string().into_vec())
-            .map_err(|_| fail(io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte")))?
+            .map_err(|_| {
+                fail(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the path contains a NUL byte",
+                ))
+            })?
             .into_bytes_with_nul();
         // SAFETY: `bytes` is a NUL-terminated template we own; mkdtemp rewrites
         // its trailing XXXXXX in place and creates the directory with mode 0700.
@@ -149,10 +166,22 @@ impl Drop for PrivateDir {
 }
 
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte"));
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "the path contains a NUL byte")
+        })
+    };
     let (from, to) = (c(from)?, c(to)?);
     // SAFETY: both are valid NUL-terminated paths that outlive the call.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE) };
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -168,7 +197,8 @@ mod tests {
 
     impl Scratch {
         fn new(name: &str) -> Scratch {
-            let p = std::env::temp_dir().join(format!("kvmscope-sock-{name}-{}", std::process::id()));
+            let p =
+                std::env::temp_dir().join(format!("kvmscope-sock-{name}-{}", std::process::id()));
             let _ = fs::remove_dir_all(&p);
             fs::create_dir_all(&p).unwrap();
             Scratch(p)
@@ -182,7 +212,10 @@ mod tests {
     }
 
     fn entries(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         names.sort();
         names
     }
@@ -205,7 +238,10 @@ mod tests {
         let path = d.0.join("ctl.sock");
         let _other = UnixListener::bind(&path).unwrap();
         assert!(matches!(SocketFile::bind(&path), Err(Error::InUse(_))));
-        assert!(fs::symlink_metadata(&path).is_ok(), "the live socket is left alone");
+        assert!(
+            fs::symlink_metadata(&path).is_ok(),
+            "the live socket is left alone"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use super::markers::{self, PhaseChange};
 use super::scale::{self, Axis};
-use super::svg::{num, El, Svg};
+use super::svg::{circle, coords, line, num, rect, El, Rect, Svg};
 use super::{ChartOptions, PlotError, RateScale, Rendered, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH};
 use crate::sampler::record::{Point, SeriesHeader, VcpuPoint};
 use crate::units::format_bytes;
@@ -20,14 +20,16 @@ const GAP: f64 = 26.0;
 const MARKER_MIN_PX: f64 = 13.0;
 /// Rough width of one character of an 11 px label, to cut labels that would not fit.
 const LABEL_CHAR_PX: f64 = 6.4;
-const ROW: f64 = 18.0;
+pub(super) const ROW: f64 = 18.0;
 
 /// One colour per vCPU (Tableau 10), repeating after ten.
-const VCPU_COLORS: [&str; 10] =
-    ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+pub(super) const VCPU_COLORS: [&str; 10] = [
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+    "#9c755f", "#bab0ac",
+];
 
 /// Page-size layers, bottom to top: legend name, SVG id, fill, bytes per page.
-const LAYERS: [(&str, &str, &str, f64); 3] = [
+pub(super) const LAYERS: [(&str, &str, &str, f64); 3] = [
     ("4 KiB pages", "layer-4k", "#9ecae1", 4096.0),
     ("2 MiB pages", "layer-2m", "#fdae6b", 2_097_152.0),
     ("1 GiB pages", "layer-1g", "#a1d99b", 1_073_741_824.0),
@@ -48,35 +50,21 @@ fn total_bytes(p: &Point) -> f64 {
 /// # Errors
 /// `PlotError::BadSize` outside `MIN_WIDTH`/`MIN_HEIGHT` to `MAX_SIDE`.
 pub fn check_size(opts: &ChartOptions) -> Result<(), PlotError> {
-    let ok = (MIN_WIDTH..=MAX_SIDE).contains(&opts.width) && (MIN_HEIGHT..=MAX_SIDE).contains(&opts.height);
+    let ok = (MIN_WIDTH..=MAX_SIDE).contains(&opts.width)
+        && (MIN_HEIGHT..=MAX_SIDE).contains(&opts.height);
     if ok {
         Ok(())
     } else {
-        Err(PlotError::BadSize { width: opts.width, height: opts.height })
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Rect {
-    x: f64,
-    y: f64,
-    w: f64,
-    h: f64,
-}
-
-impl Rect {
-    fn right(self) -> f64 {
-        self.x + self.w
-    }
-
-    fn bottom(self) -> f64 {
-        self.y + self.h
+        Err(PlotError::BadSize {
+            width: opts.width,
+            height: opts.height,
+        })
     }
 }
 
 /// Which of a vCPU's two rates a line shows.
 #[derive(Debug, Clone, Copy)]
-enum Rate {
+pub(super) enum Rate {
     /// KVM's `exits` stat: every exit, handled in the kernel or not.
     Kvm,
     /// Exits that reached this VMM.
@@ -98,7 +86,7 @@ impl Rate {
         }
     }
 
-    fn style(self, el: El) -> El {
+    pub(super) fn style(self, el: El) -> El {
         match self {
             Rate::Kvm => el.num("stroke-width", 1.8),
             Rate::Ours => el.num("stroke-width", 1.4).attr("stroke-dasharray", "6 3"),
@@ -112,15 +100,15 @@ pub struct Chart<'a> {
     opts: &'a ChartOptions,
     header: &'a SeriesHeader,
     points: Vec<&'a Point>,
-    vcpus: Vec<usize>,
+    pub(super) vcpus: Vec<usize>,
     /// vCPUs in the series, shown or not.
     available: usize,
-    layers: [bool; 3],
+    pub(super) layers: [bool; 3],
     /// Seconds from the first sample to the last.
     span_s: f64,
     changes: Vec<PhaseChange>,
-    top: Rect,
-    bottom: Rect,
+    pub(super) top: Rect,
+    pub(super) bottom: Rect,
     time: Axis,
     bytes: Axis,
     rates: Axis,
@@ -131,16 +119,27 @@ impl<'a> Chart<'a> {
     ///
     /// # Errors
     /// A bad size, no sample with a finite time, or a `vcpu` the series lacks.
-    pub fn new(header: &'a SeriesHeader, points: &'a [Point], opts: &'a ChartOptions) -> Result<Self, PlotError> {
+    pub fn new(
+        header: &'a SeriesHeader,
+        points: &'a [Point],
+        opts: &'a ChartOptions,
+    ) -> Result<Self, PlotError> {
         check_size(opts)?;
         let points: Vec<&Point> = points.iter().filter(|p| p.time_s.is_finite()).collect();
         let (Some(first), Some(last)) = (points.first(), points.last()) else {
-            return Err(PlotError::EmptySeries { name: opts.source.clone() });
+            return Err(PlotError::EmptySeries {
+                name: opts.source.clone(),
+            });
         };
         let available = points.iter().map(|p| p.vcpus.len()).max().unwrap_or(0);
         let vcpus = match opts.vcpu {
             Some(v) if v < available => vec![v],
-            Some(vcpu) => return Err(PlotError::NoSuchVcpu { vcpu, vcpus: available }),
+            Some(vcpu) => {
+                return Err(PlotError::NoSuchVcpu {
+                    vcpu,
+                    vcpus: available,
+                })
+            }
             None => (0..available).collect(),
         };
         let t0 = points.iter().map(|p| p.time_s).fold(first.time_s, f64::min);
@@ -149,7 +148,12 @@ impl<'a> Chart<'a> {
         let max_rate = max_rate(&points, &vcpus);
         let (w, h) = (f64::from(opts.width), f64::from(opts.height));
         let panel_h = (h - TOP - BOTTOM - GAP) / 2.0;
-        let top = Rect { x: LEFT, y: TOP, w: w - LEFT - RIGHT, h: panel_h };
+        let top = Rect {
+            x: LEFT,
+            y: TOP,
+            w: w - LEFT - RIGHT,
+            h: panel_h,
+        };
         Ok(Chart {
             opts,
             header,
@@ -160,7 +164,10 @@ impl<'a> Chart<'a> {
             available,
             span_s: t1 - t0,
             top,
-            bottom: Rect { y: top.bottom() + GAP, ..top },
+            bottom: Rect {
+                y: top.bottom() + GAP,
+                ..top
+            },
             time: scale::time_axis(t0, t1),
             bytes: scale::bytes_axis(max_bytes),
             rates: match opts.rates {
@@ -173,10 +180,19 @@ impl<'a> Chart<'a> {
     /// Writes the chart as an SVG document.
     pub fn render(&self) -> Rendered {
         let mut svg = Svg::new(self.opts.width, self.opts.height);
-        svg.leaf(El::new("rect").attr("width", "100%").attr("height", "100%").attr("fill", "white"));
+        svg.leaf(
+            El::new("rect")
+                .attr("width", "100%")
+                .attr("height", "100%")
+                .attr("fill", "white"),
+        );
         self.draw_title(&mut svg);
         for panel in [self.top, self.bottom] {
-            svg.leaf(rect(panel).attr("fill", "#fcfcfc").attr("stroke", "#c8c8c8"));
+            svg.leaf(
+                rect(panel)
+                    .attr("fill", "#fcfcfc")
+                    .attr("stroke", "#c8c8c8"),
+            );
         }
         self.draw_bands(&mut svg);
         self.draw_axes(&mut svg);
@@ -184,7 +200,12 @@ impl<'a> Chart<'a> {
         self.draw_rates(&mut svg);
         let markers = self.draw_markers(&mut svg);
         self.draw_legend(&mut svg);
-        Rendered { svg: svg.finish(), points: self.points.len(), markers, vcpus: self.vcpus.len() }
+        Rendered {
+            svg: svg.finish(),
+            points: self.points.len(),
+            markers,
+            vcpus: self.vcpus.len(),
+        }
     }
 
     fn x(&self, t: f64) -> f64 {
@@ -201,9 +222,15 @@ impl<'a> Chart<'a> {
 
     fn draw_title(&self, svg: &mut Svg) {
         let title = self.opts.title.as_deref().unwrap_or(&self.opts.source);
-        let el = El::new("text").attr("id", "title").num("x", LEFT).num("y", 26.0);
+        let el = El::new("text")
+            .attr("id", "title")
+            .num("x", LEFT)
+            .num("y", 26.0);
         svg.text(el.attr("font-size", 17).attr("font-weight", "bold"), title);
-        let el = El::new("text").attr("id", "subtitle").num("x", LEFT).num("y", 46.0);
+        let el = El::new("text")
+            .attr("id", "subtitle")
+            .num("x", LEFT)
+            .num("y", 46.0);
         svg.text(el.attr("fill", "#555"), &self.subtitle());
     }
 
@@ -211,7 +238,10 @@ impl<'a> Chart<'a> {
     fn subtitle(&self) -> String {
         let h = self.header;
         let mut parts = Vec::new();
-        let backend = h.backend.get("description").or_else(|| h.backend.get("kind"));
+        let backend = h
+            .backend
+            .get("description")
+            .or_else(|| h.backend.get("kind"));
         if let Some(b) = backend.and_then(|b| b.as_str()) {
             parts.push(b.to_string());
         }
@@ -226,7 +256,11 @@ impl<'a> Chart<'a> {
         if h.interval_ms.is_finite() && h.interval_ms > 0.0 {
             parts.push(format!("sampled every {} ms", scale::si(h.interval_ms)));
         }
-        parts.push(format!("{} samples over {:.2} s", self.points.len(), self.span_s));
+        parts.push(format!(
+            "{} samples over {:.2} s",
+            self.points.len(),
+            self.span_s
+        ));
         parts.join("  ·  ")
     }
 
@@ -235,12 +269,23 @@ impl<'a> Chart<'a> {
         if self.vcpus.len() != 1 || self.changes.is_empty() {
             return;
         }
-        svg.open(El::new("g").attr("id", "bands").attr("fill-opacity", "0.07"));
+        svg.open(
+            El::new("g")
+                .attr("id", "bands")
+                .attr("fill-opacity", "0.07"),
+        );
         for (i, c) in self.changes.iter().enumerate() {
             let x0 = self.x(c.time_s);
-            let x1 = self.changes.get(i + 1).map_or(self.top.right(), |n| self.x(n.time_s));
+            let x1 = self
+                .changes
+                .get(i + 1)
+                .map_or(self.top.right(), |n| self.x(n.time_s));
             for panel in [self.top, self.bottom] {
-                let band = Rect { x: x0, w: x1 - x0, ..panel };
+                let band = Rect {
+                    x: x0,
+                    w: x1 - x0,
+                    ..panel
+                };
                 svg.leaf(rect(band).attr("fill", markers::command_color(c.code)));
             }
         }
@@ -254,18 +299,34 @@ impl<'a> Chart<'a> {
             for panel in [self.top, self.bottom] {
                 svg.leaf(line(x, panel.y, x, panel.bottom()).attr("stroke", "#e4e4e4"));
             }
-            let label = El::new("text").num("x", x).num("y", self.bottom.bottom() + 17.0);
+            let label = El::new("text")
+                .num("x", x)
+                .num("y", self.bottom.bottom() + 17.0);
             svg.text(label.attr("text-anchor", "middle"), &tick.label);
         }
         let mid = self.top.x + self.top.w / 2.0;
-        let title = El::new("text").num("x", mid).num("y", self.bottom.bottom() + 38.0);
+        let title = El::new("text")
+            .num("x", mid)
+            .num("y", self.bottom.bottom() + 38.0);
         svg.text(title.attr("text-anchor", "middle"), "time (s)");
-        y_axis(svg, self.top, &self.bytes, |b| self.y_bytes(b), "mapped guest memory");
+        y_axis(
+            svg,
+            self.top,
+            &self.bytes,
+            |b| self.y_bytes(b),
+            "mapped guest memory",
+        );
         let rate_title = match self.opts.rates {
             RateScale::Log => "exits/s (log scale)",
             RateScale::Linear => "exits/s",
         };
-        y_axis(svg, self.bottom, &self.rates, |r| self.y_rate(r), rate_title);
+        y_axis(
+            svg,
+            self.bottom,
+            &self.rates,
+            |r| self.y_rate(r),
+            rate_title,
+        );
         svg.close();
     }
 
@@ -277,15 +338,44 @@ impl<'a> Chart<'a> {
             if !self.layers[k] {
                 continue;
             }
-            let above: Vec<f64> = below.iter().zip(&self.points).map(|(b, p)| b + layer_bytes(p, k)).collect();
-            let upper = self.points.iter().zip(&above).map(|(p, b)| (self.x(p.time_s), self.y_bytes(*b)));
-            let lower = self.points.iter().zip(&below).rev().map(|(p, b)| (self.x(p.time_s), self.y_bytes(*b)));
-            svg.leaf(El::new("polygon").attr("id", *id).attr("points", coords(upper.chain(lower))).attr("fill", *fill));
+            let above: Vec<f64> = below
+                .iter()
+                .zip(&self.points)
+                .map(|(b, p)| b + layer_bytes(p, k))
+                .collect();
+            let upper = self
+                .points
+                .iter()
+                .zip(&above)
+                .map(|(p, b)| (self.x(p.time_s), self.y_bytes(*b)));
+            let lower = self
+                .points
+                .iter()
+                .zip(&below)
+                .rev()
+                .map(|(p, b)| (self.x(p.time_s), self.y_bytes(*b)));
+            svg.leaf(
+                El::new("polygon")
+                    .attr("id", *id)
+                    .attr("points", coords(upper.chain(lower)))
+                    .attr("fill", *fill),
+            );
             below = above;
         }
-        let total: Vec<(f64, f64)> = self.points.iter().map(|p| (self.x(p.time_s), self.y_bytes(total_bytes(p)))).collect();
-        let el = El::new("polyline").attr("id", "total-mapped").attr("points", coords(total.iter().copied()));
-        svg.leaf(el.attr("fill", "none").attr("stroke", "#222").num("stroke-width", 1.8).attr("stroke-linejoin", "round"));
+        let total: Vec<(f64, f64)> = self
+            .points
+            .iter()
+            .map(|p| (self.x(p.time_s), self.y_bytes(total_bytes(p))))
+            .collect();
+        let el = El::new("polyline")
+            .attr("id", "total-mapped")
+            .attr("points", coords(total.iter().copied()));
+        svg.leaf(
+            el.attr("fill", "none")
+                .attr("stroke", "#222")
+                .num("stroke-width", 1.8)
+                .attr("stroke-linejoin", "round"),
+        );
         if let [(x, y)] = total[..] {
             svg.leaf(circle(x, y).attr("fill", "#222"));
         }
@@ -294,7 +384,12 @@ impl<'a> Chart<'a> {
 
     /// Per vCPU, KVM's exit rate as a solid line and ours dashed, in the vCPU's colour.
     fn draw_rates(&self, svg: &mut Svg) {
-        svg.open(El::new("g").attr("id", "rates").attr("fill", "none").attr("stroke-linejoin", "round"));
+        svg.open(
+            El::new("g")
+                .attr("id", "rates")
+                .attr("fill", "none")
+                .attr("stroke-linejoin", "round"),
+        );
         for &vcpu in &self.vcpus {
             let color = VCPU_COLORS[vcpu % VCPU_COLORS.len()];
             for rate in [Rate::Kvm, Rate::Ours] {
@@ -302,7 +397,9 @@ impl<'a> Chart<'a> {
                 if d.is_empty() {
                     continue;
                 }
-                let el = El::new("path").attr("id", format!("rate-{}-v{vcpu}", rate.id())).attr("d", d);
+                let el = El::new("path")
+                    .attr("id", format!("rate-{}-v{vcpu}", rate.id()))
+                    .attr("d", d);
                 svg.leaf(rate.style(el.attr("stroke", color)));
                 if let [(x, y)] = dots[..] {
                     svg.leaf(circle(x, y).attr("fill", color));
@@ -319,10 +416,21 @@ impl<'a> Chart<'a> {
         let mut drawn = Vec::new();
         let mut pen_down = false;
         for p in &self.points {
-            match p.vcpus.get(vcpu).map(|v| rate.of(v)).filter(|r| r.is_finite()) {
+            match p
+                .vcpus
+                .get(vcpu)
+                .map(|v| rate.of(v))
+                .filter(|r| r.is_finite())
+            {
                 Some(r) => {
                     let (x, y) = (self.x(p.time_s), self.y_rate(r));
-                    let _ = write!(d, "{}{},{} ", if pen_down { 'L' } else { 'M' }, num(x), num(y));
+                    let _ = write!(
+                        d,
+                        "{}{},{} ",
+                        if pen_down { 'L' } else { 'M' },
+                        num(x),
+                        num(y)
+                    );
                     drawn.push((x, y));
                     pen_down = true;
                 }
@@ -343,66 +451,46 @@ impl<'a> Chart<'a> {
             svg.open(El::new("g").attr("class", "phase"));
             svg.text(El::new("title"), &g.label);
             let rule = line(x, self.top.y, x, self.bottom.bottom()).attr("stroke", color);
-            svg.leaf(rule.num("stroke-width", 1.2).attr("stroke-dasharray", "4 3"));
+            svg.leaf(
+                rule.num("stroke-width", 1.2)
+                    .attr("stroke-dasharray", "4 3"),
+            );
             // Glyphs sit left of the rule, unless that would run into the y axis.
-            let lx = if x - self.top.x < 14.0 { x + 12.0 } else { x - 3.0 };
+            let lx = if x - self.top.x < 14.0 {
+                x + 12.0
+            } else {
+                x - 3.0
+            };
             let ly = self.top.y + 5.0;
-            let label = El::new("text").num("x", lx).num("y", ly).attr("transform", format!("rotate(-90 {} {})", num(lx), num(ly)));
-            let label = label.attr("text-anchor", "end").attr("fill", color).attr("stroke", "white");
-            let label = label.num("stroke-width", 3.0).attr("stroke-linejoin", "round").attr("paint-order", "stroke");
+            let label = El::new("text")
+                .num("x", lx)
+                .num("y", ly)
+                .attr("transform", format!("rotate(-90 {} {})", num(lx), num(ly)));
+            let label = label
+                .attr("text-anchor", "end")
+                .attr("fill", color)
+                .attr("stroke", "white");
+            let label = label
+                .num("stroke-width", 3.0)
+                .attr("stroke-linejoin", "round")
+                .attr("paint-order", "stroke");
             svg.text(label, &shorten(&g.label, max_chars));
             svg.close();
         }
         svg.close();
         groups.len()
     }
-
-    fn draw_legend(&self, svg: &mut Svg) {
-        let x = self.top.right() + 18.0;
-        svg.open(El::new("g").attr("id", "legend").attr("fill", "#222"));
-        let mut y = self.top.y + 12.0;
-        svg.text(El::new("text").num("x", x).num("y", y).attr("font-weight", "bold"), "Mapped memory");
-        for ((name, _, fill, _), _) in LAYERS.iter().zip(self.layers).filter(|(_, present)| *present) {
-            y += ROW;
-            svg.leaf(rect(Rect { x, y: y - 9.0, w: 16.0, h: 10.0 }).attr("fill", *fill));
-            svg.text(El::new("text").num("x", x + 24.0).num("y", y), name);
-        }
-        y += ROW;
-        legend_line(svg, (x, y), line(x, y - 4.0, x + 16.0, y - 4.0).attr("stroke", "#222").num("stroke-width", 2.0), "total mapped");
-        y += ROW;
-        let phase = line(x, y - 4.0, x + 16.0, y - 4.0).attr("stroke", "#555").attr("stroke-dasharray", "4 3");
-        legend_line(svg, (x, y), phase, "phase start: v#seq cmd");
-        self.draw_rate_legend(svg, x);
-        svg.close();
-    }
-
-    fn draw_rate_legend(&self, svg: &mut Svg, x: f64) {
-        let mut y = self.bottom.y + 12.0;
-        svg.text(El::new("text").num("x", x).num("y", y).attr("font-weight", "bold"), "Exit rates");
-        for (rate, text) in [(Rate::Kvm, "KVM exits/s (all)"), (Rate::Ours, "exits/s that reached us")] {
-            y += ROW;
-            let el = rate.style(line(x, y - 4.0, x + 16.0, y - 4.0).attr("stroke", "#555"));
-            legend_line(svg, (x, y), el, text);
-        }
-        let rows = ((self.bottom.bottom() - y) / ROW).floor().max(1.0) as usize;
-        let shown = if self.vcpus.len() > rows { rows - 1 } else { self.vcpus.len() };
-        for &vcpu in &self.vcpus[..shown] {
-            y += ROW;
-            let color = VCPU_COLORS[vcpu % VCPU_COLORS.len()];
-            svg.leaf(rect(Rect { x, y: y - 9.0, w: 16.0, h: 10.0 }).attr("fill", color));
-            svg.text(El::new("text").num("x", x + 24.0).num("y", y), &format!("vCPU {vcpu}"));
-        }
-        if shown < self.vcpus.len() {
-            let more = format!("and {} more vCPUs", self.vcpus.len() - shown);
-            svg.text(El::new("text").num("x", x).num("y", y + ROW), &more);
-        }
-    }
 }
 
 /// The largest finite rate of the vCPUs shown, 0 if none.
 fn max_rate(points: &[&Point], vcpus: &[usize]) -> f64 {
-    let rates = points.iter().flat_map(|p| vcpus.iter().filter_map(|&i| p.vcpus.get(i)));
-    rates.flat_map(|v| [v.exits_per_s, v.our_exits_per_s]).filter(|r| r.is_finite()).fold(0.0, f64::max)
+    let rates = points
+        .iter()
+        .flat_map(|p| vcpus.iter().filter_map(|&i| p.vcpus.get(i)));
+    rates
+        .flat_map(|v| [v.exits_per_s, v.our_exits_per_s])
+        .filter(|r| r.is_finite())
+        .fold(0.0, f64::max)
 }
 
 /// Ticks, grid lines and a rotated title for a panel's value axis.
@@ -414,30 +502,14 @@ fn y_axis(svg: &mut Svg, panel: Rect, axis: &Axis, y_of: impl Fn(f64) -> f64, ti
         svg.text(label.attr("text-anchor", "end"), &tick.label);
     }
     let (x, y) = (16.0, panel.y + panel.h / 2.0);
-    let el = El::new("text").num("x", x).num("y", y).attr("transform", format!("rotate(-90 {} {})", num(x), num(y)));
-    svg.text(el.attr("text-anchor", "middle").attr("font-weight", "bold"), title);
-}
-
-fn legend_line(svg: &mut Svg, (x, y): (f64, f64), el: El, text: &str) {
-    svg.leaf(el);
-    svg.text(El::new("text").num("x", x + 24.0).num("y", y), text);
-}
-
-fn rect(r: Rect) -> El {
-    El::new("rect").num("x", r.x).num("y", r.y).num("width", r.w.max(0.0)).num("height", r.h.max(0.0))
-}
-
-fn line(x1: f64, y1: f64, x2: f64, y2: f64) -> El {
-    El::new("line").num("x1", x1).num("y1", y1).num("x2", x2).num("y2", y2)
-}
-
-fn circle(x: f64, y: f64) -> El {
-    El::new("circle").num("cx", x).num("cy", y).num("r", 3.0)
-}
-
-/// `x,y x,y ...` for a polyline or polygon.
-fn coords(points: impl Iterator<Item = (f64, f64)>) -> String {
-    points.map(|(x, y)| format!("{},{}", num(x), num(y))).collect::<Vec<_>>().join(" ")
+    let el = El::new("text")
+        .num("x", x)
+        .num("y", y)
+        .attr("transform", format!("rotate(-90 {} {})", num(x), num(y)));
+    svg.text(
+        el.attr("text-anchor", "middle").attr("font-weight", "bold"),
+        title,
+    );
 }
 
 /// `text` cut to `max` characters, with an ellipsis when cut.

@@ -59,7 +59,12 @@ pub fn phase_changes(points: &[&Point], vcpus: &[usize]) -> Vec<PhaseChange> {
         for p in points {
             let Some(v) = p.vcpus.get(vcpu) else { continue };
             if v.phase != last && v.phase != 0 {
-                changes.push(PhaseChange { time_s: p.time_s, vcpu, seq: v.phase >> 8, code: v.phase & 0xff });
+                changes.push(PhaseChange {
+                    time_s: p.time_s,
+                    vcpu,
+                    seq: v.phase >> 8,
+                    code: v.phase & 0xff,
+                });
             }
             last = v.phase;
         }
@@ -83,7 +88,11 @@ pub fn group(changes: &[PhaseChange], x_of: impl Fn(f64) -> f64, min_px: f64) ->
         .into_iter()
         .filter_map(|(_, members)| {
             let first = members.first()?;
-            Some(MarkerGroup { time_s: first.time_s, code: first.code, label: label(&members) })
+            Some(MarkerGroup {
+                time_s: first.time_s,
+                code: first.code,
+                label: label(&members),
+            })
         })
         .collect()
 }
@@ -120,7 +129,13 @@ fn vcpu_list(vcpus: &[usize]) -> String {
         }
     }
     runs.iter()
-        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -131,8 +146,18 @@ mod tests {
     use crate::sampler::record::VcpuPoint;
 
     fn point(t: f64, phases: &[u64]) -> Point {
-        let vcpus = phases.iter().map(|&phase| VcpuPoint { phase, ..VcpuPoint::default() }).collect();
-        Point { time_s: t, vcpus, ..Point::default() }
+        let vcpus = phases
+            .iter()
+            .map(|&phase| VcpuPoint {
+                phase,
+                ..VcpuPoint::default()
+            })
+            .collect();
+        Point {
+            time_s: t,
+            vcpus,
+            ..Point::default()
+        }
     }
 
     fn marker(seq: u64, code: u64) -> u64 {
@@ -141,10 +166,20 @@ mod tests {
 
     #[test]
     fn phase_changes_skip_phase_zero_and_repeats() {
-        let pts = [point(0.0, &[0]), point(0.1, &[marker(1, 1)]), point(0.2, &[marker(1, 1)]), point(0.3, &[marker(2, 4)])];
+        let pts = [
+            point(0.0, &[0]),
+            point(0.1, &[marker(1, 1)]),
+            point(0.2, &[marker(1, 1)]),
+            point(0.3, &[marker(2, 4)]),
+        ];
         let refs: Vec<&Point> = pts.iter().collect();
         let got = phase_changes(&refs, &[0]);
-        assert_eq!(got.iter().map(|c| (c.time_s, c.seq, c.code)).collect::<Vec<_>>(), [(0.1, 1, 1), (0.3, 2, 4)]);
+        assert_eq!(
+            got.iter()
+                .map(|c| (c.time_s, c.seq, c.code))
+                .collect::<Vec<_>>(),
+            [(0.1, 1, 1), (0.3, 2, 4)]
+        );
     }
 
     #[test]
@@ -158,7 +193,14 @@ mod tests {
 
     #[test]
     fn group_merges_close_changes_into_one_label() {
-        let pts = [point(0.0, &[0, 0, 0, 0]), point(1.0, &[marker(1, 1); 4]), point(5.0, &[marker(2, 4), marker(1, 1), marker(1, 1), marker(2, 3)])];
+        let pts = [
+            point(0.0, &[0, 0, 0, 0]),
+            point(1.0, &[marker(1, 1); 4]),
+            point(
+                5.0,
+                &[marker(2, 4), marker(1, 1), marker(1, 1), marker(2, 3)],
+            ),
+        ];
         let refs: Vec<&Point> = pts.iter().collect();
         let changes = phase_changes(&refs, &[0, 1, 2, 3]);
         let groups = group(&changes, |t| t * 100.0, 12.0);
@@ -168,7 +210,12 @@ mod tests {
 
     #[test]
     fn unknown_command_codes_are_labelled_by_number() {
-        let c = PhaseChange { time_s: 0.0, vcpu: 2, seq: 9, code: 99 };
+        let c = PhaseChange {
+            time_s: 0.0,
+            vcpu: 2,
+            seq: 9,
+            code: 99,
+        };
         assert_eq!(label(&[&c]), "v2 #9 cmd 99");
     }
 

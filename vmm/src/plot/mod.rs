@@ -3,11 +3,12 @@
 //! memory by page size above, exit rates per vCPU below, sharing one time
 //! axis, with a labelled line wherever a vCPU starts a command.
 //!
-//! `chart` lays the figure out, using `scale` for axis ticks and `markers` for
-//! phase changes, and writes it with the small SVG writer in `svg`; `png`
+//! `chart` lays the figure out, using `scale` for axis ticks, `markers` for
+//! phase changes and `legend` for the key, and writes it with the small SVG writer in `svg`; `png`
 //! rasterises that same SVG with resvg.
 
 mod chart;
+mod legend;
 mod markers;
 mod png;
 mod scale;
@@ -67,11 +68,17 @@ impl Format {
     /// # Errors
     /// The extension is missing or is neither `svg` nor `png`.
     pub fn from_path(path: &Path) -> Result<Self, PlotError> {
-        let ext = path.extension().ok_or_else(|| PlotError::NoOutputExtension { path: path.to_path_buf() })?;
+        let ext = path
+            .extension()
+            .ok_or_else(|| PlotError::NoOutputExtension {
+                path: path.to_path_buf(),
+            })?;
         match ext.to_string_lossy().to_ascii_lowercase().as_str() {
             "svg" => Ok(Format::Svg),
             "png" => Ok(Format::Png),
-            _ => Err(PlotError::UnsupportedExtension { ext: ext.to_string_lossy().into_owned() }),
+            _ => Err(PlotError::UnsupportedExtension {
+                ext: ext.to_string_lossy().into_owned(),
+            }),
         }
     }
 }
@@ -134,6 +141,16 @@ pub struct PlotOutcome {
     pub vcpus: usize,
 }
 
+impl std::fmt::Display for PlotOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} samples, {} vCPUs, {} phase markers",
+            self.points, self.vcpus, self.markers
+        )
+    }
+}
+
 /// A plot that could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
@@ -175,7 +192,10 @@ pub enum PlotError {
 
 /// The name a series goes by in titles and errors: its file name.
 pub fn source_name(path: &Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// Reads a series: CSV when `path` ends in `.csv`, JSON lines otherwise.
@@ -183,10 +203,22 @@ pub fn source_name(path: &Path) -> String {
 /// # Errors
 /// The file cannot be read or does not parse.
 pub fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), PlotError> {
-    let text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries { path: path.to_path_buf(), source })?;
-    let is_csv = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-    let parsed = if is_csv { record::parse_csv(&text) } else { record::parse_jsonl(&text) };
-    parsed.map_err(|source| PlotError::ParseSeries { path: path.to_path_buf(), source })
+    let text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let is_csv = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    let parsed = if is_csv {
+        record::parse_csv(&text)
+    } else {
+        record::parse_jsonl(&text)
+    };
+    parsed.map_err(|source| PlotError::ParseSeries {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Draws a series as SVG.
@@ -194,7 +226,11 @@ pub fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), PlotError>
 /// # Errors
 /// The size is out of range, no sample has a finite time, or `opts.vcpu` is
 /// not in the series.
-pub fn render_svg(header: &SeriesHeader, points: &[Point], opts: &ChartOptions) -> Result<Rendered, PlotError> {
+pub fn render_svg(
+    header: &SeriesHeader,
+    points: &[Point],
+    opts: &ChartOptions,
+) -> Result<Rendered, PlotError> {
     Ok(chart::Chart::new(header, points, opts)?.render())
 }
 
@@ -212,8 +248,16 @@ pub fn plot(config: &PlotConfig) -> Result<PlotOutcome, PlotError> {
         Format::Svg => rendered.svg.into_bytes(),
         Format::Png => render_png(&rendered.svg)?,
     };
-    fs::write(&config.output, bytes).map_err(|source| PlotError::WriteOutput { path: config.output.clone(), source })?;
-    Ok(PlotOutcome { format, points: rendered.points, markers: rendered.markers, vcpus: rendered.vcpus })
+    fs::write(&config.output, bytes).map_err(|source| PlotError::WriteOutput {
+        path: config.output.clone(),
+        source,
+    })?;
+    Ok(PlotOutcome {
+        format,
+        points: rendered.points,
+        markers: rendered.markers,
+        vcpus: rendered.vcpus,
+    })
 }
 
 #[cfg(test)]
@@ -222,15 +266,29 @@ mod tests {
 
     #[test]
     fn format_follows_the_extension_in_any_case() {
-        assert_eq!(Format::from_path(Path::new("a/b.SVG")).ok(), Some(Format::Svg));
-        assert_eq!(Format::from_path(Path::new("b.png")).ok(), Some(Format::Png));
+        assert_eq!(
+            Format::from_path(Path::new("a/b.SVG")).ok(),
+            Some(Format::Svg)
+        );
+        assert_eq!(
+            Format::from_path(Path::new("b.png")).ok(),
+            Some(Format::Png)
+        );
     }
 
     #[test]
     fn format_rejects_other_extensions_by_name() {
-        let err = Format::from_path(Path::new("chart.pdf")).err().map(|e| e.to_string());
-        assert_eq!(err.as_deref(), Some("unsupported output extension '.pdf': use .svg or .png"));
-        assert!(matches!(Format::from_path(Path::new("chart")), Err(PlotError::NoOutputExtension { .. })));
+        let err = Format::from_path(Path::new("chart.pdf"))
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("unsupported output extension '.pdf': use .svg or .png")
+        );
+        assert!(matches!(
+            Format::from_path(Path::new("chart")),
+            Err(PlotError::NoOutputExtension { .. })
+        ));
     }
 
     #[test]

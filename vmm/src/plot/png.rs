@@ -28,9 +28,20 @@ fn system_fonts() -> fontdb::Database {
         log::warn!("no system fonts found, so the PNG has no text; install a font package such as fonts-dejavu-core");
         return db;
     }
-    let installed = |family: &str| db.faces().any(|f| f.families.iter().any(|(name, _)| name == family));
-    let fallback = db.faces().next().and_then(|f| f.families.first()).map(|(name, _)| name.clone());
-    let family = PREFERRED_FAMILIES.iter().find(|f| installed(f)).map(|f| f.to_string()).or(fallback);
+    let installed = |family: &str| {
+        db.faces()
+            .any(|f| f.families.iter().any(|(name, _)| name == family))
+    };
+    let fallback = db
+        .faces()
+        .next()
+        .and_then(|f| f.families.first())
+        .map(|(name, _)| name.clone());
+    let family = PREFERRED_FAMILIES
+        .iter()
+        .find(|f| installed(f))
+        .map(|f| f.to_string())
+        .or(fallback);
     if let Some(family) = family {
         db.set_sans_serif_family(family);
     }
@@ -38,14 +49,20 @@ fn system_fonts() -> fontdb::Database {
 }
 
 fn rasterize(svg: &str, fonts: fontdb::Database) -> Result<Vec<u8>, PlotError> {
-    let opt = usvg::Options { fontdb: Arc::new(fonts), ..usvg::Options::default() };
+    let opt = usvg::Options {
+        fontdb: Arc::new(fonts),
+        ..usvg::Options::default()
+    };
     let tree = usvg::Tree::from_str(svg, &opt).map_err(PlotError::ParseSvg)?;
     let size = tree.size().to_int_size();
     let (width, height) = (size.width(), size.height());
-    let mut pixmap = Pixmap::new(width, height).ok_or(PlotError::AllocateImage { width, height })?;
+    let mut pixmap =
+        Pixmap::new(width, height).ok_or(PlotError::AllocateImage { width, height })?;
     pixmap.fill(Color::WHITE);
     resvg::render(&tree, Transform::identity(), &mut pixmap.as_mut());
-    pixmap.encode_png().map_err(|e| PlotError::EncodePng(e.to_string()))
+    pixmap
+        .encode_png()
+        .map_err(|e| PlotError::EncodePng(e.to_string()))
 }
 
 #[cfg(test)]
@@ -60,13 +77,19 @@ mod tests {
     fn rasterize_without_fonts_still_draws_shapes() {
         let png = rasterize(SQUARE, fontdb::Database::new()).unwrap_or_default();
         let pixmap = Pixmap::decode_png(&png).ok();
-        let pixel = pixmap.as_ref().and_then(|p| p.pixel(15, 15)).map(|c| (c.red(), c.green(), c.blue()));
+        let pixel = pixmap
+            .as_ref()
+            .and_then(|p| p.pixel(15, 15))
+            .map(|c| (c.red(), c.green(), c.blue()));
         assert_eq!(pixel, Some((255, 0, 0)));
         assert_eq!(pixmap.map(|p| (p.width(), p.height())), Some((40, 30)));
     }
 
     #[test]
     fn rasterize_rejects_text_that_is_not_svg() {
-        assert!(matches!(rasterize("<html/>", fontdb::Database::new()), Err(PlotError::ParseSvg(_))));
+        assert!(matches!(
+            rasterize("<html/>", fontdb::Database::new()),
+            Err(PlotError::ParseSvg(_))
+        ));
     }
 }

@@ -103,15 +103,33 @@ pub fn time_axis(t0: f64, t1: f64) -> Axis {
     let d = decimals(step);
     let ticks = multiples(lo, hi, step)
         .into_iter()
-        .map(|v| Tick { value: v, label: if v == 0.0 { "0".into() } else { format!("{v:.d$}") } })
+        .map(|v| Tick {
+            value: v,
+            label: if v == 0.0 {
+                "0".into()
+            } else {
+                format!("{v:.d$}")
+            },
+        })
         .collect();
-    Axis { lo, hi, log: false, ticks }
+    Axis {
+        lo,
+        hi,
+        log: false,
+        ticks,
+    }
 }
 
 /// A byte axis from zero to a round number above `max` in one binary unit.
 pub fn bytes_axis(max: f64) -> Axis {
-    let max = if max.is_finite() && max >= 1.0 { max } else { 1024.0 };
-    let k = (max.log2() / 10.0).floor().clamp(0.0, (BYTE_UNITS.len() - 1) as f64) as i32;
+    let max = if max.is_finite() && max >= 1.0 {
+        max
+    } else {
+        1024.0
+    };
+    let k = (max.log2() / 10.0)
+        .floor()
+        .clamp(0.0, (BYTE_UNITS.len() - 1) as f64) as i32;
     let unit_bytes = 1024f64.powi(k);
     let scaled = max / unit_bytes;
     let step = nice_step(scaled, 5.0);
@@ -122,35 +140,71 @@ pub fn bytes_axis(max: f64) -> Axis {
         .into_iter()
         .map(|v| Tick {
             value: v * unit_bytes,
-            label: if v == 0.0 { "0".to_string() } else { format!("{v:.d$} {unit}") },
+            label: if v == 0.0 {
+                "0".to_string()
+            } else {
+                format!("{v:.d$} {unit}")
+            },
         })
         .collect();
-    Axis { lo: 0.0, hi: top * unit_bytes, log: false, ticks }
+    Axis {
+        lo: 0.0,
+        hi: top * unit_bytes,
+        log: false,
+        ticks,
+    }
 }
 
 /// A linear rate axis from zero to a round number above `max`.
 pub fn linear_rate_axis(max: f64) -> Axis {
     // Capped so that a round step above it is still finite.
-    let max = if max.is_finite() && max > 0.0 { max.min(1e300) } else { 1.0 };
+    let max = if max.is_finite() && max > 0.0 {
+        max.min(1e300)
+    } else {
+        1.0
+    };
     let step = nice_step(max, 5.0);
     let top = (max / step - 1e-9).ceil().max(1.0) * step;
-    let ticks = multiples(0.0, top, step).into_iter().map(|v| Tick { value: v, label: si(v) }).collect();
-    Axis { lo: 0.0, hi: top, log: false, ticks }
+    let ticks = multiples(0.0, top, step)
+        .into_iter()
+        .map(|v| Tick {
+            value: v,
+            label: si(v),
+        })
+        .collect();
+    Axis {
+        lo: 0.0,
+        hi: top,
+        log: false,
+        ticks,
+    }
 }
 
 /// A log rate axis from 1/s to the decade above `max`. Anything lower, zero
 /// included, sits on the bottom, so its tick reads `≤1`.
 pub fn log_rate_axis(max: f64) -> Axis {
-    let hi = if max.is_finite() && max > 1.0 { max.log10().ceil().max(1.0) } else { 1.0 };
+    let hi = if max.is_finite() && max > 1.0 {
+        max.log10().ceil().max(1.0)
+    } else {
+        1.0
+    };
     let every = (hi / MAX_LOG_TICKS).ceil().max(1.0);
     let ticks = multiples(0.0, hi, every)
         .into_iter()
         .map(|e| {
             let value = 10f64.powf(e);
-            Tick { value, label: if e == 0.0 { "≤1".into() } else { si(value) } }
+            Tick {
+                value,
+                label: if e == 0.0 { "≤1".into() } else { si(value) },
+            }
         })
         .collect();
-    Axis { lo: 0.0, hi, log: true, ticks }
+    Axis {
+        lo: 0.0,
+        hi,
+        log: true,
+        ticks,
+    }
 }
 
 /// A short label for a count: `950`, `1.5k`, `20M`, `1e18`.
@@ -190,7 +244,10 @@ mod tests {
     #[test]
     fn bytes_axis_labels_mebibytes_for_mebibyte_values() {
         let a = bytes_axis(48.0 * 1048576.0);
-        assert_eq!(labels(&a), ["0", "10 MiB", "20 MiB", "30 MiB", "40 MiB", "50 MiB"]);
+        assert_eq!(
+            labels(&a),
+            ["0", "10 MiB", "20 MiB", "30 MiB", "40 MiB", "50 MiB"]
+        );
         assert_eq!(a.top(), 50.0 * 1048576.0);
     }
 
@@ -205,7 +262,10 @@ mod tests {
     fn bytes_axis_of_huge_values_stays_finite() {
         let a = bytes_axis(u64::MAX as f64 * 1073741824.0);
         assert!(a.top().is_finite());
-        assert!(a.ticks.iter().all(|t| t.label.ends_with("YiB") || t.label == "0"));
+        assert!(a
+            .ticks
+            .iter()
+            .all(|t| t.label.ends_with("YiB") || t.label == "0"));
     }
 
     #[test]
@@ -223,7 +283,10 @@ mod tests {
     #[test]
     fn time_axis_ticks_are_round() {
         let a = time_axis(0.013, 1.9);
-        assert_eq!(labels(&a), ["0", "0.2", "0.4", "0.6", "0.8", "1.0", "1.2", "1.4", "1.6", "1.8"]);
+        assert_eq!(
+            labels(&a),
+            ["0", "0.2", "0.4", "0.6", "0.8", "1.0", "1.2", "1.4", "1.6", "1.8"]
+        );
     }
 
     #[test]
@@ -250,7 +313,10 @@ mod tests {
 
     #[test]
     fn linear_rate_axis_uses_k_and_m() {
-        assert_eq!(labels(&linear_rate_axis(4500.0)), ["0", "1k", "2k", "3k", "4k", "5k"]);
+        assert_eq!(
+            labels(&linear_rate_axis(4500.0)),
+            ["0", "1k", "2k", "3k", "4k", "5k"]
+        );
         assert_eq!(si(1_500_000.0), "1.5M");
         assert_eq!(si(0.25), "0.25");
     }

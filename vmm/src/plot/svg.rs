@@ -14,7 +14,10 @@ pub struct El {
 
 impl El {
     pub fn new(tag: &'static str) -> Self {
-        El { tag, attrs: String::new() }
+        El {
+            tag,
+            attrs: String::new(),
+        }
     }
 
     /// Adds an attribute; the value is escaped.
@@ -49,7 +52,10 @@ impl Svg {
             .attr("font-family", FONTS)
             .attr("font-size", 12);
         let _ = writeln!(out, "<svg{}>", root.attrs);
-        Svg { out, open: vec!["svg"] }
+        Svg {
+            out,
+            open: vec!["svg"],
+        }
     }
 
     fn indent(&mut self) {
@@ -84,7 +90,14 @@ impl Svg {
     /// Writes an element whose content is `text`, escaped.
     pub fn text(&mut self, el: El, text: &str) {
         self.indent();
-        let _ = writeln!(self.out, "<{}{}>{}</{}>", el.tag, el.attrs, escape(text), el.tag);
+        let _ = writeln!(
+            self.out,
+            "<{}{}>{}</{}>",
+            el.tag,
+            el.attrs,
+            escape(text),
+            el.tag
+        );
     }
 
     /// Closes whatever is still open and returns the document.
@@ -95,6 +108,53 @@ impl Svg {
         }
         self.out
     }
+}
+
+/// A rectangle in chart pixels.
+#[derive(Debug, Clone, Copy)]
+pub struct Rect {
+    pub x: f64,
+    pub y: f64,
+    pub w: f64,
+    pub h: f64,
+}
+
+impl Rect {
+    pub fn right(self) -> f64 {
+        self.x + self.w
+    }
+
+    pub fn bottom(self) -> f64 {
+        self.y + self.h
+    }
+}
+
+pub fn rect(r: Rect) -> El {
+    El::new("rect")
+        .num("x", r.x)
+        .num("y", r.y)
+        .num("width", r.w.max(0.0))
+        .num("height", r.h.max(0.0))
+}
+
+pub fn line(x1: f64, y1: f64, x2: f64, y2: f64) -> El {
+    El::new("line")
+        .num("x1", x1)
+        .num("y1", y1)
+        .num("x2", x2)
+        .num("y2", y2)
+}
+
+pub fn circle(x: f64, y: f64) -> El {
+    El::new("circle").num("cx", x).num("cy", y).num("r", 3.0)
+}
+
+/// `x,y x,y ...` for a polyline or polygon.
+pub fn coords(points: impl Iterator<Item = (f64, f64)>) -> String {
+    points
+        .map(|(x, y)| format!("{},{}", num(x), num(y)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Escapes text for XML content and attribute values; characters XML 1.0

@@ -87,13 +87,20 @@ impl ServedVm {
     pub fn start(test: &str, memory: u64, vcpus: usize) -> ServedVm {
         let socket = socket_path(test);
         let config = RunConfig {
-            vm: VmConfig { memory, vcpus, ..VmConfig::default() },
+            vm: VmConfig {
+                memory,
+                vcpus,
+                ..VmConfig::default()
+            },
             workloads: Vec::new(),
             socket: Some(socket.clone()),
             ..RunConfig::demo()
         };
         let thread = std::thread::spawn(move || run::run(config));
-        let mut vm = ServedVm { socket, thread: Some(thread) };
+        let mut vm = ServedVm {
+            socket,
+            thread: Some(thread),
+        };
         let running = |vm: &ServedVm| vm.thread.as_ref().is_some_and(|t| !t.is_finished());
         let ready = Client::connect_when_ready(&vm.socket, Duration::from_secs(20), || {
             if running(&vm) {
@@ -104,7 +111,10 @@ impl ServedVm {
         });
         if let Err(e) = ready {
             let result = vm.thread.take().map(|t| t.join());
-            panic!("the VMM did not start serving: {e} (run: {:?})", result.map(|r| r.map(|s| s.map(|_| ()))));
+            panic!(
+                "the VMM did not start serving: {e} (run: {:?})",
+                result.map(|r| r.map(|s| s.map(|_| ())))
+            );
         }
         vm
     }
@@ -112,7 +122,8 @@ impl ServedVm {
     /// A client past its greeting, with a 30 s bound on every read and write.
     pub fn client(&self) -> Client {
         let c = Client::connect(&self.socket).expect("connecting to the VMM");
-        c.set_timeout(Some(Duration::from_secs(30))).expect("setting a timeout");
+        c.set_timeout(Some(Duration::from_secs(30)))
+            .expect("setting a timeout");
         c
     }
 
@@ -126,7 +137,10 @@ impl ServedVm {
     /// Waits for the run to end (after `quit`, or a failure).
     pub fn join(&mut self) -> Summary {
         let thread = self.thread.take().expect("joined once");
-        thread.join().expect("the VMM thread panicked").expect("the run failed")
+        thread
+            .join()
+            .expect("the VMM thread panicked")
+            .expect("the run failed")
     }
 
     pub fn dir(&self) -> &Path {

@@ -50,7 +50,13 @@ pub fn header(vcpus: usize) -> SeriesHeader {
 }
 
 pub fn vcpu(phase: u64, exits_per_s: f64, our_exits_per_s: f64) -> VcpuPoint {
-    VcpuPoint { phase, kvm: vec![0, 0], ours: vec![0; our_names().len()], exits_per_s, our_exits_per_s }
+    VcpuPoint {
+        phase,
+        kvm: vec![0, 0],
+        ours: vec![0; our_names().len()],
+        exits_per_s,
+        our_exits_per_s,
+    }
 }
 
 fn marker(seq: u64, code: u64) -> u64 {
@@ -69,7 +75,11 @@ pub fn experiment() -> (SeriesHeader, Vec<Point>) {
                 _ => marker(3, abi::CMD_EXITS),
             };
             let p1 = if i < 12 { 0 } else { marker(1, abi::CMD_READ) };
-            let rate = if (5..20).contains(&i) { 80_000.0 } else { 300.0 + i as f64 };
+            let rate = if (5..20).contains(&i) {
+                80_000.0
+            } else {
+                300.0 + i as f64
+            };
             Point {
                 seq: i,
                 time_s: i as f64 * 0.01,

@@ -1,0 +1,232 @@
+//! The clients, each in its own process so that the fds really cross processes:
+//! `kvmscope stats`, `watch`, `ctl`, `demo`, and the Python client.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::ServedVm;
+use kvmscope::client::Client;
+use serde_json::{json, Value};
+
+const MEM: u64 = 64 << 20;
+
+fn kvmscope(args: &[&str], socket: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap()
+}
+
+fn stdout_of(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A VMM whose vCPU 0 has touched 2 MiB, so pages_4k and exits have moved.
+fn touched_vm(test: &str) -> ServedVm {
+    let vm = ServedVm::start(test, MEM, 1);
+    vm.client()
+        .execute(
+            "guest-command",
+            json!({"vcpu": 0, "command": "touch size=2M", "wait": true}),
+        )
+        .unwrap();
+    vm
+}
+
+fn stat(results: &Value, target: &str, name: &str) -> Option<u64> {
+    let entry = results["return"]
+        .as_array()?
+        .iter()
+        .find(|r| r["target"] == target)?;
+    entry["stats"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == name)?["value"]
+        .as_u64()
+}
+
+fn python_client(socket: &Path, args: &[&str]) -> Output {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kvmscope_client.py");
+    Command::new("python3")
+        .arg(script)
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("python3 runs (CI installs it)")
+}
+
+#[test]
+fn stats_command_reads_the_kernel_through_received_fds() {
+    require_kvm!();
+    let vm = touched_vm("stats-json");
+    let j: Value =
+        serde_json::from_str(&stdout_of(&kvmscope(&["stats", "--json"], &vm.socket))).unwrap();
+    assert!(stat(&j, "vm", "pages_4k").unwrap() >= 512, "{j}");
+    assert!(stat(&j, "vcpu", "exits").unwrap() > 0, "{j}");
+}
+
+#[test]
+fn stats_command_prints_a_table_of_the_named_stats() {
+    require_kvm!();
+    let vm = touched_vm("stats-table");
+    let text = stdout_of(&kvmscope(
+        &["stats", "--vcpu", "0", "--names", "exits,pf_fixed"],
+        &vm.socket,
+    ));
+    assert!(text.starts_with("== vcpu 0 (kvm-"), "{text}");
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(rows.iter().any(|r| r.starts_with("exits ")));
+}
+
+#[test]
+fn watch_command_shows_rates_for_the_requested_refreshes() {
+    require_kvm!();
+    let vm = touched_vm("watch");
+    let text = stdout_of(&kvmscope(
+        &[
+            "watch",
+            "--interval",
+            "20ms",
+            "--count",
+            "3",
+            "--vcpu",
+            "0",
+            "--names",
+            "exits",
+        ],
+        &vm.socket,
+    ));
+    assert_eq!(text.matches("refresh ").count(), 3, "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("exits") && l.contains("/s)")),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "no screen clearing when not on a terminal"
+    );
+}
+
+#[test]
+fn ctl_command_prints_the_reply_and_fails_on_an_error_reply() {
+    require_kvm!();
+    let vm = ServedVm::start("ctl", MEM, 1);
+    let ok: Value = serde_json::from_str(&stdout_of(&kvmscope(
+        &["ctl", "{\"execute\":\"query-vm\",\"id\":1}"],
+        &vm.socket,
+    )))
+    .unwrap();
+    assert_eq!(
+        (ok["id"].as_u64(), ok["return"]["vcpus"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let bad = kvmscope(&["ctl", "{\"execute\":\"nope\"}"], &vm.socket);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stdout).contains("CommandNotFound"));
+}
+
+#[test]
+fn python_client_reads_stats_through_received_fds() {
+    require_kvm!();
+    let vm = touched_vm("python");
+    let out = python_client(&vm.socket, &["--json"]);
+    let j: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    let pages = stat(&j, "vm", "pages_4k").unwrap();
+    assert!(pages >= 512, "{j}");
+    assert!(stat(&j, "vcpu", "exits").unwrap() > 0, "{j}");
+    // Python parsed the same file the VMM reads: the idle guest's pages agree.
+    let (q, _) = vm
+        .client()
+        .execute(
+            "query-stats",
+            json!({"target": "vm", "names": ["pages_4k"]}),
+        )
+        .unwrap();
+    assert_eq!(q[0]["stats"][0]["value"].as_u64(), Some(pages));
+}
+
+#[test]
+fn python_client_sends_raw_requests() {
+    require_kvm!();
+    let vm = ServedVm::start("python-raw", MEM, 2);
+    let out = python_client(&vm.socket, &["--execute", "{\"execute\":\"query-vm\"}"]);
+    let j: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    assert_eq!(j["return"]["vcpus"], 2);
+}
+
+#[test]
+fn demo_runs_every_phase_end_to_end_and_cleans_up() {
+    require_kvm!();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["demo", "--memory", "64M", "--phase-size", "1M"])
+        .output()
+        .unwrap();
+    let text = stdout_of(&out);
+    for phase in [
+        "phase 1: touch",
+        "phase 2: touch-zero",
+        "phase 3: dirty",
+        "phase 4: exits",
+    ] {
+        assert!(text.contains(phase), "{phase} missing:\n{text}");
+    }
+    assert!(
+        text.contains("received 2 stats fds over SCM_RIGHTS"),
+        "{text}"
+    );
+    // Phase 1's VM line reads `vm:     pages_4k A->B, ...`: a 1M touch maps 256 more pages.
+    let moved = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("vm:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|ab| ab.trim_end_matches(',').split_once("->"));
+    let (a, b) = moved
+        .map(|(a, b)| (a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()))
+        .expect("phase 1 reports pages_4k");
+    assert!(b >= a + 256, "pages_4k {a}->{b}:\n{text}");
+    assert!(text.contains("the VMM exited (exit status: 0)"), "{text}");
+    let socket = text
+        .split_whitespace()
+        .find(|w| w.contains("kvmscope-demo-"))
+        .unwrap();
+    assert!(!Path::new(socket).exists(), "the demo's socket is gone");
+}
+
+#[test]
+fn sigterm_stops_the_vmm_and_removes_its_socket() {
+    require_kvm!();
+    let socket = common::socket_path("sigterm");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["run", "--memory", "64M", "--socket"])
+        .arg(&socket)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = Client::connect_when_ready(&socket, Duration::from_secs(20), || {
+        match child.try_wait() {
+            Ok(None) => Ok(()),
+            _ => Err(kvmscope::client::Error::Closed),
+        }
+    });
+    drop(ready.expect("the VMM serves"));
+    // SAFETY: kill only sends a signal to our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!socket.exists(), "the socket file is removed on SIGTERM");
+    let _ = std::fs::remove_dir_all(socket.parent().unwrap());
+}
