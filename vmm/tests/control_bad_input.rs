@@ -194,14 +194,49 @@ fn client_that_never_reads_is_dropped_and_the_others_carry_on() {
 fn client_that_disconnects_in_the_middle_of_replies_does_not_disturb_others() {
     require_kvm!();
     let vm = ServedVm::start("mid-reply", MEM, 2);
-    for _ in 0..20 {
-        let (mut s, _r) = raw(&vm);
+    for _ in 0..5 {
+        let (mut s, mut r) = raw(&vm);
+        // Replies of several KiB each, more than the socket buffers hold.
         let batch =
-            b"{\"execute\":\"query-stats\",\"arguments\":{\"target\":\"vcpu\"}}\n".repeat(200);
-        let _ = s.write_all(&batch);
-        drop(s);
+            b"{\"execute\":\"query-stats\",\"arguments\":{\"target\":\"vcpu\"}}\n".repeat(100);
+        s.write_all(&batch).unwrap();
+        let mut part = [0u8; 100];
+        r.read_exact(&mut part).unwrap();
+        assert!(part.starts_with(b"{\"return\""));
+        // Hang up with the first reply half read and the rest queued.
     }
     still_healthy(&vm);
+}
+
+#[test]
+fn request_sent_just_before_hanging_up_still_runs() {
+    require_kvm!();
+    let vm = ServedVm::start("hang-up", MEM, 1);
+    let mut s = UnixStream::connect(&vm.socket).unwrap();
+    // No newline at the end: the end of the stream ends the line.
+    let request =
+        b"{\"execute\":\"guest-command\",\"arguments\":{\"vcpu\":0,\"command\":\"touch size=1M\"}}";
+    s.write_all(request).unwrap();
+    drop(s);
+    // The hung-up client's fd was ready before this client's request was
+    // sent, so the server ran its line first: seq 1 is the touch.
+    let mut c = vm.client();
+    let (done, _) = c
+        .execute(
+            "guest-command",
+            json!({"vcpu": 0, "command": "exits count=1", "wait": true}),
+        )
+        .unwrap();
+    assert_eq!(done["first-seq"], 2);
+    let (g, _) = c.execute("query-guest", json!({})).unwrap();
+    assert_eq!(g[0]["last-result"]["seq"], 2);
+    let (q, _) = c
+        .execute(
+            "query-stats",
+            json!({"target": "vm", "names": ["pages_4k"]}),
+        )
+        .unwrap();
+    assert!(q[0]["stats"][0]["value"].as_u64().unwrap() >= 256, "{q}");
 }
 
 #[test]

@@ -64,13 +64,13 @@ fn scan_finds_exactly_the_pages_written_nonzero_and_estimates_bound_them() {
 #[test]
 fn scan_resumes_the_guest_afterwards() {
     require_kvm!();
-    let mut vm = boot(None, "wait for=10ms; touch size=1M; wait; exits count=3");
-    wait_done(&vm, 2);
+    let mut vm = boot(None, "touch size=1M");
+    wait_done(&vm, 1);
     readiness(&vm, &Options { calc_time: Duration::ZERO, scan: true, ..Options::default() });
+    // The guest runs new work after the scan: it was resumed.
     vm.push_commands(0, parse_sequence("exits count=3").unwrap());
-    wait_done(&vm, 4);
+    wait_done(&vm, 2);
     assert!(vm.vcpus[0].shared.results().iter().all(|r| r.status == "ok"));
-    assert_ne!(vm.vcpus[0].shared.state(), VcpuState::Paused);
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
 }
 

@@ -99,7 +99,7 @@ impl Connection {
 
     /// The next complete line (newline removed), unless a reply is deferred.
     /// `TooLong` once the client has sent more than [`MAX_LINE`] bytes
-    /// without a newline.
+    /// without a newline. At end of stream, what is left is the last line.
     pub fn next_line(&mut self) -> Option<Line> {
         if self.busy {
             return None;
@@ -116,6 +116,11 @@ impl Connection {
                 Some(Line::Complete(line))
             }
             None if self.input.len() > MAX_LINE => Some(Line::TooLong),
+            // The client ended without a final newline: its last line is complete.
+            None if self.ended && !self.input.is_empty() => {
+                self.scanned = 0;
+                Some(Line::Complete(std::mem::take(&mut self.input)))
+            }
             None => {
                 self.scanned = self.input.len();
                 None
@@ -210,6 +215,17 @@ mod tests {
         peer.write_all(b":2}\n").unwrap();
         c.read().unwrap();
         assert_eq!(c.next_line(), Some(Line::Complete(b"{\"b\":2}".to_vec())));
+    }
+
+    #[test]
+    fn last_line_without_newline_counts_at_end_of_stream() {
+        let (mut c, mut peer) = pair();
+        peer.write_all(b"a\nb").unwrap();
+        drop(peer);
+        while c.read().unwrap() == Input::Data {}
+        assert_eq!(c.next_line(), Some(Line::Complete(b"a".to_vec())));
+        assert_eq!(c.next_line(), Some(Line::Complete(b"b".to_vec())));
+        assert_eq!(c.next_line(), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::commands::{GuestWait, Handler, Outcome};
-use super::connection::{Connection, Line};
+use super::connection::{Connection, Input, Line};
 use super::request::{self, ErrorClass};
 use super::{scm, MAX_CLIENTS};
 
@@ -155,8 +155,11 @@ impl Plane {
         let mut greeting = self.handler.greeting().to_string().into_bytes();
         greeting.push(b'\n');
         client.queue(greeting, Vec::new());
+        // The greeting goes when epoll says the socket is writable; a client
+        // that already hung up is then seen to, with what it sent still run.
+        let interest = EventSet::IN | EventSet::OUT;
         if ops
-            .add(Events::with_data(client.stream(), token, EventSet::IN))
+            .add(Events::with_data(client.stream(), token, interest))
             .is_err()
         {
             return;
@@ -166,7 +169,6 @@ impl Plane {
             "control: client {token} connected ({} now)",
             self.clients.len()
         );
-        self.settle(token, ops);
     }
 
     /// Handles readiness of client `token`.
@@ -174,15 +176,20 @@ impl Plane {
         let Some(client) = self.clients.get_mut(&token) else {
             return;
         };
-        if set.intersects(EventSet::HANG_UP | EventSet::ERROR) {
-            return self.drop_client(token, ops, "it hung up");
-        }
-        if set.contains(EventSet::IN) {
+        let gone = set.intersects(EventSet::HANG_UP | EventSet::ERROR);
+        if gone {
+            // The peer closed: what it sent before is still run (a piped
+            // `quit`, say); it is all in the socket buffer, so this ends.
+            while let Ok(Input::Data) = client.read() {}
+        } else if set.contains(EventSet::IN) {
             if let Err(e) = client.read() {
                 return self.drop_client(token, ops, &format!("reading failed: {e}"));
             }
         }
         self.pump(token, ops);
+        if gone {
+            self.drop_client(token, ops, "it hung up");
+        }
     }
 
     /// Runs the client's complete lines, then settles it.
