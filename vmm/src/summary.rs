@@ -37,7 +37,9 @@ impl Mapped {
 
     /// Bytes of guest memory mapped.
     pub fn bytes(&self) -> u64 {
-        (self.pages_4k << 12) + (self.pages_2m << 21) + (self.pages_1g << 30)
+        // Saturating: the counts come from a stats file, which may be hostile.
+        let page = |n: u64, size: u64| n.saturating_mul(size);
+        page(self.pages_4k, 4 << 10).saturating_add(page(self.pages_2m, 2 << 20)).saturating_add(page(self.pages_1g, 1 << 30))
     }
 
     pub fn to_json(&self) -> serde_json::Value {

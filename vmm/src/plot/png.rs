@@ -1,6 +1,7 @@
 //! Rasterises the chart's SVG with resvg, drawing text with the system's fonts.
 //! Without any font the shapes still render; a warning says the text is missing.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use resvg::tiny_skia::{Color, Pixmap, Transform};
@@ -49,11 +50,16 @@ fn system_fonts() -> fontdb::Database {
 }
 
 fn rasterize(svg: &str, fonts: fontdb::Database) -> Result<Vec<u8>, PlotError> {
+    let svg = if fonts.is_empty() {
+        Cow::Owned(without_text(svg))
+    } else {
+        Cow::Borrowed(svg)
+    };
     let opt = usvg::Options {
         fontdb: Arc::new(fonts),
         ..usvg::Options::default()
     };
-    let tree = usvg::Tree::from_str(svg, &opt).map_err(PlotError::ParseSvg)?;
+    let tree = usvg::Tree::from_str(&svg, &opt).map_err(PlotError::ParseSvg)?;
     let size = tree.size().to_int_size();
     let (width, height) = (size.width(), size.height());
     let mut pixmap =
@@ -63,6 +69,16 @@ fn rasterize(svg: &str, fonts: fontdb::Database) -> Result<Vec<u8>, PlotError> {
     pixmap
         .encode_png()
         .map_err(|e| PlotError::EncodePng(e.to_string()))
+}
+
+/// `svg` less its text elements (one per line, as `svg::Svg` writes them):
+/// with no font to draw them, usvg would warn once per label.
+fn without_text(svg: &str) -> String {
+    let keep = |line: &&str| {
+        let t = line.trim_start();
+        !(t.starts_with("<text") && t.ends_with("</text>"))
+    };
+    svg.lines().filter(keep).collect::<Vec<_>>().join("\n")
 }
 
 #[cfg(test)]
@@ -83,6 +99,15 @@ mod tests {
             .map(|c| (c.red(), c.green(), c.blue()));
         assert_eq!(pixel, Some((255, 0, 0)));
         assert_eq!(pixmap.map(|p| (p.width(), p.height())), Some((40, 30)));
+    }
+
+    #[test]
+    fn without_text_drops_only_whole_text_lines() {
+        let svg = "<svg>\n  <text x=\"1\">a</text>\n  <rect/>\n  <g><text>b</text></g>\n</svg>";
+        assert_eq!(
+            without_text(svg),
+            "<svg>\n  <rect/>\n  <g><text>b</text></g>\n</svg>"
+        );
     }
 
     #[test]

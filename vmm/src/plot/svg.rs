@@ -129,6 +129,7 @@ impl Rect {
     }
 }
 
+/// A `<rect>` covering `r` (negative sizes become 0).
 pub fn rect(r: Rect) -> El {
     El::new("rect")
         .num("x", r.x)
@@ -137,6 +138,7 @@ pub fn rect(r: Rect) -> El {
         .num("height", r.h.max(0.0))
 }
 
+/// A `<line>` from (x1, y1) to (x2, y2).
 pub fn line(x1: f64, y1: f64, x2: f64, y2: f64) -> El {
     El::new("line")
         .num("x1", x1)
@@ -145,6 +147,7 @@ pub fn line(x1: f64, y1: f64, x2: f64, y2: f64) -> El {
         .num("y2", y2)
 }
 
+/// A small dot marking a lone sample.
 pub fn circle(x: f64, y: f64) -> El {
     El::new("circle").num("cx", x).num("cy", y).num("r", 3.0)
 }
