@@ -100,6 +100,59 @@ fn read_latency(client: &mut Client) -> (Duration, Duration) {
     (percentile(&times, 0.5), percentile(&times, 0.99))
 }
 
+/// Keeps the calling thread, and the threads it starts from now on, on `cpus`.
+fn pin(cpus: &[usize]) {
+    // SAFETY: an all-zero cpu_set_t is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // SAFETY: CPU_SET only writes bit `cpu` of the set we own (cpu < 1024).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: sched_setaffinity reads `set`, of the size we pass; pid 0 is this thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(
+        rc,
+        0,
+        "sched_setaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Starts an idle 64 MiB, 1-vCPU VMM in this process; its threads inherit
+/// this thread's CPU affinity.
+fn start_vmm(
+    socket: &Path,
+) -> (
+    Client,
+    std::thread::JoinHandle<Result<kvmscope::summary::Summary, run::Error>>,
+) {
+    let config = RunConfig {
+        vm: VmConfig {
+            memory: 64 << 20,
+            vcpus: 1,
+            ..VmConfig::default()
+        },
+        workloads: Vec::new(),
+        socket: Some(socket.to_path_buf()),
+        ..RunConfig::demo()
+    };
+    let vmm = std::thread::spawn(move || run::run(config));
+    let client = Client::connect_when_ready(socket, Duration::from_secs(20), || Ok(()))
+        .expect("the VMM serves");
+    (client, vmm)
+}
+
+/// p50/p99 of every case.
+fn latencies(client: &mut Client) -> Vec<(Duration, Duration)> {
+    cases()
+        .iter()
+        .map(|(command, args, _)| {
+            latency(client, command, args, ROUND_TRIPS / 10);
+            latency(client, command, args, ROUND_TRIPS)
+        })
+        .collect()
+}
+
 fn main() {
     if std::fs::OpenOptions::new()
         .read(true)
@@ -112,32 +165,37 @@ fn main() {
     }
     let socket: PathBuf =
         std::env::temp_dir().join(format!("kvmscope-bench-{}.sock", std::process::id()));
-    let config = RunConfig {
-        vm: VmConfig {
-            memory: 64 << 20,
-            vcpus: 1,
-            ..VmConfig::default()
-        },
-        workloads: Vec::new(),
-        socket: Some(socket.clone()),
-        ..RunConfig::demo()
-    };
-    let vmm = std::thread::spawn(move || run::run(config));
-    let mut client = Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(()))
-        .expect("the VMM serves");
-    println!("| request | p50 (us) | p99 (us) |\n|---|---|---|");
-    for (command, args, label) in &cases() {
-        latency(&mut client, command, args, ROUND_TRIPS / 10);
-        let (p50, p99) = latency(&mut client, command, args, ROUND_TRIPS);
-        println!("| {label} | {} | {} |", us(p50), us(p99));
+    let all_cpus: Vec<usize> =
+        (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+    // Client and control thread on one CPU: no cross-CPU wakeups.
+    pin(&[0]);
+    let (mut client, vmm) = start_vmm(&socket);
+    let same_cpu = latencies(&mut client);
+    client.execute("quit", json!({})).expect("quit");
+    vmm.join().expect("VMM thread").expect("run");
+    // Anywhere the scheduler puts them.
+    pin(&all_cpus);
+    let (mut client, vmm) = start_vmm(&socket);
+    let any_cpu = latencies(&mut client);
+    println!("| request | p50 / p99 (us), one CPU | p50 / p99 (us), any CPU |\n|---|---|---|");
+    for ((_, _, label), (a, b)) in cases().iter().zip(same_cpu.iter().zip(&any_cpu)) {
+        println!(
+            "| {label} | {} / {} | {} / {} |",
+            us(a.0),
+            us(a.1),
+            us(b.0),
+            us(b.1)
+        );
     }
     let (p50, p99) = read_latency(&mut client);
     println!(
-        "| (for scale) one read of a received vCPU stats fd | {} | {} |",
+        "| (for scale) one read of a received vCPU stats fd | | {} / {} |",
         us(p50),
         us(p99)
     );
-    println!("\n| {CLIENTS} clients, back to back for {LOAD_TIME:?} | requests/s |\n|---|---|");
+    println!(
+        "\n| {CLIENTS} clients, back to back for {LOAD_TIME:?}, any CPU | requests/s |\n|---|---|"
+    );
     for (command, args, label) in cases().into_iter().take(4) {
         println!("| {label} | {:.0} |", throughput(&socket, command, args));
     }

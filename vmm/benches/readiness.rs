@@ -23,7 +23,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn vm(memory: u64, dirty: Option<DirtyMode>, spec: &str) -> Vm {
-    let mut vm = Vm::new(VmConfig { memory, dirty_log: dirty, ..Default::default() }).expect("VM");
+    let mut vm = Vm::new(VmConfig {
+        memory,
+        dirty_log: dirty,
+        ..Default::default()
+    })
+    .expect("VM");
     vm.push_commands(0, parse_sequence(spec).expect("spec"));
     vm.start().expect("start");
     vm
@@ -54,7 +59,11 @@ fn estimate_cost() {
 
 /// Sums the memory as u64 words: the plain read loop the scan is held against.
 fn plain_read(bytes: &[u8]) -> u64 {
-    bytes.chunks_exact(8).fold(0u64, |acc, w| acc.wrapping_add(u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])))
+    bytes.chunks_exact(8).fold(0u64, |acc, w| {
+        acc.wrapping_add(u64::from_ne_bytes([
+            w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+        ]))
+    })
 }
 
 fn scan_throughput() {
@@ -78,8 +87,16 @@ fn scan_throughput() {
     }
     let (s, p) = (median(scan_s), median(plain_s));
     println!("zero-page scan on 1 GiB of resident zero pages (median of 5):");
-    println!("  scan           : {:>6.2} GB/s ({:.1} ms)", GIB as f64 / s / 1e9, s * 1e3);
-    println!("  plain read loop: {:>6.2} GB/s ({:.1} ms)", GIB as f64 / p / 1e9, p * 1e3);
+    println!(
+        "  scan           : {:>6.2} GB/s ({:.1} ms)",
+        GIB as f64 / s / 1e9,
+        s * 1e3
+    );
+    println!(
+        "  plain read loop: {:>6.2} GB/s ({:.1} ms)",
+        GIB as f64 / p / 1e9,
+        p * 1e3
+    );
     println!("  scan / plain   : {:>6.2}x the time", s / p);
 }
 
@@ -91,15 +108,34 @@ fn readiness_of(vm: &Vm, options: &Options) -> kvmscope::readiness::Report {
     };
     let (ptr, len) = vm.ram_host_range();
     let arena = kvmscope::abi::ARENA_BASE / 4096..(len / 4096) as u64;
-    let mut guest = Guest { vm_stats: &vm.vm_stats, ram: (ptr, len), dirty: vm.dirty.as_deref(), vcpus: &vcpus, pause: &mut pause, arena };
+    let mut guest = Guest {
+        vm_stats: &vm.vm_stats,
+        ram: (ptr, len),
+        dirty: vm.dirty.as_deref(),
+        vcpus: &vcpus,
+        pause: &mut pause,
+        arena,
+    };
     measure(&mut guest, options, |_, _| {}).expect("readiness")
 }
 
 fn sparse_scan() {
     let mut vm = vm(16 * GIB, None, "touch size=64M");
     wait_results(&vm, 1);
-    let options = Options { calc_time: Duration::ZERO, scan: true, ..Options::default() };
-    let times: Vec<f64> = (0..5).map(|_| readiness_of(&vm, &options).scan.expect("scan").took.as_secs_f64()).collect();
+    let options = Options {
+        calc_time: Duration::ZERO,
+        scan: true,
+        ..Options::default()
+    };
+    let times: Vec<f64> = (0..5)
+        .map(|_| {
+            readiness_of(&vm, &options)
+                .scan
+                .expect("scan")
+                .took
+                .as_secs_f64()
+        })
+        .collect();
     println!("exact scan of a 16 GiB guest with 64 MiB touched (mincore + read of backed pages, guest paused), median of 5: {:.1} ms", median(times) * 1e3);
     vm.stop(Duration::from_secs(1));
 }
@@ -110,7 +146,14 @@ fn dirty_slowdown(mode: DirtyMode) -> f64 {
         let mut vm = vm(256 << 20, Some(mode), "dirty ws=64M rate=max for=1500ms");
         std::thread::sleep(Duration::from_millis(100));
         if measuring {
-            readiness_of(&vm, &Options { calc_time: Duration::from_secs(1), scan: false, ..Options::default() });
+            readiness_of(
+                &vm,
+                &Options {
+                    calc_time: Duration::from_secs(1),
+                    scan: false,
+                    ..Options::default()
+                },
+            );
         }
         wait_results(&vm, 1);
         let writes = vm.vcpus[0].shared.results()[0].values[0] as f64;
@@ -131,5 +174,8 @@ fn main() {
     sparse_scan();
     println!("guest slowdown of dirty rate=max while measuring the dirty rate (writes/s off ÷ on, median of 3; dirty logging on in both):");
     println!("  dirty-bitmap: {:.3}x", dirty_slowdown(DirtyMode::Bitmap));
-    println!("  dirty-ring  : {:.3}x", dirty_slowdown(DirtyMode::Ring(4096)));
+    println!(
+        "  dirty-ring  : {:.3}x",
+        dirty_slowdown(DirtyMode::Ring(4096))
+    );
 }

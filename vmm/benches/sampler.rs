@@ -10,8 +10,19 @@ use kvmscope::vm::{Vm, VmConfig};
 use kvmscope::workload::parse_sequence;
 
 fn sampler(vm: &Vm, interval: Duration) -> Sampler {
-    let config = SamplerConfig { interval, capacity: 4096, out: None };
-    Sampler::start(config, &vm.fd_file().expect("VM fd"), &vm.vcpu_fds, vm.vcpus.iter().map(|v| v.shared.clone()).collect(), vm.config.memory).expect("sampler")
+    let config = SamplerConfig {
+        interval,
+        capacity: 4096,
+        out: None,
+    };
+    Sampler::start(
+        config,
+        &vm.fd_file().expect("VM fd"),
+        &vm.vcpu_fds,
+        vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
+        vm.config.memory,
+    )
+    .expect("sampler")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -21,14 +32,23 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Median and p99 of the whole-tick time over `ticks` ticks.
 fn tick_cost(vcpus: usize, ticks: u64) -> (f64, f64) {
-    let vm = Vm::new(VmConfig { memory: 32 << 20, vcpus, ..Default::default() }).expect("VM");
+    let vm = Vm::new(VmConfig {
+        memory: 32 << 20,
+        vcpus,
+        ..Default::default()
+    })
+    .expect("VM");
     let s = sampler(&vm, Duration::from_millis(1));
     let mut costs = Vec::new();
     let mut seq = 0;
     while costs.len() < ticks as usize {
         s.shared.wait_after(seq, Duration::from_secs(1));
         seq = s.shared.last_seq();
-        costs.push(s.shared.last_tick_ns.load(std::sync::atomic::Ordering::Relaxed) as f64);
+        costs.push(
+            s.shared
+                .last_tick_ns
+                .load(std::sync::atomic::Ordering::Relaxed) as f64,
+        );
     }
     let mut sorted = costs.clone();
     sorted.sort_by(f64::total_cmp);
@@ -37,9 +57,16 @@ fn tick_cost(vcpus: usize, ticks: u64) -> (f64, f64) {
 
 /// Runs the workload once; returns (touch ns per page, dirty writes per second).
 fn workload(with_sampler: bool) -> (f64, f64) {
-    let mut vm = Vm::new(VmConfig { memory: 128 << 20, ..Default::default() }).expect("VM");
+    let mut vm = Vm::new(VmConfig {
+        memory: 128 << 20,
+        ..Default::default()
+    })
+    .expect("VM");
     let _s = with_sampler.then(|| sampler(&vm, Duration::from_millis(1)));
-    vm.push_commands(0, parse_sequence("touch size=64M; dirty ws=32M rate=max for=500ms").expect("spec"));
+    vm.push_commands(
+        0,
+        parse_sequence("touch size=64M; dirty ws=32M rate=max for=500ms").expect("spec"),
+    );
     vm.start().expect("start");
     let results = loop {
         let r = vm.vcpus[0].shared.results();
@@ -49,7 +76,10 @@ fn workload(with_sampler: bool) -> (f64, f64) {
         vm.next_event(Duration::from_millis(50));
     };
     vm.stop(Duration::from_secs(1));
-    (results[0].host_time.as_nanos() as f64 / results[0].values[0] as f64, results[1].values[0] as f64 / 0.5)
+    (
+        results[0].host_time.as_nanos() as f64 / results[0].values[0] as f64,
+        results[1].values[0] as f64 / 0.5,
+    )
 }
 
 fn main() {
@@ -57,10 +87,16 @@ fn main() {
         println!("sampler bench: /dev/kvm missing, skipped");
         return;
     }
-    println!("sampler tick (VM + N vCPU stats fds, one pread each, point, ring), 1 kHz, 1000 ticks:");
+    println!(
+        "sampler tick (VM + N vCPU stats fds, one pread each, point, ring), 1 kHz, 1000 ticks:"
+    );
     for n in [1, 8, 64] {
         let (p50, p99) = tick_cost(n, 1000);
-        println!("  N = {n:>2}: p50 {:>7.1} us, p99 {:>7.1} us", p50 / 1e3, p99 / 1e3);
+        println!(
+            "  N = {n:>2}: p50 {:>7.1} us, p99 {:>7.1} us",
+            p50 / 1e3,
+            p99 / 1e3
+        );
     }
     let rounds = 5;
     let (mut touch_ratio, mut dirty_ratio) = (Vec::new(), Vec::new());
@@ -71,6 +107,12 @@ fn main() {
         dirty_ratio.push(d_off / d_on);
     }
     println!("guest slowdown with the sampler at 1 kHz vs off (median of {rounds} alternating pairs; 1.00 = none):");
-    println!("  touch 64 MiB (time per page)     : {:.3}x", median(touch_ratio));
-    println!("  dirty rate=max (writes per second): {:.3}x", median(dirty_ratio));
+    println!(
+        "  touch 64 MiB (time per page)     : {:.3}x",
+        median(touch_ratio)
+    );
+    println!(
+        "  dirty rate=max (writes per second): {:.3}x",
+        median(dirty_ratio)
+    );
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchConfig};
 use kvmscope::control::request::VcpuSelector;
-use kvmscope::run::{self, RunConfig, DEMO_WORKLOAD};
 use kvmscope::readiness::dirty::DirtyMode;
+use kvmscope::run::{self, RunConfig, DEMO_WORKLOAD};
 use kvmscope::sampler::SamplerConfig;
 use kvmscope::units::parse_size;
 use kvmscope::vm::VmConfig;
@@ -197,8 +197,13 @@ fn dirty_arg(s: &str) -> Result<DirtyMode, String> {
     match s.split_once(':') {
         None if s == "bitmap" => Ok(DirtyMode::Bitmap),
         None if s == "ring" => Ok(DirtyMode::Ring(4096)),
-        Some(("ring", n)) => n.parse().map(DirtyMode::Ring).map_err(|_| format!("'{n}' is not a ring size: use e.g. ring:4096")),
-        _ => Err(format!("'{s}' is not a dirty-log mode: use bitmap, ring or ring:ENTRIES")),
+        Some(("ring", n)) => n
+            .parse()
+            .map(DirtyMode::Ring)
+            .map_err(|_| format!("'{n}' is not a ring size: use e.g. ring:4096")),
+        _ => Err(format!(
+            "'{s}' is not a dirty-log mode: use bitmap, ring or ring:ENTRIES"
+        )),
     }
 }
 
@@ -210,7 +215,10 @@ fn size_arg(s: &str) -> Result<u64, String> {
 fn vcpu_arg(s: &str) -> Result<VcpuSelector, String> {
     match s {
         "all" => Ok(VcpuSelector::All),
-        n => n.parse().map(VcpuSelector::One).map_err(|_| format!("'{s}' is not a vCPU: use an index or all")),
+        n => n
+            .parse()
+            .map(VcpuSelector::One)
+            .map_err(|_| format!("'{s}' is not a vCPU: use an index or all")),
     }
 }
 
@@ -279,7 +287,13 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
 
 fn demo_command(a: DemoArgs) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe()?;
-    let config = DemoConfig { exe, memory: a.memory, hugepages: a.hugepages, phase_size: a.phase_size, startup_timeout: Duration::from_secs(10) };
+    let config = DemoConfig {
+        exe,
+        memory: a.memory,
+        hugepages: a.hugepages,
+        phase_size: a.phase_size,
+        startup_timeout: Duration::from_secs(10),
+    };
     client::demo::run(&config, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }
@@ -315,13 +329,31 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Run(args) => run_command(args, process_start),
         Cmd::Stats(a) => {
-            let config = StatsConfig { socket: a.socket, vm: a.vm, vcpus: a.vcpu, names: a.names, json: a.json };
-            client::stats::run(&config, &mut std::io::stdout().lock()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)
+            let config = StatsConfig {
+                socket: a.socket,
+                vm: a.vm,
+                vcpus: a.vcpu,
+                names: a.names,
+                json: a.json,
+            };
+            client::stats::run(&config, &mut std::io::stdout().lock())
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(anyhow::Error::from)
         }
         Cmd::Watch(a) => {
             let clear = std::io::stdout().is_terminal();
-            let config = WatchConfig { socket: a.socket, interval: a.interval, names: a.names, count: a.count, vm: a.vm, vcpus: a.vcpu, clear };
-            client::watch::run(&config, &mut std::io::stdout().lock()).map(|()| ExitCode::SUCCESS).map_err(anyhow::Error::from)
+            let config = WatchConfig {
+                socket: a.socket,
+                interval: a.interval,
+                names: a.names,
+                count: a.count,
+                vm: a.vm,
+                vcpus: a.vcpu,
+                clear,
+            };
+            client::watch::run(&config, &mut std::io::stdout().lock())
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(anyhow::Error::from)
         }
         Cmd::Ctl(a) => match client::ctl(&a.socket, &a.request, &mut std::io::stdout().lock()) {
             Ok(true) => Ok(ExitCode::SUCCESS),

@@ -39,7 +39,9 @@ impl Mapped {
     pub fn bytes(&self) -> u64 {
         // Saturating: the counts come from a stats file, which may be hostile.
         let page = |n: u64, size: u64| n.saturating_mul(size);
-        page(self.pages_4k, 4 << 10).saturating_add(page(self.pages_2m, 2 << 20)).saturating_add(page(self.pages_1g, 1 << 30))
+        page(self.pages_4k, 4 << 10)
+            .saturating_add(page(self.pages_2m, 2 << 20))
+            .saturating_add(page(self.pages_1g, 1 << 30))
     }
 
     pub fn to_json(&self) -> serde_json::Value {

@@ -342,7 +342,9 @@ impl Vcpu {
             Ok(VcpuExit::FailEntry(reason, cpu)) => Exit::FailEntry { reason, cpu },
             Ok(VcpuExit::SystemEvent(kind, _)) => Exit::SystemEvent { kind },
             Ok(VcpuExit::Intr) => Exit::Interrupted,
-            Ok(VcpuExit::Unsupported(kvm_bindings::KVM_EXIT_DIRTY_RING_FULL)) => Exit::DirtyRingFull,
+            Ok(VcpuExit::Unsupported(kvm_bindings::KVM_EXIT_DIRTY_RING_FULL)) => {
+                Exit::DirtyRingFull
+            }
             Ok(other) => Exit::Other(format!("{other:?}")),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 self.fd.set_kvm_immediate_exit(0);
@@ -391,7 +393,11 @@ impl Vcpu {
 
     /// KVM_EXIT_DIRTY_RING_FULL: empties this vCPU's ring into the tracker.
     fn harvest_dirty_ring(&self) -> Option<State> {
-        let error = match self.dirty.as_ref().map(|d| d.harvest_vcpu(self.shared.index)) {
+        let error = match self
+            .dirty
+            .as_ref()
+            .map(|d| d.harvest_vcpu(self.shared.index))
+        {
             Some(Ok(_)) => return None,
             Some(Err(e)) => format!("harvesting the dirty ring: {e}"),
             None => "dirty ring full, but no dirty ring is set up".to_string(),
@@ -595,7 +601,11 @@ pub fn wait_parked(vcpus: &[Arc<VcpuShared>], timeout: Duration) -> bool {
             if left.is_zero() {
                 return false;
             }
-            inbox = v.wake.wait_timeout(inbox, left).unwrap_or_else(|e| e.into_inner()).0;
+            inbox = v
+                .wake
+                .wait_timeout(inbox, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
     true

@@ -206,7 +206,12 @@ impl Vm {
             });
         }
         let dirty = match config.dirty_log {
-            Some(mode) => Some(Dirty::new(mode, dup_fd(&fd).map_err(|e| Error::DupVcpu(usize::MAX, e))?, config.memory, &vcpu_fds)?),
+            Some(mode) => Some(Dirty::new(
+                mode,
+                dup_fd(&fd).map_err(|e| Error::DupVcpu(usize::MAX, e))?,
+                config.memory,
+                &vcpu_fds,
+            )?),
             None => None,
         };
         for v in &mut unstarted {

@@ -16,7 +16,12 @@ use kvmscope::workload::parse_sequence;
 const MEMORY: u64 = 64 << 20;
 
 fn boot(dirty: Option<DirtyMode>, spec: &str) -> Vm {
-    let mut vm = Vm::new(VmConfig { memory: MEMORY, dirty_log: dirty, ..VmConfig::default() }).unwrap();
+    let mut vm = Vm::new(VmConfig {
+        memory: MEMORY,
+        dirty_log: dirty,
+        ..VmConfig::default()
+    })
+    .unwrap();
     vm.push_commands(0, parse_sequence(spec).unwrap());
     vm.start().unwrap();
     vm
@@ -41,21 +46,40 @@ fn readiness(vm: &Vm, options: &Options) -> Report {
 }
 
 fn wait_done(vm: &Vm, n: usize) {
-    common::wait_for("commands", Duration::from_secs(30), || (vm.vcpus[0].shared.results().len() >= n).then_some(()));
+    common::wait_for("commands", Duration::from_secs(30), || {
+        (vm.vcpus[0].shared.results().len() >= n).then_some(())
+    });
 }
 
 #[test]
 fn scan_finds_exactly_the_pages_written_nonzero_and_estimates_bound_them() {
     require_kvm!();
     // k = 512 non-zero pages, z = 256 zero-written pages.
-    let mut vm = boot(Some(DirtyMode::Bitmap), "touch size=2M; touch-zero offset=4M size=1M");
+    let mut vm = boot(
+        Some(DirtyMode::Bitmap),
+        "touch size=2M; touch-zero offset=4M size=1M",
+    );
     wait_done(&vm, 2);
-    let r = readiness(&vm, &Options { calc_time: Duration::ZERO, scan: true, ..Options::default() });
+    let r = readiness(
+        &vm,
+        &Options {
+            calc_time: Duration::ZERO,
+            scan: true,
+            ..Options::default()
+        },
+    );
     let scan = &r.scan.as_ref().unwrap().value;
     assert_eq!(scan.nonzero_in_range, 512, "{}", r.to_text());
     assert!(r.mapped_pages() >= 512, "{}", r.to_text());
-    assert!(r.written.as_ref().unwrap().value >= 512 + 256, "{}", r.to_text());
-    assert!(scan.unbacked_pages > 0, "most of the 64 MiB was never backed");
+    assert!(
+        r.written.as_ref().unwrap().value >= 512 + 256,
+        "{}",
+        r.to_text()
+    );
+    assert!(
+        scan.unbacked_pages > 0,
+        "most of the 64 MiB was never backed"
+    );
     assert_eq!(r.estimate_used, "scan");
     assert!(r.prediction.as_ref().unwrap().converges);
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
@@ -66,11 +90,22 @@ fn scan_resumes_the_guest_afterwards() {
     require_kvm!();
     let mut vm = boot(None, "touch size=1M");
     wait_done(&vm, 1);
-    readiness(&vm, &Options { calc_time: Duration::ZERO, scan: true, ..Options::default() });
+    readiness(
+        &vm,
+        &Options {
+            calc_time: Duration::ZERO,
+            scan: true,
+            ..Options::default()
+        },
+    );
     // The guest runs new work after the scan: it was resumed.
     vm.push_commands(0, parse_sequence("exits count=3").unwrap());
     wait_done(&vm, 2);
-    assert!(vm.vcpus[0].shared.results().iter().all(|r| r.status == "ok"));
+    assert!(vm.vcpus[0]
+        .shared
+        .results()
+        .iter()
+        .all(|r| r.status == "ok"));
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
 }
 
@@ -83,11 +118,21 @@ fn measured_dirty_rate(mode: DirtyMode) -> (f64, f64) {
     let ws_pages = (32u64 << 20) / 4096;
     let rate = 2000.0;
     let vm = boot(Some(mode), "dirty ws=32M rate=2000/s for=4s");
-    common::wait_for("dirty to start", Duration::from_secs(10), || matches!(vm.vcpus[0].shared.state(), VcpuState::Running { .. }).then_some(()));
+    common::wait_for("dirty to start", Duration::from_secs(10), || {
+        matches!(vm.vcpus[0].shared.state(), VcpuState::Running { .. }).then_some(())
+    });
     std::thread::sleep(Duration::from_millis(200));
-    let r = readiness(&vm, &Options { calc_time: Duration::from_secs(1), scan: false, ..Options::default() });
+    let r = readiness(
+        &vm,
+        &Options {
+            calc_time: Duration::from_secs(1),
+            scan: false,
+            ..Options::default()
+        },
+    );
     let d = r.dirty_rate.unwrap().value;
-    let expected = expected_distinct(ws_pages as f64, rate * d.window.as_secs_f64()) / d.window.as_secs_f64();
+    let expected =
+        expected_distinct(ws_pages as f64, rate * d.window.as_secs_f64()) / d.window.as_secs_f64();
     (d.pages_per_s, expected)
 }
 
@@ -95,28 +140,53 @@ fn measured_dirty_rate(mode: DirtyMode) -> (f64, f64) {
 fn dirty_bitmap_rate_is_within_ten_percent_of_the_guests_rate() {
     require_kvm!();
     let (measured, expected) = measured_dirty_rate(DirtyMode::Bitmap);
-    assert!((measured / expected - 1.0).abs() < 0.10, "measured {measured:.0} pages/s, guest generated {expected:.0}");
+    assert!(
+        (measured / expected - 1.0).abs() < 0.10,
+        "measured {measured:.0} pages/s, guest generated {expected:.0}"
+    );
 }
 
 #[test]
 fn dirty_ring_rate_is_within_ten_percent_of_the_guests_rate() {
     require_kvm!();
     let (measured, expected) = measured_dirty_rate(DirtyMode::Ring(4096));
-    assert!((measured / expected - 1.0).abs() < 0.10, "measured {measured:.0} pages/s, guest generated {expected:.0}");
+    assert!(
+        (measured / expected - 1.0).abs() < 0.10,
+        "measured {measured:.0} pages/s, guest generated {expected:.0}"
+    );
 }
 
 #[test]
 fn ring_mode_attributes_pages_to_the_vcpu_that_wrote_them() {
     require_kvm!();
-    let mut vm = Vm::new(VmConfig { memory: MEMORY, vcpus: 2, dirty_log: Some(DirtyMode::Ring(256)), ..VmConfig::default() }).unwrap();
+    let mut vm = Vm::new(VmConfig {
+        memory: MEMORY,
+        vcpus: 2,
+        dirty_log: Some(DirtyMode::Ring(256)),
+        ..VmConfig::default()
+    })
+    .unwrap();
     vm.push_commands(1, parse_sequence("touch size=4M").unwrap());
     vm.start().unwrap();
-    common::wait_for("touch", Duration::from_secs(30), || (!vm.vcpus[1].shared.results().is_empty()).then_some(()));
+    common::wait_for("touch", Duration::from_secs(30), || {
+        (!vm.vcpus[1].shared.results().is_empty()).then_some(())
+    });
     let dirty = vm.dirty.clone().unwrap();
     // 1024 pages through a 256-entry ring: ring-full exits were harvested on the way.
-    let (written, per_vcpu) = dirty.sync(|t| (t.since_boot.count(), t.window_per_vcpu.clone())).unwrap();
+    let (written, per_vcpu) = dirty
+        .sync(|t| (t.since_boot.count(), t.window_per_vcpu.clone()))
+        .unwrap();
     assert!(written >= 1024, "{written}");
-    assert!(per_vcpu[1] >= 1024 && per_vcpu[0] < 64, "ring entries per vCPU: {per_vcpu:?}");
-    assert!(vm.vcpus[1].shared.counters.reason(kvmscope::exits::Reason::DirtyRingFull) > 0);
+    assert!(
+        per_vcpu[1] >= 1024 && per_vcpu[0] < 64,
+        "ring entries per vCPU: {per_vcpu:?}"
+    );
+    assert!(
+        vm.vcpus[1]
+            .shared
+            .counters
+            .reason(kvmscope::exits::Reason::DirtyRingFull)
+            > 0
+    );
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
 }

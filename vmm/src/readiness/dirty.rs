@@ -10,7 +10,9 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kvm_bindings::{kvm_dirty_log, kvm_enable_cap, KVM_CAP_DIRTY_LOG_RING_ACQ_REL, KVM_DIRTY_LOG_PAGE_OFFSET};
+use kvm_bindings::{
+    kvm_dirty_log, kvm_enable_cap, KVM_CAP_DIRTY_LOG_RING_ACQ_REL, KVM_DIRTY_LOG_PAGE_OFFSET,
+};
 use kvm_ioctls::VmFd;
 use vmm_sys_util::ioctl::{ioctl, ioctl_with_mut_ref};
 use vmm_sys_util::{ioctl_io_nr, ioctl_iow_nr};
@@ -63,7 +65,10 @@ pub struct Bitmap {
 impl Bitmap {
     /// An empty set for `pages` pages.
     pub fn new(pages: u64) -> Self {
-        Bitmap { words: vec![0; pages.div_ceil(64) as usize], count: 0 }
+        Bitmap {
+            words: vec![0; pages.div_ceil(64) as usize],
+            count: 0,
+        }
     }
 
     /// Adds a page; pages past the end are ignored.
@@ -87,7 +92,9 @@ impl Bitmap {
 
     /// Whether `page` is in the set.
     pub fn contains(&self, page: u64) -> bool {
-        self.words.get((page / 64) as usize).is_some_and(|w| w & (1 << (page % 64)) != 0)
+        self.words
+            .get((page / 64) as usize)
+            .is_some_and(|w| w & (1 << (page % 64)) != 0)
     }
 
     /// Pages in the set.
@@ -117,7 +124,11 @@ pub struct Tracker {
 
 impl Tracker {
     fn new(pages: u64, vcpus: usize) -> Self {
-        Tracker { since_boot: Bitmap::new(pages), window: Bitmap::new(pages), window_per_vcpu: vec![0; vcpus] }
+        Tracker {
+            since_boot: Bitmap::new(pages),
+            window: Bitmap::new(pages),
+            window_per_vcpu: vec![0; vcpus],
+        }
     }
 
     fn record(&mut self, vcpu: usize, page: u64) {
@@ -153,11 +164,25 @@ impl Ring {
         let len = entries as usize * GFN_BYTES;
         let offset = i64::from(KVM_DIRTY_LOG_PAGE_OFFSET) * 4096;
         // SAFETY: maps `len` bytes of the vCPU fd's dirty-ring area; the result is checked.
-        let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), offset) };
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset,
+            )
+        };
         if base == libc::MAP_FAILED {
             return Err(Error::MapRing(vcpu, std::io::Error::last_os_error()));
         }
-        Ok(Ring { vcpu, base: base.cast(), entries, fetch: 0 })
+        Ok(Ring {
+            vcpu,
+            base: base.cast(),
+            entries,
+            fetch: 0,
+        })
     }
 
     /// Moves every published entry into `tracker`, marking it for reset.
@@ -172,7 +197,9 @@ impl Ring {
                 return n;
             }
             // SAFETY: the entry is published (DIRTY seen with acquire); offset 8 is its u64 gfn offset.
-            let page = unsafe { std::ptr::read_volatile(self.base.add(slot * GFN_BYTES + 8) as *const u64) };
+            let page = unsafe {
+                std::ptr::read_volatile(self.base.add(slot * GFN_BYTES + 8) as *const u64)
+            };
             tracker.record(self.vcpu, page);
             flags.store(GFN_RESET, Ordering::Release);
             self.fetch = self.fetch.wrapping_add(1);
@@ -209,9 +236,13 @@ pub fn enable_ring(vm: &VmFd, entries: u32) -> Result<(), Error> {
     if !entries.is_power_of_two() || !(MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&entries) {
         return Err(Error::RingSize(entries));
     }
-    let mut cap = kvm_enable_cap { cap: KVM_CAP_DIRTY_LOG_RING_ACQ_REL, ..Default::default() };
+    let mut cap = kvm_enable_cap {
+        cap: KVM_CAP_DIRTY_LOG_RING_ACQ_REL,
+        ..Default::default()
+    };
     cap.args[0] = u64::from(entries) * GFN_BYTES as u64;
-    vm.enable_cap(&cap).map_err(|e| Error::EnableRing(entries, e))
+    vm.enable_cap(&cap)
+        .map_err(|e| Error::EnableRing(entries, e))
 }
 
 impl Dirty {
@@ -219,13 +250,27 @@ impl Dirty {
     ///
     /// # Errors
     /// A ring cannot be mapped.
-    pub fn new(mode: DirtyMode, vm: File, mem_size: u64, vcpu_fds: &[File]) -> Result<Arc<Dirty>, Error> {
+    pub fn new(
+        mode: DirtyMode,
+        vm: File,
+        mem_size: u64,
+        vcpu_fds: &[File],
+    ) -> Result<Arc<Dirty>, Error> {
         let rings = match mode {
             DirtyMode::Bitmap => Vec::new(),
-            DirtyMode::Ring(entries) => vcpu_fds.iter().enumerate().map(|(i, fd)| Ring::map(i, fd, entries)).collect::<Result<_, _>>()?,
+            DirtyMode::Ring(entries) => vcpu_fds
+                .iter()
+                .enumerate()
+                .map(|(i, fd)| Ring::map(i, fd, entries))
+                .collect::<Result<_, _>>()?,
         };
         let tracker = Tracker::new(mem_size / 4096, vcpu_fds.len());
-        Ok(Arc::new(Dirty { mode, vm, slot_size: mem_size, state: Mutex::new(State { tracker, rings }) }))
+        Ok(Arc::new(Dirty {
+            mode,
+            vm,
+            slot_size: mem_size,
+            state: Mutex::new(State { tracker, rings }),
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -271,7 +316,10 @@ impl Dirty {
     /// KVM_GET_DIRTY_LOG on slot 0: the pages written since the previous call.
     fn get_dirty_log(&self) -> Result<Vec<u64>, Error> {
         let mut words = vec![0u64; (self.slot_size / 4096).div_ceil(64) as usize];
-        let mut log = kvm_dirty_log { slot: 0, ..Default::default() };
+        let mut log = kvm_dirty_log {
+            slot: 0,
+            ..Default::default()
+        };
         log.__bindgen_anon_1.dirty_bitmap = words.as_mut_ptr().cast();
         // SAFETY: `log` points KVM at `words`, which holds one bit per page of slot 0.
         let rc = unsafe { ioctl_with_mut_ref(&self.vm, KVM_GET_DIRTY_LOG(), &mut log) };

@@ -32,7 +32,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { calc_time: Duration::from_secs(1), scan: false, bandwidth: 1.25e9, max_downtime: Duration::from_millis(300) }
+        Options {
+            calc_time: Duration::from_secs(1),
+            scan: false,
+            bandwidth: 1.25e9,
+            max_downtime: Duration::from_millis(300),
+        }
     }
 }
 
@@ -71,7 +76,10 @@ pub struct Guest<'a> {
 fn timed<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<Figure<T>, Error> {
     let t = Instant::now();
     let value = f()?;
-    Ok(Figure { value, took: t.elapsed() })
+    Ok(Figure {
+        value,
+        took: t.elapsed(),
+    })
 }
 
 /// Measures everything `options` asks for, then predicts the migration.
@@ -79,7 +87,11 @@ fn timed<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<Figure<T>, Error> {
 ///
 /// # Errors
 /// The first measurement that failed; the guest is resumed if it was paused.
-pub fn measure(g: &mut Guest<'_>, options: &Options, progress: impl FnMut(u64, u64)) -> Result<Report, Error> {
+pub fn measure(
+    g: &mut Guest<'_>,
+    options: &Options,
+    progress: impl FnMut(u64, u64),
+) -> Result<Report, Error> {
     let ram_pages = (g.ram.1 / 4096) as u64;
     let mapped = timed(|| {
         let mut sample = g.vm_stats.new_sample();
@@ -87,13 +99,31 @@ pub fn measure(g: &mut Guest<'_>, options: &Options, progress: impl FnMut(u64, u
         Ok(Mapped::from_sample(g.vm_stats, &sample))
     })?;
     let resident = timed(|| Ok(scan::resident(g.ram.0, g.ram.1)?.1))?;
-    let written = g.dirty.map(|d| timed(|| Ok(d.sync(|t| t.since_boot.count())?))).transpose()?;
+    let written = g
+        .dirty
+        .map(|d| timed(|| Ok(d.sync(|t| t.since_boot.count())?)))
+        .transpose()?;
     let dirty_rate = match g.dirty {
-        Some(d) if !options.calc_time.is_zero() => Some(timed(|| dirty_rate(d, options.calc_time))?),
+        Some(d) if !options.calc_time.is_zero() => {
+            Some(timed(|| dirty_rate(d, options.calc_time))?)
+        }
         _ => None,
     };
-    let scan = if options.scan { Some(timed(|| exact_scan(g, progress))?) } else { None };
-    let mut report = Report { ram_pages, mapped, resident, written, dirty_rate, scan, prediction: None, estimate_used: "" };
+    let scan = if options.scan {
+        Some(timed(|| exact_scan(g, progress))?)
+    } else {
+        None
+    };
+    let mut report = Report {
+        ram_pages,
+        mapped,
+        resident,
+        written,
+        dirty_rate,
+        scan,
+        prediction: None,
+        estimate_used: "",
+    };
     report.predict(options)?;
     Ok(report)
 }
@@ -110,7 +140,13 @@ fn dirty_rate(d: &Dirty, calc_time: Duration) -> Result<DirtyRate, Error> {
         DirtyMode::Ring(_) => "dirty-ring",
     };
     let per_vcpu = matches!(d.mode, DirtyMode::Ring(_)).then_some(per_vcpu);
-    Ok(DirtyRate { mode, window, pages, pages_per_s: pages as f64 / window.as_secs_f64(), per_vcpu })
+    Ok(DirtyRate {
+        mode,
+        window,
+        pages,
+        pages_per_s: pages as f64 / window.as_secs_f64(),
+        per_vcpu,
+    })
 }
 
 /// Pauses the guest, counts zero and non-zero pages, resumes it.
@@ -126,7 +162,12 @@ fn exact_scan(g: &mut Guest<'_>, progress: impl FnMut(u64, u64)) -> Result<scan:
         // the resume below; the mapping lives as long as the VM's memory, which
         // outlives this call (the caller holds the VM).
         let ram = unsafe { scan::Ram::paused(g.ram.0, g.ram.1) };
-        Ok(scan::scan(&ram, Some(&residency), g.arena.clone(), progress))
+        Ok(scan::scan(
+            &ram,
+            Some(&residency),
+            g.arena.clone(),
+            progress,
+        ))
     })();
     let resumed = (g.pause)(false).map_err(Error::Pause);
     let scan = result?;

@@ -75,7 +75,11 @@ pub enum Error {
 }
 
 fn round(pages: u64, wire_bytes: u64, bandwidth: f64) -> Round {
-    Round { pages, bytes: wire_bytes, seconds: wire_bytes as f64 / bandwidth }
+    Round {
+        pages,
+        bytes: wire_bytes,
+        seconds: wire_bytes as f64 / bandwidth,
+    }
 }
 
 /// Runs the model.
@@ -94,11 +98,18 @@ pub fn predict(i: &Inputs) -> Result<Prediction, Error> {
         return Err(Error::DirtyRate(i.dirty_rate));
     }
     if i.nonzero_pages > i.total_pages {
-        return Err(Error::Pages { nonzero: i.nonzero_pages, total: i.total_pages });
+        return Err(Error::Pages {
+            nonzero: i.nonzero_pages,
+            total: i.total_pages,
+        });
     }
     let ws = i.working_set.unwrap_or(i.total_pages).min(i.total_pages);
     let zero = i.total_pages - i.nonzero_pages;
-    let first = round(i.total_pages, i.nonzero_pages * FULL_PAGE_WIRE + zero * ZERO_PAGE_WIRE, i.bandwidth);
+    let first = round(
+        i.total_pages,
+        i.nonzero_pages * FULL_PAGE_WIRE + zero * ZERO_PAGE_WIRE,
+        i.bandwidth,
+    );
     let mut rounds = vec![first];
     let mut last = first;
     let (converges, reason, stop) = loop {
@@ -122,7 +133,15 @@ pub fn predict(i: &Inputs) -> Result<Prediction, Error> {
     };
     let total_bytes = rounds.iter().chain(stop.as_ref()).map(|r| r.bytes).sum();
     let total_seconds = rounds.iter().chain(stop.as_ref()).map(|r| r.seconds).sum();
-    Ok(Prediction { rounds, downtime: stop.map_or(f64::INFINITY, |r| r.seconds), stop_and_copy: stop, converges, reason, total_bytes, total_seconds })
+    Ok(Prediction {
+        rounds,
+        downtime: stop.map_or(f64::INFINITY, |r| r.seconds),
+        stop_and_copy: stop,
+        converges,
+        reason,
+        total_bytes,
+        total_seconds,
+    })
 }
 
 impl Prediction {
@@ -146,7 +165,14 @@ mod tests {
     const MIB: f64 = 1048576.0;
 
     fn inputs() -> Inputs {
-        Inputs { total_pages: 1000, nonzero_pages: 400, dirty_rate: 0.0, working_set: None, bandwidth: 4104.0 * 100.0, max_downtime: 0.3 }
+        Inputs {
+            total_pages: 1000,
+            nonzero_pages: 400,
+            dirty_rate: 0.0,
+            working_set: None,
+            bandwidth: 4104.0 * 100.0,
+            max_downtime: 0.3,
+        }
     }
 
     #[test]
@@ -167,8 +193,15 @@ mod tests {
     fn slow_dirtier_converges_in_shrinking_rounds() {
         // Bandwidth 100 pages/s, dirty 10 pages/s, downtime 0.3 s (30 pages).
         // Round 0: 4.0132 s → 41 pages dirtied (ceil 40.13) → round 1: 0.41 s → 5 pages → 0.05 s ≤ 0.3 s: stop.
-        let p = predict(&Inputs { dirty_rate: 10.0, ..inputs() }).unwrap();
-        assert_eq!(p.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(), vec![1000, 41]);
+        let p = predict(&Inputs {
+            dirty_rate: 10.0,
+            ..inputs()
+        })
+        .unwrap();
+        assert_eq!(
+            p.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
+            vec![1000, 41]
+        );
         assert_eq!(p.stop_and_copy.unwrap().pages, 5);
         assert!(p.converges);
         assert!((p.downtime - 0.05).abs() < 1e-9);
@@ -179,20 +212,36 @@ mod tests {
     fn dirtying_faster_than_the_link_never_converges() {
         // 150 pages/s dirtied on a 100 pages/s link: every round grows until the
         // whole RAM is dirty, and 1000 pages take 10 s, far over 0.3 s.
-        let p = predict(&Inputs { dirty_rate: 150.0, ..inputs() }).unwrap();
+        let p = predict(&Inputs {
+            dirty_rate: 150.0,
+            ..inputs()
+        })
+        .unwrap();
         assert!(!p.converges);
         assert!(p.reason.contains("at least the"), "{}", p.reason);
         assert_eq!(p.stop_and_copy, None);
         assert!(p.downtime.is_infinite());
         // Round 0 takes 4.013 s → 602 dirty pages (6.02 s) → 903: growing, so it stops there.
-        assert_eq!(p.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(), vec![1000, 602]);
-        assert!(p.reason.contains("stop shrinking at 903 pages"), "{}", p.reason);
+        assert_eq!(
+            p.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
+            vec![1000, 602]
+        );
+        assert!(
+            p.reason.contains("stop shrinking at 903 pages"),
+            "{}",
+            p.reason
+        );
     }
 
     #[test]
     fn small_working_set_converges_even_when_dirtying_fast() {
         // Dirtying faster than the link, but only 20 distinct pages (0.2 s): fits.
-        let p = predict(&Inputs { dirty_rate: 150.0, working_set: Some(20), ..inputs() }).unwrap();
+        let p = predict(&Inputs {
+            dirty_rate: 150.0,
+            working_set: Some(20),
+            ..inputs()
+        })
+        .unwrap();
         assert!(p.converges);
         assert_eq!(p.stop_and_copy.unwrap().pages, 20);
     }
@@ -200,16 +249,29 @@ mod tests {
     #[test]
     fn working_set_over_the_downtime_never_converges_when_dirtying_fast() {
         // Faster than the link, 50 distinct pages (0.5 s > 0.3 s): every round is 50 pages.
-        let p = predict(&Inputs { dirty_rate: 150.0, working_set: Some(50), ..inputs() }).unwrap();
+        let p = predict(&Inputs {
+            dirty_rate: 150.0,
+            working_set: Some(50),
+            ..inputs()
+        })
+        .unwrap();
         assert!(!p.converges);
-        assert!(p.reason.contains("stop shrinking at 50 pages"), "{}", p.reason);
+        assert!(
+            p.reason.contains("stop shrinking at 50 pages"),
+            "{}",
+            p.reason
+        );
     }
 
     #[test]
     fn slower_than_the_link_converges_geometrically() {
         // 90 pages/s on a 100 pages/s link: each round is 0.9 of the last:
         // 1000, 362, 326, ..., until a round fits 0.3 s (30 pages).
-        let p = predict(&Inputs { dirty_rate: 90.0, ..inputs() }).unwrap();
+        let p = predict(&Inputs {
+            dirty_rate: 90.0,
+            ..inputs()
+        })
+        .unwrap();
         assert!(p.converges, "{}", p.reason);
         let pages: Vec<u64> = p.rounds.iter().map(|r| r.pages).collect();
         assert_eq!(&pages[..3], &[1000, 362, 326]);
@@ -219,7 +281,11 @@ mod tests {
 
     #[test]
     fn dirtying_just_below_the_link_gives_up_after_max_rounds() {
-        let p = predict(&Inputs { dirty_rate: 99.0, ..inputs() }).unwrap();
+        let p = predict(&Inputs {
+            dirty_rate: 99.0,
+            ..inputs()
+        })
+        .unwrap();
         assert!(!p.converges);
         assert_eq!(p.rounds.len(), MAX_ROUNDS);
         assert!(p.reason.starts_with("after 30 rounds"), "{}", p.reason);
@@ -229,16 +295,54 @@ mod tests {
     fn realistic_guest_numbers() {
         // 16 GiB guest, 4 GiB non-zero, 10 Gbit/s, dirtying 20 000 pages/s, 300 ms.
         let total = 16 * 262_144;
-        let p = predict(&Inputs { total_pages: total, nonzero_pages: total / 4, dirty_rate: 20_000.0, working_set: None, bandwidth: 1.25e9, max_downtime: 0.3 }).unwrap();
+        let p = predict(&Inputs {
+            total_pages: total,
+            nonzero_pages: total / 4,
+            dirty_rate: 20_000.0,
+            working_set: None,
+            bandwidth: 1.25e9,
+            max_downtime: 0.3,
+        })
+        .unwrap();
         assert!(p.converges, "{}", p.reason);
         assert!(p.rounds[0].bytes < (4.1 * 1024.0 * MIB) as u64);
     }
 
     #[test]
     fn rejects_nonsense_inputs() {
-        assert_eq!(predict(&Inputs { bandwidth: 0.0, ..inputs() }).unwrap_err(), Error::Bandwidth(0.0));
-        assert_eq!(predict(&Inputs { max_downtime: -1.0, ..inputs() }).unwrap_err(), Error::Downtime(-1.0));
-        assert!(matches!(predict(&Inputs { dirty_rate: f64::NAN, ..inputs() }), Err(Error::DirtyRate(_))));
-        assert_eq!(predict(&Inputs { nonzero_pages: 1001, ..inputs() }).unwrap_err(), Error::Pages { nonzero: 1001, total: 1000 });
+        assert_eq!(
+            predict(&Inputs {
+                bandwidth: 0.0,
+                ..inputs()
+            })
+            .unwrap_err(),
+            Error::Bandwidth(0.0)
+        );
+        assert_eq!(
+            predict(&Inputs {
+                max_downtime: -1.0,
+                ..inputs()
+            })
+            .unwrap_err(),
+            Error::Downtime(-1.0)
+        );
+        assert!(matches!(
+            predict(&Inputs {
+                dirty_rate: f64::NAN,
+                ..inputs()
+            }),
+            Err(Error::DirtyRate(_))
+        ));
+        assert_eq!(
+            predict(&Inputs {
+                nonzero_pages: 1001,
+                ..inputs()
+            })
+            .unwrap_err(),
+            Error::Pages {
+                nonzero: 1001,
+                total: 1000
+            }
+        );
     }
 }

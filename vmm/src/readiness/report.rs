@@ -58,8 +58,20 @@ pub struct ScanFigures {
 
 fn error_of(estimate: u64, truth: u64) -> ScanFigures {
     let error = estimate as i64 - truth as i64;
-    let relative = if truth == 0 { if error == 0 { 0.0 } else { f64::INFINITY } } else { error as f64 / truth as f64 };
-    ScanFigures { estimate_pages: estimate, error_pages: error, relative }
+    let relative = if truth == 0 {
+        if error == 0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        error as f64 / truth as f64
+    };
+    ScanFigures {
+        estimate_pages: estimate,
+        error_pages: error,
+        relative,
+    }
 }
 
 impl Report {
@@ -70,9 +82,14 @@ impl Report {
 
     /// Each estimate against the scan: (name, figures).
     pub fn errors(&self) -> Vec<(&'static str, ScanFigures)> {
-        let Some(scan) = &self.scan else { return Vec::new() };
+        let Some(scan) = &self.scan else {
+            return Vec::new();
+        };
         let truth = scan.value.nonzero_pages;
-        let mut out = vec![("mapped", error_of(self.mapped_pages(), truth)), ("resident", error_of(self.resident.value, truth))];
+        let mut out = vec![
+            ("mapped", error_of(self.mapped_pages(), truth)),
+            ("resident", error_of(self.resident.value, truth)),
+        ];
         if let Some(w) = &self.written {
             out.push(("written", error_of(w.value, truth)));
         }
@@ -92,7 +109,10 @@ impl Report {
         let inputs = Inputs {
             total_pages: self.ram_pages,
             nonzero_pages: nonzero,
-            dirty_rate: self.dirty_rate.as_ref().map_or(0.0, |d| d.value.pages_per_s),
+            dirty_rate: self
+                .dirty_rate
+                .as_ref()
+                .map_or(0.0, |d| d.value.pages_per_s),
             working_set: None,
             bandwidth: options.bandwidth,
             max_downtime: options.max_downtime.as_secs_f64(),
@@ -133,32 +153,88 @@ impl Report {
     /// The report for people.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
-        let t = |d: Duration| if d < Duration::from_millis(1) { format!("{:.1} us", d.as_secs_f64() * 1e6) } else { format!("{:.2} ms", d.as_secs_f64() * 1e3) };
+        let t = |d: Duration| {
+            if d < Duration::from_millis(1) {
+                format!("{:.1} us", d.as_secs_f64() * 1e6)
+            } else {
+                format!("{:.2} ms", d.as_secs_f64() * 1e3)
+            }
+        };
         let b = |p: u64| format_bytes(p * 4096);
         let m = &self.mapped.value;
         let _ = writeln!(s, "guest RAM                 {:>12}", b(self.ram_pages));
-        let _ = writeln!(s, "mapped (pages_4k/2m/1g)   {:>12}   4k={} 2m={} 1g={}   in {}", format_bytes(m.bytes()), m.pages_4k, m.pages_2m, m.pages_1g, t(self.mapped.took));
-        let _ = writeln!(s, "host-resident             {:>12}   in {}", b(self.resident.value), t(self.resident.took));
+        let _ = writeln!(
+            s,
+            "mapped (pages_4k/2m/1g)   {:>12}   4k={} 2m={} 1g={}   in {}",
+            format_bytes(m.bytes()),
+            m.pages_4k,
+            m.pages_2m,
+            m.pages_1g,
+            t(self.mapped.took)
+        );
+        let _ = writeln!(
+            s,
+            "host-resident             {:>12}   in {}",
+            b(self.resident.value),
+            t(self.resident.took)
+        );
         match &self.written {
-            Some(w) => drop(writeln!(s, "written since boot        {:>12}   in {}", b(w.value), t(w.took))),
-            None => drop(writeln!(s, "written since boot                 -   (start with --dirty-log)")),
+            Some(w) => drop(writeln!(
+                s,
+                "written since boot        {:>12}   in {}",
+                b(w.value),
+                t(w.took)
+            )),
+            None => drop(writeln!(
+                s,
+                "written since boot                 -   (start with --dirty-log)"
+            )),
         }
         if let Some(d) = &self.dirty_rate {
-            let _ = writeln!(s, "dirty rate ({})   {:>9.0} pages/s ({}/s) over {:.2} s", d.value.mode, d.value.pages_per_s, format_bytes((d.value.pages_per_s * 4096.0) as u64), d.value.window.as_secs_f64());
+            let _ = writeln!(
+                s,
+                "dirty rate ({})   {:>9.0} pages/s ({}/s) over {:.2} s",
+                d.value.mode,
+                d.value.pages_per_s,
+                format_bytes((d.value.pages_per_s * 4096.0) as u64),
+                d.value.window.as_secs_f64()
+            );
             if let Some(per) = &d.value.per_vcpu {
                 let _ = writeln!(s, "  per vCPU (ring entries): {per:?}");
             }
         }
         if let Some(sc) = &self.scan {
             let v = &sc.value;
-            let _ = writeln!(s, "scan: {} non-zero, {} zero ({} never backed, skipped)   in {}", v.nonzero_pages, v.zero_pages, v.unbacked_pages, t(sc.took));
+            let _ = writeln!(
+                s,
+                "scan: {} non-zero, {} zero ({} never backed, skipped)   in {}",
+                v.nonzero_pages,
+                v.zero_pages,
+                v.unbacked_pages,
+                t(sc.took)
+            );
             for (name, e) in self.errors() {
-                let _ = writeln!(s, "  {name:<9} estimate {:>9} pages, error {:>+9} ({:+.1} %)", e.estimate_pages, e.error_pages, e.relative * 100.0);
+                let _ = writeln!(
+                    s,
+                    "  {name:<9} estimate {:>9} pages, error {:>+9} ({:+.1} %)",
+                    e.estimate_pages,
+                    e.error_pages,
+                    e.relative * 100.0
+                );
             }
         }
         if let Some(p) = &self.prediction {
             let _ = writeln!(s, "pre-copy ({} estimate): {} in {} round(s) + stop-and-copy, {:.2} s total, downtime {}", self.estimate_used, format_bytes(p.total_bytes), p.rounds.len(), p.total_seconds, if p.converges { format!("{:.1} ms", p.downtime * 1e3) } else { "-".into() });
-            let _ = writeln!(s, "verdict: {} — {}", if p.converges { "converges" } else { "does NOT converge" }, p.reason);
+            let _ = writeln!(
+                s,
+                "verdict: {} — {}",
+                if p.converges {
+                    "converges"
+                } else {
+                    "does NOT converge"
+                },
+                p.reason
+            );
         }
         s
     }
@@ -169,14 +245,36 @@ mod tests {
     use super::*;
 
     fn report() -> Report {
-        let mapped = Mapped { pages_4k: 300, pages_2m: 1, pages_1g: 0 };
+        let mapped = Mapped {
+            pages_4k: 300,
+            pages_2m: 1,
+            pages_1g: 0,
+        };
         Report {
             ram_pages: 4096,
-            mapped: Figure { value: mapped, took: Duration::from_micros(3) },
-            resident: Figure { value: 900, took: Duration::from_micros(50) },
-            written: Some(Figure { value: 700, took: Duration::ZERO }),
+            mapped: Figure {
+                value: mapped,
+                took: Duration::from_micros(3),
+            },
+            resident: Figure {
+                value: 900,
+                took: Duration::from_micros(50),
+            },
+            written: Some(Figure {
+                value: 700,
+                took: Duration::ZERO,
+            }),
             dirty_rate: None,
-            scan: Some(Figure { value: Scan { zero_pages: 3696, nonzero_pages: 400, unbacked_pages: 3000, nonzero_in_range: 390, elapsed: Duration::ZERO }, took: Duration::ZERO }),
+            scan: Some(Figure {
+                value: Scan {
+                    zero_pages: 3696,
+                    nonzero_pages: 400,
+                    unbacked_pages: 3000,
+                    nonzero_in_range: 390,
+                    elapsed: Duration::ZERO,
+                },
+                took: Duration::ZERO,
+            }),
             prediction: None,
             estimate_used: "",
         }
@@ -187,7 +285,17 @@ mod tests {
         let r = report();
         let e = r.errors();
         // 300 4 KiB pages + one 2 MiB page = 812 page-equivalents, against 400 non-zero.
-        assert_eq!(e[0], ("mapped", ScanFigures { estimate_pages: 812, error_pages: 412, relative: 1.03 }));
+        assert_eq!(
+            e[0],
+            (
+                "mapped",
+                ScanFigures {
+                    estimate_pages: 812,
+                    error_pages: 412,
+                    relative: 1.03
+                }
+            )
+        );
         assert_eq!(e[1].1.error_pages, 500);
         assert_eq!(e[2].1.error_pages, 300);
     }
@@ -197,11 +305,17 @@ mod tests {
         let mut r = report();
         r.predict(&Options::default()).unwrap();
         assert_eq!(r.estimate_used, "scan");
-        assert_eq!(r.prediction.as_ref().unwrap().rounds[0].bytes, 400 * model::FULL_PAGE_WIRE + 3696 * model::ZERO_PAGE_WIRE);
+        assert_eq!(
+            r.prediction.as_ref().unwrap().rounds[0].bytes,
+            400 * model::FULL_PAGE_WIRE + 3696 * model::ZERO_PAGE_WIRE
+        );
         r.scan = None;
         r.predict(&Options::default()).unwrap();
         assert_eq!(r.estimate_used, "mapped");
-        assert_eq!(r.prediction.unwrap().rounds[0].bytes, 812 * model::FULL_PAGE_WIRE + (4096 - 812) * model::ZERO_PAGE_WIRE);
+        assert_eq!(
+            r.prediction.unwrap().rounds[0].bytes,
+            812 * model::FULL_PAGE_WIRE + (4096 - 812) * model::ZERO_PAGE_WIRE
+        );
     }
 
     #[test]

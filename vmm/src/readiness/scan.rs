@@ -30,7 +30,9 @@ impl<'a> Ram<'a> {
     /// happen only on vCPU threads.
     pub unsafe fn paused(ptr: *const u8, len: usize) -> Ram<'a> {
         // SAFETY: the caller guarantees a live, unwritten mapping of `len` bytes.
-        Ram { bytes: unsafe { std::slice::from_raw_parts(ptr, len) } }
+        Ram {
+            bytes: unsafe { std::slice::from_raw_parts(ptr, len) },
+        }
     }
 
     /// A view of a buffer the caller owns (tests, benchmarks).
@@ -65,7 +67,8 @@ pub fn resident(ptr: *const u8, len: usize) -> Result<(Vec<u8>, u64), Error> {
 /// branch inside a block (so the loop vectorises) and stops at the first
 /// non-zero block.
 pub fn page_is_zero(page: &[u8]) -> bool {
-    page.chunks(256).all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
+    page.chunks(256)
+        .all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }
 
 /// What the scan found.
@@ -84,7 +87,12 @@ pub struct Scan {
 /// `residency` byte says they are backed (`None`: read every page).
 /// `range` (in pages) also gets its own non-zero count. `progress(done, total)`
 /// is called every 64 Ki pages.
-pub fn scan(ram: &Ram<'_>, residency: Option<&[u8]>, range: std::ops::Range<u64>, mut progress: impl FnMut(u64, u64)) -> Scan {
+pub fn scan(
+    ram: &Ram<'_>,
+    residency: Option<&[u8]>,
+    range: std::ops::Range<u64>,
+    mut progress: impl FnMut(u64, u64),
+) -> Scan {
     let started = Instant::now();
     let total = ram.pages();
     let (mut zero, mut nonzero, mut unbacked, mut in_range) = (0, 0, 0, 0);
@@ -107,7 +115,13 @@ pub fn scan(ram: &Ram<'_>, residency: Option<&[u8]>, range: std::ops::Range<u64>
         }
     }
     progress(total, total);
-    Scan { zero_pages: zero, nonzero_pages: nonzero, unbacked_pages: unbacked, nonzero_in_range: in_range, elapsed: started.elapsed() }
+    Scan {
+        zero_pages: zero,
+        nonzero_pages: nonzero,
+        unbacked_pages: unbacked,
+        nonzero_in_range: in_range,
+        elapsed: started.elapsed(),
+    }
 }
 
 #[cfg(test)]
@@ -132,7 +146,15 @@ mod tests {
             buf[p * PAGE + 100] = 0xab;
         }
         let s = scan(&Ram::from_slice(&buf), None, 2..8, |_, _| {});
-        assert_eq!((s.zero_pages, s.nonzero_pages, s.unbacked_pages, s.nonzero_in_range), (5, 3, 0, 2));
+        assert_eq!(
+            (
+                s.zero_pages,
+                s.nonzero_pages,
+                s.unbacked_pages,
+                s.nonzero_in_range
+            ),
+            (5, 3, 0, 2)
+        );
     }
 
     #[test]
@@ -150,7 +172,16 @@ mod tests {
     fn resident_sees_touched_pages_of_a_fresh_mapping() {
         let len = 16 * PAGE;
         // SAFETY: a fresh private anonymous mapping, unmapped at the end of the test.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
         assert_ne!(ptr, libc::MAP_FAILED);
         let (_, before) = resident(ptr.cast(), len).unwrap();
         // SAFETY: writes inside the mapping.

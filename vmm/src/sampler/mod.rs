@@ -329,7 +329,9 @@ impl Worker {
         for (dst, src) in latest.iter_mut().zip(&self.samples) {
             dst.copy_from(src);
         }
-        self.shared.last_tick_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.shared
+            .last_tick_ns
+            .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(())
     }
 

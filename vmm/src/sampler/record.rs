@@ -67,7 +67,12 @@ impl Point {
     /// Bytes of guest memory the MMU maps.
     pub fn mapped_bytes(&self) -> u64 {
         let (pages_4k, pages_2m, pages_1g) = (self.pages_4k, self.pages_2m, self.pages_1g);
-        crate::summary::Mapped { pages_4k, pages_2m, pages_1g }.bytes()
+        crate::summary::Mapped {
+            pages_4k,
+            pages_2m,
+            pages_1g,
+        }
+        .bytes()
     }
 }
 
@@ -173,7 +178,10 @@ fn f64_field(v: &Value, key: &str, line: usize) -> Result<f64, ParseError> {
     match field(v, key, line)? {
         // JSON has no NaN: serde_json writes a non-finite number as null.
         Value::Null => Ok(f64::NAN),
-        n => n.as_f64().ok_or_else(|| ParseError::Bad { line, what: format!("'{key}' is not a number") }),
+        n => n.as_f64().ok_or_else(|| ParseError::Bad {
+            line,
+            what: format!("'{key}' is not a number"),
+        }),
     }
 }
 
@@ -221,7 +229,13 @@ fn parse_vcpu(v: &Value, header: &SeriesHeader, line: usize) -> Result<VcpuPoint
         // A counter this version has but an older series lacks reads as 0.
         ours: our_names()
             .iter()
-            .map(|n| if ours.get(*n).is_some() { u64_field(ours, n, line) } else { Ok(0) })
+            .map(|n| {
+                if ours.get(*n).is_some() {
+                    u64_field(ours, n, line)
+                } else {
+                    Ok(0)
+                }
+            })
             .collect::<Result<_, _>>()?,
         exits_per_s: f64_field(v, "exits_per_s", line)?,
         our_exits_per_s: f64_field(v, "our_exits_per_s", line)?,
@@ -428,18 +442,28 @@ mod tests {
     fn older_series_without_a_newer_counter_reads_it_as_zero() {
         let (h, pts) = sample_series();
         let mut json = pts[0].to_json(&h);
-        json["vcpus"][0]["ours"].as_object_mut().unwrap().remove("dirty_ring_full");
+        json["vcpus"][0]["ours"]
+            .as_object_mut()
+            .unwrap()
+            .remove("dirty_ring_full");
         json["vcpus"][0]["exits_per_s"] = Value::Null;
         let text = format!("{}\n{}\n", h.to_json(), json);
         let (_, back) = parse_jsonl(&text).unwrap();
-        let i = Reason::ALL.iter().position(|r| *r == Reason::DirtyRingFull).unwrap();
+        let i = Reason::ALL
+            .iter()
+            .position(|r| *r == Reason::DirtyRingFull)
+            .unwrap();
         assert_eq!(back[0].vcpus[0].ours[i], 0);
         assert!(back[0].vcpus[0].exits_per_s.is_nan());
     }
 
     #[test]
     fn mapped_bytes_saturate_on_hostile_counts() {
-        let p = Point { pages_4k: u64::MAX, pages_2m: 1, ..Point::default() };
+        let p = Point {
+            pages_4k: u64::MAX,
+            pages_2m: 1,
+            ..Point::default()
+        };
         assert_eq!(p.mapped_bytes(), u64::MAX);
     }
 
