@@ -348,3 +348,31 @@ fn stale_socket_is_replaced() {
     assert!(!path.exists());
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+#[test]
+fn guest_failure_during_a_wait_answers_with_an_error_or_closes() {
+    require_kvm!();
+    let mut vm = ServedVm::start("guest-panic", MEM, 1);
+    let mut c = vm.client();
+    let args = json!({"vcpu": 0, "command": "panic", "wait": true});
+    match c.execute("guest-command", args) {
+        Err(client::Error::Remote { class, desc }) => {
+            assert_eq!(class, "GenericError");
+            assert!(
+                desc.contains("stopped before its commands finished"),
+                "{desc}"
+            );
+        }
+        // The VMM may stop serving before the reply goes out.
+        Err(client::Error::Closed) => {}
+        other => panic!("{other:?}"),
+    }
+    // A guest failure ends the run, and the summary says why.
+    let summary = vm.join();
+    assert!(
+        summary.failure().is_some_and(|f| f.contains("panic")),
+        "{:?}",
+        summary.failure()
+    );
+    assert!(!vm.socket.exists());
+}

@@ -127,6 +127,7 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
     let started = Instant::now();
     let mut client =
         Client::connect_when_ready(&socket, config.startup_timeout, || vmm.check_running())?;
+    client.set_timeout(Some(super::REPLY_TIMEOUT))?;
     let (vm, _) = client.execute("query-vm", json!({}))?;
     writeln!(
         out,

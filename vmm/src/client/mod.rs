@@ -19,6 +19,9 @@ use serde_json::{json, Value};
 
 use crate::control::scm::{self, MAX_FDS_PER_MESSAGE};
 
+/// How long `stats`, `watch` and `demo` wait for a reply before giving up.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Longest reply line a client accepts (a `query-stats` of 256 vCPUs is ~1 MiB).
 const MAX_REPLY: usize = 64 << 20;
 

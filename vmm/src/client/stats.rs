@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use kvm_stats::{NameFilter, Sample, StatsFd};
 use serde_json::{json, Value};
 
-use super::{Client, Error};
+use super::{Client, Error, REPLY_TIMEOUT};
 use crate::control::request::VcpuSelector;
 
 /// What `kvmscope stats` shows.
@@ -96,12 +96,28 @@ pub fn sample_all(received: &[Received]) -> Result<Vec<Sample>, Error> {
         .collect()
 }
 
+/// Warns about names in `filter` that none of the received schemas has.
+pub fn warn_missing(received: &[Received], filter: &NameFilter) {
+    let mut missing: Option<Vec<&str>> = None;
+    for r in received {
+        let here = filter.missing(r.stats.schema());
+        missing = Some(match missing {
+            None => here,
+            Some(before) => before.into_iter().filter(|n| here.contains(n)).collect(),
+        });
+    }
+    if let Some(names) = missing.filter(|m| !m.is_empty()) {
+        log::warn!("no such stat on this kernel: {}", names.join(", "));
+    }
+}
+
 /// Runs `kvmscope stats`.
 ///
 /// # Errors
 /// Connecting, receiving or reading failed.
 pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
+    client.set_timeout(Some(REPLY_TIMEOUT))?;
     let (vm, vcpus) = match (config.vm, config.vcpus) {
         (false, None) => (true, Some(VcpuSelector::All)),
         other => other,
@@ -110,6 +126,7 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
     drop(client);
     let samples = sample_all(&received)?;
     let filter = NameFilter::from_option(config.names.clone());
+    warn_missing(&received, &filter);
     if config.json {
         let sources = received
             .iter()

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use kvm_stats::NameFilter;
 
-use super::stats::{receive, sample_all};
-use super::{Client, Error};
+use super::stats::{receive, sample_all, warn_missing};
+use super::{Client, Error, REPLY_TIMEOUT};
 use crate::control::request::VcpuSelector;
 
 /// Shown when no `--names` are given: what the guest's workloads move.
@@ -53,6 +53,7 @@ pub struct WatchConfig {
 /// Connecting, receiving or reading failed.
 pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
+    client.set_timeout(Some(REPLY_TIMEOUT))?;
     let pid = client.greeting["QMP"]["vm"]["pid"].as_u64().unwrap_or(0);
     let (vm, vcpus) = match (config.vm, config.vcpus) {
         (false, None) => (true, Some(VcpuSelector::All)),
@@ -66,6 +67,9 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         .clone()
         .unwrap_or_else(|| DEFAULT_NAMES.iter().map(|s| s.to_string()).collect());
     let filter = NameFilter::names(names);
+    if config.names.is_some() {
+        warn_missing(&received, &filter);
+    }
     let mut older = sample_all(&received)?;
     let mut refresh = 0u64;
     while config.count.is_none_or(|n| refresh < n) {

@@ -98,11 +98,6 @@ impl Handler {
         })
     }
 
-    /// The vCPUs' shared parts (for the watcher eventfd).
-    pub fn context(&self) -> &Context {
-        &self.ctx
-    }
-
     /// The line every client gets on connecting.
     pub fn greeting(&self) -> Value {
         json!({"QMP": {

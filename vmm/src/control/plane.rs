@@ -176,24 +176,42 @@ impl Plane {
         let Some(client) = self.clients.get_mut(&token) else {
             return;
         };
-        let gone = set.intersects(EventSet::HANG_UP | EventSet::ERROR);
-        if gone {
-            // The peer closed: what it sent before is still run (a piped
-            // `quit`, say); it is all in the socket buffer, so this ends.
-            while let Ok(Input::Data) = client.read() {}
-        } else if set.contains(EventSet::IN) {
+        if set.intersects(EventSet::HANG_UP | EventSet::ERROR) {
+            return self.hang_up(token, ops, "it hung up");
+        }
+        if set.contains(EventSet::IN) {
             if let Err(e) = client.read() {
-                return self.drop_client(token, ops, &format!("reading failed: {e}"));
+                return self.hang_up(token, ops, &format!("reading failed: {e}"));
             }
         }
         self.pump(token, ops);
-        if gone {
-            self.drop_client(token, ops, "it hung up");
-        }
     }
 
     /// Runs the client's complete lines, then settles it.
     fn pump(&mut self, token: u32, ops: &mut EventOps) {
+        match self.run_lines(token) {
+            Ok(()) => self.settle(token, ops),
+            Err(why) => self.drop_client(token, ops, why),
+        }
+    }
+
+    /// The peer is gone (or its socket failed): what it sent is still run (a
+    /// piped `quit`, say; it is all in the socket buffer, so reading ends),
+    /// and it is dropped.
+    fn hang_up(&mut self, token: u32, ops: &mut EventOps, why: &str) {
+        if let Some(client) = self.clients.get_mut(&token) {
+            // Stops at the end, or at ECONNRESET if our output went unread.
+            while let Ok(Input::Data) = client.read() {}
+            // Either way no more will come: a partial last line is complete.
+            client.ended = true;
+        }
+        let _ = self.run_lines(token);
+        self.drop_client(token, ops, why);
+    }
+
+    /// Runs the client's complete lines, until a deferred reply holds them or
+    /// its output is over the limit. `Err` when it must be dropped.
+    fn run_lines(&mut self, token: u32) -> Result<(), &'static str> {
         while let Some(line) = self.clients.get_mut(&token).and_then(Connection::next_line) {
             let Line::Complete(line) = line else {
                 let desc = format!(
@@ -201,20 +219,21 @@ impl Plane {
                     super::MAX_LINE
                 );
                 if let Some(c) = self.clients.get_mut(&token) {
-                    c.queue(
-                        reply_line(None, error_body(ErrorClass::LineTooLong, &desc)),
-                        Vec::new(),
-                    );
+                    let error = reply_line(None, error_body(ErrorClass::LineTooLong, &desc));
+                    c.queue(error, Vec::new());
                     let _ = c.flush();
                 }
-                return self.drop_client(token, ops, "its line was too long");
+                return Err("its line was too long");
             };
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
             self.run_line(token, &line);
+            if self.clients.get(&token).is_some_and(Connection::over_limit) {
+                break; // settle drops it; run no more of its lines
+            }
         }
-        self.settle(token, ops);
+        Ok(())
     }
 
     fn run_line(&mut self, token: u32, line: &[u8]) {
@@ -275,7 +294,7 @@ impl Plane {
             return;
         };
         if let Err(e) = client.flush() {
-            return self.drop_client(token, ops, &format!("sending failed: {e}"));
+            return self.hang_up(token, ops, &format!("sending failed: {e}"));
         }
         if client.over_limit() {
             return self.drop_client(

@@ -30,9 +30,8 @@ impl<'a> Ram<'a> {
     /// happen only on vCPU threads.
     pub unsafe fn paused(ptr: *const u8, len: usize) -> Ram<'a> {
         // SAFETY: the caller guarantees a live, unwritten mapping of `len` bytes.
-        Ram {
-            bytes: unsafe { std::slice::from_raw_parts(ptr, len) },
-        }
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        Ram { bytes }
     }
 
     /// A view of a buffer the caller owns (tests, benchmarks).
