@@ -42,6 +42,37 @@ enum Cmd {
     Demo(DemoArgs),
     /// Draw a series from `run --samples-out` (mapped memory, exit rates, phases) as SVG or PNG.
     Plot(PlotArgs),
+    /// Ask a running VMM whether its guest is ready to live-migrate: non-zero
+    /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
+    Readiness(ReadinessArgs),
+}
+
+#[derive(clap::Args)]
+struct ReadinessArgs {
+    /// The VMM's control socket (`kvmscope run --socket PATH`).
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// Also count zero and non-zero pages exactly (pauses the guest while it reads RAM)
+    /// and report each estimate's error.
+    #[arg(long)]
+    scan: bool,
+    /// Window for the dirty rate (needs `run --dirty-log`); 0s skips it.
+    #[arg(long, default_value = "1s", value_name = "DUR", value_parser = duration_arg)]
+    calc_time: Duration,
+    /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB.
+    #[arg(long, default_value = "10Gbit", value_name = "RATE", value_parser = bandwidth_arg)]
+    bandwidth: f64,
+    /// Longest acceptable downtime for the prediction.
+    #[arg(long, default_value = "300ms", value_name = "DUR", value_parser = duration_arg)]
+    max_downtime: Duration,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn bandwidth_arg(s: &str) -> Result<f64, String> {
+    kvmscope::units::parse_bandwidth(s)
+        .ok_or_else(|| format!("'{s}' is not a bandwidth: use e.g. 10Gbit, 1.25GB/s or 800MiB"))
 }
 
 #[derive(clap::Args)]
@@ -362,6 +393,19 @@ fn main() -> ExitCode {
         },
         Cmd::Demo(a) => demo_command(a),
         Cmd::Plot(a) => plot_command(a),
+        Cmd::Readiness(a) => {
+            let config = client::readiness::ReadinessConfig {
+                socket: a.socket,
+                scan: a.scan,
+                calc_time: a.calc_time,
+                bandwidth: a.bandwidth,
+                max_downtime: a.max_downtime,
+                json: a.json,
+            };
+            client::readiness::readiness(&config, &mut std::io::stdout().lock())
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(code) => code,

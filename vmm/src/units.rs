@@ -42,6 +42,38 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(secs))
 }
 
+/// Parses a link bandwidth into bytes per second: a number with an optional
+/// unit, bits (`bit`, `kbit`, `Mbit`, `Gbit`, `Tbit`; decimal) or bytes (`B`,
+/// `KB`/`MB`/`GB`/`TB` decimal, `KiB`/`MiB`/`GiB`/`TiB` binary), and an optional
+/// `/s`. A bare number is bytes per second. E.g. `10Gbit`, `1.25GB/s`, `800MiB`.
+pub fn parse_bandwidth(text: &str) -> Option<f64> {
+    let t = text.trim().trim_end_matches("/s").trim_end_matches("ps");
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let factor = match unit.trim() {
+        "" | "B" => 1.0,
+        "bit" | "b" => 1.0 / 8.0,
+        "kbit" | "Kbit" | "kb" => 1e3 / 8.0,
+        "Mbit" | "Mb" => 1e6 / 8.0,
+        "Gbit" | "Gb" => 1e9 / 8.0,
+        "Tbit" | "Tb" => 1e12 / 8.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1048576.0,
+        "GiB" => 1073741824.0,
+        "TiB" => 1099511627776.0,
+        _ => return None,
+    };
+    let v = n * factor;
+    (v.is_finite() && v > 0.0).then_some(v)
+}
+
 /// Formats bytes with a binary unit, e.g. `64 MiB`, `1.50 GiB`.
 pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -95,6 +127,18 @@ mod tests {
         assert_eq!(parse_duration("5h"), None);
         assert_eq!(parse_duration("s"), None);
         assert_eq!(parse_duration("1e400s"), None);
+    }
+
+    #[test]
+    fn bandwidth_takes_bits_and_bytes() {
+        assert_eq!(parse_bandwidth("10Gbit"), Some(1.25e9));
+        assert_eq!(parse_bandwidth("10Gbit/s"), Some(1.25e9));
+        assert_eq!(parse_bandwidth("1.25GB/s"), Some(1.25e9));
+        assert_eq!(parse_bandwidth("100MiB"), Some(104857600.0));
+        assert_eq!(parse_bandwidth("5000"), Some(5000.0));
+        assert_eq!(parse_bandwidth("0"), None);
+        assert_eq!(parse_bandwidth("fast"), None);
+        assert_eq!(parse_bandwidth("10Gbyte"), None);
     }
 
     #[test]

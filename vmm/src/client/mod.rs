@@ -6,6 +6,7 @@
 //! they never ask the VMM for values.
 
 pub mod demo;
+pub mod readiness;
 pub mod stats;
 pub mod watch;
 
@@ -191,6 +192,7 @@ impl Client {
     }
 
     /// Runs a command: its `return` value and fds, or its error as `Remote`.
+    /// Event lines that arrive before the reply are skipped.
     ///
     /// # Errors
     /// `Remote` for an error reply, or a transport error.
@@ -201,7 +203,14 @@ impl Client {
     ) -> Result<(Value, Vec<File>), Error> {
         let line = json!({"execute": command, "arguments": arguments}).to_string();
         self.send_line(line.as_bytes())?;
-        let Reply { mut value, fds } = self.read_reply()?;
+        // Event lines (progress, subscribed samples) may come first; like a
+        // QMP client, skip them: the reply is the first line that is not one.
+        let Reply { mut value, fds } = loop {
+            let reply = self.read_reply()?;
+            if reply.value.get("event").is_none() {
+                break reply;
+            }
+        };
         if let Some(err) = value.get("error") {
             let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
             return Err(Error::Remote {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use kvm_stats::{NameFilter, Sample, StatsFd};
 use serde_json::{json, Value};
 
+use super::deferred::{self, Pending, Progress};
 use super::request::{Command, ErrorClass, StatsTarget, VcpuSelector, COMMANDS};
 use super::{Context, Error, PROTOCOL_VERSION};
 use crate::abi;
@@ -41,7 +42,14 @@ pub enum Outcome {
     Return(Value, Vec<File>),
     Error(ErrorClass, String),
     /// The reply waits until [`Handler::check_wait`] gives it.
-    Wait(GuestWait),
+    Wait(Pending),
+    /// Start streaming `SAMPLE` events after point `since`; `reply` is the return value.
+    Subscribe {
+        since: u64,
+        reply: Value,
+    },
+    /// Stop streaming.
+    Unsubscribe,
 }
 
 fn fail(class: ErrorClass, desc: impl Into<String>) -> Outcome {
@@ -59,6 +67,13 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+fn no_sampler() -> Outcome {
+    fail(
+        ErrorClass::GenericError,
+        "the sampler is off (the VMM was started with --sample-interval off)",
+    )
+}
+
 fn ret(value: Value) -> Outcome {
     Outcome::Return(value, Vec::new())
 }
@@ -72,6 +87,8 @@ pub struct Handler {
     vcpu_samples: Vec<Sample>,
     /// Set when the server is being dropped.
     stopping: Arc<AtomicBool>,
+    /// A `query-readiness` worker is running.
+    readiness_busy: Arc<AtomicBool>,
 }
 
 impl Handler {
@@ -95,7 +112,13 @@ impl Handler {
             vm_sample,
             vcpu_samples,
             stopping,
+            readiness_busy: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// The sampler's shared part, when it runs.
+    pub fn samples(&self) -> Option<Arc<crate::sampler::Shared>> {
+        self.ctx.samples.clone()
     }
 
     /// The line every client gets on connecting.
@@ -137,6 +160,21 @@ impl Handler {
                 wait,
             } => self.guest_command(vcpu, &command, wait),
             Command::QueryGuest { vcpus } => self.per_vcpu(vcpus, Handler::guest_state),
+            Command::QuerySamples { since, max } => self.query_samples(since, max),
+            Command::SubscribeSamples { since } => match &self.ctx.samples {
+                Some(s) => {
+                    let since = since.unwrap_or_else(|| s.last_seq());
+                    Outcome::Subscribe {
+                        since,
+                        reply: json!({"since": since, "header": s.header.to_json()}),
+                    }
+                }
+                None => no_sampler(),
+            },
+            Command::UnsubscribeSamples => Outcome::Unsubscribe,
+            Command::QueryReadiness(args) => {
+                deferred::start_readiness(&self.ctx, args, &self.readiness_busy)
+            }
             Command::Pause => self.run_state(RunRequest::Pause),
             Command::Resume => self.run_state(RunRequest::Resume),
             Command::Quit => self.run_state(RunRequest::Quit),
@@ -305,14 +343,43 @@ impl Handler {
         let first = shared.push_commands(commands);
         let last = first + count - 1;
         if wait {
-            return Outcome::Wait(GuestWait { vcpu, first, last });
+            return Outcome::Wait(Pending::Guest(GuestWait { vcpu, first, last }));
         }
         ret(json!({"vcpu": vcpu, "first-seq": first, "last-seq": last}))
     }
 
+    /// Where a deferred reply stands: events to send now, and the reply once ready.
+    pub fn check_wait(&self, pending: &Pending) -> Progress {
+        match pending {
+            Pending::Guest(w) => Progress {
+                events: Vec::new(),
+                done: self.check_guest_wait(w),
+            },
+            Pending::Readiness(rx) => deferred::poll_worker(rx),
+        }
+    }
+
+    /// The sampler's points after `since` (the newest `max` of them).
+    fn query_samples(&self, since: u64, max: Option<u64>) -> Outcome {
+        let Some(s) = &self.ctx.samples else {
+            return no_sampler();
+        };
+        let (mut points, dropped) = s.since(since);
+        let skip = max.map_or(0, |m| {
+            points
+                .len()
+                .saturating_sub(usize::try_from(m).unwrap_or(usize::MAX))
+        });
+        let skipped = points.drain(..skip).count() as u64;
+        let samples: Vec<Value> = points.iter().map(|p| p.to_json(&s.header)).collect();
+        ret(
+            json!({"header": s.header.to_json(), "samples": samples, "dropped": dropped + skipped, "last-seq": s.last_seq()}),
+        )
+    }
+
     /// The reply to a waiting `guest-command`, once its last command finished
     /// or the vCPU stopped; `None` while it runs.
-    pub fn check_wait(&self, w: &GuestWait) -> Option<Outcome> {
+    fn check_guest_wait(&self, w: &GuestWait) -> Option<Outcome> {
         let shared = &self.ctx.vcpus[w.vcpu];
         let results = shared.results();
         if results.last().is_some_and(|r| r.seq >= w.last) {

@@ -12,6 +12,8 @@
 
 pub mod commands;
 pub mod connection;
+pub mod deferred;
+pub mod events;
 pub mod plane;
 pub mod request;
 pub mod scm;
@@ -83,6 +85,10 @@ pub struct Context {
     pub main: Sender<VmEvent>,
     /// The sampler's ring, when it runs (for `query-samples` / `subscribe-samples`).
     pub samples: Option<Arc<crate::sampler::Shared>>,
+    /// Guest RAM (a clone keeps the mapping alive while a readiness scan reads it).
+    pub mem: crate::memory::GuestMemory,
+    /// Dirty tracking, when the VM has it (for `query-readiness`).
+    pub dirty: Option<Arc<crate::readiness::dirty::Dirty>>,
 }
 
 impl Context {
@@ -106,6 +112,8 @@ impl Context {
             hugepages: vm.config.hugepages,
             main: vm.event_sender(),
             samples: None,
+            mem: vm.mem.clone(),
+            dirty: vm.dirty.clone(),
         })
     }
 }
@@ -130,6 +138,7 @@ impl Server {
         listener.set_nonblocking(true).map_err(Error::EventFd)?;
         let new_eventfd = || EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd);
         let exit = new_eventfd()?;
+        let (ours_ticks, idle_ticks) = (new_eventfd()?, new_eventfd()?);
         let ours = Arc::new(new_eventfd()?);
         // Every vCPU writes the same watcher (if another server set one first, use that).
         let watcher = context.vcpus.first().map_or(ours.clone(), |v| {
@@ -140,12 +149,17 @@ impl Server {
         }
         let retry = TimerFd::new()
             .map_err(|e| Error::EventFd(std::io::Error::from_raw_os_error(e.errno())))?;
+        // The sampler writes this after every tick, for `subscribe-samples`.
+        let ticks = context
+            .samples
+            .as_ref()
+            .map(|s| s.tick_fd.get_or_init(|| Arc::new(ours_ticks)).clone());
         let stopping = Arc::new(AtomicBool::new(false));
         let handler = Handler::new(context, stopping.clone())?;
         let plane = Plane::new(
             listener,
             exit.try_clone().map_err(Error::EventFd)?,
-            watcher,
+            [watcher, ticks.unwrap_or_else(|| Arc::new(idle_ticks))],
             retry,
             handler,
         );

@@ -15,8 +15,10 @@ use serde_json::{json, Value};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::commands::{GuestWait, Handler, Outcome};
+use super::commands::{Handler, Outcome};
 use super::connection::{Connection, Input, Line};
+use super::deferred::Pending;
+use super::events;
 use super::request::{self, ErrorClass};
 use super::{scm, MAX_CLIENTS};
 
@@ -24,7 +26,8 @@ const LISTENER: u32 = 0;
 const EXIT: u32 = 1;
 const WATCHER: u32 = 2;
 const RETRY: u32 = 3;
-const FIRST_CLIENT: u32 = 4;
+const TICKS: u32 = 4;
+const FIRST_CLIENT: u32 = 5;
 
 /// Clients accepted per readiness event of the listener, so a flood of
 /// connections cannot starve the clients already there.
@@ -55,11 +58,15 @@ pub struct Plane {
     listener: UnixListener,
     exit: EventFd,
     watcher: Arc<EventFd>,
+    /// Written by the sampler after each tick (never, when it is off).
+    ticks: Arc<EventFd>,
     retry: TimerFd,
     handler: Handler,
     clients: HashMap<u32, Connection>,
-    /// Deferred `guest-command` replies: client, request id, what to wait for.
-    waits: Vec<(u32, Option<Value>, GuestWait)>,
+    /// Deferred replies: client, request id, what they wait for.
+    waits: Vec<(u32, Option<Value>, Pending)>,
+    /// `subscribe-samples` clients and the last point each was sent.
+    subscribers: HashMap<u32, u64>,
     next_token: u32,
     uid: u32,
     /// The exit eventfd fired: the thread ends after this round of events.
@@ -70,7 +77,7 @@ impl Plane {
     pub fn new(
         listener: UnixListener,
         exit: EventFd,
-        watcher: Arc<EventFd>,
+        [watcher, ticks]: [Arc<EventFd>; 2],
         retry: TimerFd,
         handler: Handler,
     ) -> Plane {
@@ -80,10 +87,12 @@ impl Plane {
             listener,
             exit,
             watcher,
+            ticks,
             retry,
             handler,
             clients: HashMap::new(),
             waits: Vec::new(),
+            subscribers: HashMap::new(),
             next_token: FIRST_CLIENT,
             uid,
             done: false,
@@ -241,6 +250,17 @@ impl Plane {
             Ok(req) => (req.id, self.handler.execute(req.command)),
             Err(e) => (e.id, Outcome::Error(e.class, e.desc)),
         };
+        let outcome = match outcome {
+            Outcome::Subscribe { since, reply } => {
+                self.subscribers.insert(token, since);
+                Outcome::Return(reply, Vec::new())
+            }
+            Outcome::Unsubscribe => {
+                let was = self.subscribers.remove(&token).is_some();
+                Outcome::Return(serde_json::json!({"was-subscribed": was}), Vec::new())
+            }
+            other => other,
+        };
         if let Outcome::Wait(w) = outcome {
             self.waits.push((token, id.clone(), w));
             if let Some(c) = self.clients.get_mut(&token) {
@@ -261,7 +281,7 @@ impl Plane {
             Outcome::Error(class, desc) => {
                 client.queue(reply_line(id, error_body(class, &desc)), Vec::new())
             }
-            Outcome::Wait(_) => {}
+            Outcome::Wait(_) | Outcome::Subscribe { .. } | Outcome::Unsubscribe => {}
         }
     }
 
@@ -270,11 +290,18 @@ impl Plane {
         let mut i = 0;
         while i < self.waits.len() {
             let (token, _, wait) = &self.waits[i];
-            let outcome = match only {
-                Some(t) if t != *token => None,
-                _ => self.handler.check_wait(wait),
-            };
-            match outcome {
+            let token = *token;
+            if only.is_some_and(|t| t != token) {
+                i += 1;
+                continue;
+            }
+            let progress = self.handler.check_wait(wait);
+            if let Some(c) = self.clients.get_mut(&token) {
+                for e in &progress.events {
+                    c.queue(events::line(e), Vec::new());
+                }
+            }
+            match progress.done {
                 Some(outcome) => {
                     let (token, id, _) = self.waits.swap_remove(i);
                     self.answer(token, id.as_ref(), outcome);
@@ -327,6 +354,27 @@ impl Plane {
             log::debug!("control: dropping client {token}: {why}");
         }
         self.waits.retain(|(t, _, _)| *t != token);
+        self.subscribers.remove(&token);
+    }
+
+    /// The sampler ticked: send each subscriber the points it has not had.
+    fn on_ticks(&mut self, ops: &mut EventOps) {
+        let _ = self.ticks.read();
+        let Some(samples) = self.handler.samples() else {
+            return;
+        };
+        let tokens: Vec<u32> = self.subscribers.keys().copied().collect();
+        for token in tokens {
+            let since = self.subscribers.get(&token).copied().unwrap_or(0);
+            let (lines, last) = events::samples_after(&samples, since);
+            self.subscribers.insert(token, last);
+            if let Some(c) = self.clients.get_mut(&token) {
+                for l in lines {
+                    c.queue(l, Vec::new());
+                }
+            }
+            self.settle(token, ops);
+        }
     }
 
     /// Wait results arrived: answer the waits that are over, and pump the
@@ -354,11 +402,12 @@ impl Plane {
 
 impl MutEventSubscriber for Plane {
     fn init(&mut self, ops: &mut EventOps) {
-        let fds: [(&dyn std::os::fd::AsRawFd, u32); 4] = [
+        let fds: [(&dyn std::os::fd::AsRawFd, u32); 5] = [
             (&self.listener, LISTENER),
             (&self.exit, EXIT),
             (&*self.watcher, WATCHER),
             (&self.retry, RETRY),
+            (&*self.ticks, TICKS),
         ];
         for (fd, token) in fds {
             if let Err(e) = ops.add(Events::with_data_raw(fd.as_raw_fd(), token, EventSet::IN)) {
@@ -373,6 +422,7 @@ impl MutEventSubscriber for Plane {
             LISTENER => self.accept(ops),
             EXIT => self.farewell(),
             WATCHER => self.on_watcher(ops),
+            TICKS => self.on_ticks(ops),
             RETRY => {
                 let _ = self.retry.wait();
                 let _ = ops.modify(Events::with_data(&self.listener, LISTENER, EventSet::IN));

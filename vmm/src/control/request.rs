@@ -98,13 +98,38 @@ pub enum Command {
     QueryGuest {
         vcpus: Option<Vec<usize>>,
     },
+    /// The sampler's points after `since`, at most `max` of them (newest kept).
+    QuerySamples {
+        since: u64,
+        max: Option<u64>,
+    },
+    /// Stream a `SAMPLE` event per sampler tick to this client.
+    SubscribeSamples {
+        since: Option<u64>,
+    },
+    UnsubscribeSamples,
+    /// Measure migration readiness (deferred: the reply comes when done).
+    QueryReadiness(ReadinessArgs),
     Pause,
     Resume,
     Quit,
 }
 
+/// Arguments of `query-readiness`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadinessArgs {
+    pub scan: bool,
+    pub calc_time: std::time::Duration,
+    /// Bytes per second.
+    pub bandwidth: u64,
+    pub max_downtime: std::time::Duration,
+}
+
+/// Longest dirty-rate window or downtime a request may ask for.
+pub const MAX_SECONDS: f64 = 600.0;
+
 /// Every command name, in the order `query-commands` lists them.
-pub const COMMANDS: [&str; 12] = [
+pub const COMMANDS: [&str; 16] = [
     "qmp_capabilities",
     "query-commands",
     "query-vm",
@@ -114,6 +139,10 @@ pub const COMMANDS: [&str; 12] = [
     "query-exits",
     "guest-command",
     "query-guest",
+    "query-samples",
+    "subscribe-samples",
+    "unsubscribe-samples",
+    "query-readiness",
     "pause",
     "resume",
     "quit",
@@ -216,6 +245,15 @@ fn parse_command(name: &str, mut a: Args) -> Result<Command, ArgError> {
         "query-guest" => Command::QueryGuest {
             vcpus: a.indexes("vcpus")?,
         },
+        "query-samples" => Command::QuerySamples {
+            since: a.count("since")?.unwrap_or(0),
+            max: a.count("max")?,
+        },
+        "subscribe-samples" => Command::SubscribeSamples {
+            since: a.count("since")?,
+        },
+        "unsubscribe-samples" => Command::UnsubscribeSamples,
+        "query-readiness" => query_readiness(&mut a)?,
         "pause" => Command::Pause,
         "resume" => Command::Resume,
         "quit" => Command::Quit,
@@ -252,6 +290,40 @@ fn query_stats(a: &mut Args) -> Result<Command, ArgError> {
         names,
         vcpus,
     })
+}
+
+fn query_readiness(a: &mut Args) -> Result<Command, ArgError> {
+    let seconds = |a: &mut Args,
+                   key: &str,
+                   default: f64,
+                   zero_ok: bool|
+     -> Result<std::time::Duration, ArgError> {
+        let v = a.number(key)?.unwrap_or(default);
+        let ok = v.is_finite() && v <= MAX_SECONDS && (v > 0.0 || (zero_ok && v == 0.0));
+        match ok {
+            true => Ok(std::time::Duration::from_secs_f64(v)),
+            false => Err(Args::wrong(
+                key,
+                &format!(
+                    "a number of seconds from {} to {MAX_SECONDS}",
+                    if zero_ok { "0" } else { "above 0" }
+                ),
+            )),
+        }
+    };
+    let scan = a.boolean("scan")?.unwrap_or(false);
+    let calc_time = seconds(a, "calc-time", 1.0, true)?;
+    let max_downtime = seconds(a, "max-downtime", 0.3, false)?;
+    let bandwidth = a.number("bandwidth")?.unwrap_or(1.25e9);
+    if !(bandwidth.is_finite() && (1.0..=1e13).contains(&bandwidth)) {
+        return Err(Args::wrong("bandwidth", "bytes per second, from 1 to 1e13"));
+    }
+    Ok(Command::QueryReadiness(ReadinessArgs {
+        scan,
+        calc_time,
+        bandwidth: bandwidth as u64,
+        max_downtime,
+    }))
 }
 
 fn invalid(desc: String) -> ArgError {
@@ -298,6 +370,26 @@ impl Args {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(b)),
             Some(_) => Err(Self::wrong(key, "true or false")),
+        }
+    }
+
+    fn number(&mut self, key: &str) -> Result<Option<f64>, ArgError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| Self::wrong(key, "a number")),
+        }
+    }
+
+    fn count(&mut self, key: &str) -> Result<Option<u64>, ArgError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| Self::wrong(key, "a whole number")),
         }
     }
 

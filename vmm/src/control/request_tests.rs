@@ -228,3 +228,68 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn query_readiness_takes_defaults_and_checks_ranges() {
+    let cmd = |args: &str| {
+        parse(format!(r#"{{"execute":"query-readiness","arguments":{args}}}"#).as_bytes())
+    };
+    match cmd("{}").unwrap().command {
+        Command::QueryReadiness(a) => {
+            assert!(!a.scan);
+            assert_eq!(a.calc_time, std::time::Duration::from_secs(1));
+            assert_eq!(a.bandwidth, 1_250_000_000);
+            assert_eq!(a.max_downtime, std::time::Duration::from_millis(300));
+        }
+        other => panic!("{other:?}"),
+    }
+    match cmd(r#"{"scan":true,"calc-time":0,"bandwidth":1e6,"max-downtime":0.05}"#)
+        .unwrap()
+        .command
+    {
+        Command::QueryReadiness(a) => {
+            assert!(a.scan && a.calc_time.is_zero() && a.bandwidth == 1_000_000)
+        }
+        other => panic!("{other:?}"),
+    }
+    for (args, key) in [
+        (r#"{"calc-time":-1}"#, "calc-time"),
+        (r#"{"calc-time":1e9}"#, "calc-time"),
+        (r#"{"max-downtime":0}"#, "max-downtime"),
+        (r#"{"bandwidth":0}"#, "bandwidth"),
+        (r#"{"bandwidth":"fast"}"#, "bandwidth"),
+        (r#"{"scan":"yes"}"#, "scan"),
+    ] {
+        let e = cmd(args).unwrap_err();
+        assert_eq!(e.class, ErrorClass::InvalidArgument, "{args}");
+        assert!(e.desc.contains(key), "{args}: {}", e.desc);
+    }
+}
+
+#[test]
+fn sample_commands_parse_their_arguments() {
+    let c = parse(br#"{"execute":"query-samples","arguments":{"since":5,"max":2}}"#)
+        .unwrap()
+        .command;
+    assert_eq!(
+        c,
+        Command::QuerySamples {
+            since: 5,
+            max: Some(2)
+        }
+    );
+    let c = parse(br#"{"execute":"query-samples"}"#).unwrap().command;
+    assert_eq!(
+        c,
+        Command::QuerySamples {
+            since: 0,
+            max: None
+        }
+    );
+    let c = parse(br#"{"execute":"subscribe-samples"}"#)
+        .unwrap()
+        .command;
+    assert_eq!(c, Command::SubscribeSamples { since: None });
+    let e = parse(br#"{"execute":"query-samples","arguments":{"since":-1}}"#).unwrap_err();
+    assert!(e.desc.contains("since"));
+}

@@ -77,6 +77,9 @@ pub struct Shared {
     pub sources: Vec<StatsFd>,
     stop: Mutex<bool>,
     wake: Condvar,
+    /// Written after every tick when set: how the control thread learns of new
+    /// points without polling (for `subscribe-samples`).
+    pub tick_fd: std::sync::OnceLock<Arc<vmm_sys_util::eventfd::EventFd>>,
     /// Nanoseconds the most recent tick took (reads, point, export, ring).
     pub last_tick_ns: std::sync::atomic::AtomicU64,
 }
@@ -206,6 +209,7 @@ impl Sampler {
             stop: Mutex::new(false),
             wake: Condvar::new(),
             last_tick_ns: Default::default(),
+            tick_fd: std::sync::OnceLock::new(),
         });
         let worker = Worker::new(shared.clone(), vcpus, plan, writer, config.interval);
         let thread = std::thread::Builder::new()
@@ -324,6 +328,10 @@ impl Worker {
             w.write(&self.shared.header, &point)?;
         }
         self.shared.ring().push(point);
+        if let Some(fd) = self.shared.tick_fd.get() {
+            // Fails only if the counter would overflow: it is already set.
+            let _ = fd.write(1);
+        }
         self.shared.ticked.notify_all();
         let mut latest = self.shared.latest.lock().unwrap_or_else(|e| e.into_inner());
         for (dst, src) in latest.iter_mut().zip(&self.samples) {

@@ -85,8 +85,19 @@ impl ServedVm {
     /// Starts a VMM with `memory` bytes and `vcpus` vCPUs, no workload, and
     /// waits (bounded) until its socket accepts.
     pub fn start(test: &str, memory: u64, vcpus: usize) -> ServedVm {
+        Self::start_with(test, memory, vcpus, |_| {})
+    }
+
+    /// Like `start`, with `adjust` changing the run's config first (dirty
+    /// logging, the sampler...).
+    pub fn start_with(
+        test: &str,
+        memory: u64,
+        vcpus: usize,
+        adjust: impl FnOnce(&mut RunConfig),
+    ) -> ServedVm {
         let socket = socket_path(test);
-        let config = RunConfig {
+        let mut config = RunConfig {
             vm: VmConfig {
                 memory,
                 vcpus,
@@ -96,6 +107,7 @@ impl ServedVm {
             socket: Some(socket.clone()),
             ..RunConfig::demo()
         };
+        adjust(&mut config);
         let thread = std::thread::spawn(move || run::run(config));
         let mut vm = ServedVm {
             socket,

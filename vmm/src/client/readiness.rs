@@ -1,0 +1,113 @@
+//! `kvmscope readiness`: asks a running VMM for its migration-readiness
+//! figures (`query-readiness`) and prints the report, with a progress bar for
+//! the scan when stderr is a terminal.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{Client, Error};
+
+/// What `kvmscope readiness` asks for.
+#[derive(Debug, Clone)]
+pub struct ReadinessConfig {
+    pub socket: PathBuf,
+    pub scan: bool,
+    pub calc_time: Duration,
+    /// Bytes per second.
+    pub bandwidth: f64,
+    pub max_downtime: Duration,
+    pub json: bool,
+}
+
+fn progress_bar(done: u64, total: u64) -> String {
+    let width = 40;
+    let fraction = |scale: u64| {
+        done.min(total)
+            .saturating_mul(scale)
+            .checked_div(total)
+            .unwrap_or(scale)
+    };
+    let filled = fraction(width as u64) as usize;
+    format!(
+        "\rscanning guest RAM [{}{}] {:>3}%",
+        "#".repeat(filled),
+        " ".repeat(width - filled),
+        fraction(100)
+    )
+}
+
+/// Runs the query and prints the report (text, or JSON with `json`).
+///
+/// # Errors
+/// A transport failure, or the VMM's error reply as `Remote`.
+pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Error> {
+    let mut client = Client::connect(&config.socket)?;
+    let args = json!({
+        "scan": config.scan, "calc-time": config.calc_time.as_secs_f64(),
+        "bandwidth": config.bandwidth, "max-downtime": config.max_downtime.as_secs_f64(),
+    });
+    client.send_line(
+        json!({"execute": "query-readiness", "arguments": args})
+            .to_string()
+            .as_bytes(),
+    )?;
+    let tty = std::io::stderr().is_terminal();
+    let reply = loop {
+        let line = client.read_reply()?.value;
+        match line.get("event").and_then(Value::as_str) {
+            Some("READINESS_PROGRESS") if tty => {
+                let n = |k: &str| line["data"][k].as_u64().unwrap_or(0);
+                eprint!("{}", progress_bar(n("done"), n("total")));
+            }
+            Some(_) => {}
+            None => break line,
+        }
+    };
+    if tty && config.scan {
+        eprintln!();
+    }
+    if let Some(err) = reply.get("error") {
+        let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
+        return Err(Error::Remote {
+            class: s("class"),
+            desc: s("desc"),
+        });
+    }
+    let mut report = reply
+        .get("return")
+        .cloned()
+        .ok_or_else(|| Error::BadReply(reply.to_string()))?;
+    if config.json {
+        if let Some(obj) = report.as_object_mut() {
+            obj.remove("text");
+        }
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        )?;
+    } else {
+        write!(out, "{}", report["text"].as_str().unwrap_or_default())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_bar_fills_with_the_fraction_done() {
+        assert!(progress_bar(0, 100).contains("[                                        ]   0%"));
+        assert!(progress_bar(50, 100).contains(&format!(
+            "[{}{}]  50%",
+            "#".repeat(20),
+            " ".repeat(20)
+        )));
+        assert!(progress_bar(100, 100).ends_with("100%"));
+        assert!(progress_bar(0, 0).ends_with("100%"));
+    }
+}

@@ -1,0 +1,222 @@
+//! Commands whose reply comes later: `guest-command` with `wait`, and
+//! `query-readiness`, which runs on a worker thread (its dirty-rate window
+//! and scan take seconds, and the control thread must keep serving).
+//!
+//! Both wake the control thread through the vCPUs' result watcher eventfd,
+//! so nothing polls.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvm_stats::StatsFd;
+use serde_json::{json, Value};
+use vm_memory::GuestMemoryBackend as _;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::commands::{GuestWait, Outcome};
+use super::request::{ErrorClass, ReadinessArgs};
+use super::Context;
+use crate::readiness::{self, Guest, Options};
+use crate::vcpu::{RunRequest, VcpuShared, VmEvent};
+
+/// How long a readiness worker waits for the main loop to pause or resume.
+const RUN_STATE_LIMIT: Duration = Duration::from_secs(5);
+
+/// What the worker tells the control thread.
+#[derive(Debug)]
+pub enum WorkerMsg {
+    /// Scan progress, in pages.
+    Progress(u64, u64),
+    Done(Outcome),
+}
+
+/// A reply that is not ready yet.
+#[derive(Debug)]
+pub enum Pending {
+    Guest(GuestWait),
+    Readiness(Receiver<WorkerMsg>),
+}
+
+/// What a pending reply has now: event lines to send, and the reply when ready.
+pub struct Progress {
+    pub events: Vec<Value>,
+    pub done: Option<Outcome>,
+}
+
+/// Drains a readiness worker's messages.
+pub fn poll_worker(rx: &Receiver<WorkerMsg>) -> Progress {
+    let mut events = Vec::new();
+    loop {
+        match rx.try_recv() {
+            Ok(WorkerMsg::Progress(done, total)) => events.push(
+                json!({"event": "READINESS_PROGRESS", "data": {"done": done, "total": total}}),
+            ),
+            Ok(WorkerMsg::Done(outcome)) => {
+                return Progress {
+                    events,
+                    done: Some(outcome),
+                }
+            }
+            Err(TryRecvError::Empty) => return Progress { events, done: None },
+            Err(TryRecvError::Disconnected) => {
+                let failed = Outcome::Error(
+                    ErrorClass::GenericError,
+                    "the readiness measurement ended without a result".into(),
+                );
+                return Progress {
+                    events,
+                    done: Some(failed),
+                };
+            }
+        }
+    }
+}
+
+/// Everything a readiness worker needs, taken from the control context.
+struct Job {
+    vm_stats: StatsFd,
+    mem: crate::memory::GuestMemory,
+    dirty: Option<Arc<crate::readiness::dirty::Dirty>>,
+    vcpus: Vec<Arc<VcpuShared>>,
+    main: Sender<VmEvent>,
+    options: Options,
+    tx: Sender<WorkerMsg>,
+    wake: Option<Arc<EventFd>>,
+}
+
+/// Starts a readiness measurement on its own thread. `busy` guards against
+/// two at once (they would share the dirty window).
+pub fn start_readiness(ctx: &Context, args: ReadinessArgs, busy: &Arc<AtomicBool>) -> Outcome {
+    if busy.swap(true, Ordering::AcqRel) {
+        return Outcome::Error(
+            ErrorClass::GenericError,
+            "a readiness measurement is already running; try again when it is done".into(),
+        );
+    }
+    let vm_stats = match kvm_stats::ioctl::get_stats_fd(&ctx.vm_fd)
+        .map_err(|e| e.to_string())
+        .and_then(|f| StatsFd::new(f).map_err(|e| e.to_string()))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            busy.store(false, Ordering::Release);
+            return Outcome::Error(
+                ErrorClass::GenericError,
+                format!("opening a VM stats fd: {e}"),
+            );
+        }
+    };
+    let (tx, rx) = channel();
+    let options = Options {
+        calc_time: args.calc_time,
+        scan: args.scan,
+        bandwidth: args.bandwidth as f64,
+        max_downtime: args.max_downtime,
+    };
+    let wake = ctx.vcpus.first().and_then(|v| v.watcher.get().cloned());
+    let job = Job {
+        vm_stats,
+        mem: ctx.mem.clone(),
+        dirty: ctx.dirty.clone(),
+        vcpus: ctx.vcpus.clone(),
+        main: ctx.main.clone(),
+        options,
+        tx,
+        wake,
+    };
+    let busy = busy.clone();
+    let spawned = std::thread::Builder::new()
+        .name("readiness".into())
+        .spawn(move || {
+            job.run();
+            busy.store(false, Ordering::Release);
+        });
+    match spawned {
+        Ok(_) => Outcome::Wait(Pending::Readiness(rx)),
+        Err(e) => Outcome::Error(
+            ErrorClass::GenericError,
+            format!("starting the readiness thread: {e}"),
+        ),
+    }
+}
+
+impl Job {
+    fn send(&self, msg: WorkerMsg) {
+        // The client may have gone; then nobody waits for this.
+        let _ = self.tx.send(msg);
+        if let Some(w) = &self.wake {
+            let _ = w.write(1);
+        }
+    }
+
+    fn run(self) {
+        let region = self.mem.iter().next().map(crate::memory::host_range);
+        let Some((ptr, len)) = region else {
+            return self.send(WorkerMsg::Done(Outcome::Error(
+                ErrorClass::GenericError,
+                "the VM has no memory".into(),
+            )));
+        };
+        let main = self.main.clone();
+        let mut pause = move |on: bool| {
+            run_state(
+                &main,
+                if on {
+                    RunRequest::Pause
+                } else {
+                    RunRequest::Resume
+                },
+            )
+        };
+        let mut guest = Guest {
+            vm_stats: &self.vm_stats,
+            ram: (ptr.cast_const(), len),
+            dirty: self.dirty.as_deref(),
+            vcpus: &self.vcpus,
+            pause: &mut pause,
+            arena: crate::abi::ARENA_BASE / 4096..(len / 4096) as u64,
+        };
+        let tx = self.tx.clone();
+        let wake = self.wake.clone();
+        let progress = move |done, total| {
+            let _ = tx.send(WorkerMsg::Progress(done, total));
+            if let Some(w) = &wake {
+                let _ = w.write(1);
+            }
+        };
+        let outcome = match readiness::measure(&mut guest, &self.options, progress) {
+            Ok(report) => {
+                let mut value = report.to_json();
+                value["text"] = Value::String(report.to_text());
+                Outcome::Return(value, Vec::new())
+            }
+            Err(e) => Outcome::Error(ErrorClass::GenericError, error_chain(&e)),
+        };
+        self.send(WorkerMsg::Done(outcome));
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}
+
+/// Asks the main loop to pause or resume, and waits for its answer.
+fn run_state(main: &Sender<VmEvent>, request: RunRequest) -> Result<(), String> {
+    let (tx, rx) = channel();
+    main.send(VmEvent::Control(request, tx))
+        .map_err(|_| "the VMM is shutting down".to_string())?;
+    match rx.recv_timeout(RUN_STATE_LIMIT) {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "the main loop did not answer {request:?} within {RUN_STATE_LIMIT:?}"
+        )),
+    }
+}

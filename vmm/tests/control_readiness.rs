@@ -1,0 +1,268 @@
+//! `query-readiness`, `kvmscope readiness` and the sampler's socket commands,
+//! on a real VM served over the control socket.
+
+mod common;
+
+use std::time::Duration;
+
+use common::ServedVm;
+use kvmscope::readiness::dirty::DirtyMode;
+use kvmscope::sampler::SamplerConfig;
+use serde_json::{json, Value};
+
+const MEM: u64 = 64 << 20;
+
+fn with_dirty(mode: DirtyMode) -> impl FnOnce(&mut kvmscope::run::RunConfig) {
+    move |c| c.vm.dirty_log = Some(mode)
+}
+
+fn with_sampler(c: &mut kvmscope::run::RunConfig) {
+    c.sampler = Some(SamplerConfig {
+        interval: Duration::from_millis(5),
+        capacity: 64,
+        out: None,
+    });
+}
+
+fn guest(vm: &ServedVm, command: &str) {
+    let mut c = vm.client();
+    c.execute(
+        "guest-command",
+        json!({"vcpu": 0, "command": command, "wait": true}),
+    )
+    .expect("guest command");
+}
+
+#[test]
+fn query_readiness_scan_finds_the_nonzero_pages_written() {
+    require_kvm!();
+    let vm = ServedVm::start_with("ready-scan", MEM, 1, with_dirty(DirtyMode::Bitmap));
+    guest(&vm, "touch size=1M; touch-zero offset=1M size=1M");
+    let mut c = vm.client();
+    let (r, _) = c
+        .execute("query-readiness", json!({"scan": true, "calc-time": 0}))
+        .unwrap();
+    assert_eq!(r["scan"]["nonzero_in_arena"], 256, "{r}");
+    assert!(r["mapped"]["bytes"].as_u64().unwrap() >= 256 * 4096);
+    assert!(r["written_since_boot"]["pages"].as_u64().unwrap() >= 512);
+    assert_eq!(r["estimate_used"], "scan");
+    assert_eq!(r["prediction"]["converges"], true);
+    // The 256 zero-written pages are mapped yet zero: the mapped estimate
+    // over-counts by about that many (less the few non-zero boot pages, such as
+    // page tables, that the MMU reads but holds no leaf mapping for).
+    let over = r["scan"]["errors"]["mapped"]["error_pages"]
+        .as_i64()
+        .unwrap();
+    assert!((240..=300).contains(&over), "{}", r["text"]);
+    assert!(r["text"].as_str().unwrap().contains("verdict: converges"));
+    vm.quit();
+}
+
+#[test]
+fn query_readiness_measures_the_dirty_rate_over_the_window() {
+    require_kvm!();
+    let vm = ServedVm::start_with("ready-rate", MEM, 1, with_dirty(DirtyMode::Ring(4096)));
+    let mut c = vm.client();
+    c.execute(
+        "guest-command",
+        json!({"vcpu": 0, "command": "dirty ws=32M rate=2000/s for=3s"}),
+    )
+    .unwrap();
+    let (r, _) = c
+        .execute("query-readiness", json!({"calc-time": 0.5}))
+        .unwrap();
+    let d = &r["dirty_rate"];
+    assert_eq!(d["mode"], "dirty-ring");
+    let rate = d["pages_per_s"].as_f64().unwrap();
+    assert!(
+        (1500.0..2200.0).contains(&rate),
+        "about 2000 pages/s (less a few collisions): {rate}"
+    );
+    assert_eq!(d["per_vcpu"].as_array().unwrap().len(), 1);
+    vm.quit();
+}
+
+#[test]
+fn query_readiness_without_dirty_logging_has_no_rate_and_uses_mapped() {
+    require_kvm!();
+    let vm = ServedVm::start("ready-plain", MEM, 1);
+    guest(&vm, "touch size=1M");
+    let (r, _) = vm.client().execute("query-readiness", json!({})).unwrap();
+    assert_eq!(r["dirty_rate"], Value::Null);
+    assert_eq!(r["written_since_boot"], Value::Null);
+    assert_eq!(r["scan"], Value::Null);
+    assert_eq!(r["estimate_used"], "mapped");
+    vm.quit();
+}
+
+#[test]
+fn a_second_readiness_while_one_runs_is_refused() {
+    require_kvm!();
+    let vm = ServedVm::start_with("ready-busy", MEM, 1, with_dirty(DirtyMode::Bitmap));
+    let mut first = vm.client();
+    first
+        .send_line(
+            json!({"execute": "query-readiness", "arguments": {"calc-time": 1.0}})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+    // The first is running once the server has taken it; ask until it is.
+    let refused = common::wait_for(
+        "the second request to be refused",
+        Duration::from_secs(5),
+        || match vm
+            .client()
+            .execute("query-readiness", json!({"calc-time": 0}))
+        {
+            Err(kvmscope::client::Error::Remote { desc, .. })
+                if desc.contains("already running") =>
+            {
+                Some(desc)
+            }
+            _ => None,
+        },
+    );
+    assert!(refused.contains("try again"));
+    let reply = loop {
+        let v = first.read_reply().unwrap().value;
+        if v.get("event").is_none() {
+            break v;
+        }
+    };
+    assert!(
+        reply["return"]["dirty_rate"]["pages_per_s"].is_number(),
+        "{reply}"
+    );
+    vm.quit();
+}
+
+#[test]
+fn readiness_scan_progress_events_come_before_the_reply() {
+    require_kvm!();
+    let vm = ServedVm::start("ready-progress", MEM, 1);
+    let mut c = vm.client();
+    c.send_line(
+        json!({"execute": "query-readiness", "arguments": {"scan": true, "calc-time": 0}, "id": 7})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    let mut events = Vec::new();
+    let reply = loop {
+        let v = c.read_reply().unwrap().value;
+        match v.get("event") {
+            Some(_) => events.push(v),
+            None => break v,
+        }
+    };
+    assert_eq!(reply["id"], 7);
+    let last = events.last().expect("progress events");
+    assert_eq!(last["event"], "READINESS_PROGRESS");
+    assert_eq!(last["data"]["done"], last["data"]["total"]);
+    vm.quit();
+}
+
+#[test]
+fn readiness_cli_prints_the_report_and_json() {
+    require_kvm!();
+    let vm = ServedVm::start_with("ready-cli", MEM, 1, with_dirty(DirtyMode::Bitmap));
+    guest(&vm, "touch size=1M");
+    let socket = vm.socket.to_str().unwrap().to_string();
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args(["readiness", "--socket", &socket, "--calc-time", "200ms"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = run(&["--scan", "--bandwidth", "1Gbit", "--max-downtime", "100ms"]);
+    assert!(
+        text.contains("mapped (pages_4k/2m/1g)") && text.contains("verdict:"),
+        "{text}"
+    );
+    let j: Value = serde_json::from_str(&run(&["--json"])).unwrap();
+    assert!(j["mapped"]["took_us"].is_number() && j.get("text").is_none());
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["readiness", "--socket", &socket, "--bandwidth", "fast"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("'fast' is not a bandwidth"));
+    vm.quit();
+}
+
+#[test]
+fn query_samples_returns_points_after_since() {
+    require_kvm!();
+    let vm = ServedVm::start_with("samples", MEM, 1, with_sampler);
+    guest(&vm, "touch size=1M");
+    let mut c = vm.client();
+    let (all, _) = c.execute("query-samples", json!({})).unwrap();
+    let samples = all["samples"].as_array().unwrap();
+    assert!(!samples.is_empty());
+    assert_eq!(all["header"]["kind"], "header");
+    let last = all["last-seq"].as_u64().unwrap();
+    let (some, _) = c
+        .execute("query-samples", json!({"since": last - 1, "max": 5}))
+        .unwrap();
+    let seqs: Vec<u64> = some["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["seq"].as_u64().unwrap())
+        .collect();
+    assert!(seqs.iter().all(|&s| s >= last), "{seqs:?}");
+    let (two, _) = c.execute("query-samples", json!({"max": 2})).unwrap();
+    assert_eq!(two["samples"].as_array().unwrap().len(), 2);
+    vm.quit();
+}
+
+#[test]
+fn subscribe_samples_streams_events_until_unsubscribed() {
+    require_kvm!();
+    let vm = ServedVm::start_with("subscribe", MEM, 1, with_sampler);
+    let mut c = vm.client();
+    let (r, _) = c.execute("subscribe-samples", json!({})).unwrap();
+    let mut seq = r["since"].as_u64().unwrap();
+    for _ in 0..5 {
+        let v = c.read_reply().unwrap().value;
+        assert_eq!(v["event"], "SAMPLE", "{v}");
+        let s = v["data"]["seq"].as_u64().unwrap();
+        assert!(s > seq, "seq {s} after {seq}");
+        seq = s;
+        assert!(v["data"]["mapped_bytes"].is_number() && v["timestamp"]["seconds"].is_number());
+    }
+    c.send_line(br#"{"execute":"unsubscribe-samples","id":"u"}"#)
+        .unwrap();
+    let reply = loop {
+        let v = c.read_reply().unwrap().value;
+        if v.get("event").is_none() {
+            break v;
+        }
+    };
+    assert_eq!(reply["return"]["was-subscribed"], true);
+    assert_eq!(reply["id"], "u");
+    vm.quit();
+}
+
+#[test]
+fn sample_commands_without_a_sampler_say_why() {
+    require_kvm!();
+    let vm = ServedVm::start("no-sampler", MEM, 1);
+    for cmd in ["query-samples", "subscribe-samples"] {
+        match vm.client().execute(cmd, json!({})) {
+            Err(kvmscope::client::Error::Remote { desc, .. }) => {
+                assert!(desc.contains("sampler is off"), "{desc}")
+            }
+            other => panic!("{cmd}: {other:?}"),
+        }
+    }
+    vm.quit();
+}
