@@ -83,6 +83,26 @@ pub const CMD_PANIC: u64 = 6;
 /// Test aid: execute `ud2` with no IDT, which ends in a triple fault (shutdown exit).
 pub const CMD_FAULT: u64 = 7;
 
+/// The name a guest command has in workload specs.
+pub fn command_name(code: u64) -> Option<&'static str> {
+    Some(match code {
+        CMD_TOUCH => "touch",
+        CMD_TOUCH_ZERO => "touch-zero",
+        CMD_READ => "read",
+        CMD_DIRTY => "dirty",
+        CMD_EXITS => "exits",
+        CMD_PANIC => "panic",
+        CMD_FAULT => "fault",
+        _ => return None,
+    })
+}
+
+/// Splits a phase marker (`(seq << 8) | command code`) into its command's
+/// sequence number and code.
+pub fn phase_parts(marker: u64) -> (u64, u64) {
+    (marker >> 8, marker & 0xff)
+}
+
 /// Result status: the command ran.
 pub const STATUS_OK: u64 = 0;
 /// Result status: the arguments were out of range (e.g. a range outside the arena).

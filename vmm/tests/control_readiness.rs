@@ -266,3 +266,33 @@ fn sample_commands_without_a_sampler_say_why() {
     }
     vm.quit();
 }
+
+#[test]
+fn watch_shows_the_samplers_derived_values() {
+    require_kvm!();
+    let vm = ServedVm::start_with("watch-derived", MEM, 1, with_sampler);
+    guest(&vm, "touch size=2M");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args([
+            "watch",
+            "--socket",
+            vm.socket.to_str().unwrap(),
+            "--count",
+            "1",
+            "--interval",
+            "50ms",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("== sampler (tick"), "{text}");
+    assert!(text.contains("phase #1 touch"), "{text}");
+    let mapped_line = text.lines().find(|l| l.starts_with("mapped")).unwrap();
+    assert!(mapped_line.contains("MiB"), "{mapped_line}");
+    vm.quit();
+}

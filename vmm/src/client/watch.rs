@@ -6,10 +6,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kvm_stats::NameFilter;
+use serde_json::{json, Value};
 
 use super::stats::{receive, sample_all, warn_missing};
 use super::{Client, Error, REPLY_TIMEOUT};
+use crate::abi;
 use crate::control::request::VcpuSelector;
+use crate::units::format_bytes;
 
 /// Shown when no `--names` are given: what the guest's workloads move.
 pub const DEFAULT_NAMES: &[&str] = &[
@@ -60,8 +63,10 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         other => other,
     };
     let received = receive(&mut client, vm, vcpus)?;
-    // Everything from here on comes from the kernel, through the fds.
-    drop(client);
+    // The stats come from the kernel, through the fds; the connection stays
+    // only for the sampler's derived values (mapped bytes, our exit rates,
+    // phases), when the VMM runs a sampler.
+    let mut sampler = Derived::probe(client);
     let names = config
         .names
         .clone()
@@ -84,6 +89,9 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
             "kvmscope watch: VMM pid {pid}, every {:?}, refresh {refresh}",
             config.interval
         )?;
+        if let Some(d) = sampler.as_mut() {
+            d.show(out)?;
+        }
         for ((r, old), new) in received.iter().zip(&older).zip(&newer) {
             let schema = r.stats.schema();
             let delta = kvm_stats::delta(schema, old, new);
@@ -98,4 +106,83 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         older = newer;
     }
     Ok(())
+}
+
+/// The sampler's derived values, read with `query-samples` each refresh.
+struct Derived {
+    client: Client,
+    last: u64,
+    backend: String,
+    quiet: Vec<String>,
+}
+
+impl Derived {
+    /// Keeps the connection if the VMM runs a sampler.
+    fn probe(mut client: Client) -> Option<Derived> {
+        let (r, _) = client.execute("query-samples", json!({"max": 1})).ok()?;
+        let h = &r["header"];
+        let quiet = h["quiet_stats"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Derived {
+            client,
+            last: 0,
+            backend: h["backend"]["description"]
+                .as_str()
+                .unwrap_or("?")
+                .to_string(),
+            quiet,
+        })
+    }
+
+    fn show(&mut self, out: &mut dyn Write) -> Result<(), Error> {
+        let (r, _) = self
+            .client
+            .execute("query-samples", json!({"since": self.last, "max": 1}))?;
+        let Some(p) = r["samples"].as_array().and_then(|a| a.last()).cloned() else {
+            return Ok(());
+        };
+        self.last = p["seq"].as_u64().unwrap_or(self.last);
+        let n = |v: &Value| v.as_u64().unwrap_or(0);
+        writeln!(
+            out,
+            "== sampler (tick {}, backend {}) ==",
+            self.last, self.backend
+        )?;
+        writeln!(
+            out,
+            "mapped          {:>12}   4k={} 2m={} 1g={}",
+            format_bytes(n(&p["mapped_bytes"])),
+            n(&p["pages_4k"]),
+            n(&p["pages_2m"]),
+            n(&p["pages_1g"])
+        )?;
+        for (i, v) in p["vcpus"].as_array().into_iter().flatten().enumerate() {
+            let (seq, code) = abi::phase_parts(n(&v["phase"]));
+            let phase = match abi::command_name(code) {
+                Some(name) => format!("#{seq} {name}"),
+                None => "-".to_string(),
+            };
+            let rate = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            writeln!(
+                out,
+                "vcpu{i:<3}         phase {phase:<14} KVM exits {:>10.1}/s   our exits {:>10.1}/s",
+                rate("exits_per_s"),
+                rate("our_exits_per_s")
+            )?;
+        }
+        if !self.quiet.is_empty() {
+            writeln!(
+                out,
+                "note: on this backend {} stay 0 even when the event happens",
+                self.quiet.join(", ")
+            )?;
+        }
+        Ok(())
+    }
 }

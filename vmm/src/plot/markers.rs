@@ -22,19 +22,7 @@ pub struct MarkerGroup {
     pub label: String,
 }
 
-/// The name a command has in workload specs.
-pub fn command_name(code: u64) -> Option<&'static str> {
-    Some(match code {
-        abi::CMD_TOUCH => "touch",
-        abi::CMD_TOUCH_ZERO => "touch-zero",
-        abi::CMD_READ => "read",
-        abi::CMD_DIRTY => "dirty",
-        abi::CMD_EXITS => "exits",
-        abi::CMD_PANIC => "panic",
-        abi::CMD_FAULT => "fault",
-        _ => return None,
-    })
-}
+pub use crate::abi::command_name;
 
 /// A colour per command, so a line says what started before it is read.
 pub fn command_color(code: u64) -> &'static str {
