@@ -44,7 +44,9 @@ impl Vmm {
             .arg("--socket")
             .arg(socket)
             .arg("--memory")
-            .arg(config.memory.to_string());
+            .arg(config.memory.to_string())
+            // The dirty ring lets the readiness step measure the dirty rate.
+            .args(["--dirty-log", "ring"]);
         if config.hugepages {
             cmd.arg("--hugepages");
         }
@@ -156,6 +158,7 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
         writeln!(out, "phase {}: {what}", n + 1)?;
         run_phase(&mut client, &received, &command, out)?;
     }
+    readiness_step(&mut client, config.phase_size, out)?;
     client.execute("quit", json!({}))?;
     drop(client);
     let (status, summary) = vmm.finish()?;
@@ -166,6 +169,21 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
     for line in summary.lines() {
         writeln!(out, "  | {line}")?;
     }
+    Ok(())
+}
+
+/// The question the stats are for: is this guest ready to migrate? The guest
+/// dirties memory in the background while the VMM estimates, scans and predicts.
+fn readiness_step(client: &mut Client, size: u64, out: &mut dyn Write) -> Result<(), Error> {
+    writeln!(out, "readiness: while the guest dirties {} at 2000 pages/s, ask the VMM for estimates, an exact scan and a pre-copy prediction (10 Gbit/s, 300 ms)", format_bytes(size))?;
+    let dirty = format!("dirty ws={size} rate=2000/s for=2s");
+    client.execute("guest-command", json!({"vcpu": 0, "command": dirty}))?;
+    let args = json!({"scan": true, "calc-time": 0.5, "bandwidth": 1.25e9, "max-downtime": 0.3});
+    let (report, _) = client.execute("query-readiness", args)?;
+    for line in report["text"].as_str().unwrap_or_default().lines() {
+        writeln!(out, "  {line}")?;
+    }
+    writeln!(out)?;
     Ok(())
 }
 

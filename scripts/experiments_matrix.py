@@ -1,0 +1,76 @@
+"""The experiment matrices (full, and the small one CI runs) and the CSV columns."""
+
+MIB = 1 << 20
+
+
+def mislead_cases(unit):
+    """(case, non-zero pages the workload leaves, workload, what it does), for
+    blocks of `unit` bytes; sparse cases spread over 4 units."""
+    u, pages = unit, unit // 4096
+    return [
+        ("dense", pages, "touch size=%d" % u, "every page written non-zero (control)"),
+        ("zero-fill", 0, "touch-zero size=%d" % u, "pages written with zeros"),
+        ("read-only", 0, "read size=%d" % u, "pages only read"),
+        ("zeroed-after-use", 0, "touch size=%d; touch-zero size=%d" % (u, u),
+         "written, then zeroed again (a guest that zeroes freed memory)"),
+        ("half-zero", pages // 2, "touch size=%d; touch-zero offset=%d size=%d" % (u // 2, u // 2, u // 2),
+         "half the pages non-zero, half written with zeros"),
+        ("sparse-64K", 4 * u // (64 << 10), "touch size=%d stride=16" % (4 * u), "one page written per 64 KiB"),
+        ("sparse-2M", 4 * u // (2 * MIB), "touch size=%d stride=512" % (4 * u), "one page written per 2 MiB"),
+    ]
+
+
+FULL = {
+    "sizes": ["256M", "1G", "4G"],
+    "fractions": [0.01, 0.1, 0.5, 1.0],
+    "dirty_logs": [None, "ring"],
+    "cost_sizes": ["256M", "1G", "4G", "16G"],
+    "cost_touched": ["64M", "25%"],
+    "cost_repeats": 5,
+    "dirty_memory": "512M",
+    "working_sets": [4 * MIB, 64 * MIB, 256 * MIB],
+    "rates": [500, 2000, 8000],
+    "dirty_repeats": 3,
+    "calc_time": 1.0,
+    "max_ws": 64 * MIB,
+    "misleads_memory": "512M",
+    "cases": mislead_cases(64 * MIB),
+}
+
+SMALL = {
+    "sizes": ["64M"],
+    "fractions": [0.25, 1.0],
+    "dirty_logs": [None, "ring"],
+    "cost_sizes": ["64M", "256M"],
+    "cost_touched": ["16M"],
+    "cost_repeats": 2,
+    "dirty_memory": "128M",
+    "working_sets": [16 * MIB],
+    "rates": [2000],
+    "dirty_repeats": 1,
+    "calc_time": 1.0,
+    "max_ws": 16 * MIB,
+    "misleads_memory": "128M",
+    "cases": mislead_cases(16 * MIB),
+}
+
+# Figures shared by estimates and misleads rows (see experiments.estimate_fields).
+_ESTIMATE = [
+    "ram_pages", "mapped_pages", "mapped_4k", "mapped_2m", "resident_pages", "written_pages",
+    "scan_nonzero", "scan_nonzero_arena", "scan_zero", "scan_unbacked",
+    "mapped_ratio", "resident_ratio", "written_ratio",
+    "mapped_us", "resident_us", "written_us", "scan_us",
+]
+
+COLUMNS = {
+    "estimates": ["memory", "memory_bytes", "hugepages", "dirty_log", "write", "fraction", "arena_pages",
+                  "touched_pages", "nonzero_written", "touch_s"] + _ESTIMATE,
+    "cost": ["memory", "memory_bytes", "dirty_log", "touched", "touched_pages", "repeats", "mapped_us",
+             "mincore_us", "scan_us", "scan_first_us", "sync_first_us", "sync_idle_us", "resident_pages",
+             "scan_nonzero", "scan_gb_per_s"],
+    "dirtyrate": ["mode", "rate", "ws_bytes", "ws_pages", "seed", "window_s", "measured_pages", "measured_rate",
+                  "raw_expected_pages", "expected_pages", "expected_rate", "ratio_expected", "ratio_raw",
+                  "guest_writes", "guest_seconds", "guest_distinct", "guest_rate", "took_us"],
+    "misleads": ["case", "what", "workload", "hugepages", "dirty_log", "nonzero_written"] + _ESTIMATE
+                + ["mapped_excess_mib", "resident_excess_mib", "written_excess_mib"],
+}
