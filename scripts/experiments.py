@@ -233,7 +233,7 @@ def run_estimates(binary, m):
 
 def run_cost(binary, m):
     rows = []
-    for mem in m["sizes"]:
+    for mem in m["cost_sizes"]:
         for dl in ("bitmap", "ring"):
             for touched in m["cost_touched"]:
                 with Vm(binary, mem, dirty_log=dl) as vm:
