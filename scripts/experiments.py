@@ -98,9 +98,9 @@ class Vm:
         except OSError:
             return "(no log)"
 
-    def call(self, command, **arguments):
+    def call(self, execute, /, **arguments):
         """Runs a command and returns its value; event lines (progress) are skipped."""
-        req = {"execute": command, "arguments": arguments}
+        req = {"execute": execute, "arguments": arguments}
         self.conn.sock.sendall(json.dumps(req).encode() + b"\n")
         while True:
             reply, fds = self.conn.read_line()
@@ -109,7 +109,7 @@ class Vm:
             if "event" not in reply:
                 break
         if "error" in reply:
-            raise RuntimeError("%s: %s: %s" % (command, reply["error"]["class"], reply["error"]["desc"]))
+            raise RuntimeError("%s: %s: %s" % (execute, reply["error"]["class"], reply["error"]["desc"]))
         return reply["return"]
 
     def guest(self, command, vcpu=0):
