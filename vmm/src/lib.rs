@@ -11,6 +11,7 @@ pub mod boot;
 pub mod client;
 pub mod control;
 pub mod exits;
+pub mod fuzz;
 pub mod kick;
 pub mod memory;
 pub mod metrics;

@@ -20,7 +20,8 @@ pub fn parse_size(text: &str) -> Option<u64> {
     n.checked_mul(1u64 << shift)
 }
 
-/// Parses a duration: a number with a suffix `ns`, `us`, `ms`, `s` or `m` (`1.5s` allowed).
+/// Parses a duration: a number with a suffix `ns`, `us`, `ms`, `s` or `m` (`1.5s` allowed),
+/// rounded to the nanosecond.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
     let split = t
@@ -28,18 +29,31 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: f64 = num.parse().ok()?;
-    let secs = match unit {
-        "ns" => n / 1e9,
-        "us" => n / 1e6,
-        "ms" => n / 1e3,
-        "s" => n,
-        "m" | "min" => n * 60.0,
+    let ns_per_unit = match unit {
+        "ns" => 1.0,
+        "us" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "m" | "min" => 60e9,
         _ => return None,
     };
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+    let ns = n * ns_per_unit;
+    if !ns.is_finite() || !(0.0..=1e18).contains(&ns) {
         return None;
     }
-    Some(Duration::from_secs_f64(secs))
+    Some(Duration::from_nanos(ns.round() as u64))
+}
+
+/// Formats a duration exactly, in the largest unit that divides it: `5s`, `250ms`, `1500us`.
+pub fn format_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    match ns {
+        0 => "0s".to_string(),
+        n if n % 1_000_000_000 == 0 => format!("{}s", n / 1_000_000_000),
+        n if n % 1_000_000 == 0 => format!("{}ms", n / 1_000_000),
+        n if n % 1_000 == 0 => format!("{}us", n / 1_000),
+        n => format!("{n}ns"),
+    }
 }
 
 /// Parses a link bandwidth into bytes per second: a number with an optional
@@ -139,6 +153,21 @@ mod tests {
         assert_eq!(parse_bandwidth("0"), None);
         assert_eq!(parse_bandwidth("fast"), None);
         assert_eq!(parse_bandwidth("10Gbyte"), None);
+    }
+
+    #[test]
+    fn durations_format_exactly_and_parse_back() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_secs(5),
+            Duration::from_millis(250),
+            Duration::from_micros(1500),
+            Duration::from_nanos(7),
+        ] {
+            assert_eq!(parse_duration(&format_duration(d)), Some(d), "{d:?}");
+        }
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(parse_duration("0.1s"), Some(Duration::from_millis(100)));
     }
 
     #[test]

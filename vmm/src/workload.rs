@@ -9,7 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::abi;
-use crate::units::{format_bytes, parse_duration, parse_size};
+use crate::units::{format_bytes, format_duration, parse_duration, parse_size};
 
 /// What is wrong with a workload spec; each names the part at fault.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -232,14 +232,14 @@ impl fmt::Display for Command {
                 if let Some(ws) = ws {
                     write!(f, " ws={ws}")?;
                 }
-                write!(
-                    f,
-                    " rate={rate}/s for={}ms seed={seed}",
-                    duration.as_millis()
-                )
+                match rate {
+                    0 => write!(f, " rate=max")?,
+                    r => write!(f, " rate={r}/s")?,
+                }
+                write!(f, " for={} seed={seed}", format_duration(*duration))
             }
             Command::Exits { ports, mmio } => write!(f, " ports={ports} mmio={mmio}"),
-            Command::Wait { duration: Some(d) } => write!(f, " for={}ms", d.as_millis()),
+            Command::Wait { duration: Some(d) } => write!(f, " for={}", format_duration(*d)),
             Command::Wait { duration: None } | Command::Panic | Command::Fault => Ok(()),
         }
     }

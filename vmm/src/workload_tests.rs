@@ -196,3 +196,27 @@ fn display_round_trips_through_the_parser() {
         assert_eq!(parse_command(&c.to_string()).unwrap(), c, "{spec}");
     }
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_specs_never_panic_and_round_trip(text in "[a-z0-9=;:,/ .x-]{0,80}") {
+            crate::fuzz::workload_spec(text.as_bytes());
+        }
+
+        #[test]
+        fn generated_touch_commands_round_trip(off in 0u64..1024, size in 1u64..1 << 20, stride in 1u64..64, pattern in 1u64..u64::MAX) {
+            let spec = format!("touch offset={} size={size} stride={stride} pattern={pattern:#x}", off * 4096);
+            crate::fuzz::workload_spec(spec.as_bytes());
+        }
+
+        #[test]
+        fn generated_dirty_commands_round_trip(ws in 1u64..1 << 30, rate in 0u64..1_000_000, ns in 0u64..10_000_000_000, seed in any::<u64>()) {
+            let rate = if rate == 0 { "max".to_string() } else { format!("{rate}/s") };
+            let spec = format!("dirty ws={ws} rate={rate} for={ns}ns seed={seed}");
+            crate::fuzz::workload_spec(spec.as_bytes());
+        }
+    }
+}

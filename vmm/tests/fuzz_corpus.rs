@@ -1,0 +1,55 @@
+//! The fuzz bodies (`kvmscope::fuzz`) over the seed corpora in `fuzz/corpus/`:
+//! `ok-*` seeds must parse, `bad-*` seeds must be rejected, none may panic.
+
+use std::path::Path;
+
+use kvmscope::fuzz::{control_line, workload_spec};
+
+fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
+    let mut out: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    assert!(
+        out.len() >= 4,
+        "seed corpus {target} has {} files",
+        out.len()
+    );
+    out
+}
+
+#[test]
+fn control_line_seeds_parse_or_fail_as_named() {
+    for (name, data) in seeds("control_line") {
+        control_line(&data);
+        let parsed = kvmscope::control::request::parse(&data);
+        assert_eq!(
+            parsed.is_ok(),
+            name.starts_with("ok-"),
+            "{name}: {parsed:?}"
+        );
+    }
+}
+
+#[test]
+fn workload_spec_seeds_parse_or_fail_as_named() {
+    for (name, data) in seeds("workload_spec") {
+        workload_spec(&data);
+        let parsed = kvmscope::workload::parse_workload(std::str::from_utf8(&data).unwrap());
+        assert_eq!(
+            parsed.is_ok(),
+            name.starts_with("ok-"),
+            "{name}: {parsed:?}"
+        );
+    }
+}
