@@ -1,0 +1,203 @@
+//! The part of a vCPU that other threads share: its inbox of commands and
+//! control requests, its state and results, its exit counters and phase.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::exits::{ExitCounters, Fault};
+use crate::workload::Command;
+
+/// Results kept per vCPU for `query-guest` and summaries.
+pub(super) const RESULTS_KEPT: usize = 256;
+
+/// What the VMM asks of a vCPU thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    Run,
+    Pause,
+    Stop,
+}
+
+/// What a vCPU is doing, as others see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuState {
+    Booting,
+    Running { seq: u64, command: String },
+    Waiting,
+    Paused,
+    Finished(String),
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandResult {
+    pub seq: u64,
+    /// The command, as a spec.
+    pub command: String,
+    /// `ok`, or what went wrong.
+    pub status: String,
+    /// The guest's result words (meaning per command, see docs/GUEST_ABI.md).
+    pub values: [u64; 3],
+    /// Host time from handing the command over to its completion.
+    pub host_time: Duration,
+}
+
+/// How a vCPU thread ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Told to stop.
+    Stopped,
+    /// The guest reported a panic.
+    GuestPanic { message: String, registers: String },
+    /// The guest cannot go on.
+    Fault { fault: Fault, registers: String },
+    /// A KVM call failed.
+    Error(String),
+}
+
+/// What vCPU threads tell the VMM's main loop.
+#[derive(Debug)]
+pub enum VmEvent {
+    /// vCPU `0` ran out of commands and is waiting.
+    Idle(usize),
+    /// A command finished.
+    CommandDone(usize, CommandResult),
+    /// The guest printed a line.
+    Console(usize, String),
+    /// vCPU `0`'s thread ended.
+    Finished(usize, Outcome),
+    /// The process received a termination signal.
+    Signal(i32),
+    /// The control plane asks the main loop to change the VM's run state.
+    Control(RunRequest, Sender<Result<(), String>>),
+}
+
+/// Run-state changes only the main loop (which owns the vCPU threads) may make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunRequest {
+    Pause,
+    Resume,
+    Quit,
+}
+
+pub(super) struct Inbox {
+    pub(super) queue: VecDeque<Command>,
+    pub(super) control: Control,
+    pub(super) state: VcpuState,
+    pub(super) results: VecDeque<CommandResult>,
+    pub(super) next_seq: u64,
+}
+
+/// The part of a vCPU other threads may touch.
+pub struct VcpuShared {
+    pub index: usize,
+    /// Our own exit counters.
+    pub counters: ExitCounters,
+    /// Latest phase marker the guest reported.
+    pub phase: AtomicU64,
+    /// When the guest first asked for a command (its first port write).
+    pub first_exit: OnceLock<Instant>,
+    /// Written when a result is recorded and when the thread ends, so that the
+    /// control plane can wait for results in its event loop (set by it).
+    pub watcher: OnceLock<Arc<EventFd>>,
+    pub(super) inbox: Mutex<Inbox>,
+    pub(super) wake: Condvar,
+    /// A control request (pause/stop) waits in the inbox.
+    pub(super) pending: AtomicBool,
+}
+
+impl VcpuShared {
+    pub fn new(index: usize) -> Self {
+        let inbox = Inbox {
+            queue: VecDeque::new(),
+            control: Control::Run,
+            state: VcpuState::Booting,
+            results: VecDeque::new(),
+            next_seq: 1,
+        };
+        VcpuShared {
+            index,
+            counters: ExitCounters::default(),
+            phase: AtomicU64::new(0),
+            first_exit: OnceLock::new(),
+            watcher: OnceLock::new(),
+            inbox: Mutex::new(inbox),
+            wake: Condvar::new(),
+            pending: AtomicBool::new(false),
+        }
+    }
+
+    /// Tells the watcher, if any, that results or the state changed.
+    pub(super) fn notify_watcher(&self) {
+        if let Some(w) = self.watcher.get() {
+            // Fails only when the counter would overflow, which means it is already set.
+            let _ = w.write(1);
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inbox> {
+        // A panic elsewhere while holding the lock leaves the inbox consistent
+        // (every update is a single assignment), so poisoning is not fatal.
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues commands; returns the sequence number the first will get.
+    pub fn push_commands(&self, commands: impl IntoIterator<Item = Command>) -> u64 {
+        let mut inbox = self.lock();
+        let first = inbox.next_seq + inbox.queue.len() as u64;
+        inbox.queue.extend(commands);
+        self.wake.notify_all();
+        first
+    }
+
+    /// Records a control request. The caller must then kick the thread.
+    pub fn set_control(&self, c: Control) {
+        let mut inbox = self.lock();
+        if inbox.control != Control::Stop {
+            inbox.control = c;
+        }
+        self.pending.store(true, Ordering::Release);
+        self.wake.notify_all();
+    }
+
+    /// The vCPU's state.
+    pub fn state(&self) -> VcpuState {
+        self.lock().state.clone()
+    }
+
+    /// Commands queued and not yet started.
+    pub fn queued(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// The most recent results, oldest first.
+    pub fn results(&self) -> Vec<CommandResult> {
+        self.lock().results.iter().cloned().collect()
+    }
+}
+
+/// Waits until no vCPU runs guest code (each paused or finished), for at most
+/// `timeout`; true if they all are. Request the pause first.
+pub fn wait_parked(vcpus: &[Arc<VcpuShared>], timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    for v in vcpus {
+        let mut inbox = v.lock();
+        while !matches!(inbox.state, VcpuState::Paused | VcpuState::Finished(_)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            inbox = v
+                .wake
+                .wait_timeout(inbox, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+    true
+}
