@@ -1,0 +1,114 @@
+//! Issue 5's whole story from the command line: `kvmscope run --samples-out
+//! --metrics-addr` serves a valid metrics page while it runs, and the series it
+//! writes is drawn by `kvmscope plot`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn kvmscope() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn get_metrics(port: u16) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_string();
+    // Wait for a page that already has a sample in it.
+    body.contains("kvmscope_mapped_bytes").then_some(body)
+}
+
+#[test]
+fn run_exports_a_series_plot_draws_and_a_metrics_page_that_validates() {
+    require_kvm!();
+    let dir = std::env::temp_dir().join(format!("kvmscope-sampler-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let series = dir.join("series.csv");
+    let port = free_port();
+    let mut child = kvmscope()
+        .args([
+            "run",
+            "--memory",
+            "64M",
+            "--sample-interval",
+            "5ms",
+            "--samples-out",
+        ])
+        .arg(&series)
+        .args([
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--workload",
+            "touch size=4M; wait for=1s; exits count=10",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let page = common::wait_for("the metrics page", Duration::from_secs(20), || {
+        get_metrics(port)
+    });
+    let status = common::wait_for("kvmscope to exit", Duration::from_secs(20), || {
+        child.try_wait().unwrap()
+    });
+    assert!(status.success(), "run failed");
+    let spawned = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut promtool = match spawned {
+        Ok(c) => c,
+        Err(e) if std::env::var("KVMSCOPE_REQUIRE_KVM").as_deref() == Ok("1") => {
+            panic!("promtool is required in CI: {e}")
+        }
+        Err(e) => return eprintln!("skipping promtool validation: {e}"),
+    };
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&series).unwrap();
+    let (_, points) = kvmscope::sampler::record::parse_csv(&text).unwrap();
+    assert!(points.len() > 20, "{} points", points.len());
+    assert!(points.last().unwrap().mapped_bytes() >= 4 << 20);
+    let png = dir.join("series.png");
+    let plot = kvmscope()
+        .arg("plot")
+        .arg(&series)
+        .arg("-o")
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(
+        plot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plot.stderr)
+    );
+    assert!(std::fs::read(&png)
+        .unwrap()
+        .starts_with(b"\x89PNG\r\n\x1a\n"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
