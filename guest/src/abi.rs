@@ -5,7 +5,7 @@
 //! constants and plain-data layouts; `docs/GUEST_ABI.md` explains them in prose.
 
 /// Bumped whenever anything below changes meaning.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Guest page size used throughout the ABI.
 pub const PAGE_SIZE: u64 = 4096;
@@ -73,7 +73,7 @@ pub const CMD_TOUCH_ZERO: u64 = 2;
 /// args: [offset, bytes, stride, 0]. result: [pages read, tsc ticks, xor of the words read].
 pub const CMD_READ: u64 = 3;
 /// Rewrite pages picked by a seeded PRNG in a working set, paced by the TSC.
-/// args: [offset, working-set bytes, pages per second (0 = unpaced), duration in ms, seed].
+/// args: [offset, working-set bytes, pages per second (0 = unpaced), duration in µs, seed].
 /// result: [page writes done, tsc ticks, distinct pages written].
 pub const CMD_DIRTY: u64 = 4;
 /// args: [port exits, MMIO exits]. result: [port exits done, tsc ticks, MMIO exits done].

@@ -104,7 +104,7 @@ const DIRTY_MAGIC: u64 = 0xd1;
 
 fn dirty(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
     let r = range(boot, args[0], args[1], 1)?;
-    let (rate, ms, seed) = (args[2], args[3], args[4]);
+    let (rate, us, seed) = (args[2], args[3], args[4]);
     if r.pages == 0 || boot.tsc_khz == 0 {
         return None;
     }
@@ -117,7 +117,7 @@ fn dirty(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
         (ticks_per_ms * 1000 / rate).max(1)
     };
     let start = rdtsc();
-    let end = start.saturating_add(ms.saturating_mul(ticks_per_ms));
+    let end = start.saturating_add(us.saturating_mul(ticks_per_ms) / 1000);
     let (mut writes, mut distinct, mut due) = (0u64, 0u64, start);
     loop {
         let now = rdtsc();

@@ -57,14 +57,22 @@ pub fn install() -> Result<(), vmm_sys_util::errno::Error> {
     result
 }
 
-/// Points this thread's kick handler at `immediate_exit`. Call from the vCPU
-/// thread, with a pointer into its own kvm_run mapping; call `disarm` before
-/// that mapping is unmapped.
-pub fn arm(immediate_exit: *mut u8) {
-    IMMEDIATE_EXIT.with(|p| p.set(immediate_exit));
+/// This thread's kick handler pointed at a vCPU's `immediate_exit`, until the
+/// guard drops (unwinding included). Create it on the vCPU thread from its own
+/// kvm_run mapping, after the vCPU fd, so that it drops before the fd unmaps it.
+pub struct Armed(());
+
+impl Armed {
+    /// Points this thread's kick handler at `immediate_exit`.
+    pub fn new(immediate_exit: *mut u8) -> Armed {
+        IMMEDIATE_EXIT.with(|p| p.set(immediate_exit));
+        Armed(())
+    }
 }
 
-/// Stops this thread's kick handler from touching `kvm_run`.
-pub fn disarm() {
-    IMMEDIATE_EXIT.with(|p| p.set(std::ptr::null_mut()));
+impl Drop for Armed {
+    fn drop(&mut self) {
+        // `try_with`: the thread-local may already be gone during thread exit.
+        let _ = IMMEDIATE_EXIT.try_with(|p| p.set(std::ptr::null_mut()));
+    }
 }

@@ -26,3 +26,15 @@ pub mod vcpu;
 pub mod vm;
 pub mod workload;
 pub mod x86_64;
+
+/// An error with its sources, `a: b: c`, for one-line messages (replies,
+/// warnings) where the binary's `{:#}` chain printing is not at hand.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchConfig};
 use kvmscope::control::request::VcpuSelector;
 use kvmscope::readiness::dirty::DirtyMode;
-use kvmscope::run::{self, RunConfig, DEMO_WORKLOAD};
+use kvmscope::run::{self, RunConfig};
 use kvmscope::sampler::SamplerConfig;
 use kvmscope::units::parse_size;
 use kvmscope::vm::VmConfig;
@@ -56,9 +56,10 @@ struct ReadinessArgs {
     /// and report each estimate's error.
     #[arg(long)]
     scan: bool,
-    /// Window for the dirty rate (needs `run --dirty-log`); 0s skips it.
-    #[arg(long, default_value = "1s", value_name = "DUR", value_parser = duration_arg)]
-    calc_time: Duration,
+    /// Window for the dirty rate (needs `run --dirty-log`; default 1s when the
+    /// VMM has dirty logging, else none); 0s skips it.
+    #[arg(long, value_name = "DUR", value_parser = window_arg)]
+    calc_time: Option<Duration>,
     /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB.
     #[arg(long, default_value = "10Gbit", value_name = "RATE", value_parser = bandwidth_arg)]
     bandwidth: f64,
@@ -68,6 +69,11 @@ struct ReadinessArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+}
+
+fn window_arg(s: &str) -> Result<Duration, String> {
+    kvmscope::units::parse_duration(s)
+        .ok_or_else(|| format!("'{s}' is not a duration: use e.g. 500ms, 2s or 0s"))
 }
 
 fn bandwidth_arg(s: &str) -> Result<f64, String> {
@@ -193,7 +199,7 @@ struct RunArgs {
     #[arg(long, default_value = "100ms", value_name = "DUR", value_parser = interval_arg)]
     sample_interval: Interval,
     /// Points the sampler keeps in memory (its ring buffer); older ones are dropped.
-    #[arg(long, default_value_t = 4096, value_name = "N")]
+    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = capacity_arg)]
     sample_buffer: usize,
     /// Write every sample to FILE as it is taken: CSV if it ends in .csv, else
     /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick.
@@ -206,6 +212,14 @@ struct RunArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+}
+
+fn capacity_arg(s: &str) -> Result<usize, String> {
+    let max = kvmscope::sampler::MAX_CAPACITY;
+    s.parse::<usize>()
+        .ok()
+        .filter(|n| (2..=max).contains(n))
+        .ok_or_else(|| format!("'{s}' is not a ring size: use a whole number from 2 to {max}"))
 }
 
 /// A sampler interval, or none for `off`.
@@ -266,7 +280,7 @@ fn workload_arg(s: &str) -> Result<Workload, String> {
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
     // With a socket, clients drive the guest: no demo workload by default.
     let workloads = if args.workload.is_empty() && args.socket.is_none() {
-        vec![workload_arg(DEMO_WORKLOAD).map_err(anyhow::Error::msg)?]
+        vec![workload_arg(&run::demo_workload(args.memory)).map_err(anyhow::Error::msg)?]
     } else {
         args.workload
     };
@@ -312,6 +326,12 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             summary.stuck
         );
         return Ok(ExitCode::from(3));
+    }
+    if !summary.warnings.is_empty() {
+        for w in &summary.warnings {
+            eprintln!("kvmscope: {w}");
+        }
+        return Ok(ExitCode::from(4));
     }
     Ok(ExitCode::SUCCESS)
 }

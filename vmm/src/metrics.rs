@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvm_stats::{Descriptor, Sample, StatType, StatsFd, Unit};
 
@@ -82,13 +82,25 @@ impl Drop for MetricsServer {
 
 /// Most bytes of request head read.
 const MAX_REQUEST: usize = 8192;
+/// Longest a client may take to send its request (and to take the reply).
+const REQUEST_TIME: Duration = Duration::from_secs(2);
 
 fn serve(mut stream: TcpStream, samples: &Shared) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    // One deadline for the whole request, not per read: a peer dripping bytes
+    // cannot hold the thread (and so the VMM's shutdown) for long.
+    let deadline = Instant::now() + REQUEST_TIME;
+    stream.set_write_timeout(Some(REQUEST_TIME))?;
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "request head not received in time",
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
         let n = stream.read(&mut buf)?;
         if n == 0 {
             break;
@@ -186,7 +198,7 @@ fn write_stat(
     }
     let mut cumulative = 0u64;
     for (i, count) in values.iter().enumerate() {
-        cumulative += count;
+        cumulative = cumulative.saturating_add(*count);
         let le = match d.bucket_bounds(i).and_then(|(_, upper)| upper) {
             Some(upper) => format!("{}", in_base_units(upper.saturating_sub(1), d)),
             None => "+Inf".to_string(),

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use kvm_stats::{Sample, StatsFd};
+
 use crate::boot;
 use crate::control;
 use crate::sampler::{self, Sampler, SamplerConfig};
@@ -10,8 +12,18 @@ use crate::vcpu::{Control, Outcome, RunRequest, VmEvent};
 use crate::vm::{self, Vm, VmConfig};
 use crate::workload::{parse_workload, SpecError, Workload};
 
-/// The workload `kvmscope run` gives vCPU 0 when none is named.
-pub const DEMO_WORKLOAD: &str = "touch size=16M; touch-zero offset=16M size=8M; read offset=24M size=8M; dirty ws=16M rate=20000/s for=200ms; exits count=1000";
+/// The workload `kvmscope run` gives vCPU 0 when none is named, for a guest of
+/// `memory` bytes: touch a quarter of the arena (at most 16 MiB), zero-fill and
+/// read half as much each, dirty the touched range, then exits.
+pub fn demo_workload(memory: u64) -> String {
+    let quarter = boot::arena_size(memory) / 4 / crate::abi::PAGE_SIZE * crate::abi::PAGE_SIZE;
+    let a = quarter.min(16 << 20);
+    let half = a / 2;
+    format!(
+        "touch size={a}; touch-zero offset={a} size={half}; read offset={} size={half}; dirty ws={a} rate=20000/s for=200ms; exits count=1000",
+        a + half
+    )
+}
 
 /// Everything `kvmscope run` needs.
 #[derive(Debug, Clone)]
@@ -48,17 +60,20 @@ pub enum Error {
     Control(#[from] control::Error),
     #[error("starting the signal thread")]
     Signals(#[source] std::io::Error),
-    #[error("workload for vCPU {vcpu}: {source}")]
+    #[error("workload for vCPU {vcpu}")]
     Workload { vcpu: usize, source: SpecError },
+    #[error("workload target")]
+    Target(#[source] SpecError),
 }
 
 impl RunConfig {
     /// A run of the demo workload on a default VM.
     pub fn demo() -> Self {
-        let demo = parse_workload(DEMO_WORKLOAD)
+        let vm = VmConfig::default();
+        let demo = parse_workload(&demo_workload(vm.memory))
             .unwrap_or_else(|e| unreachable!("the demo workload parses: {e}"));
         RunConfig {
-            vm: VmConfig::default(),
+            vm,
             workloads: vec![demo],
             process_start: Instant::now(),
             stop_timeout: Duration::from_secs(1),
@@ -76,10 +91,7 @@ fn queue_workloads(vm: &Vm, workloads: &[Workload]) -> Result<(), Error> {
     let arena = boot::arena_size(vm.config.memory);
     let mut per_vcpu = vec![Vec::new(); vm.config.vcpus];
     for w in workloads {
-        let targets = w
-            .target
-            .resolve(vm.config.vcpus)
-            .map_err(|source| Error::Workload { vcpu: 0, source })?;
+        let targets = w.target.resolve(vm.config.vcpus).map_err(Error::Target)?;
         for &vcpu in &targets {
             for c in &w.commands {
                 c.to_guest(arena)
@@ -101,11 +113,50 @@ struct Watch {
     first_done: Option<Instant>,
 }
 
+/// Who wants the guest paused: a user (`pause`/`resume`) and any number of
+/// holds (readiness scans). The guest runs only when nobody does, so a scan
+/// never resumes a guest a user paused, and a user cannot resume one mid-scan.
+#[derive(Debug, Default)]
+struct PauseState {
+    user: bool,
+    holds: u32,
+}
+
+impl PauseState {
+    /// Takes a request; returns what every vCPU must now be told.
+    fn decide(&mut self, request: RunRequest) -> Result<Control, String> {
+        match request {
+            RunRequest::Pause => self.user = true,
+            RunRequest::Resume if self.holds > 0 => {
+                return Err(
+                    "a readiness scan holds the guest paused; it resumes when the scan ends".into(),
+                )
+            }
+            RunRequest::Resume => self.user = false,
+            RunRequest::Hold => self.holds += 1,
+            RunRequest::Release => self.holds = self.holds.saturating_sub(1),
+            RunRequest::Quit => {}
+        }
+        Ok(if self.user || self.holds > 0 {
+            Control::Pause
+        } else {
+            Control::Run
+        })
+    }
+
+    fn apply(&mut self, vm: &Vm, request: RunRequest) -> Result<(), String> {
+        let control = self.decide(request)?;
+        vm.control_all(control);
+        Ok(())
+    }
+}
+
 /// Waits until every vCPU has run out of work (unless `serving` a control
 /// socket), one fails, a signal arrives or a client asks to quit.
 fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
     let n = vm.vcpus.len();
     let mut idle = vec![false; n];
+    let mut pause = PauseState::default();
     loop {
         match vm.next_event(Duration::from_secs(1)) {
             Some(VmEvent::Idle(i)) => idle[i] = true,
@@ -119,22 +170,103 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
                 watch.signal = Some(sig);
                 return;
             }
-            Some(VmEvent::Control(request, reply)) => {
-                match request {
-                    RunRequest::Pause => vm.control_all(Control::Pause),
-                    RunRequest::Resume => vm.control_all(Control::Run),
-                    RunRequest::Quit => {
-                        let _ = reply.send(Ok(()));
-                        return;
-                    }
-                }
+            Some(VmEvent::Control(RunRequest::Quit, reply)) => {
                 let _ = reply.send(Ok(()));
+                return;
+            }
+            Some(VmEvent::Control(request, reply)) => {
+                let _ = reply.send(pause.apply(vm, request));
             }
             Some(VmEvent::Console(..)) | None => {}
         }
         if !serving && idle.iter().all(|&b| b) && vm.vcpus.iter().all(|v| v.shared.queued() == 0) {
             return;
         }
+    }
+}
+
+/// KVM's per-vCPU stats before the guest runs, to diff against at the end.
+struct Baseline {
+    vm: Sample,
+    vcpus: Vec<Sample>,
+}
+
+impl Baseline {
+    fn read(vm: &Vm) -> Result<Baseline, Error> {
+        let read = |fd: &StatsFd| -> Result<Sample, Error> {
+            let mut sample = fd.new_sample();
+            fd.read_sample(&mut sample).map_err(vm::Error::Stats)?;
+            Ok(sample)
+        };
+        let vcpus = vm.vcpu_stats.iter().map(read).collect::<Result<_, _>>()?;
+        Ok(Baseline {
+            vm: read(&vm.vm_stats)?,
+            vcpus,
+        })
+    }
+}
+
+/// The threads that serve a run: the sampler, its metrics page, the control socket.
+struct Services {
+    sampler: Option<Sampler>,
+    metrics: Option<crate::metrics::MetricsServer>,
+    server: Option<control::Server>,
+}
+
+impl Services {
+    /// Starts what `config` asks for. The socket is bound before the guest
+    /// starts, so a bad path fails before any workload runs.
+    fn start(config: &RunConfig, vm: &Vm) -> Result<Services, Error> {
+        let sampler = match &config.sampler {
+            Some(c) => {
+                let vcpus = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
+                Some(Sampler::start(
+                    c.clone(),
+                    &vm.fd_file()?,
+                    &vm.vcpu_fds,
+                    vcpus,
+                    vm.config.memory,
+                )?)
+            }
+            None => None,
+        };
+        let metrics = match (&config.metrics_addr, &sampler) {
+            (Some(addr), Some(s)) => Some(crate::metrics::MetricsServer::start(
+                *addr,
+                s.shared.clone(),
+            )?),
+            (Some(_), None) => return Err(Error::MetricsWithoutSampler),
+            (None, _) => None,
+        };
+        if let Some(m) = &metrics {
+            log::info!("metrics at http://{}/metrics", m.addr);
+        }
+        let server = match &config.socket {
+            Some(path) => {
+                let mut context = control::Context::new(vm)?;
+                context.samples = sampler.as_ref().map(|s| s.shared.clone());
+                Some(control::Server::start(path, context)?)
+            }
+            None => None,
+        };
+        Ok(Services {
+            sampler,
+            metrics,
+            server,
+        })
+    }
+
+    /// Stops them (call once the vCPUs have stopped): the sampler takes a last
+    /// point of the final state. What went wrong comes back as warnings, so
+    /// that the run's results are not lost to a full disk.
+    fn stop(mut self) -> Vec<String> {
+        drop(self.server.take());
+        let mut warnings = Vec::new();
+        if let Some(Err(e)) = self.sampler.as_mut().map(Sampler::stop) {
+            warnings.push(format!("the sampler failed: {}", crate::error_chain(&e)));
+        }
+        drop(self.metrics.take());
+        warnings
     }
 }
 
@@ -146,92 +278,115 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
 pub fn run(config: RunConfig) -> Result<Summary, Error> {
     let mut vm = Vm::new(config.vm.clone())?;
     queue_workloads(&vm, &config.workloads)?;
-    let mut vm_before = vm.vm_stats.new_sample();
-    vm.vm_stats
-        .read_sample(&mut vm_before)
-        .map_err(vm::Error::Stats)?;
-    let mut before = Vec::new();
-    for s in &vm.vcpu_stats {
-        let mut sample = s.new_sample();
-        s.read_sample(&mut sample).map_err(vm::Error::Stats)?;
-        before.push(sample);
-    }
+    let before = Baseline::read(&vm)?;
     if config.handle_signals {
         crate::signals::forward_termination(vm.event_sender()).map_err(Error::Signals)?;
     }
-    let mut sampler = match &config.sampler {
-        Some(c) => Some(Sampler::start(
-            c.clone(),
-            &vm.fd_file()?,
-            &vm.vcpu_fds,
-            vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
-            vm.config.memory,
-        )?),
-        None => None,
-    };
-    let metrics = match (&config.metrics_addr, &sampler) {
-        (Some(addr), Some(s)) => Some(crate::metrics::MetricsServer::start(
-            *addr,
-            s.shared.clone(),
-        )?),
-        (Some(_), None) => return Err(Error::MetricsWithoutSampler),
-        (None, _) => None,
-    };
-    if let Some(m) = &metrics {
-        log::info!("metrics at http://{}/metrics", m.addr);
-    }
+    let services = Services::start(&config, &vm)?;
     let started = Instant::now();
     vm.start()?;
-    let server = match &config.socket {
-        Some(path) => {
-            let mut context = control::Context::new(&vm)?;
-            context.samples = sampler.as_ref().map(|s| s.shared.clone());
-            Some(control::Server::start(path, context)?)
-        }
-        None => None,
-    };
     let mut watch = Watch::default();
-    wait_until_done(&mut vm, &mut watch, server.is_some());
-    drop(server);
-    // One last point after the guest stopped, so the series ends with the final state.
-    let sampler_result = sampler.as_mut().map_or(Ok(()), Sampler::stop);
-    drop(metrics);
+    wait_until_done(&mut vm, &mut watch, services.server.is_some());
     let stuck = vm.stop(config.stop_timeout);
-    let mut vm_after = vm.vm_stats.new_sample();
-    vm.vm_stats
-        .read_sample(&mut vm_after)
-        .map_err(vm::Error::Stats)?;
-    let mut vcpus = Vec::new();
-    for (i, (stats, older)) in vm.vcpu_stats.iter().zip(&before).enumerate() {
-        let mut newer = stats.new_sample();
-        stats.read_sample(&mut newer).map_err(vm::Error::Stats)?;
-        let shared = &vm.vcpus[i].shared;
-        vcpus.push(VcpuSummary {
-            index: i,
-            outcome: vm.vcpus[i].outcome().cloned(),
-            kvm: kvm_growth(stats, older, &newer),
-            ours: shared.counters.to_json(),
-            results: shared.results(),
-        });
-    }
-    sampler_result?;
-    let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(config.process_start));
+    let warnings = services.stop();
+    let elapsed = started.elapsed();
+    summarize(
+        &vm,
+        &before,
+        &watch,
+        Ending {
+            stuck,
+            warnings,
+            elapsed,
+            process_start: config.process_start,
+        },
+    )
+}
+
+/// How the run ended, for the summary.
+struct Ending {
+    stuck: Vec<usize>,
+    warnings: Vec<String>,
+    elapsed: Duration,
+    process_start: Instant,
+}
+
+fn summarize(vm: &Vm, before: &Baseline, watch: &Watch, end: Ending) -> Result<Summary, Error> {
+    let after = Baseline::read(vm)?;
+    let vcpus = (0..vm.vcpus.len())
+        .map(|i| {
+            let shared = &vm.vcpus[i].shared;
+            VcpuSummary {
+                index: i,
+                outcome: vm.vcpus[i].outcome().cloned(),
+                kvm: kvm_growth(&vm.vcpu_stats[i], &before.vcpus[i], &after.vcpus[i]),
+                ours: shared.counters.to_json(),
+                results: shared.results(),
+            }
+        })
+        .collect();
+    let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(end.process_start));
+    let first_exit = vm
+        .vcpus
+        .iter()
+        .filter_map(|v| v.shared.first_exit.get().copied())
+        .min();
     Ok(Summary {
         backend: vm.backend.clone(),
         memory: vm.config.memory,
         hugepages: vm.config.hugepages,
-        elapsed: started.elapsed(),
-        to_first_exit: since(
-            vm.vcpus
-                .iter()
-                .filter_map(|v| v.shared.first_exit.get().copied())
-                .min(),
-        ),
+        elapsed: end.elapsed,
+        to_first_exit: since(first_exit),
         to_first_done: since(watch.first_done),
-        before: Mapped::from_sample(&vm.vm_stats, &vm_before),
-        after: Mapped::from_sample(&vm.vm_stats, &vm_after),
+        before: Mapped::from_sample(&vm.vm_stats, &before.vm),
+        after: Mapped::from_sample(&vm.vm_stats, &after.vm),
         vcpus,
         signal: watch.signal,
-        stuck,
+        stuck: end.stuck,
+        warnings: end.warnings,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_keeps_the_guest_paused_against_a_user_resume() {
+        let mut p = PauseState::default();
+        assert_eq!(p.decide(RunRequest::Hold), Ok(Control::Pause));
+        assert!(p
+            .decide(RunRequest::Resume)
+            .unwrap_err()
+            .contains("readiness scan"));
+        assert_eq!(p.decide(RunRequest::Release), Ok(Control::Run));
+    }
+
+    #[test]
+    fn releasing_a_hold_does_not_resume_a_user_pause() {
+        let mut p = PauseState::default();
+        assert_eq!(p.decide(RunRequest::Pause), Ok(Control::Pause));
+        assert_eq!(p.decide(RunRequest::Hold), Ok(Control::Pause));
+        assert_eq!(p.decide(RunRequest::Release), Ok(Control::Pause));
+        assert_eq!(p.decide(RunRequest::Resume), Ok(Control::Run));
+    }
+
+    #[test]
+    fn holds_nest_and_extra_releases_are_harmless() {
+        let mut p = PauseState::default();
+        p.decide(RunRequest::Hold).unwrap();
+        p.decide(RunRequest::Hold).unwrap();
+        assert_eq!(p.decide(RunRequest::Release), Ok(Control::Pause));
+        assert_eq!(p.decide(RunRequest::Release), Ok(Control::Run));
+        assert_eq!(p.decide(RunRequest::Release), Ok(Control::Run));
+    }
+
+    #[test]
+    fn demo_workload_fits_the_smallest_guest() {
+        let spec = demo_workload(crate::abi::MIN_MEMORY);
+        let arena = boot::arena_size(crate::abi::MIN_MEMORY);
+        for c in parse_workload(&spec).unwrap().commands {
+            assert!(c.to_guest(arena).is_ok(), "{c}");
+        }
+    }
 }

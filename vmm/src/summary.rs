@@ -79,6 +79,8 @@ pub struct Summary {
     pub signal: Option<i32>,
     /// vCPUs that did not stop in time.
     pub stuck: Vec<usize>,
+    /// What went wrong besides the guest (e.g. the sampler's export failed).
+    pub warnings: Vec<String>,
 }
 
 /// Cumulative KVM stats that grew between two samples (`exits` always listed).
@@ -223,7 +225,7 @@ impl Summary {
             "elapsed_s": self.elapsed.as_secs_f64(),
             "startup_ms": { "to_first_exit": ms(self.to_first_exit), "to_first_command_done": ms(self.to_first_done) },
             "mapped": { "before": self.before.to_json(), "after": self.after.to_json() },
-            "vcpus": vcpus, "signal": self.signal, "stuck": self.stuck,
+            "vcpus": vcpus, "signal": self.signal, "stuck": self.stuck, "warnings": self.warnings,
         })
     }
 }

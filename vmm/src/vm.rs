@@ -81,6 +81,8 @@ pub enum Error {
     Stats(#[from] kvm_stats::Error),
     #[error("installing the vCPU kick signal handler")]
     Signal(#[source] vmm_sys_util::errno::Error),
+    #[error("duplicating the VM fd")]
+    DupVm(#[source] std::io::Error),
     #[error("duplicating the vCPU {0} fd")]
     DupVcpu(usize, #[source] std::io::Error),
     #[error("setting up dirty tracking")]
@@ -144,27 +146,14 @@ impl Vm {
     pub fn new(config: VmConfig) -> Result<Vm, Error> {
         let created = Instant::now();
         kick::install().map_err(Error::Signal)?;
-        let kvm = Kvm::new().map_err(Error::OpenKvm)?;
-        if kvm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_BINARY_STATS_FD)) <= 0 {
-            return Err(Error::NoBinaryStats);
-        }
-        let max = kvm.get_max_vcpus().min(abi::MAX_VCPUS as usize);
-        if config.vcpus == 0 || config.vcpus > max {
-            return Err(Error::VcpuCount {
-                requested: config.vcpus,
-                max,
-            });
-        }
+        let kvm = open_kvm(config.vcpus)?;
         let fd = kvm.create_vm().map_err(Error::CreateVm)?;
         let mem = memory::create(config.memory, config.hugepages)?;
-        let image = match &config.guest {
-            Some(path) => std::fs::read(path).map_err(|e| Error::ReadGuest(path.clone(), e))?,
-            None => boot::DEFAULT_GUEST.to_vec(),
-        };
-        let entry = boot::load_guest(&mem, &image)?;
+        let entry = load_image(&mem, config.guest.as_deref())?;
         boot::write_boot_structures(&mem)?;
         register_memory(&fd, &mem, config.dirty_log.is_some())?;
         if let Some(DirtyMode::Ring(entries)) = config.dirty_log {
+            // Before any vCPU exists, as KVM requires.
             dirty::enable_ring(&fd, entries)?;
         }
         let vm_stats = StatsFd::new(kvm_stats::ioctl::get_stats_fd(&fd)?)?;
@@ -172,55 +161,45 @@ impl Vm {
         let cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(Error::Cpuid)?;
-        let bus = Bus::new(paging::mmio_addr(config.memory));
-        let mut unstarted = Vec::with_capacity(config.vcpus);
-        let mut vcpus = Vec::with_capacity(config.vcpus);
-        let mut vcpu_stats = Vec::with_capacity(config.vcpus);
-        let mut vcpu_fds = Vec::with_capacity(config.vcpus);
-        for i in 0..config.vcpus {
-            let vfd = fd
-                .create_vcpu(i as u64)
-                .map_err(|e| Error::CreateVcpu(i, e))?;
-            regs::setup(&vfd, &cpuid, entry, i as u64).map_err(|e| Error::SetupVcpu(i, e))?;
-            let tsc_khz = vfd
-                .get_tsc_khz()
-                .map(u64::from)
-                .unwrap_or_else(|_| host_tsc_khz());
-            boot::write_mailbox_boot(&mem, i as u64, tsc_khz)?;
-            vcpu_stats.push(StatsFd::new(kvm_stats::ioctl::get_stats_fd(&vfd)?)?);
-            vcpu_fds.push(dup_fd(&vfd).map_err(|e| Error::DupVcpu(i, e))?);
-            let shared = Arc::new(VcpuShared::new(i));
-            let arena = boot::arena_size(config.memory);
-            unstarted.push(Vcpu::new(
-                vfd,
-                mem.clone(),
-                bus.clone(),
-                arena,
-                shared.clone(),
-                events_tx.clone(),
-            ));
-            vcpus.push(VcpuHandle {
-                shared,
-                thread: None,
-                outcome: None,
-            });
+        let setup = VcpuSetup {
+            vm: &fd,
+            mem: &mem,
+            cpuid: &cpuid,
+            entry,
+            memory: config.memory,
+            events: &events_tx,
+        };
+        let built = (0..config.vcpus)
+            .map(|i| setup.build(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (mut vcpu_fds, mut parts) = (Vec::new(), Vec::new());
+        for b in built {
+            vcpu_fds.push(b.fd_dup);
+            parts.push((b.vcpu, b.stats));
         }
         let dirty = match config.dirty_log {
             Some(mode) => Some(Dirty::new(
                 mode,
-                dup_fd(&fd).map_err(|e| Error::DupVcpu(usize::MAX, e))?,
+                dup_fd(&fd).map_err(Error::DupVm)?,
                 config.memory,
                 &vcpu_fds,
             )?),
             None => None,
         };
-        for v in &mut unstarted {
-            v.dirty = dirty.clone();
+        let (mut unstarted, mut vcpus, mut vcpu_stats) = (Vec::new(), Vec::new(), Vec::new());
+        for (mut vcpu, stats) in parts {
+            vcpu.dirty = dirty.clone();
+            vcpus.push(VcpuHandle {
+                shared: vcpu.shared.clone(),
+                thread: None,
+                outcome: None,
+            });
+            vcpu_stats.push(stats);
+            unstarted.push(vcpu);
         }
-        let backend = backend::detect();
         Ok(Vm {
             dirty,
-            backend,
+            backend: backend::detect(),
             config,
             mem,
             vm_stats,
@@ -244,10 +223,17 @@ impl Vm {
         for vcpu in std::mem::take(&mut self.unstarted) {
             let i = vcpu.shared.index;
             let events = vcpu.events.clone();
+            let shared = vcpu.shared.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("vcpu{i}"))
                 .spawn(move || {
-                    let outcome = vcpu.run();
+                    // A bug that panics must still end the run in order, not hang it.
+                    let run = std::panic::AssertUnwindSafe(|| vcpu.run());
+                    let outcome = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                        let outcome = Outcome::Error("the vCPU thread panicked".into());
+                        shared.mark_finished(&outcome);
+                        outcome
+                    });
                     let _ = events.send(VmEvent::Finished(i, outcome));
                 })
                 .map_err(|e| Error::Spawn(i, e))?;
@@ -320,9 +306,9 @@ impl Vm {
     /// A duplicate of the VM fd, for opening more stats fds.
     ///
     /// # Errors
-    /// `DupVcpu` naming slot `usize::MAX` if the fd cannot be duplicated.
+    /// `DupVm` if the fd cannot be duplicated.
     pub fn fd_file(&self) -> Result<std::fs::File, Error> {
-        dup_fd(&self.fd).map_err(|e| Error::DupVcpu(usize::MAX, e))
+        dup_fd(&self.fd).map_err(Error::DupVm)
     }
 
     /// Host address and size of guest RAM (one region).
@@ -363,6 +349,83 @@ fn register_memory(fd: &VmFd, mem: &GuestMemory, dirty_log: bool) -> Result<(), 
         unsafe { fd.set_user_memory_region(region) }.map_err(Error::SetMemory)?;
     }
     Ok(())
+}
+
+/// Opens /dev/kvm and checks what this VMM needs of it for `vcpus` vCPUs.
+fn open_kvm(vcpus: usize) -> Result<Kvm, Error> {
+    let kvm = Kvm::new().map_err(Error::OpenKvm)?;
+    if kvm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_BINARY_STATS_FD)) <= 0 {
+        return Err(Error::NoBinaryStats);
+    }
+    let max = kvm.get_max_vcpus().min(abi::MAX_VCPUS as usize);
+    if vcpus == 0 || vcpus > max {
+        return Err(Error::VcpuCount {
+            requested: vcpus,
+            max,
+        });
+    }
+    Ok(kvm)
+}
+
+/// Loads the guest (`path`, or the built-in one); returns its entry point.
+fn load_image(mem: &GuestMemory, path: Option<&std::path::Path>) -> Result<u64, Error> {
+    let image = match path {
+        Some(path) => std::fs::read(path).map_err(|e| Error::ReadGuest(path.to_path_buf(), e))?,
+        None => boot::DEFAULT_GUEST.to_vec(),
+    };
+    Ok(boot::load_guest(mem, &image)?)
+}
+
+/// What every vCPU is built from.
+struct VcpuSetup<'a> {
+    vm: &'a VmFd,
+    mem: &'a GuestMemory,
+    cpuid: &'a kvm_bindings::CpuId,
+    entry: u64,
+    memory: u64,
+    events: &'a Sender<VmEvent>,
+}
+
+/// A vCPU ready to start, with its stats fd and a duplicate of its fd.
+struct BuiltVcpu {
+    vcpu: Vcpu,
+    stats: StatsFd,
+    fd_dup: std::fs::File,
+}
+
+impl VcpuSetup<'_> {
+    /// Creates vCPU `i` in the state the guest ABI promises, with its mailbox
+    /// and its stats fd (opened now: KVM_GET_STATS_FD on a vCPU fd waits while
+    /// the vCPU runs, so it is never issued later).
+    fn build(&self, i: usize) -> Result<BuiltVcpu, Error> {
+        let vfd = self
+            .vm
+            .create_vcpu(i as u64)
+            .map_err(|e| Error::CreateVcpu(i, e))?;
+        regs::setup(&vfd, self.cpuid, self.entry, i as u64).map_err(|e| Error::SetupVcpu(i, e))?;
+        let tsc_khz = vfd
+            .get_tsc_khz()
+            .map(u64::from)
+            .unwrap_or_else(|_| host_tsc_khz());
+        boot::write_mailbox_boot(self.mem, i as u64, tsc_khz)?;
+        let stats = StatsFd::new(kvm_stats::ioctl::get_stats_fd(&vfd)?)?;
+        let fd_dup = dup_fd(&vfd).map_err(|e| Error::DupVcpu(i, e))?;
+        let shared = Arc::new(VcpuShared::new(i));
+        let bus = Bus::new(paging::mmio_addr(self.memory));
+        let vcpu = Vcpu::new(
+            vfd,
+            self.mem.clone(),
+            bus,
+            boot::arena_size(self.memory),
+            shared,
+            self.events.clone(),
+        );
+        Ok(BuiltVcpu {
+            vcpu,
+            stats,
+            fd_dup,
+        })
+    }
 }
 
 /// A close-on-exec duplicate of `fd`.

@@ -172,8 +172,11 @@ impl Command {
                 seed,
             } => {
                 let (off, len) = span_bounds(self.name(), offset, ws, arena_size)?;
-                let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
-                a(abi::CMD_DIRTY, [off, len, rate, ms, seed, 0])
+                // Microseconds on the wire; a shorter, non-zero duration still runs 1 µs.
+                let us = u64::try_from(duration.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(u64::from(!duration.is_zero()));
+                a(abi::CMD_DIRTY, [off, len, rate, us, seed, 0])
             }
             Command::Exits { ports, mmio } => a(abi::CMD_EXITS, [ports, mmio, 0, 0, 0, 0]),
             Command::Wait { .. } => Ok(None),

@@ -171,7 +171,7 @@ fn encoding_rejects_ranges_outside_the_arena() {
 fn encodes_dirty_and_wait() {
     let c = parse_command("dirty ws=4M rate=max for=250ms seed=7").unwrap();
     let g = c.to_guest(64 << 20).unwrap().unwrap();
-    assert_eq!(g.args, [0, 4 << 20, 0, 250, 7, 0]);
+    assert_eq!(g.args, [0, 4 << 20, 0, 250_000, 7, 0]);
     assert_eq!(
         parse_command("wait for=1s")
             .unwrap()

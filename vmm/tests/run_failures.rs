@@ -174,3 +174,55 @@ fn too_many_vcpus_is_rejected_naming_the_limit() {
     .unwrap();
     assert!(err.to_string().contains("100000 vCPUs requested"), "{err}");
 }
+
+/// Voluntary context switches of this process's thread `tid`.
+fn context_switches(tid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("voluntary_ctxt_switches"))
+        .unwrap();
+    line.split_whitespace().last().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_vcpu_paused_in_a_wait_sleeps_past_the_wait_deadline() {
+    require_kvm!();
+    let mut vm = Vm::new(small()).unwrap();
+    vm.push_commands(0, parse_sequence("wait for=100ms; exits count=1").unwrap());
+    vm.start().unwrap();
+    wait_state(&vm, 0, |s| *s == VcpuState::Waiting);
+    vm.control_all(Control::Pause);
+    wait_state(&vm, 0, |s| *s == VcpuState::Paused);
+    let tid = *vm.vcpus[0].shared.tid.get().unwrap();
+    let before = context_switches(tid);
+    // Past the wait's deadline: a parked thread must not wake over and over.
+    std::thread::sleep(Duration::from_millis(300));
+    let woke = context_switches(tid) - before;
+    assert!(woke < 10, "the paused vCPU thread woke {woke} times");
+    vm.control_all(Control::Run);
+    common::wait_for("both commands", Duration::from_secs(10), || {
+        (vm.vcpus[0].shared.results().len() == 2).then_some(())
+    });
+    assert!(vm.stop(Duration::from_secs(1)).is_empty());
+}
+
+#[test]
+fn a_run_ending_in_a_bare_wait_finishes_without_a_socket() {
+    require_kvm!();
+    let config = RunConfig {
+        vm: small(),
+        workloads: vec![parse_workload("touch size=1M; wait").unwrap()],
+        ..RunConfig::demo()
+    };
+    let done = std::thread::spawn(move || run::run(config));
+    common::wait_for("the run to end", Duration::from_secs(20), || {
+        done.is_finished().then_some(())
+    });
+    let s = done.join().unwrap().unwrap();
+    assert_eq!(
+        s.vcpus[0].results.len(),
+        1,
+        "touch ran; the wait had nothing to wait for"
+    );
+}

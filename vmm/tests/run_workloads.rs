@@ -182,7 +182,16 @@ fn workload_outside_the_arena_is_rejected_before_boot() {
         ..RunConfig::demo()
     };
     let err = run::run(config).expect_err("a 64M touch cannot fit a 32M guest");
-    assert!(err.to_string().contains("does not fit"), "{err}");
+    let text = kvmscope::error_chain(&err);
+    assert!(
+        text.starts_with("workload for vCPU 0: touch range") && text.contains("does not fit"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("does not fit").count(),
+        1,
+        "the cause is said once: {text}"
+    );
 }
 
 #[test]
@@ -198,5 +207,6 @@ fn workload_for_a_missing_vcpu_is_rejected() {
         ..RunConfig::demo()
     };
     let err = run::run(config).expect_err("vCPU 5 does not exist");
-    assert!(err.to_string().contains("vCPU 5"), "{err}");
+    let text = kvmscope::error_chain(&err);
+    assert!(text.starts_with("workload target: vCPU 5"), "{text}");
 }

@@ -194,7 +194,7 @@ fn bad_sampler_config_is_rejected() {
         .err()
         .unwrap()
         .to_string()
-        .contains("at least 2"));
+        .contains("from 2 to"));
     assert!(start(Duration::from_millis(5), 8, Some(temp("x.txt")))
         .err()
         .unwrap()

@@ -85,12 +85,8 @@ impl Client {
             greeting: Value::Null,
         };
         let greeting = client.read_reply()?.value;
-        if let Some(err) = greeting.get("error") {
-            let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
-            return Err(Error::Refused {
-                class: s("class"),
-                desc: s("desc"),
-            });
+        if let Some((class, desc)) = error_reply(&greeting) {
+            return Err(Error::Refused { class, desc });
         }
         if greeting.get("QMP").is_none() {
             return Err(Error::BadReply(format!(
@@ -211,18 +207,21 @@ impl Client {
                 break reply;
             }
         };
-        if let Some(err) = value.get("error") {
-            let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
-            return Err(Error::Remote {
-                class: s("class"),
-                desc: s("desc"),
-            });
+        if let Some((class, desc)) = error_reply(&value) {
+            return Err(Error::Remote { class, desc });
         }
         match value.get_mut("return") {
             Some(v) => Ok((v.take(), fds)),
             None => Err(Error::BadReply(value.to_string())),
         }
     }
+}
+
+/// The class and description of an error reply (`{"error": {...}}`), if it is one.
+pub fn error_reply(line: &Value) -> Option<(String, String)> {
+    let err = line.get("error")?;
+    let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
+    Some((s("class"), s("desc")))
 }
 
 /// `kvmscope ctl`: sends one raw request line and prints the reply line.
@@ -233,8 +232,14 @@ impl Client {
 pub fn ctl(socket: &Path, line: &str, out: &mut dyn Write) -> Result<bool, Error> {
     let mut client = Client::connect(socket)?;
     client.send_line(line.as_bytes())?;
-    let reply = client.read_reply()?;
-    writeln!(out, "{}", reply.value)?;
+    // Event lines (progress) come before the reply: print them too, and stop at the reply.
+    let reply = loop {
+        let reply = client.read_reply()?;
+        writeln!(out, "{}", reply.value)?;
+        if reply.value.get("event").is_none() {
+            break reply;
+        }
+    };
     if !reply.fds.is_empty() {
         // The fds were received (and are closed now); the reply names them.
         log::info!("the reply carried {} fds", reply.fds.len());

@@ -15,7 +15,8 @@ use super::{Client, Error};
 pub struct ReadinessConfig {
     pub socket: PathBuf,
     pub scan: bool,
-    pub calc_time: Duration,
+    /// Dirty-rate window; `None` leaves it to the VMM (1 s with dirty logging).
+    pub calc_time: Option<Duration>,
     /// Bytes per second.
     pub bandwidth: f64,
     pub max_downtime: Duration,
@@ -45,10 +46,12 @@ fn progress_bar(done: u64, total: u64) -> String {
 /// A transport failure, or the VMM's error reply as `Remote`.
 pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
-    let args = json!({
-        "scan": config.scan, "calc-time": config.calc_time.as_secs_f64(),
-        "bandwidth": config.bandwidth, "max-downtime": config.max_downtime.as_secs_f64(),
+    let mut args = json!({
+        "scan": config.scan, "bandwidth": config.bandwidth, "max-downtime": config.max_downtime.as_secs_f64(),
     });
+    if let Some(t) = config.calc_time {
+        args["calc-time"] = json!(t.as_secs_f64());
+    }
     client.send_line(
         json!({"execute": "query-readiness", "arguments": args})
             .to_string()
@@ -69,12 +72,8 @@ pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Er
     if tty && config.scan {
         eprintln!();
     }
-    if let Some(err) = reply.get("error") {
-        let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
-        return Err(Error::Remote {
-            class: s("class"),
-            desc: s("desc"),
-        });
+    if let Some((class, desc)) = super::error_reply(&reply) {
+        return Err(Error::Remote { class, desc });
     }
     let mut report = reply
         .get("return")

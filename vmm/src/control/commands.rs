@@ -56,17 +56,6 @@ fn fail(class: ErrorClass, desc: impl Into<String>) -> Outcome {
     Outcome::Error(class, desc.into())
 }
 
-/// An error with its sources, `a: b: c`, for a reply's `desc`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text = format!("{text}: {s}");
-        source = s.source();
-    }
-    text
-}
-
 fn no_sampler() -> Outcome {
     fail(
         ErrorClass::GenericError,
@@ -260,7 +249,7 @@ impl Handler {
                     json!({"target": "vm", "id": self.vm_stats.schema().id()}),
                     file,
                 )]),
-                Err(e) => Err(fail(ErrorClass::GenericError, chain(&e))),
+                Err(e) => Err(fail(ErrorClass::GenericError, crate::error_chain(&e))),
             },
             (StatsTarget::Vcpu, Some(VcpuSelector::One(i))) => self
                 .check_vcpus(Some(vec![i]))
@@ -283,7 +272,8 @@ impl Handler {
         vcpus: Option<Vec<usize>>,
     ) -> Outcome {
         let filter = NameFilter::from_option(names);
-        let read_failed = |e: kvm_stats::Error| fail(ErrorClass::GenericError, chain(&e));
+        let read_failed =
+            |e: kvm_stats::Error| fail(ErrorClass::GenericError, crate::error_chain(&e));
         if target == StatsTarget::Vm {
             return match self.vm_stats.read_sample(&mut self.vm_sample) {
                 Ok(()) => ret(kvm_stats::json::query_stats(
@@ -338,6 +328,10 @@ impl Handler {
                 ErrorClass::GenericError,
                 format!("vCPU {vcpu} has stopped ({how})"),
             );
+        }
+        if wait && commands.len() > crate::vcpu::RESULTS_KEPT {
+            let desc = format!("with wait, at most {} commands at once (the results a vCPU keeps); split the sequence", crate::vcpu::RESULTS_KEPT);
+            return fail(ErrorClass::InvalidArgument, desc);
         }
         let count = commands.len() as u64;
         let first = shared.push_commands(commands);

@@ -108,9 +108,19 @@ pub fn start_readiness(ctx: &Context, args: ReadinessArgs, busy: &Arc<AtomicBool
             );
         }
     };
+    let calc_time = match (args.calc_time, &ctx.dirty) {
+        (Some(t), None) if !t.is_zero() => {
+            busy.store(false, Ordering::Release);
+            let desc = "calc-time needs dirty logging: start the VMM with --dirty-log bitmap or --dirty-log ring";
+            return Outcome::Error(ErrorClass::InvalidArgument, desc.into());
+        }
+        (Some(t), _) => t,
+        (None, Some(_)) => Duration::from_secs(1),
+        (None, None) => Duration::ZERO,
+    };
     let (tx, rx) = channel();
     let options = Options {
-        calc_time: args.calc_time,
+        calc_time,
         scan: args.scan,
         bandwidth: args.bandwidth as f64,
         max_downtime: args.max_downtime,
@@ -126,19 +136,22 @@ pub fn start_readiness(ctx: &Context, args: ReadinessArgs, busy: &Arc<AtomicBool
         tx,
         wake,
     };
-    let busy = busy.clone();
+    let worker_busy = busy.clone();
     let spawned = std::thread::Builder::new()
         .name("readiness".into())
         .spawn(move || {
             job.run();
-            busy.store(false, Ordering::Release);
+            worker_busy.store(false, Ordering::Release);
         });
     match spawned {
         Ok(_) => Outcome::Wait(Pending::Readiness(rx)),
-        Err(e) => Outcome::Error(
-            ErrorClass::GenericError,
-            format!("starting the readiness thread: {e}"),
-        ),
+        Err(e) => {
+            busy.store(false, Ordering::Release);
+            Outcome::Error(
+                ErrorClass::GenericError,
+                format!("starting the readiness thread: {e}"),
+            )
+        }
     }
 }
 
@@ -192,20 +205,10 @@ impl Job {
                 value["text"] = Value::String(report.to_text());
                 Outcome::Return(value, Vec::new())
             }
-            Err(e) => Outcome::Error(ErrorClass::GenericError, error_chain(&e)),
+            Err(e) => Outcome::Error(ErrorClass::GenericError, crate::error_chain(&e)),
         };
         self.send(WorkerMsg::Done(outcome));
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text = format!("{text}: {s}");
-        source = s.source();
-    }
-    text
 }
 
 /// Asks the main loop to pause or resume, and waits for its answer.

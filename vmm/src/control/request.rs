@@ -119,7 +119,8 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadinessArgs {
     pub scan: bool,
-    pub calc_time: std::time::Duration,
+    /// `None`: 1 s when the VM has dirty logging, else no dirty-rate window.
+    pub calc_time: Option<std::time::Duration>,
     /// Bytes per second.
     pub bandwidth: u64,
     pub max_downtime: std::time::Duration,
@@ -312,7 +313,10 @@ fn query_readiness(a: &mut Args) -> Result<Command, ArgError> {
         }
     };
     let scan = a.boolean("scan")?.unwrap_or(false);
-    let calc_time = seconds(a, "calc-time", 1.0, true)?;
+    let calc_time = match a.0.contains_key("calc-time") {
+        true => Some(seconds(a, "calc-time", 1.0, true)?),
+        false => None,
+    };
     let max_downtime = seconds(a, "max-downtime", 0.3, false)?;
     let bandwidth = a.number("bandwidth")?.unwrap_or(1.25e9);
     if !(bandwidth.is_finite() && (1.0..=1e13).contains(&bandwidth)) {

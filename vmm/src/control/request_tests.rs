@@ -237,7 +237,7 @@ fn query_readiness_takes_defaults_and_checks_ranges() {
     match cmd("{}").unwrap().command {
         Command::QueryReadiness(a) => {
             assert!(!a.scan);
-            assert_eq!(a.calc_time, std::time::Duration::from_secs(1));
+            assert_eq!(a.calc_time, None);
             assert_eq!(a.bandwidth, 1_250_000_000);
             assert_eq!(a.max_downtime, std::time::Duration::from_millis(300));
         }
@@ -248,7 +248,11 @@ fn query_readiness_takes_defaults_and_checks_ranges() {
         .command
     {
         Command::QueryReadiness(a) => {
-            assert!(a.scan && a.calc_time.is_zero() && a.bandwidth == 1_000_000)
+            assert!(
+                a.scan
+                    && a.calc_time == Some(std::time::Duration::ZERO)
+                    && a.bandwidth == 1_000_000
+            )
         }
         other => panic!("{other:?}"),
     }

@@ -46,7 +46,20 @@ pub enum Error {
     RemoveStale(PathBuf, #[source] io::Error),
     #[error("moving the socket to {0}")]
     Rename(PathBuf, #[source] io::Error),
+    #[error("socket path {path} is {len} bytes long; at most {max} fit (the kernel takes 107, and the socket is first bound under a temporary name beside it)")]
+    TooLong {
+        path: PathBuf,
+        len: usize,
+        max: usize,
+    },
 }
+
+/// Longest socket path: `sun_path` holds 107 bytes and a NUL, and the socket is
+/// first bound at `<dir>/.kvmscope-XXXXXX/s`, which is longer than the path by
+/// at most this much.
+const TEMP_EXTRA: usize = ".kvmscope-XXXXXX/s".len();
+/// Longest path `bind` accepts.
+pub const MAX_PATH: usize = 107 - TEMP_EXTRA;
 
 /// A listening socket and the file it is reachable at; dropping it removes the
 /// file, unless something else has been put at that path since.
@@ -64,6 +77,14 @@ impl SocketFile {
     /// `InUse` if a server answers at `path`, `NotASocket` if something else is
     /// there, or the step that failed.
     pub fn bind(path: &Path) -> Result<(SocketFile, UnixListener), Error> {
+        let len = path.as_os_str().len();
+        if len > MAX_PATH {
+            return Err(Error::TooLong {
+                path: path.to_path_buf(),
+                len,
+                max: MAX_PATH,
+            });
+        }
         let stale = probe(path)?;
         let dir = PrivateDir::new(path)?;
         let temp = dir.0.join("s");
@@ -218,6 +239,15 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn bind_refuses_a_path_too_long_for_the_kernel_naming_the_limit() {
+        let long = std::env::temp_dir().join("x".repeat(MAX_PATH));
+        match SocketFile::bind(&long) {
+            Err(Error::TooLong { max, .. }) => assert_eq!(max, MAX_PATH),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -190,6 +190,9 @@ impl Report {
                 "written since boot                 -   (start with --dirty-log)"
             )),
         }
+        if self.dirty_rate.is_none() {
+            let _ = writeln!(s, "dirty rate                        -   not measured (start the VMM with --dirty-log): the prediction assumes no dirtying");
+        }
         if let Some(d) = &self.dirty_rate {
             let _ = writeln!(
                 s,

@@ -24,6 +24,10 @@ use crate::vcpu::VcpuShared;
 pub use record::{Point, SeriesHeader, VcpuPoint};
 pub use ring::Ring;
 
+/// Most points a ring may hold (about 64 B plus 8 B per counter each, so well
+/// under a GiB even with many vCPUs).
+pub const MAX_CAPACITY: usize = 1_000_000;
+
 /// Shortest interval between ticks.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
@@ -52,8 +56,8 @@ impl Default for SamplerConfig {
 pub enum Error {
     #[error("sample interval {0:?} is below the 1 ms minimum")]
     IntervalTooShort(Duration),
-    #[error("the sample ring needs room for at least 2 points, not {0}")]
-    CapacityTooSmall(usize),
+    #[error("the sample ring holds from 2 to {MAX_CAPACITY} points, not {0}")]
+    Capacity(usize),
     #[error("opening a stats fd for the sampler")]
     StatsFd(#[from] kvm_stats::ioctl::Error),
     #[error("reading a stats fd")]
@@ -172,8 +176,8 @@ impl Sampler {
         if config.interval < MIN_INTERVAL {
             return Err(Error::IntervalTooShort(config.interval));
         }
-        if config.capacity < 2 {
-            return Err(Error::CapacityTooSmall(config.capacity));
+        if !(2..=MAX_CAPACITY).contains(&config.capacity) {
+            return Err(Error::Capacity(config.capacity));
         }
         let mut sources = vec![StatsFd::new(kvm_stats::ioctl::get_stats_fd(vm_fd)?)?];
         for fd in vcpu_fds {

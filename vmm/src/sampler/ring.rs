@@ -19,7 +19,8 @@ impl Ring {
     /// A ring holding at most `capacity` points.
     pub fn new(capacity: usize) -> Self {
         Ring {
-            points: VecDeque::with_capacity(capacity),
+            // Grows as points come, rather than reserving the bound up front.
+            points: VecDeque::new(),
             capacity,
             next_seq: 1,
             spare: None,

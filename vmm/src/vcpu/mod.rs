@@ -68,7 +68,10 @@ impl Vcpu {
 
     /// Runs the vCPU until it is stopped or the guest fails; call on its own thread.
     pub fn run(mut self) -> Outcome {
-        kick::arm(&mut self.fd.get_kvm_run().immediate_exit);
+        // Dropped before `self` (and so before the fd unmaps kvm_run), unwinding included.
+        let _armed = kick::Armed::new(&mut self.fd.get_kvm_run().immediate_exit);
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let _ = self.shared.tid.set(unsafe { libc::gettid() });
         let mut state = State::Running;
         let outcome = loop {
             state = match state {
@@ -77,16 +80,7 @@ impl Vcpu {
                 State::Finished(outcome) => break outcome,
             }
         };
-        kick::disarm();
-        let text = match &outcome {
-            Outcome::Stopped => "stopped".to_string(),
-            Outcome::GuestPanic { message, .. } => format!("guest panic: {message}"),
-            Outcome::Fault { fault, .. } => format!("fault: {fault}"),
-            Outcome::Error(e) => format!("error: {e}"),
-        };
-        self.shared.lock().state = VcpuState::Finished(text);
-        self.shared.wake.notify_all();
-        self.shared.notify_watcher();
+        self.shared.mark_finished(&outcome);
         outcome
     }
 
@@ -107,18 +101,7 @@ impl Vcpu {
     }
 
     fn paused(&mut self) -> State {
-        let mut inbox = self.shared.lock();
-        let before = std::mem::replace(&mut inbox.state, VcpuState::Paused);
-        // Tell `wait_parked` (it waits on the same condition variable).
-        self.shared.wake.notify_all();
-        while inbox.control == Control::Pause {
-            inbox = self
-                .shared
-                .wake
-                .wait(inbox)
-                .unwrap_or_else(|e| e.into_inner());
-        }
-        inbox.state = before;
+        let inbox = self.shared.park(self.shared.lock());
         match inbox.control {
             Control::Stop => State::Finished(Outcome::Stopped),
             _ => {
@@ -344,20 +327,11 @@ impl Vcpu {
         let mut inbox = self.shared.lock();
         let mut told_idle = false;
         loop {
-            match inbox.control {
-                Control::Stop => return Err(State::Finished(Outcome::Stopped)),
-                Control::Pause => {
-                    inbox.state = VcpuState::Paused;
-                    self.shared.wake.notify_all();
-                    inbox = self
-                        .shared
-                        .wake
-                        .wait(inbox)
-                        .unwrap_or_else(|e| e.into_inner());
-                    continue;
-                }
-                Control::Run => self.shared.pending.store(false, Ordering::Release),
+            inbox = self.shared.park(inbox);
+            if inbox.control == Control::Stop {
+                return Err(State::Finished(Outcome::Stopped));
             }
+            self.shared.pending.store(false, Ordering::Release);
             if let Some(cmd) = inbox.queue.pop_front() {
                 let seq = inbox.next_seq;
                 inbox.next_seq += 1;
@@ -382,23 +356,22 @@ impl Vcpu {
         let deadline = duration.map(|d| Instant::now() + d);
         let mut inbox = self.shared.lock();
         inbox.state = VcpuState::Waiting;
+        if deadline.is_none() && inbox.queue.is_empty() {
+            // Nothing else can come unless someone queues it: the vCPU is idle
+            // (a run without a control socket then ends).
+            let _ = self.events.send(VmEvent::Idle(self.shared.index));
+        }
         loop {
-            match inbox.control {
-                Control::Stop => return Some(State::Finished(Outcome::Stopped)),
-                Control::Pause => {
-                    inbox.state = VcpuState::Paused;
-                    self.shared.wake.notify_all();
-                }
-                Control::Run => {
-                    inbox.state = VcpuState::Waiting;
-                    let done = match deadline {
-                        Some(d) => Instant::now() >= d,
-                        None => !inbox.queue.is_empty(),
-                    };
-                    if done {
-                        return None;
-                    }
-                }
+            inbox = self.shared.park(inbox);
+            if inbox.control == Control::Stop {
+                return Some(State::Finished(Outcome::Stopped));
+            }
+            let done = match deadline {
+                Some(d) => Instant::now() >= d,
+                None => !inbox.queue.is_empty(),
+            };
+            if done {
+                return None;
             }
             inbox = match deadline {
                 Some(d) => {

@@ -13,7 +13,7 @@ use crate::exits::{ExitCounters, Fault};
 use crate::workload::Command;
 
 /// Results kept per vCPU for `query-guest` and summaries.
-pub(super) const RESULTS_KEPT: usize = 256;
+pub const RESULTS_KEPT: usize = 256;
 
 /// What the VMM asks of a vCPU thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +80,14 @@ pub enum VmEvent {
 /// Run-state changes only the main loop (which owns the vCPU threads) may make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunRequest {
+    /// A user's pause (`pause` on the control socket).
     Pause,
+    /// A user's resume; refused while a hold is on.
     Resume,
+    /// Keep the guest paused until the matching `Release` (a readiness scan),
+    /// whatever users ask meanwhile.
+    Hold,
+    Release,
     Quit,
 }
 
@@ -100,6 +106,8 @@ pub struct VcpuShared {
     pub counters: ExitCounters,
     /// Latest phase marker the guest reported.
     pub phase: AtomicU64,
+    /// The kernel thread id of the vCPU's thread, once it runs (for /proc lookups).
+    pub tid: OnceLock<i32>,
     /// When the guest first asked for a command (its first port write).
     pub first_exit: OnceLock<Instant>,
     /// Written when a result is recorded and when the thread ends, so that the
@@ -125,6 +133,7 @@ impl VcpuShared {
             counters: ExitCounters::default(),
             phase: AtomicU64::new(0),
             first_exit: OnceLock::new(),
+            tid: OnceLock::new(),
             watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
             wake: Condvar::new(),
@@ -138,6 +147,36 @@ impl VcpuShared {
             // Fails only when the counter would overflow, which means it is already set.
             let _ = w.write(1);
         }
+    }
+
+    /// Records how the vCPU's thread ended and tells whoever waits on it.
+    pub fn mark_finished(&self, outcome: &Outcome) {
+        let text = match outcome {
+            Outcome::Stopped => "stopped".to_string(),
+            Outcome::GuestPanic { message, .. } => format!("guest panic: {message}"),
+            Outcome::Fault { fault, .. } => format!("fault: {fault}"),
+            Outcome::Error(e) => format!("error: {e}"),
+        };
+        self.lock().state = VcpuState::Finished(text);
+        self.wake.notify_all();
+        self.notify_watcher();
+    }
+
+    /// Parks the calling vCPU thread while its control says `Pause`. The state
+    /// reads `Paused` exactly while the thread is parked (and `wait_parked` is
+    /// told); it gets its old value back, under the same lock, before the thread
+    /// does anything else. Returns when the control is `Run` or `Stop`.
+    pub(super) fn park<'a>(&'a self, mut inbox: MutexGuard<'a, Inbox>) -> MutexGuard<'a, Inbox> {
+        if inbox.control != Control::Pause {
+            return inbox;
+        }
+        let before = std::mem::replace(&mut inbox.state, VcpuState::Paused);
+        self.wake.notify_all();
+        while inbox.control == Control::Pause {
+            inbox = self.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+        }
+        inbox.state = before;
+        inbox
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Inbox> {
