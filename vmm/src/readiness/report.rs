@@ -47,6 +47,15 @@ pub struct Report {
     pub estimate_used: &'static str,
 }
 
+/// A duration as people read it: microseconds below a millisecond, else milliseconds.
+fn took(d: Duration) -> String {
+    if d < Duration::from_millis(1) {
+        format!("{:.1} us", d.as_secs_f64() * 1e6)
+    } else {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    }
+}
+
 /// How far an estimate of non-zero pages is from the scan's count.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScanFigures {
@@ -153,93 +162,99 @@ impl Report {
     /// The report for people.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
-        let t = |d: Duration| {
-            if d < Duration::from_millis(1) {
-                format!("{:.1} us", d.as_secs_f64() * 1e6)
-            } else {
-                format!("{:.2} ms", d.as_secs_f64() * 1e3)
-            }
-        };
+        self.estimates_text(&mut s);
+        self.dirty_text(&mut s);
+        self.scan_text(&mut s);
+        self.prediction_text(&mut s);
+        s
+    }
+
+    fn estimates_text(&self, s: &mut String) {
         let b = |p: u64| format_bytes(p * 4096);
         let m = &self.mapped.value;
         let _ = writeln!(s, "guest RAM                 {:>12}", b(self.ram_pages));
+        let (bytes, time) = (format_bytes(m.bytes()), took(self.mapped.took));
         let _ = writeln!(
             s,
-            "mapped (pages_4k/2m/1g)   {:>12}   4k={} 2m={} 1g={}   in {}",
-            format_bytes(m.bytes()),
-            m.pages_4k,
-            m.pages_2m,
-            m.pages_1g,
-            t(self.mapped.took)
+            "mapped (pages_4k/2m/1g)   {bytes:>12}   4k={} 2m={} 1g={}   in {time}",
+            m.pages_4k, m.pages_2m, m.pages_1g
         );
         let _ = writeln!(
             s,
             "host-resident             {:>12}   in {}",
             b(self.resident.value),
-            t(self.resident.took)
+            took(self.resident.took)
         );
-        match &self.written {
-            Some(w) => drop(writeln!(
+        let _ = match &self.written {
+            Some(w) => writeln!(
                 s,
                 "written since boot        {:>12}   in {}",
                 b(w.value),
-                t(w.took)
-            )),
-            None => drop(writeln!(
+                took(w.took)
+            ),
+            None => writeln!(
                 s,
-                "written since boot                 -   (start with --dirty-log)"
-            )),
-        }
-        if self.dirty_rate.is_none() {
+                "written since boot                 -   (start the VMM with --dirty-log)"
+            ),
+        };
+    }
+
+    fn dirty_text(&self, s: &mut String) {
+        let Some(d) = &self.dirty_rate else {
             let _ = writeln!(s, "dirty rate                        -   not measured (start the VMM with --dirty-log): the prediction assumes no dirtying");
+            return;
+        };
+        let d = &d.value;
+        let per_s = format_bytes((d.pages_per_s * 4096.0) as u64);
+        let _ = writeln!(
+            s,
+            "dirty rate ({})   {:>9.0} pages/s ({per_s}/s) over {:.2} s",
+            d.mode,
+            d.pages_per_s,
+            d.window.as_secs_f64()
+        );
+        if let Some(per) = &d.per_vcpu {
+            let _ = writeln!(s, "  per vCPU (ring entries): {per:?}");
         }
-        if let Some(d) = &self.dirty_rate {
+    }
+
+    fn scan_text(&self, s: &mut String) {
+        let Some(sc) = &self.scan else { return };
+        let v = &sc.value;
+        let _ = writeln!(
+            s,
+            "scan: {} non-zero, {} zero ({} never backed, skipped)   in {}",
+            v.nonzero_pages,
+            v.zero_pages,
+            v.unbacked_pages,
+            took(sc.took)
+        );
+        for (name, e) in self.errors() {
             let _ = writeln!(
                 s,
-                "dirty rate ({})   {:>9.0} pages/s ({}/s) over {:.2} s",
-                d.value.mode,
-                d.value.pages_per_s,
-                format_bytes((d.value.pages_per_s * 4096.0) as u64),
-                d.value.window.as_secs_f64()
-            );
-            if let Some(per) = &d.value.per_vcpu {
-                let _ = writeln!(s, "  per vCPU (ring entries): {per:?}");
-            }
-        }
-        if let Some(sc) = &self.scan {
-            let v = &sc.value;
-            let _ = writeln!(
-                s,
-                "scan: {} non-zero, {} zero ({} never backed, skipped)   in {}",
-                v.nonzero_pages,
-                v.zero_pages,
-                v.unbacked_pages,
-                t(sc.took)
-            );
-            for (name, e) in self.errors() {
-                let _ = writeln!(
-                    s,
-                    "  {name:<9} estimate {:>9} pages, error {:>+9} ({:+.1} %)",
-                    e.estimate_pages,
-                    e.error_pages,
-                    e.relative * 100.0
-                );
-            }
-        }
-        if let Some(p) = &self.prediction {
-            let _ = writeln!(s, "pre-copy ({} estimate): {} in {} round(s) + stop-and-copy, {:.2} s total, downtime {}", self.estimate_used, format_bytes(p.total_bytes), p.rounds.len(), p.total_seconds, if p.converges { format!("{:.1} ms", p.downtime * 1e3) } else { "-".into() });
-            let _ = writeln!(
-                s,
-                "verdict: {} — {}",
-                if p.converges {
-                    "converges"
-                } else {
-                    "does NOT converge"
-                },
-                p.reason
+                "  {name:<9} estimate {:>9} pages, error {:>+9} ({:+.1} %)",
+                e.estimate_pages,
+                e.error_pages,
+                e.relative * 100.0
             );
         }
-        s
+    }
+
+    fn prediction_text(&self, s: &mut String) {
+        let Some(p) = &self.prediction else { return };
+        let downtime = if p.converges {
+            format!("{:.1} ms", p.downtime * 1e3)
+        } else {
+            "-".into()
+        };
+        let (bytes, rounds) = (format_bytes(p.total_bytes), p.rounds.len());
+        let _ = writeln!(s, "pre-copy ({} estimate): {bytes} in {rounds} round(s) + stop-and-copy, {:.2} s total, downtime {downtime}", self.estimate_used, p.total_seconds);
+        let verdict = if p.converges {
+            "converges"
+        } else {
+            "does NOT converge"
+        };
+        let _ = writeln!(s, "verdict: {verdict} — {}", p.reason);
     }
 }
 
