@@ -12,8 +12,10 @@ a legend to the right of the plot area (so it never covers data).
 import math
 from xml.sax.saxutils import escape
 
-# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
+# Okabe-Ito (distinguishable with the common colour-vision deficiencies), its
+# yellow dropped for being faint on white, then three of Paul Tol's muted colours.
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#882255", "#999933",
+           "#44AA99"]
 MARKERS = ["circle", "square", "triangle", "diamond"]
 FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
 
@@ -21,8 +23,9 @@ FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
 class Series:
     """One line (or set of points, or bars): a name and its data."""
 
-    def __init__(self, name, points, dashed=False, lines=True, color=None):
+    def __init__(self, name, points, dashed=False, lines=True, color=None, opacity=1.0):
         self.name, self.points, self.dashed, self.lines, self.color = name, points, dashed, lines, color
+        self.opacity = opacity
 
 
 def compact(v):
@@ -49,15 +52,19 @@ def bytes_label(v):
 class Axis:
     """Maps data values to pixels along one axis, linear or log10."""
 
-    def __init__(self, lo, hi, log, pix_lo, pix_hi, zero=True):
+    def __init__(self, lo, hi, log, pix_lo, pix_hi, zero=True, base2=False):
+        self.base2 = base2
         if log:
             lo, hi = max(lo, 1e-12), max(hi, 1e-12)
-            lo, hi = 10 ** math.floor(math.log10(lo)), 10 ** math.ceil(math.log10(hi))
+            b = 2 if base2 else 10
+            lo, hi = b ** math.floor(math.log(lo, b) + 1e-9), b ** math.ceil(math.log(hi, b) - 1e-9)
             if lo == hi:
-                lo, hi = lo / 10, hi * 10
+                lo, hi = lo / b, hi * b
         else:
             if zero:
                 lo = min(lo, 0.0)
+                if lo < 0 and -lo < 0.02 * (hi - lo):  # a sliver below zero: keep the axis at 0
+                    lo = 0.0
             if lo == hi:
                 lo, hi = lo - 1, hi + 1
             step = nice_step((hi - lo) / 6)
@@ -69,10 +76,14 @@ class Axis:
             v = max(v, self.lo)
             f = (math.log10(v) - math.log10(self.lo)) / (math.log10(self.hi) - math.log10(self.lo))
         else:
-            f = (v - self.lo) / (self.hi - self.lo)
+            f = (max(v, self.lo) - self.lo) / (self.hi - self.lo)
         return self.p0 + f * (self.p1 - self.p0)
 
     def ticks(self):
+        if self.log and self.base2:
+            exps = range(round(math.log2(self.lo)), round(math.log2(self.hi)) + 1)
+            step = max(1, math.ceil(len(exps) / 8))
+            return [2.0**e for e in exps if (exps[-1] - e) % step == 0]
         if self.log:
             decades = range(round(math.log10(self.lo)), round(math.log10(self.hi)) + 1)
             step = max(1, math.ceil(len(decades) / 8))
@@ -152,17 +163,19 @@ class Canvas:
         y = ax(v)
         self.line(self.left, y, self.right, y, color="#555", dash="6,4")
         if label:
-            self.text(self.right - 6, y - 5, label, size=11, anchor="end", color="#555")
+            self.text(self.left + 6, y - 5, label, size=11, color="#555")
 
     def legend(self, entries):
-        """entries: (name, color, marker or None for a bar swatch, dashed)."""
+        """entries: (name, color, marker or None for a bar swatch, dashed, opacity)."""
         x, y = self.right + 16, self.top + 6
-        for i, (name, color, marker, dashed) in enumerate(entries):
+        for i, (name, color, marker, dashed, opacity) in enumerate(entries):
             cy = y + i * 20 + 8
             if marker is None:
-                self.add('<rect x="%.1f" y="%.1f" width="16" height="11" fill="%s"/>' % (x, cy - 6, color))
+                self.add('<rect x="%.1f" y="%.1f" width="16" height="11" fill="%s" fill-opacity="%.2f"/>'
+                         % (x, cy - 6, color, opacity))
             else:
-                self.line(x - 2, cy, x + 18, cy, color=color, width=2, dash="5,3" if dashed else None)
+                if dashed is not None:  # None: a marker alone
+                    self.line(x - 2, cy, x + 18, cy, color=color, width=2, dash="5,3" if dashed else None)
                 self.marker(marker, x + 8, cy, color, r=3.5)
             self.text(x + 24, cy + 4, name, size=12)
 
@@ -174,10 +187,10 @@ class Canvas:
 
 
 def line_chart(path, title, xlabel, ylabel, series, xlog=False, ylog=False, xticks=None, yfmt=compact,
-               band=None, hlines=(), width=900, height=500, ylim=None):
+               band=None, hlines=(), width=900, height=500, ylim=None, ybase2=False):
     """Writes a line/point chart. `xticks`: [(value, label)] instead of automatic
     ticks; `band`: (lo, hi, label) shaded; `hlines`: [(y, label)] dashed lines;
-    `ylim`: (lo, hi) to include in the y range."""
+    `ylim`: (lo, hi) to include in the y range; `ybase2`: log ticks at powers of 2."""
     pts = [p for s in series for p in s.points if p[1] is not None and (not ylog or p[1] > 0)]
     if not pts:
         return
@@ -189,7 +202,7 @@ def line_chart(path, title, xlabel, ylabel, series, xlog=False, ylog=False, xtic
     ax = Axis(min(xs), max(xs), xlog, c.left + 14, c.right - 14, zero=False)
     if xlog and xticks:  # keep the data's own range, not whole decades
         ax.lo, ax.hi = min(xs), max(xs)
-    ay = Axis(min(ys), max(ys), ylog, c.bottom, c.top)
+    ay = Axis(min(ys), max(ys), ylog, c.bottom, c.top, base2=ybase2)
     c.y_ticks(ay, yfmt)
     if band:
         c.band(ay, *band)
@@ -210,23 +223,26 @@ def line_chart(path, title, xlabel, ylabel, series, xlog=False, ylog=False, xtic
             c.add('<path d="%s" fill="none" stroke="%s" stroke-width="2"%s/>' % (d, color, dash))
         for x, y in good:
             c.marker(marker, ax(x), ay(y), color)
-        entries.append((s.name, color, marker, s.dashed))
+        entries.append((s.name, color, marker, s.dashed, 1.0))
     c.axes(xlabel, ylabel)
     c.legend(entries)
     c.save(path)
 
 
 def bar_chart(path, title, ylabel, groups, series, ylog=False, yfmt=compact, band=None, hlines=(),
-              width=900, height=500, xlabel="", labels=False):
+              width=900, height=500, xlabel="", dots=False):
     """Writes a grouped bar chart: one cluster per group, one bar per series
-    (`Series.points` holds one value per group; None leaves a gap). With
-    `labels`, each bar carries its value."""
+    (`Series.points` holds one value per group; None leaves a gap). With `dots`,
+    each value is a marker instead of a bar and the y axis fits the data rather
+    than starting at zero (for ratios near 1)."""
     vals = [v for s in series for v in s.points if v is not None and (not ylog or v > 0)]
     if not vals:
         return
     vals += [v for v, _ in hlines] + ([band[0], band[1]] if band else [])
     c = Canvas(width, height, title, [s.name for s in series] if len(series) > 1 else [])
-    ay = Axis(min(vals), max(vals), ylog, c.bottom, c.top)
+    lines = max(str(g).count("\n") + 1 for g in groups)
+    c.bottom -= 13 * (lines - 1)
+    ay = Axis(min(vals), max(vals), ylog, c.bottom, c.top, zero=not dots)
     c.y_ticks(ay, yfmt)
     if band:
         c.band(ay, *band)
@@ -235,21 +251,24 @@ def bar_chart(path, title, ylabel, groups, series, ylog=False, yfmt=compact, ban
     base = ay(ay.lo) if ylog else ay(max(ay.lo, 0))
     for g, name in enumerate(groups):
         gx = c.left + g * slot
-        lines = str(name).split("\n")
-        for k, part in enumerate(lines):
+        if g:
+            c.line(gx, c.top, gx, c.bottom, color="#f0f0f0")
+        for k, part in enumerate(str(name).split("\n")):
             c.text(gx + slot / 2, c.bottom + 16 + 13 * k, part, size=11, anchor="middle")
         for i, s in enumerate(series):
             v = s.points[g] if g < len(s.points) else None
             if v is None or (ylog and v <= 0):
                 continue
-            x, y = gx + slot * 0.1 + i * bar, ay(v)
-            c.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>'
-                  % (x, min(y, base), max(bar - 2, 1), abs(base - y), s.color or PALETTE[i % len(PALETTE)]))
-            if labels:
-                c.text(x + bar / 2, min(y, base) - 4, yfmt(v), size=10, anchor="middle")
+            x, y, color = gx + slot * 0.1 + i * bar, ay(v), s.color or PALETTE[i % len(PALETTE)]
+            if dots:
+                c.marker(MARKERS[i % len(MARKERS)], x + bar / 2, y, color, r=5)
+            else:
+                c.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" fill-opacity="%.2f"/>'
+                      % (x, min(y, base), max(bar - 2, 1), abs(base - y), color, s.opacity))
     for v, label in hlines:
         c.hline(ay, v, label)
     c.axes(xlabel, ylabel)
     if len(series) > 1:
-        c.legend([(s.name, s.color or PALETTE[i % len(PALETTE)], None, False) for i, s in enumerate(series)])
+        c.legend([(s.name, s.color or PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)] if dots else None, None,
+                   s.opacity) for i, s in enumerate(series)])
     c.save(path)

@@ -296,3 +296,44 @@ fn watch_shows_the_samplers_derived_values() {
     assert!(mapped_line.contains("MiB"), "{mapped_line}");
     vm.quit();
 }
+
+#[test]
+fn a_scan_does_not_resume_a_guest_the_user_paused() {
+    require_kvm!();
+    let vm = ServedVm::start("ready-paused", MEM, 1);
+    let mut c = vm.client();
+    c.execute("pause", json!({})).unwrap();
+    c.execute(
+        "guest-command",
+        json!({"vcpu": 0, "command": "touch size=1M"}),
+    )
+    .unwrap();
+    let (r, _) = c.execute("query-readiness", json!({"scan": true})).unwrap();
+    assert!(r["scan"]["nonzero_pages"].is_number());
+    // Still paused after the scan: the queued touch has not run.
+    let (g, _) = c.execute("query-guest", json!({})).unwrap();
+    assert_eq!(g[0]["state"], "paused", "{g}");
+    assert_eq!(g[0]["queued"], 1, "{g}");
+    c.execute("resume", json!({})).unwrap();
+    common::wait_for(
+        "the touch to run after resume",
+        Duration::from_secs(10),
+        || {
+            let (g, _) = vm.client().execute("query-guest", json!({})).unwrap();
+            (g[0]["queued"] == 0 && g[0]["state"] == "waiting").then_some(())
+        },
+    );
+    vm.quit();
+}
+
+#[test]
+fn readiness_can_be_asked_again_as_soon_as_it_answers() {
+    require_kvm!();
+    let vm = ServedVm::start("ready-again", MEM, 1);
+    let mut c = vm.client();
+    for _ in 0..5 {
+        c.execute("query-readiness", json!({"scan": true}))
+            .expect("no 'already running' right after a reply");
+    }
+    vm.quit();
+}

@@ -140,8 +140,7 @@ pub fn start_readiness(ctx: &Context, args: ReadinessArgs, busy: &Arc<AtomicBool
     let spawned = std::thread::Builder::new()
         .name("readiness".into())
         .spawn(move || {
-            job.run();
-            worker_busy.store(false, Ordering::Release);
+            job.run(&worker_busy);
         });
     match spawned {
         Ok(_) => Outcome::Wait(Pending::Readiness(rx)),
@@ -164,24 +163,29 @@ impl Job {
         }
     }
 
-    fn run(self) {
+    /// Measures, then frees the readiness slot *before* replying, so a client
+    /// that asks again as soon as it has its reply is not told "already running".
+    fn run(self, busy: &AtomicBool) {
+        let outcome = self.measure();
+        busy.store(false, Ordering::Release);
+        self.send(WorkerMsg::Done(outcome));
+    }
+
+    fn measure(&self) -> Outcome {
         let region = self.mem.iter().next().map(crate::memory::host_range);
         let Some((ptr, len)) = region else {
-            return self.send(WorkerMsg::Done(Outcome::Error(
-                ErrorClass::GenericError,
-                "the VM has no memory".into(),
-            )));
+            return Outcome::Error(ErrorClass::GenericError, "the VM has no memory".into());
         };
         let main = self.main.clone();
+        // A hold, not a user pause: a user's `resume` cannot release the guest
+        // mid-scan, and the scan's release does not resume a guest a user paused.
         let mut pause = move |on: bool| {
-            run_state(
-                &main,
-                if on {
-                    RunRequest::Pause
-                } else {
-                    RunRequest::Resume
-                },
-            )
+            let request = if on {
+                RunRequest::Hold
+            } else {
+                RunRequest::Release
+            };
+            run_state(&main, request)
         };
         let mut guest = Guest {
             vm_stats: &self.vm_stats,
@@ -199,15 +203,14 @@ impl Job {
                 let _ = w.write(1);
             }
         };
-        let outcome = match readiness::measure(&mut guest, &self.options, progress) {
+        match readiness::measure(&mut guest, &self.options, progress) {
             Ok(report) => {
                 let mut value = report.to_json();
                 value["text"] = Value::String(report.to_text());
                 Outcome::Return(value, Vec::new())
             }
             Err(e) => Outcome::Error(ErrorClass::GenericError, crate::error_chain(&e)),
-        };
-        self.send(WorkerMsg::Done(outcome));
+        }
     }
 }
 

@@ -1,0 +1,185 @@
+"""A `kvmscope run --socket` child process for the experiments, and its
+control-socket connections (scripts/kvmscope_client.py does the socket and fd
+receiving). Every child dies with this process: PR_SET_PDEATHSIG covers even
+SIGKILL, and `kill_all` ends the ones still open on the way out."""
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from kvmscope_client import Connection
+
+LIVE = set()  # VMs not yet closed
+
+
+def die_with_parent():
+    """In the child before exec: SIGKILL when the parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def kill_all():
+    """Kills every VM not yet closed (on error or signal)."""
+    for vm in list(LIVE):
+        vm.proc.kill()
+        vm.proc.wait()
+        shutil.rmtree(vm.dir, ignore_errors=True)
+    LIVE.clear()
+
+
+def call(conn, execute, arguments):
+    """Sends one request on `conn` and returns its value, skipping event lines
+    (READINESS_PROGRESS and the like) that come before the reply."""
+    conn.sock.sendall(json.dumps({"execute": execute, "arguments": arguments}).encode() + b"\n")
+    return reply_of(conn, execute)
+
+
+def reply_of(conn, execute):
+    """The next reply on `conn` that is not an event; raises on an error reply."""
+    while True:
+        reply, fds = conn.read_line()
+        for fd in fds:
+            os.close(fd)
+        if "event" not in reply:
+            break
+    if "error" in reply:
+        raise RuntimeError("%s: %s: %s" % (execute, reply["error"]["class"], reply["error"]["desc"]))
+    return reply["return"]
+
+
+class Vm:
+    """One `kvmscope run --socket` child, with a connection to it (and a
+    second one, for commands sent while a reply is pending on the first)."""
+
+    def __init__(self, binary, memory, hugepages=False, dirty_log=None, samples_out=None, sample_interval="off"):
+        self.dir = tempfile.mkdtemp(prefix="kvmscope-exp-")
+        self.socket = os.path.join(self.dir, "ctl.sock")
+        args = [binary, "run", "--socket", self.socket, "--memory", memory, "--sample-interval", sample_interval]
+        args += ["--hugepages"] if hugepages else []
+        args += ["--dirty-log", dirty_log] if dirty_log else []
+        args += ["--samples-out", samples_out] if samples_out else []
+        self.log_path = os.path.join(self.dir, "run.log")
+        with open(self.log_path, "w") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=die_with_parent)
+        LIVE.add(self)
+        self.conn = self.side_conn = None
+        try:
+            self.conn = self._connect(time.monotonic() + 30)
+            info = self.call("query-vm")
+        except BaseException:
+            self.close()
+            raise
+        self.arena = next(r for r in info["memory"]["layout"] if r["name"] == "arena")
+        self.backend = info["backend"]
+
+    def _connect(self, deadline):
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvmscope run exited with %s before serving:\n%s" % (self.proc.returncode, self.log_tail()))
+            try:
+                return Connection(self.socket, 900)
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("kvmscope run did not serve %s within 30 s" % self.socket)
+                time.sleep(0.01)
+
+    def log_tail(self):
+        try:
+            with open(self.log_path) as f:
+                return f.read()[-2000:]
+        except OSError:
+            return "(no log)"
+
+    def call(self, execute, /, **arguments):
+        return call(self.conn, execute, arguments)
+
+    def side(self, execute, /, **arguments):
+        """`call` on the second connection."""
+        if self.side_conn is None:
+            self.side_conn = Connection(self.socket, 900)
+        return call(self.side_conn, execute, arguments)
+
+    def guest(self, command, vcpu=0):
+        """Runs workload commands to the end; their results (each checked ok)."""
+        results = self.call("guest-command", vcpu=vcpu, command=command, wait=True)["results"]
+        for r in results:
+            if r["status"] != "ok":
+                raise RuntimeError("guest command %r: %s" % (r["command"], r["status"]))
+        return results
+
+    def start(self, command, vcpu=0, side=False):
+        """Queues a workload command without waiting; its sequence number."""
+        send = self.side if side else self.call
+        return send("guest-command", vcpu=vcpu, command=command)["last-seq"]
+
+    def wait_running(self, seq, vcpu=0, limit=10.0):
+        """Waits (bounded) until the vCPU runs command `seq` or has finished it."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            g = self.call("query-guest", vcpus=[vcpu])[0]
+            last = g.get("last-result") or {}
+            if g["state"] == "running" or last.get("seq", 0) >= seq:
+                return
+            time.sleep(0.002)
+        raise RuntimeError("command %d did not start within %.0f s" % (seq, limit))
+
+    def result(self, seq, vcpu=0, limit=120.0):
+        """Waits (bounded) for the result of command `seq`, the vCPU's latest."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            last = self.call("query-guest", vcpus=[vcpu])[0].get("last-result") or {}
+            if last.get("seq") == seq:
+                if last["status"] != "ok":
+                    raise RuntimeError("guest command %r: %s" % (last["command"], last["status"]))
+                return last
+            time.sleep(0.01)
+        raise RuntimeError("no result for command %d within %.0f s" % (seq, limit))
+
+    def readiness(self, scan, calc_time=0.0):
+        # The VMM may answer a measurement a moment before it takes the next
+        # one, so "already running" right after a reply is retried (bounded).
+        for attempt in range(100):
+            try:
+                return self.call("query-readiness", scan=scan, **{"calc-time": calc_time})
+            except RuntimeError as e:
+                if "already running" not in str(e) or attempt == 99:
+                    raise
+                time.sleep(0.01)
+
+    def send_readiness(self, scan, calc_time):
+        """Sends `query-readiness` without waiting; `readiness_reply` reads it."""
+        req = {"execute": "query-readiness", "arguments": {"scan": scan, "calc-time": calc_time}}
+        self.conn.sock.sendall(json.dumps(req).encode() + b"\n")
+
+    def readiness_reply(self):
+        return reply_of(self.conn, "query-readiness")
+
+    def close(self):
+        """Quits the VMM (killing it if it does not end) and removes its directory."""
+        LIVE.discard(self)
+        if getattr(self, "conn", None) is not None:
+            try:
+                call(self.conn, "quit", {})
+            except (OSError, RuntimeError, ValueError):
+                pass
+        for conn in (getattr(self, "conn", None), self.side_conn):
+            if conn is not None:
+                conn.sock.close()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

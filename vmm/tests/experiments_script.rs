@@ -1,0 +1,256 @@
+//! `scripts/experiments.py --small` as CI runs it: the experiment matrix on
+//! this binary, then checks of the CSVs it wrote (rows, columns, and values the
+//! workloads fix exactly) and of the doc regenerated from them. The script runs
+//! once; each test reads its part of the output. No timing is asserted.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// One CSV file: its header and rows keyed by column.
+struct Csv {
+    header: Vec<String>,
+    rows: Vec<HashMap<String, String>>,
+}
+
+impl Csv {
+    fn read(dir: &Path, name: &str) -> Csv {
+        let path = dir.join(format!("{name}.csv"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let mut lines = text.lines().map(split_csv_line);
+        let header = lines.next().unwrap_or_default();
+        let rows = lines
+            .map(|cells| header.iter().cloned().zip(cells).collect())
+            .collect();
+        Csv { header, rows }
+    }
+
+    fn num(row: &HashMap<String, String>, key: &str) -> f64 {
+        let cell = row.get(key).map(String::as_str).unwrap_or("");
+        cell.parse()
+            .unwrap_or_else(|_| panic!("{key} is {cell:?}, not a number, in {row:?}"))
+    }
+
+    fn has_columns(&self, columns: &[&str]) {
+        for c in columns {
+            assert!(
+                self.header.iter().any(|h| h == c),
+                "no column {c} in {:?}",
+                self.header
+            );
+        }
+    }
+}
+
+/// Splits one CSV line (RFC 4180 quoting, as Python's csv module writes it).
+fn split_csv_line(line: &str) -> Vec<String> {
+    let (mut cells, mut cell, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cell.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => cells.push(std::mem::take(&mut cell)),
+            _ => cell.push(c),
+        }
+    }
+    cells.push(cell);
+    cells
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("vmm/ has a parent")
+        .to_path_buf()
+}
+
+/// Runs the small matrix once for all the tests here; the output directory.
+fn small_run() -> &'static Path {
+    static OUT: OnceLock<PathBuf> = OnceLock::new();
+    OUT.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("experiments-small");
+        let _ = std::fs::remove_dir_all(&out);
+        let run = Command::new("python3")
+            .arg(root().join("scripts/experiments.py"))
+            .args(["--small", "--out"])
+            .arg(&out)
+            .args(["--kvmscope", env!("CARGO_BIN_EXE_kvmscope")])
+            .output()
+            .expect("running python3 scripts/experiments.py");
+        assert!(
+            run.status.success(),
+            "experiments.py --small failed ({}):\n{}",
+            run.status,
+            String::from_utf8_lossy(&run.stderr)
+        );
+        out
+    })
+}
+
+fn thp_available() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|s| !s.contains("[never]"))
+}
+
+#[test]
+fn small_matrix_writes_every_csv_with_its_rows() {
+    require_kvm!();
+    let out = small_run();
+    // 1 size x hugepages on/off x dirty log off/ring x zero/non-zero x 2 fractions.
+    for (name, rows) in [
+        ("estimates", 16),
+        ("cost", 8),
+        ("dirtyrate", 4),
+        ("observer", 4),
+        ("misleads", 28),
+    ] {
+        assert_eq!(Csv::read(out, name).rows.len(), rows, "rows of {name}.csv");
+    }
+    Csv::read(out, "estimates").has_columns(&[
+        "mapped_pages",
+        "resident_pages",
+        "written_pages",
+        "scan_nonzero",
+        "scan_nonzero_arena",
+        "mapped_us",
+        "resident_us",
+        "scan_us",
+    ]);
+    Csv::read(out, "cost").has_columns(&["mapped_us", "mincore_us", "scan_us", "sync_first_us"]);
+}
+
+#[test]
+fn scan_counts_exactly_the_pages_written_non_zero() {
+    require_kvm!();
+    for name in ["estimates", "misleads"] {
+        for row in Csv::read(small_run(), name).rows {
+            let truth = Csv::num(&row, "nonzero_written");
+            assert_eq!(
+                Csv::num(&row, "scan_nonzero_arena"),
+                truth,
+                "{name}: {row:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn estimates_bound_the_non_zero_pages_from_above() {
+    require_kvm!();
+    for row in Csv::read(small_run(), "estimates").rows {
+        let truth = Csv::num(&row, "nonzero_written");
+        assert!(Csv::num(&row, "mapped_pages") >= truth, "{row:?}");
+        assert!(
+            Csv::num(&row, "resident_pages") >= Csv::num(&row, "scan_nonzero"),
+            "{row:?}"
+        );
+        if row["dirty_log"] != "off" {
+            assert!(Csv::num(&row, "written_pages") >= truth, "{row:?}");
+        }
+    }
+}
+
+#[test]
+fn sparse_writes_with_hugepages_make_mapped_overcount_by_hundreds() {
+    require_kvm!();
+    if !thp_available() {
+        eprintln!("skipping: transparent huge pages are off on this host");
+        return;
+    }
+    let misleads = Csv::read(small_run(), "misleads");
+    let row = misleads
+        .rows
+        .iter()
+        .find(|r| r["case"] == "sparse-2M" && r["hugepages"] == "1" && r["dirty_log"] == "off")
+        .expect("a sparse-2M row with hugepages");
+    assert!(Csv::num(row, "mapped_2m") > 0.0, "{row:?}");
+    assert!(Csv::num(row, "mapped_ratio") > 100.0, "{row:?}");
+}
+
+#[test]
+fn dirty_rate_is_within_ten_percent_of_the_expected_in_both_modes() {
+    require_kvm!();
+    let rows = Csv::read(small_run(), "dirtyrate").rows;
+    for mode in ["dirty-bitmap", "dirty-ring"] {
+        let steady: Vec<_> = rows
+            .iter()
+            .filter(|r| r["mode"] == mode && r["kind"] == "steady")
+            .collect();
+        assert!(!steady.is_empty(), "no steady {mode} rows");
+        for r in steady {
+            let ratio = Csv::num(r, "ratio_expected");
+            assert!((0.9..=1.1).contains(&ratio), "{mode}: {r:?}");
+        }
+    }
+}
+
+#[test]
+fn a_run_inside_the_window_is_counted_to_within_a_few_pages() {
+    require_kvm!();
+    let rows = Csv::read(small_run(), "dirtyrate").rows;
+    let contained: Vec<_> = rows.iter().filter(|r| r["kind"] == "contained").collect();
+    assert_eq!(contained.len(), 2, "one per mode");
+    for r in contained {
+        let (measured, guest) = (Csv::num(r, "measured_pages"), Csv::num(r, "guest_distinct"));
+        // The guest's stack and mailbox are written too: a few pages more.
+        assert!(measured >= guest && measured <= guest + 16.0, "{r:?}");
+    }
+}
+
+#[test]
+fn charts_series_plots_and_the_doc_are_generated() {
+    require_kvm!();
+    let out = small_run();
+    for svg in [
+        "estimates-nonzero",
+        "estimates-zero",
+        "cost",
+        "dirtyrate",
+        "observer",
+        "misleads",
+        "series-bitmap",
+        "series-ring",
+    ] {
+        let text = std::fs::read_to_string(out.join(format!("{svg}.svg"))).unwrap_or_default();
+        assert!(text.contains("<svg"), "{svg}.svg is missing or empty");
+    }
+    let doc = out.join("EXPERIMENTS.md");
+    std::fs::copy(root().join("docs/EXPERIMENTS.md"), &doc).expect("copying the doc");
+    let run = Command::new("python3")
+        .arg(root().join("scripts/experiments.py"))
+        .args(["--replot", "--docs", "--out"])
+        .arg(out)
+        .arg("--docs-path")
+        .arg(&doc)
+        .output()
+        .expect("running experiments.py --replot --docs");
+    assert!(
+        run.status.success(),
+        "--replot --docs failed ({}):\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = std::fs::read_to_string(&doc).unwrap_or_default();
+    for block in [
+        "run",
+        "estimates",
+        "cost",
+        "dirtyrate",
+        "observer",
+        "misleads",
+    ] {
+        let begin = format!("<!-- BEGIN generated:{block} -->\n");
+        let at = text.find(&begin).map(|i| i + begin.len());
+        let body = at.map(|i| &text[i..]).unwrap_or_default();
+        assert!(body.starts_with('|'), "block {block} has no table");
+    }
+    assert!(text.contains("| matrix | small |"));
+}
