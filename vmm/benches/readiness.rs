@@ -5,13 +5,11 @@
 //! - guest slowdown while the dirty rate is measured (bitmap and ring).
 
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvmscope::readiness::dirty::DirtyMode;
 use kvmscope::readiness::scan::{self, Ram};
-use kvmscope::readiness::{measure, Guest, Options};
-use kvmscope::vcpu::{Control, VcpuShared};
+use kvmscope::readiness::{measure_vm, Options};
 use kvmscope::vm::{Vm, VmConfig};
 use kvmscope::workload::parse_sequence;
 
@@ -101,22 +99,7 @@ fn scan_throughput() {
 }
 
 fn readiness_of(vm: &Vm, options: &Options) -> kvmscope::readiness::Report {
-    let vcpus: Vec<Arc<VcpuShared>> = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
-    let mut pause = |p: bool| {
-        vm.control_all(if p { Control::Pause } else { Control::Run });
-        Ok(())
-    };
-    let (ptr, len) = vm.ram_host_range();
-    let arena = kvmscope::abi::ARENA_BASE / 4096..(len / 4096) as u64;
-    let mut guest = Guest {
-        vm_stats: &vm.vm_stats,
-        ram: (ptr, len),
-        dirty: vm.dirty.as_deref(),
-        vcpus: &vcpus,
-        pause: &mut pause,
-        arena,
-    };
-    measure(&mut guest, options, |_, _| {}).expect("readiness")
+    measure_vm(vm, options, |_, _| {}).expect("readiness")
 }
 
 fn sparse_scan() {

@@ -3,13 +3,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use kvmscope::abi;
 use kvmscope::readiness::dirty::DirtyMode;
-use kvmscope::readiness::{measure, Guest, Options, Report};
-use kvmscope::vcpu::{Control, VcpuShared, VcpuState};
+use kvmscope::readiness::{measure_vm, Options, Report};
+use kvmscope::vcpu::VcpuState;
 use kvmscope::vm::{Vm, VmConfig};
 use kvmscope::workload::parse_sequence;
 
@@ -28,21 +26,7 @@ fn boot(dirty: Option<DirtyMode>, spec: &str) -> Vm {
 }
 
 fn readiness(vm: &Vm, options: &Options) -> Report {
-    let vcpus: Vec<Arc<VcpuShared>> = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
-    let mut pause = |p: bool| {
-        vm.control_all(if p { Control::Pause } else { Control::Run });
-        Ok(())
-    };
-    let (ptr, len) = vm.ram_host_range();
-    let mut guest = Guest {
-        vm_stats: &vm.vm_stats,
-        ram: (ptr, len),
-        dirty: vm.dirty.as_deref(),
-        vcpus: &vcpus,
-        pause: &mut pause,
-        arena: abi::ARENA_BASE / 4096..MEMORY / 4096,
-    };
-    measure(&mut guest, options, |_, _| {}).unwrap()
+    measure_vm(vm, options, |_, _| {}).unwrap()
 }
 
 fn wait_done(vm: &Vm, n: usize) {

@@ -128,6 +128,38 @@ pub fn measure(
     Ok(report)
 }
 
+/// Measures a VM this thread holds (in-process use: tests, benchmarks), pausing
+/// it directly for the scan. The control socket's `query-readiness` goes
+/// through the main loop instead (`control::deferred`).
+///
+/// # Errors
+/// As [`measure`].
+pub fn measure_vm(
+    vm: &crate::vm::Vm,
+    options: &Options,
+    progress: impl FnMut(u64, u64),
+) -> Result<Report, Error> {
+    let vcpus: Vec<Arc<VcpuShared>> = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
+    let mut pause = |on: bool| {
+        vm.control_all(if on {
+            crate::vcpu::Control::Pause
+        } else {
+            crate::vcpu::Control::Run
+        });
+        Ok(())
+    };
+    let (ptr, len) = vm.ram_host_range();
+    let mut guest = Guest {
+        vm_stats: &vm.vm_stats,
+        ram: (ptr.cast_const(), len),
+        dirty: vm.dirty.as_deref(),
+        vcpus: &vcpus,
+        pause: &mut pause,
+        arena: crate::abi::ARENA_BASE / 4096..(len / 4096) as u64,
+    };
+    measure(&mut guest, options, progress)
+}
+
 /// Distinct pages written during a window of `calc_time`.
 fn dirty_rate(d: &Dirty, calc_time: Duration) -> Result<DirtyRate, Error> {
     d.sync(dirty::Tracker::reset_window)?;
