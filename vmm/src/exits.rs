@@ -11,35 +11,29 @@ use crate::abi;
 /// A vCPU exit, copied out of `kvm_run` (kvm-ioctls' `VcpuExit` borrows the vCPU).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Exit {
-    IoOut {
-        port: u16,
-        value: u32,
-    },
-    IoIn {
-        port: u16,
-    },
-    MmioRead {
-        addr: u64,
-    },
-    MmioWrite {
-        addr: u64,
-    },
+    /// `out` to `port` (the value zero-extended from the access size).
+    IoOut { port: u16, value: u32 },
+    /// `in` from `port` (answered with all ones; no device of ours reads).
+    IoIn { port: u16 },
+    /// A read of a guest address with no memory (answered with zeros).
+    MmioRead { addr: u64 },
+    /// A write to a guest address with no memory.
+    MmioWrite { addr: u64 },
+    /// `hlt` with no in-kernel irqchip.
     Hlt,
+    /// A triple fault.
     Shutdown,
-    InternalError {
-        suberror: u32,
-    },
-    FailEntry {
-        reason: u64,
-        cpu: u32,
-    },
+    /// KVM could not handle an exit itself (e.g. emulation failed).
+    InternalError { suberror: u32 },
+    /// VM entry failed: the hardware reason and the host CPU.
+    FailEntry { reason: u64, cpu: u32 },
     /// KVM_RUN returned EINTR: a kick (or another signal) arrived.
     Interrupted,
-    SystemEvent {
-        kind: u32,
-    },
+    /// KVM_EXIT_SYSTEM_EVENT (reset, shutdown...) of this kind.
+    SystemEvent { kind: u32 },
     /// KVM_EXIT_DIRTY_RING_FULL: the vCPU's dirty ring must be harvested.
     DirtyRingFull,
+    /// Any other exit, as kvm-ioctls prints it.
     Other(String),
 }
 

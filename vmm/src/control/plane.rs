@@ -74,6 +74,9 @@ pub struct Plane {
 }
 
 impl Plane {
+    /// The subscriber, from the bound listener, the exit eventfd, the vCPUs'
+    /// result watcher and the sampler's tick eventfd, the accept-retry timer,
+    /// and the command handler.
     pub fn new(
         listener: UnixListener,
         exit: EventFd,

@@ -46,6 +46,8 @@ enum State {
 }
 
 impl Vcpu {
+    /// A vCPU ready to run on its own thread: its fd (set up by `regs::setup`),
+    /// guest memory, device bus, arena size, shared part and event channel.
     pub fn new(
         fd: VcpuFd,
         mem: GuestMemory,

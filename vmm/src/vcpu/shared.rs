@@ -18,18 +18,26 @@ pub const RESULTS_KEPT: usize = 256;
 /// What the VMM asks of a vCPU thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
+    /// Run the guest (the default, and what `resume` asks for).
     Run,
+    /// Park in the VMM at the next chance; the guest does not run.
     Pause,
+    /// End the thread; final (a later `Run` or `Pause` does not undo it).
     Stop,
 }
 
 /// What a vCPU is doing, as others see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VcpuState {
+    /// Started, before the guest asked for its first command.
     Booting,
+    /// Running command `seq`, shown as a spec.
     Running { seq: u64, command: String },
+    /// In the VMM, waiting for a command (or in a `wait`); no guest code runs.
     Waiting,
+    /// Parked by a pause; no guest code runs.
     Paused,
+    /// The thread ended, and how.
     Finished(String),
 }
 
@@ -120,6 +128,7 @@ pub struct VcpuShared {
 }
 
 impl VcpuShared {
+    /// The shared part of vCPU `index`: empty inbox, `Run`, `Booting`.
     pub fn new(index: usize) -> Self {
         let inbox = Inbox {
             queue: VecDeque::new(),
