@@ -124,12 +124,7 @@ fn a_second_readiness_while_one_runs_is_refused() {
         },
     );
     assert!(refused.contains("try again"));
-    let reply = loop {
-        let v = first.read_reply().unwrap().value;
-        if v.get("event").is_none() {
-            break v;
-        }
-    };
+    let reply = first.read_reply_after_events(|_| Ok(())).unwrap().value;
     assert!(
         reply["return"]["dirty_rate"]["pages_per_s"].is_number(),
         "{reply}"
@@ -149,13 +144,13 @@ fn readiness_scan_progress_events_come_before_the_reply() {
     )
     .unwrap();
     let mut events = Vec::new();
-    let reply = loop {
-        let v = c.read_reply().unwrap().value;
-        match v.get("event") {
-            Some(_) => events.push(v),
-            None => break v,
-        }
-    };
+    let reply = c
+        .read_reply_after_events(|e| {
+            events.push(e.clone());
+            Ok(())
+        })
+        .unwrap()
+        .value;
     assert_eq!(reply["id"], 7);
     let last = events.last().expect("progress events");
     assert_eq!(last["event"], "READINESS_PROGRESS");
@@ -241,12 +236,7 @@ fn subscribe_samples_streams_events_until_unsubscribed() {
     }
     c.send_line(br#"{"execute":"unsubscribe-samples","id":"u"}"#)
         .unwrap();
-    let reply = loop {
-        let v = c.read_reply().unwrap().value;
-        if v.get("event").is_none() {
-            break v;
-        }
-    };
+    let reply = c.read_reply_after_events(|_| Ok(())).unwrap().value;
     assert_eq!(reply["return"]["was-subscribed"], true);
     assert_eq!(reply["id"], "u");
     vm.quit();

@@ -266,32 +266,6 @@ fn metrics_page_passes_promtool() {
         "KVM histograms become Prometheus histograms"
     );
     assert!(fetch(server.addr, "/other").starts_with("HTTP/1.1 404"));
-    match std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-    {
-        Ok(mut child) => {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(body.as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "promtool: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Err(e) if std::env::var("KVMSCOPE_REQUIRE_KVM").as_deref() == Ok("1") => {
-            panic!("promtool is required in CI: {e}")
-        }
-        Err(e) => eprintln!("skipping promtool validation: {e}"),
-    }
+    common::check_with_promtool(body);
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
 }

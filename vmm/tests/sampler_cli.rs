@@ -65,31 +65,7 @@ fn run_exports_a_series_plot_draws_and_a_metrics_page_that_validates() {
         child.try_wait().unwrap()
     });
     assert!(status.success(), "run failed");
-    let spawned = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut promtool = match spawned {
-        Ok(c) => c,
-        Err(e) if std::env::var("KVMSCOPE_REQUIRE_KVM").as_deref() == Ok("1") => {
-            panic!("promtool is required in CI: {e}")
-        }
-        Err(e) => return eprintln!("skipping promtool validation: {e}"),
-    };
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(page.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::check_with_promtool(&page);
     let text = std::fs::read_to_string(&series).unwrap();
     let (_, points) = kvmscope::sampler::record::parse_csv(&text).unwrap();
     assert!(points.len() > 20, "{} points", points.len());

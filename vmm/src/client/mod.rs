@@ -187,6 +187,24 @@ impl Client {
         }
     }
 
+    /// Reads lines up to the next reply, handing each event line before it
+    /// (`{"event": ...}`) to `on_event`.
+    ///
+    /// # Errors
+    /// As [`Client::read_reply`], or what `on_event` returns.
+    pub fn read_reply_after_events(
+        &mut self,
+        mut on_event: impl FnMut(&Value) -> Result<(), Error>,
+    ) -> Result<Reply, Error> {
+        loop {
+            let reply = self.read_reply()?;
+            if reply.value.get("event").is_none() {
+                return Ok(reply);
+            }
+            on_event(&reply.value)?;
+        }
+    }
+
     /// Runs a command: its `return` value and fds, or its error as `Remote`.
     /// Event lines that arrive before the reply are skipped.
     ///
@@ -199,14 +217,8 @@ impl Client {
     ) -> Result<(Value, Vec<File>), Error> {
         let line = json!({"execute": command, "arguments": arguments}).to_string();
         self.send_line(line.as_bytes())?;
-        // Event lines (progress, subscribed samples) may come first; like a
-        // QMP client, skip them: the reply is the first line that is not one.
-        let Reply { mut value, fds } = loop {
-            let reply = self.read_reply()?;
-            if reply.value.get("event").is_none() {
-                break reply;
-            }
-        };
+        // Like a QMP client, skip event lines (progress, subscribed samples).
+        let Reply { mut value, fds } = self.read_reply_after_events(|_| Ok(()))?;
         if let Some((class, desc)) = error_reply(&value) {
             return Err(Error::Remote { class, desc });
         }
@@ -232,14 +244,9 @@ pub fn error_reply(line: &Value) -> Option<(String, String)> {
 pub fn ctl(socket: &Path, line: &str, out: &mut dyn Write) -> Result<bool, Error> {
     let mut client = Client::connect(socket)?;
     client.send_line(line.as_bytes())?;
-    // Event lines (progress) come before the reply: print them too, and stop at the reply.
-    let reply = loop {
-        let reply = client.read_reply()?;
-        writeln!(out, "{}", reply.value)?;
-        if reply.value.get("event").is_none() {
-            break reply;
-        }
-    };
+    // Event lines (progress) come before the reply: print them too.
+    let reply = client.read_reply_after_events(|event| Ok(writeln!(out, "{event}")?))?;
+    writeln!(out, "{}", reply.value)?;
     if !reply.fds.is_empty() {
         // The fds were received (and are closed now); the reply names them.
         log::info!("the reply carried {} fds", reply.fds.len());

@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{Client, Error};
 
@@ -58,17 +58,15 @@ pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Er
             .as_bytes(),
     )?;
     let tty = std::io::stderr().is_terminal();
-    let reply = loop {
-        let line = client.read_reply()?.value;
-        match line.get("event").and_then(Value::as_str) {
-            Some("READINESS_PROGRESS") if tty => {
-                let n = |k: &str| line["data"][k].as_u64().unwrap_or(0);
+    let reply = client
+        .read_reply_after_events(|event| {
+            if tty && event["event"] == "READINESS_PROGRESS" {
+                let n = |k: &str| event["data"][k].as_u64().unwrap_or(0);
                 eprint!("{}", progress_bar(n("done"), n("total")));
             }
-            Some(_) => {}
-            None => break line,
-        }
-    };
+            Ok(())
+        })?
+        .value;
     if tty && config.scan {
         eprintln!();
     }

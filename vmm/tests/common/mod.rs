@@ -48,6 +48,40 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Optio
     }
 }
 
+/// Validates a metrics page with Prometheus's own parser (`promtool check
+/// metrics`). Without promtool the check is skipped with a printed reason,
+/// unless `KVMSCOPE_REQUIRE_KVM=1` (CI, which installs it), where that fails.
+pub fn check_with_promtool(page: &str) {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let spawned = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) if std::env::var("KVMSCOPE_REQUIRE_KVM").as_deref() == Ok("1") => {
+            panic!("promtool is required in CI: {e}")
+        }
+        Err(e) => return eprintln!("skipping promtool validation: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(page.as_bytes())
+        .expect("writing to promtool");
+    let out = child.wait_with_output().expect("waiting for promtool");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
