@@ -87,8 +87,8 @@ pub struct Context {
     pub samples: Option<Arc<crate::sampler::Shared>>,
     /// Guest RAM (a clone keeps the mapping alive while a readiness scan reads it).
     pub mem: crate::memory::GuestMemory,
-    /// Dirty tracking, when the VM has it (for `query-readiness`).
-    pub dirty: Option<Arc<crate::readiness::dirty::Dirty>>,
+    /// Dirty tracking, when the VM was started with a mode (for `query-readiness`).
+    pub dirty: Option<Arc<crate::dirty::DirtyLog>>,
 }
 
 impl Context {
@@ -104,7 +104,7 @@ impl Context {
             .collect::<Result<_, _>>()
             .map_err(Error::Dup)?;
         Ok(Context {
-            vm_fd: vm::dup_fd(&vm.fd).map_err(Error::Dup)?,
+            vm_fd: vm::dup_fd(&*vm.fd).map_err(Error::Dup)?,
             vcpu_stats,
             vcpus: vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
             backend: vm.backend.clone(),
@@ -113,7 +113,7 @@ impl Context {
             main: vm.event_sender(),
             samples: None,
             mem: vm.mem.clone(),
-            dirty: vm.dirty.clone(),
+            dirty: vm.dirty_configured().cloned(),
         })
     }
 }
