@@ -10,6 +10,7 @@ pub mod backend;
 pub mod boot;
 pub mod client;
 pub mod control;
+pub mod dirty;
 pub mod exits;
 pub mod fuzz;
 pub mod kick;

@@ -59,7 +59,7 @@ pub fn poll_worker(rx: &Receiver<WorkerMsg>) -> Progress {
 struct Job {
     vm_stats: StatsFd,
     mem: crate::memory::GuestMemory,
-    dirty: Option<Arc<crate::readiness::dirty::Dirty>>,
+    dirty: Option<Arc<crate::dirty::DirtyLog>>,
     vcpus: Vec<Arc<VcpuShared>>,
     main: Sender<VmEvent>,
     options: Options,
@@ -171,7 +171,7 @@ impl Job {
         let mut guest = Guest {
             vm_stats: &self.vm_stats,
             ram: (ptr.cast_const(), len),
-            dirty: self.dirty.as_deref(),
+            dirty: self.dirty.as_ref(),
             vcpus: &self.vcpus,
             pause: &mut pause,
             arena: crate::abi::ARENA_BASE / 4096..(len / 4096) as u64,

@@ -122,8 +122,8 @@ pub struct Context {
     pub samples: Option<Arc<crate::sampler::Shared>>,
     /// Guest RAM (a clone keeps the mapping alive while a readiness scan reads it).
     pub mem: crate::memory::GuestMemory,
-    /// Dirty tracking, when the VM has it (for `query-readiness`).
-    pub dirty: Option<Arc<crate::readiness::dirty::Dirty>>,
+    /// Dirty tracking, when the VM was started with a mode (for `query-readiness`).
+    pub dirty: Option<Arc<crate::dirty::DirtyLog>>,
     /// The VM's name (`query-name`, the greeting).
     pub name: String,
     /// The run state the main loop keeps (`query-status`).
@@ -143,7 +143,7 @@ impl Context {
             .collect::<Result<_, _>>()
             .map_err(Error::Dup)?;
         Ok(Context {
-            vm_fd: vm::dup_fd(&vm.fd).map_err(Error::Dup)?,
+            vm_fd: vm::dup_fd(&*vm.fd).map_err(Error::Dup)?,
             vcpu_stats,
             vcpus: vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
             backend: vm.backend.clone(),
@@ -152,7 +152,7 @@ impl Context {
             main: vm.event_sender(),
             samples: None,
             mem: vm.mem.clone(),
-            dirty: vm.dirty.clone(),
+            dirty: vm.dirty_configured().cloned(),
             name: format!("kvmscope-{}", std::process::id()),
             run_state: Arc::new(SharedRunState::default()),
         })
