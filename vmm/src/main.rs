@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchConfig};
-use kvmscope::protocol::VcpuSelector;
 use kvmscope::dirty::DirtyMode;
+use kvmscope::protocol::VcpuSelector;
 use kvmscope::run::{self, RunConfig};
 use kvmscope::sampler::SamplerConfig;
 use kvmscope::units::parse_size;

@@ -1,0 +1,78 @@
+//! Large replies and clients that hang up on them: a reading client gets
+//! every sampler point, in pages; clients that ask and hang up cost nothing,
+//! and a fresh client is answered meanwhile.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use common::ServedVm;
+use kvmscope::control::commands::SAMPLES_PAGE;
+use kvmscope::sampler::SamplerConfig;
+use serde_json::json;
+
+const MEM: u64 = 64 << 20;
+
+/// A VMM sampling every millisecond, waited on until its ring holds `points`.
+fn sampled_vm(test: &str, points: u64) -> ServedVm {
+    let vm = ServedVm::start_with(test, MEM, 2, |c| {
+        c.sampler = Some(SamplerConfig {
+            interval: Duration::from_millis(1),
+            capacity: 8192,
+            out: None,
+        });
+    });
+    let mut c = vm.client();
+    common::wait_for("sampler points", Duration::from_secs(60), || {
+        let (v, _) = c.execute("query-samples", json!({"max": 1})).unwrap();
+        (v["last-seq"].as_u64() >= Some(points)).then_some(())
+    });
+    vm
+}
+
+#[test]
+fn a_reading_client_gets_every_sampler_point_in_whole_pages() {
+    require_kvm!();
+    let vm = sampled_vm("pages", 3 * SAMPLES_PAGE as u64);
+    let mut c = vm.client();
+    let (mut since, mut seqs, mut largest) = (0u64, Vec::new(), 0usize);
+    loop {
+        let (page, _) = c.execute("query-samples", json!({"since": since})).unwrap();
+        largest = largest.max(page.to_string().len());
+        let points = page["samples"].as_array().unwrap();
+        assert!(points.len() <= SAMPLES_PAGE);
+        seqs.extend(points.iter().map(|p| p["seq"].as_u64().unwrap()));
+        since = *seqs.last().unwrap_or(&since);
+        if page["more"] == false {
+            break;
+        }
+    }
+    assert!(seqs.len() > 2 * SAMPLES_PAGE, "{} points", seqs.len());
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "points are contiguous"
+    );
+    // Each page is far larger than a socket buffer, and arrived whole.
+    assert!(largest > 256 << 10, "largest page {largest} bytes");
+}
+
+#[test]
+fn clients_that_ask_for_samples_and_hang_up_do_not_hold_up_a_fresh_client() {
+    require_kvm!();
+    let vm = sampled_vm("hang-up-flood", 2 * SAMPLES_PAGE as u64);
+    let request = br#"{"execute":"qmp_capabilities"}{"execute":"query-samples"}"#;
+    for _ in 0..200 {
+        let mut s = UnixStream::connect(&vm.socket).unwrap();
+        s.write_all(request).unwrap();
+    }
+    let started = Instant::now();
+    let mut c = vm.client();
+    let (status, _) = c.execute("query-status", json!({})).unwrap();
+    assert_eq!(status["status"], "running");
+    eprintln!(
+        "a fresh client after 200 hang-up query-samples: answered in {:?}",
+        started.elapsed()
+    );
+}

@@ -1,0 +1,239 @@
+//! The control socket speaks QMP as QEMU does: framing, negotiation, QEMU's
+//! commands and `query-stats` arguments, QEMU's shapes and error classes.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use common::ServedVm;
+use kvmscope::client::{self, Client};
+use kvmscope::protocol::ErrorClass;
+use serde_json::{json, Value};
+
+const MEM: u64 = 64 << 20;
+
+/// A raw connection: the greeting read, nothing negotiated.
+struct Raw {
+    s: UnixStream,
+    r: BufReader<UnixStream>,
+    greeting: Value,
+}
+
+impl Raw {
+    fn connect(vm: &ServedVm) -> Raw {
+        let s = UnixStream::connect(&vm.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let greeting = serde_json::from_str(&line).unwrap();
+        Raw { s, r, greeting }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
+    }
+
+    fn line(&mut self) -> Value {
+        let mut line = String::new();
+        self.r.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+}
+
+fn remote_error(r: Result<(Value, Vec<std::fs::File>), client::Error>) -> (ErrorClass, String) {
+    match r {
+        Err(client::Error::Remote { class, desc }) => (class, desc),
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn greeting_has_qemus_shape_and_no_capabilities() {
+    require_kvm!();
+    let vm = ServedVm::start("greet", MEM, 1);
+    let g = Raw::connect(&vm).greeting;
+    let v = &g["QMP"]["version"];
+    assert!(
+        v["qemu"]["major"].is_u64() && v["qemu"]["minor"].is_u64() && v["qemu"]["micro"].is_u64()
+    );
+    assert!(v["package"].as_str().unwrap().starts_with("kvmscope"));
+    assert_eq!(g["QMP"]["capabilities"], json!([]));
+}
+
+#[test]
+fn commands_before_negotiation_are_refused_as_qemu_does() {
+    require_kvm!();
+    let vm = ServedVm::start("negotiate", MEM, 1);
+    let mut c = Raw::connect(&vm);
+    c.send(br#"{"execute":"query-status","id":1}"#);
+    let e = c.line();
+    assert_eq!(e["error"]["class"], "CommandNotFound", "{e}");
+    assert_eq!(e["id"], 1);
+    c.send(br#"{"execute":"qmp_capabilities","arguments":{"enable":["bogus"]}}"#);
+    let e = c.line();
+    assert_eq!(e["error"]["class"], "GenericError", "{e}");
+    assert!(e["error"]["desc"].as_str().unwrap().contains("bogus"));
+    c.send(br#"{"execute":"qmp_capabilities"}"#);
+    assert_eq!(c.line(), json!({"return": {}}));
+    c.send(br#"{"execute":"qmp_capabilities"}"#);
+    let e = c.line();
+    assert_eq!(e["error"]["class"], "CommandNotFound", "{e}");
+    assert!(e["error"]["desc"]
+        .as_str()
+        .unwrap()
+        .contains("already complete"));
+}
+
+#[test]
+fn requests_without_newlines_or_spread_over_lines_are_each_answered_once() {
+    require_kvm!();
+    let vm = ServedVm::start("framing", MEM, 1);
+    let mut c = Raw::connect(&vm);
+    // As qemu.qmp sends: compact, no newline, back to back.
+    c.send(br#"{"execute":"qmp_capabilities","id":1}{"execute":"query-status","id":2}"#);
+    assert_eq!(c.line()["id"], 1);
+    let status = c.line();
+    assert_eq!(
+        (status["id"].clone(), status["return"]["status"].clone()),
+        (json!(2), json!("running"))
+    );
+    // Pretty-printed over several lines and reads.
+    c.send(b"{\n  \"execute\": \"query-name\",\n");
+    c.send(b"  \"id\": 3\n}\n");
+    let name = c.line();
+    assert_eq!(name["id"], 3, "{name}");
+    assert_eq!(name["return"]["name"], "ctl");
+}
+
+#[test]
+fn query_status_follows_stop_and_cont() {
+    require_kvm!();
+    let vm = ServedVm::start("status", MEM, 2);
+    let mut c = vm.client();
+    let status = |c: &mut Client| c.execute("query-status", json!({})).unwrap().0;
+    let s = status(&mut c);
+    assert_eq!(
+        (
+            s["status"].clone(),
+            s["running"].clone(),
+            s["singlestep"].clone()
+        ),
+        (json!("running"), json!(true), json!(false))
+    );
+    c.execute("stop", json!({})).unwrap();
+    let s = status(&mut c);
+    assert_eq!(
+        (s["status"].clone(), s["running"].clone()),
+        (json!("paused"), json!(false))
+    );
+    c.execute("cont", json!({})).unwrap();
+    assert_eq!(status(&mut c)["status"], "running");
+}
+
+#[test]
+fn query_cpus_fast_names_each_vcpu_by_qom_path_and_thread() {
+    require_kvm!();
+    let vm = ServedVm::start("cpus", MEM, 3);
+    let mut c = vm.client();
+    let cpus = common::wait_for("vCPU threads", Duration::from_secs(20), || {
+        let (v, _) = c.execute("query-cpus-fast", json!({})).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .all(|cpu| cpu["thread-id"].as_i64() > Some(0))
+            .then_some(v)
+    });
+    for (i, cpu) in cpus.as_array().unwrap().iter().enumerate() {
+        assert_eq!(cpu["cpu-index"], i);
+        assert_eq!(cpu["qom-path"], format!("/machine/unattached/device[{i}]"));
+        assert_eq!(cpu["target"], "x86_64");
+        let tid = cpu["thread-id"].as_i64().unwrap();
+        let comm = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap();
+        assert_eq!(comm.trim(), format!("vcpu{i}"));
+    }
+}
+
+#[test]
+fn query_version_and_query_name() {
+    require_kvm!();
+    let vm = ServedVm::start_with("named", MEM, 1, |c| c.name = Some("web-7".into()));
+    let mut c = vm.client();
+    let (v, _) = c.execute("query-version", json!({})).unwrap();
+    assert_eq!(
+        v["qemu"]["major"].as_u64(),
+        Some(env!("CARGO_PKG_VERSION_MAJOR").parse().unwrap())
+    );
+    assert_eq!(
+        c.execute("query-name", json!({})).unwrap().0,
+        json!({"name": "web-7"})
+    );
+}
+
+#[test]
+fn libvirt_style_query_stats_with_providers_and_qom_paths_answers() {
+    require_kvm!();
+    let vm = ServedVm::start("libvirt", MEM, 2);
+    let mut c = vm.client();
+    let args = json!({
+        "target": "vcpu",
+        "providers": [{"provider": "kvm", "names": ["exits", "halt_exits"]}],
+        "vcpus": ["/machine/unattached/device[1]"],
+    });
+    let (v, _) = c.execute("query-stats", args).unwrap();
+    let entries = v.as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{v}");
+    assert_eq!(entries[0]["provider"], "kvm");
+    assert_eq!(entries[0]["qom-path"], "/machine/unattached/device[1]");
+    let names: Vec<&str> = entries[0]["stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"exits") && names.iter().all(|n| ["exits", "halt_exits"].contains(n)),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn query_stats_that_matches_nothing_is_an_empty_list() {
+    require_kvm!();
+    let vm = ServedVm::start("nothing", MEM, 1);
+    let mut c = vm.client();
+    for args in [
+        json!({"target": "vm", "providers": [{"provider": "cryptodev"}]}),
+        json!({"target": "vm", "providers": [{"provider": "kvm", "names": ["no_such_stat"]}]}),
+        json!({"target": "vcpu", "vcpus": ["/machine/peripheral/none"]}),
+        json!({"target": "cryptodev"}),
+    ] {
+        let (v, _) = c.execute("query-stats", args.clone()).unwrap();
+        assert_eq!(v, json!([]), "{args}");
+    }
+    let (v, _) = c
+        .execute("query-stats-schemas", json!({"provider": "cryptodev"}))
+        .unwrap();
+    assert_eq!(v, json!([]));
+    let (v, _) = c
+        .execute("query-stats-schemas", json!({"provider": "kvm"}))
+        .unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn argument_errors_use_qemus_generic_error_class() {
+    require_kvm!();
+    let vm = ServedVm::start("classes", MEM, 1);
+    let mut c = vm.client();
+    let (class, desc) = remote_error(c.execute(
+        "query-stats",
+        json!({"target": "vm", "providers": [{"provider": "xen"}]}),
+    ));
+    assert_eq!(class, ErrorClass::GenericError);
+    assert!(desc.contains("provider"), "{desc}");
+    let (class, _) = remote_error(c.execute("query-everything", json!({})));
+    assert_eq!(class, ErrorClass::CommandNotFound);
+}
