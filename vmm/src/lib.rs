@@ -14,6 +14,7 @@ pub mod fuzz;
 pub mod kick;
 pub mod memory;
 pub mod metrics;
+#[cfg(feature = "plot")]
 pub mod plot;
 pub mod readiness;
 pub mod run;

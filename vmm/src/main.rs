@@ -41,6 +41,7 @@ enum Cmd {
     /// and show how the stats move, read through fds received from it.
     Demo(DemoArgs),
     /// Draw a series from `run --samples-out` (mapped memory, exit rates, phases) as SVG or PNG.
+    #[cfg(feature = "plot")]
     Plot(PlotArgs),
     /// Ask a running VMM whether its guest is ready to live-migrate: non-zero
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
@@ -144,6 +145,7 @@ struct DemoArgs {
     phase_size: u64,
 }
 
+#[cfg(feature = "plot")]
 #[derive(clap::Args)]
 struct PlotArgs {
     /// The series: JSON lines, or CSV if the name ends in .csv.
@@ -349,6 +351,7 @@ fn demo_command(a: DemoArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(feature = "plot")]
 fn plot_command(a: PlotArgs) -> anyhow::Result<ExitCode> {
     let source = kvmscope::plot::source_name(&a.file);
     let chart = kvmscope::plot::ChartOptions {
@@ -412,6 +415,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e.into()),
         },
         Cmd::Demo(a) => demo_command(a),
+        #[cfg(feature = "plot")]
         Cmd::Plot(a) => plot_command(a),
         Cmd::Readiness(a) => {
             let config = client::readiness::ReadinessConfig {
