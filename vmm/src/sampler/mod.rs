@@ -28,8 +28,8 @@ pub use ring::Ring;
 /// under a GiB even with many vCPUs).
 pub const MAX_CAPACITY: usize = 1_000_000;
 
-/// Shortest interval between ticks.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// Shortest interval between ticks (the smallest `--sample-interval` parses to).
+pub const MIN_INTERVAL: Duration = crate::units::Interval::MIN;
 
 /// How the sampler runs.
 #[derive(Debug, Clone)]
