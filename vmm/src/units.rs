@@ -172,12 +172,6 @@ impl FromStr for Bandwidth {
     }
 }
 
-/// Parses a bandwidth (see [`Bandwidth`]) into bytes per second; `None` if it
-/// does not parse.
-pub fn parse_bandwidth(text: &str) -> Option<f64> {
-    text.parse::<Bandwidth>().ok().map(|b| b.0)
-}
-
 /// A duration: a number with a unit `ns`, `us`, `ms`, `s` or `m`/`min`
 /// (`1.5s` allowed), rounded to the nanosecond; zero allowed (`0s`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
