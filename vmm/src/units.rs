@@ -12,6 +12,16 @@
 //! bandwidth, where `10G` could mean bits or either kind of byte: it is
 //! refused with an error that names the three spellings.
 
+// Values here come from the kernel, a peer or the user: casts must not lose,
+// wrap or sign-flip them silently; and every public item says what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -197,7 +207,7 @@ impl FromStr for Span {
         if !(0.0..=1e18).contains(&ns) {
             return Err(bad());
         }
-        Ok(Span(Duration::from_nanos(ns as u64)))
+        Ok(Span(Duration::from_nanos(saturating_u64(ns))))
     }
 }
 
@@ -323,6 +333,20 @@ impl FromStr for VcpuChoice {
                 .map_err(|_| UnitError::Vcpu(text.to_string())),
         }
     }
+}
+
+/// `v` rounded toward zero into a `u64`, saturating: NaN and negative values
+/// give 0, values past `u64::MAX` give `u64::MAX`. This is what `as` does;
+/// the one place that says so, for figures computed in floating point.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn saturating_u64(v: f64) -> u64 {
+    v as u64
+}
+
+/// As [`saturating_u64`], into a `usize`.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn saturating_usize(v: f64) -> usize {
+    v as usize
 }
 
 /// Formats a duration exactly, in the largest unit that divides it: `5s`, `250ms`, `1500us`.

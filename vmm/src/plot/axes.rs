@@ -60,7 +60,10 @@ impl ByteAxis {
         };
         ByteAxis {
             unit_bytes,
-            unit: BYTE_UNITS.get(k as usize).copied().unwrap_or("B"),
+            unit: BYTE_UNITS
+                .get(crate::units::saturating_usize(k))
+                .copied()
+                .unwrap_or("B"),
             top,
         }
     }

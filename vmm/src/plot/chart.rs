@@ -16,7 +16,7 @@ use super::axes::{self, ByteAxis, RateAxis};
 use super::markers::{self, PhaseChange};
 use super::{ChartOptions, PlotError, RateScale, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH};
 use crate::sampler::record::{Point, SeriesHeader, VcpuPoint};
-use crate::units::format_bytes;
+use crate::units::{format_bytes, saturating_usize};
 
 /// What a drawing call returns: plotters' error for the backend in use.
 pub(super) type Drawing<T, DB> = Result<T, DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
@@ -431,7 +431,7 @@ impl<'a> Chart<'a> {
     ) -> Drawing<usize, DB> {
         let groups = markers::group(&self.changes, |t| f64::from(x_of(t)), MARKER_MIN_PX);
         let panel_h = f64::from(y1 - y0 - GAP_PX) / 2.0;
-        let max_chars = ((panel_h - 10.0) / LABEL_CHAR_PX).max(4.0) as usize;
+        let max_chars = saturating_usize(((panel_h - 10.0) / LABEL_CHAR_PX).max(4.0));
         for g in &groups {
             let (x, color) = (x_of(g.time_s), markers::command_color(g.code));
             let rule = [(x, y0), (x, y1)];
