@@ -11,6 +11,7 @@ use super::chart::{rate_color, Chart, Drawing, Rate, INK, LAYERS, TEXT};
 const ROW: i32 = 18;
 const SAMPLE_W: i32 = 16;
 const GREY: RGBColor = RGBColor(0x55, 0x55, 0x55);
+const LIGHT_GREY: RGBColor = RGBColor(0xaa, 0xaa, 0xaa);
 
 impl Chart<'_> {
     /// Draws the legend at `x`, one part beside each panel (`(top, bottom)`
@@ -47,15 +48,12 @@ impl Chart<'_> {
         let mut y = top + 4;
         self.heading(root, (x, y), "Exit rates")?;
         y += ROW;
+        // In grey: each vCPU's colour follows, dark and thick for KVM's count,
+        // light and thin for ours.
         self.entry(root, (x, y), Sample::Line(GREY, 2), "KVM exits/s (all)")?;
         y += ROW;
-        let lighter = rate_color(0, Rate::Ours);
-        self.entry(
-            root,
-            (x, y),
-            Sample::Line(lighter, 1),
-            "exits/s that reached us",
-        )?;
+        let ours = Sample::Line(LIGHT_GREY, 1);
+        self.entry(root, (x, y), ours, "exits/s that reached us")?;
         let rows = usize::try_from((bottom - y) / ROW).unwrap_or(0).max(1);
         let shown = if self.vcpus.len() > rows {
             rows - 1
