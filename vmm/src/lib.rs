@@ -9,6 +9,7 @@ pub mod backend;
 pub mod boot;
 pub mod client;
 pub mod control;
+pub mod dirty;
 pub mod exits;
 pub mod fuzz;
 pub mod kick;
@@ -16,8 +17,10 @@ pub mod memory;
 pub mod metrics;
 #[cfg(feature = "plot")]
 pub mod plot;
+pub mod protocol;
 pub mod readiness;
 pub mod run;
+pub mod runstate;
 pub mod sampler;
 pub mod signals;
 pub mod summary;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchConfig};
-use kvmscope::control::request::VcpuSelector;
-use kvmscope::readiness::dirty::DirtyMode;
+use kvmscope::dirty::DirtyMode;
+use kvmscope::protocol::VcpuSelector;
 use kvmscope::run::{self, RunConfig};
 use kvmscope::sampler::SamplerConfig;
 use kvmscope::units::{Bandwidth, Count, DirtyLog, Interval, Period, Size, Span, VcpuChoice};
@@ -205,6 +205,11 @@ struct RunArgs {
     /// e.g. 127.0.0.1:9100.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
+    /// samples files (default: the --socket file's name without extension,
+    /// else kvmscope-PID).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -258,6 +263,8 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             (None, None) => None,
         },
         metrics_addr: args.metrics_addr,
+        name: args.name,
+        control_limits: kvmscope::control::Limits::default(),
     };
     let summary = run::run(config)?;
     if args.json {
