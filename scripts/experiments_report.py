@@ -1,5 +1,5 @@
-"""Charts (SVG) and the generated parts of docs/EXPERIMENTS.md, from the CSVs
-the experiments wrote. Nothing here runs a VM: `experiments.py --replot --docs`
+"""Charts (SVG, drawn with matplotlib in charts.py) and the generated parts of
+docs/EXPERIMENTS.md, from the CSVs the experiments wrote. Nothing here runs a VM: `experiments.py --replot --docs`
 redraws and rewrites from the files alone."""
 
 import csv
@@ -8,7 +8,7 @@ import os
 import re
 import statistics
 
-from svgchart import Series, bar_chart, bytes_label, line_chart
+from charts import Series, bar_chart, bytes_label, line_chart
 
 PAGE = 4096
 MIB = 1 << 20

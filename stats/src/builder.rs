@@ -9,7 +9,7 @@
 
 use crate::descriptor::Descriptor;
 use crate::flags::{Base, StatType, Unit};
-use crate::header::{Header, HEADER_SIZE};
+use crate::header::{Header, HEADER_LEN, HEADER_SIZE};
 
 /// An in-memory stats file under construction.
 #[derive(Debug, Clone)]
@@ -116,7 +116,7 @@ impl StatsFileBuilder {
     /// not extended for it (to build a descriptor pointing far away). Descriptors past
     /// `num_desc` are left out; values past a descriptor's `size` too.
     pub fn build_with(&self, header: Header) -> Vec<u8> {
-        let mut out = vec![0u8; HEADER_SIZE as usize];
+        let mut out = vec![0u8; HEADER_LEN];
         let listed = &self.stats[..self.stats.len().min(header.num_desc as usize)];
         for (desc, values) in listed {
             let bytes: Vec<u8> = values
@@ -144,7 +144,7 @@ impl StatsFileBuilder {
         id[..len].copy_from_slice(&self.id.as_bytes()[..len]);
         put(&mut out, header.id_offset.into(), &id);
         // The header goes last so that blocks placed over it cannot hide its fields.
-        out[..HEADER_SIZE as usize].copy_from_slice(&header.to_bytes());
+        out[..HEADER_LEN].copy_from_slice(&header.to_bytes());
         out
     }
 }

@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use crate::flags::{Base, StatType, Unit};
-use crate::header::{DESC_FIXED_SIZE, MAX_DATA_SIZE};
+use crate::header::{DESC_FIXED_LEN, MAX_DATA_SIZE};
 
 /// What is wrong with one descriptor (wrapped in [`crate::Error::Stat`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,8 +99,7 @@ impl Descriptor {
     /// [`StatError::NameNotTerminated`], [`StatError::NameEmpty`] or
     /// [`StatError::NameNotUtf8`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, StatError> {
-        let Some((head, name_bytes)) = bytes.split_first_chunk::<{ DESC_FIXED_SIZE as usize }>()
-        else {
+        let Some((head, name_bytes)) = bytes.split_first_chunk::<DESC_FIXED_LEN>() else {
             return Err(StatError::NameNotTerminated);
         };
         let u32_at =
@@ -123,7 +122,7 @@ impl Descriptor {
     /// Encodes the descriptor with a name field of `name_size` bytes (the name is cut to
     /// `name_size - 1` bytes so the NUL always fits; nothing is written when `name_size` is 0).
     pub fn to_bytes(&self, name_size: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(DESC_FIXED_SIZE as usize + name_size);
+        let mut out = Vec::with_capacity(DESC_FIXED_LEN + name_size);
         out.extend_from_slice(&self.flags.to_ne_bytes());
         out.extend_from_slice(&self.exponent.to_ne_bytes());
         out.extend_from_slice(&self.size.to_ne_bytes());

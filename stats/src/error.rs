@@ -57,7 +57,7 @@ pub enum Error {
     /// A size is over the sanity cap checked before anything is allocated.
     #[error("{field} is {value}, above the limit of {limit}")]
     TooLarge {
-        /// `name_size` or `num_desc`.
+        /// `name_size`, `num_desc` or a block length.
         field: &'static str,
         /// Its value.
         value: u64,

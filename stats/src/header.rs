@@ -8,10 +8,14 @@ use std::ops::Range;
 use crate::error::{Error, Result};
 use crate::read_at::{read_full_at, ReadAt};
 
-/// Size of `struct kvm_stats_header`.
-pub const HEADER_SIZE: u64 = 24;
-/// Size of the fixed part of `struct kvm_stats_desc`, before the name.
-pub const DESC_FIXED_SIZE: u64 = 16;
+/// Size of `struct kvm_stats_header`, as a buffer length.
+pub const HEADER_LEN: usize = 24;
+/// Size of `struct kvm_stats_header`, as a file offset.
+pub const HEADER_SIZE: u64 = HEADER_LEN as u64;
+/// Size of the fixed part of `struct kvm_stats_desc`, before the name, as a buffer length.
+pub const DESC_FIXED_LEN: usize = 16;
+/// Size of the fixed part of `struct kvm_stats_desc`, as a file offset.
+pub const DESC_FIXED_SIZE: u64 = DESC_FIXED_LEN as u64;
 /// Largest `name_size` accepted (QEMU's cap; the kernel uses 48).
 pub const MAX_NAME_SIZE: u32 = 1 << 20;
 /// Largest `num_desc` accepted (QEMU's cap; x86 kernels have fewer than 100).
@@ -41,7 +45,7 @@ pub struct Header {
 
 impl Header {
     /// Decodes the header from its 24 bytes (native endianness).
-    pub fn from_bytes(bytes: &[u8; HEADER_SIZE as usize]) -> Self {
+    pub fn from_bytes(bytes: &[u8; HEADER_LEN]) -> Self {
         let field =
             |i: usize| u32::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
         Self {
@@ -55,8 +59,8 @@ impl Header {
     }
 
     /// Encodes the header as the kernel lays it out.
-    pub fn to_bytes(&self) -> [u8; HEADER_SIZE as usize] {
-        let mut out = [0u8; HEADER_SIZE as usize];
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
         let fields = [
             self.flags,
             self.name_size,
@@ -78,7 +82,7 @@ impl Header {
     /// [`Error::Read`] or [`Error::Truncated`] if 24 bytes cannot be read, or any error of
     /// [`Header::validate`].
     pub fn read(src: &(impl ReadAt + ?Sized)) -> Result<Self> {
-        let mut bytes = [0u8; HEADER_SIZE as usize];
+        let mut bytes = [0u8; HEADER_LEN];
         let got = read_full_at(src, &mut bytes, 0).map_err(|source| Error::Read {
             block: "header",
             offset: 0,

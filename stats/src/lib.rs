@@ -26,6 +26,14 @@
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// Every number here comes from the kernel or a peer: no cast may lose,
+// wrap or sign-flip one silently (use `try_from` and a typed error).
+#![warn(
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 pub mod builder;
 pub mod check;

@@ -88,12 +88,11 @@ impl Schema {
         let stats = read_descriptors(src, &header)?;
         let by_name = index_names(&stats)?;
         let data_size = check_data_block(&header, &stats)?;
-        let ids = stats
-            .iter()
-            .enumerate()
+        // At most MAX_NUM_DESC descriptors, checked by Header::validate.
+        let ids = (0u32..)
+            .zip(&stats)
             .map(|(index, d)| StatId {
-                // Bounded by MAX_NUM_DESC and MAX_DATA_SIZE, checked above.
-                index: index as u32,
+                index,
                 word: d.offset / 8,
                 len: d.size,
             })
@@ -228,14 +227,14 @@ fn read_descriptors(src: &(impl ReadAt + ?Sized), header: &Header) -> Result<Vec
     let total = u64::from(header.num_desc);
     let mut stats = Vec::with_capacity(header.num_desc as usize);
     // At most max(64 KiB, one descriptor of 16 + 1 MiB) bytes.
-    let mut chunk = vec![0u8; (per_chunk.min(total) * stride) as usize];
+    let mut chunk = vec![0u8; block_len(per_chunk.min(total) * stride)?];
     let mut first = 0;
     while first < total {
         let count = per_chunk.min(total - first);
-        let bytes = &mut chunk[..(count * stride) as usize];
+        let bytes = &mut chunk[..block_len(count * stride)?];
         let offset = u64::from(header.desc_offset) + first * stride;
         read_chunk(src, header, offset, bytes)?;
-        for raw in bytes.chunks_exact(stride as usize) {
+        for raw in bytes.chunks_exact(block_len(stride)?) {
             let index = stats.len();
             let desc =
                 Descriptor::from_bytes(raw).map_err(|source| stat_error(index, "", source))?;
@@ -246,6 +245,16 @@ fn read_descriptors(src: &(impl ReadAt + ?Sized), header: &Header) -> Result<Vec
         first += count;
     }
     Ok(stats)
+}
+
+/// A length in the file as a buffer length. The header's caps keep every
+/// length read here to a few MiB, so this fails only where `usize` is narrower.
+fn block_len(bytes: u64) -> Result<usize> {
+    usize::try_from(bytes).map_err(|_| Error::TooLarge {
+        field: "descriptor block length",
+        value: bytes,
+        limit: u64::try_from(usize::MAX).unwrap_or(u64::MAX),
+    })
 }
 
 fn read_chunk(
@@ -314,4 +323,5 @@ fn check_data_block(header: &Header, stats: &[Descriptor]) -> Result<u64> {
 }
 
 #[cfg(test)]
+#[path = "schema_tests.rs"]
 mod tests;

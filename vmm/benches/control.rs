@@ -3,10 +3,13 @@
 //! against an idle in-process VMM; and, for scale, one read of a received
 //! stats fd. Run: `cargo bench -p kvmscope --bench control` (needs /dev/kvm).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use common::percentile;
 use kvmscope::client::Client;
 use kvmscope::run::{self, RunConfig};
 use kvmscope::vm::VmConfig;
@@ -15,11 +18,6 @@ use serde_json::{json, Value};
 const ROUND_TRIPS: usize = 5000;
 const CLIENTS: usize = 8;
 const LOAD_TIME: Duration = Duration::from_secs(2);
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
 
 fn us(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6)
@@ -34,8 +32,7 @@ fn latency(client: &mut Client, command: &str, args: &Value, n: usize) -> (Durat
         drop(fds);
         times.push(t.elapsed());
     }
-    times.sort_unstable();
-    (percentile(&times, 0.5), percentile(&times, 0.99))
+    (percentile(&mut times, 0.5), percentile(&mut times, 0.99))
 }
 
 /// Requests per second with `CLIENTS` clients sending `command` back to back.
@@ -96,8 +93,7 @@ fn read_latency(client: &mut Client) -> (Duration, Duration) {
             t.elapsed()
         })
         .collect();
-    times.sort_unstable();
-    (percentile(&times, 0.5), percentile(&times, 0.99))
+    (percentile(&mut times, 0.5), percentile(&mut times, 0.99))
 }
 
 /// Keeps the calling thread, and the threads it starts from now on, on `cpus`.
@@ -154,13 +150,7 @@ fn latencies(client: &mut Client) -> Vec<(Duration, Duration)> {
 }
 
 fn main() {
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_err()
-    {
-        eprintln!("control bench: /dev/kvm cannot be opened; skipped");
+    if !common::kvm_available("control") {
         return;
     }
     let socket: PathBuf =

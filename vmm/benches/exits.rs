@@ -2,8 +2,11 @@
 //! bare KVM_RUN loop that does nothing but re-enter, on the same guest and the
 //! same `exits` command, in one run. `cargo bench -p kvmscope --bench exits`.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::median;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VcpuExit};
 use kvmscope::abi::{self, mailbox_offset as mb};
@@ -78,14 +81,8 @@ fn kvmscope_loop(n: u64) -> Duration {
     result.host_time / n as u32
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 fn main() {
-    if std::fs::metadata("/dev/kvm").is_err() {
-        println!("exits bench: /dev/kvm missing, skipped");
+    if !common::kvm_available("exits") {
         return;
     }
     let n = 20_000;
@@ -95,7 +92,7 @@ fn main() {
         bare.push(bare_loop(n));
         ours.push(kvmscope_loop(n));
     }
-    let (b, o) = (median(bare), median(ours));
+    let (b, o) = (median(&mut bare), median(&mut ours));
     println!("port-I/O exit round trip, {n} exits x {rounds} rounds (median):");
     println!("  bare KVM_RUN loop : {:>8.0} ns/exit", b.as_nanos() as f64);
     println!("  kvmscope vCPU loop: {:>8.0} ns/exit", o.as_nanos() as f64);

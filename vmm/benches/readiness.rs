@@ -4,9 +4,12 @@
 //! - the scan of a mostly-untouched 16 GiB guest (never-backed pages skipped);
 //! - guest slowdown while the dirty rate is measured (bitmap and ring).
 
+mod common;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use common::median;
 use kvmscope::dirty::DirtyMode;
 use kvmscope::readiness::scan::{self, Ram};
 use kvmscope::readiness::{measure_vm, Options};
@@ -14,11 +17,6 @@ use kvmscope::vm::{Vm, VmConfig};
 use kvmscope::workload::parse_sequence;
 
 const GIB: u64 = 1 << 30;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn vm(memory: u64, dirty: Option<DirtyMode>, spec: &str) -> Vm {
     let mut vm = Vm::new(VmConfig {
@@ -50,7 +48,7 @@ fn estimate_cost() {
             vm.vm_stats.read_sample(&mut sample).expect("read");
             times.push(t.elapsed().as_nanos() as f64);
         }
-        println!("  {gib:>2} GiB guest: {:>7.2} us", median(times) / 1e3);
+        println!("  {gib:>2} GiB guest: {:>7.2} us", median(&mut times) / 1e3);
         vm.stop(Duration::from_secs(1));
     }
 }
@@ -83,7 +81,7 @@ fn scan_throughput() {
         black_box(plain_read(black_box(&buf)));
         plain_s.push(t.elapsed().as_secs_f64());
     }
-    let (s, p) = (median(scan_s), median(plain_s));
+    let (s, p) = (median(&mut scan_s), median(&mut plain_s));
     println!("zero-page scan on 1 GiB of resident zero pages (median of 5):");
     println!(
         "  scan           : {:>6.2} GB/s ({:.1} ms)",
@@ -110,7 +108,7 @@ fn sparse_scan() {
         scan: true,
         ..Options::default()
     };
-    let times: Vec<f64> = (0..5)
+    let mut times: Vec<f64> = (0..5)
         .map(|_| {
             readiness_of(&vm, &options)
                 .scan
@@ -119,7 +117,7 @@ fn sparse_scan() {
                 .as_secs_f64()
         })
         .collect();
-    println!("exact scan of a 16 GiB guest with 64 MiB touched (mincore + read of backed pages, guest paused), median of 5: {:.1} ms", median(times) * 1e3);
+    println!("exact scan of a 16 GiB guest with 64 MiB touched (mincore + read of backed pages, guest paused), median of 5: {:.1} ms", median(&mut times) * 1e3);
     vm.stop(Duration::from_secs(1));
 }
 
@@ -143,13 +141,12 @@ fn dirty_slowdown(mode: DirtyMode) -> f64 {
         vm.stop(Duration::from_secs(1));
         writes
     };
-    let ratios: Vec<f64> = (0..3).map(|_| run(false) / run(true)).collect();
-    median(ratios)
+    let mut ratios: Vec<f64> = (0..3).map(|_| run(false) / run(true)).collect();
+    median(&mut ratios)
 }
 
 fn main() {
-    if std::fs::metadata("/dev/kvm").is_err() {
-        println!("readiness bench: /dev/kvm missing, skipped");
+    if !common::kvm_available("readiness") {
         return;
     }
     estimate_cost();

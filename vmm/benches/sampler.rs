@@ -3,8 +3,11 @@
 //! against no sampler, as a ratio measured in one run.
 //! `cargo bench -p kvmscope --bench sampler`.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{median, percentile};
 use kvmscope::sampler::{Sampler, SamplerConfig};
 use kvmscope::vm::{Vm, VmConfig};
 use kvmscope::workload::parse_sequence;
@@ -23,11 +26,6 @@ fn sampler(vm: &Vm, interval: Duration) -> Sampler {
         vm.config.memory,
     )
     .expect("sampler")
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Median and p99 of the whole-tick time over `ticks` ticks.
@@ -50,9 +48,7 @@ fn tick_cost(vcpus: usize, ticks: u64) -> (f64, f64) {
                 .load(std::sync::atomic::Ordering::Relaxed) as f64,
         );
     }
-    let mut sorted = costs.clone();
-    sorted.sort_by(f64::total_cmp);
-    (median(costs), sorted[sorted.len() * 99 / 100])
+    (median(&mut costs), percentile(&mut costs, 0.99))
 }
 
 /// Runs the workload once; returns (touch ns per page, dirty writes per second).
@@ -83,8 +79,7 @@ fn workload(with_sampler: bool) -> (f64, f64) {
 }
 
 fn main() {
-    if std::fs::metadata("/dev/kvm").is_err() {
-        println!("sampler bench: /dev/kvm missing, skipped");
+    if !common::kvm_available("sampler") {
         return;
     }
     println!(
@@ -109,10 +104,10 @@ fn main() {
     println!("guest slowdown with the sampler at 1 kHz vs off (median of {rounds} alternating pairs; 1.00 = none):");
     println!(
         "  touch 64 MiB (time per page)     : {:.3}x",
-        median(touch_ratio)
+        median(&mut touch_ratio)
     );
     println!(
         "  dirty rate=max (writes per second): {:.3}x",
-        median(dirty_ratio)
+        median(&mut dirty_ratio)
     );
 }

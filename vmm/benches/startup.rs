@@ -2,16 +2,13 @@
 //! and to the first command done, for `kvmscope run` as a user starts it.
 //! `cargo bench -p kvmscope --bench startup`.
 
+mod common;
+
+use common::percentile;
 use std::process::Command;
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 fn main() {
-    if std::fs::metadata("/dev/kvm").is_err() {
-        println!("startup bench: /dev/kvm missing, skipped");
+    if !common::kvm_available("startup") {
         return;
     }
     let runs = 30;

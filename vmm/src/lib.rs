@@ -15,6 +15,7 @@ pub mod fuzz;
 pub mod kick;
 pub mod memory;
 pub mod metrics;
+#[cfg(feature = "plot")]
 pub mod plot;
 pub mod protocol;
 pub mod readiness;

@@ -12,7 +12,7 @@ use kvmscope::dirty::DirtyMode;
 use kvmscope::protocol::VcpuSelector;
 use kvmscope::run::{self, RunConfig};
 use kvmscope::sampler::SamplerConfig;
-use kvmscope::units::parse_size;
+use kvmscope::units::{Bandwidth, Count, DirtyLog, Interval, Period, Size, Span, VcpuChoice};
 use kvmscope::vm::VmConfig;
 use kvmscope::workload::{parse_workload, Workload};
 
@@ -41,6 +41,7 @@ enum Cmd {
     /// and show how the stats move, read through fds received from it.
     Demo(DemoArgs),
     /// Draw a series from `run --samples-out` (mapped memory, exit rates, phases) as SVG or PNG.
+    #[cfg(feature = "plot")]
     Plot(PlotArgs),
     /// Ask a running VMM whether its guest is ready to live-migrate: non-zero
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
@@ -58,27 +59,19 @@ struct ReadinessArgs {
     scan: bool,
     /// Window for the dirty rate (needs `run --dirty-log`; default 1s when the
     /// VMM has dirty logging, else none); 0s skips it.
-    #[arg(long, value_name = "DUR", value_parser = window_arg)]
-    calc_time: Option<Duration>,
-    /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB.
-    #[arg(long, default_value = "10Gbit", value_name = "RATE", value_parser = bandwidth_arg)]
-    bandwidth: f64,
+    #[arg(long, value_name = "DUR")]
+    calc_time: Option<Span>,
+    /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB/s: bits
+    /// (bit, kbit, Mbit, Gbit, Tbit) or bytes (KiB, MiB, GiB, TiB binary; KB, MB,
+    /// GB, TB decimal); a bare 10G is refused as ambiguous.
+    #[arg(long, default_value = "10Gbit", value_name = "RATE")]
+    bandwidth: Bandwidth,
     /// Longest acceptable downtime for the prediction.
-    #[arg(long, default_value = "300ms", value_name = "DUR", value_parser = duration_arg)]
-    max_downtime: Duration,
+    #[arg(long, default_value = "300ms", value_name = "DUR")]
+    max_downtime: Period,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
-}
-
-fn window_arg(s: &str) -> Result<Duration, String> {
-    kvmscope::units::parse_duration(s)
-        .ok_or_else(|| format!("'{s}' is not a duration: use e.g. 500ms, 2s or 0s"))
-}
-
-fn bandwidth_arg(s: &str) -> Result<f64, String> {
-    kvmscope::units::parse_bandwidth(s)
-        .ok_or_else(|| format!("'{s}' is not a bandwidth: use e.g. 10Gbit, 1.25GB/s or 800MiB"))
 }
 
 #[derive(clap::Args)]
@@ -90,8 +83,8 @@ struct StatsArgs {
     #[arg(long)]
     vm: bool,
     /// A vCPU's stats: an index or `all`.
-    #[arg(long, value_name = "N|all", value_parser = vcpu_arg)]
-    vcpu: Option<VcpuSelector>,
+    #[arg(long, value_name = "N|all")]
+    vcpu: Option<VcpuChoice>,
     /// Only these stats, e.g. pages_4k,exits.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     names: Option<Vec<String>>,
@@ -106,8 +99,8 @@ struct WatchArgs {
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
     /// Time between refreshes, e.g. 500ms or 2s.
-    #[arg(long, default_value = "1s", value_parser = duration_arg)]
-    interval: Duration,
+    #[arg(long, default_value = "1s")]
+    interval: Period,
     /// The stats to show (default: pages, exits and faults).
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     names: Option<Vec<String>>,
@@ -118,8 +111,8 @@ struct WatchArgs {
     #[arg(long)]
     vm: bool,
     /// A vCPU's stats: an index or `all`.
-    #[arg(long, value_name = "N|all", value_parser = vcpu_arg)]
-    vcpu: Option<VcpuSelector>,
+    #[arg(long, value_name = "N|all")]
+    vcpu: Option<VcpuChoice>,
 }
 
 #[derive(clap::Args)]
@@ -133,17 +126,18 @@ struct CtlArgs {
 
 #[derive(clap::Args)]
 struct DemoArgs {
-    /// Guest RAM.
-    #[arg(long, default_value = "256M", value_parser = size_arg)]
-    memory: u64,
+    /// Guest RAM (K, M, G, T and KiB..TiB are binary; KB, MB, GB, TB decimal).
+    #[arg(long, default_value = "256M")]
+    memory: Size,
     /// Back guest RAM with transparent huge pages.
     #[arg(long)]
     hugepages: bool,
     /// Bytes each memory phase touches.
-    #[arg(long, default_value = "4M", value_parser = size_arg)]
-    phase_size: u64,
+    #[arg(long, default_value = "4M")]
+    phase_size: Size,
 }
 
+#[cfg(feature = "plot")]
 #[derive(clap::Args)]
 struct PlotArgs {
     /// The series: JSON lines, or CSV if the name ends in .csv.
@@ -170,9 +164,11 @@ struct PlotArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Guest RAM (a multiple of 2M, at least 16M), e.g. 512M or 2G.
-    #[arg(long, default_value = "256M", value_parser = size_arg)]
-    memory: u64,
+    /// Guest RAM (a multiple of 2M, at least 16M), e.g. 512M or 2G. K, M, G, T
+    /// and KiB, MiB, GiB, TiB are binary (1G = 2^30 bytes); KB, MB, GB, TB are
+    /// decimal (1GB = 10^9 bytes).
+    #[arg(long, default_value = "256M")]
+    memory: Size,
     /// Number of vCPUs, one thread each.
     #[arg(long, default_value_t = 1)]
     vcpus: usize,
@@ -181,26 +177,26 @@ struct RunArgs {
     hugepages: bool,
     /// KVM dirty-page tracking on guest RAM, for `readiness`: `bitmap`
     /// (KVM_GET_DIRTY_LOG) or `ring[:ENTRIES]` (per-vCPU dirty ring, default 4096 entries).
-    #[arg(long, value_name = "MODE", value_parser = dirty_arg)]
-    dirty_log: Option<DirtyMode>,
+    #[arg(long, value_name = "MODE")]
+    dirty_log: Option<DirtyLog>,
     /// Boot this ELF instead of the built-in guest (it must follow docs/GUEST_ABI.md).
     #[arg(long, value_name = "PATH")]
     guest: Option<PathBuf>,
     /// A workload: `[TARGET:] COMMAND (; COMMAND)*`, e.g. "touch size=64M; dirty rate=2000/s for=5s"
     /// or "all: exits count=100". Repeatable. TARGET is all, N, N-M or N,M (default 0).
     /// Without any, vCPU 0 runs the demo workload.
-    #[arg(long, value_name = "SPEC", value_parser = workload_arg)]
+    #[arg(long, value_name = "SPEC", value_parser = parse_workload)]
     workload: Vec<Workload>,
     /// Serve the control socket at PATH (see docs/PROTOCOL.md); the VM then runs
     /// until a client sends `quit` or the process gets SIGINT/SIGTERM.
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     /// Sampler tick: a duration from 1ms up, e.g. 100ms or 1s; `off` runs no sampler.
-    #[arg(long, default_value = "100ms", value_name = "DUR", value_parser = interval_arg)]
+    #[arg(long, default_value = "100ms", value_name = "DUR")]
     sample_interval: Interval,
     /// Points the sampler keeps in memory (its ring buffer); older ones are dropped.
-    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = capacity_arg)]
-    sample_buffer: usize,
+    #[arg(long, default_value = "4096", value_name = "N")]
+    sample_buffer: Count<2, { kvmscope::sampler::MAX_CAPACITY }>,
     /// Write every sample to FILE as it is taken: CSV if it ends in .csv, else
     /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick.
     #[arg(long, value_name = "FILE")]
@@ -219,82 +215,35 @@ struct RunArgs {
     json: bool,
 }
 
-fn capacity_arg(s: &str) -> Result<usize, String> {
-    let max = kvmscope::sampler::MAX_CAPACITY;
-    s.parse::<usize>()
-        .ok()
-        .filter(|n| (2..=max).contains(n))
-        .ok_or_else(|| format!("'{s}' is not a ring size: use a whole number from 2 to {max}"))
-}
-
-/// A sampler interval, or none for `off`.
-#[derive(Clone, Copy)]
-struct Interval(Option<Duration>);
-
-fn interval_arg(s: &str) -> Result<Interval, String> {
-    if s == "off" {
-        return Ok(Interval(None));
-    }
-    let d = kvmscope::units::parse_duration(s)
-        .ok_or_else(|| format!("'{s}' is not a duration: use e.g. 100ms, 1s, or off"))?;
-    if d < kvmscope::sampler::MIN_INTERVAL {
-        return Err(format!("{s} is below the 1ms minimum"));
-    }
-    Ok(Interval(Some(d)))
-}
-
-fn dirty_arg(s: &str) -> Result<DirtyMode, String> {
-    match s.split_once(':') {
-        None if s == "bitmap" => Ok(DirtyMode::Bitmap),
-        None if s == "ring" => Ok(DirtyMode::Ring(4096)),
-        Some(("ring", n)) => n
-            .parse()
-            .map(DirtyMode::Ring)
-            .map_err(|_| format!("'{n}' is not a ring size: use e.g. ring:4096")),
-        _ => Err(format!(
-            "'{s}' is not a dirty-log mode: use bitmap, ring or ring:ENTRIES"
-        )),
+/// The dirty-tracking mode `--dirty-log` names.
+fn dirty_mode(log: DirtyLog) -> DirtyMode {
+    match log {
+        DirtyLog::Bitmap => DirtyMode::Bitmap,
+        DirtyLog::Ring(entries) => DirtyMode::Ring(entries),
     }
 }
 
-fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s)
-        .ok_or_else(|| format!("'{s}' is not a size: use a number with K, M, G or T, like 512M"))
-}
-
-fn vcpu_arg(s: &str) -> Result<VcpuSelector, String> {
-    match s {
-        "all" => Ok(VcpuSelector::All),
-        n => n
-            .parse()
-            .map(VcpuSelector::One)
-            .map_err(|_| format!("'{s}' is not a vCPU: use an index or all")),
+/// The vCPUs `--vcpu` names.
+fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
+    match choice {
+        VcpuChoice::One(index) => VcpuSelector::One(index),
+        VcpuChoice::All => VcpuSelector::All,
     }
-}
-
-fn duration_arg(s: &str) -> Result<Duration, String> {
-    kvmscope::units::parse_duration(s)
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("'{s}' is not a duration: use e.g. 500ms or 2s"))
-}
-
-fn workload_arg(s: &str) -> Result<Workload, String> {
-    parse_workload(s).map_err(|e| e.to_string())
 }
 
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
     // With a socket, clients drive the guest: no demo workload by default.
     let workloads = if args.workload.is_empty() && args.socket.is_none() {
-        vec![workload_arg(&run::demo_workload(args.memory)).map_err(anyhow::Error::msg)?]
+        vec![parse_workload(&run::demo_workload(args.memory.0))?]
     } else {
         args.workload
     };
     let config = RunConfig {
         vm: VmConfig {
-            memory: args.memory,
+            memory: args.memory.0,
             vcpus: args.vcpus,
             hugepages: args.hugepages,
-            dirty_log: args.dirty_log,
+            dirty_log: args.dirty_log.map(dirty_mode),
             guest: args.guest,
         },
         workloads,
@@ -305,7 +254,7 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         sampler: match (args.sample_interval.0, args.samples_out) {
             (Some(interval), out) => Some(SamplerConfig {
                 interval,
-                capacity: args.sample_buffer,
+                capacity: args.sample_buffer.0,
                 out,
             }),
             (None, Some(_)) => {
@@ -347,15 +296,16 @@ fn demo_command(a: DemoArgs) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe()?;
     let config = DemoConfig {
         exe,
-        memory: a.memory,
+        memory: a.memory.0,
         hugepages: a.hugepages,
-        phase_size: a.phase_size,
+        phase_size: a.phase_size.0,
         startup_timeout: Duration::from_secs(10),
     };
     client::demo::run(&config, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(feature = "plot")]
 fn plot_command(a: PlotArgs) -> anyhow::Result<ExitCode> {
     let source = kvmscope::plot::source_name(&a.file);
     let chart = kvmscope::plot::ChartOptions {
@@ -390,7 +340,7 @@ fn main() -> ExitCode {
             let config = StatsConfig {
                 socket: a.socket,
                 vm: a.vm,
-                vcpus: a.vcpu,
+                vcpus: a.vcpu.map(vcpu_selector),
                 names: a.names,
                 json: a.json,
             };
@@ -402,11 +352,11 @@ fn main() -> ExitCode {
             let clear = std::io::stdout().is_terminal();
             let config = WatchConfig {
                 socket: a.socket,
-                interval: a.interval,
+                interval: a.interval.0,
                 names: a.names,
                 count: a.count,
                 vm: a.vm,
-                vcpus: a.vcpu,
+                vcpus: a.vcpu.map(vcpu_selector),
                 clear,
             };
             client::watch::run(&config, &mut std::io::stdout().lock())
@@ -419,14 +369,15 @@ fn main() -> ExitCode {
             Err(e) => Err(e.into()),
         },
         Cmd::Demo(a) => demo_command(a),
+        #[cfg(feature = "plot")]
         Cmd::Plot(a) => plot_command(a),
         Cmd::Readiness(a) => {
             let config = client::readiness::ReadinessConfig {
                 socket: a.socket,
                 scan: a.scan,
-                calc_time: a.calc_time,
-                bandwidth: a.bandwidth,
-                max_downtime: a.max_downtime,
+                calc_time: a.calc_time.map(|s| s.0),
+                bandwidth: a.bandwidth.0,
+                max_downtime: a.max_downtime.0,
                 json: a.json,
             };
             client::readiness::readiness(&config, &mut std::io::stdout().lock())

@@ -1,6 +1,16 @@
 //! What a run did, from KVM's stats and our own counters: the end-of-run report
 //! of `kvmscope run`, as text or JSON.
 
+// Values here come from the kernel, a peer or the user: casts must not lose,
+// wrap or sign-flip them silently; and every public item says what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -13,8 +23,11 @@ use crate::vcpu::{CommandResult, Outcome};
 /// Leaf mappings the KVM MMU holds (VM stats `pages_4k/2m/1g`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Mapped {
+    /// 4 KiB mappings.
     pub pages_4k: u64,
+    /// 2 MiB mappings.
     pub pages_2m: u64,
+    /// 1 GiB mappings.
     pub pages_1g: u64,
 }
 
@@ -44,6 +57,7 @@ impl Mapped {
             .saturating_add(page(self.pages_1g, 1 << 30))
     }
 
+    /// The counts and their bytes as a JSON object.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({ "pages_4k": self.pages_4k, "pages_2m": self.pages_2m, "pages_1g": self.pages_1g, "bytes": self.bytes() })
     }
@@ -52,28 +66,38 @@ impl Mapped {
 /// One vCPU's part of the summary.
 #[derive(Debug, Clone)]
 pub struct VcpuSummary {
+    /// The vCPU's index.
     pub index: usize,
+    /// How its run ended (`None`: it did not report).
     pub outcome: Option<Outcome>,
     /// Growth of each cumulative KVM stat that moved, plus `exits`, by name.
     pub kvm: Vec<(String, u64)>,
     /// Our own counters (see `ExitCounters::to_json`).
     pub ours: serde_json::Value,
+    /// Results of the commands it ran, in order.
     pub results: Vec<CommandResult>,
 }
 
 /// The report of a run.
 #[derive(Debug, Clone)]
 pub struct Summary {
+    /// The KVM backend that ran the guest.
     pub backend: Backend,
+    /// Guest RAM, bytes.
     pub memory: u64,
+    /// Whether guest RAM asked for transparent huge pages.
     pub hugepages: bool,
+    /// Wall time of the run.
     pub elapsed: Duration,
     /// From process start to the first guest port write (the guest's first instruction is earlier still).
     pub to_first_exit: Option<Duration>,
     /// From process start to the first command completed.
     pub to_first_done: Option<Duration>,
+    /// Mapped guest memory before the vCPUs started.
     pub before: Mapped,
+    /// Mapped guest memory at the end.
     pub after: Mapped,
+    /// Each vCPU's part.
     pub vcpus: Vec<VcpuSummary>,
     /// A termination signal ended the run.
     pub signal: Option<i32>,

@@ -1,47 +1,352 @@
-//! Parsing and printing of sizes and durations as users write them (`64M`, `500ms`).
+//! Quantities as users write them on the command line and in workload specs
+//! (`64M`, `10Gbit`, `500ms`, `off`, `ring:4096`, `all`), as `FromStr` types
+//! that clap parses flags into, with one error type that says what is
+//! accepted; and their printing.
+//!
+//! One convention for byte units everywhere:
+//! - `K`, `M`, `G`, `T` and `KiB`, `MiB`, `GiB`, `TiB` are binary (1G = 2^30 bytes);
+//! - `KB`, `MB`, `GB`, `TB` are decimal (1GB = 10^9 bytes);
+//! - bits are spelled `bit`, `kbit`, `Mbit`, `Gbit`, `Tbit` (decimal).
+//!
+//! A bare `K`/`M`/`G`/`T` is a size (guest RAM, workload ranges) but not a
+//! bandwidth, where `10G` could mean bits or either kind of byte: it is
+//! refused with an error that names the three spellings.
 
+// Values here come from the kernel, a peer or the user: casts must not lose,
+// wrap or sign-flip them silently; and every public item says what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
-/// Parses a byte size: a number with an optional binary suffix `K`, `M`, `G`, `T`
-/// (optionally followed by `i`/`iB`/`B`), e.g. `4096`, `64M`, `1GiB`.
-pub fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits_end);
-    let n: u64 = num.parse().ok()?;
-    let shift = match suffix.trim_end_matches("iB").trim_end_matches(['B', 'i']) {
-        "" => 0,
-        "K" | "k" => 10,
-        "M" | "m" => 20,
-        "G" | "g" => 30,
-        "T" | "t" => 40,
-        _ => return None,
-    };
-    n.checked_mul(1u64 << shift)
+/// What the text `--help` and the README show for sizes.
+pub const SIZE_UNITS: &str =
+    "K, M, G, T or KiB, MiB, GiB, TiB (binary, 1G = 2^30 bytes); KB, MB, GB, TB (decimal, 1GB = 10^9 bytes)";
+
+/// A quantity that does not parse, with what would have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    /// Not a size.
+    #[error(
+        "'{0}' is not a size: use a whole number of bytes with an optional unit, {SIZE_UNITS}"
+    )]
+    Size(String),
+    /// A size past `u64::MAX` bytes.
+    #[error("'{0}' is too large: sizes go up to 16 EiB")]
+    SizeOverflow(String),
+    /// Not a bandwidth.
+    #[error("'{0}' is not a bandwidth: use e.g. 10Gbit, 1.25GB/s or 800MiB/s (bits: bit, kbit, Mbit, Gbit, Tbit; bytes: B, {SIZE_UNITS})")]
+    Bandwidth(String),
+    /// A bandwidth with a bare `K`/`M`/`G`/`T`.
+    #[error("'{text}' is ambiguous for a bandwidth: write {number}{prefix}bit (bits), {number}{prefix}B/s (decimal bytes) or {number}{prefix}iB/s (binary bytes)")]
+    AmbiguousBandwidth {
+        /// What was given.
+        text: String,
+        /// Its number.
+        number: String,
+        /// Its unit letter.
+        prefix: String,
+    },
+    /// Not a duration.
+    #[error("'{0}' is not a duration: use a number with ns, us, ms, s or m, e.g. 500ms or 2s")]
+    Duration(String),
+    /// A zero duration where only a positive one makes sense.
+    #[error("'{0}' is not a positive duration: use e.g. 500ms or 2s")]
+    ZeroDuration(String),
+    /// Not a sampler interval.
+    #[error(
+        "'{0}' is not a sampler interval: use a duration from 1ms up, e.g. 100ms or 1s, or off"
+    )]
+    Interval(String),
+    /// Not a whole number in range.
+    #[error("'{text}' is not a whole number from {min} to {max}")]
+    Count {
+        /// What was given.
+        text: String,
+        /// Smallest allowed.
+        min: usize,
+        /// Largest allowed.
+        max: usize,
+    },
+    /// Not a dirty-log mode.
+    #[error("'{0}' is not a dirty-log mode: use bitmap, ring or ring:ENTRIES (e.g. ring:4096)")]
+    DirtyLog(String),
+    /// Not a vCPU choice.
+    #[error("'{0}' is not a vCPU: use an index or all")]
+    Vcpu(String),
 }
 
-/// Parses a duration: a number with a suffix `ns`, `us`, `ms`, `s` or `m` (`1.5s` allowed),
-/// rounded to the nanosecond.
-pub fn parse_duration(text: &str) -> Option<Duration> {
+/// Splits `text` into its leading number (digits and, with `fraction`, dots)
+/// and the unit after it.
+fn split_number(text: &str, fraction: bool) -> (&str, &str) {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+    let end = t
+        .find(|c: char| !(c.is_ascii_digit() || (fraction && c == '.')))
         .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let ns_per_unit = match unit {
-        "ns" => 1.0,
-        "us" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        "m" | "min" => 60e9,
+    t.split_at(end)
+}
+
+/// Bytes per unit, by the module's convention; bare letters only with `bare`.
+fn byte_unit(unit: &str, bare: bool) -> Option<u64> {
+    Some(match unit {
+        "" | "B" => 1,
+        "Ki" | "KiB" => 1 << 10,
+        "Mi" | "MiB" => 1 << 20,
+        "Gi" | "GiB" => 1 << 30,
+        "Ti" | "TiB" => 1 << 40,
+        "K" | "k" if bare => 1 << 10,
+        "M" | "m" if bare => 1 << 20,
+        "G" | "g" if bare => 1 << 30,
+        "T" | "t" if bare => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
         _ => return None,
-    };
-    let ns = n * ns_per_unit;
-    if !ns.is_finite() || !(0.0..=1e18).contains(&ns) {
-        return None;
+    })
+}
+
+/// A size in bytes: a whole number with an optional unit ([`SIZE_UNITS`]),
+/// e.g. `4096`, `64M`, `1GiB`, `500MB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Size(pub u64);
+
+impl FromStr for Size {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (number, unit) = split_number(text, false);
+        let n: u64 = number
+            .parse()
+            .map_err(|_| UnitError::Size(text.to_string()))?;
+        let per_unit = byte_unit(unit, true).ok_or_else(|| UnitError::Size(text.to_string()))?;
+        n.checked_mul(per_unit)
+            .map(Size)
+            .ok_or_else(|| UnitError::SizeOverflow(text.to_string()))
     }
-    Some(Duration::from_nanos(ns.round() as u64))
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_bytes(self.0))
+    }
+}
+
+/// Parses a size (see [`Size`]); `None` if it does not parse.
+pub fn parse_size(text: &str) -> Option<u64> {
+    text.parse::<Size>().ok().map(|s| s.0)
+}
+
+/// A link bandwidth in bytes per second: a number with a unit of bits
+/// (`bit`, `kbit`, `Mbit`, `Gbit`, `Tbit`; decimal) or bytes (`B`, `KiB`..`TiB`
+/// binary, `KB`..`TB` decimal) and an optional `/s`; a bare number is bytes
+/// per second. E.g. `10Gbit`, `1.25GB/s`, `800MiB/s`.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Bandwidth(pub f64);
+
+impl FromStr for Bandwidth {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || UnitError::Bandwidth(text.to_string());
+        let (number, unit) = split_number(text.trim().trim_end_matches("/s"), true);
+        let n: f64 = number.parse().map_err(|_| bad())?;
+        let per_unit = match unit.trim() {
+            "bit" => 1.0 / 8.0,
+            "kbit" | "Kbit" => 1e3 / 8.0,
+            "Mbit" => 1e6 / 8.0,
+            "Gbit" => 1e9 / 8.0,
+            "Tbit" => 1e12 / 8.0,
+            u @ ("K" | "k" | "M" | "m" | "G" | "g" | "T" | "t") => {
+                return Err(UnitError::AmbiguousBandwidth {
+                    text: text.to_string(),
+                    number: number.to_string(),
+                    prefix: u.to_ascii_uppercase(),
+                })
+            }
+            u => byte_unit(u, false).ok_or_else(bad)? as f64,
+        };
+        let v = n * per_unit;
+        if v.is_finite() && v > 0.0 {
+            Ok(Bandwidth(v))
+        } else {
+            Err(bad())
+        }
+    }
+}
+
+/// A duration: a number with a unit `ns`, `us`, `ms`, `s` or `m`/`min`
+/// (`1.5s` allowed), rounded to the nanosecond; zero allowed (`0s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Span(pub Duration);
+
+impl FromStr for Span {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || UnitError::Duration(text.to_string());
+        let (number, unit) = split_number(text, true);
+        let n: f64 = number.parse().map_err(|_| bad())?;
+        let ns_per_unit = match unit {
+            "ns" => 1.0,
+            "us" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" | "min" => 60e9,
+            _ => return Err(bad()),
+        };
+        let ns = (n * ns_per_unit).round();
+        // Whole nanoseconds below 1e18 (about 31 years) convert to u64 exactly.
+        if !(0.0..=1e18).contains(&ns) {
+            return Err(bad());
+        }
+        Ok(Span(Duration::from_nanos(saturating_u64(ns))))
+    }
+}
+
+/// Parses a duration (see [`Span`]); `None` if it does not parse.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    text.parse::<Span>().ok().map(|s| s.0)
+}
+
+/// A positive duration (see [`Span`]), e.g. a refresh period or a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Period(pub Duration);
+
+impl FromStr for Period {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.parse::<Span>()? {
+            Span(d) if d.is_zero() => Err(UnitError::ZeroDuration(text.to_string())),
+            Span(d) => Ok(Period(d)),
+        }
+    }
+}
+
+/// A sampler interval: a duration from [`Interval::MIN`] up, or `off` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval(pub Option<Duration>);
+
+impl Interval {
+    /// The shortest interval: one tick per millisecond.
+    pub const MIN: Duration = Duration::from_millis(1);
+}
+
+impl FromStr for Interval {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.trim() == "off" {
+            return Ok(Interval(None));
+        }
+        match text.parse::<Span>() {
+            Ok(Span(d)) if d >= Interval::MIN => Ok(Interval(Some(d))),
+            _ => Err(UnitError::Interval(text.to_string())),
+        }
+    }
+}
+
+/// A whole number from `MIN` to `MAX`, e.g. a ring's capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Count<const MIN: usize, const MAX: usize>(pub usize);
+
+impl<const MIN: usize, const MAX: usize> FromStr for Count<MIN, MAX> {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (MIN..=MAX).contains(n))
+            .map(Count)
+            .ok_or_else(|| UnitError::Count {
+                text: text.to_string(),
+                min: MIN,
+                max: MAX,
+            })
+    }
+}
+
+impl<const MIN: usize, const MAX: usize> fmt::Display for Count<MIN, MAX> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// KVM dirty-page tracking as `--dirty-log` names it: `bitmap`, `ring`
+/// (4096 entries per vCPU) or `ring:ENTRIES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirtyLog {
+    /// One dirty bitmap per memory slot (KVM_GET_DIRTY_LOG).
+    Bitmap,
+    /// A dirty ring of this many entries per vCPU.
+    Ring(u32),
+}
+
+impl DirtyLog {
+    /// Entries per vCPU ring when `ring` names none.
+    pub const DEFAULT_RING: u32 = 4096;
+}
+
+impl FromStr for DirtyLog {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim().split_once(':') {
+            None if text.trim() == "bitmap" => Ok(DirtyLog::Bitmap),
+            None if text.trim() == "ring" => Ok(DirtyLog::Ring(Self::DEFAULT_RING)),
+            Some(("ring", n)) => n
+                .parse()
+                .map(DirtyLog::Ring)
+                .map_err(|_| UnitError::DirtyLog(text.to_string())),
+            _ => Err(UnitError::DirtyLog(text.to_string())),
+        }
+    }
+}
+
+/// Which vCPUs a client asks about: one index, or `all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VcpuChoice {
+    /// The vCPU with this index.
+    One(usize),
+    /// Every vCPU.
+    All,
+}
+
+impl FromStr for VcpuChoice {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "all" => Ok(VcpuChoice::All),
+            n => n
+                .parse()
+                .map(VcpuChoice::One)
+                .map_err(|_| UnitError::Vcpu(text.to_string())),
+        }
+    }
+}
+
+/// `v` rounded toward zero into a `u64`, saturating: NaN and negative values
+/// give 0, values past `u64::MAX` give `u64::MAX`. This is what `as` does;
+/// the one place that says so, for figures computed in floating point.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn saturating_u64(v: f64) -> u64 {
+    v as u64
+}
+
+/// As [`saturating_u64`], into a `usize`.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn saturating_usize(v: f64) -> usize {
+    v as usize
 }
 
 /// Formats a duration exactly, in the largest unit that divides it: `5s`, `250ms`, `1500us`.
@@ -56,41 +361,10 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
-/// Parses a link bandwidth into bytes per second: a number with an optional
-/// unit, bits (`bit`, `kbit`, `Mbit`, `Gbit`, `Tbit`; decimal) or bytes (`B`,
-/// `KB`/`MB`/`GB`/`TB` decimal, `KiB`/`MiB`/`GiB`/`TiB` binary), and an optional
-/// `/s`. A bare number is bytes per second. E.g. `10Gbit`, `1.25GB/s`, `800MiB`.
-pub fn parse_bandwidth(text: &str) -> Option<f64> {
-    let t = text.trim().trim_end_matches("/s").trim_end_matches("ps");
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let factor = match unit.trim() {
-        "" | "B" => 1.0,
-        "bit" | "b" => 1.0 / 8.0,
-        "kbit" | "Kbit" | "kb" => 1e3 / 8.0,
-        "Mbit" | "Mb" => 1e6 / 8.0,
-        "Gbit" | "Gb" => 1e9 / 8.0,
-        "Tbit" | "Tb" => 1e12 / 8.0,
-        "KB" | "kB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "TB" => 1e12,
-        "KiB" => 1024.0,
-        "MiB" => 1048576.0,
-        "GiB" => 1073741824.0,
-        "TiB" => 1099511627776.0,
-        _ => return None,
-    };
-    let v = n * factor;
-    (v.is_finite() && v > 0.0).then_some(v)
-}
-
 /// Formats bytes with a binary unit, e.g. `64 MiB`, `1.50 GiB`.
 pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    // Printed to two decimals, so f64's 53 bits of precision are plenty.
     let mut v = bytes as f64;
     let mut i = 0;
     while v >= 1024.0 && i < UNITS.len() - 1 {
@@ -104,76 +378,8 @@ pub fn format_bytes(bytes: u64) -> String {
     }
 }
 
+// Tests longer than the module's own code live beside it (see the README's
+// "Tests" section for the layout).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_accept_binary_suffixes() {
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("4K"), Some(4096));
-        assert_eq!(parse_size("64M"), Some(64 << 20));
-        assert_eq!(parse_size("1GiB"), Some(1 << 30));
-        assert_eq!(parse_size("2G"), Some(2 << 30));
-    }
-
-    #[test]
-    fn sizes_reject_garbage_and_overflow() {
-        assert_eq!(parse_size(""), None);
-        assert_eq!(parse_size("M"), None);
-        assert_eq!(parse_size("12X"), None);
-        assert_eq!(parse_size("-4K"), None);
-        assert_eq!(parse_size("99999999999999T"), None);
-    }
-
-    #[test]
-    fn durations_accept_units_and_fractions() {
-        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_duration("5s"), Some(Duration::from_secs(5)));
-        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("10us"), Some(Duration::from_micros(10)));
-    }
-
-    #[test]
-    fn durations_reject_missing_or_unknown_units() {
-        assert_eq!(parse_duration("5"), None);
-        assert_eq!(parse_duration("5h"), None);
-        assert_eq!(parse_duration("s"), None);
-        assert_eq!(parse_duration("1e400s"), None);
-    }
-
-    #[test]
-    fn bandwidth_takes_bits_and_bytes() {
-        assert_eq!(parse_bandwidth("10Gbit"), Some(1.25e9));
-        assert_eq!(parse_bandwidth("10Gbit/s"), Some(1.25e9));
-        assert_eq!(parse_bandwidth("1.25GB/s"), Some(1.25e9));
-        assert_eq!(parse_bandwidth("100MiB"), Some(104857600.0));
-        assert_eq!(parse_bandwidth("5000"), Some(5000.0));
-        assert_eq!(parse_bandwidth("0"), None);
-        assert_eq!(parse_bandwidth("fast"), None);
-        assert_eq!(parse_bandwidth("10Gbyte"), None);
-    }
-
-    #[test]
-    fn durations_format_exactly_and_parse_back() {
-        for d in [
-            Duration::ZERO,
-            Duration::from_secs(5),
-            Duration::from_millis(250),
-            Duration::from_micros(1500),
-            Duration::from_nanos(7),
-        ] {
-            assert_eq!(parse_duration(&format_duration(d)), Some(d), "{d:?}");
-        }
-        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
-        assert_eq!(parse_duration("0.1s"), Some(Duration::from_millis(100)));
-    }
-
-    #[test]
-    fn bytes_format_with_binary_units() {
-        assert_eq!(format_bytes(512), "512 B");
-        assert_eq!(format_bytes(64 << 20), "64 MiB");
-        assert_eq!(format_bytes(3 << 29), "1.50 GiB");
-    }
-}
+#[path = "units_tests.rs"]
+mod tests;

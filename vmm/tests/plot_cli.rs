@@ -57,8 +57,10 @@ fn plot_writes_a_png_of_the_requested_size_from_csv() {
     let out = kvmscope(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     let bytes = std::fs::read(&png).unwrap_or_default();
-    let pixmap = resvg::tiny_skia::Pixmap::decode_png(&bytes).expect("a PNG");
-    assert_eq!((pixmap.width(), pixmap.height()), (640, 400));
+    let info = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .map(|r| (r.info().width, r.info().height));
+    assert_eq!(info.ok(), Some((640, 400)));
 }
 
 #[test]

@@ -1,44 +1,117 @@
-//! Lays the chart out: two panels sharing the time axis (mapped bytes by page
-//! size above, exit rates per vCPU below), phase markers across both, and a
-//! legend in the right margin.
+//! The chart, drawn with plotters on any backend (SVG or an RGB buffer): two
+//! panels sharing the time axis (mapped bytes by page size above, exit rates
+//! per vCPU below), phase markers across both, a title, and the legend in the
+//! right margin (`legend.rs`).
 
-use std::fmt::Write;
+use std::ops::Range;
 
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use super::axes::{self, ByteAxis, RateAxis};
 use super::markers::{self, PhaseChange};
-use super::scale::{self, Axis};
-use super::svg::{circle, coords, line, num, rect, El, Rect, Svg};
-use super::{ChartOptions, PlotError, RateScale, Rendered, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH};
+use super::{ChartOptions, PlotError, RateScale, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH};
 use crate::sampler::record::{Point, SeriesHeader, VcpuPoint};
-use crate::units::format_bytes;
+use crate::units::{format_bytes, saturating_usize};
 
-const LEFT: f64 = 84.0;
-const RIGHT: f64 = 215.0;
-const TOP: f64 = 64.0;
-const BOTTOM: f64 = 52.0;
-const GAP: f64 = 26.0;
+/// What a drawing call returns: plotters' error for the backend in use.
+pub(super) type Drawing<T, DB> = Result<T, DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+
+/// Margins around the panels, in pixels: y labels, legend, title, x labels.
+const LEFT: u32 = 84;
+const LEFT_PX: i32 = 84;
+pub(super) const RIGHT: u32 = 215;
+const TOP: u32 = 64;
+const BOTTOM: u32 = 52;
+/// Space between the two panels.
+const GAP: u32 = 26;
+const GAP_PX: i32 = 26;
 /// Phase changes closer than this share one marker line.
 const MARKER_MIN_PX: f64 = 13.0;
-/// Rough width of one character of an 11 px label, to cut labels that would not fit.
+/// Rough width of one character of a marker label, to cut labels that would not fit.
 const LABEL_CHAR_PX: f64 = 6.4;
-pub(super) const ROW: f64 = 18.0;
+/// Text sizes as plotters counts them (an SVG `font-size` of size / 1.24).
+pub(super) const TEXT: f64 = 13.6;
+const TITLE: f64 = 21.0;
+
+pub(super) const INK: RGBColor = RGBColor(0x22, 0x22, 0x22);
+const GREY: RGBColor = RGBColor(0x55, 0x55, 0x55);
+const GRID: RGBColor = RGBColor(0xe4, 0xe4, 0xe4);
+const FRAME: RGBColor = RGBColor(0xc8, 0xc8, 0xc8);
+const PANEL: RGBColor = RGBColor(0xfc, 0xfc, 0xfc);
+
+/// The colour of the total-mapped line.
+pub const TOTAL_COLOR: RGBColor = INK;
 
 /// One colour per vCPU (Tableau 10), repeating after ten.
-pub(super) const VCPU_COLORS: [&str; 10] = [
-    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-    "#9c755f", "#bab0ac",
+const VCPU_COLORS: [RGBColor; 10] = [
+    RGBColor(0x4e, 0x79, 0xa7),
+    RGBColor(0xf2, 0x8e, 0x2b),
+    RGBColor(0xe1, 0x57, 0x59),
+    RGBColor(0x76, 0xb7, 0xb2),
+    RGBColor(0x59, 0xa1, 0x4f),
+    RGBColor(0xed, 0xc9, 0x48),
+    RGBColor(0xb0, 0x7a, 0xa1),
+    RGBColor(0xff, 0x9d, 0xa7),
+    RGBColor(0x9c, 0x75, 0x5f),
+    RGBColor(0xba, 0xb0, 0xac),
 ];
 
-/// Page-size layers, bottom to top: legend name, SVG id, fill, bytes per page.
-pub(super) const LAYERS: [(&str, &str, &str, f64); 3] = [
-    ("4 KiB pages", "layer-4k", "#9ecae1", 4096.0),
-    ("2 MiB pages", "layer-2m", "#fdae6b", 2_097_152.0),
-    ("1 GiB pages", "layer-1g", "#a1d99b", 1_073_741_824.0),
+/// Page-size layers, bottom to top: legend name, fill, bytes per page.
+pub(super) const LAYERS: [(&str, RGBColor, f64); 3] = [
+    ("4 KiB pages", RGBColor(0x9e, 0xca, 0xe1), 4096.0),
+    ("2 MiB pages", RGBColor(0xfd, 0xae, 0x6b), 2_097_152.0),
+    ("1 GiB pages", RGBColor(0xa1, 0xd9, 0x9b), 1_073_741_824.0),
 ];
+
+/// Which of a vCPU's two exit rates a line shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rate {
+    /// KVM's `exits` stat: every exit, handled in the kernel or not (a thick line).
+    Kvm,
+    /// Exits that reached this VMM (a thin line in a lighter shade).
+    Ours,
+}
+
+impl Rate {
+    fn of(self, v: &VcpuPoint) -> f64 {
+        match self {
+            Rate::Kvm => v.exits_per_s,
+            Rate::Ours => v.our_exits_per_s,
+        }
+    }
+
+    /// The line's style in `color`.
+    pub(super) fn style(self, color: RGBColor) -> ShapeStyle {
+        match self {
+            Rate::Kvm => color.stroke_width(2),
+            Rate::Ours => color.stroke_width(1),
+        }
+    }
+}
+
+/// The colour of `vcpu`'s line for `rate`: the vCPU's colour for KVM's rate,
+/// half-way to white for ours.
+pub fn rate_color(vcpu: usize, rate: Rate) -> RGBColor {
+    let RGBColor(r, g, b) = VCPU_COLORS[vcpu % VCPU_COLORS.len()];
+    match rate {
+        Rate::Kvm => RGBColor(r, g, b),
+        Rate::Ours => RGBColor(lighten(r), lighten(g), lighten(b)),
+    }
+}
+
+fn lighten(c: u8) -> u8 {
+    c.saturating_add((255 - c) / 2)
+}
 
 /// Bytes mapped with one page size. In floating point, so no count can overflow.
 fn layer_bytes(p: &Point, layer: usize) -> f64 {
     let pages = [p.pages_4k, p.pages_2m, p.pages_1g];
-    pages[layer] as f64 * LAYERS[layer].3
+    pages[layer] as f64 * LAYERS[layer].2
 }
 
 fn total_bytes(p: &Point) -> f64 {
@@ -62,60 +135,26 @@ pub fn check_size(opts: &ChartOptions) -> Result<(), PlotError> {
     }
 }
 
-/// Which of a vCPU's two rates a line shows.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Rate {
-    /// KVM's `exits` stat: every exit, handled in the kernel or not.
-    Kvm,
-    /// Exits that reached this VMM.
-    Ours,
-}
-
-impl Rate {
-    fn of(self, v: &VcpuPoint) -> f64 {
-        match self {
-            Rate::Kvm => v.exits_per_s,
-            Rate::Ours => v.our_exits_per_s,
-        }
-    }
-
-    fn id(self) -> &'static str {
-        match self {
-            Rate::Kvm => "kvm",
-            Rate::Ours => "ours",
-        }
-    }
-
-    pub(super) fn style(self, el: El) -> El {
-        match self {
-            Rate::Kvm => el.num("stroke-width", 1.8),
-            Rate::Ours => el.num("stroke-width", 1.4).attr("stroke-dasharray", "6 3"),
-        }
-    }
-}
-
 /// A series ready to draw: samples with a finite time, the vCPUs shown, and
-/// the layout and axes derived from them.
+/// the axes derived from them.
 pub struct Chart<'a> {
     opts: &'a ChartOptions,
     header: &'a SeriesHeader,
-    points: Vec<&'a Point>,
+    pub(super) points: Vec<&'a Point>,
     pub(super) vcpus: Vec<usize>,
     /// vCPUs in the series, shown or not.
     available: usize,
     pub(super) layers: [bool; 3],
-    /// Seconds from the first sample to the last.
-    span_s: f64,
     changes: Vec<PhaseChange>,
-    pub(super) top: Rect,
-    pub(super) bottom: Rect,
-    time: Axis,
-    bytes: Axis,
-    rates: Axis,
+    time: Range<f64>,
+    bytes: ByteAxis,
+    rates: RateAxis,
+    /// Whether text is drawn (not when a bitmap has no font to draw it with).
+    text: bool,
 }
 
 impl<'a> Chart<'a> {
-    /// Validates the options against the series and lays the chart out.
+    /// Validates the options against the series and derives the axes.
     ///
     /// # Errors
     /// A bad size, no sample with a finite time, or a `vcpu` the series lacks.
@@ -126,11 +165,11 @@ impl<'a> Chart<'a> {
     ) -> Result<Self, PlotError> {
         check_size(opts)?;
         let points: Vec<&Point> = points.iter().filter(|p| p.time_s.is_finite()).collect();
-        let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        if points.is_empty() {
             return Err(PlotError::EmptySeries {
                 name: opts.source.clone(),
             });
-        };
+        }
         let available = points.iter().map(|p| p.vcpus.len()).max().unwrap_or(0);
         let vcpus = match opts.vcpu {
             Some(v) if v < available => vec![v],
@@ -142,18 +181,16 @@ impl<'a> Chart<'a> {
             }
             None => (0..available).collect(),
         };
-        let t0 = points.iter().map(|p| p.time_s).fold(first.time_s, f64::min);
-        let t1 = points.iter().map(|p| p.time_s).fold(last.time_s, f64::max);
+        let t0 = points
+            .iter()
+            .map(|p| p.time_s)
+            .fold(f64::INFINITY, f64::min);
+        let t1 = points
+            .iter()
+            .map(|p| p.time_s)
+            .fold(f64::NEG_INFINITY, f64::max);
         let max_bytes = points.iter().map(|p| total_bytes(p)).fold(0.0, f64::max);
         let max_rate = max_rate(&points, &vcpus);
-        let (w, h) = (f64::from(opts.width), f64::from(opts.height));
-        let panel_h = (h - TOP - BOTTOM - GAP) / 2.0;
-        let top = Rect {
-            x: LEFT,
-            y: TOP,
-            w: w - LEFT - RIGHT,
-            h: panel_h,
-        };
         Ok(Chart {
             opts,
             header,
@@ -162,76 +199,67 @@ impl<'a> Chart<'a> {
             points,
             vcpus,
             available,
-            span_s: t1 - t0,
-            top,
-            bottom: Rect {
-                y: top.bottom() + GAP,
-                ..top
-            },
-            time: scale::time_axis(t0, t1),
-            bytes: scale::bytes_axis(max_bytes),
+            time: axes::time_range(t0, t1),
+            bytes: ByteAxis::new(max_bytes),
             rates: match opts.rates {
-                RateScale::Log => scale::log_rate_axis(max_rate),
-                RateScale::Linear => scale::linear_rate_axis(max_rate),
+                RateScale::Log => RateAxis::log(max_rate),
+                RateScale::Linear => RateAxis::linear(max_rate),
             },
+            text: true,
         })
     }
 
-    /// Writes the chart as an SVG document.
-    pub fn render(&self) -> Rendered {
-        let mut svg = Svg::new(self.opts.width, self.opts.height);
-        svg.leaf(
-            El::new("rect")
-                .attr("width", "100%")
-                .attr("height", "100%")
-                .attr("fill", "white"),
-        );
-        self.draw_title(&mut svg);
-        for panel in [self.top, self.bottom] {
-            svg.leaf(
-                rect(panel)
-                    .attr("fill", "#fcfcfc")
-                    .attr("stroke", "#c8c8c8"),
-            );
+    /// Leaves all text out (for a bitmap with no font to draw it with).
+    pub fn without_text(mut self) -> Self {
+        self.text = false;
+        self
+    }
+
+    /// Draws the chart on `root`, the whole image; returns the marker lines drawn.
+    pub fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Drawing<usize, DB> {
+        root.fill(&WHITE)?;
+        self.draw_title(root)?;
+        let (w, h) = root.dim_in_pixel();
+        let panel_h = h.saturating_sub(TOP + BOTTOM + GAP) / 2;
+        let width = w.saturating_sub(RIGHT);
+        let top = root.clone().shrink((0, TOP), (width, panel_h));
+        let bottom = root
+            .clone()
+            .shrink((0, TOP + panel_h + GAP), (width, panel_h + BOTTOM));
+        let x_of = self.draw_bytes(&top)?;
+        self.draw_rates(&bottom)?;
+        let px = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+        let upper = (px(TOP), px(TOP + panel_h));
+        let lower = (px(TOP + panel_h + GAP), px(TOP + 2 * panel_h + GAP));
+        let markers = self.draw_markers(root, &x_of, (upper.0, lower.1))?;
+        self.draw_legend(root, px(width + 18), [upper, lower])?;
+        Ok(markers)
+    }
+
+    /// A text style in `color`, invisible when text is left out.
+    pub(super) fn font(&self, size: f64, color: RGBColor) -> TextStyle<'static> {
+        let alpha = if self.text { 1.0 } else { 0.0 };
+        TextStyle {
+            font: FontDesc::new(FontFamily::SansSerif, size, FontStyle::Normal),
+            color: color.mix(alpha).to_backend_color(),
+            pos: Pos::default(),
         }
-        self.draw_bands(&mut svg);
-        self.draw_axes(&mut svg);
-        self.draw_bytes(&mut svg);
-        self.draw_rates(&mut svg);
-        let markers = self.draw_markers(&mut svg);
-        self.draw_legend(&mut svg);
-        Rendered {
-            svg: svg.finish(),
-            points: self.points.len(),
-            markers,
-            vcpus: self.vcpus.len(),
+    }
+
+    /// As `font`, bold.
+    pub(super) fn bold(&self, size: f64, color: RGBColor) -> TextStyle<'static> {
+        let style = self.font(size, color);
+        TextStyle {
+            font: FontDesc::new(FontFamily::SansSerif, size, FontStyle::Bold),
+            ..style
         }
     }
 
-    fn x(&self, t: f64) -> f64 {
-        self.top.x + self.time.frac(t) * self.top.w
-    }
-
-    fn y_bytes(&self, b: f64) -> f64 {
-        self.top.bottom() - self.bytes.frac(b) * self.top.h
-    }
-
-    fn y_rate(&self, r: f64) -> f64 {
-        self.bottom.bottom() - self.rates.frac(r) * self.bottom.h
-    }
-
-    fn draw_title(&self, svg: &mut Svg) {
+    fn draw_title<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Drawing<(), DB> {
         let title = self.opts.title.as_deref().unwrap_or(&self.opts.source);
-        let el = El::new("text")
-            .attr("id", "title")
-            .num("x", LEFT)
-            .num("y", 26.0);
-        svg.text(el.attr("font-size", 17).attr("font-weight", "bold"), title);
-        let el = El::new("text")
-            .attr("id", "subtitle")
-            .num("x", LEFT)
-            .num("y", 46.0);
-        svg.text(el.attr("fill", "#555"), &self.subtitle());
+        let x = LEFT_PX;
+        root.draw(&Text::new(clean(title), (x, 12), self.bold(TITLE, INK)))?;
+        root.draw(&Text::new(self.subtitle(), (x, 36), self.font(TEXT, GREY)))
     }
 
     /// What the header says about the run, and how much the series covers.
@@ -243,7 +271,7 @@ impl<'a> Chart<'a> {
             .get("description")
             .or_else(|| h.backend.get("kind"));
         if let Some(b) = backend.and_then(|b| b.as_str()) {
-            parts.push(b.to_string());
+            parts.push(clean(b));
         }
         let n = h.vcpus.max(self.available);
         parts.push(match self.opts.vcpu {
@@ -254,87 +282,32 @@ impl<'a> Chart<'a> {
             parts.push(format!("{} RAM", format_bytes(h.memory)));
         }
         if h.interval_ms.is_finite() && h.interval_ms > 0.0 {
-            parts.push(format!("sampled every {} ms", scale::si(h.interval_ms)));
+            parts.push(format!("sampled every {} ms", axes::si(h.interval_ms)));
         }
-        parts.push(format!(
-            "{} samples over {:.2} s",
-            self.points.len(),
-            self.span_s
-        ));
+        let span = self.time_span();
+        parts.push(format!("{} samples over {span:.2} s", self.points.len()));
         parts.join("  ·  ")
     }
 
-    /// With one vCPU shown, a faint band per phase, coloured by its command.
-    fn draw_bands(&self, svg: &mut Svg) {
-        if self.vcpus.len() != 1 || self.changes.is_empty() {
-            return;
-        }
-        svg.open(
-            El::new("g")
-                .attr("id", "bands")
-                .attr("fill-opacity", "0.07"),
-        );
-        for (i, c) in self.changes.iter().enumerate() {
-            let x0 = self.x(c.time_s);
-            let x1 = self
-                .changes
-                .get(i + 1)
-                .map_or(self.top.right(), |n| self.x(n.time_s));
-            for panel in [self.top, self.bottom] {
-                let band = Rect {
-                    x: x0,
-                    w: x1 - x0,
-                    ..panel
-                };
-                svg.leaf(rect(band).attr("fill", markers::command_color(c.code)));
-            }
-        }
-        svg.close();
+    /// Seconds from the first sample to the last.
+    fn time_span(&self) -> f64 {
+        let t = self.points.iter().map(|p| p.time_s);
+        t.clone().fold(f64::NEG_INFINITY, f64::max) - t.fold(f64::INFINITY, f64::min)
     }
 
-    fn draw_axes(&self, svg: &mut Svg) {
-        svg.open(El::new("g").attr("id", "axes").attr("fill", "#333"));
-        for tick in &self.time.ticks {
-            let x = self.x(tick.value);
-            for panel in [self.top, self.bottom] {
-                svg.leaf(line(x, panel.y, x, panel.bottom()).attr("stroke", "#e4e4e4"));
-            }
-            let label = El::new("text")
-                .num("x", x)
-                .num("y", self.bottom.bottom() + 17.0);
-            svg.text(label.attr("text-anchor", "middle"), &tick.label);
-        }
-        let mid = self.top.x + self.top.w / 2.0;
-        let title = El::new("text")
-            .num("x", mid)
-            .num("y", self.bottom.bottom() + 38.0);
-        svg.text(title.attr("text-anchor", "middle"), "time (s)");
-        y_axis(
-            svg,
-            self.top,
-            &self.bytes,
-            |b| self.y_bytes(b),
-            "mapped guest memory",
-        );
-        let rate_title = match self.opts.rates {
-            RateScale::Log => "exits/s (log scale)",
-            RateScale::Linear => "exits/s",
-        };
-        y_axis(
-            svg,
-            self.bottom,
-            &self.rates,
-            |r| self.y_rate(r),
-            rate_title,
-        );
-        svg.close();
-    }
-
-    /// Stacked areas per page size, and the total as a line on top.
-    fn draw_bytes(&self, svg: &mut Svg) {
-        svg.open(El::new("g").attr("id", "bytes"));
+    /// The top panel: stacked areas per page size and the total as a line on
+    /// top. Returns the time axis' mapping to pixels, for the markers.
+    fn draw_bytes<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+    ) -> Drawing<impl Fn(f64) -> i32, DB> {
+        let mut chart = ChartBuilder::on(area)
+            .y_label_area_size(LEFT)
+            .build_cartesian_2d(self.time.clone(), 0.0..self.bytes.top)?;
+        let label = |v: &f64| self.bytes.label(*v);
+        self.panel(&mut chart, "mapped guest memory", &label)?;
         let mut below = vec![0.0; self.points.len()];
-        for (k, (_, id, fill, _)) in LAYERS.iter().enumerate() {
+        for (k, (_, fill, _)) in LAYERS.iter().enumerate() {
             if !self.layers[k] {
                 continue;
             }
@@ -343,143 +316,154 @@ impl<'a> Chart<'a> {
                 .zip(&self.points)
                 .map(|(b, p)| b + layer_bytes(p, k))
                 .collect();
-            let upper = self
-                .points
-                .iter()
-                .zip(&above)
-                .map(|(p, b)| (self.x(p.time_s), self.y_bytes(*b)));
-            let lower = self
-                .points
-                .iter()
-                .zip(&below)
-                .rev()
-                .map(|(p, b)| (self.x(p.time_s), self.y_bytes(*b)));
-            svg.leaf(
-                El::new("polygon")
-                    .attr("id", *id)
-                    .attr("points", coords(upper.chain(lower)))
-                    .attr("fill", *fill),
-            );
+            let at = |(p, b): (&&Point, &f64)| (p.time_s, self.bytes.y(*b));
+            let upper = self.points.iter().zip(&above).map(at);
+            let lower = self.points.iter().zip(&below).rev().map(at);
+            let outline: Vec<(f64, f64)> = upper.chain(lower).collect();
+            chart.draw_series(std::iter::once(Polygon::new(outline, fill.filled())))?;
             below = above;
         }
         let total: Vec<(f64, f64)> = self
             .points
             .iter()
-            .map(|p| (self.x(p.time_s), self.y_bytes(total_bytes(p))))
+            .map(|p| (p.time_s, self.bytes.y(total_bytes(p))))
             .collect();
-        let el = El::new("polyline")
-            .attr("id", "total-mapped")
-            .attr("points", coords(total.iter().copied()));
-        svg.leaf(
-            el.attr("fill", "none")
-                .attr("stroke", "#222")
-                .num("stroke-width", 1.8)
-                .attr("stroke-linejoin", "round"),
-        );
-        if let [(x, y)] = total[..] {
-            svg.leaf(circle(x, y).attr("fill", "#222"));
-        }
-        svg.close();
+        draw_line(&mut chart, total, TOTAL_COLOR.stroke_width(2))?;
+        let spec: Cartesian2d<RangedCoordf64, RangedCoordf64> = chart.as_coord_spec().clone();
+        Ok(move |t: f64| spec.translate(&(t, 0.0)).0)
     }
 
-    /// Per vCPU, KVM's exit rate as a solid line and ours dashed, in the vCPU's colour.
-    fn draw_rates(&self, svg: &mut Svg) {
-        svg.open(
-            El::new("g")
-                .attr("id", "rates")
-                .attr("fill", "none")
-                .attr("stroke-linejoin", "round"),
-        );
+    /// The bottom panel: per vCPU, KVM's exit rate and ours, in the vCPU's colours.
+    fn draw_rates<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Drawing<(), DB> {
+        let mut chart = ChartBuilder::on(area)
+            .y_label_area_size(LEFT)
+            .x_label_area_size(BOTTOM)
+            .build_cartesian_2d(self.time.clone(), self.rates.clone())?;
+        let title = match self.rates {
+            RateAxis::Log { .. } => "exits/s (log scale)",
+            RateAxis::Linear { .. } => "exits/s",
+        };
+        let label = |v: &f64| self.rates.label(*v);
+        self.panel(&mut chart, title, &label)?;
         for &vcpu in &self.vcpus {
-            let color = VCPU_COLORS[vcpu % VCPU_COLORS.len()];
             for rate in [Rate::Kvm, Rate::Ours] {
-                let (d, dots) = self.rate_path(vcpu, rate);
-                if d.is_empty() {
-                    continue;
-                }
-                let el = El::new("path")
-                    .attr("id", format!("rate-{}-v{vcpu}", rate.id()))
-                    .attr("d", d);
-                svg.leaf(rate.style(el.attr("stroke", color)));
-                if let [(x, y)] = dots[..] {
-                    svg.leaf(circle(x, y).attr("fill", color));
+                let style = rate.style(rate_color(vcpu, rate));
+                for run in self.rate_runs(vcpu, rate) {
+                    draw_line(&mut chart, run, style)?;
                 }
             }
         }
-        svg.close();
+        Ok(())
     }
 
-    /// The path of one rate line, lifting the pen over samples that lack the
-    /// vCPU or whose rate is NaN or infinite; also the points drawn.
-    fn rate_path(&self, vcpu: usize, rate: Rate) -> (String, Vec<(f64, f64)>) {
-        let mut d = String::new();
-        let mut drawn = Vec::new();
-        let mut pen_down = false;
+    /// One rate's line in runs of samples with a finite rate: the pen lifts
+    /// over samples that lack the vCPU or whose rate is NaN or infinite.
+    fn rate_runs(&self, vcpu: usize, rate: Rate) -> Vec<Vec<(f64, f64)>> {
+        let (mut runs, mut run) = (Vec::new(), Vec::new());
         for p in &self.points {
-            match p
-                .vcpus
-                .get(vcpu)
-                .map(|v| rate.of(v))
-                .filter(|r| r.is_finite())
-            {
-                Some(r) => {
-                    let (x, y) = (self.x(p.time_s), self.y_rate(r));
-                    let _ = write!(
-                        d,
-                        "{}{},{} ",
-                        if pen_down { 'L' } else { 'M' },
-                        num(x),
-                        num(y)
-                    );
-                    drawn.push((x, y));
-                    pen_down = true;
-                }
-                None => pen_down = false,
+            let value = p.vcpus.get(vcpu).map(|v| rate.of(v));
+            match value.filter(|r| r.is_finite()) {
+                Some(r) => run.push((p.time_s, self.rates.y(r))),
+                None if !run.is_empty() => runs.push(std::mem::take(&mut run)),
+                None => {}
             }
         }
-        (d.trim_end().to_string(), drawn)
+        if !run.is_empty() {
+            runs.push(run);
+        }
+        runs
     }
 
-    /// A dashed line per phase change (or per cluster of them) across both
-    /// panels, labelled along it; returns how many lines it drew.
-    fn draw_markers(&self, svg: &mut Svg) -> usize {
-        let groups = markers::group(&self.changes, |t| self.x(t), MARKER_MIN_PX);
-        let max_chars = ((self.top.h - 10.0) / LABEL_CHAR_PX).max(4.0) as usize;
-        svg.open(El::new("g").attr("id", "markers").attr("font-size", 11));
-        for g in &groups {
-            let (x, color) = (self.x(g.time_s), markers::command_color(g.code));
-            svg.open(El::new("g").attr("class", "phase"));
-            svg.text(El::new("title"), &g.label);
-            let rule = line(x, self.top.y, x, self.bottom.bottom()).attr("stroke", color);
-            svg.leaf(
-                rule.num("stroke-width", 1.2)
-                    .attr("stroke-dasharray", "4 3"),
-            );
-            // Glyphs sit left of the rule, unless that would run into the y axis.
-            let lx = if x - self.top.x < 14.0 {
-                x + 12.0
-            } else {
-                x - 3.0
-            };
-            let ly = self.top.y + 5.0;
-            let label = El::new("text")
-                .num("x", lx)
-                .num("y", ly)
-                .attr("transform", format!("rotate(-90 {} {})", num(lx), num(ly)));
-            let label = label
-                .attr("text-anchor", "end")
-                .attr("fill", color)
-                .attr("stroke", "white");
-            let label = label
-                .num("stroke-width", 3.0)
-                .attr("stroke-linejoin", "round")
-                .attr("paint-order", "stroke");
-            svg.text(label, &shorten(&g.label, max_chars));
-            svg.close();
+    /// A panel's background, grid, frame, tick labels and axis titles, and
+    /// with one vCPU shown, a faint band per phase coloured by its command.
+    fn panel<DB: DrawingBackend, Y>(
+        &self,
+        chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, Y>>,
+        title: &str,
+        y_label: &dyn Fn(&f64) -> String,
+    ) -> Drawing<(), DB>
+    where
+        Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    {
+        chart.plotting_area().fill(&PANEL)?;
+        let y = chart.y_range();
+        if self.vcpus.len() == 1 {
+            let ends = self
+                .changes
+                .iter()
+                .skip(1)
+                .map(|c| c.time_s)
+                .chain([self.time.end]);
+            let bands = self.changes.iter().zip(ends).map(|(c, end)| {
+                let color = markers::command_color(c.code).mix(0.07);
+                Rectangle::new([(c.time_s, y.start), (end, y.end)], color.filled())
+            });
+            chart.draw_series(bands)?;
         }
-        svg.close();
-        groups.len()
+        let x_label = |v: &f64| axes::number(*v);
+        chart
+            .configure_mesh()
+            .x_labels(8)
+            .y_labels(6)
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(GRID)
+            .axis_style(FRAME)
+            .label_style(self.font(TEXT, INK))
+            .axis_desc_style(self.bold(TEXT, INK))
+            .x_label_formatter(&x_label)
+            .y_label_formatter(y_label)
+            .x_desc("time (s)")
+            .y_desc(title)
+            .draw()?;
+        let frame = [(self.time.start, y.start), (self.time.end, y.end)];
+        chart.draw_series(std::iter::once(Rectangle::new(frame, FRAME)))?;
+        Ok(())
     }
+
+    /// A dashed line per phase change (or per cluster of them) from the top of
+    /// the upper panel to the bottom of the lower, labelled along it; returns
+    /// how many lines it drew.
+    fn draw_markers<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        x_of: &dyn Fn(f64) -> i32,
+        (y0, y1): (i32, i32),
+    ) -> Drawing<usize, DB> {
+        let groups = markers::group(&self.changes, |t| f64::from(x_of(t)), MARKER_MIN_PX);
+        let panel_h = f64::from(y1 - y0 - GAP_PX) / 2.0;
+        let max_chars = saturating_usize(((panel_h - 10.0) / LABEL_CHAR_PX).max(4.0));
+        for g in &groups {
+            let (x, color) = (x_of(g.time_s), markers::command_color(g.code));
+            let rule = [(x, y0), (x, y1)];
+            root.draw(&DashedPathElement::new(rule, 4, 3, color.stroke_width(1)))?;
+            // Read upwards, left of the rule, unless that would run into the y axis.
+            let lx = if x - LEFT_PX < 14 { x + 13 } else { x - 2 };
+            let style = self
+                .font(TEXT, color)
+                .transform(FontTransform::Rotate270)
+                .pos(Pos::new(HPos::Right, VPos::Bottom));
+            root.draw(&Text::new(
+                clean(&shorten(&g.label, max_chars)),
+                (lx, y0 + 5),
+                style,
+            ))?;
+        }
+        Ok(groups.len())
+    }
+}
+
+/// Draws `points` as a line, or as a dot when there is only one.
+fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, Y>>,
+    points: Vec<(f64, f64)>,
+    style: ShapeStyle,
+) -> Drawing<(), DB> {
+    if let [only] = points[..] {
+        chart.draw_series(std::iter::once(Circle::new(only, 3, style.color.filled())))?;
+    } else {
+        chart.draw_series(std::iter::once(PathElement::new(points, style)))?;
+    }
+    Ok(())
 }
 
 /// The largest finite rate of the vCPUs shown, 0 if none.
@@ -493,23 +477,11 @@ fn max_rate(points: &[&Point], vcpus: &[usize]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Ticks, grid lines and a rotated title for a panel's value axis.
-fn y_axis(svg: &mut Svg, panel: Rect, axis: &Axis, y_of: impl Fn(f64) -> f64, title: &str) {
-    for tick in &axis.ticks {
-        let y = y_of(tick.value);
-        svg.leaf(line(panel.x, y, panel.right(), y).attr("stroke", "#e4e4e4"));
-        let label = El::new("text").num("x", panel.x - 6.0).num("y", y + 4.0);
-        svg.text(label.attr("text-anchor", "end"), &tick.label);
-    }
-    let (x, y) = (16.0, panel.y + panel.h / 2.0);
-    let el = El::new("text")
-        .num("x", x)
-        .num("y", y)
-        .attr("transform", format!("rotate(-90 {} {})", num(x), num(y)));
-    svg.text(
-        el.attr("text-anchor", "middle").attr("font-weight", "bold"),
-        title,
-    );
+/// `text` with control characters (which XML cannot carry) replaced.
+pub(super) fn clean(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
+        .collect()
 }
 
 /// `text` cut to `max` characters, with an ellipsis when cut.
@@ -520,4 +492,26 @@ fn shorten(text: &str, max: usize) -> String {
     let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
     out.push('…');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clean_replaces_control_characters_only() {
+        assert_eq!(clean("a\u{7}b <c>"), "a\u{FFFD}b <c>");
+    }
+
+    #[test]
+    fn shorten_cuts_with_an_ellipsis() {
+        assert_eq!(shorten("abcdef", 4), "abc…");
+        assert_eq!(shorten("abc", 4), "abc");
+    }
+
+    #[test]
+    fn our_rate_is_a_lighter_shade_of_the_vcpus_colour() {
+        assert_eq!(rate_color(0, Rate::Kvm), RGBColor(0x4e, 0x79, 0xa7));
+        assert_eq!(rate_color(10, Rate::Ours), RGBColor(0xa6, 0xbc, 0xd3));
+    }
 }

@@ -1,65 +1,60 @@
 //! The legend in the right margin: what each colour and line style means,
-//! beside the panel it explains.
+//! beside the panel it explains. Line samples are thin filled boxes, so the
+//! only lines in the image are the data's and the markers'.
 
-use super::chart::{Chart, Rate, LAYERS, ROW, VCPU_COLORS};
-use super::svg::{line, rect, El, Rect, Svg};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::chart::{rate_color, Chart, Drawing, Rate, INK, LAYERS, TEXT};
+
+/// Height of one legend row, in pixels.
+const ROW: i32 = 18;
+const SAMPLE_W: i32 = 16;
+const GREY: RGBColor = RGBColor(0x55, 0x55, 0x55);
+const LIGHT_GREY: RGBColor = RGBColor(0xaa, 0xaa, 0xaa);
 
 impl Chart<'_> {
-    pub(super) fn draw_legend(&self, svg: &mut Svg) {
-        let x = self.top.right() + 18.0;
-        svg.open(El::new("g").attr("id", "legend").attr("fill", "#222"));
-        let mut y = self.top.y + 12.0;
-        svg.text(
-            El::new("text")
-                .num("x", x)
-                .num("y", y)
-                .attr("font-weight", "bold"),
-            "Mapped memory",
-        );
-        for ((name, _, fill, _), _) in LAYERS
+    /// Draws the legend at `x`, one part beside each panel (`(top, bottom)`
+    /// pixel rows of the upper and the lower panel).
+    pub(super) fn draw_legend<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        x: i32,
+        [upper, lower]: [(i32, i32); 2],
+    ) -> Drawing<(), DB> {
+        let mut y = upper.0 + 4;
+        self.heading(root, (x, y), "Mapped memory")?;
+        for ((name, fill, _), _) in LAYERS
             .iter()
             .zip(self.layers)
             .filter(|(_, present)| *present)
         {
             y += ROW;
-            swatch(svg, (x, y), fill, name);
+            self.entry(root, (x, y), Sample::Box(*fill), name)?;
         }
         y += ROW;
-        legend_line(
-            svg,
-            (x, y),
-            line(x, y - 4.0, x + 16.0, y - 4.0)
-                .attr("stroke", "#222")
-                .num("stroke-width", 2.0),
-            "total mapped",
-        );
+        self.entry(root, (x, y), Sample::Line(INK, 2), "total mapped")?;
         y += ROW;
-        let phase = line(x, y - 4.0, x + 16.0, y - 4.0)
-            .attr("stroke", "#555")
-            .attr("stroke-dasharray", "4 3");
-        legend_line(svg, (x, y), phase, "phase start: v#seq cmd");
-        self.draw_rate_legend(svg, x);
-        svg.close();
+        self.entry(root, (x, y), Sample::Dashed(GREY), "phase start: v#seq cmd")?;
+        self.draw_rate_legend(root, x, lower)
     }
 
-    fn draw_rate_legend(&self, svg: &mut Svg, x: f64) {
-        let mut y = self.bottom.y + 12.0;
-        svg.text(
-            El::new("text")
-                .num("x", x)
-                .num("y", y)
-                .attr("font-weight", "bold"),
-            "Exit rates",
-        );
-        for (rate, text) in [
-            (Rate::Kvm, "KVM exits/s (all)"),
-            (Rate::Ours, "exits/s that reached us"),
-        ] {
-            y += ROW;
-            let el = rate.style(line(x, y - 4.0, x + 16.0, y - 4.0).attr("stroke", "#555"));
-            legend_line(svg, (x, y), el, text);
-        }
-        let rows = ((self.bottom.bottom() - y) / ROW).floor().max(1.0) as usize;
+    fn draw_rate_legend<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        x: i32,
+        (top, bottom): (i32, i32),
+    ) -> Drawing<(), DB> {
+        let mut y = top + 4;
+        self.heading(root, (x, y), "Exit rates")?;
+        y += ROW;
+        // In grey: each vCPU's colour follows, dark and thick for KVM's count,
+        // light and thin for ours.
+        self.entry(root, (x, y), Sample::Line(GREY, 2), "KVM exits/s (all)")?;
+        y += ROW;
+        let ours = Sample::Line(LIGHT_GREY, 1);
+        self.entry(root, (x, y), ours, "exits/s that reached us")?;
+        let rows = usize::try_from((bottom - y) / ROW).unwrap_or(0).max(1);
         let shown = if self.vcpus.len() > rows {
             rows - 1
         } else {
@@ -67,30 +62,71 @@ impl Chart<'_> {
         };
         for &vcpu in &self.vcpus[..shown] {
             y += ROW;
-            let color = VCPU_COLORS[vcpu % VCPU_COLORS.len()];
-            swatch(svg, (x, y), color, &format!("vCPU {vcpu}"));
+            let color = rate_color(vcpu, Rate::Kvm);
+            self.entry(root, (x, y), Sample::Box(color), &format!("vCPU {vcpu}"))?;
         }
         if shown < self.vcpus.len() {
             let more = format!("and {} more vCPUs", self.vcpus.len() - shown);
-            svg.text(El::new("text").num("x", x).num("y", y + ROW), &more);
+            root.draw(&Text::new(more, (x, y + ROW), self.font(TEXT, INK)))?;
         }
+        Ok(())
+    }
+
+    fn heading<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        at: (i32, i32),
+        text: &str,
+    ) -> Drawing<(), DB> {
+        root.draw(&Text::new(text, at, self.bold(TEXT, INK)))
+    }
+
+    /// A sample and its label on the row whose top is `y`.
+    fn entry<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        (x, y): (i32, i32),
+        sample: Sample,
+        text: &str,
+    ) -> Drawing<(), DB> {
+        let mid = y + 7;
+        match sample {
+            Sample::Box(fill) => root.draw(&Rectangle::new(
+                [(x, y + 2), (x + SAMPLE_W, y + 12)],
+                fill.filled(),
+            ))?,
+            Sample::Line(color, width) => {
+                let bar = [
+                    (x, mid - width / 2),
+                    (x + SAMPLE_W, mid - width / 2 + width),
+                ];
+                root.draw(&Rectangle::new(bar, color.filled()))?
+            }
+            Sample::Dashed(color) => {
+                for dash in [0, 7, 14] {
+                    let bar = [
+                        (x + dash, mid),
+                        (x + dash + 4.min(SAMPLE_W - dash), mid + 1),
+                    ];
+                    root.draw(&Rectangle::new(bar, color.filled()))?;
+                }
+            }
+        }
+        root.draw(&Text::new(
+            text,
+            (x + SAMPLE_W + 8, y),
+            self.font(TEXT, INK),
+        ))
     }
 }
 
-/// A filled box and its label on the row whose baseline is `y`.
-fn swatch(svg: &mut Svg, (x, y): (f64, f64), fill: &str, text: &str) {
-    let r = Rect {
-        x,
-        y: y - 9.0,
-        w: 16.0,
-        h: 10.0,
-    };
-    svg.leaf(rect(r).attr("fill", fill));
-    svg.text(El::new("text").num("x", x + 24.0).num("y", y), text);
-}
-
-/// A line sample (`el`) and its label on the row whose baseline is `y`.
-fn legend_line(svg: &mut Svg, (x, y): (f64, f64), el: El, text: &str) {
-    svg.leaf(el);
-    svg.text(El::new("text").num("x", x + 24.0).num("y", y), text);
+/// What a legend row shows before its label.
+#[derive(Clone, Copy)]
+enum Sample {
+    /// A filled box (an area or a vCPU's colour).
+    Box(RGBColor),
+    /// A solid line of this width.
+    Line(RGBColor, i32),
+    /// A dashed line (the phase markers).
+    Dashed(RGBColor),
 }

@@ -1,6 +1,8 @@
 //! Phase markers: where a vCPU's latest phase marker (`(seq << 8) | command
 //! code`, see `abi::PORT_PHASE`) changes between ticks, and the labels drawn there.
 
+use plotters::style::RGBColor;
+
 use crate::abi;
 use crate::sampler::record::Point;
 
@@ -25,16 +27,16 @@ pub struct MarkerGroup {
 pub use crate::abi::command_name;
 
 /// A colour per command, so a line says what started before it is read.
-pub fn command_color(code: u64) -> &'static str {
+pub fn command_color(code: u64) -> RGBColor {
     match code {
-        abi::CMD_TOUCH => "#1f77b4",
-        abi::CMD_TOUCH_ZERO => "#17becf",
-        abi::CMD_READ => "#2ca02c",
-        abi::CMD_DIRTY => "#d62728",
-        abi::CMD_EXITS => "#9467bd",
-        abi::CMD_PANIC => "#8c564b",
-        abi::CMD_FAULT => "#e377c2",
-        _ => "#555555",
+        abi::CMD_TOUCH => RGBColor(0x1f, 0x77, 0xb4),
+        abi::CMD_TOUCH_ZERO => RGBColor(0x17, 0xbe, 0xcf),
+        abi::CMD_READ => RGBColor(0x2c, 0xa0, 0x2c),
+        abi::CMD_DIRTY => RGBColor(0xd6, 0x27, 0x28),
+        abi::CMD_EXITS => RGBColor(0x94, 0x67, 0xbd),
+        abi::CMD_PANIC => RGBColor(0x8c, 0x56, 0x4b),
+        abi::CMD_FAULT => RGBColor(0xe3, 0x77, 0xc2),
+        _ => RGBColor(0x55, 0x55, 0x55),
     }
 }
 

@@ -3,24 +3,36 @@
 //! memory by page size above, exit rates per vCPU below, sharing one time
 //! axis, with a labelled line wherever a vCPU starts a command.
 //!
-//! `chart` lays the figure out, using `scale` for axis ticks, `markers` for
-//! phase changes and `legend` for the key, and writes it with the small SVG writer in `svg`; `png`
-//! rasterises that same SVG with resvg.
+//! The chart is drawn with plotters, on its SVG backend or into an RGB buffer
+//! that `png` encodes: `chart` draws the panels with the ranges and labels of
+//! `axes`, the phase changes `markers` finds and the key `legend` draws.
 
+// Values here come from the kernel, a peer or the user: casts must not lose,
+// wrap or sign-flip them silently; and every public item says what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
+mod axes;
 mod chart;
 mod legend;
 mod markers;
 mod png;
-mod scale;
-mod svg;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use plotters::prelude::{IntoDrawingArea, SVGBackend};
+
 use crate::sampler::record::{self, ParseError, Point, SeriesHeader};
 
-pub use png::render_png;
+pub use chart::{rate_color, Rate, TOTAL_COLOR};
+pub use plotters::style::RGBColor;
 
 /// Default chart width in pixels.
 pub const DEFAULT_WIDTH: u32 = 1200;
@@ -58,7 +70,9 @@ impl FromStr for RateScale {
 /// The image format, chosen by the output file's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
+    /// Scalable vector graphics (text drawn by the viewer).
     Svg,
+    /// A bitmap (text drawn with a system font).
     Png,
 }
 
@@ -90,6 +104,7 @@ pub struct PlotConfig {
     pub input: PathBuf,
     /// The image; its extension picks the format.
     pub output: PathBuf,
+    /// How the chart looks.
     pub chart: ChartOptions,
 }
 
@@ -100,10 +115,13 @@ pub struct ChartOptions {
     pub title: Option<String>,
     /// Where the series came from (usually its file name), for the title and errors.
     pub source: String,
+    /// Width in pixels.
     pub width: u32,
+    /// Height in pixels.
     pub height: u32,
     /// Draw only this vCPU's rates and phases.
     pub vcpu: Option<usize>,
+    /// How the exit-rate panel scales its values.
     pub rates: RateScale,
 }
 
@@ -123,6 +141,7 @@ impl Default for ChartOptions {
 /// A chart written as SVG, with what it holds.
 #[derive(Debug, Clone)]
 pub struct Rendered {
+    /// The SVG document.
     pub svg: String,
     /// Samples drawn.
     pub points: usize,
@@ -135,9 +154,13 @@ pub struct Rendered {
 /// What `plot` wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlotOutcome {
+    /// The image format.
     pub format: Format,
+    /// Samples drawn.
     pub points: usize,
+    /// Phase-marker lines drawn.
     pub markers: usize,
+    /// vCPUs whose rates are drawn.
     pub vcpus: usize,
 }
 
@@ -154,37 +177,78 @@ impl std::fmt::Display for PlotOutcome {
 /// A plot that could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
+    /// The output file name has no extension to pick a format by.
     #[error("output '{}' has no extension: name it .svg or .png", path.display())]
-    NoOutputExtension { path: PathBuf },
+    NoOutputExtension {
+        /// The output file.
+        path: PathBuf,
+    },
+    /// The output file's extension names no format we write.
     #[error("unsupported output extension '.{ext}': use .svg or .png")]
-    UnsupportedExtension { ext: String },
+    UnsupportedExtension {
+        /// The extension, without its dot.
+        ext: String,
+    },
+    /// The chart would be too small for its axes and legend, or too large.
     #[error("chart size {width}x{height} is out of range: width {MIN_WIDTH} to {MAX_SIDE}, height {MIN_HEIGHT} to {MAX_SIDE}")]
-    BadSize { width: u32, height: u32 },
+    BadSize {
+        /// Width asked for.
+        width: u32,
+        /// Height asked for.
+        height: u32,
+    },
+    /// The series file could not be read.
     #[error("cannot read series {}", path.display())]
     ReadSeries {
+        /// The series file.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The series file is not a sampler series.
     #[error("series {} is not a sampler series", path.display())]
     ParseSeries {
+        /// The series file.
         path: PathBuf,
+        /// The line and what is wrong with it.
         #[source]
         source: ParseError,
     },
+    /// No sample has a finite time.
     #[error("series {name} has no samples to plot (none with a finite time)")]
-    EmptySeries { name: String },
+    EmptySeries {
+        /// The series' name (its file name).
+        name: String,
+    },
+    /// `--vcpu` names a vCPU the series does not have.
     #[error("vCPU {vcpu} is not in the series (it has {vcpus})")]
-    NoSuchVcpu { vcpu: usize, vcpus: usize },
-    #[error("cannot read the chart back as SVG")]
-    ParseSvg(#[source] resvg::usvg::Error),
+    NoSuchVcpu {
+        /// The vCPU asked for.
+        vcpu: usize,
+        /// vCPUs in the series.
+        vcpus: usize,
+    },
+    /// The image buffer would not fit in memory.
     #[error("cannot allocate a {width}x{height} image")]
-    AllocateImage { width: u32, height: u32 },
-    #[error("cannot encode the PNG: {0}")]
-    EncodePng(String),
+    AllocateImage {
+        /// Width asked for.
+        width: u32,
+        /// Height asked for.
+        height: u32,
+    },
+    /// plotters could not draw the chart.
+    #[error("cannot draw the chart")]
+    Draw(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The PNG encoder failed.
+    #[error("cannot encode the PNG")]
+    EncodePng(#[source] ::png::EncodingError),
+    /// The image could not be written.
     #[error("cannot write {}", path.display())]
     WriteOutput {
+        /// The output file.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
@@ -231,7 +295,44 @@ pub fn render_svg(
     points: &[Point],
     opts: &ChartOptions,
 ) -> Result<Rendered, PlotError> {
-    Ok(chart::Chart::new(header, points, opts)?.render())
+    let chart = chart::Chart::new(header, points, opts)?;
+    let mut svg = String::new();
+    let markers = {
+        let root = SVGBackend::with_string(&mut svg, (opts.width, opts.height)).into_drawing_area();
+        let markers = chart
+            .draw(&root)
+            .map_err(|e| PlotError::Draw(Box::new(e)))?;
+        root.present().map_err(|e| PlotError::Draw(Box::new(e)))?;
+        markers
+    };
+    Ok(Rendered {
+        svg,
+        points: chart.points.len(),
+        markers,
+        vcpus: chart.vcpus.len(),
+    })
+}
+
+/// Draws a series as PNG, with its text in a system font (none if the
+/// system has no font: a warning says so).
+///
+/// # Errors
+/// As `render_svg`, and `PlotError::EncodePng` if the encoder fails.
+pub fn render_png(
+    header: &SeriesHeader,
+    points: &[Point],
+    opts: &ChartOptions,
+) -> Result<(Vec<u8>, PlotOutcome), PlotError> {
+    let chart = chart::Chart::new(header, points, opts)?;
+    let (points, vcpus) = (chart.points.len(), chart.vcpus.len());
+    let (png, markers) = png::render(chart, opts.width, opts.height)?;
+    let outcome = PlotOutcome {
+        format: Format::Png,
+        points,
+        markers,
+        vcpus,
+    };
+    Ok((png, outcome))
 }
 
 /// Reads `config.input`, draws it and writes `config.output`.
@@ -243,21 +344,24 @@ pub fn plot(config: &PlotConfig) -> Result<PlotOutcome, PlotError> {
     let format = Format::from_path(&config.output)?;
     chart::check_size(&config.chart)?;
     let (header, points) = load_series(&config.input)?;
-    let rendered = render_svg(&header, &points, &config.chart)?;
-    let bytes = match format {
-        Format::Svg => rendered.svg.into_bytes(),
-        Format::Png => render_png(&rendered.svg)?,
+    let (bytes, outcome) = match format {
+        Format::Svg => {
+            let r = render_svg(&header, &points, &config.chart)?;
+            let outcome = PlotOutcome {
+                format,
+                points: r.points,
+                markers: r.markers,
+                vcpus: r.vcpus,
+            };
+            (r.svg.into_bytes(), outcome)
+        }
+        Format::Png => render_png(&header, &points, &config.chart)?,
     };
     fs::write(&config.output, bytes).map_err(|source| PlotError::WriteOutput {
         path: config.output.clone(),
         source,
     })?;
-    Ok(PlotOutcome {
-        format,
-        points: rendered.points,
-        markers: rendered.markers,
-        vcpus: rendered.vcpus,
-    })
+    Ok(outcome)
 }
 
 #[cfg(test)]

@@ -1,120 +1,124 @@
-//! Rasterises the chart's SVG with resvg, drawing text with the system's fonts.
-//! Without any font the shapes still render; a warning says the text is missing.
+//! The chart as PNG: plotters draws it into an RGB buffer, `png` encodes it.
+//! Text needs a font file: the system's sans-serif face, found through
+//! fontconfig's configuration (fontdb reads it, no C library), is registered
+//! with plotters once per process. Without any font the shapes still draw; a
+//! warning says the text is missing.
 
-use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::OnceLock;
 
-use resvg::tiny_skia::{Color, Pixmap, Transform};
-use resvg::usvg::{self, fontdb};
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
 
+use super::chart::Chart;
 use super::PlotError;
 
-/// Families the chart asks for, best first; the first one installed also
-/// stands in for the generic `sans-serif`.
+/// Families tried before fontconfig's own choice for `sans-serif`, so charts
+/// look the same wherever one of them is installed.
 const PREFERRED_FAMILIES: [&str; 3] = ["DejaVu Sans", "Liberation Sans", "Noto Sans"];
 
-/// Renders `svg` to PNG bytes at the size the SVG declares, on white.
+/// Draws `chart` as PNG bytes of `width` x `height` pixels, on white.
 ///
 /// # Errors
-/// The SVG does not parse, the image cannot be allocated or encoded.
-pub fn render_png(svg: &str) -> Result<Vec<u8>, PlotError> {
-    rasterize(svg, system_fonts())
-}
-
-/// The fonts fontconfig knows about; warns when there are none.
-fn system_fonts() -> fontdb::Database {
-    let mut db = fontdb::Database::new();
-    db.load_system_fonts();
-    if db.is_empty() {
-        log::warn!("no system fonts found, so the PNG has no text; install a font package such as fonts-dejavu-core");
-        return db;
-    }
-    let installed = |family: &str| {
-        db.faces()
-            .any(|f| f.families.iter().any(|(name, _)| name == family))
-    };
-    let fallback = db
-        .faces()
-        .next()
-        .and_then(|f| f.families.first())
-        .map(|(name, _)| name.clone());
-    let family = PREFERRED_FAMILIES
-        .iter()
-        .find(|f| installed(f))
-        .map(|f| f.to_string())
-        .or(fallback);
-    if let Some(family) = family {
-        db.set_sans_serif_family(family);
-    }
-    db
-}
-
-fn rasterize(svg: &str, fonts: fontdb::Database) -> Result<Vec<u8>, PlotError> {
-    let svg = if fonts.is_empty() {
-        Cow::Owned(without_text(svg))
+/// `PlotError::Draw` if plotters fails, `PlotError::EncodePng` if the
+/// encoder does.
+pub(super) fn render(
+    chart: Chart<'_>,
+    width: u32,
+    height: u32,
+) -> Result<(Vec<u8>, usize), PlotError> {
+    let chart = if fonts_registered() {
+        chart
     } else {
-        Cow::Borrowed(svg)
+        chart.without_text()
     };
-    let opt = usvg::Options {
-        fontdb: Arc::new(fonts),
-        ..usvg::Options::default()
+    // Sizes are at most MAX_SIDE (10,000) a side, checked before this.
+    let len = usize::try_from(u64::from(width) * u64::from(height) * 3)
+        .map_err(|_| PlotError::AllocateImage { width, height })?;
+    let mut rgb = vec![0u8; len];
+    let markers = {
+        let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
+        let markers = chart
+            .draw(&root)
+            .map_err(|e| PlotError::Draw(Box::new(e)))?;
+        root.present().map_err(|e| PlotError::Draw(Box::new(e)))?;
+        markers
     };
-    let tree = usvg::Tree::from_str(&svg, &opt).map_err(PlotError::ParseSvg)?;
-    let size = tree.size().to_int_size();
-    let (width, height) = (size.width(), size.height());
-    let mut pixmap =
-        Pixmap::new(width, height).ok_or(PlotError::AllocateImage { width, height })?;
-    pixmap.fill(Color::WHITE);
-    resvg::render(&tree, Transform::identity(), &mut pixmap.as_mut());
-    pixmap
-        .encode_png()
-        .map_err(|e| PlotError::EncodePng(e.to_string()))
+    Ok((encode(&rgb, width, height)?, markers))
 }
 
-/// `svg` less its text elements (one per line, as `svg::Svg` writes them):
-/// with no font to draw them, usvg would warn once per label.
-fn without_text(svg: &str) -> String {
-    let keep = |line: &&str| {
-        let t = line.trim_start();
-        !(t.starts_with("<text") && t.ends_with("</text>"))
+/// 8-bit RGB pixels as a PNG file.
+fn encode(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, PlotError> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().map_err(PlotError::EncodePng)?;
+    writer.write_image_data(rgb).map_err(PlotError::EncodePng)?;
+    writer.finish().map_err(PlotError::EncodePng)?;
+    Ok(out)
+}
+
+/// Whether a regular face is registered as plotters' `sans-serif` (looked up
+/// and registered on the first call only).
+fn fonts_registered() -> bool {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    *REGISTERED.get_or_init(|| {
+        let mut db = fontdb::Database::new();
+        db.load_system_fonts();
+        let regular = register(&db, fontdb::Weight::NORMAL, FontStyle::Normal);
+        if regular {
+            // Bold text falls back to the regular face without one.
+            register(&db, fontdb::Weight::BOLD, FontStyle::Bold);
+        } else {
+            log::warn!("no system font found, so the PNG has no text; install a font package such as fonts-dejavu-core");
+        }
+        regular
+    })
+}
+
+/// Registers the best sans-serif face of `weight` in `db` for `style`.
+fn register(db: &fontdb::Database, weight: fontdb::Weight, style: FontStyle) -> bool {
+    let mut families: Vec<fontdb::Family<'_>> = PREFERRED_FAMILIES
+        .iter()
+        .map(|f| fontdb::Family::Name(f))
+        .collect();
+    families.push(fontdb::Family::SansSerif);
+    let query = fontdb::Query {
+        families: &families,
+        weight,
+        ..fontdb::Query::default()
     };
-    svg.lines().filter(keep).collect::<Vec<_>>().join("\n")
+    let Some(id) = db.query(&query) else {
+        return false;
+    };
+    // plotters keeps registered fonts for the life of the process; this runs
+    // at most twice per process, so the bytes are leaked on purpose.
+    let bytes = db.with_face_data(id, |data, _| data.to_vec());
+    let Some(bytes) = bytes else {
+        return false;
+    };
+    register_font("sans-serif", style, Box::leak(bytes.into_boxed_slice())).is_ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const SQUARE: &str = r##"<svg xmlns="http://www.w3.org/2000/svg" width="40" height="30">
-        <rect x="10" y="10" width="10" height="10" fill="#ff0000"/>
-        <text x="2" y="28">no font</text></svg>"##;
-
     #[test]
-    fn rasterize_without_fonts_still_draws_shapes() {
-        let png = rasterize(SQUARE, fontdb::Database::new()).unwrap_or_default();
-        let pixmap = Pixmap::decode_png(&png).ok();
-        let pixel = pixmap
-            .as_ref()
-            .and_then(|p| p.pixel(15, 15))
-            .map(|c| (c.red(), c.green(), c.blue()));
-        assert_eq!(pixel, Some((255, 0, 0)));
-        assert_eq!(pixmap.map(|p| (p.width(), p.height())), Some((40, 30)));
+    fn encode_writes_a_png_of_the_given_size() {
+        let png = encode(&[255, 0, 0].repeat(6), 3, 2).unwrap_or_default();
+        let decoder = png::Decoder::new(std::io::Cursor::new(png));
+        let info = decoder
+            .read_info()
+            .map(|r| (r.info().width, r.info().height));
+        assert_eq!(info.ok(), Some((3, 2)));
     }
 
     #[test]
-    fn without_text_drops_only_whole_text_lines() {
-        let svg = "<svg>\n  <text x=\"1\">a</text>\n  <rect/>\n  <g><text>b</text></g>\n</svg>";
-        assert_eq!(
-            without_text(svg),
-            "<svg>\n  <rect/>\n  <g><text>b</text></g>\n</svg>"
-        );
-    }
-
-    #[test]
-    fn rasterize_rejects_text_that_is_not_svg() {
+    fn encode_rejects_a_buffer_of_the_wrong_length() {
         assert!(matches!(
-            rasterize("<html/>", fontdb::Database::new()),
-            Err(PlotError::ParseSvg(_))
+            encode(&[0; 5], 3, 2),
+            Err(PlotError::EncodePng(_))
         ));
     }
 }

@@ -8,6 +8,18 @@
 //! sends those in full. When a round fits `max_downtime`, the VM stops and that
 //! round is the downtime. If rounds stop shrinking, it never converges.
 
+// Values here come from the kernel, a peer or the user: casts must not lose,
+// wrap or sign-flip them silently; and every public item says what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
+use crate::units::saturating_u64;
+
 /// Bytes of a guest page.
 pub const PAGE: u64 = 4096;
 /// Per-page header on the wire (QEMU: a be64 of address and flags).
@@ -40,8 +52,11 @@ pub struct Inputs {
 /// One pre-copy round.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Round {
+    /// Pages sent in the round.
     pub pages: u64,
+    /// Bytes on the wire for them (zero pages cost a header only).
     pub bytes: u64,
+    /// Time to send them at the bandwidth.
     pub seconds: f64,
 }
 
@@ -52,10 +67,13 @@ pub struct Prediction {
     pub rounds: Vec<Round>,
     /// The final stop-and-copy round, when it converges.
     pub stop_and_copy: Option<Round>,
+    /// Whether a round fits the downtime limit before the model gives up.
     pub converges: bool,
     /// Why it converges or not, in words.
     pub reason: String,
+    /// Bytes of every round, stop-and-copy included.
     pub total_bytes: u64,
+    /// Seconds of every round, stop-and-copy included.
     pub total_seconds: f64,
     /// Expected downtime (the stop-and-copy round), seconds.
     pub downtime: f64,
@@ -64,14 +82,23 @@ pub struct Prediction {
 /// Why the inputs cannot be modelled.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
+    /// The bandwidth is not a positive number.
     #[error("bandwidth must be a positive number of bytes per second, not {0}")]
     Bandwidth(f64),
+    /// The downtime limit is not a positive number.
     #[error("max downtime must be a positive number of seconds, not {0}")]
     Downtime(f64),
+    /// The dirty rate is negative or not a number.
     #[error("dirty rate must be zero or more pages per second, not {0}")]
     DirtyRate(f64),
+    /// More non-zero pages than guest RAM has.
     #[error("{nonzero} non-zero pages is more than the {total} pages of guest RAM")]
-    Pages { nonzero: u64, total: u64 },
+    Pages {
+        /// Non-zero pages given.
+        nonzero: u64,
+        /// Pages of guest RAM.
+        total: u64,
+    },
 }
 
 fn round(pages: u64, wire_bytes: u64, bandwidth: f64) -> Round {
@@ -113,7 +140,7 @@ pub fn predict(i: &Inputs) -> Result<Prediction, Error> {
     let mut rounds = vec![first];
     let mut last = first;
     let (converges, reason, stop) = loop {
-        let dirtied = ((i.dirty_rate * last.seconds).ceil() as u64).min(ws);
+        let dirtied = saturating_u64((i.dirty_rate * last.seconds).ceil()).min(ws);
         let next = round(dirtied, dirtied * FULL_PAGE_WIRE, i.bandwidth);
         if next.seconds <= i.max_downtime {
             let why = format!("the last round ({} pages, {:.1} ms) fits the {:.0} ms downtime after {} pre-copy round(s)", next.pages, next.seconds * 1e3, i.max_downtime * 1e3, rounds.len());
@@ -305,7 +332,7 @@ mod tests {
         })
         .unwrap();
         assert!(p.converges, "{}", p.reason);
-        assert!(p.rounds[0].bytes < (4.1 * 1024.0 * MIB) as u64);
+        assert!(p.rounds[0].bytes < saturating_u64(4.1 * 1024.0 * MIB));
     }
 
     #[test]

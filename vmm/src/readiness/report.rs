@@ -1,6 +1,16 @@
 //! The readiness report: each figure with how long it took, the scan's error
 //! figures for each estimate, and the migration prediction.
 
+// Values here come from the kernel, a peer or the user: casts must not lose,
+// wrap or sign-flip them silently; and every public item says what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -10,12 +20,14 @@ use super::model::{self, Inputs, Prediction};
 use super::scan::Scan;
 use super::{Error, Options};
 use crate::summary::Mapped;
-use crate::units::format_bytes;
+use crate::units::{format_bytes, saturating_u64};
 
 /// A figure and the time it took to get.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Figure<T> {
+    /// The figure.
     pub value: T,
+    /// How long getting it took.
     pub took: Duration,
 }
 
@@ -24,8 +36,11 @@ pub struct Figure<T> {
 pub struct DirtyRate {
     /// `dirty-bitmap` or `dirty-ring`, as QEMU names its calc-dirty-rate modes.
     pub mode: &'static str,
+    /// How long the guest was watched.
     pub window: Duration,
+    /// Distinct pages dirtied in the window.
     pub pages: u64,
+    /// `pages` per second of the window.
     pub pages_per_s: f64,
     /// Ring entries harvested per vCPU (ring mode).
     pub per_vcpu: Option<Vec<u64>>,
@@ -34,14 +49,19 @@ pub struct DirtyRate {
 /// What the report holds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
+    /// Pages of guest RAM.
     pub ram_pages: u64,
+    /// Guest memory KVM maps, by page size (the stats-only estimate).
     pub mapped: Figure<Mapped>,
     /// Host-resident pages of the guest-RAM mapping.
     pub resident: Figure<u64>,
     /// Pages written since boot (dirty logging).
     pub written: Option<Figure<u64>>,
+    /// The dirty rate, when a window was measured.
     pub dirty_rate: Option<Figure<DirtyRate>>,
+    /// The exact zero-page scan, when asked for.
     pub scan: Option<Figure<Scan>>,
+    /// The pre-copy prediction, when the inputs allow one.
     pub prediction: Option<Prediction>,
     /// Which non-zero estimate the prediction used.
     pub estimate_used: &'static str,
@@ -59,14 +79,18 @@ fn took(d: Duration) -> String {
 /// How far an estimate of non-zero pages is from the scan's count.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScanFigures {
+    /// Non-zero pages the estimate counts.
     pub estimate_pages: u64,
+    /// The estimate minus the scan's count (positive: it counts too many).
     pub error_pages: i64,
     /// `error / truth` (infinite when the truth is 0 and the estimate is not).
     pub relative: f64,
 }
 
 fn error_of(estimate: u64, truth: u64) -> ScanFigures {
-    let error = estimate as i64 - truth as i64;
+    // Page counts of one guest: far below i64::MAX, saturating all the same.
+    let error = i64::try_from(i128::from(estimate) - i128::from(truth))
+        .unwrap_or(if estimate > truth { i64::MAX } else { i64::MIN });
     let relative = if truth == 0 {
         if error == 0 {
             0.0
@@ -205,7 +229,7 @@ impl Report {
             return;
         };
         let d = &d.value;
-        let per_s = format_bytes((d.pages_per_s * 4096.0) as u64);
+        let per_s = format_bytes(saturating_u64(d.pages_per_s * 4096.0));
         let _ = writeln!(
             s,
             "dirty rate ({})   {:>9.0} pages/s ({per_s}/s) over {:.2} s",

@@ -2,6 +2,16 @@
 //! count of zero and non-zero pages by reading guest RAM, skipping pages the
 //! host never backed (they read as zero without being read).
 
+// Values here come from the kernel, a peer or the user: casts must not lose,
+// wrap or sign-flip them silently; and every public item says what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 use std::time::{Duration, Instant};
 
 /// Bytes of a page.
@@ -10,6 +20,7 @@ const PAGE: usize = 4096;
 /// Why the host mapping could not be inspected.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `mincore(2)` over the guest-RAM mapping failed.
     #[error("mincore over guest RAM")]
     Mincore(#[source] std::io::Error),
 }
@@ -73,12 +84,15 @@ pub fn page_is_zero(page: &[u8]) -> bool {
 /// What the scan found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scan {
+    /// Pages that read as all zeros (never-backed ones included).
     pub zero_pages: u64,
+    /// Pages with a non-zero byte.
     pub nonzero_pages: u64,
     /// Pages skipped because the host never backed them (counted as zero).
     pub unbacked_pages: u64,
     /// Non-zero pages within the range asked for (e.g. the arena).
     pub nonzero_in_range: u64,
+    /// How long the scan took (the guest is paused meanwhile).
     pub elapsed: Duration,
 }
 
@@ -95,12 +109,11 @@ pub fn scan(
     let started = Instant::now();
     let total = ram.pages();
     let (mut zero, mut nonzero, mut unbacked, mut in_range) = (0, 0, 0, 0);
-    for (i, page) in ram.bytes.chunks_exact(PAGE).enumerate() {
-        let i = i as u64;
+    for ((index, i), page) in (0usize..).zip(0u64..).zip(ram.bytes.chunks_exact(PAGE)) {
         if i % 65536 == 0 {
             progress(i, total);
         }
-        let backed = residency.is_none_or(|r| r.get(i as usize).is_some_and(|b| b & 1 != 0));
+        let backed = residency.is_none_or(|r| r.get(index).is_some_and(|b| b & 1 != 0));
         if !backed {
             unbacked += 1;
             zero += 1;

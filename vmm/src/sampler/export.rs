@@ -10,12 +10,15 @@ use super::record::{Point, SeriesHeader};
 /// Why the export failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The file name's extension names no format.
     #[error(
         "samples file {0}: unknown extension; use .csv, or .jsonl/.json/.ndjson for JSON lines"
     )]
     Extension(PathBuf),
+    /// The file could not be created.
     #[error("creating samples file {0}")]
     Create(PathBuf, #[source] std::io::Error),
+    /// A write to the file failed.
     #[error("writing samples file {0}")]
     Write(PathBuf, #[source] std::io::Error),
 }
@@ -23,7 +26,9 @@ pub enum Error {
 /// File formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
+    /// One header row of column names, then one row per sample.
     Csv,
+    /// A header object, then one JSON object per sample, one per line.
     JsonLines,
 }
 

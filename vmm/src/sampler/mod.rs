@@ -6,6 +6,16 @@
 //! Points go into a bounded ring (memory stays flat however long the VM runs),
 //! to an export file as they are taken, and to whoever waits for new ones.
 
+// Values here come from the kernel, a peer or the user: casts must not lose,
+// wrap or sign-flip them silently; and every public item says what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 pub mod export;
 pub mod record;
 pub mod ring;
@@ -28,12 +38,13 @@ pub use ring::Ring;
 /// under a GiB even with many vCPUs).
 pub const MAX_CAPACITY: usize = 1_000_000;
 
-/// Shortest interval between ticks.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// Shortest interval between ticks (the smallest `--sample-interval` parses to).
+pub const MIN_INTERVAL: Duration = crate::units::Interval::MIN;
 
 /// How the sampler runs.
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
+    /// Time between ticks, at least [`MIN_INTERVAL`].
     pub interval: Duration,
     /// Points kept in the ring.
     pub capacity: usize,
@@ -54,23 +65,31 @@ impl Default for SamplerConfig {
 /// Why the sampler could not start or went wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The interval is below [`MIN_INTERVAL`].
     #[error("sample interval {0:?} is below the 1 ms minimum")]
     IntervalTooShort(Duration),
+    /// The ring capacity is outside 2 to [`MAX_CAPACITY`].
     #[error("the sample ring holds from 2 to {MAX_CAPACITY} points, not {0}")]
     Capacity(usize),
+    /// A stats fd could not be opened.
     #[error("opening a stats fd for the sampler")]
     StatsFd(#[from] kvm_stats::ioctl::Error),
+    /// A stats fd could not be read.
     #[error("reading a stats fd")]
     Stats(#[from] kvm_stats::Error),
+    /// The samples file could not be written.
     #[error(transparent)]
     Export(#[from] export::Error),
+    /// The thread could not be started.
     #[error("starting the sampler thread")]
     Spawn(#[source] std::io::Error),
 }
 
 /// What the sampler shares with readers (the control socket, metrics, tests).
 pub struct Shared {
+    /// What the series is about (written first to every export).
     pub header: SeriesHeader,
+    /// The KVM backend, for readers that label the stats.
     pub backend: Backend,
     ring: Mutex<Ring>,
     /// Signalled after every tick, and on stop.
@@ -128,6 +147,7 @@ impl Shared {
 
 /// The running sampler; dropping it stops the thread (the export is flushed).
 pub struct Sampler {
+    /// What readers see; it outlives the thread.
     pub shared: Arc<Shared>,
     thread: Option<JoinHandle<Result<(), Error>>>,
 }
@@ -329,7 +349,7 @@ impl Worker {
         }
         self.shared
             .last_tick_ns
-            .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .store(elapsed_ns(t0), Ordering::Relaxed);
         let now = self.samples[0].timestamp();
         let mut point = self.shared.ring().recycle();
         self.fill(&mut point, now);
@@ -348,7 +368,7 @@ impl Worker {
         }
         self.shared
             .last_tick_ns
-            .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .store(elapsed_ns(t0), Ordering::Relaxed);
         Ok(())
     }
 
@@ -390,4 +410,9 @@ impl Worker {
         }
         self.prev = Some((now, totals));
     }
+}
+
+/// Nanoseconds since `t0` (saturating after 584 years).
+fn elapsed_ns(t0: Instant) -> u64 {
+    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }

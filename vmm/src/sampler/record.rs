@@ -15,13 +15,17 @@ use crate::exits::Reason;
 /// What a series is about; the first record of every export.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeriesHeader {
+    /// Format version of the series (1).
     pub version: u32,
     /// `Backend::to_json()`.
     pub backend: Value,
     /// Stats that do not move on this backend even when the event happens.
     pub quiet_stats: Vec<String>,
+    /// vCPUs of the VM.
     pub vcpus: usize,
+    /// Guest RAM, bytes.
     pub memory: u64,
+    /// Time between ticks, milliseconds.
     pub interval_ms: f64,
     /// Cumulative KVM vCPU stats recorded, in column order.
     pub kvm_stats: Vec<String>,
@@ -45,20 +49,32 @@ pub struct VcpuPoint {
 /// One tick.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Point {
+    /// Tick number, from 0.
     pub seq: u64,
     /// Seconds since the sampler started (monotonic clock).
     pub time_s: f64,
+    /// Guest memory KVM maps with 4 KiB pages (the VM's `pages_4k` stat).
     pub pages_4k: u64,
+    /// With 2 MiB pages (`pages_2m`).
     pub pages_2m: u64,
+    /// With 1 GiB pages (`pages_1g`).
     pub pages_1g: u64,
+    /// Each vCPU, by index.
     pub vcpus: Vec<VcpuPoint>,
 }
 
 /// A record that does not read back.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ParseError {
+    /// A line that is not the record it should be.
     #[error("line {line}: {what}")]
-    Bad { line: usize, what: String },
+    Bad {
+        /// Line number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// The series does not start with its header.
     #[error("no header record: the first line must be the series header")]
     NoHeader,
 }
@@ -209,7 +225,10 @@ fn parse_header(v: &Value, line: usize) -> Result<SeriesHeader, ParseError> {
         version: u32::try_from(u64_field(v, "version", line)?).unwrap_or(u32::MAX),
         backend: field(v, "backend", line)?.clone(),
         quiet_stats: names(v, "quiet_stats", line)?,
-        vcpus: u64_field(v, "vcpus", line)? as usize,
+        vcpus: usize::try_from(u64_field(v, "vcpus", line)?).map_err(|_| ParseError::Bad {
+            line,
+            what: "vcpus is too large".into(),
+        })?,
         memory: u64_field(v, "memory", line)?,
         interval_ms: f64_field(v, "interval_ms", line)?,
         kvm_stats: names(v, "kvm_stats", line)?,

@@ -8,6 +8,7 @@ use super::record::Point;
 /// A page of points (`Ring::page`).
 #[derive(Debug, Default)]
 pub struct Page {
+    /// The points, oldest first.
     pub points: Vec<Point>,
     /// Points after `since` that are not in the page and will not come:
     /// dropped from the ring, or skipped for the newest.

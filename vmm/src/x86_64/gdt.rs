@@ -6,15 +6,19 @@ use kvm_bindings::kvm_segment;
 /// A segment as both the GDT and KVM's `kvm_segment` describe it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
+    /// Linear base address (ignored in 64-bit mode but for FS, GS and the TSS).
     pub base: u64,
     /// Limit in units of the granularity (`g`): 0xfffff with g=1 is 4 GiB.
     pub limit: u32,
+    /// The 4-bit type field (code/data access bits, or the system type).
     pub type_: u8,
     /// Code/data (true) or system (false) segment.
     pub s: bool,
+    /// Descriptor privilege level, 0 to 3.
     pub dpl: u8,
     /// 64-bit code segment.
     pub l: bool,
+    /// Default operand size 32-bit (must be clear for 64-bit code).
     pub db: bool,
     /// Limit counts 4 KiB units.
     pub g: bool,
@@ -28,6 +32,9 @@ pub const USER_DATA: u16 = 4;
 pub const TSS: u16 = 5;
 /// Entries in the table.
 pub const ENTRIES: usize = 7;
+/// The GDTR limit for [`ENTRIES`] descriptors: the table's last byte.
+pub const TABLE_LIMIT: u16 = 8 * 7 - 1;
+const _: () = assert!(TABLE_LIMIT as usize == ENTRIES * 8 - 1);
 
 const fn flat(type_: u8, dpl: u8, l: bool) -> Segment {
     Segment {
@@ -53,14 +60,17 @@ pub const fn data(dpl: u8) -> Segment {
 }
 
 /// Bytes of the 64-bit TSS proper; the I/O permission bitmap follows it.
-pub const TSS_CORE: u64 = 0x68;
+pub const TSS_CORE: u16 = 0x68;
 /// Offset of the I/O-map-base field in the TSS.
-pub const TSS_IOMAP_BASE_FIELD: u64 = 0x66;
+pub const TSS_IOMAP_BASE_FIELD: usize = 0x66;
+/// Bytes of I/O permission bitmap: one bit per port below `abi::TSS_IO_PORTS`.
+const TSS_IO_BITMAP: u16 = 0x800 / 8;
+const _: () = assert!(TSS_IO_BITMAP as u64 == crate::abi::TSS_IO_PORTS / 8);
 
 /// Last byte of the TSS: core, a bitmap for `abi::TSS_IO_PORTS` ports, and the
 /// 0xff byte the architecture requires after the bitmap.
 pub const fn tss_limit() -> u32 {
-    (TSS_CORE + crate::abi::TSS_IO_PORTS / 8) as u32
+    TSS_CORE as u32 + TSS_IO_BITMAP as u32
 }
 
 /// A busy 64-bit TSS at `base`, with room for the I/O bitmap.
@@ -80,10 +90,11 @@ pub const fn tss(base: u64) -> Segment {
 /// The TSS contents: zeros, the I/O map base pointing just past the core, an
 /// all-zero bitmap (every port below `abi::TSS_IO_PORTS` allowed), then 0xff.
 pub fn tss_image() -> Vec<u8> {
-    let mut t = vec![0u8; tss_limit() as usize + 1];
-    let field = TSS_IOMAP_BASE_FIELD as usize;
-    t[field..field + 2].copy_from_slice(&(TSS_CORE as u16).to_le_bytes());
-    t[tss_limit() as usize] = 0xff;
+    let last = usize::from(TSS_CORE) + usize::from(TSS_IO_BITMAP);
+    let mut t = vec![0u8; last + 1];
+    let field = TSS_IOMAP_BASE_FIELD;
+    t[field..field + 2].copy_from_slice(&TSS_CORE.to_le_bytes());
+    t[last] = 0xff;
     t
 }
 

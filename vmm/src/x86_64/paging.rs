@@ -15,18 +15,28 @@ const GIB: u64 = 1 << 30;
 /// Why page tables could not be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
+    /// Guest RAM is not a whole number of 2 MiB pages.
     #[error("guest memory of {0:#x} bytes is not a multiple of 2 MiB")]
     Unaligned(u64),
+    /// Guest RAM needs more page directories than the ABI reserves.
     #[error(
         "guest memory of {bytes:#x} bytes needs more than the {max} GiB the page tables cover"
     )]
-    TooLarge { bytes: u64, max: u64 },
+    TooLarge {
+        /// Guest RAM, bytes.
+        bytes: u64,
+        /// GiB the reserved page directories cover.
+        max: u64,
+    },
 }
 
 /// The page tables: one PML4, one PDPT and one page directory per GiB mapped.
 pub struct PageTables {
+    /// The top level; entry 0 points at the PDPT.
     pub pml4: [u64; 512],
+    /// One entry per GiB, each pointing at a page directory.
     pub pdpt: [u64; 512],
+    /// Page directories of 2 MiB leaf entries, one per GiB.
     pub pds: Vec<[u64; 512]>,
 }
 
@@ -56,12 +66,13 @@ pub fn build(mem_size: u64) -> Result<PageTables, Error> {
     let mut pml4 = [0u64; 512];
     let mut pdpt = [0u64; 512];
     pml4[0] = abi::PDPT_ADDR | TABLE;
-    let mut pds = Vec::with_capacity(pd_count as usize);
-    for gib in 0..pd_count {
-        pdpt[gib as usize] = (abi::PD_ADDR + gib * abi::PAGE_SIZE) | TABLE;
+    // One PDPT entry and one page directory per GiB, at most MAX_PD_PAGES (checked above).
+    let mut pds = Vec::new();
+    for (gib, pdpte) in (0..pd_count).zip(pdpt.iter_mut()) {
+        *pdpte = (abi::PD_ADDR + gib * abi::PAGE_SIZE) | TABLE;
         let mut pd = [0u64; 512];
-        for (i, entry) in pd.iter_mut().enumerate() {
-            let addr = gib * GIB + i as u64 * PAGE_2M;
+        for (i, entry) in (0u64..).zip(pd.iter_mut()) {
+            let addr = gib * GIB + i * PAGE_2M;
             if addr < covered {
                 *entry = addr | TABLE | HUGE;
             }
@@ -85,7 +96,8 @@ mod tests {
         if pdpte & PRESENT == 0 {
             return None;
         }
-        let pd = &t.pds[((pdpte & !0xfff) - abi::PD_ADDR) as usize / abi::PAGE_SIZE as usize];
+        let pd_index = usize::try_from(((pdpte & !0xfff) - abi::PD_ADDR) / abi::PAGE_SIZE).ok()?;
+        let pd = &t.pds[pd_index];
         let pde = pd[(va >> 21) as usize & 511];
         (pde & PRESENT != 0).then_some((pde & !0x1f_ffff | (va & 0x1f_ffff), pde & 0xfff))
     }

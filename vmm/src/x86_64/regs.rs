@@ -26,14 +26,19 @@ const RFLAGS_IOPL3: u64 = 3 << 12;
 /// Why a vCPU could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// KVM_SET_CPUID2 failed.
     #[error("setting CPUID")]
     SetCpuid(#[source] kvm_ioctls::Error),
+    /// KVM_GET_SREGS failed.
     #[error("reading special registers")]
     GetSregs(#[source] kvm_ioctls::Error),
+    /// KVM_SET_SREGS failed.
     #[error("setting special registers")]
     SetSregs(#[source] kvm_ioctls::Error),
+    /// KVM_SET_REGS failed.
     #[error("setting general registers")]
     SetRegs(#[source] kvm_ioctls::Error),
+    /// KVM_SET_FPU failed.
     #[error("setting FPU state")]
     SetFpu(#[source] kvm_ioctls::Error),
 }
@@ -46,7 +51,7 @@ pub fn long_mode_sregs(mut s: kvm_sregs) -> kvm_sregs {
     (s.ds, s.es, s.fs, s.gs, s.ss) = (ds, ds, ds, ds, ds);
     s.tr = gdt::tss(abi::TSS_ADDR).kvm(gdt::TSS, 0);
     s.gdt.base = abi::GDT_ADDR;
-    s.gdt.limit = (gdt::ENTRIES * 8 - 1) as u16;
+    s.gdt.limit = gdt::TABLE_LIMIT;
     // An empty IDT: any exception escalates to a triple fault, which the VMM reports.
     s.idt.base = 0;
     s.idt.limit = 0;

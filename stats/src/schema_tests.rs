@@ -85,7 +85,7 @@ fn parse_accepts_blocks_in_any_order() {
         .unwrap_or(0);
     let bytes = with_header(&b, |h| {
         h.data_offset = 24;
-        h.desc_offset = (24 + needed) as u32;
+        h.desc_offset = u32::try_from(24 + needed).expect("a small file");
         h.id_offset = h.desc_offset + 12 * (16 + h.name_size);
     });
     let schema = parse(&bytes).expect("reordered blocks are valid");
@@ -328,7 +328,7 @@ fn parse_rejects_id_past_end_of_file() {
     let b = every_kind();
     let mut bytes = b.build();
     let header = Header {
-        id_offset: (bytes.len() + 8) as u32,
+        id_offset: u32::try_from(bytes.len() + 8).expect("a small file"),
         ..b.layout()
     };
     bytes[..24].copy_from_slice(&header.to_bytes());
