@@ -331,16 +331,19 @@ impl Worker {
         if let Some(w) = self.writer.as_mut() {
             w.write(&self.shared.header, &point)?;
         }
+        // The raw samples before the point: a reader that sees the new point
+        // (the metrics page caches per point) also sees the samples it came from.
+        let mut latest = self.shared.latest.lock().unwrap_or_else(|e| e.into_inner());
+        for (dst, src) in latest.iter_mut().zip(&self.samples) {
+            dst.copy_from(src);
+        }
+        drop(latest);
         self.shared.ring().push(point);
         if let Some(fd) = self.shared.tick_fd.get() {
             // Fails only if the counter would overflow: it is already set.
             let _ = fd.write(1);
         }
         self.shared.ticked.notify_all();
-        let mut latest = self.shared.latest.lock().unwrap_or_else(|e| e.into_inner());
-        for (dst, src) in latest.iter_mut().zip(&self.samples) {
-            dst.copy_from(src);
-        }
         self.shared
             .last_tick_ns
             .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
