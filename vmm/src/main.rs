@@ -206,7 +206,8 @@ struct RunArgs {
     #[arg(long, value_name = "FILE")]
     samples_out: Option<PathBuf>,
     /// Serve the sampler's readings as Prometheus text at http://ADDR/metrics,
-    /// e.g. 127.0.0.1:9100.
+    /// e.g. 127.0.0.1:9100. The VM then stays up after its workloads, for the
+    /// scrapers, until SIGINT/SIGTERM (or `quit` on --socket), as with --socket.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Print the summary as JSON.

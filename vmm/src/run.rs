@@ -41,7 +41,8 @@ pub struct RunConfig {
     pub socket: Option<std::path::PathBuf>,
     /// Run the sampler thread.
     pub sampler: Option<SamplerConfig>,
-    /// Serve the sampler's readings as Prometheus text at this address (needs the sampler).
+    /// Serve the sampler's readings as Prometheus text at this address (needs
+    /// the sampler); the VM then runs until `quit` or a signal, as with `socket`.
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -152,7 +153,8 @@ impl PauseState {
 }
 
 /// Waits until every vCPU has run out of work (unless `serving` a control
-/// socket), one fails, a signal arrives or a client asks to quit.
+/// socket or metrics: then the VM stays up for its clients and scrapers), one
+/// fails, a signal arrives or a client asks to quit.
 fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
     let n = vm.vcpus.len();
     let mut idle = vec![false; n];
@@ -256,6 +258,13 @@ impl Services {
         })
     }
 
+    /// Whether anything serves clients (the control socket, the metrics
+    /// page): the VM then runs until `quit` or a signal, not until its
+    /// workloads end.
+    fn serving(&self) -> bool {
+        self.server.is_some() || self.metrics.is_some()
+    }
+
     /// Stops them (call once the vCPUs have stopped): the sampler takes a last
     /// point of the final state. What went wrong comes back as warnings, so
     /// that the run's results are not lost to a full disk.
@@ -286,7 +295,7 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     let started = Instant::now();
     vm.start()?;
     let mut watch = Watch::default();
-    wait_until_done(&mut vm, &mut watch, services.server.is_some());
+    wait_until_done(&mut vm, &mut watch, services.serving());
     let stuck = vm.stop(config.stop_timeout);
     let warnings = services.stop();
     let elapsed = started.elapsed();

@@ -119,3 +119,52 @@ fn sigterm_stops_the_vm_in_order() {
     assert!(text.contains("stopped by signal 15"), "{text}");
     assert!(text.contains("vcpu1: stopped"), "{text}");
 }
+
+#[test]
+fn metrics_addr_alone_keeps_the_vm_up_after_its_workload_until_sigterm() {
+    require_kvm!();
+    let port = common::free_port();
+    let mut child = kvmscope()
+        .args(["run", "--memory", "32M", "--sample-interval", "2ms"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(["--workload", "exits ports=5 mmio=0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Port writes: READY, PHASE, 5 to the exit-test port, then DONE, the last
+    // before the vCPU runs out of work (where a run without serving ends).
+    let ticks = common::wait_for("the workload's last exit", Duration::from_secs(20), || {
+        let page = common::scrape(port)?;
+        let writes = common::metric(&page, "kvmscope_exits_total", &["reason=\"io_out\""])?;
+        let ticks = common::metric(&page, "kvmscope_sampler_ticks_total", &[])?;
+        (writes >= 8.0).then_some(ticks)
+    });
+    // Still serving well after the workload ended: 100 more sampler ticks.
+    common::wait_for("100 more ticks", Duration::from_secs(20), || {
+        let page = common::scrape(port)?;
+        (common::metric(&page, "kvmscope_sampler_ticks_total", &[])? >= ticks + 100.0).then_some(())
+    });
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the VMM ended while serving"
+    );
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = common::wait_for("kvmscope to exit", Duration::from_secs(10), || {
+        child.try_wait().unwrap()
+    });
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("stopped by signal 15"), "{text}");
+    assert!(
+        text.contains("exits ports=5 mmio=0"),
+        "the workload ran: {text}"
+    );
+}

@@ -211,6 +211,7 @@ pub fn render(samples: &Shared) -> String {
             let _ = writeln!(out, "kvmscope_guest_phase{{{vm},vcpu=\"{i}\"}} {}", v.phase);
         }
     }
+    let _ = writeln!(out, "# HELP kvmscope_sampler_ticks_total Points the sampler has taken.\n# TYPE kvmscope_sampler_ticks_total counter\nkvmscope_sampler_ticks_total{{{vm}}} {}", samples.last_seq());
     let tick = samples.last_tick_ns.load(Ordering::Relaxed) as f64 / 1e9;
     let _ = writeln!(out, "# HELP kvmscope_sampler_tick_seconds Time the sampler's last tick took.\n# TYPE kvmscope_sampler_tick_seconds gauge\nkvmscope_sampler_tick_seconds{{{vm}}} {tick}");
     samples.with_latest(|sources, latest| {
