@@ -11,6 +11,7 @@ use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchC
 use kvmscope::control::request::VcpuSelector;
 use kvmscope::readiness::dirty::DirtyMode;
 use kvmscope::run::{self, RunConfig};
+use kvmscope::sampler::export::Destination;
 use kvmscope::sampler::SamplerConfig;
 use kvmscope::units::parse_size;
 use kvmscope::vm::VmConfig;
@@ -202,9 +203,14 @@ struct RunArgs {
     #[arg(long, default_value_t = 4096, value_name = "N", value_parser = capacity_arg)]
     sample_buffer: usize,
     /// Write every sample to FILE as it is taken: CSV if it ends in .csv, else
-    /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick.
+    /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick. FILE appears (or
+    /// is replaced) only once start-up has passed; an existing FILE that is not
+    /// a kvmscope samples file is refused unless --force is given.
     #[arg(long, value_name = "FILE")]
     samples_out: Option<PathBuf>,
+    /// Let --samples-out replace an existing file that is not a samples file.
+    #[arg(long, requires = "samples_out")]
+    force: bool,
     /// Serve the sampler's readings as Prometheus text at http://ADDR/metrics,
     /// e.g. 127.0.0.1:9100. The VM then stays up after its workloads, for the
     /// scrapers, until SIGINT/SIGTERM (or `quit` on --socket), as with --socket.
@@ -302,7 +308,10 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             (Some(interval), out) => Some(SamplerConfig {
                 interval,
                 capacity: args.sample_buffer,
-                out,
+                out: out.map(|path| Destination {
+                    path,
+                    force: args.force,
+                }),
             }),
             (None, Some(_)) => {
                 anyhow::bail!("--samples-out needs the sampler: drop --sample-interval off")

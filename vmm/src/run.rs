@@ -217,9 +217,10 @@ struct Services {
 
 impl Services {
     /// Starts what `config` asks for. The socket is bound before the guest
-    /// starts, so a bad path fails before any workload runs.
+    /// starts, so a bad path fails before any workload runs; the samples file
+    /// is moved into place only once everything else has started.
     fn start(config: &RunConfig, vm: &Vm) -> Result<Services, Error> {
-        let sampler = match &config.sampler {
+        let mut sampler = match &config.sampler {
             Some(c) => {
                 let vcpus = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
                 Some(Sampler::start(
@@ -251,6 +252,10 @@ impl Services {
             }
             None => None,
         };
+        // Last: only a start-up that got this far may replace the user's file.
+        if let Some(s) = sampler.as_mut() {
+            s.commit_export()?;
+        }
         Ok(Services {
             sampler,
             metrics,

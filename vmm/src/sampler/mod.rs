@@ -37,8 +37,9 @@ pub struct SamplerConfig {
     pub interval: Duration,
     /// Points kept in the ring.
     pub capacity: usize,
-    /// Where to write the series as it is taken (.csv or JSON lines).
-    pub out: Option<std::path::PathBuf>,
+    /// Where to write the series as it is taken (.csv or JSON lines); see
+    /// `Sampler::commit_export`.
+    pub out: Option<export::Destination>,
 }
 
 impl Default for SamplerConfig {
@@ -125,6 +126,8 @@ impl Shared {
 pub struct Sampler {
     pub shared: Arc<Shared>,
     thread: Option<JoinHandle<Result<(), Error>>>,
+    /// The export until it is committed.
+    staged: Option<export::Staged>,
 }
 
 /// Column plan: which stats each tick reads, resolved once.
@@ -197,11 +200,13 @@ impl Sampler {
             interval_ms: config.interval.as_secs_f64() * 1e3,
             kvm_stats: kvm_names,
         };
-        let writer = config
-            .out
-            .as_deref()
-            .map(|p| export::Writer::create(p, &header))
-            .transpose()?;
+        let (writer, staged) = match &config.out {
+            Some(dest) => {
+                let (w, s) = export::Writer::create(dest, &header)?;
+                (Some(w), Some(s))
+            }
+            None => (None, None),
+        };
         let latest = sources.iter().map(StatsFd::new_sample).collect();
         let shared = Arc::new(Shared {
             header,
@@ -223,7 +228,21 @@ impl Sampler {
         Ok(Sampler {
             shared,
             thread: Some(thread),
+            staged,
         })
+    }
+
+    /// Moves the export into place. Until then the series is written under a
+    /// temporary name next to it, and a sampler dropped first leaves any old
+    /// file there untouched: call this once the rest of start-up has passed.
+    ///
+    /// # Errors
+    /// The rename failed.
+    pub fn commit_export(&mut self) -> Result<(), Error> {
+        match self.staged.as_mut() {
+            Some(s) => Ok(s.commit()?),
+            None => Ok(()),
+        }
     }
 
     /// Stops the thread; returns what ended it if it failed.
