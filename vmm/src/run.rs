@@ -8,7 +8,7 @@ use crate::boot;
 use crate::control;
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
-use crate::vcpu::{Control, Outcome, RunRequest, VmEvent};
+use crate::vcpu::{Control, Outcome, RunRequest, RunStateError, VmEvent};
 use crate::vm::{self, Vm, VmConfig};
 use crate::workload::{parse_workload, SpecError, Workload};
 
@@ -125,14 +125,10 @@ struct PauseState {
 
 impl PauseState {
     /// Takes a request; returns what every vCPU must now be told.
-    fn decide(&mut self, request: RunRequest) -> Result<Control, String> {
+    fn decide(&mut self, request: RunRequest) -> Result<Control, RunStateError> {
         match request {
             RunRequest::Pause => self.user = true,
-            RunRequest::Resume if self.holds > 0 => {
-                return Err(
-                    "a readiness scan holds the guest paused; it resumes when the scan ends".into(),
-                )
-            }
+            RunRequest::Resume if self.holds > 0 => return Err(RunStateError::HeldByScan),
             RunRequest::Resume => self.user = false,
             RunRequest::Hold => self.holds += 1,
             RunRequest::Release => self.holds = self.holds.saturating_sub(1),
@@ -145,7 +141,7 @@ impl PauseState {
         })
     }
 
-    fn apply(&mut self, vm: &Vm, request: RunRequest) -> Result<(), String> {
+    fn apply(&mut self, vm: &Vm, request: RunRequest) -> Result<(), RunStateError> {
         let control = self.decide(request)?;
         vm.control_all(control);
         Ok(())
@@ -372,6 +368,7 @@ mod tests {
         assert!(p
             .decide(RunRequest::Resume)
             .unwrap_err()
+            .to_string()
             .contains("readiness scan"));
         assert_eq!(p.decide(RunRequest::Release), Ok(Control::Run));
     }

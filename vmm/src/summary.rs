@@ -105,7 +105,7 @@ pub fn describe_outcome(o: Option<&Outcome>) -> String {
         Some(Outcome::Fault { fault, registers }) => {
             format!("guest fault: {fault}\n      registers: {registers}")
         }
-        Some(Outcome::Error(e)) => format!("VMM error: {e}"),
+        Some(Outcome::Error(e)) => format!("VMM error: {}", crate::error_chain(e)),
     }
 }
 

@@ -20,7 +20,7 @@ use crate::exits::Bus;
 use crate::kick;
 use crate::memory::{self, GuestMemory};
 use crate::readiness::dirty::{self, Dirty, DirtyMode};
-use crate::vcpu::{Control, Outcome, Vcpu, VcpuShared, VmEvent};
+use crate::vcpu::{Control, Outcome, Vcpu, VcpuError, VcpuShared, VmEvent};
 use crate::workload::Command;
 use crate::x86_64::{paging, regs};
 
@@ -230,7 +230,7 @@ impl Vm {
                     // A bug that panics must still end the run in order, not hang it.
                     let run = std::panic::AssertUnwindSafe(|| vcpu.run());
                     let outcome = std::panic::catch_unwind(run).unwrap_or_else(|_| {
-                        let outcome = Outcome::Error("the vCPU thread panicked".into());
+                        let outcome = Outcome::Error(VcpuError::Panicked);
                         shared.mark_finished(&outcome);
                         outcome
                     });

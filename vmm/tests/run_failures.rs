@@ -29,6 +29,7 @@ fn guest_panic_is_reported_with_message_and_registers() {
     match &s.vcpus[0].outcome {
         Some(Outcome::GuestPanic { message, registers }) => {
             assert!(message.contains("guest panic requested"), "{message}");
+            let registers = registers.to_string();
             assert!(registers.contains("rip=0x2"), "{registers}");
         }
         other => panic!("expected a guest panic, got {other:?}"),
