@@ -31,6 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Boot the built-in guest, run workloads, and print a summary per vCPU.
+    #[command(after_help = RUN_EXIT_STATUS)]
     Run(RunArgs),
     /// Receive stats fds from a running VMM's socket and print the stats read through them.
     Stats(StatsArgs),
@@ -47,6 +48,17 @@ enum Cmd {
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
     Readiness(ReadinessArgs),
 }
+
+/// The exit codes of `kvmscope run` (also in the README).
+const RUN_EXIT_STATUS: &str = "Exit status:
+  0  the run ended in order: its workloads finished, a client sent `quit`, or
+     SIGINT/SIGTERM stopped it (an orderly stop on a signal is a success, as
+     for QEMU; the summary says `stopped by signal N`)
+  1  start-up failed (bad configuration, KVM, a port, socket or file)
+  2  the guest failed (panic, fault, KVM error), or the command line is wrong
+  3  vCPUs did not stop within a second of being told to
+  4  the run ended, but something besides the guest failed (e.g. --samples-out)
+  5  the guest did not check in within --boot-timeout (its registers are printed)";
 
 #[derive(clap::Args)]
 struct ReadinessArgs {
@@ -216,9 +228,27 @@ struct RunArgs {
     /// scrapers, until SIGINT/SIGTERM (or `quit` on --socket), as with --socket.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Stop with exit status 5, printing each vCPU's registers, when a vCPU's
+    /// guest has not checked in (its first port write) this long after start
+    /// (a pause restarts the clock); `off` waits for ever.
+    #[arg(long, default_value = "5s", value_name = "DUR", value_parser = boot_timeout_arg)]
+    boot_timeout: BootTimeout,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// A boot deadline, or none for `off`.
+#[derive(Clone, Copy)]
+struct BootTimeout(Option<Duration>);
+
+fn boot_timeout_arg(s: &str) -> Result<BootTimeout, String> {
+    if s == "off" {
+        return Ok(BootTimeout(None));
+    }
+    duration_arg(s)
+        .map(|d| BootTimeout(Some(d)))
+        .map_err(|_| format!("'{s}' is not a duration: use e.g. 5s, 500ms, or off"))
 }
 
 fn capacity_arg(s: &str) -> Result<usize, String> {
@@ -319,12 +349,17 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             (None, None) => None,
         },
         metrics_addr: args.metrics_addr,
+        boot_timeout: args.boot_timeout.0,
     };
     let summary = run::run(config)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary.to_json())?);
     } else {
         print!("{}", summary.to_text());
+    }
+    if let Some(late) = &summary.boot_timeout {
+        eprintln!("kvmscope: {}", late.describe());
+        return Ok(ExitCode::from(5));
     }
     if let Some(failure) = summary.failure() {
         eprintln!("kvmscope: the guest failed: {failure}");

@@ -7,7 +7,7 @@ use kvm_stats::{Sample, StatsFd};
 use crate::boot;
 use crate::control;
 use crate::sampler::{self, Sampler, SamplerConfig};
-use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
+use crate::summary::{kvm_growth, BootTimeout, Mapped, Summary, VcpuSummary};
 use crate::vcpu::{Control, Outcome, RunRequest, RunStateError, VmEvent};
 use crate::vm::{self, Vm, VmConfig};
 use crate::workload::{parse_workload, SpecError, Workload};
@@ -41,6 +41,9 @@ pub struct RunConfig {
     pub socket: Option<std::path::PathBuf>,
     /// Run the sampler thread.
     pub sampler: Option<SamplerConfig>,
+    /// Stop and report when a vCPU's guest has not checked in (its first port
+    /// write) this long after start; `None` waits for ever.
+    pub boot_timeout: Option<Duration>,
     /// Serve the sampler's readings as Prometheus text at this address (needs
     /// the sampler); the VM then runs until `quit` or a signal, as with `socket`.
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -82,9 +85,14 @@ impl RunConfig {
             socket: None,
             sampler: None,
             metrics_addr: None,
+            boot_timeout: Some(DEFAULT_BOOT_TIMEOUT),
         }
     }
 }
+
+/// How long a guest has to check in unless told otherwise: start-up to the
+/// first port write takes a few milliseconds (docs/BENCHMARKS.md).
+pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Checks every workload against the VM (vCPU targets, arena ranges) before
 /// anything runs, and queues them.
@@ -112,6 +120,50 @@ fn queue_workloads(vm: &Vm, workloads: &[Workload]) -> Result<(), Error> {
 struct Watch {
     signal: Option<i32>,
     first_done: Option<Instant>,
+    /// The vCPUs that had not checked in when the boot deadline passed.
+    not_checked_in: Option<Vec<usize>>,
+}
+
+/// The boot deadline: every vCPU's guest must check in (its first port write)
+/// within `limit` of start while the VM is not paused; a pause restarts it.
+struct BootWatch {
+    limit: Option<Duration>,
+    deadline: Option<Instant>,
+}
+
+impl BootWatch {
+    fn new(limit: Option<Duration>, started: Instant) -> Self {
+        BootWatch {
+            limit,
+            deadline: limit.map(|l| started + l),
+        }
+    }
+
+    /// How long the main loop may wait for an event: at most a second, and
+    /// not past the deadline.
+    fn wait(&self, now: Instant) -> Duration {
+        let second = Duration::from_secs(1);
+        self.deadline
+            .map_or(second, |d| d.saturating_duration_since(now).min(second))
+    }
+
+    /// The vCPUs that have not checked in, once the deadline has passed.
+    fn late(&mut self, vm: &Vm, paused: bool, now: Instant) -> Option<Vec<usize>> {
+        let deadline = self.deadline?;
+        let late: Vec<usize> = (vm.vcpus.iter().enumerate())
+            .filter(|(_, v)| v.shared.first_exit.get().is_none())
+            .map(|(i, _)| i)
+            .collect();
+        if late.is_empty() {
+            self.deadline = None;
+            return None;
+        }
+        if paused {
+            self.deadline = self.limit.map(|l| now + l);
+            return None;
+        }
+        (now >= deadline).then_some(late)
+    }
 }
 
 /// Who wants the guest paused: a user (`pause`/`resume`) and any number of
@@ -141,6 +193,10 @@ impl PauseState {
         })
     }
 
+    fn paused(&self) -> bool {
+        self.user || self.holds > 0
+    }
+
     fn apply(&mut self, vm: &Vm, request: RunRequest) -> Result<(), RunStateError> {
         let control = self.decide(request)?;
         vm.control_all(control);
@@ -151,12 +207,12 @@ impl PauseState {
 /// Waits until every vCPU has run out of work (unless `serving` a control
 /// socket or metrics: then the VM stays up for its clients and scrapers), one
 /// fails, a signal arrives or a client asks to quit.
-fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
+fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool, boot: &mut BootWatch) {
     let n = vm.vcpus.len();
     let mut idle = vec![false; n];
     let mut pause = PauseState::default();
     loop {
-        match vm.next_event(Duration::from_secs(1)) {
+        match vm.next_event(boot.wait(Instant::now())) {
             Some(VmEvent::Idle(i)) => idle[i] = true,
             Some(VmEvent::CommandDone(i, _)) => {
                 watch.first_done.get_or_insert_with(Instant::now);
@@ -176,6 +232,10 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
                 let _ = reply.send(pause.apply(vm, request));
             }
             Some(VmEvent::Console(..)) | None => {}
+        }
+        if let Some(late) = boot.late(vm, pause.paused(), Instant::now()) {
+            watch.not_checked_in = Some(late);
+            return;
         }
         if !serving && idle.iter().all(|&b| b) && vm.vcpus.iter().all(|v| v.shared.queued() == 0) {
             return;
@@ -296,7 +356,8 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     let started = Instant::now();
     vm.start()?;
     let mut watch = Watch::default();
-    wait_until_done(&mut vm, &mut watch, services.serving());
+    let mut boot = BootWatch::new(config.boot_timeout, started);
+    wait_until_done(&mut vm, &mut watch, services.serving(), &mut boot);
     let stuck = vm.stop(config.stop_timeout);
     let warnings = services.stop();
     let elapsed = started.elapsed();
@@ -305,6 +366,7 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
         &before,
         &watch,
         Ending {
+            boot_limit: config.boot_timeout,
             stuck,
             warnings,
             elapsed,
@@ -313,8 +375,22 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     )
 }
 
+/// The boot-timeout report: each late vCPU with the registers its thread read
+/// when it stopped.
+fn boot_timeout(vm: &Vm, watch: &Watch, limit: Option<Duration>) -> Option<BootTimeout> {
+    let late = watch.not_checked_in.as_ref()?;
+    Some(BootTimeout {
+        limit: limit.unwrap_or_default(),
+        vcpus: late
+            .iter()
+            .map(|&i| (i, vm.vcpus[i].shared.boot_registers.get().copied()))
+            .collect(),
+    })
+}
+
 /// How the run ended, for the summary.
 struct Ending {
+    boot_limit: Option<Duration>,
     stuck: Vec<usize>,
     warnings: Vec<String>,
     elapsed: Duration,
@@ -354,6 +430,7 @@ fn summarize(vm: &Vm, before: &Baseline, watch: &Watch, end: Ending) -> Result<S
         signal: watch.signal,
         stuck: end.stuck,
         warnings: end.warnings,
+        boot_timeout: boot_timeout(vm, watch, end.boot_limit),
     })
 }
 

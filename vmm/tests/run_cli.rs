@@ -168,3 +168,37 @@ fn metrics_addr_alone_keeps_the_vm_up_after_its_workload_until_sigterm() {
         "the workload ran: {text}"
     );
 }
+
+#[test]
+fn a_guest_that_never_checks_in_exits_5_naming_the_deadline_and_registers() {
+    require_kvm!();
+    let entry = kvmscope::abi::IMAGE_BASE;
+    let image = common::elf::ElfImage::exec(entry, &common::elf::SPIN).bytes();
+    let path = common::socket_path("boot-timeout").with_file_name("spin.elf");
+    std::fs::write(&path, image).unwrap();
+    let mut child = kvmscope()
+        .args(["run", "--memory", "32M", "--boot-timeout", "1s", "--guest"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = common::wait_for(
+        "kvmscope to give up on the guest",
+        Duration::from_secs(30),
+        || child.try_wait().unwrap(),
+    );
+    let out = child.wait_with_output().unwrap();
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(5), "{err}");
+    assert!(
+        err.contains("the guest did not check in within 1 s"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("vCPU 0 registers: rip={entry:#x} rsp=")),
+        "{err}"
+    );
+    assert!(err.contains("cr3=0x3000"), "{err}");
+}

@@ -84,6 +84,10 @@ impl Vcpu {
                 State::Finished(outcome) => break outcome,
             }
         };
+        if outcome == Outcome::Stopped && self.shared.first_exit.get().is_none() {
+            // Only this thread may read them; the boot-timeout report needs them.
+            let _ = self.shared.boot_registers.set(self.registers());
+        }
         self.shared.mark_finished(&outcome);
         outcome
     }
@@ -392,7 +396,7 @@ impl Vcpu {
         }
     }
 
-    /// The registers, for fault reports.
+    /// The registers, for fault, panic and boot-timeout reports.
     fn registers(&self) -> Registers {
         Registers::read(&self.fd)
     }

@@ -177,6 +177,9 @@ pub struct VcpuShared {
     pub tid: OnceLock<i32>,
     /// When the guest first asked for a command (its first port write).
     pub first_exit: OnceLock<Instant>,
+    /// The registers of a vCPU stopped before its guest checked in (no first
+    /// exit), as its thread read them on the way out: for boot-timeout reports.
+    pub boot_registers: OnceLock<Registers>,
     /// Written when a result is recorded and when the thread ends, so that the
     /// control plane can wait for results in its event loop (set by it).
     pub watcher: OnceLock<Arc<EventFd>>,
@@ -201,6 +204,7 @@ impl VcpuShared {
             counters: ExitCounters::default(),
             phase: AtomicU64::new(0),
             first_exit: OnceLock::new(),
+            boot_registers: OnceLock::new(),
             tid: OnceLock::new(),
             watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
