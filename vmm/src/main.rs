@@ -183,7 +183,7 @@ struct PlotArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Guest RAM (a multiple of 2M, at least 16M), e.g. 512M or 2G.
+    /// Guest RAM (a multiple of 2M, from 16M to 65534M, i.e. 64G less 2M), e.g. 512M or 2G.
     #[arg(long, default_value = "256M", value_parser = size_arg)]
     memory: u64,
     /// Number of vCPUs, one thread each.

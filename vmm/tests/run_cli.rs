@@ -202,3 +202,15 @@ fn a_guest_that_never_checks_in_exits_5_naming_the_deadline_and_registers() {
     );
     assert!(err.contains("cr3=0x3000"), "{err}");
 }
+
+#[test]
+fn memory_over_the_maximum_is_an_error_naming_the_maximum() {
+    require_kvm!();
+    let out = kvmscope()
+        .args(["run", "--memory", "64G"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("over the maximum of 65534 MiB"), "{err}");
+}
