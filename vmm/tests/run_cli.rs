@@ -214,3 +214,30 @@ fn memory_over_the_maximum_is_an_error_naming_the_maximum() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("over the maximum of 65534 MiB"), "{err}");
 }
+
+#[test]
+fn a_fifo_as_the_guest_is_refused_at_once() {
+    require_kvm!();
+    let fifo = common::socket_path("guest-fifo").with_file_name("guest.elf");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let mut child = kvmscope()
+        .args(["run", "--memory", "32M", "--guest"])
+        .arg(&fifo)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: before the fix, opening the FIFO waited for a writer for ever.
+    let status = common::wait_for(
+        "kvmscope to refuse the FIFO",
+        Duration::from_secs(20),
+        || child.try_wait().unwrap(),
+    );
+    let out = child.wait_with_output().unwrap();
+    std::fs::remove_dir_all(fifo.parent().unwrap()).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("is not a regular file"), "{err}");
+}
