@@ -80,9 +80,9 @@ fn guest_panic_exits_nonzero_with_a_report() {
     );
 }
 
-#[test]
-fn sigterm_stops_the_vm_in_order() {
-    require_kvm!();
+/// A two-vCPU run with long workloads, stopped by `signal` once both vCPU
+/// threads run: its exit status and its output.
+fn stopped_by(signal: i32) -> (std::process::ExitStatus, std::process::Output) {
     let mut child = kvmscope()
         .args([
             "run",
@@ -109,15 +109,39 @@ fn sigterm_stops_the_vm_in_order() {
         (n == 2).then_some(())
     });
     // SAFETY: sending a signal to our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    unsafe { libc::kill(pid as i32, signal) };
     let status = common::wait_for("kvmscope to exit", Duration::from_secs(10), || {
         child.try_wait().unwrap()
     });
-    let out = child.wait_with_output().unwrap();
+    (status, child.wait_with_output().unwrap())
+}
+
+#[test]
+fn sigterm_stops_the_vm_in_order() {
+    require_kvm!();
+    let (status, out) = stopped_by(libc::SIGTERM);
     assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("stopped by signal 15"), "{text}");
     assert!(text.contains("vcpu1: stopped"), "{text}");
+}
+
+#[test]
+fn sigint_stops_the_vm_in_order_with_status_0_as_documented() {
+    require_kvm!();
+    let (status, out) = stopped_by(libc::SIGINT);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "an orderly stop on a signal is a success (run --help, README): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("stopped by signal 2"), "{text}");
+    assert!(
+        text.contains("vcpu0: stopped") && text.contains("vcpu1: stopped"),
+        "{text}"
+    );
 }
 
 #[test]
