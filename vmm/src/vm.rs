@@ -392,7 +392,7 @@ fn read_guest(path: &std::path::Path) -> Result<Vec<u8>, Error> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let failed = |e| Error::ReadGuest(path.to_path_buf(), e);
-    let mut file = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
