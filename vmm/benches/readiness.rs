@@ -7,7 +7,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kvmscope::readiness::dirty::DirtyMode;
+use kvmscope::dirty::DirtyMode;
 use kvmscope::readiness::scan::{self, Ram};
 use kvmscope::readiness::{measure_vm, Options};
 use kvmscope::vm::{Vm, VmConfig};

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchConfig};
-use kvmscope::control::request::VcpuSelector;
-use kvmscope::readiness::dirty::DirtyMode;
+use kvmscope::dirty::DirtyMode;
+use kvmscope::protocol::VcpuSelector;
 use kvmscope::run::{self, RunConfig};
 use kvmscope::sampler::export::Destination;
 use kvmscope::sampler::SamplerConfig;
@@ -233,6 +233,11 @@ struct RunArgs {
     /// (a pause restarts the clock); `off` waits for ever.
     #[arg(long, default_value = "5s", value_name = "DUR", value_parser = boot_timeout_arg)]
     boot_timeout: BootTimeout,
+    /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
+    /// samples files (default: the --socket file's name without extension,
+    /// else kvmscope-PID).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -350,6 +355,8 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         },
         metrics_addr: args.metrics_addr,
         boot_timeout: args.boot_timeout.0,
+        name: args.name,
+        control_limits: kvmscope::control::Limits::default(),
     };
     let summary = run::run(config)?;
     if args.json {

@@ -1,11 +1,13 @@
 //! `kvmscope run`: boot the guest, run the workloads, stop in order, summarise.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvm_stats::{Sample, StatsFd};
 
 use crate::boot;
 use crate::control;
+use crate::runstate::{RunState, SharedRunState};
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::summary::{kvm_growth, BootTimeout, Mapped, Summary, VcpuSummary};
 use crate::vcpu::{Control, Outcome, RunRequest, RunStateError, VmEvent};
@@ -47,6 +49,11 @@ pub struct RunConfig {
     /// Serve the sampler's readings as Prometheus text at this address (needs
     /// the sampler); the VM then runs until `quit` or a signal, as with `socket`.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The VM's name (`query-name`, metrics, samples); default from the
+    /// socket's file name, else `kvmscope-<pid>`.
+    pub name: Option<String>,
+    /// Deadlines for control-socket clients.
+    pub control_limits: control::Limits,
 }
 
 /// Why a run could not happen.
@@ -86,7 +93,22 @@ impl RunConfig {
             sampler: None,
             metrics_addr: None,
             boot_timeout: Some(DEFAULT_BOOT_TIMEOUT),
+            name: None,
+            control_limits: control::Limits::default(),
         }
+    }
+
+    /// The VM's name: `name`, else the socket's file stem, else `kvmscope-<pid>`.
+    pub fn vm_name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(|| {
+                self.socket
+                    .as_deref()
+                    .and_then(std::path::Path::file_stem)
+                    .map(|s| s.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| format!("kvmscope-{}", std::process::id()))
     }
 }
 
@@ -173,6 +195,8 @@ impl BootWatch {
 struct PauseState {
     user: bool,
     holds: u32,
+    /// Where `query-status` reads the outcome.
+    status: Arc<SharedRunState>,
 }
 
 impl PauseState {
@@ -200,17 +224,32 @@ impl PauseState {
     fn apply(&mut self, vm: &Vm, request: RunRequest) -> Result<(), RunStateError> {
         let control = self.decide(request)?;
         vm.control_all(control);
+        self.status.set(match control {
+            Control::Pause => RunState::Paused,
+            _ => RunState::Running,
+        });
         Ok(())
     }
 }
 
 /// Waits until every vCPU has run out of work (unless `serving` a control
 /// socket or metrics: then the VM stays up for its clients and scrapers), one
-/// fails, a signal arrives or a client asks to quit.
-fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool, boot: &mut BootWatch) {
+/// fails, a signal arrives, a client asks to quit or the guest misses its boot
+/// deadline.
+fn wait_until_done(
+    vm: &mut Vm,
+    watch: &mut Watch,
+    serving: bool,
+    status: Arc<SharedRunState>,
+    boot: &mut BootWatch,
+) {
     let n = vm.vcpus.len();
     let mut idle = vec![false; n];
-    let mut pause = PauseState::default();
+    status.set(RunState::Running);
+    let mut pause = PauseState {
+        status: status.clone(),
+        ..PauseState::default()
+    };
     loop {
         match vm.next_event(boot.wait(Instant::now())) {
             Some(VmEvent::Idle(i)) => idle[i] = true,
@@ -218,7 +257,10 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool, boot: &mut Boo
                 watch.first_done.get_or_insert_with(Instant::now);
                 idle[i] = false;
             }
-            Some(VmEvent::Finished(_, outcome)) if outcome != Outcome::Stopped => return,
+            Some(VmEvent::Finished(_, outcome)) if outcome != Outcome::Stopped => {
+                status.set(RunState::InternalError);
+                return;
+            }
             Some(VmEvent::Finished(..)) => {}
             Some(VmEvent::Signal(sig)) => {
                 watch.signal = Some(sig);
@@ -235,6 +277,7 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool, boot: &mut Boo
         }
         if let Some(late) = boot.late(vm, pause.paused(), Instant::now()) {
             watch.not_checked_in = Some(late);
+            status.set(RunState::InternalError);
             return;
         }
         if !serving && idle.iter().all(|&b| b) && vm.vcpus.iter().all(|v| v.shared.queued() == 0) {
@@ -269,6 +312,8 @@ struct Services {
     sampler: Option<Sampler>,
     metrics: Option<crate::metrics::MetricsServer>,
     server: Option<control::Server>,
+    /// The run state the main loop keeps and the control socket reports.
+    status: Arc<SharedRunState>,
 }
 
 impl Services {
@@ -276,6 +321,7 @@ impl Services {
     /// starts, so a bad path fails before any workload runs; the samples file
     /// is moved into place only once everything else has started.
     fn start(config: &RunConfig, vm: &Vm) -> Result<Services, Error> {
+        let status = Arc::new(SharedRunState::default());
         let mut sampler = match &config.sampler {
             Some(c) => {
                 let vcpus = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
@@ -304,7 +350,13 @@ impl Services {
             Some(path) => {
                 let mut context = control::Context::new(vm)?;
                 context.samples = sampler.as_ref().map(|s| s.shared.clone());
-                Some(control::Server::start(path, context)?)
+                context.name = config.vm_name();
+                context.run_state = status.clone();
+                Some(control::Server::start(
+                    path,
+                    context,
+                    config.control_limits,
+                )?)
             }
             None => None,
         };
@@ -316,6 +368,7 @@ impl Services {
             sampler,
             metrics,
             server,
+            status,
         })
     }
 
@@ -357,7 +410,16 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     vm.start()?;
     let mut watch = Watch::default();
     let mut boot = BootWatch::new(config.boot_timeout, started);
-    wait_until_done(&mut vm, &mut watch, services.serving(), &mut boot);
+    wait_until_done(
+        &mut vm,
+        &mut watch,
+        services.serving(),
+        services.status.clone(),
+        &mut boot,
+    );
+    if services.status.get() != RunState::InternalError {
+        services.status.set(RunState::Shutdown);
+    }
     let stuck = vm.stop(config.stop_timeout);
     let warnings = services.stop();
     let elapsed = started.elapsed();

@@ -7,19 +7,19 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES};
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VmFd};
 use kvm_stats::StatsFd;
-use vm_memory::{GuestMemoryBackend as _, GuestMemoryRegion as _};
+use vm_memory::GuestMemoryBackend as _;
 use vmm_sys_util::signal::Killable;
 
 use crate::abi;
 use crate::backend::{self, Backend};
 use crate::boot;
+use crate::dirty::{self, DirtyLog, DirtyMode};
 use crate::exits::Bus;
 use crate::kick;
 use crate::memory::{self, GuestMemory};
-use crate::readiness::dirty::{self, Dirty, DirtyMode};
 use crate::vcpu::{Control, Outcome, Vcpu, VcpuError, VcpuShared, VmEvent};
 use crate::workload::Command;
 use crate::x86_64::{paging, regs};
@@ -131,14 +131,15 @@ pub struct Vm {
     /// fresh stats fds; never handed out.
     pub vcpu_fds: Vec<std::fs::File>,
     pub vcpus: Vec<VcpuHandle>,
-    /// Dirty tracking, when configured.
-    pub dirty: Option<Arc<Dirty>>,
+    /// Dirty tracking: the mode configured at start, or bitmap logging turned
+    /// on at run time while a consumer (a migration) holds it.
+    pub dirty: Arc<DirtyLog>,
     pub created: Instant,
     unstarted: Vec<Vcpu>,
     events_tx: Sender<VmEvent>,
     events: Receiver<VmEvent>,
     // Dropped last: the VM fd outlives everything that refers to the VM.
-    pub fd: VmFd,
+    pub fd: Arc<VmFd>,
     _kvm: Kvm,
 }
 
@@ -181,18 +182,11 @@ impl Vm {
             vcpu_fds.push(b.fd_dup);
             parts.push((b.vcpu, b.stats));
         }
-        let dirty = match config.dirty_log {
-            Some(mode) => Some(Dirty::new(
-                mode,
-                dup_fd(&fd).map_err(Error::DupVm)?,
-                config.memory,
-                &vcpu_fds,
-            )?),
-            None => None,
-        };
+        let fd = Arc::new(fd);
+        let dirty = DirtyLog::new(config.dirty_log, fd.clone(), &mem, &vcpu_fds)?;
         let (mut unstarted, mut vcpus, mut vcpu_stats) = (Vec::new(), Vec::new(), Vec::new());
         for (mut vcpu, stats) in parts {
-            vcpu.dirty = dirty.clone();
+            vcpu.dirty = Some(dirty.clone());
             vcpus.push(VcpuHandle {
                 shared: vcpu.shared.clone(),
                 thread: None,
@@ -312,7 +306,12 @@ impl Vm {
     /// # Errors
     /// `DupVm` if the fd cannot be duplicated.
     pub fn fd_file(&self) -> Result<std::fs::File, Error> {
-        dup_fd(&self.fd).map_err(Error::DupVm)
+        dup_fd(&*self.fd).map_err(Error::DupVm)
+    }
+
+    /// Dirty tracking, when the VM was started with a mode (`--dirty-log`).
+    pub fn dirty_configured(&self) -> Option<&Arc<DirtyLog>> {
+        self.dirty.configured().map(|_| &self.dirty)
     }
 
     /// Host address and size of guest RAM (one region).
@@ -335,18 +334,7 @@ impl Drop for Vm {
 
 fn register_memory(fd: &VmFd, mem: &GuestMemory, dirty_log: bool) -> Result<(), Error> {
     for (slot, region) in mem.iter().enumerate() {
-        let (host, len) = memory::host_range(region);
-        let region = kvm_userspace_memory_region {
-            slot: slot as u32,
-            flags: if dirty_log {
-                KVM_MEM_LOG_DIRTY_PAGES
-            } else {
-                0
-            },
-            guest_phys_addr: region.start_addr().0,
-            memory_size: len as u64,
-            userspace_addr: host as u64,
-        };
+        let region = dirty::slot_region(slot as u32, region, dirty_log);
         // SAFETY: the region is a live mapping of `mem`; it is unmapped only when the
         // last `GuestMemory` clone goes, and every vCPU holds one, so no vCPU can run
         // on an unmapped slot.

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::ServedVm;
-use kvmscope::readiness::dirty::DirtyMode;
+use kvmscope::dirty::DirtyMode;
 use kvmscope::sampler::SamplerConfig;
 use serde_json::{json, Value};
 

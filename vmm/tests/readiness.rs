@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use kvmscope::readiness::dirty::DirtyMode;
+use kvmscope::dirty::DirtyMode;
 use kvmscope::readiness::{measure_vm, Options, Report};
 use kvmscope::vcpu::VcpuState;
 use kvmscope::vm::{Vm, VmConfig};
@@ -151,15 +151,14 @@ fn ring_mode_attributes_pages_to_the_vcpu_that_wrote_them() {
     })
     .unwrap();
     vm.push_commands(1, parse_sequence("touch size=4M").unwrap());
+    let window = vm.dirty.subscribe().unwrap();
     vm.start().unwrap();
     common::wait_for("touch", Duration::from_secs(30), || {
         (!vm.vcpus[1].shared.results().is_empty()).then_some(())
     });
-    let dirty = vm.dirty.clone().unwrap();
     // 1024 pages through a 256-entry ring: ring-full exits were harvested on the way.
-    let (written, per_vcpu) = dirty
-        .sync(|t| (t.since_boot.count(), t.window_per_vcpu.clone()))
-        .unwrap();
+    let written = vm.dirty.written_since_boot().unwrap().unwrap();
+    let per_vcpu = window.sync(|w| w.per_vcpu.clone()).unwrap();
     assert!(written >= 1024, "{written}");
     assert!(
         per_vcpu[1] >= 1024 && per_vcpu[0] < 64,

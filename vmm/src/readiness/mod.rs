@@ -2,7 +2,6 @@
 //! dirties it, estimated cheaply from stats and checked against ground truth,
 //! and what a pre-copy migration would do with it (docs/READINESS.md).
 
-pub mod dirty;
 pub mod model;
 pub mod report;
 pub mod scan;
@@ -12,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use kvm_stats::StatsFd;
 
+use crate::dirty::{self, DirtyLog, DirtyMode};
 use crate::summary::Mapped;
 use crate::vcpu::VcpuShared;
-use dirty::{Dirty, DirtyMode};
 pub use report::{DirtyRate, Figure, Report, ScanFigures};
 
 /// What to measure and the link to predict for.
@@ -66,7 +65,8 @@ pub struct Guest<'a> {
     pub vm_stats: &'a StatsFd,
     /// Host address and length of guest RAM (one mapping).
     pub ram: (*const u8, usize),
-    pub dirty: Option<&'a Dirty>,
+    /// Dirty tracking, for a VM started with a mode (`--dirty-log`).
+    pub dirty: Option<&'a Arc<DirtyLog>>,
     pub vcpus: &'a [Arc<VcpuShared>],
     pub pause: &'a mut PauseFn<'a>,
     /// Guest pages of the workload arena (for the arena's own counts).
@@ -101,7 +101,7 @@ pub fn measure(
     let resident = timed(|| Ok(scan::resident(g.ram.0, g.ram.1)?.1))?;
     let written = g
         .dirty
-        .map(|d| timed(|| Ok(d.sync(|t| t.since_boot.count())?)))
+        .map(|d| timed(|| Ok(d.written_since_boot()?.unwrap_or(0))))
         .transpose()?;
     let dirty_rate = match g.dirty {
         Some(d) if !options.calc_time.is_zero() => {
@@ -152,7 +152,7 @@ pub fn measure_vm(
     let mut guest = Guest {
         vm_stats: &vm.vm_stats,
         ram: (ptr.cast_const(), len),
-        dirty: vm.dirty.as_deref(),
+        dirty: vm.dirty_configured(),
         vcpus: &vcpus,
         pause: &mut pause,
         arena: crate::abi::ARENA_BASE / 4096..(len / 4096) as u64,
@@ -161,17 +161,17 @@ pub fn measure_vm(
 }
 
 /// Distinct pages written during a window of `calc_time`.
-fn dirty_rate(d: &Dirty, calc_time: Duration) -> Result<DirtyRate, Error> {
-    d.sync(dirty::Tracker::reset_window)?;
+fn dirty_rate(d: &Arc<DirtyLog>, calc_time: Duration) -> Result<DirtyRate, Error> {
+    let window = d.subscribe()?;
     let started = Instant::now();
     std::thread::sleep(calc_time);
-    let (pages, per_vcpu) = d.sync(|t| (t.window.count(), t.window_per_vcpu.clone()))?;
+    let (pages, per_vcpu) = window.sync(|w| (w.pages.count(), w.per_vcpu.clone()))?;
     let window = started.elapsed();
-    let mode = match d.mode {
+    let mode = match d.mode() {
         DirtyMode::Bitmap => "dirty-bitmap",
         DirtyMode::Ring(_) => "dirty-ring",
     };
-    let per_vcpu = matches!(d.mode, DirtyMode::Ring(_)).then_some(per_vcpu);
+    let per_vcpu = matches!(d.mode(), DirtyMode::Ring(_)).then_some(per_vcpu);
     Ok(DirtyRate {
         mode,
         window,

@@ -35,8 +35,8 @@ pub struct Vcpu {
     pub arena_size: u64,
     pub shared: Arc<VcpuShared>,
     pub events: Sender<VmEvent>,
-    /// Dirty tracking, when the VM has it (the ring needs harvesting on ring-full exits).
-    pub dirty: Option<Arc<crate::readiness::dirty::Dirty>>,
+    /// Dirty tracking (the ring needs harvesting on ring-full exits).
+    pub dirty: Option<Arc<crate::dirty::DirtyLog>>,
     /// The command the guest is running: sequence, spec, start time.
     current: Option<(u64, String, Instant)>,
 }

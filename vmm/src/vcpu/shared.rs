@@ -93,7 +93,7 @@ pub enum VcpuError {
     #[error("KVM_RUN failed")]
     Run(#[source] kvm_ioctls::Error),
     #[error("harvesting the dirty ring")]
-    HarvestDirtyRing(#[source] Arc<crate::readiness::dirty::Error>),
+    HarvestDirtyRing(#[source] Arc<crate::dirty::Error>),
     #[error("the dirty ring is full, but no dirty ring is set up")]
     NoDirtyRing,
     #[error("writing the command to the mailbox")]

@@ -1,0 +1,135 @@
+//! A set of guest pages, one bit each, with a running count.
+
+/// A set of guest pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bitmap {
+    words: Vec<u64>,
+    count: u64,
+}
+
+impl Bitmap {
+    /// An empty set for `pages` pages.
+    pub fn new(pages: u64) -> Self {
+        Bitmap {
+            words: vec![0; pages.div_ceil(64) as usize],
+            count: 0,
+        }
+    }
+
+    /// A set holding every page of `0..pages`.
+    pub fn full(pages: u64) -> Self {
+        let mut words = vec![u64::MAX; (pages / 64) as usize];
+        if pages % 64 != 0 {
+            words.push((1u64 << (pages % 64)) - 1);
+        }
+        Bitmap {
+            words,
+            count: pages,
+        }
+    }
+
+    /// Adds a page; pages past the end are ignored.
+    pub fn set(&mut self, page: u64) {
+        if let Some(w) = self.words.get_mut((page / 64) as usize) {
+            let bit = 1u64 << (page % 64);
+            if *w & bit == 0 {
+                *w |= bit;
+                self.count += 1;
+            }
+        }
+    }
+
+    /// Adds every page set in `other` (a KVM bitmap, 64 pages a word).
+    pub fn or_words(&mut self, other: &[u64]) {
+        for (w, o) in self.words.iter_mut().zip(other) {
+            self.count += u64::from((o & !*w).count_ones());
+            *w |= o;
+        }
+    }
+
+    /// Whether `page` is in the set.
+    pub fn contains(&self, page: u64) -> bool {
+        self.words
+            .get((page / 64) as usize)
+            .is_some_and(|w| w & (1 << (page % 64)) != 0)
+    }
+
+    /// Pages in the set.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Pages in the set within `[first, first + n)`.
+    pub fn count_range(&self, first: u64, n: u64) -> u64 {
+        (first..first + n).filter(|&p| self.contains(p)).count() as u64
+    }
+
+    /// Empties the set.
+    pub fn clear(&mut self) {
+        self.words.iter_mut().for_each(|w| *w = 0);
+        self.count = 0;
+    }
+
+    /// The pages in the set, in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.words.iter().enumerate().flat_map(|(i, &w)| {
+            let mut w = w;
+            std::iter::from_fn(move || {
+                if w == 0 {
+                    return None;
+                }
+                let bit = u64::from(w.trailing_zeros());
+                w &= w - 1;
+                Some(i as u64 * 64 + bit)
+            })
+        })
+    }
+
+    /// The set as runs of consecutive pages `(first, count)`, ascending.
+    pub fn runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for p in self.iter() {
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n == p => *n += 1,
+                _ => runs.push((p, 1)),
+            }
+        }
+        runs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_counts_distinct_pages() {
+        let mut b = Bitmap::new(200);
+        for p in [0, 5, 5, 63, 64, 199, 500] {
+            b.set(p);
+        }
+        assert_eq!(b.count(), 5);
+        assert!(b.contains(64) && !b.contains(65) && !b.contains(500));
+        assert_eq!(b.count_range(0, 64), 3);
+    }
+
+    #[test]
+    fn bitmap_or_counts_only_new_pages() {
+        let mut b = Bitmap::new(128);
+        b.set(1);
+        b.or_words(&[0b11, 1 << 63]);
+        assert_eq!(b.count(), 3);
+        assert!(b.contains(0) && b.contains(1) && b.contains(127));
+    }
+
+    #[test]
+    fn iter_and_runs_list_pages_in_order() {
+        let mut b = Bitmap::new(300);
+        for p in [3, 4, 5, 63, 64, 65, 200] {
+            b.set(p);
+        }
+        assert_eq!(b.iter().collect::<Vec<_>>(), vec![3, 4, 5, 63, 64, 65, 200]);
+        assert_eq!(b.runs(), vec![(3, 3), (63, 3), (200, 1)]);
+        assert_eq!(Bitmap::full(130).count(), 130);
+    }
+}

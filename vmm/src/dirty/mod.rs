@@ -1,0 +1,409 @@
+//! Dirty-page tracking as a VMM service: KVM's dirty bitmap
+//! (`KVM_GET_DIRTY_LOG`) or dirty ring (`KVM_CAP_DIRTY_LOG_RING`, per vCPU),
+//! folded into the page sets of any number of consumers.
+//!
+//! A consumer ([`Consumer`], from [`DirtyLog::subscribe`]) sees every page
+//! dirtied since its own last look, whatever the others do: a readiness
+//! window and a migration can run at once. A VM uses the mode it was started
+//! with; one started without any turns bitmap logging on for its memory slot
+//! while a consumer holds it (re-registering the slot with
+//! `KVM_MEM_LOG_DIRTY_PAGES`), and off again when the last one goes. KVM
+//! refuses the bitmap once the ring is on (this kernel has no
+//! `KVM_CAP_DIRTY_LOG_RING_WITH_BITMAP`), so a ring VM always uses its ring.
+//!
+//! Users: the VM (`vm.rs`) builds it, vCPU threads harvest a full ring,
+//! readiness and migration subscribe. It depends on nothing above it.
+
+pub mod bitmap;
+pub mod ring;
+
+use std::fs::File;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
+use kvm_ioctls::VmFd;
+use vm_memory::{GuestMemoryBackend as _, GuestMemoryRegion as _};
+use vmm_sys_util::ioctl::ioctl;
+use vmm_sys_util::ioctl_io_nr;
+
+use crate::memory::{self, GuestMemory};
+pub use bitmap::Bitmap;
+pub use ring::{MAX_RING_ENTRIES, MIN_RING_ENTRIES};
+
+/// Which dirty tracking a VM uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirtyMode {
+    /// KVM_MEM_LOG_DIRTY_PAGES and KVM_GET_DIRTY_LOG (one bitmap per VM).
+    Bitmap,
+    /// The dirty ring with this many entries per vCPU (a power of two).
+    Ring(u32),
+}
+
+impl std::fmt::Display for DirtyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirtyMode::Bitmap => write!(f, "bitmap"),
+            DirtyMode::Ring(n) => write!(f, "ring ({n} entries)"),
+        }
+    }
+}
+
+/// Why dirty tracking failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the dirty ring needs a power-of-two entry count from {min} to {max}, not {0}", min = MIN_RING_ENTRIES, max = MAX_RING_ENTRIES)]
+    RingSize(u32),
+    #[error("enabling the dirty ring ({0} entries) on the VM")]
+    EnableRing(u32, #[source] kvm_ioctls::Error),
+    #[error("mapping vCPU {0}'s dirty ring")]
+    MapRing(usize, #[source] std::io::Error),
+    #[error("KVM_GET_DIRTY_LOG")]
+    GetLog(#[source] kvm_ioctls::Error),
+    #[error("KVM_RESET_DIRTY_RINGS")]
+    ResetRings(#[source] std::io::Error),
+    #[error("turning dirty logging {} on the memory slot", if *.0 { "on" } else { "off" })]
+    SetLogging(bool, #[source] kvm_ioctls::Error),
+}
+
+ioctl_io_nr!(KVM_RESET_DIRTY_RINGS, kvm_bindings::KVMIO, 0xc7);
+
+/// The pages one consumer has not looked at yet.
+#[derive(Debug, Clone)]
+pub struct Window {
+    /// Pages dirtied since the consumer's last [`Consumer::take`] (or since it subscribed).
+    pub pages: Bitmap,
+    /// Ring entries harvested per vCPU in the same span (ring mode; zeros otherwise).
+    pub per_vcpu: Vec<u64>,
+}
+
+impl Window {
+    fn new(pages: u64, vcpus: usize) -> Self {
+        Window {
+            pages: Bitmap::new(pages),
+            per_vcpu: vec![0; vcpus],
+        }
+    }
+
+    fn record(&mut self, vcpu: usize, page: u64) {
+        self.pages.set(page);
+        if let Some(c) = self.per_vcpu.get_mut(vcpu) {
+            *c += 1;
+        }
+    }
+}
+
+struct State {
+    rings: Vec<ring::Ring>,
+    /// Pages written since tracking began (boot, for a VM started with a mode).
+    since_start: Bitmap,
+    consumers: Vec<(u64, Window)>,
+    next_id: u64,
+    /// Consumers that asked for bitmap logging turned on at run time.
+    runtime_users: u32,
+    /// The slot is registered with KVM_MEM_LOG_DIRTY_PAGES.
+    logging: bool,
+}
+
+/// A VM's dirty tracking, shared by the vCPU threads (ring-full exits) and consumers.
+pub struct DirtyLog {
+    configured: Option<DirtyMode>,
+    vm: Arc<VmFd>,
+    /// Guest RAM, kept mapped for as long as the slot may be re-registered.
+    mem: GuestMemory,
+    pages: u64,
+    vcpus: usize,
+    state: Mutex<State>,
+}
+
+/// Slot `slot`'s registration for `region` of guest RAM.
+pub fn slot_region(
+    slot: u32,
+    region: &vm_memory::GuestRegionMmap<()>,
+    logging: bool,
+) -> kvm_userspace_memory_region {
+    let (host, len) = memory::host_range(region);
+    kvm_userspace_memory_region {
+        slot,
+        flags: if logging { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+        guest_phys_addr: region.start_addr().0,
+        memory_size: len as u64,
+        userspace_addr: host as u64,
+    }
+}
+
+/// Enables the dirty ring on a VM; call before creating vCPUs.
+///
+/// # Errors
+/// A bad size, or KVM refuses.
+pub fn enable_ring(vm: &VmFd, entries: u32) -> Result<(), Error> {
+    ring::enable(vm, entries)
+}
+
+impl DirtyLog {
+    /// Tracking for a VM whose RAM (`mem`, one slot) is already registered
+    /// with KVM, with logging on if `configured` is the bitmap; `vcpu_fds` are
+    /// needed in ring mode.
+    ///
+    /// # Errors
+    /// A ring cannot be mapped.
+    pub fn new(
+        configured: Option<DirtyMode>,
+        vm: Arc<VmFd>,
+        mem: &GuestMemory,
+        vcpu_fds: &[File],
+    ) -> Result<Arc<DirtyLog>, Error> {
+        let rings = match configured {
+            Some(DirtyMode::Ring(entries)) => vcpu_fds
+                .iter()
+                .enumerate()
+                .map(|(i, fd)| ring::Ring::map(i, fd, entries))
+                .collect::<Result<_, _>>()?,
+            _ => Vec::new(),
+        };
+        let pages = memory::size(mem) / 4096;
+        let state = State {
+            rings,
+            since_start: Bitmap::new(pages),
+            consumers: Vec::new(),
+            next_id: 0,
+            runtime_users: 0,
+            logging: configured == Some(DirtyMode::Bitmap),
+        };
+        Ok(Arc::new(DirtyLog {
+            configured,
+            vm,
+            mem: mem.clone(),
+            pages,
+            vcpus: vcpu_fds.len(),
+            state: Mutex::new(state),
+        }))
+    }
+
+    /// The mode the VM was started with, if any.
+    pub fn configured(&self) -> Option<DirtyMode> {
+        self.configured
+    }
+
+    /// The mode consumers get: the configured one, or the bitmap turned on at run time.
+    pub fn mode(&self) -> DirtyMode {
+        self.configured.unwrap_or(DirtyMode::Bitmap)
+    }
+
+    /// Guest pages tracked (slot 0).
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new consumer, whose window starts now (what KVM logged before is
+    /// folded into the others first). Turns bitmap logging on if the VM was
+    /// started without a mode.
+    ///
+    /// # Errors
+    /// The KVM call that failed.
+    pub fn subscribe(self: &Arc<Self>) -> Result<Consumer, Error> {
+        let mut state = self.lock();
+        let runtime = self.configured.is_none();
+        if runtime && state.runtime_users == 0 {
+            self.set_logging(true)?;
+            state.logging = true;
+        } else {
+            self.fold(&mut state)?;
+        }
+        if runtime {
+            state.runtime_users += 1;
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        state
+            .consumers
+            .push((id, Window::new(self.pages, self.vcpus)));
+        Ok(Consumer {
+            log: self.clone(),
+            id,
+            runtime,
+        })
+    }
+
+    /// Pages written since boot, for a VM started with a mode; `None` otherwise.
+    ///
+    /// # Errors
+    /// The KVM call failed.
+    pub fn written_since_boot(&self) -> Result<Option<u64>, Error> {
+        if self.configured.is_none() {
+            return Ok(None);
+        }
+        let mut state = self.lock();
+        self.fold(&mut state)?;
+        Ok(Some(state.since_start.count()))
+    }
+
+    /// Harvests one vCPU's full ring (its KVM_EXIT_DIRTY_RING_FULL exit).
+    ///
+    /// # Errors
+    /// The reset ioctl failed.
+    pub fn harvest_vcpu(&self, vcpu: usize) -> Result<u64, Error> {
+        let mut state = self.lock();
+        let State {
+            rings,
+            since_start,
+            consumers,
+            ..
+        } = &mut *state;
+        let n = rings.get_mut(vcpu).map_or(0, |r| {
+            r.harvest(|page| record(since_start, consumers, vcpu, page))
+        });
+        self.reset_rings()?;
+        Ok(n)
+    }
+
+    /// Folds what KVM logged since the last fold into every consumer.
+    fn fold(&self, state: &mut State) -> Result<(), Error> {
+        let State {
+            rings,
+            since_start,
+            consumers,
+            logging,
+            ..
+        } = state;
+        if !rings.is_empty() {
+            for ring in rings.iter_mut() {
+                let vcpu = ring.vcpu;
+                ring.harvest(|page| record(since_start, consumers, vcpu, page));
+            }
+            return self.reset_rings();
+        }
+        if *logging {
+            let size = usize::try_from(self.pages * 4096).unwrap_or(usize::MAX);
+            let words = self.vm.get_dirty_log(0, size).map_err(Error::GetLog)?;
+            since_start.or_words(&words);
+            for (_, w) in consumers.iter_mut() {
+                w.pages.or_words(&words);
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-registers slot 0 with logging on or off.
+    fn set_logging(&self, on: bool) -> Result<(), Error> {
+        for (slot, region) in self.mem.iter().enumerate() {
+            let region = slot_region(slot as u32, region, on);
+            // SAFETY: the region is a live mapping of `self.mem`, which this
+            // service keeps mapped for as long as it lives; only the flags change.
+            unsafe { self.vm.set_user_memory_region(region) }
+                .map_err(|e| Error::SetLogging(on, e))?;
+        }
+        Ok(())
+    }
+
+    fn reset_rings(&self) -> Result<(), Error> {
+        // SAFETY: KVM_RESET_DIRTY_RINGS takes no argument; the VM fd is valid.
+        let rc = unsafe { ioctl(&*self.vm, KVM_RESET_DIRTY_RINGS()) };
+        if rc < 0 {
+            return Err(Error::ResetRings(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    fn unsubscribe(&self, id: u64, runtime: bool) -> Result<(), Error> {
+        let mut state = self.lock();
+        state.consumers.retain(|(i, _)| *i != id);
+        if runtime {
+            state.runtime_users = state.runtime_users.saturating_sub(1);
+            if state.runtime_users == 0 && state.logging {
+                state.logging = false;
+                self.set_logging(false)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn record(since_start: &mut Bitmap, consumers: &mut [(u64, Window)], vcpu: usize, page: u64) {
+    since_start.set(page);
+    for (_, w) in consumers.iter_mut() {
+        w.record(vcpu, page);
+    }
+}
+
+/// One reader of the dirty log: it sees every page dirtied since its own last
+/// [`take`](Consumer::take). Dropping it ends its subscription (and turns
+/// run-time bitmap logging off when it was the last).
+pub struct Consumer {
+    log: Arc<DirtyLog>,
+    id: u64,
+    runtime: bool,
+}
+
+impl Consumer {
+    /// Folds what KVM has logged into this consumer's window and gives the
+    /// window to `f` (which may reset it).
+    ///
+    /// # Errors
+    /// The KVM call failed.
+    pub fn sync<T>(&self, f: impl FnOnce(&mut Window) -> T) -> Result<T, Error> {
+        let mut state = self.log.lock();
+        self.log.fold(&mut state)?;
+        let window = state
+            .consumers
+            .iter_mut()
+            .find(|(i, _)| *i == self.id)
+            .map(|(_, w)| w);
+        match window {
+            Some(w) => Ok(f(w)),
+            // Unreachable while `self` lives; an empty window is the honest answer.
+            None => Ok(f(&mut Window::new(self.log.pages, self.log.vcpus))),
+        }
+    }
+
+    /// The pages dirtied since the last take, leaving the window empty.
+    ///
+    /// # Errors
+    /// The KVM call failed.
+    pub fn take(&self) -> Result<Bitmap, Error> {
+        let pages = self.log.pages;
+        let vcpus = self.log.vcpus;
+        self.sync(|w| std::mem::replace(w, Window::new(pages, vcpus)).pages)
+    }
+
+    /// The mode this consumer's pages come from.
+    pub fn mode(&self) -> DirtyMode {
+        self.log.mode()
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if let Err(e) = self.log.unsubscribe(self.id, self.runtime) {
+            log::warn!("dirty log: {}", crate::error_chain(&e));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_consumer_sees_a_recorded_page() {
+        let mut since = Bitmap::new(64);
+        let mut consumers = vec![(0, Window::new(64, 2)), (1, Window::new(64, 2))];
+        record(&mut since, &mut consumers, 1, 3);
+        record(&mut since, &mut consumers, 1, 3);
+        consumers[0].1 = Window::new(64, 2);
+        record(&mut since, &mut consumers, 0, 4);
+        assert_eq!(since.count(), 2);
+        assert_eq!(consumers[0].1.pages.count(), 1);
+        assert_eq!(consumers[1].1.pages.count(), 2);
+        assert_eq!(consumers[1].1.per_vcpu, vec![1, 2]);
+    }
+
+    #[test]
+    fn modes_print_their_names() {
+        assert_eq!(DirtyMode::Bitmap.to_string(), "bitmap");
+        assert_eq!(DirtyMode::Ring(4096).to_string(), "ring (4096 entries)");
+    }
+}
