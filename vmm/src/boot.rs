@@ -18,20 +18,189 @@ pub static DEFAULT_GUEST: &[u8] = include_bytes!(env!("KVMSCOPE_GUEST_ELF"));
 pub enum Error {
     #[error("loading the guest ELF")]
     LoadElf(#[source] linux_loader::loader::Error),
-    #[error("the guest ELF ends at {end:#x}, past the image area {base:#x}..{limit:#x}")]
-    ImageTooLarge { end: u64, base: u64, limit: u64 },
+    #[error("the guest ELF is {}; kvmscope boots 64-bit x86-64 executables (ELFCLASS64)", class_name(*.0))]
+    ElfClass(u8),
+    #[error("the guest ELF is for {}; kvmscope boots x86-64 executables (EM_X86_64)", machine_name(*.0))]
+    ElfMachine(u16),
+    #[error("the guest ELF is {}, not an executable (ET_EXEC)", type_name(*.0))]
+    ElfType(u16),
+    #[error(
+        "the guest ELF's program headers ({count} at offset {offset:#x}) lie outside the file"
+    )]
+    ProgramHeaders { offset: u64, count: u16 },
+    #[error("guest ELF segment {index} ({start:#x}..{end:#x}) overlaps {area}; segments must lie in the image area {:#x}..{:#x}", abi::IMAGE_BASE, abi::IMAGE_BASE + abi::IMAGE_MAX)]
+    SegmentPlacement {
+        index: usize,
+        start: u64,
+        end: u64,
+        area: &'static str,
+    },
+    #[error("guest ELF segment {index} has a size that wraps around the address space")]
+    SegmentOverflow { index: usize },
+    #[error("the guest ELF's entry point {entry:#x} is outside the image area {:#x}..{:#x}", abi::IMAGE_BASE, abi::IMAGE_BASE + abi::IMAGE_MAX)]
+    EntryPlacement { entry: u64 },
     #[error("building page tables")]
     PageTables(#[from] paging::Error),
     #[error("writing boot structures to guest memory at {0:#x}")]
     Write(u64, #[source] vm_memory::GuestMemoryError),
 }
 
+/// ELF identification and header values this loader checks.
+mod elf_consts {
+    pub const MAGIC: &[u8; 4] = b"\x7fELF";
+    pub const EI_CLASS: usize = 4;
+    pub const ELFCLASS32: u8 = 1;
+    pub const ELFCLASS64: u8 = 2;
+    pub const EM_386: u16 = 3;
+    pub const EM_X86_64: u16 = 62;
+    pub const EM_AARCH64: u16 = 183;
+    pub const EM_RISCV: u16 = 243;
+    pub const ET_REL: u16 = 1;
+    pub const ET_EXEC: u16 = 2;
+    pub const ET_DYN: u16 = 3;
+    pub const ET_CORE: u16 = 4;
+    pub const PT_LOAD: u32 = 1;
+    /// Bytes of an ELF64 header and of one ELF64 program header.
+    pub const EHDR_SIZE: usize = 64;
+    pub const PHDR_SIZE: usize = 56;
+}
+use elf_consts as ec;
+
+fn class_name(class: u8) -> String {
+    match class {
+        ec::ELFCLASS32 => "32-bit (ELFCLASS32)".into(),
+        other => format!("of ELF class {other}"),
+    }
+}
+
+fn machine_name(machine: u16) -> String {
+    let name = match machine {
+        ec::EM_386 => "i386 (EM_386)",
+        ec::EM_AARCH64 => "AArch64 (EM_AARCH64)",
+        ec::EM_RISCV => "RISC-V (EM_RISCV)",
+        _ => return format!("machine {machine}"),
+    };
+    name.into()
+}
+
+fn type_name(kind: u16) -> String {
+    let name = match kind {
+        ec::ET_REL => "a relocatable object (ET_REL)",
+        ec::ET_DYN => "a shared object or position-independent executable (ET_DYN)",
+        ec::ET_CORE => "a core dump (ET_CORE)",
+        _ => return format!("of type {kind}"),
+    };
+    name.into()
+}
+
+/// The guest memory map outside the image area, for naming what a segment
+/// overlaps: `(start, end, name)`, in address order.
+fn reserved_areas(ram: u64) -> [(u64, u64, &'static str); 8] {
+    let pd_end = abi::PD_ADDR + abi::MAX_PD_PAGES * abi::PAGE_SIZE;
+    [
+        (0, abi::GDT_ADDR, "the first page (kept empty)"),
+        (abi::GDT_ADDR, abi::TSS_ADDR, "the GDT"),
+        (abi::TSS_ADDR, abi::PML4_ADDR, "the TSS"),
+        (abi::PML4_ADDR, pd_end, "the page tables"),
+        (pd_end, abi::MAILBOX_BASE, "reserved low memory"),
+        (abi::MAILBOX_BASE, abi::IMAGE_BASE, "the vCPU mailboxes"),
+        (abi::STACK_BASE, abi::ARENA_BASE, "the vCPU stacks"),
+        (abi::ARENA_BASE, ram, "the workload arena"),
+    ]
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// Checks what the loader does not: an x86-64 ELF64 executable whose loaded
+/// segments and entry point lie in the image area of a guest of `ram` bytes.
+/// An image too short or without the ELF magic is left to the loader, which
+/// names what is wrong with it.
+///
+/// # Errors
+/// `ElfClass`, `ElfMachine`, `ElfType`, `ProgramHeaders`,
+/// `SegmentPlacement`, `SegmentOverflow` or `EntryPlacement`.
+pub fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
+    if image.len() < ec::EHDR_SIZE || !image.starts_with(ec::MAGIC) {
+        return Ok(());
+    }
+    if image[ec::EI_CLASS] != ec::ELFCLASS64 {
+        return Err(Error::ElfClass(image[ec::EI_CLASS]));
+    }
+    let machine = u16_at(image, 18);
+    if machine != ec::EM_X86_64 {
+        return Err(Error::ElfMachine(machine));
+    }
+    let kind = u16_at(image, 16);
+    if kind != ec::ET_EXEC {
+        return Err(Error::ElfType(kind));
+    }
+    let (entry, phoff, phnum) = (u64_at(image, 24), u64_at(image, 32), u16_at(image, 56));
+    let table = usize::try_from(phoff)
+        .ok()
+        .and_then(|start| Some(start..start.checked_add(usize::from(phnum) * ec::PHDR_SIZE)?))
+        .filter(|r| r.end <= image.len())
+        .ok_or(Error::ProgramHeaders {
+            offset: phoff,
+            count: phnum,
+        })?;
+    for (index, ph) in image[table].chunks_exact(ec::PHDR_SIZE).enumerate() {
+        let (filesz, memsz) = (u64_at(ph, 32), u64_at(ph, 40));
+        if u32_at(ph, 0) != ec::PT_LOAD || filesz.max(memsz) == 0 {
+            continue;
+        }
+        let start = u64_at(ph, 24);
+        let end = start
+            .checked_add(filesz.max(memsz))
+            .ok_or(Error::SegmentOverflow { index })?;
+        check_placement(index, start, end, ram)?;
+    }
+    let image_area = abi::IMAGE_BASE..abi::IMAGE_BASE + abi::IMAGE_MAX;
+    if !image_area.contains(&entry) {
+        return Err(Error::EntryPlacement { entry });
+    }
+    Ok(())
+}
+
+/// A segment `start..end` must lie in the image area; otherwise the error
+/// names the first area it overlaps.
+fn check_placement(index: usize, start: u64, end: u64, ram: u64) -> Result<(), Error> {
+    let limit = abi::IMAGE_BASE + abi::IMAGE_MAX;
+    if start >= abi::IMAGE_BASE && end <= limit {
+        return Ok(());
+    }
+    let area = reserved_areas(ram)
+        .into_iter()
+        .find(|&(a, b, _)| a < b && start < b && a < end)
+        .map_or("the end of guest RAM", |(_, _, name)| name);
+    Err(Error::SegmentPlacement {
+        index,
+        start,
+        end,
+        area,
+    })
+}
+
 /// Loads an ELF guest at its physical addresses; returns its entry point.
 ///
 /// # Errors
-/// `LoadElf` for a malformed ELF or one whose entry lies below the image area;
-/// `ImageTooLarge` when it does not fit the image area.
+/// `LoadElf` for a malformed ELF; the errors of [`check_elf`] for one that is
+/// not an x86-64 executable or does not fit the image area.
 pub fn load_guest(mem: &GuestMemory, image: &[u8]) -> Result<u64, Error> {
+    check_elf(image, memory::size(mem))?;
     let loaded = Elf::load(
         mem,
         None,
@@ -39,14 +208,6 @@ pub fn load_guest(mem: &GuestMemory, image: &[u8]) -> Result<u64, Error> {
         Some(GuestAddress(abi::IMAGE_BASE)),
     )
     .map_err(Error::LoadElf)?;
-    let limit = abi::IMAGE_BASE + abi::IMAGE_MAX;
-    if loaded.kernel_end > limit {
-        return Err(Error::ImageTooLarge {
-            end: loaded.kernel_end,
-            base: abi::IMAGE_BASE,
-            limit,
-        });
-    }
     Ok(loaded.kernel_load.0)
 }
 
@@ -103,8 +264,137 @@ pub fn arena_size(mem_size: u64) -> u64 {
 }
 
 #[cfg(test)]
+#[path = "../tests/common/elf.rs"]
+mod test_elf;
+
+#[cfg(test)]
 mod tests {
+    use super::test_elf::{self as elf, ElfImage, Segment};
     use super::*;
+
+    const RAM: u64 = 32 << 20;
+
+    fn spin() -> ElfImage {
+        ElfImage::exec(abi::IMAGE_BASE, &elf::SPIN)
+    }
+
+    fn with_segment(paddr: u64, memsz: u64) -> Vec<u8> {
+        let mut image = spin();
+        image.segments.push(Segment {
+            paddr,
+            data: vec![0x90; 16],
+            memsz,
+        });
+        image.bytes()
+    }
+
+    fn placement_area(image: &[u8]) -> &'static str {
+        match check_elf(image, RAM) {
+            Err(Error::SegmentPlacement { area, .. }) => area,
+            other => panic!("expected a placement error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_hand_made_x86_64_executable_passes_and_loads() {
+        let image = spin().bytes();
+        assert!(check_elf(&image, RAM).is_ok());
+        let mem = memory::create(RAM, false).unwrap();
+        assert_eq!(load_guest(&mem, &image).unwrap(), abi::IMAGE_BASE);
+        let code: [u8; 2] = mem.read_obj(GuestAddress(abi::IMAGE_BASE)).unwrap();
+        assert_eq!(code, elf::SPIN);
+    }
+
+    #[test]
+    fn a_32_bit_elf_is_rejected_naming_its_class() {
+        let mut image = spin();
+        image.class = elf::CLASS32;
+        let err = check_elf(&image.bytes(), RAM).unwrap_err();
+        assert!(matches!(err, Error::ElfClass(1)), "{err:?}");
+        assert!(err.to_string().contains("32-bit (ELFCLASS32)"), "{err}");
+    }
+
+    #[test]
+    fn another_machine_is_rejected_naming_it() {
+        let mut image = spin();
+        image.machine = elf::I386;
+        let err = check_elf(&image.bytes(), RAM).unwrap_err();
+        assert!(matches!(err, Error::ElfMachine(3)), "{err:?}");
+        assert!(err.to_string().contains("EM_386"), "{err}");
+        image.machine = 0xbeef;
+        let err = check_elf(&image.bytes(), RAM).unwrap_err();
+        assert!(err.to_string().contains("machine 48879"), "{err}");
+    }
+
+    #[test]
+    fn objects_and_shared_objects_are_rejected_naming_the_type() {
+        for (kind, name) in [(elf::REL, "ET_REL"), (elf::DYN, "ET_DYN")] {
+            let mut image = spin();
+            image.kind = kind;
+            let err = check_elf(&image.bytes(), RAM).unwrap_err();
+            assert!(matches!(err, Error::ElfType(k) if k == kind), "{err:?}");
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn segments_over_boot_structures_are_rejected_naming_what_they_overlap() {
+        for (addr, area) in [
+            (0, "the first page (kept empty)"),
+            (abi::GDT_ADDR, "the GDT"),
+            (abi::TSS_ADDR + 8, "the TSS"),
+            (abi::PML4_ADDR, "the page tables"),
+            (abi::PD_ADDR + 0x3000, "the page tables"),
+            (abi::MAILBOX_BASE, "the vCPU mailboxes"),
+            (abi::STACK_BASE, "the vCPU stacks"),
+            (abi::ARENA_BASE, "the workload arena"),
+            (RAM, "the end of guest RAM"),
+        ] {
+            assert_eq!(placement_area(&with_segment(addr, 16)), area, "{addr:#x}");
+        }
+    }
+
+    #[test]
+    fn a_segment_straddling_the_image_end_names_the_stacks() {
+        let limit = abi::IMAGE_BASE + abi::IMAGE_MAX;
+        let image = with_segment(limit - 8, 16);
+        assert_eq!(placement_area(&image), "the vCPU stacks");
+        let err = check_elf(&image, RAM).unwrap_err().to_string();
+        assert!(err.contains("segment 1 (0x3ffff8..0x400008)"), "{err}");
+    }
+
+    #[test]
+    fn a_segment_whose_size_wraps_is_rejected() {
+        let err = check_elf(&with_segment(abi::IMAGE_BASE, u64::MAX), RAM).unwrap_err();
+        assert!(
+            matches!(err, Error::SegmentOverflow { index: 1 }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn program_headers_past_the_end_of_the_file_are_rejected() {
+        let mut image = spin().bytes();
+        image[56] = 200; // e_phnum
+        let err = check_elf(&image, RAM).unwrap_err();
+        assert!(
+            matches!(err, Error::ProgramHeaders { count: 200, .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn an_entry_point_outside_the_image_area_is_rejected() {
+        let mut image = spin();
+        image.entry = abi::IMAGE_BASE + abi::IMAGE_MAX;
+        let err = check_elf(&image.bytes(), RAM).unwrap_err();
+        assert!(matches!(err, Error::EntryPlacement { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn the_built_in_guest_passes_the_checks() {
+        assert!(check_elf(DEFAULT_GUEST, RAM).is_ok());
+    }
 
     #[test]
     fn default_guest_loads_at_the_image_base() {

@@ -76,7 +76,7 @@ counted_enum!(
 pub enum Fault {
     #[error("triple fault (shutdown exit)")]
     TripleFault,
-    #[error("KVM internal error, suberror {suberror}")]
+    #[error("KVM internal error, suberror {suberror} ({})", internal_error_name(*.suberror))]
     InternalError { suberror: u32 },
     #[error("VM entry failed, hardware reason {reason:#x} on host CPU {cpu}")]
     FailedEntry { reason: u64, cpu: u32 },
@@ -88,6 +88,18 @@ pub enum Fault {
     Halted,
     #[error("unexpected exit: {0}")]
     Unexpected(String),
+}
+
+/// What a KVM_EXIT_INTERNAL_ERROR suberror means (the kernel's
+/// `KVM_INTERNAL_ERROR_*` values).
+pub fn internal_error_name(suberror: u32) -> &'static str {
+    match suberror {
+        kvm_bindings::KVM_INTERNAL_ERROR_EMULATION => "emulation failure",
+        kvm_bindings::KVM_INTERNAL_ERROR_SIMUL_EX => "simultaneous exceptions",
+        kvm_bindings::KVM_INTERNAL_ERROR_DELIVERY_EV => "an exit during event delivery",
+        kvm_bindings::KVM_INTERNAL_ERROR_UNEXPECTED_EXIT_REASON => "unexpected exit reason",
+        _ => "unknown suberror",
+    }
 }
 
 /// What the vCPU loop must do after an exit.

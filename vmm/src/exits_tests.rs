@@ -140,3 +140,16 @@ fn counters_serialise_every_reason_and_device() {
     assert_eq!(j["reasons"].as_object().unwrap().len(), Reason::ALL.len());
     assert_eq!(j["total"], 1);
 }
+
+#[test]
+fn internal_errors_name_their_suberror() {
+    let text = |suberror| Fault::InternalError { suberror }.to_string();
+    assert_eq!(
+        text(1),
+        "KVM internal error, suberror 1 (emulation failure)"
+    );
+    assert!(text(2).ends_with("(simultaneous exceptions)"));
+    assert!(text(3).ends_with("(an exit during event delivery)"));
+    assert!(text(4).ends_with("(unexpected exit reason)"));
+    assert!(text(99).ends_with("suberror 99 (unknown suberror)"));
+}

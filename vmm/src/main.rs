@@ -11,8 +11,9 @@ use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchC
 use kvmscope::dirty::DirtyMode;
 use kvmscope::protocol::VcpuSelector;
 use kvmscope::run::{self, RunConfig};
+use kvmscope::sampler::export::Destination;
 use kvmscope::sampler::SamplerConfig;
-use kvmscope::units::{Bandwidth, Count, DirtyLog, Interval, Period, Size, Span, VcpuChoice};
+use kvmscope::units::{Bandwidth, Count, DirtyLog, Interval, Limit, Period, Size, Span, VcpuChoice};
 use kvmscope::vm::VmConfig;
 use kvmscope::workload::{parse_workload, Workload};
 
@@ -30,6 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Boot the built-in guest, run workloads, and print a summary per vCPU.
+    #[command(after_help = RUN_EXIT_STATUS)]
     Run(RunArgs),
     /// Receive stats fds from a running VMM's socket and print the stats read through them.
     Stats(StatsArgs),
@@ -47,6 +49,17 @@ enum Cmd {
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
     Readiness(ReadinessArgs),
 }
+
+/// The exit codes of `kvmscope run` (also in the README).
+const RUN_EXIT_STATUS: &str = "Exit status:
+  0  the run ended in order: its workloads finished, a client sent `quit`, or
+     SIGINT/SIGTERM stopped it (an orderly stop on a signal is a success, as
+     for QEMU; the summary says `stopped by signal N`)
+  1  start-up failed (bad configuration, KVM, a port, socket or file)
+  2  the guest failed (panic, fault, KVM error), or the command line is wrong
+  3  vCPUs did not stop within a second of being told to
+  4  the run ended, but something besides the guest failed (e.g. --samples-out)
+  5  the guest did not check in within --boot-timeout (its registers are printed)";
 
 #[derive(clap::Args)]
 struct ReadinessArgs {
@@ -164,9 +177,9 @@ struct PlotArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Guest RAM (a multiple of 2M, at least 16M), e.g. 512M or 2G. K, M, G, T
-    /// and KiB, MiB, GiB, TiB are binary (1G = 2^30 bytes); KB, MB, GB, TB are
-    /// decimal (1GB = 10^9 bytes).
+    /// Guest RAM (a multiple of 2M, from 16M to 65534M, i.e. 64G less 2M),
+    /// e.g. 512M or 2G. K, M, G, T and KiB, MiB, GiB, TiB are binary (1G = 2^30
+    /// bytes); KB, MB, GB, TB are decimal (1GB = 10^9 bytes).
     #[arg(long, default_value = "256M")]
     memory: Size,
     /// Number of vCPUs, one thread each.
@@ -198,13 +211,24 @@ struct RunArgs {
     #[arg(long, default_value = "4096", value_name = "N")]
     sample_buffer: Count<2, { kvmscope::sampler::MAX_CAPACITY }>,
     /// Write every sample to FILE as it is taken: CSV if it ends in .csv, else
-    /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick.
+    /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick. FILE appears (or
+    /// is replaced) only once start-up has passed; an existing FILE that is not
+    /// a kvmscope samples file is refused unless --force is given.
     #[arg(long, value_name = "FILE")]
     samples_out: Option<PathBuf>,
+    /// Let --samples-out replace an existing file that is not a samples file.
+    #[arg(long, requires = "samples_out")]
+    force: bool,
     /// Serve the sampler's readings as Prometheus text at http://ADDR/metrics,
-    /// e.g. 127.0.0.1:9100.
+    /// e.g. 127.0.0.1:9100. The VM then stays up after its workloads, for the
+    /// scrapers, until SIGINT/SIGTERM (or `quit` on --socket), as with --socket.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Stop with exit status 5, printing each vCPU's registers, when a vCPU's
+    /// guest has not checked in (its first port write) this long after start
+    /// (a pause restarts the clock); `off` waits for ever.
+    #[arg(long, default_value = "5s", value_name = "DUR")]
+    boot_timeout: Limit,
     /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
     /// samples files (default: the --socket file's name without extension,
     /// else kvmscope-PID).
@@ -255,7 +279,10 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             (Some(interval), out) => Some(SamplerConfig {
                 interval,
                 capacity: args.sample_buffer.0,
-                out,
+                out: out.map(|path| Destination {
+                    path,
+                    force: args.force,
+                }),
             }),
             (None, Some(_)) => {
                 anyhow::bail!("--samples-out needs the sampler: drop --sample-interval off")
@@ -263,6 +290,7 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             (None, None) => None,
         },
         metrics_addr: args.metrics_addr,
+        boot_timeout: args.boot_timeout.0,
         name: args.name,
         control_limits: kvmscope::control::Limits::default(),
     };
@@ -271,6 +299,10 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         println!("{}", serde_json::to_string_pretty(&summary.to_json())?);
     } else {
         print!("{}", summary.to_text());
+    }
+    if let Some(late) = &summary.boot_timeout {
+        eprintln!("kvmscope: {}", late.describe());
+        return Ok(ExitCode::from(5));
     }
     if let Some(failure) = summary.failure() {
         eprintln!("kvmscope: the guest failed: {failure}");

@@ -15,7 +15,7 @@ pub enum Error {
     TooSmall { size: u64, min: u64 },
     #[error("guest memory of {0} bytes is not a multiple of 2 MiB")]
     Unaligned(u64),
-    #[error("guest memory of {size} bytes is over the {max} bytes the guest's page tables cover")]
+    #[error("guest memory of {} is over the maximum of {} MiB ({} GiB, which the guest's page tables cover, less the 2 MiB MMIO page)", crate::units::format_bytes(*.size), .max >> 20, (.max + paging::PAGE_2M) >> 30)]
     TooLarge { size: u64, max: u64 },
     #[error("mapping {0} bytes of guest memory")]
     Map(u64, #[source] vm_memory::mmap::FromRangesError),
@@ -106,6 +106,18 @@ mod tests {
             Err(Error::TooLarge { .. })
         ));
         assert!(check_size(64 << 20).is_ok());
+    }
+
+    #[test]
+    fn the_largest_guest_is_64_gib_less_2_mib_and_the_error_names_it() {
+        assert_eq!(MAX_MEMORY, (64 << 30) - (2 << 20));
+        assert!(check_size(MAX_MEMORY).is_ok());
+        assert!(check_size(63 << 30).is_ok());
+        let err = check_size(64 << 30).unwrap_err().to_string();
+        assert!(
+            err.contains("64 GiB is over the maximum of 65534 MiB"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@ use crate::boot;
 use crate::control;
 use crate::runstate::{RunState, SharedRunState};
 use crate::sampler::{self, Sampler, SamplerConfig};
-use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
-use crate::vcpu::{Control, Outcome, RunRequest, VmEvent};
+use crate::summary::{kvm_growth, BootTimeout, Mapped, Summary, VcpuSummary};
+use crate::vcpu::{Control, Outcome, RunRequest, RunStateError, VmEvent};
 use crate::vm::{self, Vm, VmConfig};
 use crate::workload::{parse_workload, SpecError, Workload};
 
@@ -43,7 +43,11 @@ pub struct RunConfig {
     pub socket: Option<std::path::PathBuf>,
     /// Run the sampler thread.
     pub sampler: Option<SamplerConfig>,
-    /// Serve the sampler's readings as Prometheus text at this address (needs the sampler).
+    /// Stop and report when a vCPU's guest has not checked in (its first port
+    /// write) this long after start; `None` waits for ever.
+    pub boot_timeout: Option<Duration>,
+    /// Serve the sampler's readings as Prometheus text at this address (needs
+    /// the sampler); the VM then runs until `quit` or a signal, as with `socket`.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The VM's name (`query-name`, metrics, samples); default from the
     /// socket's file name, else `kvmscope-<pid>`.
@@ -88,6 +92,7 @@ impl RunConfig {
             socket: None,
             sampler: None,
             metrics_addr: None,
+            boot_timeout: Some(DEFAULT_BOOT_TIMEOUT),
             name: None,
             control_limits: control::Limits::default(),
         }
@@ -106,6 +111,10 @@ impl RunConfig {
             .unwrap_or_else(|| format!("kvmscope-{}", std::process::id()))
     }
 }
+
+/// How long a guest has to check in unless told otherwise: start-up to the
+/// first port write takes a few milliseconds (docs/BENCHMARKS.md).
+pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Checks every workload against the VM (vCPU targets, arena ranges) before
 /// anything runs, and queues them.
@@ -133,6 +142,50 @@ fn queue_workloads(vm: &Vm, workloads: &[Workload]) -> Result<(), Error> {
 struct Watch {
     signal: Option<i32>,
     first_done: Option<Instant>,
+    /// The vCPUs that had not checked in when the boot deadline passed.
+    not_checked_in: Option<Vec<usize>>,
+}
+
+/// The boot deadline: every vCPU's guest must check in (its first port write)
+/// within `limit` of start while the VM is not paused; a pause restarts it.
+struct BootWatch {
+    limit: Option<Duration>,
+    deadline: Option<Instant>,
+}
+
+impl BootWatch {
+    fn new(limit: Option<Duration>, started: Instant) -> Self {
+        BootWatch {
+            limit,
+            deadline: limit.map(|l| started + l),
+        }
+    }
+
+    /// How long the main loop may wait for an event: at most a second, and
+    /// not past the deadline.
+    fn wait(&self, now: Instant) -> Duration {
+        let second = Duration::from_secs(1);
+        self.deadline
+            .map_or(second, |d| d.saturating_duration_since(now).min(second))
+    }
+
+    /// The vCPUs that have not checked in, once the deadline has passed.
+    fn late(&mut self, vm: &Vm, paused: bool, now: Instant) -> Option<Vec<usize>> {
+        let deadline = self.deadline?;
+        let late: Vec<usize> = (vm.vcpus.iter().enumerate())
+            .filter(|(_, v)| v.shared.first_exit.get().is_none())
+            .map(|(i, _)| i)
+            .collect();
+        if late.is_empty() {
+            self.deadline = None;
+            return None;
+        }
+        if paused {
+            self.deadline = self.limit.map(|l| now + l);
+            return None;
+        }
+        (now >= deadline).then_some(late)
+    }
 }
 
 /// Who wants the guest paused: a user (`pause`/`resume`) and any number of
@@ -148,14 +201,10 @@ struct PauseState {
 
 impl PauseState {
     /// Takes a request; returns what every vCPU must now be told.
-    fn decide(&mut self, request: RunRequest) -> Result<Control, String> {
+    fn decide(&mut self, request: RunRequest) -> Result<Control, RunStateError> {
         match request {
             RunRequest::Pause => self.user = true,
-            RunRequest::Resume if self.holds > 0 => {
-                return Err(
-                    "a readiness scan holds the guest paused; it resumes when the scan ends".into(),
-                )
-            }
+            RunRequest::Resume if self.holds > 0 => return Err(RunStateError::HeldByScan),
             RunRequest::Resume => self.user = false,
             RunRequest::Hold => self.holds += 1,
             RunRequest::Release => self.holds = self.holds.saturating_sub(1),
@@ -168,7 +217,11 @@ impl PauseState {
         })
     }
 
-    fn apply(&mut self, vm: &Vm, request: RunRequest) -> Result<(), String> {
+    fn paused(&self) -> bool {
+        self.user || self.holds > 0
+    }
+
+    fn apply(&mut self, vm: &Vm, request: RunRequest) -> Result<(), RunStateError> {
         let control = self.decide(request)?;
         vm.control_all(control);
         self.status.set(match control {
@@ -180,8 +233,16 @@ impl PauseState {
 }
 
 /// Waits until every vCPU has run out of work (unless `serving` a control
-/// socket), one fails, a signal arrives or a client asks to quit.
-fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool, status: Arc<SharedRunState>) {
+/// socket or metrics: then the VM stays up for its clients and scrapers), one
+/// fails, a signal arrives, a client asks to quit or the guest misses its boot
+/// deadline.
+fn wait_until_done(
+    vm: &mut Vm,
+    watch: &mut Watch,
+    serving: bool,
+    status: Arc<SharedRunState>,
+    boot: &mut BootWatch,
+) {
     let n = vm.vcpus.len();
     let mut idle = vec![false; n];
     status.set(RunState::Running);
@@ -190,7 +251,7 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool, status: Arc<Sh
         ..PauseState::default()
     };
     loop {
-        match vm.next_event(Duration::from_secs(1)) {
+        match vm.next_event(boot.wait(Instant::now())) {
             Some(VmEvent::Idle(i)) => idle[i] = true,
             Some(VmEvent::CommandDone(i, _)) => {
                 watch.first_done.get_or_insert_with(Instant::now);
@@ -213,6 +274,11 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool, status: Arc<Sh
                 let _ = reply.send(pause.apply(vm, request));
             }
             Some(VmEvent::Console(..)) | None => {}
+        }
+        if let Some(late) = boot.late(vm, pause.paused(), Instant::now()) {
+            watch.not_checked_in = Some(late);
+            status.set(RunState::InternalError);
+            return;
         }
         if !serving && idle.iter().all(|&b| b) && vm.vcpus.iter().all(|v| v.shared.queued() == 0) {
             return;
@@ -252,10 +318,11 @@ struct Services {
 
 impl Services {
     /// Starts what `config` asks for. The socket is bound before the guest
-    /// starts, so a bad path fails before any workload runs.
+    /// starts, so a bad path fails before any workload runs; the samples file
+    /// is moved into place only once everything else has started.
     fn start(config: &RunConfig, vm: &Vm) -> Result<Services, Error> {
         let status = Arc::new(SharedRunState::default());
-        let sampler = match &config.sampler {
+        let mut sampler = match &config.sampler {
             Some(c) => {
                 let vcpus = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
                 Some(Sampler::start(
@@ -293,12 +360,23 @@ impl Services {
             }
             None => None,
         };
+        // Last: only a start-up that got this far may replace the user's file.
+        if let Some(s) = sampler.as_mut() {
+            s.commit_export()?;
+        }
         Ok(Services {
             sampler,
             metrics,
             server,
             status,
         })
+    }
+
+    /// Whether anything serves clients (the control socket, the metrics
+    /// page): the VM then runs until `quit` or a signal, not until its
+    /// workloads end.
+    fn serving(&self) -> bool {
+        self.server.is_some() || self.metrics.is_some()
     }
 
     /// Stops them (call once the vCPUs have stopped): the sampler takes a last
@@ -331,11 +409,13 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     let started = Instant::now();
     vm.start()?;
     let mut watch = Watch::default();
+    let mut boot = BootWatch::new(config.boot_timeout, started);
     wait_until_done(
         &mut vm,
         &mut watch,
-        services.server.is_some(),
+        services.serving(),
         services.status.clone(),
+        &mut boot,
     );
     if services.status.get() != RunState::InternalError {
         services.status.set(RunState::Shutdown);
@@ -348,6 +428,7 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
         &before,
         &watch,
         Ending {
+            boot_limit: config.boot_timeout,
             stuck,
             warnings,
             elapsed,
@@ -356,8 +437,22 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     )
 }
 
+/// The boot-timeout report: each late vCPU with the registers its thread read
+/// when it stopped.
+fn boot_timeout(vm: &Vm, watch: &Watch, limit: Option<Duration>) -> Option<BootTimeout> {
+    let late = watch.not_checked_in.as_ref()?;
+    Some(BootTimeout {
+        limit: limit.unwrap_or_default(),
+        vcpus: late
+            .iter()
+            .map(|&i| (i, vm.vcpus[i].shared.boot_registers.get().copied()))
+            .collect(),
+    })
+}
+
 /// How the run ended, for the summary.
 struct Ending {
+    boot_limit: Option<Duration>,
     stuck: Vec<usize>,
     warnings: Vec<String>,
     elapsed: Duration,
@@ -397,6 +492,7 @@ fn summarize(vm: &Vm, before: &Baseline, watch: &Watch, end: Ending) -> Result<S
         signal: watch.signal,
         stuck: end.stuck,
         warnings: end.warnings,
+        boot_timeout: boot_timeout(vm, watch, end.boot_limit),
     })
 }
 
@@ -411,6 +507,7 @@ mod tests {
         assert!(p
             .decide(RunRequest::Resume)
             .unwrap_err()
+            .to_string()
             .contains("readiness scan"));
         assert_eq!(p.decide(RunRequest::Release), Ok(Control::Run));
     }

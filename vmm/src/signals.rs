@@ -1,6 +1,11 @@
 //! SIGINT and SIGTERM become `VmEvent::Signal` on the main loop's channel: the
 //! signals are blocked in every thread and taken by one thread with `sigwait`,
 //! so no work happens in a signal handler and no thread is interrupted.
+//!
+//! A run stopped this way is an orderly stop and exits 0, as QEMU does on
+//! SIGTERM (a service manager stopping a VM is not a failure); the summary
+//! says `stopped by signal N`. `kvmscope run --help` and the README list the
+//! exit codes.
 
 use std::sync::mpsc::Sender;
 

@@ -18,7 +18,7 @@ use kvm_stats::{Sample, StatType, StatsFd};
 
 use crate::backend::Backend;
 use crate::units::format_bytes;
-use crate::vcpu::{CommandResult, Outcome};
+use crate::vcpu::{CommandResult, Outcome, Registers};
 
 /// Leaf mappings the KVM MMU holds (VM stats `pages_4k/2m/1g`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -105,6 +105,51 @@ pub struct Summary {
     pub stuck: Vec<usize>,
     /// What went wrong besides the guest (e.g. the sampler's export failed).
     pub warnings: Vec<String>,
+    /// The guest did not check in within the boot deadline.
+    pub boot_timeout: Option<BootTimeout>,
+}
+
+/// A guest that did not check in (its first port write) within the deadline.
+#[derive(Debug, Clone)]
+pub struct BootTimeout {
+    /// The deadline that passed.
+    pub limit: Duration,
+    /// The vCPUs that had not checked in, with their registers when their
+    /// thread stopped (`None` if it did not stop in time to read them).
+    pub vcpus: Vec<(usize, Option<Registers>)>,
+}
+
+impl BootTimeout {
+    /// `the guest did not check in within 5 s: vCPU 0 (rip=… …)`, one line per vCPU.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "the guest did not check in within {} s (no first port write)",
+            self.limit.as_secs_f64()
+        );
+        for (i, registers) in &self.vcpus {
+            match registers {
+                Some(r) => {
+                    let _ = write!(s, "\n  vCPU {i} registers: {r}");
+                }
+                None => {
+                    let _ = write!(
+                        s,
+                        "\n  vCPU {i}: registers not read (its thread did not stop)"
+                    );
+                }
+            }
+        }
+        s
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let vcpus: Vec<_> = self
+            .vcpus
+            .iter()
+            .map(|(i, r)| serde_json::json!({"index": i, "registers": r.map(|r| r.to_string())}))
+            .collect();
+        serde_json::json!({"limit_s": self.limit.as_secs_f64(), "vcpus": vcpus})
+    }
 }
 
 /// Cumulative KVM stats that grew between two samples (`exits` always listed).
@@ -129,7 +174,7 @@ pub fn describe_outcome(o: Option<&Outcome>) -> String {
         Some(Outcome::Fault { fault, registers }) => {
             format!("guest fault: {fault}\n      registers: {registers}")
         }
-        Some(Outcome::Error(e)) => format!("VMM error: {e}"),
+        Some(Outcome::Error(e)) => format!("VMM error: {}", crate::error_chain(e)),
     }
 }
 
@@ -221,6 +266,9 @@ impl Summary {
         if !self.stuck.is_empty() {
             let _ = writeln!(s, "vCPUs that did not stop in time: {:?}", self.stuck);
         }
+        if let Some(b) = &self.boot_timeout {
+            let _ = writeln!(s, "{}", b.describe());
+        }
         s
     }
 
@@ -250,6 +298,7 @@ impl Summary {
             "startup_ms": { "to_first_exit": ms(self.to_first_exit), "to_first_command_done": ms(self.to_first_done) },
             "mapped": { "before": self.before.to_json(), "after": self.after.to_json() },
             "vcpus": vcpus, "signal": self.signal, "stuck": self.stuck, "warnings": self.warnings,
+            "boot_timeout": self.boot_timeout.as_ref().map(BootTimeout::to_json),
         })
     }
 }

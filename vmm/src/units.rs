@@ -65,6 +65,9 @@ pub enum UnitError {
         "'{0}' is not a sampler interval: use a duration from 1ms up, e.g. 100ms or 1s, or off"
     )]
     Interval(String),
+    /// Not a time limit.
+    #[error("'{0}' is not a time limit: use a positive duration, e.g. 5s or 500ms, or off")]
+    Limit(String),
     /// Not a whole number in range.
     #[error("'{text}' is not a whole number from {min} to {max}")]
     Count {
@@ -250,6 +253,24 @@ impl FromStr for Interval {
         match text.parse::<Span>() {
             Ok(Span(d)) if d >= Interval::MIN => Ok(Interval(Some(d))),
             _ => Err(UnitError::Interval(text.to_string())),
+        }
+    }
+}
+
+/// A time limit: a positive duration, or `off` for none (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit(pub Option<Duration>);
+
+impl FromStr for Limit {
+    type Err = UnitError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.trim() == "off" {
+            return Ok(Limit(None));
+        }
+        match text.parse::<Period>() {
+            Ok(Period(d)) => Ok(Limit(Some(d))),
+            Err(_) => Err(UnitError::Limit(text.to_string())),
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::dirty::{self, DirtyLog, DirtyMode};
 use crate::exits::Bus;
 use crate::kick;
 use crate::memory::{self, GuestMemory};
-use crate::vcpu::{Control, Outcome, Vcpu, VcpuShared, VmEvent};
+use crate::vcpu::{Control, Outcome, Vcpu, VcpuError, VcpuShared, VmEvent};
 use crate::workload::Command;
 use crate::x86_64::{paging, regs};
 
@@ -65,6 +65,10 @@ pub enum Error {
     Memory(#[from] memory::Error),
     #[error("reading the guest image {0}")]
     ReadGuest(PathBuf, #[source] std::io::Error),
+    #[error("the guest image {0} is not a regular file")]
+    GuestNotAFile(PathBuf),
+    #[error("the guest image {path} is {size} bytes, over the {max}-byte limit")]
+    GuestTooLarge { path: PathBuf, size: u64, max: u64 },
     #[error("booting the guest")]
     Boot(#[from] boot::Error),
     #[error("registering guest memory with KVM")]
@@ -224,7 +228,7 @@ impl Vm {
                     // A bug that panics must still end the run in order, not hang it.
                     let run = std::panic::AssertUnwindSafe(|| vcpu.run());
                     let outcome = std::panic::catch_unwind(run).unwrap_or_else(|_| {
-                        let outcome = Outcome::Error("the vCPU thread panicked".into());
+                        let outcome = Outcome::Error(VcpuError::Panicked);
                         shared.mark_finished(&outcome);
                         outcome
                     });
@@ -355,13 +359,48 @@ fn open_kvm(vcpus: usize) -> Result<Kvm, Error> {
     Ok(kvm)
 }
 
+/// Largest guest image file read (the image itself is at most 2 MiB; the
+/// rest allows for symbols and debug info).
+pub const MAX_GUEST_FILE: u64 = 64 << 20;
+
 /// Loads the guest (`path`, or the built-in one); returns its entry point.
 fn load_image(mem: &GuestMemory, path: Option<&std::path::Path>) -> Result<u64, Error> {
     let image = match path {
-        Some(path) => std::fs::read(path).map_err(|e| Error::ReadGuest(path.to_path_buf(), e))?,
+        Some(path) => read_guest(path)?,
         None => boot::DEFAULT_GUEST.to_vec(),
     };
     Ok(boot::load_guest(mem, &image)?)
+}
+
+/// Reads a guest image file. It is opened non-blocking and checked to be a
+/// regular file before anything is read, so a FIFO or a device is refused at
+/// once instead of blocking (opening a FIFO waits for a writer) or reading
+/// for ever.
+fn read_guest(path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let failed = |e| Error::ReadGuest(path.to_path_buf(), e);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(failed)?;
+    let meta = file.metadata().map_err(failed)?;
+    if !meta.is_file() {
+        return Err(Error::GuestNotAFile(path.to_path_buf()));
+    }
+    if meta.len() > MAX_GUEST_FILE {
+        return Err(Error::GuestTooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+            max: MAX_GUEST_FILE,
+        });
+    }
+    let mut image = Vec::new();
+    file.take(MAX_GUEST_FILE)
+        .read_to_end(&mut image)
+        .map_err(failed)?;
+    Ok(image)
 }
 
 /// What every vCPU is built from.

@@ -80,9 +80,9 @@ fn guest_panic_exits_nonzero_with_a_report() {
     );
 }
 
-#[test]
-fn sigterm_stops_the_vm_in_order() {
-    require_kvm!();
+/// A two-vCPU run with long workloads, stopped by `signal` once both vCPU
+/// threads run: its exit status and its output.
+fn stopped_by(signal: i32) -> (std::process::ExitStatus, std::process::Output) {
     let mut child = kvmscope()
         .args([
             "run",
@@ -109,13 +109,159 @@ fn sigterm_stops_the_vm_in_order() {
         (n == 2).then_some(())
     });
     // SAFETY: sending a signal to our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    unsafe { libc::kill(pid as i32, signal) };
     let status = common::wait_for("kvmscope to exit", Duration::from_secs(10), || {
         child.try_wait().unwrap()
     });
-    let out = child.wait_with_output().unwrap();
+    (status, child.wait_with_output().unwrap())
+}
+
+#[test]
+fn sigterm_stops_the_vm_in_order() {
+    require_kvm!();
+    let (status, out) = stopped_by(libc::SIGTERM);
     assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("stopped by signal 15"), "{text}");
     assert!(text.contains("vcpu1: stopped"), "{text}");
+}
+
+#[test]
+fn sigint_stops_the_vm_in_order_with_status_0_as_documented() {
+    require_kvm!();
+    let (status, out) = stopped_by(libc::SIGINT);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "an orderly stop on a signal is a success (run --help, README): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("stopped by signal 2"), "{text}");
+    assert!(
+        text.contains("vcpu0: stopped") && text.contains("vcpu1: stopped"),
+        "{text}"
+    );
+}
+
+#[test]
+fn metrics_addr_alone_keeps_the_vm_up_after_its_workload_until_sigterm() {
+    require_kvm!();
+    let port = common::free_port();
+    let mut child = kvmscope()
+        .args(["run", "--memory", "32M", "--sample-interval", "2ms"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(["--workload", "exits ports=5 mmio=0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Port writes: READY, PHASE, 5 to the exit-test port, then DONE, the last
+    // before the vCPU runs out of work (where a run without serving ends).
+    let ticks = common::wait_for("the workload's last exit", Duration::from_secs(20), || {
+        let page = common::scrape(port)?;
+        let writes = common::metric(&page, "kvmscope_exits_total", &["reason=\"io_out\""])?;
+        let ticks = common::metric(&page, "kvmscope_sampler_ticks_total", &[])?;
+        (writes >= 8.0).then_some(ticks)
+    });
+    // Still serving well after the workload ended: 100 more sampler ticks.
+    common::wait_for("100 more ticks", Duration::from_secs(20), || {
+        let page = common::scrape(port)?;
+        (common::metric(&page, "kvmscope_sampler_ticks_total", &[])? >= ticks + 100.0).then_some(())
+    });
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the VMM ended while serving"
+    );
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = common::wait_for("kvmscope to exit", Duration::from_secs(10), || {
+        child.try_wait().unwrap()
+    });
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("stopped by signal 15"), "{text}");
+    assert!(
+        text.contains("exits ports=5 mmio=0"),
+        "the workload ran: {text}"
+    );
+}
+
+#[test]
+fn a_guest_that_never_checks_in_exits_5_naming_the_deadline_and_registers() {
+    require_kvm!();
+    let entry = kvmscope::abi::IMAGE_BASE;
+    let image = common::elf::ElfImage::exec(entry, &common::elf::SPIN).bytes();
+    let path = common::socket_path("boot-timeout").with_file_name("spin.elf");
+    std::fs::write(&path, image).unwrap();
+    let mut child = kvmscope()
+        .args(["run", "--memory", "32M", "--boot-timeout", "1s", "--guest"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = common::wait_for(
+        "kvmscope to give up on the guest",
+        Duration::from_secs(30),
+        || child.try_wait().unwrap(),
+    );
+    let out = child.wait_with_output().unwrap();
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(5), "{err}");
+    assert!(
+        err.contains("the guest did not check in within 1 s"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("vCPU 0 registers: rip={entry:#x} rsp=")),
+        "{err}"
+    );
+    assert!(err.contains("cr3=0x3000"), "{err}");
+}
+
+#[test]
+fn memory_over_the_maximum_is_an_error_naming_the_maximum() {
+    require_kvm!();
+    let out = kvmscope()
+        .args(["run", "--memory", "64G"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("over the maximum of 65534 MiB"), "{err}");
+}
+
+#[test]
+fn a_fifo_as_the_guest_is_refused_at_once() {
+    require_kvm!();
+    let fifo = common::socket_path("guest-fifo").with_file_name("guest.elf");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let mut child = kvmscope()
+        .args(["run", "--memory", "32M", "--guest"])
+        .arg(&fifo)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: before the fix, opening the FIFO waited for a writer for ever.
+    let status = common::wait_for(
+        "kvmscope to refuse the FIFO",
+        Duration::from_secs(20),
+        || child.try_wait().unwrap(),
+    );
+    let out = child.wait_with_output().unwrap();
+    std::fs::remove_dir_all(fifo.parent().unwrap()).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("is not a regular file"), "{err}");
 }

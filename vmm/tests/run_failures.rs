@@ -29,6 +29,7 @@ fn guest_panic_is_reported_with_message_and_registers() {
     match &s.vcpus[0].outcome {
         Some(Outcome::GuestPanic { message, registers }) => {
             assert!(message.contains("guest panic requested"), "{message}");
+            let registers = registers.to_string();
             assert!(registers.contains("rip=0x2"), "{registers}");
         }
         other => panic!("expected a guest panic, got {other:?}"),
@@ -225,4 +226,61 @@ fn a_run_ending_in_a_bare_wait_finishes_without_a_socket() {
         1,
         "touch ran; the wait had nothing to wait for"
     );
+}
+
+/// Writes `image` to a fresh file for `--guest`.
+fn guest_file(test: &str, image: &[u8]) -> std::path::PathBuf {
+    let path = common::socket_path(test).with_file_name("guest.elf");
+    std::fs::write(&path, image).unwrap();
+    path
+}
+
+#[test]
+fn a_guest_that_never_checks_in_is_stopped_at_the_boot_deadline_with_its_registers() {
+    require_kvm!();
+    let entry = kvmscope::abi::IMAGE_BASE;
+    let image = common::elf::ElfImage::exec(entry, &common::elf::SPIN).bytes();
+    let guest = guest_file("spin", &image);
+    let config = RunConfig {
+        vm: VmConfig {
+            vcpus: 2,
+            guest: Some(guest.clone()),
+            ..small()
+        },
+        workloads: Vec::new(),
+        boot_timeout: Some(Duration::from_millis(500)),
+        ..RunConfig::demo()
+    };
+    let done = std::thread::spawn(move || run::run(config));
+    common::wait_for(
+        "the boot deadline to end the run",
+        Duration::from_secs(30),
+        || done.is_finished().then_some(()),
+    );
+    let s = done.join().unwrap().unwrap();
+    std::fs::remove_dir_all(guest.parent().unwrap()).unwrap();
+    let late = s.boot_timeout.expect("a boot timeout");
+    assert_eq!(late.limit, Duration::from_millis(500));
+    assert_eq!(late.vcpus.len(), 2, "neither vCPU checked in");
+    for (i, registers) in &late.vcpus {
+        let r = registers.expect("read by the stopped vCPU thread");
+        assert_eq!(r.general.unwrap().rip, entry, "vCPU {i} spins at its entry");
+    }
+    assert!(s.stuck.is_empty());
+    assert!(late.describe().contains("did not check in within 0.5 s"));
+}
+
+#[test]
+fn a_guest_that_checks_in_is_not_stopped_by_the_boot_deadline() {
+    require_kvm!();
+    let config = RunConfig {
+        vm: small(),
+        workloads: vec![parse_workload("exits count=1").unwrap()],
+        boot_timeout: Some(Duration::from_secs(30)),
+        ..RunConfig::demo()
+    };
+    let s = run::run(config).unwrap();
+    assert!(s.boot_timeout.is_none());
+    assert_eq!(s.vcpus[0].outcome, Some(Outcome::Stopped));
+    assert!(s.vcpus[0].results.iter().all(|r| r.status == "ok"));
 }

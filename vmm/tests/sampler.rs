@@ -30,7 +30,7 @@ fn start_sampler(vm: &Vm, interval_ms: u64, capacity: usize, out: Option<PathBuf
     let config = SamplerConfig {
         interval: Duration::from_millis(interval_ms),
         capacity,
-        out,
+        out: out.map(Into::into),
     };
     Sampler::start(
         config,
@@ -54,6 +54,7 @@ fn sampled_run(spec: &str, interval_ms: u64, file: &str) -> (String, Vec<Point>)
     let path = temp(file);
     let mut vm = vm(1);
     let mut sampler = start_sampler(&vm, interval_ms, 100_000, Some(path.clone()));
+    sampler.commit_export().unwrap();
     let cmds = parse_sequence(spec).unwrap();
     let n = cmds.len();
     vm.push_commands(0, cmds);
@@ -172,12 +173,12 @@ fn ring_keeps_its_bound_however_long_it_runs() {
 fn bad_sampler_config_is_rejected() {
     require_kvm!();
     let vm = vm(1);
-    let start = |interval, capacity, out| {
+    let start = |interval, capacity, out: Option<PathBuf>| {
         Sampler::start(
             SamplerConfig {
                 interval,
                 capacity,
-                out,
+                out: out.map(Into::into),
             },
             &vm.fd_file().unwrap(),
             &vm.vcpu_fds,

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -12,23 +11,12 @@ fn kvmscope() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kvmscope"))
 }
 
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn get_metrics(port: u16) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let body = text.split_once("\r\n\r\n")?.1.to_string();
-    // Wait for a page that already has a sample in it.
-    body.contains("kvmscope_mapped_bytes").then_some(body)
+/// A page once the workload's last command has started (its phase marker:
+/// command 3, `exits`, code 5), so the series holds the touched memory.
+fn page_after_the_workload(port: u16) -> Option<String> {
+    let page = common::scrape(port)?;
+    let phase = common::metric(&page, "kvmscope_guest_phase", &[])?;
+    (phase == ((3 << 8) | kvmscope::abi::CMD_EXITS) as f64).then_some(page)
 }
 
 #[test]
@@ -37,7 +25,7 @@ fn run_exports_a_series_plot_draws_and_a_metrics_page_that_validates() {
     let dir = std::env::temp_dir().join(format!("kvmscope-sampler-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let series = dir.join("series.csv");
-    let port = free_port();
+    let port = common::free_port();
     let mut child = kvmscope()
         .args([
             "run",
@@ -59,8 +47,11 @@ fn run_exports_a_series_plot_draws_and_a_metrics_page_that_validates() {
         .spawn()
         .unwrap();
     let page = common::wait_for("the metrics page", Duration::from_secs(20), || {
-        get_metrics(port)
+        page_after_the_workload(port)
     });
+    // With --metrics-addr the VM stays up for scrapers until a signal.
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = common::wait_for("kvmscope to exit", Duration::from_secs(20), || {
         child.try_wait().unwrap()
     });

@@ -480,7 +480,7 @@ impl Handler {
             ),
             VcpuState::Waiting => ("waiting", None),
             VcpuState::Paused => ("paused", None),
-            VcpuState::Finished(how) => ("finished", Some(("outcome", json!(how)))),
+            VcpuState::Finished(how) => ("finished", Some(("outcome", json!(how.to_string())))),
         };
         v["state"] = json!(state);
         if let Some((key, value)) = detail {
@@ -500,7 +500,7 @@ impl Handler {
         loop {
             match rx.recv_timeout(STOP_CHECK) {
                 Ok(Ok(())) => return ret(json!({})),
-                Ok(Err(e)) => return fail(ErrorClass::GenericError, e),
+                Ok(Err(e)) => return fail(ErrorClass::GenericError, e.to_string()),
                 Err(RecvTimeoutError::Timeout) if !self.stopping.load(Ordering::Acquire) => {}
                 Err(_) => return fail(ErrorClass::GenericError, "the VMM is shutting down"),
             }

@@ -20,7 +20,7 @@ use super::Context;
 use crate::protocol::request::ReadinessArgs;
 use crate::protocol::{ErrorClass, Event};
 use crate::readiness::{self, Guest, Options};
-use crate::vcpu::{RunRequest, VcpuShared, VmEvent};
+use crate::vcpu::{RunRequest, RunStateError, VcpuShared, VmEvent};
 
 /// How long a readiness worker waits for the main loop to pause or resume.
 const RUN_STATE_LIMIT: Duration = Duration::from_secs(5);
@@ -196,14 +196,15 @@ impl Job {
 }
 
 /// Asks the main loop to pause or resume, and waits for its answer.
-fn run_state(main: &Sender<VmEvent>, request: RunRequest) -> Result<(), String> {
+fn run_state(main: &Sender<VmEvent>, request: RunRequest) -> Result<(), RunStateError> {
     let (tx, rx) = channel();
     main.send(VmEvent::Control(request, tx))
-        .map_err(|_| "the VMM is shutting down".to_string())?;
+        .map_err(|_| RunStateError::ShuttingDown)?;
     match rx.recv_timeout(RUN_STATE_LIMIT) {
         Ok(result) => result,
-        Err(_) => Err(format!(
-            "the main loop did not answer {request:?} within {RUN_STATE_LIMIT:?}"
-        )),
+        Err(_) => Err(RunStateError::NoAnswer {
+            request,
+            limit: RUN_STATE_LIMIT,
+        }),
     }
 }

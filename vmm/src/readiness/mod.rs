@@ -49,8 +49,8 @@ pub enum Error {
     Residency(#[from] scan::Error),
     #[error(transparent)]
     Dirty(#[from] dirty::Error),
-    #[error("pausing the guest for the scan: {0}")]
-    Pause(String),
+    #[error("pausing the guest for the scan")]
+    Pause(#[source] crate::vcpu::RunStateError),
     #[error("the vCPUs did not pause within {0:?}")]
     PauseTimeout(Duration),
     #[error(transparent)]
@@ -58,7 +58,7 @@ pub enum Error {
 }
 
 /// Pauses (`true`) or resumes (`false`) every vCPU.
-pub type PauseFn<'a> = dyn FnMut(bool) -> Result<(), String> + 'a;
+pub type PauseFn<'a> = dyn FnMut(bool) -> Result<(), crate::vcpu::RunStateError> + 'a;
 
 /// The guest being measured.
 pub struct Guest<'a> {

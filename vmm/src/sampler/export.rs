@@ -1,8 +1,15 @@
 //! `--samples-out`: the series written as it is taken, CSV or JSON lines by
 //! extension, flushed after every point so a crash loses at most one interval.
+//!
+//! Nothing on disk changes until the run's start-up has passed: the series is
+//! written under a temporary name in the target's directory and moved into
+//! place (`Staged::commit`, one rename) once every start-up check passed; a
+//! start-up that fails removes the temporary file and leaves the old one as it
+//! was. An existing file is replaced only if it is empty or a kvmscope series
+//! (its first line is a series header), unless the caller forces it.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::record::{Point, SeriesHeader};
@@ -15,12 +22,131 @@ pub enum Error {
         "samples file {0}: unknown extension; use .csv, or .jsonl/.json/.ndjson for JSON lines"
     )]
     Extension(PathBuf),
-    /// The file could not be created.
-    #[error("creating samples file {0}")]
+    /// The file exists and is not a series (without `--force`).
+    #[error("samples file {0} exists and is not a kvmscope samples file; refusing to overwrite it (pass --force to replace it)")]
+    NotSamples(PathBuf),
+    /// The path is not a regular file.
+    #[error("samples file {0} exists and is not a regular file")]
+    NotRegular(PathBuf),
+    /// The existing file could not be looked at.
+    #[error("looking at the existing samples file {0}")]
+    Inspect(PathBuf, #[source] std::io::Error),
+    /// The temporary file could not be created.
+    #[error("creating a temporary samples file {0}")]
     Create(PathBuf, #[source] std::io::Error),
     /// A write to the file failed.
     #[error("writing samples file {0}")]
     Write(PathBuf, #[source] std::io::Error),
+    /// The rename into place failed.
+    #[error("moving the samples file into place at {0}")]
+    Commit(PathBuf, #[source] std::io::Error),
+}
+
+/// Where to write the series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    /// The file to write.
+    pub path: PathBuf,
+    /// Replace an existing file even if it is not a kvmscope series (`--force`).
+    pub force: bool,
+}
+
+impl From<PathBuf> for Destination {
+    fn from(path: PathBuf) -> Self {
+        Destination { path, force: false }
+    }
+}
+
+/// Whether `line` (a file's first line) is the header a series export starts
+/// with: the JSON-lines header record, or the CSV header row.
+pub fn is_series_header(line: &str) -> bool {
+    if line.starts_with("seq,time_s,pages_4k,pages_2m,pages_1g,mapped_bytes,") {
+        return true;
+    }
+    serde_json::from_str::<serde_json::Value>(line)
+        .is_ok_and(|v| v.get("kind").and_then(|k| k.as_str()) == Some("header"))
+}
+
+/// Most bytes of an existing file read to find its first line.
+const FIRST_LINE_MAX: u64 = 1 << 20;
+
+/// Checks that `dest` may be written: it does not exist, or it is a regular
+/// file that is empty or a series (or `force`). Returns the path to rename
+/// onto: a symbolic link's target, so that the link stays.
+///
+/// # Errors
+/// `NotRegular`, `NotSamples`, or `Inspect` when it cannot be looked at.
+pub fn check_destination(dest: &Destination) -> Result<PathBuf, Error> {
+    let path = &dest.path;
+    let inspect = |e| Error::Inspect(path.clone(), e);
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(path.clone()),
+        Err(e) => return Err(inspect(e)),
+    };
+    // Never open a FIFO or a device (opening a FIFO blocks), nor rename over one.
+    if !meta.is_file() {
+        return Err(Error::NotRegular(path.clone()));
+    }
+    let real = std::fs::canonicalize(path).map_err(inspect)?;
+    if dest.force || meta.len() == 0 {
+        return Ok(real);
+    }
+    let mut head = Vec::new();
+    File::open(&real)
+        .and_then(|f| f.take(FIRST_LINE_MAX).read_to_end(&mut head))
+        .map_err(inspect)?;
+    let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    match std::str::from_utf8(first) {
+        Ok(line) if is_series_header(line.trim_end_matches('\r')) => Ok(real),
+        _ => Err(Error::NotSamples(path.clone())),
+    }
+}
+
+/// A series written under a temporary name, until `commit` moves it into
+/// place. Dropped uncommitted, it removes the temporary file.
+#[derive(Debug)]
+pub struct Staged {
+    temp: PathBuf,
+    target: PathBuf,
+    committed: bool,
+}
+
+impl Staged {
+    /// Moves the series into place, replacing any old file (one rename).
+    ///
+    /// # Errors
+    /// The rename failed (the temporary file is then removed on drop).
+    pub fn commit(&mut self) -> Result<(), Error> {
+        if !self.committed {
+            std::fs::rename(&self.temp, &self.target)
+                .map_err(|e| Error::Commit(self.target.clone(), e))?;
+            self.committed = true;
+        }
+        Ok(())
+    }
+
+    /// Where the series ends up.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.temp);
+        }
+    }
+}
+
+/// `dir/.NAME.PID.tmp`, next to `target` so that the rename stays on one filesystem.
+fn temp_path(target: &Path) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    target.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
 /// File formats.
@@ -52,15 +178,29 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Creates (truncates) the file and writes the header.
+    /// Checks `dest` (`check_destination`), creates a temporary file next to
+    /// it and writes the header there. The series reaches `dest` when the
+    /// returned `Staged` is committed.
     ///
     /// # Errors
-    /// A bad extension, or the file cannot be created or written.
-    pub fn create(path: &Path, header: &SeriesHeader) -> Result<Writer, Error> {
-        let format = format_of(path)?;
-        let file = File::create(path).map_err(|e| Error::Create(path.to_path_buf(), e))?;
+    /// A bad extension, a file that must not be replaced, or the temporary
+    /// file cannot be created or written.
+    pub fn create(dest: &Destination, header: &SeriesHeader) -> Result<(Writer, Staged), Error> {
+        let format = format_of(&dest.path)?;
+        let target = check_destination(dest)?;
+        let temp = temp_path(&target);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .map_err(|e| Error::Create(temp.clone(), e))?;
+        let staged = Staged {
+            temp: temp.clone(),
+            target,
+            committed: false,
+        };
         let mut w = Writer {
-            path: path.to_path_buf(),
+            path: dest.path.clone(),
             format,
             out: BufWriter::new(file),
         };
@@ -70,7 +210,7 @@ impl Writer {
         };
         w.line(&head)?;
         w.flush()?;
-        Ok(w)
+        Ok((w, staged))
     }
 
     fn line(&mut self, text: &str) -> Result<(), Error> {
@@ -119,5 +259,131 @@ mod tests {
             format_of(Path::new("noext")),
             Err(Error::Extension(_))
         ));
+    }
+
+    fn header() -> SeriesHeader {
+        SeriesHeader {
+            version: 1,
+            backend: serde_json::json!({"kind": "pvm"}),
+            quiet_stats: vec![],
+            vcpus: 1,
+            memory: 32 << 20,
+            interval_ms: 10.0,
+            kvm_stats: vec!["exits".into()],
+        }
+    }
+
+    /// A fresh directory for one test.
+    fn dir(test: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kvmscope-export-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn both_export_headers_are_recognised_and_other_text_is_not() {
+        let h = header();
+        assert!(is_series_header(&h.csv_columns()));
+        assert!(is_series_header(&h.to_json().to_string()));
+        for other in [
+            "",
+            "my notes",
+            "{\"kind\": \"sample\"}",
+            "seq,time_s",
+            "[1, 2]",
+        ] {
+            assert!(!is_series_header(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_missing_empty_or_series_file_may_be_replaced() {
+        let d = dir("replaceable");
+        let missing: Destination = d.join("new.csv").into();
+        assert_eq!(check_destination(&missing).unwrap(), missing.path);
+        std::fs::write(d.join("empty.csv"), "").unwrap();
+        assert!(check_destination(&d.join("empty.csv").into()).is_ok());
+        let series = format!("{}\n1,2,3\n", header().to_json());
+        std::fs::write(d.join("old.jsonl"), series).unwrap();
+        assert!(check_destination(&d.join("old.jsonl").into()).is_ok());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn another_file_is_refused_unless_forced() {
+        let d = dir("refused");
+        let path = d.join("notes.csv");
+        std::fs::write(&path, "my precious notes\n").unwrap();
+        let err = check_destination(&path.clone().into()).unwrap_err();
+        assert!(matches!(err, Error::NotSamples(_)), "{err}");
+        assert!(err.to_string().contains("--force"), "{err}");
+        let forced = Destination {
+            path: path.clone(),
+            force: true,
+        };
+        assert!(check_destination(&forced).is_ok());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_directory_or_fifo_is_refused_even_when_forced() {
+        let d = dir("special");
+        let fifo = d.join("pipe.csv");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for path in [d.clone(), fifo] {
+            let forced = Destination { path, force: true };
+            let err = check_destination(&forced).unwrap_err();
+            assert!(matches!(err, Error::NotRegular(_)), "{err}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_series_reaches_its_path_only_on_commit() {
+        let d = dir("staged");
+        let path = d.join("series.csv");
+        std::fs::write(&path, "").unwrap();
+        let (mut w, mut staged) = Writer::create(&path.clone().into(), &header()).unwrap();
+        w.flush().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "",
+            "untouched until commit"
+        );
+        staged.commit().unwrap();
+        assert!(is_series_header(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .lines()
+                .next()
+                .unwrap()
+        ));
+        assert_eq!(names(&d), ["series.csv"], "no temporary file left");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn an_uncommitted_series_leaves_the_old_file_and_no_temporary() {
+        let d = dir("dropped");
+        let path = d.join("series.jsonl");
+        let old = format!("{}\n", header().to_json());
+        std::fs::write(&path, &old).unwrap();
+        let created = Writer::create(&path.clone().into(), &header()).unwrap();
+        drop(created);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), old);
+        assert_eq!(names(&d), ["series.jsonl"]);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

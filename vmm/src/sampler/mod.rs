@@ -48,8 +48,9 @@ pub struct SamplerConfig {
     pub interval: Duration,
     /// Points kept in the ring.
     pub capacity: usize,
-    /// Where to write the series as it is taken (.csv or JSON lines).
-    pub out: Option<std::path::PathBuf>,
+    /// Where to write the series as it is taken (.csv or JSON lines); see
+    /// `Sampler::commit_export`.
+    pub out: Option<export::Destination>,
 }
 
 impl Default for SamplerConfig {
@@ -150,6 +151,8 @@ pub struct Sampler {
     /// What readers see; it outlives the thread.
     pub shared: Arc<Shared>,
     thread: Option<JoinHandle<Result<(), Error>>>,
+    /// The export until it is committed.
+    staged: Option<export::Staged>,
 }
 
 /// Column plan: which stats each tick reads, resolved once.
@@ -222,11 +225,13 @@ impl Sampler {
             interval_ms: config.interval.as_secs_f64() * 1e3,
             kvm_stats: kvm_names,
         };
-        let writer = config
-            .out
-            .as_deref()
-            .map(|p| export::Writer::create(p, &header))
-            .transpose()?;
+        let (writer, staged) = match &config.out {
+            Some(dest) => {
+                let (w, s) = export::Writer::create(dest, &header)?;
+                (Some(w), Some(s))
+            }
+            None => (None, None),
+        };
         let latest = sources.iter().map(StatsFd::new_sample).collect();
         let shared = Arc::new(Shared {
             header,
@@ -248,7 +253,21 @@ impl Sampler {
         Ok(Sampler {
             shared,
             thread: Some(thread),
+            staged,
         })
+    }
+
+    /// Moves the export into place. Until then the series is written under a
+    /// temporary name next to it, and a sampler dropped first leaves any old
+    /// file there untouched: call this once the rest of start-up has passed.
+    ///
+    /// # Errors
+    /// The rename failed.
+    pub fn commit_export(&mut self) -> Result<(), Error> {
+        match self.staged.as_mut() {
+            Some(s) => Ok(s.commit()?),
+            None => Ok(()),
+        }
     }
 
     /// Stops the thread; returns what ended it if it failed.
@@ -356,16 +375,19 @@ impl Worker {
         if let Some(w) = self.writer.as_mut() {
             w.write(&self.shared.header, &point)?;
         }
+        // The raw samples before the point: a reader that sees the new point
+        // (the metrics page caches per point) also sees the samples it came from.
+        let mut latest = self.shared.latest.lock().unwrap_or_else(|e| e.into_inner());
+        for (dst, src) in latest.iter_mut().zip(&self.samples) {
+            dst.copy_from(src);
+        }
+        drop(latest);
         self.shared.ring().push(point);
         if let Some(fd) = self.shared.tick_fd.get() {
             // Fails only if the counter would overflow: it is already set.
             let _ = fd.write(1);
         }
         self.shared.ticked.notify_all();
-        let mut latest = self.shared.latest.lock().unwrap_or_else(|e| e.into_inner());
-        for (dst, src) in latest.iter_mut().zip(&self.samples) {
-            dst.copy_from(src);
-        }
         self.shared
             .last_tick_ns
             .store(elapsed_ns(t0), Ordering::Relaxed);

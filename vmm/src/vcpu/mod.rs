@@ -21,8 +21,10 @@ use crate::kick;
 use crate::memory::GuestMemory;
 use crate::workload::Command;
 
+mod registers;
 mod shared;
 
+pub use registers::{ControlRegisters, GeneralRegisters, Registers};
 pub use shared::*;
 
 /// The part of a vCPU its thread owns.
@@ -82,6 +84,10 @@ impl Vcpu {
                 State::Finished(outcome) => break outcome,
             }
         };
+        if outcome == Outcome::Stopped && self.shared.first_exit.get().is_none() {
+            // Only this thread may read them; the boot-timeout report needs them.
+            let _ = self.shared.boot_registers.set(self.registers());
+        }
         self.shared.mark_finished(&outcome);
         outcome
     }
@@ -120,7 +126,7 @@ impl Vcpu {
             }
             let exit = match self.enter() {
                 Ok(exit) => exit,
-                Err(e) => return State::Finished(Outcome::Error(format!("KVM_RUN failed: {e}"))),
+                Err(e) => return State::Finished(Outcome::Error(VcpuError::Run(e))),
             };
             let action = dispatch(&exit, &self.bus, &self.shared.counters);
             if let Some(s) = self.act(action) {
@@ -217,8 +223,8 @@ impl Vcpu {
             .map(|d| d.harvest_vcpu(self.shared.index))
         {
             Some(Ok(_)) => return None,
-            Some(Err(e)) => format!("harvesting the dirty ring: {e}"),
-            None => "dirty ring full, but no dirty ring is set up".to_string(),
+            Some(Err(e)) => VcpuError::HarvestDirtyRing(Arc::new(e)),
+            None => VcpuError::NoDirtyRing,
         };
         Some(State::Finished(Outcome::Error(error)))
     }
@@ -276,9 +282,8 @@ impl Vcpu {
     /// makes the loop change state.
     fn next_command(&mut self) -> Option<State> {
         loop {
-            let (seq, command) = match self.wait_for_command() {
-                Ok(next) => next,
-                Err(state) => return Some(state),
+            let Some((seq, command)) = self.wait_for_command() else {
+                return Some(State::Finished(Outcome::Stopped));
             };
             let started = Instant::now();
             match command.to_guest(self.arena_size) {
@@ -288,9 +293,8 @@ impl Vcpu {
                     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                     let addr = GuestAddress(mailbox_addr(self.shared.index as u64) + mb::CMD);
                     if let Err(e) = self.mem.write_slice(&bytes, addr) {
-                        return Some(State::Finished(Outcome::Error(format!(
-                            "writing the mailbox: {e}"
-                        ))));
+                        let error = VcpuError::WriteMailbox(Arc::new(e));
+                        return Some(State::Finished(Outcome::Error(error)));
                     }
                     self.shared.lock().state = VcpuState::Running {
                         seq,
@@ -324,20 +328,20 @@ impl Vcpu {
         }
     }
 
-    /// Pops the next command, sleeping while there is none.
-    fn wait_for_command(&mut self) -> Result<(u64, Command), State> {
+    /// Pops the next command, sleeping while there is none; `None` when told to stop.
+    fn wait_for_command(&mut self) -> Option<(u64, Command)> {
         let mut inbox = self.shared.lock();
         let mut told_idle = false;
         loop {
             inbox = self.shared.park(inbox);
             if inbox.control == Control::Stop {
-                return Err(State::Finished(Outcome::Stopped));
+                return None;
             }
             self.shared.pending.store(false, Ordering::Release);
             if let Some(cmd) = inbox.queue.pop_front() {
                 let seq = inbox.next_seq;
                 inbox.next_seq += 1;
-                return Ok((seq, cmd));
+                return Some((seq, cmd));
             }
             inbox.state = VcpuState::Waiting;
             if !told_idle {
@@ -392,26 +396,8 @@ impl Vcpu {
         }
     }
 
-    /// The registers, for fault reports.
-    fn registers(&self) -> String {
-        describe_registers(&self.fd)
-    }
-}
-
-/// A one-line dump of the registers that matter when a guest fails.
-pub fn describe_registers(fd: &VcpuFd) -> String {
-    let regs = match fd.get_regs() {
-        Ok(r) => format!(
-            "rip={:#x} rsp={:#x} rflags={:#x} rax={:#x} rbx={:#x} rcx={:#x} rdx={:#x} rsi={:#x} rdi={:#x}",
-            r.rip, r.rsp, r.rflags, r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi
-        ),
-        Err(e) => format!("registers unreadable ({e})"),
-    };
-    match fd.get_sregs() {
-        Ok(s) => format!(
-            "{regs} cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x} cs={:#x}",
-            s.cr0, s.cr2, s.cr3, s.cr4, s.efer, s.cs.selector
-        ),
-        Err(_) => regs,
+    /// The registers, for fault, panic and boot-timeout reports.
+    fn registers(&self) -> Registers {
+        Registers::read(&self.fd)
     }
 }

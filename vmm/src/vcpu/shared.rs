@@ -2,6 +2,7 @@
 //! control requests, its state and results, its exit counters and phase.
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::EventFd;
 
+use super::Registers;
 use crate::exits::{ExitCounters, Fault};
 use crate::workload::Command;
 
@@ -38,7 +40,7 @@ pub enum VcpuState {
     /// Parked by a pause; no guest code runs.
     Paused,
     /// The thread ended, and how.
-    Finished(String),
+    Finished(Outcome),
 }
 
 /// How a command ended.
@@ -61,11 +63,68 @@ pub enum Outcome {
     /// Told to stop.
     Stopped,
     /// The guest reported a panic.
-    GuestPanic { message: String, registers: String },
+    GuestPanic {
+        message: String,
+        registers: Registers,
+    },
     /// The guest cannot go on.
-    Fault { fault: Fault, registers: String },
-    /// A KVM call failed.
-    Error(String),
+    Fault { fault: Fault, registers: Registers },
+    /// The VMM failed the vCPU.
+    Error(VcpuError),
+}
+
+/// The short form, without registers: `stopped`, `guest panic: MESSAGE`,
+/// `fault: FAULT`, `error: WHAT: WHY`.
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Stopped => f.write_str("stopped"),
+            Outcome::GuestPanic { message, .. } => write!(f, "guest panic: {message}"),
+            Outcome::Fault { fault, .. } => write!(f, "fault: {fault}"),
+            Outcome::Error(e) => write!(f, "error: {}", crate::error_chain(e)),
+        }
+    }
+}
+
+/// What went wrong on the VMM's side of a vCPU thread. Sources are shared
+/// (`Arc`) so that the outcome can be cloned to everyone who asks for it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum VcpuError {
+    #[error("KVM_RUN failed")]
+    Run(#[source] kvm_ioctls::Error),
+    #[error("harvesting the dirty ring")]
+    HarvestDirtyRing(#[source] Arc<crate::dirty::Error>),
+    #[error("the dirty ring is full, but no dirty ring is set up")]
+    NoDirtyRing,
+    #[error("writing the command to the mailbox")]
+    WriteMailbox(#[source] Arc<vm_memory::GuestMemoryError>),
+    #[error("the vCPU thread panicked")]
+    Panicked,
+}
+
+/// The same failure: the same variant with the same message chain (the
+/// sources themselves compare by nothing).
+impl PartialEq for VcpuError {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && crate::error_chain(self) == crate::error_chain(other)
+    }
+}
+
+impl Eq for VcpuError {}
+
+/// Why the main loop refused or never answered a run-state change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunStateError {
+    #[error("a readiness scan holds the guest paused; it resumes when the scan ends")]
+    HeldByScan,
+    #[error("the VMM is shutting down")]
+    ShuttingDown,
+    #[error("the main loop did not answer {request:?} within {limit:?}")]
+    NoAnswer {
+        request: RunRequest,
+        limit: Duration,
+    },
 }
 
 /// What vCPU threads tell the VMM's main loop.
@@ -82,7 +141,7 @@ pub enum VmEvent {
     /// The process received a termination signal.
     Signal(i32),
     /// The control plane asks the main loop to change the VM's run state.
-    Control(RunRequest, Sender<Result<(), String>>),
+    Control(RunRequest, Sender<Result<(), RunStateError>>),
 }
 
 /// Run-state changes only the main loop (which owns the vCPU threads) may make.
@@ -118,6 +177,9 @@ pub struct VcpuShared {
     pub tid: OnceLock<i32>,
     /// When the guest first asked for a command (its first port write).
     pub first_exit: OnceLock<Instant>,
+    /// The registers of a vCPU stopped before its guest checked in (no first
+    /// exit), as its thread read them on the way out: for boot-timeout reports.
+    pub boot_registers: OnceLock<Registers>,
     /// Written when a result is recorded and when the thread ends, so that the
     /// control plane can wait for results in its event loop (set by it).
     pub watcher: OnceLock<Arc<EventFd>>,
@@ -142,6 +204,7 @@ impl VcpuShared {
             counters: ExitCounters::default(),
             phase: AtomicU64::new(0),
             first_exit: OnceLock::new(),
+            boot_registers: OnceLock::new(),
             tid: OnceLock::new(),
             watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
@@ -160,13 +223,7 @@ impl VcpuShared {
 
     /// Records how the vCPU's thread ended and tells whoever waits on it.
     pub fn mark_finished(&self, outcome: &Outcome) {
-        let text = match outcome {
-            Outcome::Stopped => "stopped".to_string(),
-            Outcome::GuestPanic { message, .. } => format!("guest panic: {message}"),
-            Outcome::Fault { fault, .. } => format!("fault: {fault}"),
-            Outcome::Error(e) => format!("error: {e}"),
-        };
-        self.lock().state = VcpuState::Finished(text);
+        self.lock().state = VcpuState::Finished(outcome.clone());
         self.wake.notify_all();
         self.notify_watcher();
     }
@@ -248,4 +305,51 @@ pub fn wait_parked(vcpus: &[Arc<VcpuShared>], timeout: Duration) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registers() -> Registers {
+        Registers {
+            general: Ok(Default::default()),
+            control: Ok(Default::default()),
+        }
+    }
+
+    #[test]
+    fn an_outcome_displays_its_short_form_without_registers() {
+        let panic = Outcome::GuestPanic {
+            message: "oops".into(),
+            registers: registers(),
+        };
+        assert_eq!(panic.to_string(), "guest panic: oops");
+        let fault = Outcome::Fault {
+            fault: Fault::TripleFault,
+            registers: registers(),
+        };
+        assert_eq!(fault.to_string(), "fault: triple fault (shutdown exit)");
+        let error = Outcome::Error(VcpuError::Run(kvm_ioctls::Error::new(libc::EFAULT)));
+        assert!(
+            error.to_string().starts_with("error: KVM_RUN failed: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn vcpu_errors_are_equal_when_variant_and_message_are() {
+        let run = |errno| VcpuError::Run(kvm_ioctls::Error::new(errno));
+        assert_eq!(run(libc::EFAULT), run(libc::EFAULT));
+        assert_ne!(run(libc::EFAULT), run(libc::EINVAL));
+        assert_ne!(VcpuError::Panicked, VcpuError::NoDirtyRing);
+    }
+
+    #[test]
+    fn a_finished_state_carries_the_outcome() {
+        let shared = VcpuShared::new(0);
+        let outcome = Outcome::Error(VcpuError::Panicked);
+        shared.mark_finished(&outcome);
+        assert_eq!(shared.state(), VcpuState::Finished(outcome));
+    }
 }

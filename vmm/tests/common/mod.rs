@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+pub mod elf;
+
 /// Whether KVM tests can run. Without /dev/kvm they are skipped with a printed
 /// reason, unless `KVMSCOPE_REQUIRE_KVM=1` (CI), where a missing KVM fails the test.
 pub fn kvm_available() -> bool {
@@ -204,4 +206,43 @@ impl Drop for ServedVm {
         }
         let _ = std::fs::remove_dir_all(self.dir());
     }
+}
+
+// ---- Metrics page (vmm/tests/sampler_cli.rs, run_cli.rs) -------------------
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding a loopback port")
+        .port()
+}
+
+/// The body of `GET /metrics` on a loopback port, or `None` if nothing answers
+/// with a page (not serving yet, or gone).
+pub fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// The sum of the samples of metric `name` whose labels include each of
+/// `labels` (e.g. `reason="io_out"`), or `None` if the page has none.
+pub fn metric(page: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let values: Vec<f64> = page
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            (n == name && labels.iter().all(|want| rest.contains(want))).then_some(value)
+        })
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }

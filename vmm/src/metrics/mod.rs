@@ -1,18 +1,18 @@
 //! `--metrics-addr`: the sampler's latest readings as a Prometheus text page at
-//! `/metrics`, served by a small `metrics` thread.
+//! `/metrics`, served by a small `metrics` thread (`http`: one poll loop, bounded
+//! connections and deadlines, so no client holds up a scrape).
 //!
 //! Names follow Prometheus conventions: a `kvmscope_` prefix, base units in the
 //! name (`_seconds`, `_bytes`) with values scaled to them, `_total` on counters,
 //! `vcpu` labels, and KVM histograms as Prometheus histograms (cumulative
 //! `_bucket{le=…}` and `_count`; KVM keeps no sum, so there is no `_sum`).
 
+pub mod http;
+
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use kvm_stats::{Descriptor, Sample, StatType, StatsFd, Unit};
 
@@ -20,20 +20,16 @@ use crate::exits::Reason;
 use crate::sampler::Shared;
 
 /// Why the metrics server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("listening on {0} for metrics")]
-    Bind(SocketAddr, #[source] std::io::Error),
-    #[error("starting the metrics thread")]
-    Spawn(#[source] std::io::Error),
-}
+pub use http::Error;
+
+/// The `Content-Type` of the Prometheus text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The running metrics server; dropping it stops the thread.
 pub struct MetricsServer {
     /// The address bound (with the real port when 0 was asked for).
     pub addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _server: http::Server,
 }
 
 impl MetricsServer {
@@ -42,83 +38,31 @@ impl MetricsServer {
     /// # Errors
     /// The address cannot be bound, or the thread not started.
     pub fn start(addr: SocketAddr, samples: Arc<Shared>) -> Result<MetricsServer, Error> {
-        let listener = TcpListener::bind(addr).map_err(|e| Error::Bind(addr, e))?;
-        let addr = listener.local_addr().map_err(|e| Error::Bind(addr, e))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if flag.load(Ordering::Acquire) {
-                        return;
-                    }
-                    if let Ok(stream) = conn {
-                        if let Err(e) = serve(stream, &samples) {
-                            log::debug!("metrics client: {e}");
-                        }
-                    }
+        // One page per sampler tick, shared by every scrape of that tick: a
+        // crowd of scrapers costs one render, and replies in flight share it.
+        let mut cached: Option<(u64, Arc<str>)> = None;
+        let render = move || {
+            let seq = samples.last_seq();
+            match &cached {
+                Some((s, page)) if *s == seq && seq != 0 => page.clone(),
+                _ => {
+                    let page: Arc<str> = render(&samples).into();
+                    cached = Some((seq, page.clone()));
+                    page
                 }
-            })
-            .map_err(Error::Spawn)?;
+            }
+        };
+        let page = http::Page {
+            path: "/metrics",
+            content_type: CONTENT_TYPE,
+            render: Box::new(render),
+        };
+        let server = http::Server::start(addr, "metrics", page)?;
         Ok(MetricsServer {
-            addr,
-            stop,
-            thread: Some(thread),
+            addr: server.addr,
+            _server: server,
         })
     }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // Wake the blocking accept with a connection of our own.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Most bytes of request head read.
-const MAX_REQUEST: usize = 8192;
-/// Longest a client may take to send its request (and to take the reply).
-const REQUEST_TIME: Duration = Duration::from_secs(2);
-
-fn serve(mut stream: TcpStream, samples: &Shared) -> std::io::Result<()> {
-    // One deadline for the whole request, not per read: a peer dripping bytes
-    // cannot hold the thread (and so the VMM's shutdown) for long.
-    let deadline = Instant::now() + REQUEST_TIME;
-    stream.set_write_timeout(Some(REQUEST_TIME))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "request head not received in time",
-            ));
-        }
-        stream.set_read_timeout(Some(left))?;
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&head);
-    let mut words = line.split_whitespace();
-    let (status, body) = match (words.next(), words.next()) {
-        (Some("GET"), Some("/metrics")) => ("200 OK", render(samples)),
-        (Some("GET"), Some(_)) => (
-            "404 Not Found",
-            "only /metrics is served here\n".to_string(),
-        ),
-        _ => ("405 Method Not Allowed", "use GET /metrics\n".to_string()),
-    };
-    let reply = format!("HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-    stream.write_all(reply.as_bytes())
 }
 
 /// A raw value in base units. Negative exponents divide by an exact power, so
@@ -267,6 +211,7 @@ pub fn render(samples: &Shared) -> String {
             let _ = writeln!(out, "kvmscope_guest_phase{{{vm},vcpu=\"{i}\"}} {}", v.phase);
         }
     }
+    let _ = writeln!(out, "# HELP kvmscope_sampler_ticks_total Points the sampler has taken.\n# TYPE kvmscope_sampler_ticks_total counter\nkvmscope_sampler_ticks_total{{{vm}}} {}", samples.last_seq());
     let tick = samples.last_tick_ns.load(Ordering::Relaxed) as f64 / 1e9;
     let _ = writeln!(out, "# HELP kvmscope_sampler_tick_seconds Time the sampler's last tick took.\n# TYPE kvmscope_sampler_tick_seconds gauge\nkvmscope_sampler_tick_seconds{{{vm}}} {tick}");
     samples.with_latest(|sources, latest| {
