@@ -16,6 +16,7 @@ pub mod fuzz;
 pub mod kick;
 pub mod memory;
 pub mod metrics;
+pub mod migration;
 pub mod plot;
 pub mod readiness;
 pub mod run;

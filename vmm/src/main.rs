@@ -45,6 +45,31 @@ enum Cmd {
     /// Ask a running VMM whether its guest is ready to live-migrate: non-zero
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
     Readiness(ReadinessArgs),
+    /// Live-migrate a running VMM's guest to a `kvmscope run --incoming URI`,
+    /// with a progress bar and a report like QEMU's `info migrate`.
+    Migrate(MigrateArgs),
+}
+
+#[derive(clap::Args)]
+struct MigrateArgs {
+    /// The source VMM's control socket.
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// Where the destination listens: unix:PATH or tcp:HOST:PORT.
+    #[arg(long, value_name = "URI")]
+    to: String,
+    /// Cap the send rate (`max-bandwidth`), e.g. 1Gbit or 100MiB; default unlimited.
+    #[arg(long, value_name = "RATE", value_parser = bandwidth_arg)]
+    bandwidth: Option<f64>,
+    /// Longest acceptable downtime (`downtime-limit`); default 300ms.
+    #[arg(long, value_name = "DUR", value_parser = duration_arg)]
+    max_downtime: Option<Duration>,
+    /// Stop and copy after N passes whatever is left (`x-max-rounds`); default no limit.
+    #[arg(long, value_name = "N")]
+    max_rounds: Option<u64>,
+    /// Print the final `query-migrate` as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -170,12 +195,13 @@ struct PlotArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Guest RAM (a multiple of 2M, at least 16M), e.g. 512M or 2G.
-    #[arg(long, default_value = "256M", value_parser = size_arg)]
-    memory: u64,
-    /// Number of vCPUs, one thread each.
-    #[arg(long, default_value_t = 1)]
-    vcpus: usize,
+    /// Guest RAM (a multiple of 2M, at least 16M), e.g. 512M or 2G [default: 256M;
+    /// with --incoming, the stream's].
+    #[arg(long, value_parser = size_arg)]
+    memory: Option<u64>,
+    /// Number of vCPUs, one thread each [default: 1; with --incoming, the stream's].
+    #[arg(long)]
+    vcpus: Option<usize>,
     /// Back guest RAM with transparent huge pages (MADV_HUGEPAGE).
     #[arg(long)]
     hugepages: bool,
@@ -209,6 +235,11 @@ struct RunArgs {
     /// e.g. 127.0.0.1:9100.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Be a migration destination: wait for one stream at unix:PATH or
+    /// tcp:HOST:PORT, load it and run the guest on. Memory, vCPUs, huge pages
+    /// and dirty tracking come from the stream; any given must match it.
+    #[arg(long, value_name = "URI", conflicts_with_all = ["workload", "guest"])]
+    incoming: Option<kvmscope::migration::Uri>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -279,15 +310,26 @@ fn workload_arg(s: &str) -> Result<Workload, String> {
 
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
     // With a socket, clients drive the guest: no demo workload by default.
-    let workloads = if args.workload.is_empty() && args.socket.is_none() {
-        vec![workload_arg(&run::demo_workload(args.memory)).map_err(anyhow::Error::msg)?]
+    let memory = args.memory.unwrap_or(VmConfig::default().memory);
+    let workloads = if args.workload.is_empty() && args.socket.is_none() && args.incoming.is_none()
+    {
+        vec![workload_arg(&run::demo_workload(memory)).map_err(anyhow::Error::msg)?]
     } else {
         args.workload
     };
-    let config = RunConfig {
-        vm: VmConfig {
+    let incoming = args
+        .incoming
+        .map(|uri| kvmscope::migration::receiver::IncomingConfig {
+            uri,
             memory: args.memory,
             vcpus: args.vcpus,
+            hugepages: args.hugepages.then_some(true),
+            dirty_log: args.dirty_log,
+        });
+    let config = RunConfig {
+        vm: VmConfig {
+            memory,
+            vcpus: args.vcpus.unwrap_or(1),
             hugepages: args.hugepages,
             dirty_log: args.dirty_log,
             guest: args.guest,
@@ -310,7 +352,10 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         },
         metrics_addr: args.metrics_addr,
     };
-    let summary = run::run(config)?;
+    let summary = match incoming {
+        Some(incoming) => run::run_incoming(config, incoming)?,
+        None => run::run(config)?,
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary.to_json())?);
     } else {
@@ -413,6 +458,21 @@ fn main() -> ExitCode {
         },
         Cmd::Demo(a) => demo_command(a),
         Cmd::Plot(a) => plot_command(a),
+        Cmd::Migrate(a) => {
+            let config = client::migrate::MigrateConfig {
+                socket: a.socket,
+                to: a.to,
+                bandwidth: a.bandwidth.map(|b| b as u64),
+                max_downtime: a.max_downtime,
+                max_rounds: a.max_rounds,
+                json: a.json,
+            };
+            match client::migrate::migrate(&config, &mut std::io::stdout().lock()) {
+                Ok(true) => Ok(ExitCode::SUCCESS),
+                Ok(false) => Ok(ExitCode::from(1)),
+                Err(e) => Err(e.into()),
+            }
+        }
         Cmd::Readiness(a) => {
             let config = client::readiness::ReadinessConfig {
                 socket: a.socket,

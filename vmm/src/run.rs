@@ -1,11 +1,14 @@
 //! `kvmscope run`: boot the guest, run the workloads, stop in order, summarise.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvm_stats::{Sample, StatsFd};
 
 use crate::boot;
 use crate::control;
+use crate::migration::receiver::{self, Incoming, IncomingConfig};
+use crate::migration::{self, Migration};
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
 use crate::vcpu::{Control, Outcome, RunRequest, VmEvent};
@@ -64,6 +67,10 @@ pub enum Error {
     Workload { vcpu: usize, source: SpecError },
     #[error("workload target")]
     Target(#[source] SpecError),
+    #[error("incoming migration")]
+    Incoming(#[from] receiver::Error),
+    #[error("setting up migration")]
+    Migration(#[from] migration::sender::Error),
 }
 
 impl RunConfig {
@@ -120,6 +127,8 @@ struct Watch {
 struct PauseState {
     user: bool,
     holds: u32,
+    /// The guest migrated away: it never runs here again.
+    migrated: bool,
 }
 
 impl PauseState {
@@ -127,6 +136,9 @@ impl PauseState {
     fn decide(&mut self, request: RunRequest) -> Result<Control, String> {
         match request {
             RunRequest::Pause => self.user = true,
+            RunRequest::Resume if self.migrated => {
+                return Err("the guest has migrated away (postmigrate); only quit is left".into())
+            }
             RunRequest::Resume if self.holds > 0 => {
                 return Err(
                     "a readiness scan holds the guest paused; it resumes when the scan ends".into(),
@@ -135,9 +147,10 @@ impl PauseState {
             RunRequest::Resume => self.user = false,
             RunRequest::Hold => self.holds += 1,
             RunRequest::Release => self.holds = self.holds.saturating_sub(1),
+            RunRequest::Postmigrate => self.migrated = true,
             RunRequest::Quit => {}
         }
-        Ok(if self.user || self.holds > 0 {
+        Ok(if self.user || self.holds > 0 || self.migrated {
             Control::Pause
         } else {
             Control::Run
@@ -216,7 +229,7 @@ struct Services {
 impl Services {
     /// Starts what `config` asks for. The socket is bound before the guest
     /// starts, so a bad path fails before any workload runs.
-    fn start(config: &RunConfig, vm: &Vm) -> Result<Services, Error> {
+    fn start(config: &RunConfig, vm: &Vm, migration: &Arc<Migration>) -> Result<Services, Error> {
         let sampler = match &config.sampler {
             Some(c) => {
                 let vcpus = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
@@ -245,6 +258,7 @@ impl Services {
             Some(path) => {
                 let mut context = control::Context::new(vm)?;
                 context.samples = sampler.as_ref().map(|s| s.shared.clone());
+                context.migration = Some((migration.clone(), migration::Source::from_vm(vm)?));
                 Some(control::Server::start(path, context)?)
             }
             None => None,
@@ -276,13 +290,44 @@ impl Services {
 /// # Errors
 /// The VM could not be built, or a workload does not fit it.
 pub fn run(config: RunConfig) -> Result<Summary, Error> {
-    let mut vm = Vm::new(config.vm.clone())?;
+    run_vm(config, None)
+}
+
+/// `kvmscope run --incoming`: waits for one migration stream, builds the VM
+/// it describes (checked against `incoming`), loads it and runs the guest on
+/// from where the source stopped. With a control socket, it serves
+/// `query-migrate` while loading.
+///
+/// # Errors
+/// As [`run`], and a stream that is refused (the source keeps its guest).
+pub fn run_incoming(config: RunConfig, incoming: IncomingConfig) -> Result<Summary, Error> {
+    run_vm(config, Some(incoming))
+}
+
+fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary, Error> {
+    let migration = Arc::new(Migration::new());
+    let (mut vm, stream) = match &incoming {
+        None => (Vm::new(config.vm.clone())?, None),
+        Some(given) => {
+            let stream = Incoming::accept(given, &migration)?;
+            match Vm::new(stream.vm_config(&config.vm)) {
+                Ok(vm) => (vm, Some(stream)),
+                Err(e) => {
+                    stream.refuse(&e);
+                    return Err(e.into());
+                }
+            }
+        }
+    };
     queue_workloads(&vm, &config.workloads)?;
     let before = Baseline::read(&vm)?;
     if config.handle_signals {
         crate::signals::forward_termination(vm.event_sender()).map_err(Error::Signals)?;
     }
-    let services = Services::start(&config, &vm)?;
+    let services = Services::start(&config, &vm, &migration)?;
+    if let Some(stream) = stream {
+        stream.load(&mut vm, &migration)?;
+    }
     let started = Instant::now();
     vm.start()?;
     let mut watch = Watch::default();

@@ -105,6 +105,11 @@ impl Handler {
         })
     }
 
+    /// Migration event lines queued since the last call, for every client.
+    pub fn migration_events(&self) -> Vec<Vec<u8>> {
+        super::migrate::event_lines(&self.ctx)
+    }
+
     /// The sampler's shared part, when it runs.
     pub fn samples(&self) -> Option<Arc<crate::sampler::Shared>> {
         self.ctx.samples.clone()
@@ -167,6 +172,7 @@ impl Handler {
             Command::Pause => self.run_state(RunRequest::Pause),
             Command::Resume => self.run_state(RunRequest::Resume),
             Command::Quit => self.run_state(RunRequest::Quit),
+            Command::Migration(c) => super::migrate::execute(&self.ctx, c),
         }
     }
 

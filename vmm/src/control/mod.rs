@@ -14,6 +14,7 @@ pub mod commands;
 pub mod connection;
 pub mod deferred;
 pub mod events;
+pub mod migrate;
 pub mod plane;
 pub mod request;
 pub mod scm;
@@ -89,6 +90,8 @@ pub struct Context {
     pub mem: crate::memory::GuestMemory,
     /// Dirty tracking, when the VM was started with a mode (for `query-readiness`).
     pub dirty: Option<Arc<crate::dirty::DirtyLog>>,
+    /// The migration handle and the VM's source side (for `migrate` and friends).
+    pub migration: Option<(Arc<crate::migration::Migration>, crate::migration::Source)>,
 }
 
 impl Context {
@@ -114,6 +117,7 @@ impl Context {
             samples: None,
             mem: vm.mem.clone(),
             dirty: vm.dirty_configured().cloned(),
+            migration: None,
         })
     }
 }
@@ -146,6 +150,9 @@ impl Server {
         });
         for v in &context.vcpus {
             v.watcher.get_or_init(|| watcher.clone());
+        }
+        if let Some((m, _)) = &context.migration {
+            m.set_wake(watcher.clone());
         }
         let retry = TimerFd::new()
             .map_err(|e| Error::EventFd(std::io::Error::from_raw_os_error(e.errno())))?;

@@ -384,6 +384,16 @@ impl Plane {
     /// clients they held.
     fn on_watcher(&mut self, ops: &mut EventOps) {
         let _ = self.watcher.read();
+        let lines = self.handler.migration_events();
+        if !lines.is_empty() {
+            let tokens: Vec<u32> = self.clients.keys().copied().collect();
+            for token in tokens {
+                if let Some(c) = self.clients.get_mut(&token) {
+                    lines.iter().for_each(|l| c.queue(l.clone(), Vec::new()));
+                }
+                self.settle(token, ops);
+            }
+        }
         let before: Vec<u32> = self.waits.iter().map(|(t, _, _)| *t).collect();
         self.finish_waits(None);
         for token in before {

@@ -47,6 +47,11 @@ impl Bitmap {
         }
     }
 
+    /// Adds every page of `other` (a set of the same size).
+    pub fn or(&mut self, other: &Bitmap) {
+        self.or_words(&other.words);
+    }
+
     /// Whether `page` is in the set.
     pub fn contains(&self, page: u64) -> bool {
         self.words
