@@ -156,6 +156,7 @@ mod tests {
                 max_bandwidth: Some(125_000_000),
                 downtime_limit: Some(30),
                 x_max_rounds: None,
+                x_check_ram: None,
             })
         );
         let e = parse("migrate-set-parameters", args(json!({"max-bandwidth": -1}))).unwrap_err();

@@ -58,6 +58,10 @@ pub enum Error {
     Sections { theirs: u64, ours: u64 },
     #[error("a {0} section came out of order")]
     Order(&'static str),
+    #[error(
+        "guest RAM differs after loading: the source's CRC-32 is {theirs:#010x}, ours {ours:#010x}"
+    )]
+    Digest { theirs: u32, ours: u32 },
 }
 
 /// The stream's first 16 bytes.
@@ -78,6 +82,7 @@ pub enum Kind {
     Pass = 3,
     Vcpu = 4,
     End = 5,
+    Digest = 6,
 }
 
 impl Kind {
@@ -92,6 +97,7 @@ impl Kind {
             3 => Kind::Pass,
             4 => Kind::Vcpu,
             5 => Kind::End,
+            6 => Kind::Digest,
             other => return Err(Error::Kind(other)),
         })
     }
@@ -104,6 +110,7 @@ impl Kind {
             Kind::Pass => "pass",
             Kind::Vcpu => "vCPU",
             Kind::End => "end",
+            Kind::Digest => "RAM digest",
         }
     }
 
@@ -115,6 +122,7 @@ impl Kind {
             Kind::Pass => size_of::<PassRecord>() as u64,
             Kind::Vcpu => MAX_VCPU_SECTION,
             Kind::End => size_of::<Trailer>() as u64,
+            Kind::Digest => size_of::<DigestRecord>() as u64,
         }
     }
 }
@@ -169,6 +177,15 @@ pub const RUN_NORMAL: u32 = 2;
 pub struct PassRecord {
     pub pass: u64,
     pub pages: u64,
+}
+
+/// A CRC-32 of all guest RAM at the source's stop (sent when the
+/// `x-check-ram` parameter asks for it); the destination compares its own.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct DigestRecord {
+    pub crc32: u32,
+    pub reserved: u32,
 }
 
 /// The fixed part of a vCPU section; the KVM structs, MSRs and the VMM's

@@ -126,6 +126,10 @@ pub struct MigrationInfo {
     /// kvmscope: `postmigrate` on a source whose guest has left.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_vm_state: Option<String>,
+    /// kvmscope: CRC-32 of all guest RAM at the stop (source) or after
+    /// loading (destination), with `x-check-ram`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_ram_crc32: Option<u32>,
     /// kvmscope: where the stream goes (source) or comes from (destination).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_uri: Option<String>,
@@ -141,6 +145,9 @@ pub struct Parameters {
     pub downtime_limit: u64,
     /// kvmscope: stop and copy after this many passes whatever is left; 0: no limit.
     pub x_max_rounds: u64,
+    /// kvmscope: send a CRC-32 of all RAM at the stop for the destination to
+    /// check against its own (costs a read of all RAM on both sides, in the downtime).
+    pub x_check_ram: bool,
 }
 
 impl Default for Parameters {
@@ -149,6 +156,7 @@ impl Default for Parameters {
             max_bandwidth: 0,
             downtime_limit: 300,
             x_max_rounds: 0,
+            x_check_ram: false,
         }
     }
 }
@@ -160,6 +168,7 @@ pub struct SetParameters {
     pub max_bandwidth: Option<u64>,
     pub downtime_limit: Option<u64>,
     pub x_max_rounds: Option<u64>,
+    pub x_check_ram: Option<bool>,
 }
 
 /// Longest downtime limit accepted, ms (QEMU's limit).
@@ -246,7 +255,12 @@ impl Migration {
         {
             let mut inner = self.lock();
             if inner.incoming {
-                return Err(Error::Incoming);
+                // A destination may send its guest on once it has it.
+                if inner.info.status != Some(Status::Completed) {
+                    return Err(Error::Incoming);
+                }
+                inner.incoming = false;
+                inner.info.status = None;
             }
             match inner.info.status {
                 Some(Status::Completed) => return Err(Error::Postmigrate),
@@ -310,6 +324,7 @@ impl Migration {
         params.max_bandwidth = p.max_bandwidth.unwrap_or(params.max_bandwidth);
         params.downtime_limit = p.downtime_limit.unwrap_or(params.downtime_limit);
         params.x_max_rounds = p.x_max_rounds.unwrap_or(params.x_max_rounds);
+        params.x_check_ram = p.x_check_ram.unwrap_or(params.x_check_ram);
         Ok(())
     }
 
@@ -379,6 +394,27 @@ impl Migration {
             let _ = w.write(1);
         }
     }
+}
+
+/// CRC-32 of all of guest RAM, read 1 MiB at a time.
+pub fn ram_crc32(mem: &crate::memory::GuestMemory) -> u32 {
+    use vm_memory::Bytes;
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let size = crate::memory::size(mem);
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(buf.len() as u64) as usize;
+        if mem
+            .read_slice(&mut buf[..n], vm_memory::GuestAddress(at))
+            .is_err()
+        {
+            buf[..n].fill(0xff);
+        }
+        crc.update(&buf[..n]);
+        at += n as u64;
+    }
+    crc.finalize()
 }
 
 #[cfg(test)]

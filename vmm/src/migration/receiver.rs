@@ -243,6 +243,19 @@ impl Incoming {
                     self.reader.read_exact(&mut buf, "a vCPU section")?;
                     snapshots.push(device::decode(&buf)?);
                 }
+                Kind::Digest => {
+                    format::expect_len(kind, len, size_of::<format::DigestRecord>() as u64)?;
+                    let d: format::DigestRecord = self.reader.read_obj("the RAM digest")?;
+                    let ours = super::ram_crc32(&vm.mem);
+                    m.update(|i| i.x_ram_crc32 = Some(ours));
+                    if ours != d.crc32 {
+                        let e = format::Error::Digest {
+                            theirs: d.crc32,
+                            ours,
+                        };
+                        return Err(e.into());
+                    }
+                }
                 Kind::End => {
                     self.reader.finish(len)?;
                     break;

@@ -360,6 +360,12 @@ impl<'a> Precopy<'a> {
         let pages0 = self.pages_sent();
         self.send_runs(&data_runs(&last))?;
         self.end_pass(pages0)?;
+        if self.m.parameters().x_check_ram {
+            let crc32 = super::ram_crc32(&self.src.mem);
+            self.m.update(|i| i.x_ram_crc32 = Some(crc32));
+            let record = format::DigestRecord { crc32, reserved: 0 };
+            self.writer()?.section(Kind::Digest, &[record.as_bytes()])?;
+        }
         for s in &snapshots {
             let payload = device::encode(s)?;
             self.writer()?.section(Kind::Vcpu, &[&payload])?;
