@@ -83,7 +83,11 @@ fn verify(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
     let (mut checked, mut bad, mut page) = (0, 0, 0);
     while page < r.pages {
         let addr = r.first + page * PAGE_SIZE;
-        let expected = if pattern == 0 { 0 } else { (pattern | 1) ^ addr };
+        let expected = if pattern == 0 {
+            0
+        } else {
+            (pattern | 1) ^ addr
+        };
         let words = addr as *const u64;
         let mut same = true;
         for w in 0..(PAGE_SIZE / 8) as usize {
