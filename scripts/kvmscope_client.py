@@ -46,6 +46,8 @@ class Connection:
         self.greeting = self.read_line()[0]
         if "error" in self.greeting:
             raise RuntimeError("refused: %s" % self.greeting["error"]["desc"])
+        # QMP capability negotiation: nothing else is served before it.
+        self.execute("qmp_capabilities")
 
     def read_line(self):
         """The next JSON line and the fds that rode on it (they belong to the
@@ -71,6 +73,8 @@ class Connection:
         req = {"execute": command, "arguments": arguments or {}}
         self.sock.sendall(json.dumps(req).encode() + b"\n")
         reply, fds = self.read_line()
+        while "event" in reply:  # events may come before the reply
+            reply, fds = self.read_line()
         if "error" in reply:
             for fd in fds:
                 os.close(fd)

@@ -1,16 +1,17 @@
 //! The kvmscope guest: a bare-metal program that runs at CPL3 in 64-bit mode.
 //!
 //! Every vCPU enters `_start` with its index in `rdi`, its mailbox address in
-//! `rsi` and its own stack in `rsp` (see `abi.rs` and docs/GUEST_ABI.md). The
-//! guest reports ready, then loops: run the command in its mailbox, report the
-//! result with one port write, during which the VMM puts the next command in
-//! place. It runs at CPL3 because on software KVM backends only CPL3 code runs
-//! natively (and so moves the MMU statistics); IOPL=3 lets it use port I/O.
+//! `rsi` and its own stack in `rsp` (see the `kvmscope-guest-abi` crate in
+//! `abi/` and docs/GUEST_ABI.md). The guest reports ready, then loops: run the
+//! command in its mailbox, report the result with one port write, during which
+//! the VMM puts the next command in place. It runs at CPL3 because on software
+//! KVM backends only CPL3 code runs natively (and so moves the MMU statistics);
+//! IOPL=3 lets it use port I/O.
 #![no_std]
 #![no_main]
 
-#[allow(dead_code)] // shared with the VMM, which uses the rest
-mod abi;
+// The ABI crate under its short name, so `crate::abi::...` reads as in the VMM.
+use kvmscope_guest_abi as abi;
 mod port;
 mod rt;
 mod workload;

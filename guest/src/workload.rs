@@ -138,11 +138,10 @@ fn dirty(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
     let tag = (DIRTY_MAGIC << 56) | ((rdtsc() & 0xff_ffff) << 32);
     let mut rng = Rng(seed | 1);
     let ticks_per_ms = boot.tsc_khz;
-    let interval = if rate == 0 {
-        0
-    } else {
-        (ticks_per_ms * 1000 / rate).max(1)
-    };
+    // Ticks between writes; rate 0 means unpaced.
+    let interval = (ticks_per_ms * 1000)
+        .checked_div(rate)
+        .map_or(0, |t| t.max(1));
     let start = rdtsc();
     let end = start.saturating_add(us.saturating_mul(ticks_per_ms) / 1000);
     let (mut writes, mut distinct, mut due) = (0u64, 0u64, start);

@@ -5,9 +5,16 @@
 
 use crate::workload::{parse_command, parse_workload};
 
-/// One control-socket request line.
+/// Control-socket input: split into values as the server does, and each
+/// parsed as a request.
 pub fn control_line(data: &[u8]) {
-    let _ = crate::control::request::parse(data);
+    let mut framer = crate::protocol::framing::Framer::new();
+    framer.extend(data);
+    while let Some(frame) = framer.next_frame(true) {
+        if let crate::protocol::framing::Frame::Value(bytes) = frame {
+            let _ = crate::protocol::request::parse(&bytes);
+        }
+    }
 }
 
 /// A workload spec: parse it, encode every command for arenas of a few sizes,

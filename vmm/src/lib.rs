@@ -4,8 +4,7 @@
 //! engine is here. Threads: the main thread (`run`), one `vcpu<N>` thread per
 //! vCPU (`vcpu`), and a signal thread that turns SIGINT/SIGTERM into events.
 
-#[path = "../../guest/src/abi.rs"]
-pub mod abi;
+pub use kvmscope_guest_abi as abi;
 pub mod backend;
 pub mod boot;
 pub mod client;
@@ -18,8 +17,10 @@ pub mod memory;
 pub mod metrics;
 pub mod migration;
 pub mod plot;
+pub mod protocol;
 pub mod readiness;
 pub mod run;
+pub mod runstate;
 pub mod sampler;
 pub mod signals;
 pub mod summary;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use kvmscope::client::{self, demo::DemoConfig, stats::StatsConfig, watch::WatchConfig};
-use kvmscope::control::request::VcpuSelector;
 use kvmscope::dirty::DirtyMode;
+use kvmscope::protocol::VcpuSelector;
 use kvmscope::run::{self, RunConfig};
 use kvmscope::sampler::SamplerConfig;
 use kvmscope::units::parse_size;
@@ -240,6 +240,11 @@ struct RunArgs {
     /// and dirty tracking come from the stream; any given must match it.
     #[arg(long, value_name = "URI", conflicts_with_all = ["workload", "guest"])]
     incoming: Option<kvmscope::migration::Uri>,
+    /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
+    /// samples files (default: the --socket file's name without extension,
+    /// else kvmscope-PID).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -351,6 +356,8 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             (None, None) => None,
         },
         metrics_addr: args.metrics_addr,
+        name: args.name,
+        control_limits: kvmscope::control::Limits::default(),
     };
     let summary = match incoming {
         Some(incoming) => run::run_incoming(config, incoming)?,

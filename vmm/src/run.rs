@@ -9,6 +9,7 @@ use crate::boot;
 use crate::control;
 use crate::migration::receiver::{self, Incoming, IncomingConfig};
 use crate::migration::{self, Migration};
+use crate::runstate::{RunState, SharedRunState};
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::summary::{kvm_growth, Mapped, Summary, VcpuSummary};
 use crate::vcpu::{Control, Outcome, RunRequest, VmEvent};
@@ -46,6 +47,11 @@ pub struct RunConfig {
     pub sampler: Option<SamplerConfig>,
     /// Serve the sampler's readings as Prometheus text at this address (needs the sampler).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The VM's name (`query-name`, metrics, samples); default from the
+    /// socket's file name, else `kvmscope-<pid>`.
+    pub name: Option<String>,
+    /// Deadlines for control-socket clients.
+    pub control_limits: control::Limits,
 }
 
 /// Why a run could not happen.
@@ -88,7 +94,22 @@ impl RunConfig {
             socket: None,
             sampler: None,
             metrics_addr: None,
+            name: None,
+            control_limits: control::Limits::default(),
         }
+    }
+
+    /// The VM's name: `name`, else the socket's file stem, else `kvmscope-<pid>`.
+    pub fn vm_name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(|| {
+                self.socket
+                    .as_deref()
+                    .and_then(std::path::Path::file_stem)
+                    .map(|s| s.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| format!("kvmscope-{}", std::process::id()))
     }
 }
 
@@ -129,6 +150,8 @@ struct PauseState {
     holds: u32,
     /// The guest migrated away: it never runs here again.
     migrated: bool,
+    /// Where `query-status` reads the outcome.
+    status: Arc<SharedRunState>,
 }
 
 impl PauseState {
@@ -160,16 +183,25 @@ impl PauseState {
     fn apply(&mut self, vm: &Vm, request: RunRequest) -> Result<(), String> {
         let control = self.decide(request)?;
         vm.control_all(control);
+        self.status.set(match control {
+            Control::Pause if self.migrated => RunState::Postmigrate,
+            Control::Pause => RunState::Paused,
+            _ => RunState::Running,
+        });
         Ok(())
     }
 }
 
 /// Waits until every vCPU has run out of work (unless `serving` a control
 /// socket), one fails, a signal arrives or a client asks to quit.
-fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
+fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool, status: Arc<SharedRunState>) {
     let n = vm.vcpus.len();
     let mut idle = vec![false; n];
-    let mut pause = PauseState::default();
+    status.set(RunState::Running);
+    let mut pause = PauseState {
+        status: status.clone(),
+        ..PauseState::default()
+    };
     loop {
         match vm.next_event(Duration::from_secs(1)) {
             Some(VmEvent::Idle(i)) => idle[i] = true,
@@ -177,7 +209,10 @@ fn wait_until_done(vm: &mut Vm, watch: &mut Watch, serving: bool) {
                 watch.first_done.get_or_insert_with(Instant::now);
                 idle[i] = false;
             }
-            Some(VmEvent::Finished(_, outcome)) if outcome != Outcome::Stopped => return,
+            Some(VmEvent::Finished(_, outcome)) if outcome != Outcome::Stopped => {
+                status.set(RunState::InternalError);
+                return;
+            }
             Some(VmEvent::Finished(..)) => {}
             Some(VmEvent::Signal(sig)) => {
                 watch.signal = Some(sig);
@@ -224,12 +259,15 @@ struct Services {
     sampler: Option<Sampler>,
     metrics: Option<crate::metrics::MetricsServer>,
     server: Option<control::Server>,
+    /// The run state the main loop keeps and the control socket reports.
+    status: Arc<SharedRunState>,
 }
 
 impl Services {
     /// Starts what `config` asks for. The socket is bound before the guest
     /// starts, so a bad path fails before any workload runs.
     fn start(config: &RunConfig, vm: &Vm, migration: &Arc<Migration>) -> Result<Services, Error> {
+        let status = Arc::new(SharedRunState::default());
         let sampler = match &config.sampler {
             Some(c) => {
                 let vcpus = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
@@ -258,8 +296,14 @@ impl Services {
             Some(path) => {
                 let mut context = control::Context::new(vm)?;
                 context.samples = sampler.as_ref().map(|s| s.shared.clone());
+                context.name = config.vm_name();
+                context.run_state = status.clone();
                 context.migration = Some((migration.clone(), migration::Source::from_vm(vm)?));
-                Some(control::Server::start(path, context)?)
+                Some(control::Server::start(
+                    path,
+                    context,
+                    config.control_limits,
+                )?)
             }
             None => None,
         };
@@ -267,6 +311,7 @@ impl Services {
             sampler,
             metrics,
             server,
+            status,
         })
     }
 
@@ -326,12 +371,21 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     }
     let services = Services::start(&config, &vm, &migration)?;
     if let Some(stream) = stream {
+        services.status.set(RunState::Inmigrate);
         stream.load(&mut vm, &migration)?;
     }
     let started = Instant::now();
     vm.start()?;
     let mut watch = Watch::default();
-    wait_until_done(&mut vm, &mut watch, services.server.is_some());
+    wait_until_done(
+        &mut vm,
+        &mut watch,
+        services.server.is_some(),
+        services.status.clone(),
+    );
+    if services.status.get() != RunState::InternalError {
+        services.status.set(RunState::Shutdown);
+    }
     let stuck = vm.stop(config.stop_timeout);
     let warnings = services.stop();
     let elapsed = started.elapsed();

@@ -11,19 +11,23 @@ use std::time::Duration;
 
 use common::ServedVm;
 use kvmscope::client::{self, Client};
-use kvmscope::control::{MAX_CLIENTS, MAX_LINE};
+use kvmscope::control::MAX_CLIENTS;
+use kvmscope::protocol::framing::MAX_VALUE;
+use kvmscope::protocol::ErrorClass;
 use serde_json::{json, Value};
 
 const MEM: u64 = 64 << 20;
 
-/// A plain connection past its greeting, for sending arbitrary bytes.
+/// A plain connection past its greeting and negotiation, for sending arbitrary bytes.
 fn raw(vm: &ServedVm) -> (UnixStream, BufReader<UnixStream>) {
-    let s = UnixStream::connect(&vm.socket).unwrap();
+    let mut s = UnixStream::connect(&vm.socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     let mut greeting = String::new();
     r.read_line(&mut greeting).unwrap();
     assert!(greeting.starts_with("{\"QMP\""), "{greeting}");
+    s.write_all(br#"{"execute":"qmp_capabilities"}"#).unwrap();
+    assert_eq!(reply(&mut r), json!({"return": {}}));
     (s, r)
 }
 
@@ -52,14 +56,20 @@ fn still_healthy(vm: &ServedVm) {
 }
 
 #[test]
-fn malformed_json_gets_a_parse_error_and_the_connection_stays_usable() {
+fn malformed_json_gets_an_error_and_the_connection_stays_usable() {
     require_kvm!();
     let vm = ServedVm::start("malformed", MEM, 1);
     let (mut s, mut r) = raw(&vm);
-    s.write_all(b"{\"execute\": \n\x00\xff garbage\n[1,2]\n")
+    s.write_all(b"{\"execute\": \n\x00\xff garbage\n[1,2]\n{\"execute\":}")
         .unwrap();
-    for _ in 0..3 {
-        assert_eq!(error_class(&reply(&mut r)), "ParseError");
+    for words in [
+        "invalid character",
+        "must be a JSON object",
+        "JSON parse error",
+    ] {
+        let e = reply(&mut r);
+        assert_eq!(error_class(&e), "GenericError");
+        assert!(e["error"]["desc"].as_str().unwrap().contains(words), "{e}");
     }
     s.write_all(b"{\"execute\":\"query-vm\",\"id\":5}\n")
         .unwrap();
@@ -85,20 +95,33 @@ fn unknown_command_gets_command_not_found_with_its_id() {
 }
 
 #[test]
-fn wrong_argument_types_get_invalid_argument() {
+fn wrong_argument_types_get_a_generic_error_naming_the_member() {
     require_kvm!();
     let vm = ServedVm::start("types", MEM, 1);
     let mut c = vm.client();
-    for (cmd, args) in [
-        ("get-stats-fd", json!({"target": 3})),
-        ("get-stats-fd", json!({"target": "vcpu", "vcpu": "first"})),
-        ("query-stats", json!({"target": "vm", "names": "pages_4k"})),
-        ("guest-command", json!({"vcpu": 0, "command": 42})),
-        ("query-vm", json!({"unexpected": true})),
+    for (cmd, args, member) in [
+        ("get-stats-fd", json!({"target": 3}), "target"),
+        (
+            "get-stats-fd",
+            json!({"target": "vcpu", "vcpu": "first"}),
+            "vcpu",
+        ),
+        (
+            "query-stats",
+            json!({"target": "vm", "names": "pages_4k"}),
+            "names",
+        ),
+        (
+            "guest-command",
+            json!({"vcpu": 0, "command": 42}),
+            "command",
+        ),
+        ("query-vm", json!({"unexpected": true}), "unexpected"),
     ] {
         match c.execute(cmd, args.clone()) {
-            Err(client::Error::Remote { class, .. }) => {
-                assert_eq!(class, "InvalidArgument", "{cmd} {args}")
+            Err(client::Error::Remote { class, desc }) => {
+                assert_eq!(class, ErrorClass::GenericError, "{cmd} {args}");
+                assert!(desc.contains(member), "{cmd} {args}: {desc}");
             }
             other => panic!("{cmd} {args}: {other:?}"),
         }
@@ -106,7 +129,7 @@ fn wrong_argument_types_get_invalid_argument() {
 }
 
 #[test]
-fn vcpu_out_of_range_gets_vcpu_not_found() {
+fn vcpu_out_of_range_gets_device_not_found() {
     require_kvm!();
     let vm = ServedVm::start("range", MEM, 2);
     let mut c = vm.client();
@@ -119,7 +142,7 @@ fn vcpu_out_of_range_gets_vcpu_not_found() {
     ] {
         match c.execute(cmd, args.clone()) {
             Err(client::Error::Remote { class, desc }) => {
-                assert_eq!(class, "VcpuNotFound", "{cmd} {args}");
+                assert_eq!(class, ErrorClass::DeviceNotFound, "{cmd} {args}");
                 assert!(desc.contains("the VM has 2"), "{desc}");
             }
             other => panic!("{cmd} {args}: {other:?}"),
@@ -140,8 +163,9 @@ fn bad_workload_text_or_range_is_an_error_reply_not_a_guest_failure() {
         "",
     ] {
         match c.execute("guest-command", json!({"vcpu": 0, "command": command})) {
-            Err(client::Error::Remote { class, .. }) => {
-                assert_eq!(class, "InvalidArgument", "{command}")
+            Err(client::Error::Remote { class, desc }) => {
+                assert_eq!(class, ErrorClass::GenericError, "{command}");
+                assert!(desc.starts_with("command:"), "{desc}");
             }
             other => panic!("{command}: {other:?}"),
         }
@@ -150,14 +174,19 @@ fn bad_workload_text_or_range_is_an_error_reply_not_a_guest_failure() {
 }
 
 #[test]
-fn line_over_the_limit_gets_line_too_long_and_is_closed() {
+fn request_over_the_limit_gets_an_error_and_is_closed() {
     require_kvm!();
     let vm = ServedVm::start("long", MEM, 1);
     let (mut s, mut r) = raw(&vm);
-    // Over the limit and no newline: the server cannot wait for the end.
-    let long = vec![b' '; MAX_LINE + 1024];
+    // Over the limit and unfinished: the server cannot wait for the end.
+    let mut long = b"{\"execute\":\"".to_vec();
+    long.resize(MAX_VALUE + 1024, b'x');
     let _ = s.write_all(&long);
-    assert_eq!(error_class(&reply(&mut r)), "LineTooLong");
+    let e = reply(&mut r);
+    assert!(
+        e["error"]["desc"].as_str().unwrap().contains("at most"),
+        "{e}"
+    );
     let mut rest = Vec::new();
     assert_eq!(
         r.read_to_end(&mut rest).unwrap(),
@@ -170,7 +199,9 @@ fn line_over_the_limit_gets_line_too_long_and_is_closed() {
 #[test]
 fn client_that_never_reads_is_dropped_and_the_others_carry_on() {
     require_kvm!();
-    let vm = ServedVm::start("never-reads", MEM, 1);
+    let vm = ServedVm::start_with("never-reads", MEM, 1, |c| {
+        c.control_limits.send = Duration::from_secs(1);
+    });
     let (mut s, _r) = raw(&vm);
     s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
     // Each reply holds an fd; the client takes none, and is dropped at a limit.
@@ -213,9 +244,8 @@ fn request_sent_just_before_hanging_up_still_runs() {
     require_kvm!();
     let vm = ServedVm::start("hang-up", MEM, 1);
     let mut s = UnixStream::connect(&vm.socket).unwrap();
-    // No newline at the end: the end of the stream ends the line.
-    let request =
-        b"{\"execute\":\"guest-command\",\"arguments\":{\"vcpu\":0,\"command\":\"touch size=1M\"}}";
+    // Negotiation and the command back to back, no newline, then hang up.
+    let request = b"{\"execute\":\"qmp_capabilities\"}{\"execute\":\"guest-command\",\"arguments\":{\"vcpu\":0,\"command\":\"touch size=1M\"}}";
     s.write_all(request).unwrap();
     drop(s);
     // The hung-up client's fd was ready before this client's request was
@@ -255,12 +285,16 @@ fn hundreds_of_clients_at_once_are_served_up_to_the_limit_and_refused_beyond() {
         match v.get("QMP") {
             Some(_) => served += 1,
             None => {
-                assert_eq!(error_class(&v), "TooManyClients");
+                let desc = v["error"]["desc"].as_str().unwrap_or_default();
+                assert!(desc.contains("all are busy"), "{v}");
                 refused += 1;
             }
         }
     }
-    assert_eq!((served, refused), (MAX_CLIENTS, 300 - MAX_CLIENTS));
+    // Clients idle for a second may be closed to admit later ones (a slow
+    // machine connects 300 in more than a second), so at least the limit.
+    assert!(served >= MAX_CLIENTS && refused > 0, "{served} {refused}");
+    assert_eq!(served + refused, 300);
     drop(conns);
     // The hang-ups may be seen after a new client's connect: retry until served.
     common::wait_for(
@@ -271,6 +305,67 @@ fn hundreds_of_clients_at_once_are_served_up_to_the_limit_and_refused_beyond() {
             other => Some(other.unwrap()),
         },
     );
+    still_healthy(&vm);
+}
+
+/// Reads lines until end of stream; the error replies among them.
+fn errors_until_closed(r: &mut BufReader<UnixStream>) -> Vec<String> {
+    let mut errors = Vec::new();
+    for line in r.lines() {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if let Some(d) = v["error"]["desc"].as_str() {
+            errors.push(d.to_string());
+        }
+    }
+    errors
+}
+
+#[test]
+fn idle_clients_filling_every_slot_do_not_keep_a_new_client_out() {
+    require_kvm!();
+    let vm = ServedVm::start("idle-flood", MEM, 1);
+    let idle: Vec<(UnixStream, BufReader<UnixStream>)> =
+        (0..MAX_CLIENTS).map(|_| raw(&vm)).collect();
+    // Once they have idled past the eviction age, a new client is served.
+    let mut c = common::wait_for("a served client", Duration::from_secs(20), || {
+        Client::connect(&vm.socket).ok()
+    });
+    let (status, _) = c.execute("query-status", json!({})).unwrap();
+    assert_eq!(status["status"], "running");
+    // The longest-idle one was told why it was closed.
+    let (_, mut first) = idle.into_iter().next().unwrap();
+    first
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let why = errors_until_closed(&mut first);
+    assert!(why.iter().any(|d| d.contains("make room")), "{why:?}");
+}
+
+#[test]
+fn a_half_sent_request_is_closed_at_the_request_deadline() {
+    require_kvm!();
+    let vm = ServedVm::start_with("half-sent", MEM, 1, |c| {
+        c.control_limits.request = Duration::from_millis(500);
+    });
+    let (mut s, mut r) = raw(&vm);
+    s.write_all(b"{\"execute\": \"query-").unwrap();
+    let why = errors_until_closed(&mut r);
+    assert!(why[0].contains("not completed within"), "{why:?}");
+    still_healthy(&vm);
+}
+
+#[test]
+fn a_client_that_never_negotiates_is_closed_at_the_handshake_deadline() {
+    require_kvm!();
+    let vm = ServedVm::start_with("no-handshake", MEM, 1, |c| {
+        c.control_limits.handshake = Duration::from_millis(500);
+    });
+    let s = UnixStream::connect(&vm.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut r = BufReader::new(s);
+    let why = errors_until_closed(&mut r);
+    assert!(why[0].contains("no capabilities negotiation"), "{why:?}");
     still_healthy(&vm);
 }
 
@@ -297,7 +392,7 @@ fn peer_with_another_uid_is_refused_with_permission_denied() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("PermissionDenied") && err.contains("uid 65534"),
+        err.contains("refused") && err.contains("uid 65534"),
         "{err}"
     );
     still_healthy(&vm);
@@ -357,7 +452,7 @@ fn guest_failure_during_a_wait_answers_with_an_error_or_closes() {
     let args = json!({"vcpu": 0, "command": "panic", "wait": true});
     match c.execute("guest-command", args) {
         Err(client::Error::Remote { class, desc }) => {
-            assert_eq!(class, "GenericError");
+            assert_eq!(class, ErrorClass::GenericError);
             assert!(
                 desc.contains("stopped before its commands finished"),
                 "{desc}"

@@ -30,13 +30,16 @@ fn no_fd_is_left_open_after_every_kind_of_client_and_quit() {
         assert!(!fds.is_empty());
     }
     // Replies with fds that are never received: queued, in flight, then dropped.
-    hit_and_run(
-        &vm,
-        &b"{\"execute\":\"get-stats-fd\",\"arguments\":{\"target\":\"vcpu\"}}\n".repeat(2000),
+    let mut flood = b"{\"execute\":\"qmp_capabilities\"}".to_vec();
+    flood.extend(
+        b"{\"execute\":\"get-stats-fd\",\"arguments\":{\"target\":\"vcpu\"}}\n".repeat(2000),
     );
+    hit_and_run(&vm, &flood);
     // Malformed, unknown, too long.
     hit_and_run(&vm, b"nonsense\n{\"execute\":\"nope\"}\n");
-    hit_and_run(&vm, &vec![b'x'; kvmscope::control::MAX_LINE + 10]);
+    let mut long = b"{\"a\":\"".to_vec();
+    long.resize(kvmscope::protocol::framing::MAX_VALUE + 10, b'x');
+    hit_and_run(&vm, &long);
     // More clients than the limit.
     let crowd: Vec<UnixStream> = (0..kvmscope::control::MAX_CLIENTS + 10)
         .map(|_| UnixStream::connect(&vm.socket).unwrap())

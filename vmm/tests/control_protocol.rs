@@ -24,10 +24,14 @@ fn greeting_names_the_protocol_version_and_the_vm() {
     require_kvm!();
     let vm = ServedVm::start("greeting", MEM, 1);
     let g = vm.client().greeting;
-    assert_eq!(g["QMP"]["version"]["protocol"], 1);
-    assert_eq!(g["QMP"]["vm"]["pid"], std::process::id());
-    assert_eq!(g["QMP"]["vm"]["vcpus"], 1);
-    assert_eq!(g["QMP"]["vm"]["memory"], MEM);
+    let g = serde_json::to_value(g).unwrap();
+    assert_eq!(g["QMP"]["kvmscope"]["protocol"], 2);
+    assert_eq!(g["QMP"]["kvmscope"]["vm"]["pid"], std::process::id());
+    assert_eq!(g["QMP"]["kvmscope"]["vm"]["vcpus"], 1);
+    assert_eq!(g["QMP"]["kvmscope"]["vm"]["memory"], MEM);
+    assert_eq!(g["QMP"]["kvmscope"]["vm"]["name"], "ctl");
+    assert!(g["QMP"]["version"]["qemu"]["major"].is_u64());
+    assert_eq!(g["QMP"]["capabilities"], json!([]));
 }
 
 #[test]
@@ -321,5 +325,5 @@ fn query_commands_lists_every_command() {
         .iter()
         .filter_map(|c| c["name"].as_str())
         .collect();
-    assert_eq!(names, kvmscope::control::request::COMMANDS);
+    assert_eq!(names, kvmscope::protocol::Command::names());
 }

@@ -32,7 +32,7 @@ fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
 fn control_line_seeds_parse_or_fail_as_named() {
     for (name, data) in seeds("control_line") {
         control_line(&data);
-        let parsed = kvmscope::control::request::parse(&data);
+        let parsed = kvmscope::protocol::request::parse(&data);
         assert_eq!(
             parsed.is_ok(),
             name.starts_with("ok-"),

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::stats::{receive, sample_all, Received};
 use super::{Client, Error};
-use crate::control::request::VcpuSelector;
+use crate::protocol::VcpuSelector;
 use crate::summary::Mapped;
 use crate::units::format_bytes;
 

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::control::scm::{self, MAX_FDS_PER_MESSAGE};
+use crate::protocol::request::{request_line, CapabilitiesArgs};
+use crate::protocol::{Command, ErrorClass, Greeting, Message};
 
 /// How long `stats`, `watch` and `demo` wait for a reply before giving up.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -41,9 +43,9 @@ pub enum Error {
     #[error("the VMM sent something that is not a reply: {0}")]
     BadReply(String),
     #[error("the VMM refused the connection ({class}): {desc}")]
-    Refused { class: String, desc: String },
+    Refused { class: ErrorClass, desc: String },
     #[error("the VMM answered {class}: {desc}")]
-    Remote { class: String, desc: String },
+    Remote { class: ErrorClass, desc: String },
     #[error("reading a received stats fd")]
     Stats(#[from] kvm_stats::Error),
     #[error("the VMM process")]
@@ -67,35 +69,50 @@ pub struct Client {
     /// the read that brought it: it belongs to the line holding that byte.
     fds: Vec<(usize, File)>,
     /// The server's greeting (`{"QMP": {...}}`).
-    pub greeting: Value,
+    pub greeting: Greeting,
 }
 
 impl Client {
-    /// Connects and reads the greeting.
+    /// Connects, reads the greeting and negotiates capabilities, ready for commands.
     ///
     /// # Errors
     /// `Connect` if nobody listens at `path`; `Refused` if the server says why
-    /// it will not serve us (too many clients, wrong uid).
+    /// it will not serve us (too many busy clients, wrong uid); `BadReply` if
+    /// it is not a kvmscope (or QMP) server.
     pub fn connect(path: &Path) -> Result<Client, Error> {
+        let mut client = Client::connect_unnegotiated(path)?;
+        client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
+        Ok(client)
+    }
+
+    /// Connects and reads the greeting, without negotiating: the server then
+    /// serves only `qmp_capabilities`.
+    ///
+    /// # Errors
+    /// As [`Client::connect`].
+    pub fn connect_unnegotiated(path: &Path) -> Result<Client, Error> {
         let stream =
             UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
-        let mut client = Client {
+        let mut input = Client {
             stream,
             input: Vec::new(),
             fds: Vec::new(),
-            greeting: Value::Null,
+            greeting: Greeting::default(),
         };
-        let greeting = client.read_reply()?.value;
-        if let Some((class, desc)) = error_reply(&greeting) {
-            return Err(Error::Refused { class, desc });
+        let first = input.read_reply()?.value;
+        match serde_json::from_value::<Message>(first.clone()) {
+            Ok(Message::Greeting(g)) => {
+                input.greeting = g;
+                Ok(input)
+            }
+            Ok(Message::Error { error, .. }) => Err(Error::Refused {
+                class: error.class,
+                desc: error.desc,
+            }),
+            _ => Err(Error::BadReply(format!(
+                "expected a kvmscope greeting, got {first}"
+            ))),
         }
-        if greeting.get("QMP").is_none() {
-            return Err(Error::BadReply(format!(
-                "expected a greeting, got {greeting}"
-            )));
-        }
-        client.greeting = greeting;
-        Ok(client)
     }
 
     /// Connects once the socket at `path` accepts, trying until `timeout`, as
@@ -218,6 +235,20 @@ impl Client {
     ) -> Result<(Value, Vec<File>), Error> {
         let line = json!({"execute": command, "arguments": arguments}).to_string();
         self.send_line(line.as_bytes())?;
+        self.read_return()
+    }
+
+    /// Runs a typed command: its `return` value and fds, or its error as `Remote`.
+    ///
+    /// # Errors
+    /// As [`Client::execute`].
+    pub fn call(&mut self, command: &Command) -> Result<(Value, Vec<File>), Error> {
+        self.stream.write_all(&request_line(command, None))?;
+        self.read_return()
+    }
+
+    /// Reads up to the next reply (skipping events): its value and fds.
+    fn read_return(&mut self) -> Result<(Value, Vec<File>), Error> {
         // Like a QMP client, skip event lines (progress, subscribed samples).
         let Reply { mut value, fds } = self.read_reply_after_events(|_| Ok(()))?;
         if let Some((class, desc)) = error_reply(&value) {
@@ -231,13 +262,14 @@ impl Client {
 }
 
 /// The class and description of an error reply (`{"error": {...}}`), if it is one.
-pub fn error_reply(line: &Value) -> Option<(String, String)> {
-    let err = line.get("error")?;
-    let s = |k: &str| err[k].as_str().unwrap_or("").to_string();
-    Some((s("class"), s("desc")))
+pub fn error_reply(line: &Value) -> Option<(ErrorClass, String)> {
+    match serde_json::from_value::<Message>(line.clone()) {
+        Ok(Message::Error { error, .. }) => Some((error.class, error.desc)),
+        _ => None,
+    }
 }
 
-/// `kvmscope ctl`: sends one raw request line and prints the reply line.
+/// `kvmscope ctl`: negotiates, sends one raw request and prints the reply line.
 /// Returns whether the reply was a success (`return`).
 ///
 /// # Errors

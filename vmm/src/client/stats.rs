@@ -8,7 +8,7 @@ use kvm_stats::{NameFilter, Sample, StatsFd};
 use serde_json::{json, Value};
 
 use super::{Client, Error, REPLY_TIMEOUT};
-use crate::control::request::VcpuSelector;
+use crate::protocol::VcpuSelector;
 
 /// What `kvmscope stats` shows.
 #[derive(Debug, Clone)]

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::stats::{receive, sample_all, warn_missing};
 use super::{Client, Error, REPLY_TIMEOUT};
 use crate::abi;
-use crate::control::request::VcpuSelector;
+use crate::protocol::VcpuSelector;
 use crate::units::format_bytes;
 
 /// Shown when no `--names` are given: what the guest's workloads move.
@@ -57,7 +57,7 @@ pub struct WatchConfig {
 pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
     client.set_timeout(Some(REPLY_TIMEOUT))?;
-    let pid = client.greeting["QMP"]["vm"]["pid"].as_u64().unwrap_or(0);
+    let pid = u64::from(client.greeting.qmp.kvmscope.vm.pid);
     let (vm, vcpus) = match (config.vm, config.vcpus) {
         (false, None) => (true, Some(VcpuSelector::All)),
         other => other,

@@ -13,11 +13,21 @@ use std::time::Duration;
 use kvm_stats::{NameFilter, Sample, StatsFd};
 use serde_json::{json, Value};
 
-use super::deferred::{self, Pending, Progress};
-use super::request::{Command, ErrorClass, StatsTarget, VcpuSelector, COMMANDS};
-use super::{Context, Error, PROTOCOL_VERSION};
+use super::deferred;
+use super::outcome::{GuestWait, Outcome, Pending, Progress};
+use super::{Context, Error};
 use crate::abi;
 use crate::boot;
+use crate::protocol::reply::{
+    vcpu_from_qom_path, vcpu_qom_path, CommandInfo, CpuInfoFast, GreetingBody, GreetingVm,
+    KvmscopeGreeting, NameInfo, StatusInfo, VersionInfo,
+};
+use crate::protocol::request::{
+    CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, QueryStatsArgs, SchemasArgs, StatsProvider,
+};
+use crate::protocol::{
+    Command, ErrorClass, Greeting, StatsTarget, VcpuRef, VcpuSelector, PROTOCOL_VERSION,
+};
 use crate::summary::result_json;
 use crate::vcpu::{RunRequest, VcpuState, VmEvent};
 use crate::workload::parse_sequence;
@@ -27,40 +37,16 @@ use crate::x86_64::paging;
 /// looks whether the server is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(20);
 
-/// A `guest-command` whose reply waits for its commands to finish.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GuestWait {
-    pub vcpu: usize,
-    pub first: u64,
-    pub last: u64,
-}
-
-/// What a command produced.
-#[derive(Debug)]
-pub enum Outcome {
-    /// `{"return": value}`, with fds riding on the line.
-    Return(Value, Vec<File>),
-    Error(ErrorClass, String),
-    /// The reply waits until [`Handler::check_wait`] gives it.
-    Wait(Pending),
-    /// Start streaming `SAMPLE` events after point `since`; `reply` is the return value.
-    Subscribe {
-        since: u64,
-        reply: Value,
-    },
-    /// Stop streaming.
-    Unsubscribe,
-}
+/// Most sampler points one `query-samples` reply carries; ask again with
+/// `since` for more (docs/PROTOCOL.md, "Limits").
+pub const SAMPLES_PAGE: usize = 1024;
 
 fn fail(class: ErrorClass, desc: impl Into<String>) -> Outcome {
     Outcome::Error(class, desc.into())
 }
 
 fn no_sampler() -> Outcome {
-    fail(
-        ErrorClass::GenericError,
-        "the sampler is off (the VMM was started with --sample-interval off)",
-    )
+    Outcome::generic("the sampler is off (the VMM was started with --sample-interval off)")
 }
 
 fn ret(value: Value) -> Outcome {
@@ -116,48 +102,67 @@ impl Handler {
     }
 
     /// The line every client gets on connecting.
-    pub fn greeting(&self) -> Value {
-        json!({"QMP": {
-            "version": {"package": concat!("kvmscope ", env!("CARGO_PKG_VERSION")), "protocol": PROTOCOL_VERSION},
-            "capabilities": ["stats-fd"],
-            "vm": {
-                "pid": std::process::id(), "vcpus": self.ctx.vcpus.len(), "memory": self.ctx.memory,
-                "backend": self.ctx.backend.kind, "stats-id": self.vm_stats.schema().id(),
+    pub fn greeting(&self) -> Greeting {
+        Greeting {
+            qmp: GreetingBody {
+                version: VersionInfo::ours(),
+                capabilities: Vec::new(),
+                kvmscope: KvmscopeGreeting {
+                    protocol: PROTOCOL_VERSION,
+                    features: vec!["stats-fd".into()],
+                    vm: GreetingVm {
+                        name: self.ctx.name.clone(),
+                        pid: std::process::id(),
+                        vcpus: self.ctx.vcpus.len(),
+                        memory: self.ctx.memory,
+                        backend: self.ctx.backend.kind.to_string(),
+                        stats_id: self.vm_stats.schema().id().to_string(),
+                    },
+                },
             },
-        }})
+        }
     }
 
-    /// Runs one command.
+    /// Runs one command (capability negotiation is the plane's business).
     pub fn execute(&mut self, command: Command) -> Outcome {
         match command {
-            Command::QmpCapabilities => ret(json!({})),
-            Command::QueryCommands => ret(COMMANDS
-                .iter()
-                .map(|name| json!({ "name": name }))
-                .collect()),
-            Command::QueryVm => ret(self.query_vm()),
-            Command::GetStatsFd { target, vcpu } => self.get_stats_fd(target, vcpu),
-            Command::QueryStats {
-                target,
-                names,
-                vcpus,
-            } => self.query_stats(target, names, vcpus),
-            Command::QueryStatsSchemas { target } => ret(self.query_schemas(target)),
-            Command::QueryExits { vcpus } => self.per_vcpu(vcpus, |h, i| {
+            Command::QmpCapabilities(a) => negotiate(&a),
+            Command::QueryCommands(_) => Outcome::ret(
+                Command::names()
+                    .iter()
+                    .map(|n| CommandInfo {
+                        name: (*n).to_string(),
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            Command::QueryVersion(_) => Outcome::ret(VersionInfo::ours()),
+            Command::QueryStatus(_) => {
+                let status = self.ctx.run_state.get();
+                Outcome::ret(StatusInfo {
+                    running: status.is_running(),
+                    singlestep: false,
+                    status,
+                })
+            }
+            Command::QueryName(_) => Outcome::ret(NameInfo {
+                name: Some(self.ctx.name.clone()),
+            }),
+            Command::QueryCpusFast(_) => Outcome::ret(self.cpus_fast()),
+            Command::QueryVm(_) => ret(self.query_vm()),
+            Command::GetStatsFd(a) => self.get_stats_fd(&a),
+            Command::QueryStats(a) => self.query_stats(a),
+            Command::QueryStatsSchemas(a) => self.query_schemas(&a),
+            Command::QueryExits(a) => self.per_vcpu(a.vcpus, |h, i| {
                 let mut counters = h.ctx.vcpus[i].counters.to_json();
                 counters["vcpu"] = json!(i);
                 counters
             }),
-            Command::GuestCommand {
-                vcpu,
-                command,
-                wait,
-            } => self.guest_command(vcpu, &command, wait),
-            Command::QueryGuest { vcpus } => self.per_vcpu(vcpus, Handler::guest_state),
-            Command::QuerySamples { since, max } => self.query_samples(since, max),
-            Command::SubscribeSamples { since } => match &self.ctx.samples {
+            Command::GuestCommand(a) => self.guest_command(&a),
+            Command::QueryGuest(a) => self.per_vcpu(a.vcpus, Handler::guest_state),
+            Command::QuerySamples(a) => self.query_samples(a.since, a.max),
+            Command::SubscribeSamples(a) => match &self.ctx.samples {
                 Some(s) => {
-                    let since = since.unwrap_or_else(|| s.last_seq());
+                    let since = a.since.unwrap_or_else(|| s.last_seq());
                     Outcome::Subscribe {
                         since,
                         reply: json!({"since": since, "header": s.header.to_json()}),
@@ -165,35 +170,79 @@ impl Handler {
                 }
                 None => no_sampler(),
             },
-            Command::UnsubscribeSamples => Outcome::Unsubscribe,
-            Command::QueryReadiness(args) => {
-                deferred::start_readiness(&self.ctx, args, &self.readiness_busy)
-            }
-            Command::Pause => self.run_state(RunRequest::Pause),
-            Command::Resume => self.run_state(RunRequest::Resume),
-            Command::Quit => self.run_state(RunRequest::Quit),
-            Command::Migration(c) => super::migrate::execute(&self.ctx, c),
+            Command::UnsubscribeSamples(_) => Outcome::Unsubscribe,
+            Command::QueryReadiness(r) => match r.check() {
+                Ok(args) => deferred::start_readiness(&self.ctx, args, &self.readiness_busy),
+                Err(desc) => Outcome::generic(desc),
+            },
+            Command::Pause(_) | Command::Stop(_) => self.run_state(RunRequest::Pause),
+            Command::Resume(_) | Command::Cont(_) => self.run_state(RunRequest::Resume),
+            Command::Quit(_) => self.run_state(RunRequest::Quit),
+            Command::Migrate(_)
+            | Command::MigrateSetParameters(_)
+            | Command::QueryMigrateParameters(_)
+            | Command::QueryMigrate(_)
+            | Command::MigrateCancel(_) => super::migrate::execute(&self.ctx, command),
         }
     }
 
-    fn check_vcpus(&self, vcpus: Option<Vec<usize>>) -> Result<Vec<usize>, Outcome> {
+    fn cpus_fast(&self) -> Vec<CpuInfoFast> {
+        self.ctx
+            .vcpus
+            .iter()
+            .map(|v| CpuInfoFast {
+                cpu_index: v.index,
+                qom_path: vcpu_qom_path(v.index),
+                thread_id: v.tid.get().copied().map_or(0, i64::from),
+                target: "x86_64".into(),
+            })
+            .collect()
+    }
+
+    /// vCPU indexes from references (indexes or QOM paths), all when `None`.
+    /// An index the VM lacks is an error; a QOM path that names none of its
+    /// vCPUs matches nothing, as a filter does in QEMU.
+    fn resolve_vcpus(&self, refs: Option<Vec<VcpuRef>>) -> Result<Vec<usize>, Outcome> {
         let n = self.ctx.vcpus.len();
-        let list = vcpus.unwrap_or_else(|| (0..n).collect());
-        match list.iter().find(|&&i| i >= n) {
-            Some(i) => Err(fail(
-                ErrorClass::VcpuNotFound,
+        let Some(refs) = refs else {
+            return Ok((0..n).collect());
+        };
+        let mut list = Vec::with_capacity(refs.len());
+        for r in refs {
+            match r {
+                VcpuRef::Index(i) if i < n => list.push(i),
+                VcpuRef::Index(i) => {
+                    return Err(fail(
+                        ErrorClass::DeviceNotFound,
+                        format!("vCPU {i} does not exist (the VM has {n})"),
+                    ))
+                }
+                VcpuRef::QomPath(p) => {
+                    list.extend(vcpu_from_qom_path(&p).filter(|&i| i < n));
+                }
+            }
+        }
+        Ok(list)
+    }
+
+    /// vCPU `i`, if the VM has it.
+    fn check_vcpu(&self, i: usize) -> Result<usize, Outcome> {
+        let n = self.ctx.vcpus.len();
+        match i < n {
+            true => Ok(i),
+            false => Err(fail(
+                ErrorClass::DeviceNotFound,
                 format!("vCPU {i} does not exist (the VM has {n})"),
             )),
-            None => Ok(list),
         }
     }
 
     fn per_vcpu(
         &mut self,
-        vcpus: Option<Vec<usize>>,
+        vcpus: Option<Vec<VcpuRef>>,
         f: impl Fn(&Handler, usize) -> Value,
     ) -> Outcome {
-        match self.check_vcpus(vcpus) {
+        match self.resolve_vcpus(vcpus) {
             Ok(list) => ret(list.into_iter().map(|i| f(self, i)).collect()),
             Err(e) => e,
         }
@@ -236,30 +285,31 @@ impl Handler {
     /// anything), or duplicates of the vCPU stats files opened before the vCPUs
     /// first ran (KVM_GET_STATS_FD on a vCPU fd waits for the vCPU to leave
     /// KVM_RUN, which may take seconds; see docs/PROTOCOL.md).
-    fn get_stats_fd(&self, target: StatsTarget, vcpu: Option<VcpuSelector>) -> Outcome {
+    fn get_stats_fd(&self, args: &GetStatsFdArgs) -> Outcome {
         let open = |i: usize| -> Result<(Value, File), Outcome> {
-            let file = self.ctx.vcpu_stats[i].try_clone().map_err(|e| {
-                fail(
-                    ErrorClass::GenericError,
-                    format!("duplicating the vCPU {i} stats fd: {e}"),
-                )
-            })?;
+            let file = self.ctx.vcpu_stats[i]
+                .try_clone()
+                .map_err(|e| Outcome::generic(format!("duplicating the vCPU {i} stats fd: {e}")))?;
             Ok((
-                json!({"target": "vcpu", "vcpu": i, "id": self.vcpu_stats[i].schema().id()}),
+                json!({"target": "vcpu", "vcpu": i, "qom-path": vcpu_qom_path(i),
+                       "id": self.vcpu_stats[i].schema().id()}),
                 file,
             ))
         };
-        let got: Result<Vec<(Value, File)>, Outcome> = match (target, vcpu) {
+        let got: Result<Vec<(Value, File)>, Outcome> = match (args.target, args.vcpu) {
+            (StatsTarget::Cryptodev, _) => Err(Outcome::generic(
+                "this VMM has no cryptodev stats; targets are vm and vcpu",
+            )),
             (StatsTarget::Vm, _) => match kvm_stats::ioctl::get_stats_fd(&self.ctx.vm_fd) {
                 Ok(file) => Ok(vec![(
                     json!({"target": "vm", "id": self.vm_stats.schema().id()}),
                     file,
                 )]),
-                Err(e) => Err(fail(ErrorClass::GenericError, crate::error_chain(&e))),
+                Err(e) => Err(Outcome::generic(crate::error_chain(&e))),
             },
-            (StatsTarget::Vcpu, Some(VcpuSelector::One(i))) => self
-                .check_vcpus(Some(vec![i]))
-                .and_then(|_| open(i).map(|x| vec![x])),
+            (StatsTarget::Vcpu, Some(VcpuSelector::One(i))) => {
+                self.check_vcpu(i).and_then(|i| open(i).map(|x| vec![x]))
+            }
             (StatsTarget::Vcpu, _) => (0..self.ctx.vcpus.len()).map(open).collect(),
         };
         match got {
@@ -271,62 +321,77 @@ impl Handler {
         }
     }
 
-    fn query_stats(
-        &mut self,
-        target: StatsTarget,
-        names: Option<Vec<String>>,
-        vcpus: Option<Vec<usize>>,
-    ) -> Outcome {
-        let filter = NameFilter::from_option(names);
-        let read_failed =
-            |e: kvm_stats::Error| fail(ErrorClass::GenericError, crate::error_chain(&e));
-        if target == StatsTarget::Vm {
-            return match self.vm_stats.read_sample(&mut self.vm_sample) {
-                Ok(()) => ret(kvm_stats::json::query_stats(
+    /// `query-stats`, QEMU's way: only the `kvm` provider has stats, vCPU
+    /// results carry their `qom-path`, and targets or providers that match
+    /// nothing give `[]` (no entry with empty `stats`).
+    fn query_stats(&mut self, args: QueryStatsArgs) -> Outcome {
+        let Some(filter) = stats_filter(&args) else {
+            return ret(json!([]));
+        };
+        let read_failed = |e: kvm_stats::Error| Outcome::generic(crate::error_chain(&e));
+        let mut results = match args.target {
+            StatsTarget::Cryptodev => return ret(json!([])),
+            StatsTarget::Vm => match self.vm_stats.read_sample(&mut self.vm_sample) {
+                Ok(()) => kvm_stats::json::query_stats(
                     [(self.vm_stats.schema(), &self.vm_sample)],
                     &filter,
-                )),
-                Err(e) => read_failed(e),
-            };
-        }
-        let list = match self.check_vcpus(vcpus) {
-            Ok(list) => list,
-            Err(e) => return e,
+                ),
+                Err(e) => return read_failed(e),
+            },
+            StatsTarget::Vcpu => {
+                let list = match self.resolve_vcpus(args.vcpus) {
+                    Ok(list) => list,
+                    Err(e) => return e,
+                };
+                for &i in &list {
+                    if let Err(e) = self.vcpu_stats[i].read_sample(&mut self.vcpu_samples[i]) {
+                        return read_failed(e);
+                    }
+                }
+                let sources = list
+                    .iter()
+                    .map(|&i| (self.vcpu_stats[i].schema(), &self.vcpu_samples[i]));
+                kvm_stats::json::query_stats(sources, &filter)
+            }
         };
-        for &i in &list {
-            if let Err(e) = self.vcpu_stats[i].read_sample(&mut self.vcpu_samples[i]) {
-                return read_failed(e);
+        if let Value::Array(entries) = &mut results {
+            entries.retain(|e| e["stats"].as_array().is_some_and(|s| !s.is_empty()));
+            for e in entries.iter_mut() {
+                if let Some(i) = e["vcpu"].as_u64() {
+                    e["qom-path"] = json!(vcpu_qom_path(i as usize));
+                }
             }
         }
-        let sources = list
-            .iter()
-            .map(|&i| (self.vcpu_stats[i].schema(), &self.vcpu_samples[i]));
-        ret(kvm_stats::json::query_stats(sources, &filter))
+        ret(results)
     }
 
-    fn query_schemas(&self, target: Option<StatsTarget>) -> Value {
-        let vm = target != Some(StatsTarget::Vcpu);
-        let vcpu = target != Some(StatsTarget::Vm);
+    fn query_schemas(&self, args: &SchemasArgs) -> Outcome {
+        if args.provider.is_some_and(|p| p != StatsProvider::Kvm) {
+            return ret(json!([]));
+        }
+        let vm = matches!(args.target, None | Some(StatsTarget::Vm));
+        let vcpu = matches!(args.target, None | Some(StatsTarget::Vcpu));
         let schemas = vm.then(|| self.vm_stats.schema()).into_iter().chain(
             self.vcpu_stats
                 .first()
                 .filter(|_| vcpu)
                 .map(StatsFd::schema),
         );
-        kvm_stats::json::query_stats_schemas(schemas)
+        ret(kvm_stats::json::query_stats_schemas(schemas))
     }
 
-    fn guest_command(&mut self, vcpu: usize, text: &str, wait: bool) -> Outcome {
-        if let Err(e) = self.check_vcpus(Some(vec![vcpu])) {
+    fn guest_command(&mut self, args: &GuestCommandArgs) -> Outcome {
+        let (vcpu, wait) = (args.vcpu, args.wait);
+        if let Err(e) = self.check_vcpu(vcpu) {
             return e;
         }
-        let commands = match parse_sequence(text) {
+        let commands = match parse_sequence(&args.command) {
             Ok(c) => c,
-            Err(e) => return fail(ErrorClass::InvalidArgument, format!("command: {e}")),
+            Err(e) => return Outcome::generic(format!("command: {e}")),
         };
         let arena = boot::arena_size(self.ctx.memory);
         if let Some(e) = commands.iter().find_map(|c| c.to_guest(arena).err()) {
-            return fail(ErrorClass::InvalidArgument, format!("command: {e}"));
+            return Outcome::generic(format!("command: {e}"));
         }
         let shared = &self.ctx.vcpus[vcpu];
         if let VcpuState::Finished(how) = shared.state() {
@@ -337,7 +402,7 @@ impl Handler {
         }
         if wait && commands.len() > crate::vcpu::RESULTS_KEPT {
             let desc = format!("with wait, at most {} commands at once (the results a vCPU keeps); split the sequence", crate::vcpu::RESULTS_KEPT);
-            return fail(ErrorClass::InvalidArgument, desc);
+            return Outcome::generic(desc);
         }
         let count = commands.len() as u64;
         let first = shared.push_commands(commands);
@@ -359,22 +424,27 @@ impl Handler {
         }
     }
 
-    /// The sampler's points after `since` (the newest `max` of them).
+    /// A page of the sampler's points after `since`: the oldest
+    /// [`SAMPLES_PAGE`] (with `more` set when there are others), or the newest
+    /// `max` of them. Built only up to the page, so a reply stays bounded
+    /// however large the ring (docs/PROTOCOL.md, "Limits").
     fn query_samples(&self, since: u64, max: Option<u64>) -> Outcome {
         let Some(s) = &self.ctx.samples else {
             return no_sampler();
         };
-        let (mut points, dropped) = s.since(since);
-        let skip = max.map_or(0, |m| {
-            points
-                .len()
-                .saturating_sub(usize::try_from(m).unwrap_or(usize::MAX))
+        let newest = max.is_some();
+        let max = max.map_or(SAMPLES_PAGE, |m| {
+            usize::try_from(m).unwrap_or(usize::MAX).min(SAMPLES_PAGE)
         });
-        let skipped = points.drain(..skip).count() as u64;
-        let samples: Vec<Value> = points.iter().map(|p| p.to_json(&s.header)).collect();
-        ret(
-            json!({"header": s.header.to_json(), "samples": samples, "dropped": dropped + skipped, "last-seq": s.last_seq()}),
-        )
+        let page = s.page(since, max, newest);
+        let samples: Vec<Value> = page.points.iter().map(|p| p.to_json(&s.header)).collect();
+        ret(json!({
+            "header": s.header.to_json(),
+            "samples": samples,
+            "dropped": page.dropped,
+            "more": page.more,
+            "last-seq": s.last_seq(),
+        }))
     }
 
     /// The reply to a waiting `guest-command`, once its last command finished
@@ -446,4 +516,46 @@ impl Handler {
             }
         }
     }
+}
+
+/// `qmp_capabilities`: this server offers no capabilities to enable (QEMU's
+/// `oob` included), so any named is refused.
+fn negotiate(args: &CapabilitiesArgs) -> Outcome {
+    match args.enable.first() {
+        None => Outcome::Negotiated,
+        Some(c) => {
+            let shown: String = c.chars().take(64).collect();
+            Outcome::generic(format!(
+                "Capability '{shown}' not available (this server offers none)"
+            ))
+        }
+    }
+}
+
+/// The stat-name filter of a `query-stats`: QEMU's per-provider `names` (of
+/// the `kvm` provider) and kvmscope's `names`, both applied. `None` when the
+/// request names providers but not `kvm`: then nothing matches.
+fn stats_filter(args: &QueryStatsArgs) -> Option<NameFilter> {
+    let provider_names = match &args.providers {
+        None => None,
+        Some(list) => {
+            let kvm: Vec<_> = list
+                .iter()
+                .filter(|r| r.provider == StatsProvider::Kvm)
+                .collect();
+            if kvm.is_empty() {
+                return None;
+            }
+            // One kvm request without names asks for every stat.
+            kvm.iter()
+                .map(|r| r.names.clone())
+                .collect::<Option<Vec<_>>>()
+                .map(|lists| lists.concat())
+        }
+    };
+    let names = match (provider_names, args.names.clone()) {
+        (Some(a), Some(b)) => Some(a.into_iter().filter(|n| b.contains(n)).collect()),
+        (a, b) => a.or(b),
+    };
+    Some(NameFilter::from_option(names))
 }

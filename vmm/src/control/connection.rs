@@ -1,18 +1,24 @@
-//! One client connection: its input split into lines, and its output queued
-//! with the fds that ride on it, sent as the socket accepts it.
+//! One client connection: its input split into JSON values as they complete
+//! (`protocol::framing`), its negotiation state, and its output queued with
+//! the fds that ride on it, sent as the socket accepts it.
 //!
 //! Nothing here blocks: the socket is non-blocking, input is read one bounded
 //! chunk per readiness event, and output that the client does not take stays
-//! queued, up to a cap past which the client is dropped.
+//! queued. While a reply is being sent, no further request of the client is
+//! run (so one reply of any size can be in flight, but a client that does not
+//! read cannot make the queue grow); events still queue, up to a cap past
+//! which the client is dropped.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 use super::scm::{self, MAX_FDS_PER_MESSAGE};
-use super::{MAX_LINE, MAX_QUEUED_BYTES, MAX_QUEUED_FDS};
+use super::{MAX_QUEUED_BYTES, MAX_QUEUED_FDS};
+use crate::protocol::framing::{Frame, Framer};
 
 /// Bytes read from a client per readiness event.
 const READ_CHUNK: usize = 16 << 10;
@@ -22,12 +28,14 @@ struct Chunk {
     bytes: Vec<u8>,
     sent: usize,
     fds: Vec<File>,
+    /// An event line (dropped first when the client reads too slowly).
+    event: bool,
 }
 
 /// What reading from the client gave.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Input {
-    /// Some bytes (maybe a line, maybe part of one).
+    /// Some bytes (maybe a request, maybe part of one).
     Data,
     /// Nothing now.
     Empty,
@@ -35,26 +43,27 @@ pub enum Input {
     End,
 }
 
-/// A line from the client, or the reason there can be no more.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Line {
-    Complete(Vec<u8>),
-    TooLong,
-}
-
 /// A client connection.
 pub struct Connection {
     stream: UnixStream,
-    input: Vec<u8>,
-    /// Bytes of `input` already searched for a newline.
-    scanned: usize,
+    framer: Framer,
     output: VecDeque<Chunk>,
     queued_bytes: usize,
     queued_fds: usize,
     /// The client has closed its sending side.
     pub ended: bool,
-    /// A reply is deferred: further lines wait until it is sent.
+    /// A reply is deferred: further requests wait until it is sent.
     pub busy: bool,
+    /// `qmp_capabilities` succeeded: commands are served.
+    pub negotiated: bool,
+    /// When the client last sent a byte or was last sent one.
+    pub last_active: Instant,
+    /// When the unfinished request now waiting started arriving.
+    pub partial_since: Option<Instant>,
+    /// When the client connected.
+    pub connected: Instant,
+    /// Requests were held back (a reply pending): look again once it is sent.
+    held: bool,
 }
 
 impl Connection {
@@ -62,13 +71,17 @@ impl Connection {
     pub fn new(stream: UnixStream) -> Connection {
         Connection {
             stream,
-            input: Vec::new(),
-            scanned: 0,
+            framer: Framer::new(),
             output: VecDeque::new(),
             queued_bytes: 0,
             queued_fds: 0,
             ended: false,
             busy: false,
+            negotiated: false,
+            last_active: Instant::now(),
+            partial_since: None,
+            connected: Instant::now(),
+            held: false,
         }
     }
 
@@ -77,61 +90,90 @@ impl Connection {
     /// # Errors
     /// The read failure (the client is then dropped).
     pub fn read(&mut self) -> io::Result<Input> {
-        let start = self.input.len();
-        self.input.resize(start + READ_CHUNK, 0);
+        let mut buf = [0u8; READ_CHUNK];
         let got = loop {
-            match self.stream.read(&mut self.input[start..]) {
+            match self.stream.read(&mut buf) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 other => break other,
             }
         };
-        self.input.truncate(start + *got.as_ref().unwrap_or(&0));
         match got {
             Ok(0) => {
                 self.ended = true;
                 Ok(Input::End)
             }
-            Ok(_) => Ok(Input::Data),
+            Ok(n) => {
+                self.framer.extend(&buf[..n]);
+                self.last_active = Instant::now();
+                Ok(Input::Data)
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Input::Empty),
             Err(e) => Err(e),
         }
     }
 
-    /// The next complete line (newline removed), unless a reply is deferred.
-    /// `TooLong` once the client has sent more than [`MAX_LINE`] bytes
-    /// without a newline. At end of stream, what is left is the last line.
-    pub fn next_line(&mut self) -> Option<Line> {
-        if self.busy {
+    /// The next complete request (or framing error), unless a reply is
+    /// deferred or still being sent. At end of stream, a trailing scalar
+    /// token is complete.
+    pub fn next_frame(&mut self) -> Option<Frame> {
+        if self.busy || self.replying() {
+            self.held = true;
             return None;
         }
-        match self.input[self.scanned..].iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                let end = self.scanned + i;
-                self.scanned = 0;
-                if end > MAX_LINE {
-                    return Some(Line::TooLong);
-                }
-                let mut line: Vec<u8> = self.input.drain(..=end).collect();
-                line.pop();
-                Some(Line::Complete(line))
-            }
-            None if self.input.len() > MAX_LINE => Some(Line::TooLong),
-            // The client ended without a final newline: its last line is complete.
-            None if self.ended && !self.input.is_empty() => {
-                self.scanned = 0;
-                Some(Line::Complete(std::mem::take(&mut self.input)))
-            }
-            None => {
-                self.scanned = self.input.len();
-                None
-            }
+        self.held = false;
+        let frame = self.framer.next_frame(self.ended);
+        self.partial_since = match (self.framer.partial(), self.partial_since) {
+            (false, _) => None,
+            (true, since) => Some(since.unwrap_or_else(Instant::now)),
+        };
+        frame
+    }
+
+    /// True when the client's input should be read now: it may send more,
+    /// and nothing it asked for is still pending or being sent.
+    pub fn wants_input(&self) -> bool {
+        !self.busy && !self.ended && !self.replying()
+    }
+
+    /// True when output has waited since before `since` (the client does not read).
+    pub fn stalled_since(&self, since: Instant) -> bool {
+        self.has_output() && self.last_active < since
+    }
+
+    /// Forgets queued output (the client is gone, or is being closed).
+    pub fn discard_output(&mut self) {
+        self.output.clear();
+        self.queued_bytes = 0;
+        self.queued_fds = 0;
+    }
+
+    /// True once requests held back behind a reply may run: the reply is sent.
+    pub fn take_ready_held(&mut self) -> bool {
+        let ready = self.held && !self.busy && !self.replying();
+        if ready {
+            self.held = false;
         }
+        ready
+    }
+
+    /// True while part of a reply (not an event) waits to be sent.
+    fn replying(&self) -> bool {
+        self.output.iter().any(|c| !c.event)
     }
 
     /// Queues a reply line (`line` ends with a newline) with its fds. Past
     /// [`MAX_FDS_PER_MESSAGE`] fds, the line goes in several messages, each
     /// carrying one byte of it and the next batch of fds, the last the rest.
-    pub fn queue(&mut self, mut line: Vec<u8>, mut fds: Vec<File>) {
+    pub fn queue(&mut self, line: Vec<u8>, fds: Vec<File>) {
+        self.push(line, fds, false);
+    }
+
+    /// Queues an event line.
+    pub fn queue_event(&mut self, line: Vec<u8>) {
+        self.push(line, Vec::new(), true);
+    }
+
+    fn push(&mut self, mut line: Vec<u8>, mut fds: Vec<File>, event: bool) {
         self.queued_bytes += line.len();
         self.queued_fds += fds.len();
         while fds.len() > MAX_FDS_PER_MESSAGE && line.len() > 1 {
@@ -141,6 +183,7 @@ impl Connection {
                 bytes: line,
                 sent: 0,
                 fds,
+                event,
             });
             (line, fds) = (tail, rest);
         }
@@ -148,12 +191,21 @@ impl Connection {
             bytes: line,
             sent: 0,
             fds,
+            event,
         });
     }
 
-    /// True when the client has more output waiting than it may.
+    /// True when the client has more output waiting than it may: one reply
+    /// of any size may be in flight, but events piling up behind it (a
+    /// subscriber that does not read) or fds not taken count against the cap.
     pub fn over_limit(&self) -> bool {
-        self.queued_bytes > MAX_QUEUED_BYTES || self.queued_fds > MAX_QUEUED_FDS
+        let reply: usize = self
+            .output
+            .iter()
+            .filter(|c| !c.event)
+            .map(|c| c.bytes.len() - c.sent)
+            .sum();
+        self.queued_bytes - reply > MAX_QUEUED_BYTES || self.queued_fds > MAX_QUEUED_FDS
     }
 
     /// True while output is waiting for the client to read it.
@@ -170,6 +222,7 @@ impl Connection {
             let fds: Vec<BorrowedFd<'_>> = chunk.fds.iter().map(AsFd::as_fd).collect();
             match scm::send_with_fds(&self.stream, &chunk.bytes[chunk.sent..], &fds) {
                 Ok(n) => {
+                    self.last_active = Instant::now();
                     chunk.sent += n;
                     self.queued_bytes -= n;
                     // The fds went with the first byte sent; close our copies.
@@ -205,51 +258,38 @@ mod tests {
         (Connection::new(a), b)
     }
 
+    fn value(s: &str) -> Option<Frame> {
+        Some(Frame::Value(s.as_bytes().to_vec()))
+    }
+
     #[test]
-    fn lines_split_at_newlines_across_reads() {
+    fn requests_complete_at_their_closing_brace_across_reads() {
         let (mut c, mut peer) = pair();
-        peer.write_all(b"{\"a\":1}\n{\"b\"").unwrap();
+        peer.write_all(b"{\"a\":1}{\"b\"").unwrap();
         assert_eq!(c.read().unwrap(), Input::Data);
-        assert_eq!(c.next_line(), Some(Line::Complete(b"{\"a\":1}".to_vec())));
-        assert_eq!(c.next_line(), None);
-        peer.write_all(b":2}\n").unwrap();
+        assert_eq!(c.next_frame(), value("{\"a\":1}"));
+        assert_eq!(c.next_frame(), None);
+        assert!(c.partial_since.is_some());
+        peer.write_all(b":2}").unwrap();
         c.read().unwrap();
-        assert_eq!(c.next_line(), Some(Line::Complete(b"{\"b\":2}".to_vec())));
+        assert_eq!(c.next_frame(), value("{\"b\":2}"));
+        assert_eq!(c.next_frame(), None);
+        assert!(c.partial_since.is_none());
     }
 
     #[test]
-    fn last_line_without_newline_counts_at_end_of_stream() {
+    fn busy_or_replying_connection_holds_its_requests() {
         let (mut c, mut peer) = pair();
-        peer.write_all(b"a\nb").unwrap();
-        drop(peer);
-        while c.read().unwrap() == Input::Data {}
-        assert_eq!(c.next_line(), Some(Line::Complete(b"a".to_vec())));
-        assert_eq!(c.next_line(), Some(Line::Complete(b"b".to_vec())));
-        assert_eq!(c.next_line(), None);
-    }
-
-    #[test]
-    fn busy_connection_holds_its_lines() {
-        let (mut c, mut peer) = pair();
-        peer.write_all(b"x\n").unwrap();
+        peer.write_all(b"{}{}").unwrap();
         c.read().unwrap();
         c.busy = true;
-        assert_eq!(c.next_line(), None);
+        assert_eq!(c.next_frame(), None);
         c.busy = false;
-        assert_eq!(c.next_line(), Some(Line::Complete(b"x".to_vec())));
-    }
-
-    #[test]
-    fn line_over_the_limit_without_newline_is_too_long() {
-        let (mut c, mut peer) = pair();
-        // Fits the socket buffer (over 200 KiB on Linux), so no reader is needed.
-        peer.write_all(&vec![b'a'; MAX_LINE + 2]).unwrap();
-        drop(peer);
-        let mut verdict = None;
-        while verdict.is_none() && c.read().unwrap() == Input::Data {
-            verdict = c.next_line();
-        }
-        assert_eq!(verdict, Some(Line::TooLong));
+        c.queue(b"{\"return\":{}}\n".to_vec(), Vec::new());
+        assert_eq!(c.next_frame(), None, "a reply is still queued");
+        c.queue_event(b"{\"event\":\"X\"}\n".to_vec());
+        c.flush().unwrap();
+        assert_eq!(c.next_frame(), value("{}"));
     }
 
     #[test]
@@ -258,6 +298,17 @@ mod tests {
         drop(peer);
         assert_eq!(c.read().unwrap(), Input::End);
         assert!(c.ended);
+    }
+
+    #[test]
+    fn one_reply_over_the_cap_is_not_over_the_limit_but_piled_events_are() {
+        let (mut c, _peer) = pair();
+        c.queue(vec![b'x'; MAX_QUEUED_BYTES * 2], Vec::new());
+        assert!(!c.over_limit());
+        while !c.over_limit() {
+            c.queue_event(vec![b'e'; 64 << 10]);
+        }
+        assert!(c.has_output());
     }
 
     #[test]
@@ -280,17 +331,6 @@ mod tests {
             (bytes.as_slice(), got.len()),
             (&b"{\"return\":{}}\n"[..], MAX_FDS_PER_MESSAGE + 2)
         );
-    }
-
-    #[test]
-    fn output_the_client_never_reads_goes_over_the_limit() {
-        let (mut c, _peer) = pair();
-        let line = vec![b'x'; 64 << 10];
-        while !c.over_limit() {
-            c.queue(line.clone(), Vec::new());
-            c.flush().unwrap();
-        }
-        assert!(c.has_output());
     }
 
     #[test]

@@ -15,44 +15,25 @@ use serde_json::{json, Value};
 use vm_memory::GuestMemoryBackend as _;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::commands::{GuestWait, Outcome};
-use super::request::{ErrorClass, ReadinessArgs};
+use super::outcome::{Outcome, Pending, Progress, WorkerMsg};
 use super::Context;
+use crate::protocol::request::ReadinessArgs;
+use crate::protocol::{ErrorClass, Event};
 use crate::readiness::{self, Guest, Options};
 use crate::vcpu::{RunRequest, VcpuShared, VmEvent};
 
 /// How long a readiness worker waits for the main loop to pause or resume.
 const RUN_STATE_LIMIT: Duration = Duration::from_secs(5);
 
-/// What the worker tells the control thread.
-#[derive(Debug)]
-pub enum WorkerMsg {
-    /// Scan progress, in pages.
-    Progress(u64, u64),
-    Done(Outcome),
-}
-
-/// A reply that is not ready yet.
-#[derive(Debug)]
-pub enum Pending {
-    Guest(GuestWait),
-    Readiness(Receiver<WorkerMsg>),
-}
-
-/// What a pending reply has now: event lines to send, and the reply when ready.
-pub struct Progress {
-    pub events: Vec<Value>,
-    pub done: Option<Outcome>,
-}
-
 /// Drains a readiness worker's messages.
 pub fn poll_worker(rx: &Receiver<WorkerMsg>) -> Progress {
     let mut events = Vec::new();
     loop {
         match rx.try_recv() {
-            Ok(WorkerMsg::Progress(done, total)) => events.push(
-                json!({"event": "READINESS_PROGRESS", "data": {"done": done, "total": total}}),
-            ),
+            Ok(WorkerMsg::Progress(done, total)) => events.push(Event::new(
+                "READINESS_PROGRESS",
+                json!({"done": done, "total": total}),
+            )),
             Ok(WorkerMsg::Done(outcome)) => {
                 return Progress {
                     events,
@@ -112,7 +93,7 @@ pub fn start_readiness(ctx: &Context, args: ReadinessArgs, busy: &Arc<AtomicBool
         (Some(t), None) if !t.is_zero() => {
             busy.store(false, Ordering::Release);
             let desc = "calc-time needs dirty logging: start the VMM with --dirty-log bitmap or --dirty-log ring";
-            return Outcome::Error(ErrorClass::InvalidArgument, desc.into());
+            return Outcome::Error(ErrorClass::GenericError, desc.into());
         }
         (Some(t), _) => t,
         (None, Some(_)) => Duration::from_secs(1),

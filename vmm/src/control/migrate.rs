@@ -1,111 +1,39 @@
 //! The migration commands, with QEMU's names and shapes: `migrate`,
 //! `migrate-set-parameters`, `query-migrate-parameters`, `query-migrate`,
-//! `migrate_cancel`; their events (`MIGRATION`, `MIGRATION_PASS`) go to every
-//! client. Arguments are serde-typed here; `request.rs` only routes the names.
+//! `migrate_cancel` (wire types in `protocol::migration`); their events
+//! (`MIGRATION`, `MIGRATION_PASS`) go to every client past negotiation.
 
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::json;
 
-use super::commands::Outcome;
-use super::request::ErrorClass;
+use super::outcome::Outcome;
 use super::Context;
-use crate::migration::{SetParameters, Uri};
+use crate::migration::Uri;
+use crate::protocol::{Command, ErrorClass, Event, Message};
 
-/// The command names this module answers.
-pub const NAMES: [&str; 5] = [
-    "migrate",
-    "migrate-set-parameters",
-    "query-migrate-parameters",
-    "query-migrate",
-    "migrate_cancel",
-];
-
-/// A migration command with its checked arguments.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MigrateCommand {
-    /// Start migrating to `uri` (`unix:PATH` or `tcp:HOST:PORT`).
-    Migrate {
-        uri: String,
-    },
-    SetParameters(SetParameters),
-    QueryParameters,
-    Query,
-    Cancel,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MigrateArgs {
-    uri: String,
-    /// QEMU's; migrations always run detached here.
-    #[serde(default)]
-    #[allow(dead_code)]
-    detach: Option<bool>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoArgs {}
-
-fn typed<T: for<'de> Deserialize<'de>>(
-    args: Map<String, Value>,
-) -> Result<T, (ErrorClass, String)> {
-    serde_json::from_value(Value::Object(args))
-        .map_err(|e| (ErrorClass::InvalidArgument, format!("arguments: {e}")))
-}
-
-/// Parses a migration command's arguments.
-///
-/// # Errors
-/// `InvalidArgument` for a missing, unknown or mistyped member.
-pub fn parse(name: &str, args: Map<String, Value>) -> Result<MigrateCommand, (ErrorClass, String)> {
-    Ok(match name {
-        "migrate" => MigrateCommand::Migrate {
-            uri: typed::<MigrateArgs>(args)?.uri,
-        },
-        "migrate-set-parameters" => MigrateCommand::SetParameters(typed(args)?),
-        "query-migrate-parameters" => {
-            typed::<NoArgs>(args).map(|_| MigrateCommand::QueryParameters)?
-        }
-        "query-migrate" => typed::<NoArgs>(args).map(|_| MigrateCommand::Query)?,
-        _ => typed::<NoArgs>(args).map(|_| MigrateCommand::Cancel)?,
-    })
-}
-
-fn fail(class: ErrorClass, desc: String) -> Outcome {
-    Outcome::Error(class, desc)
-}
-
-/// Runs a migration command.
-pub fn execute(ctx: &Context, command: MigrateCommand) -> Outcome {
+/// Runs a migration command (any other command is an internal error).
+pub fn execute(ctx: &Context, command: Command) -> Outcome {
     let Some((m, source)) = &ctx.migration else {
-        return fail(
-            ErrorClass::GenericError,
-            "this VMM cannot migrate (no migration handle)".into(),
-        );
-    };
-    let value = |v: Result<Value, serde_json::Error>| match v {
-        Ok(v) => Outcome::Return(v, Vec::new()),
-        Err(e) => fail(ErrorClass::GenericError, e.to_string()),
+        return Outcome::generic("this VMM cannot migrate (no migration handle)");
     };
     match command {
-        MigrateCommand::Migrate { uri } => match uri.parse::<Uri>() {
-            Err(e) => fail(ErrorClass::InvalidArgument, e.to_string()),
+        Command::Migrate(a) => match a.uri.parse::<Uri>() {
+            Err(e) => Outcome::Error(ErrorClass::GenericError, e.to_string()),
             Ok(uri) => match m.start(uri, source.clone()) {
-                Ok(()) => Outcome::Return(json!({}), Vec::new()),
-                Err(e) => fail(ErrorClass::GenericError, crate::error_chain(&e)),
+                Ok(()) => Outcome::ret(json!({})),
+                Err(e) => Outcome::generic(crate::error_chain(&e)),
             },
         },
-        MigrateCommand::SetParameters(p) => match m.set_parameters(p) {
-            Ok(()) => Outcome::Return(json!({}), Vec::new()),
-            Err(e) => fail(ErrorClass::InvalidArgument, e.to_string()),
+        Command::MigrateSetParameters(p) => match m.set_parameters(p) {
+            Ok(()) => Outcome::ret(json!({})),
+            Err(e) => Outcome::generic(e.to_string()),
         },
-        MigrateCommand::QueryParameters => value(serde_json::to_value(m.parameters())),
-        MigrateCommand::Query => value(serde_json::to_value(m.status())),
-        MigrateCommand::Cancel => {
+        Command::QueryMigrateParameters(_) => Outcome::ret(m.parameters()),
+        Command::QueryMigrate(_) => Outcome::ret(m.status()),
+        Command::MigrateCancel(_) => {
             m.cancel();
-            Outcome::Return(json!({}), Vec::new())
+            Outcome::ret(json!({}))
         }
+        other => Outcome::generic(format!("{} is not a migration command", other.name())),
     }
 }
 
@@ -116,50 +44,56 @@ pub fn event_lines(ctx: &Context) -> Vec<Vec<u8>> {
     };
     m.take_events()
         .into_iter()
-        .map(|(name, data)| super::events::line(&super::events::event(name, data)))
+        .map(|(name, data)| Message::Event(Event::new(name, data)).to_line())
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::protocol::migration::{MigrateArgs, SetParameters};
+    use crate::protocol::request::parse;
+    use crate::protocol::Command;
 
-    fn args(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        }
+    fn command(line: &str) -> Result<Command, String> {
+        parse(line.as_bytes())
+            .map(|r| r.command)
+            .map_err(|e| e.desc)
     }
 
     #[test]
     fn migrate_needs_a_uri_and_nothing_unknown() {
         assert_eq!(
-            parse("migrate", args(json!({"uri": "unix:/tmp/x"}))).unwrap(),
-            MigrateCommand::Migrate {
-                uri: "unix:/tmp/x".into()
-            }
+            command(r#"{"execute": "migrate", "arguments": {"uri": "unix:/tmp/x"}}"#),
+            Ok(Command::Migrate(MigrateArgs {
+                uri: "unix:/tmp/x".into(),
+                detach: None
+            }))
         );
-        assert!(parse("migrate", args(json!({}))).is_err());
-        assert!(parse("migrate", args(json!({"uri": "unix:/x", "blk": true}))).is_err());
+        assert!(command(r#"{"execute": "migrate"}"#).is_err());
+        assert!(
+            command(r#"{"execute": "migrate", "arguments": {"uri": "unix:/x", "blk": true}}"#)
+                .is_err()
+        );
     }
 
     #[test]
-    fn set_parameters_takes_qemus_names() {
-        let c = parse(
-            "migrate-set-parameters",
-            args(json!({"max-bandwidth": 125000000, "downtime-limit": 30})),
-        )
-        .unwrap();
+    fn set_parameters_and_cancel_take_qemus_names() {
+        let c = command(
+            r#"{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": 125000000, "downtime-limit": 30}}"#,
+        );
         assert_eq!(
             c,
-            MigrateCommand::SetParameters(SetParameters {
+            Ok(Command::MigrateSetParameters(SetParameters {
                 max_bandwidth: Some(125_000_000),
                 downtime_limit: Some(30),
-                x_max_rounds: None,
-                x_check_ram: None,
-            })
+                ..SetParameters::default()
+            }))
         );
-        let e = parse("migrate-set-parameters", args(json!({"max-bandwidth": -1}))).unwrap_err();
-        assert_eq!(e.0, ErrorClass::InvalidArgument);
+        let e =
+            command(r#"{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": -1}}"#)
+                .unwrap_err();
+        assert!(e.contains("max-bandwidth"), "{e}");
+        assert!(command(r#"{"execute": "migrate_cancel"}"#).is_ok());
+        assert!(command(r#"{"execute": "query-migrate"}"#).is_ok());
     }
 }

@@ -1,22 +1,26 @@
-//! The control plane: a Unix socket speaking QMP-like JSON lines that hands out
-//! stats fds (SCM_RIGHTS) and drives the guest, served by one `control` thread.
+//! The control plane: a Unix socket speaking QEMU's QMP (wire types in
+//! `crate::protocol`) that hands out stats fds (SCM_RIGHTS) and drives the
+//! guest, served by one `control` thread.
 //!
-//! - [`request`]: parsing a request line (pure, property-tested);
 //! - [`commands`]: what each command does against the VM;
-//! - [`plane`]: the event-manager subscriber (listener, clients, exit eventfd);
-//! - [`connection`]: one client's line input and fd-carrying output queue;
+//! - [`deferred`]: replies that come later (`guest-command` with `wait`, `query-readiness`);
+//! - [`outcome`]: what a command gives the plane (shared by the two above);
+//! - [`plane`]: the event-manager subscriber (listener, clients, timers);
+//! - [`deadlines`]: client deadlines and eviction;
+//! - [`connection`]: one client's framed input and fd-carrying output queue;
 //! - [`socket`]: the socket file (mode 0600, never clobbering a live socket);
 //! - [`scm`]: sending and receiving fds, peer credentials.
 //!
-//! The protocol, with examples, is in docs/PROTOCOL.md.
+//! The protocol, with examples and limits, is in docs/PROTOCOL.md.
 
 pub mod commands;
 pub mod connection;
+pub mod deadlines;
 pub mod deferred;
 pub mod events;
 pub mod migrate;
+pub mod outcome;
 pub mod plane;
-pub mod request;
 pub mod scm;
 pub mod socket;
 
@@ -27,27 +31,58 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use std::time::Duration;
+
 use event_manager::{EventManager, SubscriberId, SubscriberOps};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vmm_sys_util::timerfd::TimerFd;
 
 use crate::backend::Backend;
+use crate::runstate::SharedRunState;
 use crate::vcpu::{VcpuShared, VmEvent};
 use crate::vm::{self, Vm};
 use commands::Handler;
-use plane::Plane;
+use plane::{Plane, PlaneFds};
 use socket::SocketFile;
 
-/// Version of the protocol in the greeting; bumped when a reply changes shape.
-pub const PROTOCOL_VERSION: u32 = 1;
-/// Clients served at once; one more is told `TooManyClients` and closed.
+/// Clients served at once. When full, the longest-idle client with nothing
+/// outstanding is closed to admit a new one; only if every client is busy is
+/// the new one refused.
 pub const MAX_CLIENTS: usize = 64;
-/// Longest request line, in bytes; a longer one is answered `LineTooLong` and closed.
-pub const MAX_LINE: usize = 64 << 10;
-/// Reply bytes a client may leave unread before it is dropped.
+/// Event bytes (beyond the reply being sent) a client may leave unread
+/// before it is dropped.
 pub const MAX_QUEUED_BYTES: usize = 4 << 20;
 /// Fds a client may leave unreceived before it is dropped.
 pub const MAX_QUEUED_FDS: usize = 512;
+
+/// The deadlines the control plane holds clients to (see `deadlines`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// From connecting to a successful `qmp_capabilities`.
+    pub handshake: Duration,
+    /// From the first byte of a request to its last.
+    pub request: Duration,
+    /// Queued output that does not move for this long drops the client.
+    pub send: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            handshake: Duration::from_secs(10),
+            request: Duration::from_secs(10),
+            send: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Limits {
+    /// How often deadlines are checked: often enough to hold each within a
+    /// quarter of itself, at most every 10 ms, at least every second.
+    pub fn sweep_period(&self) -> Duration {
+        let shortest = self.handshake.min(self.request).min(self.send);
+        (shortest / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+}
 
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +125,10 @@ pub struct Context {
     pub mem: crate::memory::GuestMemory,
     /// Dirty tracking, when the VM was started with a mode (for `query-readiness`).
     pub dirty: Option<Arc<crate::dirty::DirtyLog>>,
+    /// The VM's name (`query-name`, the greeting).
+    pub name: String,
+    /// The run state the main loop keeps (`query-status`).
+    pub run_state: Arc<SharedRunState>,
     /// The migration handle and the VM's source side (for `migrate` and friends).
     pub migration: Option<(Arc<crate::migration::Migration>, crate::migration::Source)>,
 }
@@ -117,6 +156,8 @@ impl Context {
             samples: None,
             mem: vm.mem.clone(),
             dirty: vm.dirty_configured().cloned(),
+            name: format!("kvmscope-{}", std::process::id()),
+            run_state: Arc::new(SharedRunState::default()),
             migration: None,
         })
     }
@@ -137,7 +178,7 @@ impl Server {
     /// # Errors
     /// The socket file cannot be set up (in use, not a socket, ...), or a stats
     /// fd, eventfd, epoll or thread cannot be had.
-    pub fn start(path: &Path, context: Context) -> Result<Server, Error> {
+    pub fn start(path: &Path, context: Context, limits: Limits) -> Result<Server, Error> {
         let (socket, listener) = SocketFile::bind(path)?;
         listener.set_nonblocking(true).map_err(Error::EventFd)?;
         let new_eventfd = || EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd);
@@ -154,8 +195,6 @@ impl Server {
         if let Some((m, _)) = &context.migration {
             m.set_wake(watcher.clone());
         }
-        let retry = TimerFd::new()
-            .map_err(|e| Error::EventFd(std::io::Error::from_raw_os_error(e.errno())))?;
         // The sampler writes this after every tick, for `subscribe-samples`.
         let ticks = context
             .samples
@@ -163,13 +202,13 @@ impl Server {
             .map(|s| s.tick_fd.get_or_init(|| Arc::new(ours_ticks)).clone());
         let stopping = Arc::new(AtomicBool::new(false));
         let handler = Handler::new(context, stopping.clone())?;
-        let plane = Plane::new(
+        let fds = PlaneFds {
             listener,
-            exit.try_clone().map_err(Error::EventFd)?,
-            [watcher, ticks.unwrap_or_else(|| Arc::new(idle_ticks))],
-            retry,
-            handler,
-        );
+            exit: exit.try_clone().map_err(Error::EventFd)?,
+            watcher,
+            ticks: ticks.unwrap_or_else(|| Arc::new(idle_ticks)),
+        };
+        let plane = Plane::new(fds, handler, limits).map_err(Error::EventFd)?;
         let mut manager = EventManager::new().map_err(Error::EventManager)?;
         let id = manager.add_subscriber(plane);
         let thread = std::thread::Builder::new()

@@ -5,52 +5,47 @@
 //! One subscriber holds all of them because accepting a client means adding
 //! its fd, which a subscriber can do only for itself (`EventOps::add`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::time::Duration;
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use serde_json::{json, Value};
-use vmm_sys_util::eventfd::EventFd;
+use serde_json::Value;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::commands::{Handler, Outcome};
-use super::connection::{Connection, Input, Line};
-use super::deferred::Pending;
+use super::commands::Handler;
+use super::connection::{Connection, Input};
 use super::events;
-use super::request::{self, ErrorClass};
-use super::{scm, MAX_CLIENTS};
+use super::outcome::{Outcome, Pending};
+use super::{scm, Limits, MAX_CLIENTS};
+use crate::protocol::framing::{Frame, MAX_VALUE};
+use crate::protocol::{request, Command, ErrorClass, Message};
 
 const LISTENER: u32 = 0;
 const EXIT: u32 = 1;
 const WATCHER: u32 = 2;
 const RETRY: u32 = 3;
 const TICKS: u32 = 4;
-const FIRST_CLIENT: u32 = 5;
+const SWEEP: u32 = 5;
+const WORK: u32 = 6;
+const FIRST_CLIENT: u32 = 7;
 
 /// Clients accepted per readiness event of the listener, so a flood of
 /// connections cannot starve the clients already there.
 const ACCEPTS_PER_EVENT: usize = 32;
 
+/// Requests of one client run per turn; the rest wait for the next turn, so
+/// a client that pipelines many cannot hold up the others.
+const REQUESTS_PER_TURN: usize = 16;
+
 /// How long accepting pauses when the process is out of fds.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
-/// A reply line: `{"return": value, "id": id}` or `{"error": {...}, "id": id}`.
-pub fn reply_line(id: Option<&Value>, body: (&str, Value)) -> Vec<u8> {
-    let mut obj = serde_json::Map::new();
-    obj.insert(body.0.into(), body.1);
-    if let Some(id) = id {
-        obj.insert("id".into(), id.clone());
-    }
-    let mut line = Value::Object(obj).to_string().into_bytes();
-    line.push(b'\n');
-    line
-}
-
-/// The body of an error reply.
-pub fn error_body(class: ErrorClass, desc: &str) -> (&'static str, Value) {
-    ("error", json!({"class": class.as_str(), "desc": desc}))
+/// An error line for client-level failures (no request id).
+fn error_line(desc: &str) -> Vec<u8> {
+    Message::error(ErrorClass::GenericError, desc, None).to_line()
 }
 
 /// The subscriber.
@@ -61,45 +56,62 @@ pub struct Plane {
     /// Written by the sampler after each tick (never, when it is off).
     ticks: Arc<EventFd>,
     retry: TimerFd,
+    /// Fires a few times a second to enforce the client deadlines.
+    sweep: TimerFd,
+    /// Written when a client has requests left after its turn.
+    work: EventFd,
     handler: Handler,
-    clients: HashMap<u32, Connection>,
+    limits: Limits,
+    pub(super) clients: HashMap<u32, Connection>,
     /// Deferred replies: client, request id, what they wait for.
     waits: Vec<(u32, Option<Value>, Pending)>,
     /// `subscribe-samples` clients and the last point each was sent.
-    subscribers: HashMap<u32, u64>,
+    pub(super) subscribers: HashMap<u32, u64>,
+    /// Clients with requests left over from their last turn.
+    leftover: HashSet<u32>,
     next_token: u32,
     uid: u32,
     /// The exit eventfd fired: the thread ends after this round of events.
     pub done: bool,
 }
 
+/// The fds a plane watches besides its clients.
+pub struct PlaneFds {
+    pub listener: UnixListener,
+    pub exit: EventFd,
+    pub watcher: Arc<EventFd>,
+    pub ticks: Arc<EventFd>,
+}
+
 impl Plane {
-    /// The subscriber, from the bound listener, the exit eventfd, the vCPUs'
-    /// result watcher and the sampler's tick eventfd, the accept-retry timer,
-    /// and the command handler.
-    pub fn new(
-        listener: UnixListener,
-        exit: EventFd,
-        [watcher, ticks]: [Arc<EventFd>; 2],
-        retry: TimerFd,
-        handler: Handler,
-    ) -> Plane {
+    /// The subscriber, from its fds (the bound listener, the exit eventfd,
+    /// the vCPUs' result watcher and the sampler's tick eventfd), the command
+    /// handler and the client limits.
+    ///
+    /// # Errors
+    /// A timer or eventfd cannot be created.
+    pub fn new(fds: PlaneFds, handler: Handler, limits: Limits) -> std::io::Result<Plane> {
+        let timer = || TimerFd::new().map_err(|e| std::io::Error::from_raw_os_error(e.errno()));
         // SAFETY: geteuid has no preconditions and cannot fail.
         let uid = unsafe { libc::geteuid() };
-        Plane {
-            listener,
-            exit,
-            watcher,
-            ticks,
-            retry,
+        Ok(Plane {
+            listener: fds.listener,
+            exit: fds.exit,
+            watcher: fds.watcher,
+            ticks: fds.ticks,
+            retry: timer()?,
+            sweep: timer()?,
+            work: EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
             handler,
+            limits,
             clients: HashMap::new(),
             waits: Vec::new(),
             subscribers: HashMap::new(),
+            leftover: HashSet::new(),
             next_token: FIRST_CLIENT,
             uid,
             done: false,
-        }
+        })
     }
 
     fn accept(&mut self, ops: &mut EventOps) {
@@ -126,36 +138,32 @@ impl Plane {
         }
     }
 
-    /// Greets an accepted client, or tells it why not and closes.
-    fn admit(&mut self, stream: UnixStream, ops: &mut EventOps) {
-        let refusal = match scm::peer_uid(&stream) {
-            Ok(uid) if uid == self.uid || uid == 0 => None,
-            Ok(uid) => Some((
-                ErrorClass::PermissionDenied,
-                format!(
+    /// Why a new client may not be served, if it may not.
+    fn refusal(&mut self, stream: &UnixStream, ops: &mut EventOps) -> Option<String> {
+        match scm::peer_uid(stream) {
+            Ok(uid) if uid == self.uid || uid == 0 => {}
+            Ok(uid) => {
+                return Some(format!(
                     "uid {uid} may not use this socket: only uid {} and root may",
                     self.uid
-                ),
-            )),
-            Err(e) => Some((
-                ErrorClass::PermissionDenied,
-                format!("the peer's credentials are unreadable: {e}"),
-            )),
-        };
-        let refusal = refusal.or_else(|| {
-            (self.clients.len() >= MAX_CLIENTS).then(|| {
-                (
-                    ErrorClass::TooManyClients,
-                    format!(
-                        "this VMM serves at most {MAX_CLIENTS} clients at once; try again later"
-                    ),
-                )
-            })
-        });
-        if let Some((class, desc)) = refusal {
+                ))
+            }
+            Err(e) => return Some(format!("the peer's credentials are unreadable: {e}")),
+        }
+        if self.clients.len() >= MAX_CLIENTS && !self.evict_idlest(ops) {
+            return Some(format!(
+                "this VMM serves at most {MAX_CLIENTS} clients at once and all are busy; try again later"
+            ));
+        }
+        None
+    }
+
+    /// Greets an accepted client, or tells it why not and closes.
+    fn admit(&mut self, stream: UnixStream, ops: &mut EventOps) {
+        if let Some(desc) = self.refusal(&stream, ops) {
             log::info!("control: refusing a client: {desc}");
             // Best effort: a new socket's buffer is empty, so this short line fits.
-            let _ = scm::send_with_fds(&stream, &reply_line(None, error_body(class, &desc)), &[]);
+            let _ = scm::send_with_fds(&stream, &error_line(&desc), &[]);
             return;
         }
         if stream.set_nonblocking(true).is_err() {
@@ -164,9 +172,10 @@ impl Plane {
         let token = self.next_token;
         self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CLIENT);
         let mut client = Connection::new(stream);
-        let mut greeting = self.handler.greeting().to_string().into_bytes();
-        greeting.push(b'\n');
-        client.queue(greeting, Vec::new());
+        client.queue(
+            Message::Greeting(self.handler.greeting()).to_line(),
+            Vec::new(),
+        );
         // The greeting goes when epoll says the socket is writable; a client
         // that already hung up is then seen to, with what it sent still run.
         let interest = EventSet::IN | EventSet::OUT;
@@ -199,9 +208,9 @@ impl Plane {
         self.pump(token, ops);
     }
 
-    /// Runs the client's complete lines, then settles it.
+    /// Runs a turn of the client's requests, then settles it.
     fn pump(&mut self, token: u32, ops: &mut EventOps) {
-        match self.run_lines(token) {
+        match self.run_requests(token, false) {
             Ok(()) => self.settle(token, ops),
             Err(why) => self.drop_client(token, ops, why),
         }
@@ -209,58 +218,79 @@ impl Plane {
 
     /// The peer is gone (or its socket failed): what it sent is still run (a
     /// piped `quit`, say; it is all in the socket buffer, so reading ends),
-    /// and it is dropped.
+    /// except queries, whose replies nobody can read, and it is dropped.
     fn hang_up(&mut self, token: u32, ops: &mut EventOps, why: &str) {
         if let Some(client) = self.clients.get_mut(&token) {
             // Stops at the end, or at ECONNRESET if our output went unread.
             while let Ok(Input::Data) = client.read() {}
-            // Either way no more will come: a partial last line is complete.
+            // Either way no more will come: a partial last value is dropped.
             client.ended = true;
         }
-        let _ = self.run_lines(token);
+        let _ = self.run_requests(token, true);
         self.drop_client(token, ops, why);
     }
 
-    /// Runs the client's complete lines, until a deferred reply holds them or
-    /// its output is over the limit. `Err` when it must be dropped.
-    fn run_lines(&mut self, token: u32) -> Result<(), &'static str> {
-        while let Some(line) = self.clients.get_mut(&token).and_then(Connection::next_line) {
-            let Line::Complete(line) = line else {
-                let desc = format!(
-                    "a request line may be at most {} bytes; closing",
-                    super::MAX_LINE
-                );
-                if let Some(c) = self.clients.get_mut(&token) {
-                    let error = reply_line(None, error_body(ErrorClass::LineTooLong, &desc));
-                    c.queue(error, Vec::new());
-                    let _ = c.flush();
-                }
-                return Err("its line was too long");
+    /// Runs up to [`REQUESTS_PER_TURN`] of the client's complete requests,
+    /// until a deferred reply or a reply being sent holds them. `gone`: the
+    /// client hung up, so replies are discarded and queries skipped. `Err`
+    /// when it must be dropped.
+    fn run_requests(&mut self, token: u32, gone: bool) -> Result<(), &'static str> {
+        for _ in 0..REQUESTS_PER_TURN {
+            let Some(client) = self.clients.get_mut(&token) else {
+                return Ok(());
             };
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
+            if gone {
+                client.discard_output();
+                client.busy = false;
             }
-            self.run_line(token, &line);
-            if self.clients.get(&token).is_some_and(Connection::over_limit) {
-                break; // settle drops it; run no more of its lines
+            let Some(frame) = client.next_frame() else {
+                return Ok(());
+            };
+            match frame {
+                Frame::Value(bytes) => self.run_request(token, &bytes, gone),
+                Frame::Invalid(why) => {
+                    client.queue(error_line(&format!("JSON parse error, {why}")), Vec::new())
+                }
+                Frame::TooLarge => {
+                    let desc = format!("a request may be at most {MAX_VALUE} bytes; closing");
+                    client.queue(error_line(&desc), Vec::new());
+                    let _ = client.flush();
+                    return Err("its request was too large");
+                }
             }
         }
+        self.schedule(token);
         Ok(())
     }
 
-    fn run_line(&mut self, token: u32, line: &[u8]) {
-        let (id, outcome) = match request::parse(line) {
-            Ok(req) => (req.id, self.handler.execute(req.command)),
+    /// Gives the client another turn soon, without waiting for its socket.
+    fn schedule(&mut self, token: u32) {
+        if self.leftover.insert(token) && self.work.write(1).is_err() {
+            log::warn!("control: cannot schedule client {token}'s next turn");
+        }
+    }
+
+    fn run_request(&mut self, token: u32, bytes: &[u8], gone: bool) {
+        let negotiated = self.clients.get(&token).is_some_and(|c| c.negotiated);
+        let (id, outcome) = match request::parse(bytes) {
+            Ok(req) if gone && req.command.is_query() => return,
+            Ok(req) => (req.id, self.dispatch(negotiated, req.command)),
             Err(e) => (e.id, Outcome::Error(e.class, e.desc)),
         };
         let outcome = match outcome {
+            Outcome::Negotiated => {
+                if let Some(c) = self.clients.get_mut(&token) {
+                    c.negotiated = true;
+                }
+                Outcome::ret(serde_json::json!({}))
+            }
             Outcome::Subscribe { since, reply } => {
                 self.subscribers.insert(token, since);
                 Outcome::Return(reply, Vec::new())
             }
             Outcome::Unsubscribe => {
                 let was = self.subscribers.remove(&token).is_some();
-                Outcome::Return(serde_json::json!({"was-subscribed": was}), Vec::new())
+                Outcome::ret(serde_json::json!({"was-subscribed": was}))
             }
             other => other,
         };
@@ -272,19 +302,41 @@ impl Plane {
             // It may have finished already.
             return self.finish_waits(Some(token));
         }
-        self.answer(token, id.as_ref(), outcome);
+        self.answer(token, id, outcome);
     }
 
-    fn answer(&mut self, token: u32, id: Option<&Value>, outcome: Outcome) {
+    /// Capability negotiation as QEMU does it: before `qmp_capabilities`
+    /// only it is served; after, it is refused.
+    fn dispatch(&mut self, negotiated: bool, command: Command) -> Outcome {
+        let capabilities = matches!(command, Command::QmpCapabilities(_));
+        match (negotiated, capabilities) {
+            (false, true) | (true, false) => self.handler.execute(command),
+            (true, true) => Outcome::Error(
+                ErrorClass::CommandNotFound,
+                "Capabilities negotiation is already complete, command ignored".into(),
+            ),
+            (false, false) => Outcome::Error(
+                ErrorClass::CommandNotFound,
+                "Expecting capabilities negotiation with 'qmp_capabilities'".into(),
+            ),
+        }
+    }
+
+    fn answer(&mut self, token: u32, id: Option<Value>, outcome: Outcome) {
         let Some(client) = self.clients.get_mut(&token) else {
             return;
         };
         match outcome {
-            Outcome::Return(value, fds) => client.queue(reply_line(id, ("return", value)), fds),
-            Outcome::Error(class, desc) => {
-                client.queue(reply_line(id, error_body(class, &desc)), Vec::new())
+            Outcome::Return(value, fds) => {
+                client.queue(Message::Return { value, id }.to_line(), fds)
             }
-            Outcome::Wait(_) | Outcome::Subscribe { .. } | Outcome::Unsubscribe => {}
+            Outcome::Error(class, desc) => {
+                client.queue(Message::error(class, desc, id).to_line(), Vec::new())
+            }
+            Outcome::Wait(_)
+            | Outcome::Subscribe { .. }
+            | Outcome::Unsubscribe
+            | Outcome::Negotiated => {}
         }
     }
 
@@ -301,13 +353,13 @@ impl Plane {
             let progress = self.handler.check_wait(wait);
             if let Some(c) = self.clients.get_mut(&token) {
                 for e in &progress.events {
-                    c.queue(events::line(e), Vec::new());
+                    c.queue_event(Message::Event(e.clone()).to_line());
                 }
             }
             match progress.done {
                 Some(outcome) => {
                     let (token, id, _) = self.waits.swap_remove(i);
-                    self.answer(token, id.as_ref(), outcome);
+                    self.answer(token, id, outcome);
                     if let Some(c) = self.clients.get_mut(&token) {
                         c.busy = false;
                     }
@@ -326,6 +378,7 @@ impl Plane {
         if let Err(e) = client.flush() {
             return self.hang_up(token, ops, &format!("sending failed: {e}"));
         }
+        let more = client.take_ready_held();
         if client.over_limit() {
             return self.drop_client(
                 token,
@@ -333,11 +386,11 @@ impl Plane {
                 "it does not read its replies (output limit reached)",
             );
         }
-        if client.ended && !client.busy && !client.has_output() {
+        if client.ended && !client.busy && !client.has_output() && !more {
             return self.drop_client(token, ops, "it closed its end");
         }
         let mut set = EventSet::empty();
-        if !client.busy && !client.ended {
+        if client.wants_input() {
             set |= EventSet::IN;
         }
         if client.has_output() {
@@ -347,7 +400,10 @@ impl Plane {
             .modify(Events::with_data(client.stream(), token, set))
             .is_err()
         {
-            self.drop_client(token, ops, "epoll refused it");
+            return self.drop_client(token, ops, "epoll refused it");
+        }
+        if more {
+            self.schedule(token);
         }
     }
 
@@ -358,6 +414,17 @@ impl Plane {
         }
         self.waits.retain(|(t, _, _)| *t != token);
         self.subscribers.remove(&token);
+        self.leftover.remove(&token);
+    }
+
+    /// Closes a client with an error line saying why (best effort).
+    pub(super) fn close_with(&mut self, token: u32, ops: &mut EventOps, desc: &str) {
+        if let Some(c) = self.clients.get_mut(&token) {
+            c.discard_output();
+            c.queue(error_line(desc), Vec::new());
+            let _ = c.flush();
+        }
+        self.drop_client(token, ops, desc);
     }
 
     /// The sampler ticked: send each subscriber the points it has not had.
@@ -373,7 +440,7 @@ impl Plane {
             self.subscribers.insert(token, last);
             if let Some(c) = self.clients.get_mut(&token) {
                 for l in lines {
-                    c.queue(l, Vec::new());
+                    c.queue_event(l);
                 }
             }
             self.settle(token, ops);
@@ -388,7 +455,8 @@ impl Plane {
         if !lines.is_empty() {
             let tokens: Vec<u32> = self.clients.keys().copied().collect();
             for token in tokens {
-                if let Some(c) = self.clients.get_mut(&token) {
+                // Events go to clients past capability negotiation, as in QEMU.
+                if let Some(c) = self.clients.get_mut(&token).filter(|c| c.negotiated) {
                     lines.iter().for_each(|l| c.queue(l.clone(), Vec::new()));
                 }
                 self.settle(token, ops);
@@ -400,6 +468,19 @@ impl Plane {
             if self.clients.get(&token).is_some_and(|c| !c.busy) {
                 self.pump(token, ops);
             }
+        }
+    }
+
+    /// The client limits.
+    pub(super) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Clients with requests left over get their next turn.
+    fn on_work(&mut self, ops: &mut EventOps) {
+        let _ = self.work.read();
+        for token in std::mem::take(&mut self.leftover) {
+            self.pump(token, ops);
         }
     }
 
@@ -415,12 +496,18 @@ impl Plane {
 
 impl MutEventSubscriber for Plane {
     fn init(&mut self, ops: &mut EventOps) {
-        let fds: [(&dyn std::os::fd::AsRawFd, u32); 5] = [
+        let period = self.limits.sweep_period();
+        if let Err(e) = self.sweep.reset(period, Some(period)) {
+            log::error!("control: arming the deadline timer failed: {e}");
+        }
+        let fds: [(&dyn std::os::fd::AsRawFd, u32); 7] = [
             (&self.listener, LISTENER),
             (&self.exit, EXIT),
             (&*self.watcher, WATCHER),
             (&self.retry, RETRY),
             (&*self.ticks, TICKS),
+            (&self.sweep, SWEEP),
+            (&self.work, WORK),
         ];
         for (fd, token) in fds {
             if let Err(e) = ops.add(Events::with_data_raw(fd.as_raw_fd(), token, EventSet::IN)) {
@@ -436,6 +523,11 @@ impl MutEventSubscriber for Plane {
             EXIT => self.farewell(),
             WATCHER => self.on_watcher(ops),
             TICKS => self.on_ticks(ops),
+            SWEEP => {
+                let _ = self.sweep.wait();
+                self.enforce_deadlines(ops);
+            }
+            WORK => self.on_work(ops),
             RETRY => {
                 let _ = self.retry.wait();
                 let _ = ops.modify(Events::with_data(&self.listener, LISTENER, EventSet::IN));

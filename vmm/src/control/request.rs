@@ -113,8 +113,6 @@ pub enum Command {
     Pause,
     Resume,
     Quit,
-    /// A migration command (`control::migrate`).
-    Migration(super::migrate::MigrateCommand),
 }
 
 /// Arguments of `query-readiness`.
@@ -132,7 +130,7 @@ pub struct ReadinessArgs {
 pub const MAX_SECONDS: f64 = 600.0;
 
 /// Every command name, in the order `query-commands` lists them.
-pub const COMMANDS: [&str; 21] = [
+pub const COMMANDS: [&str; 16] = [
     "qmp_capabilities",
     "query-commands",
     "query-vm",
@@ -149,11 +147,6 @@ pub const COMMANDS: [&str; 21] = [
     "pause",
     "resume",
     "quit",
-    "migrate",
-    "migrate-set-parameters",
-    "query-migrate-parameters",
-    "query-migrate",
-    "migrate_cancel",
 ];
 
 /// One parsed request line.
@@ -265,9 +258,6 @@ fn parse_command(name: &str, mut a: Args) -> Result<Command, ArgError> {
         "pause" => Command::Pause,
         "resume" => Command::Resume,
         "quit" => Command::Quit,
-        name if super::migrate::NAMES.contains(&name) => {
-            return super::migrate::parse(name, std::mem::take(&mut a.0)).map(Command::Migration);
-        }
         other => {
             let shown: String = other.chars().take(64).collect();
             return Err((

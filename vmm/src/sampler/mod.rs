@@ -8,7 +8,7 @@
 
 pub mod export;
 pub mod record;
-mod ring;
+pub mod ring;
 
 use std::fs::File;
 use std::sync::atomic::Ordering;
@@ -97,6 +97,11 @@ impl Shared {
     /// such points were already dropped from the ring.
     pub fn since(&self, since: u64) -> (Vec<Point>, u64) {
         self.ring().since(since)
+    }
+
+    /// A page of points after `since` (see [`ring::Ring::page`]).
+    pub fn page(&self, since: u64, max: usize, newest: bool) -> ring::Page {
+        self.ring().page(since, max, newest)
     }
 
     /// The newest point's sequence number (0 before the first tick).

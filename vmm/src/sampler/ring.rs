@@ -5,6 +5,17 @@ use std::collections::VecDeque;
 
 use super::record::Point;
 
+/// A page of points (`Ring::page`).
+#[derive(Debug, Default)]
+pub struct Page {
+    pub points: Vec<Point>,
+    /// Points after `since` that are not in the page and will not come:
+    /// dropped from the ring, or skipped for the newest.
+    pub dropped: u64,
+    /// More points follow this page: ask again from its last point.
+    pub more: bool,
+}
+
 /// The sampler's memory.
 pub struct Ring {
     points: VecDeque<Point>,
@@ -62,6 +73,33 @@ impl Ring {
         )
     }
 
+    /// At most `max` points newer than `since`: the oldest of them, or with
+    /// `newest` the newest (older ones then count as dropped). Only the page
+    /// is copied.
+    pub fn page(&self, since: u64, max: usize, newest: bool) -> Page {
+        let oldest = self.points.front().map_or(self.next_seq, |p| p.seq);
+        let mut dropped = oldest.saturating_sub(since.saturating_add(1));
+        // Points are in sequence order without gaps, so the first one after
+        // `since` is found by arithmetic.
+        let first = usize::try_from(since.saturating_add(1).saturating_sub(oldest))
+            .unwrap_or(usize::MAX)
+            .min(self.points.len());
+        let after = self.points.len() - first;
+        let (start, more) = match (newest, after > max) {
+            (true, true) => {
+                dropped += (after - max) as u64;
+                (self.points.len() - max, false)
+            }
+            (false, true) => (first, true),
+            (_, false) => (first, false),
+        };
+        Page {
+            points: self.points.range(start..).take(max).cloned().collect(),
+            dropped,
+            more,
+        }
+    }
+
     /// Sequence number of the newest point (0 before any).
     pub fn last_seq(&self) -> u64 {
         self.next_seq - 1
@@ -88,6 +126,31 @@ mod tests {
             p.pages_4k = p.seq * 10;
             ring.push(p);
         }
+    }
+
+    fn seqs(page: &Page) -> Vec<u64> {
+        page.points.iter().map(|p| p.seq).collect()
+    }
+
+    #[test]
+    fn pages_walk_forward_from_since_until_no_more() {
+        let mut r = Ring::new(100);
+        fill(&mut r, 10);
+        let p = r.page(2, 3, false);
+        assert_eq!((seqs(&p), p.dropped, p.more), (vec![3, 4, 5], 0, true));
+        let p = r.page(8, 3, false);
+        assert_eq!((seqs(&p), p.dropped, p.more), (vec![9, 10], 0, false));
+        assert!(r.page(10, 3, false).points.is_empty());
+    }
+
+    #[test]
+    fn a_newest_page_counts_skipped_points_as_dropped() {
+        let mut r = Ring::new(6);
+        fill(&mut r, 10);
+        let p = r.page(0, 2, true);
+        assert_eq!((seqs(&p), p.dropped, p.more), (vec![9, 10], 8, false));
+        let p = r.page(0, 3, false);
+        assert_eq!((seqs(&p), p.dropped, p.more), (vec![5, 6, 7], 4, true));
     }
 
     #[test]

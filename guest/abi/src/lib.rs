@@ -1,8 +1,10 @@
 //! The guest ABI: the contract between the VMM and the guest it boots.
 //!
-//! This file is compiled into both the guest (`guest/src/main.rs`) and the VMM
-//! (`vmm/src/abi.rs` includes it), so the two can never disagree. It holds only
-//! constants and plain-data layouts; `docs/GUEST_ABI.md` explains them in prose.
+//! This `no_std` crate is a dependency of both the guest (`guest/`) and the VMM
+//! (`kvmscope::abi`), so the two can never disagree. It holds only constants and
+//! plain-data layouts; `docs/GUEST_ABI.md` explains them in prose.
+#![no_std]
+#![warn(missing_docs)]
 
 /// Bumped whenever anything below changes meaning.
 pub const ABI_VERSION: u32 = 2;
@@ -157,19 +159,33 @@ pub struct Mailbox {
 }
 
 /// Byte offsets of the mailbox fields, for the VMM's guest-memory accessors.
+/// Each is the offset of the [`Mailbox`] field of the same name (checked below).
 pub mod mailbox_offset {
+    /// Offset of [`Mailbox::abi_version`](super::Mailbox::abi_version).
     pub const ABI_VERSION: u64 = 0;
+    /// Offset of [`Mailbox::vcpu_index`](super::Mailbox::vcpu_index).
     pub const VCPU_INDEX: u64 = 8;
+    /// Offset of [`Mailbox::arena_base`](super::Mailbox::arena_base).
     pub const ARENA_BASE: u64 = 16;
+    /// Offset of [`Mailbox::arena_size`](super::Mailbox::arena_size).
     pub const ARENA_SIZE: u64 = 24;
+    /// Offset of [`Mailbox::mmio_addr`](super::Mailbox::mmio_addr).
     pub const MMIO_ADDR: u64 = 32;
+    /// Offset of [`Mailbox::tsc_khz`](super::Mailbox::tsc_khz).
     pub const TSC_KHZ: u64 = 40;
+    /// Offset of [`Mailbox::cmd`](super::Mailbox::cmd).
     pub const CMD: u64 = 48;
+    /// Offset of [`Mailbox::seq`](super::Mailbox::seq).
     pub const SEQ: u64 = 56;
+    /// Offset of [`Mailbox::args`](super::Mailbox::args).
     pub const ARGS: u64 = 64;
+    /// Offset of [`Mailbox::result_seq`](super::Mailbox::result_seq).
     pub const RESULT_SEQ: u64 = 112;
+    /// Offset of [`Mailbox::status`](super::Mailbox::status).
     pub const STATUS: u64 = 120;
+    /// Offset of [`Mailbox::result`](super::Mailbox::result).
     pub const RESULT: u64 = 128;
+    /// Offset of [`Mailbox::text`](super::Mailbox::text).
     pub const TEXT: u64 = 152;
 }
 

@@ -1,0 +1,89 @@
+//! The control plane's client deadlines and eviction: no client, idle or
+//! hostile, can keep another out or stall the thread.
+//!
+//! - A client must negotiate (`qmp_capabilities`) within the handshake
+//!   deadline, and finish a request it started within the request deadline.
+//! - A client whose output has not moved for the send deadline (it does not
+//!   read) is dropped.
+//! - A negotiated client may stay idle as long as it likes (QMP tools such as
+//!   libvirt hold their monitor connection for the VM's life), but when the
+//!   server is full, the longest-idle client with nothing outstanding is
+//!   closed to make room, so the operator can always connect.
+//!
+//! Each client closed for a deadline gets an error line saying which.
+
+use std::time::{Duration, Instant};
+
+use event_manager::EventOps;
+
+use super::plane::Plane;
+
+/// A client must have been idle this long to be closed for a new one, so
+/// that a burst of clients connecting together do not close each other.
+pub const EVICT_MIN_IDLE: Duration = Duration::from_secs(1);
+
+impl Plane {
+    /// Closes the clients past a deadline (called by the sweep timer).
+    pub(super) fn enforce_deadlines(&mut self, ops: &mut EventOps) {
+        let now = Instant::now();
+        let limits = *self.limits();
+        let late: Vec<(u32, String)> = self
+            .clients
+            .iter()
+            .filter_map(|(&token, c)| {
+                let past = |t: Instant, d| now.saturating_duration_since(t) >= d;
+                let why = if !c.negotiated && past(c.connected, limits.handshake) {
+                    format!(
+                        "no capabilities negotiation within {:?}; closing",
+                        limits.handshake
+                    )
+                } else if c.partial_since.is_some_and(|t| past(t, limits.request)) {
+                    format!(
+                        "the request was not completed within {:?}; closing",
+                        limits.request
+                    )
+                } else if now
+                    .checked_sub(limits.send)
+                    .is_some_and(|t| c.stalled_since(t))
+                {
+                    format!("the reply was not read within {:?}; closing", limits.send)
+                } else {
+                    return None;
+                };
+                Some((token, why))
+            })
+            .collect();
+        for (token, why) in late {
+            log::info!("control: client {token}: {why}");
+            self.close_with(token, ops, &why);
+        }
+    }
+
+    /// Closes the longest-idle client that has nothing outstanding (no
+    /// request pending or being answered, no subscription), to admit a new
+    /// one; false if every client is busy.
+    pub(super) fn evict_idlest(&mut self, ops: &mut EventOps) -> bool {
+        let now = Instant::now();
+        let idlest = self
+            .clients
+            .iter()
+            .filter(|(token, c)| {
+                c.wants_input()
+                    && now.saturating_duration_since(c.last_active) >= EVICT_MIN_IDLE
+                    && !c.has_output()
+                    && c.partial_since.is_none()
+                    && !self.subscribers.contains_key(token)
+            })
+            .min_by_key(|(_, c)| c.last_active)
+            .map(|(&token, _)| token);
+        match idlest {
+            Some(token) => {
+                let why = "closed to make room for a new client (this was the longest idle)";
+                log::info!("control: client {token}: {why}");
+                self.close_with(token, ops, why);
+                true
+            }
+            None => false,
+        }
+    }
+}

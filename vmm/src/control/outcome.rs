@@ -1,0 +1,73 @@
+//! What running a command gives the control plane: a reply now, an error, or
+//! a reply that comes later. Shared by `commands` (which produces them) and
+//! `deferred` (which finishes the later ones), so neither imports the other.
+
+use std::fs::File;
+use std::sync::mpsc::Receiver;
+
+use serde_json::Value;
+
+use crate::protocol::ErrorClass;
+
+/// A `guest-command` whose reply waits for its commands to finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestWait {
+    pub vcpu: usize,
+    pub first: u64,
+    pub last: u64,
+}
+
+/// What a readiness worker tells the control thread.
+#[derive(Debug)]
+pub enum WorkerMsg {
+    /// Scan progress, in pages.
+    Progress(u64, u64),
+    Done(Outcome),
+}
+
+/// A reply that is not ready yet.
+#[derive(Debug)]
+pub enum Pending {
+    Guest(GuestWait),
+    Readiness(Receiver<WorkerMsg>),
+}
+
+/// What a pending reply has now: event lines to send, and the reply when ready.
+pub struct Progress {
+    pub events: Vec<crate::protocol::Event>,
+    pub done: Option<Outcome>,
+}
+
+/// What a command produced.
+#[derive(Debug)]
+pub enum Outcome {
+    /// `{"return": value}`, with fds riding on the line.
+    Return(Value, Vec<File>),
+    Error(ErrorClass, String),
+    /// The reply waits until the handler's `check_wait` gives it.
+    Wait(Pending),
+    /// Start streaming `SAMPLE` events after point `since`; `reply` is the return value.
+    Subscribe {
+        since: u64,
+        reply: Value,
+    },
+    /// Stop streaming.
+    Unsubscribe,
+    /// Leave capability negotiation mode (`qmp_capabilities`).
+    Negotiated,
+}
+
+impl Outcome {
+    /// A plain return value without fds.
+    pub fn ret(value: impl serde::Serialize) -> Outcome {
+        match serde_json::to_value(value) {
+            Ok(v) => Outcome::Return(v, Vec::new()),
+            Err(e) => Outcome::Error(ErrorClass::GenericError, format!("encoding the reply: {e}")),
+        }
+    }
+
+    /// A `GenericError`.
+    pub fn generic(desc: impl Into<String>) -> Outcome {
+        Outcome::Error(ErrorClass::GenericError, desc.into())
+    }
+}

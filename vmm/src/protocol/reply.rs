@@ -1,0 +1,294 @@
+//! What the server sends: the greeting, replies, errors and events, as serde
+//! types that the server writes and the clients read.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use crate::runstate::RunState;
+
+/// QMP error classes. kvmscope uses QEMU's: `GenericError` for everything
+/// but an unknown command (or one sent before negotiation), which is
+/// `CommandNotFound`, and a vCPU that does not exist, `DeviceNotFound`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorClass {
+    GenericError,
+    CommandNotFound,
+    DeviceNotFound,
+    /// A class this client does not know (from a newer server).
+    #[serde(untagged)]
+    Other(String),
+}
+
+impl std::fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ErrorClass::GenericError => f.write_str("GenericError"),
+            ErrorClass::CommandNotFound => f.write_str("CommandNotFound"),
+            ErrorClass::DeviceNotFound => f.write_str("DeviceNotFound"),
+            ErrorClass::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// The body of an error reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QmpError {
+    pub class: ErrorClass,
+    pub desc: String,
+}
+
+/// Seconds and microseconds since the epoch, as QMP stamps events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timestamp {
+    pub seconds: u64,
+    pub microseconds: u32,
+}
+
+impl Timestamp {
+    /// The wall-clock time now.
+    pub fn now() -> Self {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp {
+            seconds: now.as_secs(),
+            microseconds: now.subsec_micros(),
+        }
+    }
+}
+
+/// An event: `{"event": NAME, "data": {...}, "timestamp": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub event: String,
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub data: Value,
+    pub timestamp: Timestamp,
+}
+
+impl Event {
+    /// An event stamped now.
+    pub fn new(name: &str, data: Value) -> Self {
+        Event {
+            event: name.to_string(),
+            data,
+            timestamp: Timestamp::now(),
+        }
+    }
+}
+
+/// QEMU's `VersionTriple`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct VersionTriple {
+    pub major: u64,
+    pub minor: u64,
+    pub micro: u64,
+}
+
+/// QEMU's `VersionInfo` (`query-version`, and the greeting's `version`):
+/// `qemu` carries kvmscope's version, `package` names kvmscope.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct VersionInfo {
+    pub qemu: VersionTriple,
+    pub package: String,
+}
+
+impl VersionInfo {
+    /// This build's version.
+    pub fn ours() -> Self {
+        let part = |s: &str| s.parse().unwrap_or(0);
+        VersionInfo {
+            qemu: VersionTriple {
+                major: part(env!("CARGO_PKG_VERSION_MAJOR")),
+                minor: part(env!("CARGO_PKG_VERSION_MINOR")),
+                micro: part(env!("CARGO_PKG_VERSION_PATCH")),
+            },
+            package: concat!("kvmscope ", env!("CARGO_PKG_VERSION")).to_string(),
+        }
+    }
+}
+
+/// kvmscope's part of the greeting: the protocol version and the VM.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct KvmscopeGreeting {
+    /// Bumped when a reply changes shape.
+    pub protocol: u32,
+    /// Features beyond QMP: `stats-fd` (fds ride on replies).
+    pub features: Vec<String>,
+    pub vm: GreetingVm,
+}
+
+/// The VM, as the greeting names it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GreetingVm {
+    pub name: String,
+    pub pid: u32,
+    pub vcpus: usize,
+    pub memory: u64,
+    pub backend: String,
+    #[serde(rename = "stats-id")]
+    pub stats_id: String,
+}
+
+/// The greeting's `QMP` member.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GreetingBody {
+    pub version: VersionInfo,
+    /// Capabilities a client may enable with `qmp_capabilities` (none here).
+    pub capabilities: Vec<String>,
+    pub kvmscope: KvmscopeGreeting,
+}
+
+/// The first line on every connection: `{"QMP": {...}}`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Greeting {
+    #[serde(rename = "QMP")]
+    pub qmp: GreetingBody,
+}
+
+/// Any line the server sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Message {
+    Return {
+        #[serde(rename = "return")]
+        value: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<Value>,
+    },
+    Error {
+        error: QmpError,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<Value>,
+    },
+    Event(Event),
+    Greeting(Greeting),
+}
+
+impl Message {
+    /// The message as one line, newline included.
+    pub fn to_line(&self) -> Vec<u8> {
+        to_line(self)
+    }
+
+    /// An error reply.
+    pub fn error(class: ErrorClass, desc: impl Into<String>, id: Option<Value>) -> Message {
+        Message::Error {
+            error: QmpError {
+                class,
+                desc: desc.into(),
+            },
+            id,
+        }
+    }
+}
+
+/// Any serializable value as one line, newline included.
+pub fn to_line<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing these types cannot fail: maps have string keys, no floats are NaN-checked.
+    let mut line = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    line.push(b'\n');
+    line
+}
+
+/// QEMU's `StatusInfo` (`query-status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusInfo {
+    pub running: bool,
+    /// Always false; QEMU 7.2 clients expect the member.
+    pub singlestep: bool,
+    pub status: RunState,
+}
+
+/// QEMU's `CpuInfoFast` (`query-cpus-fast`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct CpuInfoFast {
+    pub cpu_index: usize,
+    pub qom_path: String,
+    /// The vCPU thread's kernel id (0 before it started).
+    pub thread_id: i64,
+    pub target: String,
+}
+
+/// QEMU's `NameInfo` (`query-name`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// QEMU's `CommandInfo` (`query-commands`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandInfo {
+    pub name: String,
+}
+
+/// The QOM path of vCPU `index`, as QEMU's x86 machines name CPUs.
+pub fn vcpu_qom_path(index: usize) -> String {
+    format!("/machine/unattached/device[{index}]")
+}
+
+/// The vCPU a QOM path names, if it is one of ours.
+pub fn vcpu_from_qom_path(path: &str) -> Option<usize> {
+    let n = path
+        .strip_prefix("/machine/unattached/device[")?
+        .strip_suffix(']')?;
+    if n.len() > 1 && n.starts_with('0') {
+        return None;
+    }
+    n.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qom_paths_round_trip_and_reject_others() {
+        assert_eq!(vcpu_from_qom_path(&vcpu_qom_path(17)), Some(17));
+        for bad in [
+            "/machine/unattached/device[01]",
+            "/machine/unattached/device[x]",
+            "/machine/peripheral/cpu0",
+            "/machine/unattached/device[3",
+        ] {
+            assert_eq!(vcpu_from_qom_path(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn messages_parse_back_by_shape() {
+        let lines = [
+            Message::Return {
+                value: serde_json::json!({}),
+                id: Some(1.into()),
+            },
+            Message::error(ErrorClass::CommandNotFound, "x", None),
+            Message::Event(Event::new("STOP", Value::Null)),
+        ];
+        for m in lines {
+            let back: Message = serde_json::from_slice(&m.to_line()).unwrap();
+            assert_eq!(back, m);
+        }
+    }
+
+    #[test]
+    fn unknown_error_classes_are_kept() {
+        let m: Message =
+            serde_json::from_str(r#"{"error":{"class":"KVMMissingCap","desc":"d"}}"#).unwrap();
+        let Message::Error { error, .. } = m else {
+            panic!("{m:?}")
+        };
+        assert_eq!(error.class, ErrorClass::Other("KVMMissingCap".into()));
+    }
+
+    #[test]
+    fn version_carries_ours_in_qemu_shape() {
+        let v = serde_json::to_value(VersionInfo::ours()).unwrap();
+        assert!(v["qemu"]["major"].is_u64() && v["qemu"]["micro"].is_u64());
+        assert!(v["package"].as_str().unwrap().starts_with("kvmscope "));
+    }
+}

@@ -1,0 +1,422 @@
+//! Requests: QMP's envelope `{"execute": NAME, "arguments": {...}, "id": ANY}`
+//! and every command with its typed arguments, serde-derived so that the
+//! server parses and the clients build requests from the same types.
+//!
+//! [`Command`] is the one list of commands: its variant names are the wire
+//! names (`query-commands` lists them from it), and each variant carries its
+//! arguments as a struct that refuses unknown members. Shapes mirror QEMU's
+//! QAPI schema where the command is QEMU's (`qapi/stats.json`,
+//! `qapi/control.json`, `qapi/machine.json`); docs/PROTOCOL.md lists the
+//! additions.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::reply::ErrorClass;
+
+/// A stats target, as QEMU names them (`cryptodev` is accepted and has no stats here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StatsTarget {
+    Vm,
+    Vcpu,
+    Cryptodev,
+}
+
+/// Who provides statistics (QEMU's `StatsProvider`); kvmscope has only `kvm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StatsProvider {
+    Kvm,
+    Cryptodev,
+}
+
+/// QEMU's `StatsRequest`: one provider, optionally only some stat names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsRequest {
+    pub provider: StatsProvider,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub names: Option<Vec<String>>,
+}
+
+/// A vCPU named by its index (kvmscope) or its QOM path (QEMU's way, as
+/// `query-cpus-fast` reports it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum VcpuRef {
+    Index(usize),
+    QomPath(String),
+}
+
+/// Which vCPUs `get-stats-fd` names: one index, or `"all"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Value", into = "Value")]
+pub enum VcpuSelector {
+    One(usize),
+    All,
+}
+
+impl TryFrom<Value> for VcpuSelector {
+    type Error = String;
+
+    fn try_from(v: Value) -> Result<Self, String> {
+        match v {
+            Value::String(s) if s == "all" => Ok(VcpuSelector::All),
+            v => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(VcpuSelector::One)
+                .ok_or_else(|| format!("expected a vCPU index or \"all\", got {v}")),
+        }
+    }
+}
+
+impl From<VcpuSelector> for Value {
+    fn from(s: VcpuSelector) -> Value {
+        match s {
+            VcpuSelector::One(i) => Value::from(i),
+            VcpuSelector::All => Value::from("all"),
+        }
+    }
+}
+
+/// Arguments of a command that takes none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
+/// `qmp_capabilities`: capabilities to enable (this server offers none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilitiesArgs {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub enable: Vec<String>,
+}
+
+/// `get-stats-fd`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetStatsFdArgs {
+    pub target: StatsTarget,
+    /// vCPU target only; default `"all"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpu: Option<VcpuSelector>,
+}
+
+/// `query-stats`: QEMU's `StatsFilter`, plus kvmscope's `names` and vCPU indexes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryStatsArgs {
+    pub target: StatsTarget,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub providers: Option<Vec<StatsRequest>>,
+    /// kvmscope: only these stats (QEMU puts names inside `providers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub names: Option<Vec<String>>,
+    /// vCPU target only: indexes or QOM paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<Vec<VcpuRef>>,
+}
+
+/// `query-stats-schemas`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemasArgs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<StatsProvider>,
+    /// kvmscope: one target only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<StatsTarget>,
+}
+
+/// Commands about some vCPUs (all when `vcpus` is absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VcpusArgs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<Vec<VcpuRef>>,
+}
+
+/// `guest-command`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestCommandArgs {
+    pub vcpu: usize,
+    /// Workload text (docs/GUEST_ABI.md), one or more commands.
+    pub command: String,
+    /// Reply only once every command finished, with the results.
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// `query-samples`: a page of the sampler's points after `since`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuerySamplesArgs {
+    #[serde(default)]
+    pub since: u64,
+    /// At most this many points, the newest (default and cap: the page size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
+}
+
+/// `subscribe-samples`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscribeArgs {
+    /// Start after this point (default: the newest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
+}
+
+/// `query-readiness` as sent; [`ReadinessArgs`] once checked.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ReadinessRequest {
+    #[serde(default)]
+    pub scan: bool,
+    /// Seconds; absent: 1 when the VM has dirty logging, else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calc_time: Option<f64>,
+    /// Bytes per second (default 1.25e9, 10 Gbit/s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<f64>,
+    /// Seconds (default 0.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_downtime: Option<f64>,
+}
+
+/// Checked arguments of `query-readiness`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadinessArgs {
+    pub scan: bool,
+    /// `None`: 1 s when the VM has dirty logging, else no dirty-rate window.
+    pub calc_time: Option<Duration>,
+    /// Bytes per second.
+    pub bandwidth: u64,
+    pub max_downtime: Duration,
+}
+
+/// Longest dirty-rate window or downtime a request may ask for.
+pub const MAX_SECONDS: f64 = 600.0;
+
+/// Every command, with its arguments. The serde and strum names are the wire
+/// names; a unit test checks they agree.
+#[derive(
+    Debug, Clone, PartialEq, Serialize, Deserialize, strum::VariantNames, strum::IntoStaticStr,
+)]
+#[serde(tag = "execute", content = "arguments", rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+pub enum Command {
+    /// QMP's capability negotiation: leaves negotiation mode.
+    #[serde(rename = "qmp_capabilities")]
+    #[strum(serialize = "qmp_capabilities")]
+    QmpCapabilities(CapabilitiesArgs),
+    QueryCommands(NoArgs),
+    QueryVersion(NoArgs),
+    QueryStatus(NoArgs),
+    QueryName(NoArgs),
+    QueryCpusFast(NoArgs),
+    QueryVm(NoArgs),
+    GetStatsFd(GetStatsFdArgs),
+    QueryStats(QueryStatsArgs),
+    QueryStatsSchemas(SchemasArgs),
+    QueryExits(VcpusArgs),
+    GuestCommand(GuestCommandArgs),
+    QueryGuest(VcpusArgs),
+    QuerySamples(QuerySamplesArgs),
+    SubscribeSamples(SubscribeArgs),
+    UnsubscribeSamples(NoArgs),
+    QueryReadiness(ReadinessRequest),
+    /// kvmscope's name for QEMU's `stop`.
+    Pause(NoArgs),
+    /// kvmscope's name for QEMU's `cont`.
+    Resume(NoArgs),
+    /// QEMU's name: pause the guest.
+    Stop(NoArgs),
+    /// QEMU's name: resume the guest.
+    Cont(NoArgs),
+    Quit(NoArgs),
+    /// Start a live migration to `uri` (`unix:PATH`, `tcp:HOST:PORT`).
+    Migrate(super::migration::MigrateArgs),
+    MigrateSetParameters(super::migration::SetParameters),
+    QueryMigrateParameters(NoArgs),
+    QueryMigrate(NoArgs),
+    /// QEMU's name, with an underscore.
+    #[serde(rename = "migrate_cancel")]
+    #[strum(serialize = "migrate_cancel")]
+    MigrateCancel(NoArgs),
+}
+
+impl Command {
+    /// The wire name.
+    pub fn name(&self) -> &'static str {
+        self.into()
+    }
+
+    /// Every wire name, in declaration order.
+    pub fn names() -> &'static [&'static str] {
+        <Command as strum::VariantNames>::VARIANTS
+    }
+
+    /// True for commands that only read: their reply is all they do, so they
+    /// are not run for a client that has already hung up.
+    pub fn is_query(&self) -> bool {
+        self.name().starts_with("query-")
+    }
+}
+
+/// One parsed request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub id: Option<Value>,
+    pub command: Command,
+}
+
+/// A request that could not be parsed, with its `id` when one could be read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestError {
+    pub id: Option<Value>,
+    pub class: ErrorClass,
+    pub desc: String,
+}
+
+/// Parses one request (a complete JSON value from the framer).
+///
+/// # Errors
+/// A [`RequestError`] in QEMU's words where QEMU has them: the JSON, the
+/// envelope, an unknown command (`CommandNotFound`) or bad arguments.
+pub fn parse(bytes: &[u8]) -> Result<Request, RequestError> {
+    let fail = |desc: String| RequestError {
+        id: None,
+        class: ErrorClass::GenericError,
+        desc,
+    };
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| fail(format!("JSON parse error, {e}")))?;
+    let Value::Object(mut top) = value else {
+        return Err(fail("QMP input must be a JSON object".into()));
+    };
+    let id = top.remove("id");
+    let with_id = |class, desc: String| RequestError {
+        id: id.clone(),
+        class,
+        desc,
+    };
+    let generic = |desc: &str| with_id(ErrorClass::GenericError, desc.to_string());
+    let name = match top.remove("execute") {
+        Some(Value::String(name)) => name,
+        Some(_) => return Err(generic("QMP input member 'execute' must be a string")),
+        None => return Err(generic("QMP input lacks member 'execute'")),
+    };
+    let arguments = match top.remove("arguments") {
+        None => Value::Object(serde_json::Map::new()),
+        Some(v @ Value::Object(_)) => v,
+        Some(_) => return Err(generic("QMP input member 'arguments' must be an object")),
+    };
+    if let Some(key) = top.keys().next() {
+        let shown: String = key.chars().take(64).collect();
+        return Err(generic(&format!(
+            "QMP input member '{shown}' is unexpected"
+        )));
+    }
+    if !Command::names().contains(&name.as_str()) {
+        let shown: String = name.chars().take(64).collect();
+        return Err(with_id(
+            ErrorClass::CommandNotFound,
+            format!("The command {shown} has not been found"),
+        ));
+    }
+    let command = typed(&name, &arguments)
+        .and_then(Command::checked)
+        .map_err(|desc| generic(&format!("{name}: {desc}")))?;
+    Ok(Request { id, command })
+}
+
+/// Deserializes `arguments` as command `name`'s, naming the member at fault.
+fn typed(name: &str, arguments: &Value) -> Result<Command, String> {
+    // Tag first, so serde reads the arguments straight into their type and
+    // the error path names the member.
+    let text = format!(
+        r#"{{"execute":{},"arguments":{arguments}}}"#,
+        Value::from(name)
+    );
+    let mut de = serde_json::Deserializer::from_str(&text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let member = path.strip_prefix("arguments").unwrap_or(&path);
+        match member.strip_prefix('.') {
+            Some(m) if !m.is_empty() => format!("parameter '{m}': {}", e.inner()),
+            _ => e.inner().to_string(),
+        }
+    })
+}
+
+impl Command {
+    /// Checks what the types cannot say.
+    fn checked(self) -> Result<Command, String> {
+        match &self {
+            Command::QueryStats(a) if a.target != StatsTarget::Vcpu && a.vcpus.is_some() => {
+                Err("parameter 'vcpus' only goes with target 'vcpu'".into())
+            }
+            Command::GetStatsFd(a) if a.target != StatsTarget::Vcpu && a.vcpu.is_some() => {
+                Err("parameter 'vcpu' only goes with target 'vcpu'".into())
+            }
+            Command::QueryReadiness(r) => r.check().map(|_| self),
+            _ => Ok(self),
+        }
+    }
+}
+
+impl ReadinessRequest {
+    /// The checked arguments.
+    ///
+    /// # Errors
+    /// A value out of range, named.
+    pub fn check(&self) -> Result<ReadinessArgs, String> {
+        let seconds = |key: &str, v: f64, zero_ok: bool| {
+            let ok = v.is_finite() && v <= MAX_SECONDS && (v > 0.0 || (zero_ok && v == 0.0));
+            match ok {
+                true => Ok(Duration::from_secs_f64(v)),
+                false => Err(format!(
+                    "parameter '{key}' must be a number of seconds from {} to {MAX_SECONDS}",
+                    if zero_ok { "0" } else { "above 0" }
+                )),
+            }
+        };
+        let calc_time = self
+            .calc_time
+            .map(|v| seconds("calc-time", v, true))
+            .transpose()?;
+        let max_downtime = seconds("max-downtime", self.max_downtime.unwrap_or(0.3), false)?;
+        let bandwidth = self.bandwidth.unwrap_or(1.25e9);
+        if !(bandwidth.is_finite() && (1.0..=1e13).contains(&bandwidth)) {
+            return Err("parameter 'bandwidth' must be bytes per second, from 1 to 1e13".into());
+        }
+        Ok(ReadinessArgs {
+            scan: self.scan,
+            calc_time,
+            // In range (checked above): the conversion only drops the fraction.
+            bandwidth: bandwidth as u64,
+            max_downtime,
+        })
+    }
+}
+
+/// A request line for `command` (newline included), as a client sends it.
+pub fn request_line(command: &Command, id: Option<&Value>) -> Vec<u8> {
+    let mut value = serde_json::to_value(command).unwrap_or(Value::Null);
+    if let (Some(id), Value::Object(map)) = (id, &mut value) {
+        map.insert("id".into(), id.clone());
+    }
+    let mut line = value.to_string().into_bytes();
+    line.push(b'\n');
+    line
+}
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;
