@@ -222,6 +222,7 @@ impl Incoming {
         (0..crate::abi::ARENA_BASE / format::PAGE_SIZE).for_each(|p| written.set(p));
         let mut snapshots: Vec<Snapshot> = Vec::new();
         let mut buf = Vec::new();
+        let mut last_pass = std::time::Instant::now();
         loop {
             let (kind, len) = self.reader.section()?;
             match kind {
@@ -234,6 +235,7 @@ impl Incoming {
                     format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
                     let _: PassRecord = self.reader.read_obj("a pass section")?;
                     ram.dirty_sync_count += 1;
+                    last_pass = std::time::Instant::now();
                 }
                 Kind::Vcpu => {
                     if snapshots.is_empty() {
@@ -258,6 +260,10 @@ impl Incoming {
                 }
                 Kind::End => {
                     self.reader.finish(len)?;
+                    log::debug!(
+                        "migration: trailer checked {:?} after the last pass",
+                        last_pass.elapsed()
+                    );
                     break;
                 }
                 other => return Err(format::Error::Order(other.name()).into()),
@@ -266,7 +272,12 @@ impl Incoming {
             let r = ram.clone();
             m.update(|i| i.ram = Some(r));
         }
-        self.restore(vm, snapshots)
+        let restored = self.restore(vm, snapshots);
+        log::debug!(
+            "migration: vCPU state loaded {:?} after the last pass",
+            last_pass.elapsed()
+        );
+        restored
     }
 
     fn restore(&self, vm: &mut Vm, mut snapshots: Vec<Snapshot>) -> Result<(), Error> {
@@ -317,7 +328,8 @@ fn load_ram(
         let range = run.first..run.first + u64::from(run.count);
         match run.kind {
             format::RUN_ZERO => {
-                for p in range.filter(|&p| written.contains(p)) {
+                let stale: Vec<u64> = written.iter_range(range.start, range.end).collect();
+                for p in stale {
                     write_page(vm, p, &zero)?;
                 }
                 ram.duplicate += u64::from(run.count);

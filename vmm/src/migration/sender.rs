@@ -346,20 +346,25 @@ impl<'a> Precopy<'a> {
     /// Holds the guest paused, takes the vCPUs' state, sends the last dirty
     /// pages, the state and the trailer, and waits for `completed`.
     fn stop_and_copy(&mut self, dirty: Bitmap, consumer: &dirty::Consumer) -> Result<(), Error> {
+        let stopped = Instant::now();
+        let step = |what: &str| log::debug!("migration: {what} at {:?}", stopped.elapsed());
         run_state(&self.src.main, RunRequest::Hold).map_err(Error::Pause)?;
         self.held = true;
-        let stopped = Instant::now();
         if !crate::vcpu::wait_parked(&self.src.vcpus, PAUSE_LIMIT) {
             return Err(Error::PauseTimeout(PAUSE_LIMIT));
         }
+        step("vCPUs parked");
         self.m.set_status(Status::Device);
         self.ram.precopy_bytes = self.wire_bytes();
         let snapshots = self.snapshots()?;
+        step("vCPU state read");
         let mut last = consumer.take()?;
         last.or(&dirty);
+        step("dirty log synced");
         let pages0 = self.pages_sent();
         self.send_runs(&data_runs(&last))?;
         self.end_pass(pages0)?;
+        step("last pages sent");
         if self.m.parameters().x_check_ram {
             let crc32 = super::ram_crc32(&self.src.mem);
             self.m.update(|i| i.x_ram_crc32 = Some(crc32));
@@ -371,6 +376,7 @@ impl<'a> Precopy<'a> {
             self.writer()?.section(Kind::Vcpu, &[&payload])?;
         }
         self.writer()?.finish()?;
+        step("trailer sent");
         self.ram.downtime_bytes = self.wire_bytes() - self.ram.precopy_bytes;
         self.ram.transferred = self.wire_bytes();
         self.ram.remaining = 0;
@@ -378,6 +384,7 @@ impl<'a> Precopy<'a> {
             let _ = w.get_ref().set_read_timeout(Some(REPLY_LIMIT));
         }
         self.expect_reply(format::REPLY_COMPLETED)?;
+        step("destination completed");
         let downtime = stopped.elapsed().as_millis() as u64;
         let ram = self.ram.clone();
         self.m.update(|i| {
