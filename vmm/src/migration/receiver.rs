@@ -341,10 +341,11 @@ fn load_ram(
                 }
                 let (data, rest) = b.split_at(bytes as usize);
                 b = rest;
-                for (p, page) in range.zip(data.chunks_exact(format::PAGE_SIZE as usize)) {
-                    write_page(vm, p, page)?;
-                    written.set(p);
-                }
+                populate(vm, run.first, bytes);
+                vm.mem
+                    .write_slice(data, GuestAddress(run.first * format::PAGE_SIZE))
+                    .map_err(|e| Error::Write(run.first, e))?;
+                range.for_each(|p| written.set(p));
                 ram.normal += u64::from(run.count);
                 ram.normal_bytes += bytes;
             }
@@ -352,6 +353,21 @@ fn load_ram(
         }
     }
     Ok(())
+}
+
+/// Backs `bytes` of guest RAM from `page` in one call (MADV_POPULATE_WRITE)
+/// rather than one page fault per page as they are written; best effort.
+fn populate(vm: &Vm, page: u64, bytes: u64) {
+    use vm_memory::GuestMemoryBackend as _;
+    let Ok(host) = vm
+        .mem
+        .get_host_address(GuestAddress(page * format::PAGE_SIZE))
+    else {
+        return;
+    };
+    // SAFETY: the range lies inside guest RAM (the run was checked against its
+    // size), a mapping `vm` owns; populating only backs it with zeroed pages.
+    let _ = unsafe { libc::madvise(host.cast(), bytes as usize, libc::MADV_POPULATE_WRITE) };
 }
 
 fn write_page(vm: &Vm, page: u64, bytes: &[u8]) -> Result<(), Error> {

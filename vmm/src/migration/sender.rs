@@ -138,7 +138,11 @@ pub fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
             // Postmigrate first, so that releasing the hold does not resume.
             let _ = run_state(&src.main, RunRequest::Postmigrate);
             let _ = run_state(&src.main, RunRequest::Release);
-            m.update(|i| i.x_vm_state = Some("postmigrate".into()));
+            let total = m.elapsed_ms();
+            m.update(|i| {
+                i.x_vm_state = Some("postmigrate".into());
+                i.total_time = Some(total);
+            });
             m.set_status(Status::Completed);
         }
         Err(e) => {
@@ -152,12 +156,14 @@ pub fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
                 _ => (Status::Failed, crate::error_chain(&e)),
             };
             log::warn!("migration {}: {desc}", status.name());
-            m.update(|i| i.error_desc = Some(desc));
+            let total = m.elapsed_ms();
+            m.update(|i| {
+                i.error_desc = Some(desc);
+                i.total_time = Some(total);
+            });
             m.set_status(status);
         }
     }
-    let total = m.elapsed_ms();
-    m.update(|i| i.total_time = Some(total));
 }
 
 /// Asks the main loop for a run-state change and waits for its answer.
