@@ -203,3 +203,34 @@ fn the_destinations_stats_fds_sampler_and_readiness_work_after_resume() {
     assert_eq!(report["dirty_rate"]["mode"], "dirty-bitmap", "{report}");
     dest.quit();
 }
+
+#[test]
+fn a_ring_mode_guest_on_huge_pages_arrives_with_its_modes_and_data() {
+    require_kvm!();
+    let src = ServedVm::start_with("mig-ring", MEM, 2, |c| {
+        c.vm.dirty_log = Some(kvmscope::dirty::DirtyMode::Ring(256));
+        c.vm.hugepages = true;
+    });
+    let mut c = src.client();
+    guest(&mut c, 0, "touch size=4M pattern=0x77");
+    queue(&mut c, 1, "dirty offset=16M ws=4M rate=5000/s for=500ms");
+    let dest = Dest::start("mig-ring-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, json!({"x-check-ram": true}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let mut d = dest.client();
+    assert_eq!(query(&mut d).x_ram_crc32, info.x_ram_crc32);
+    let (vm, _) = d.execute("query-vm", json!({})).unwrap();
+    assert_eq!(vm["memory"]["hugepages"], true, "{vm}");
+    let r = guest(&mut d, 0, "verify size=4M pattern=0x77");
+    assert_eq!(value(&r[0], 2), 0);
+    let (report, _) = d
+        .execute("query-readiness", json!({"calc-time": 0.05}))
+        .unwrap();
+    assert_eq!(report["dirty_rate"]["mode"], "dirty-ring", "{report}");
+    dest.quit();
+}

@@ -5,6 +5,7 @@
 //! - [`transport`]: `unix:PATH` and `tcp:HOST:PORT`;
 //! - [`pages`]: which pages the host ever backed (page map), zero checks;
 //! - [`sender`]: the source's pre-copy rounds, stop-and-copy and recovery;
+//! - [`source`]: what the source needs of its VM;
 //! - [`receiver`]: the destination's state machine;
 //! - [`device`]: vCPU state on the wire;
 //! - this file: the [`Migration`] handle the control socket drives, its
@@ -17,6 +18,7 @@ pub mod format;
 pub mod pages;
 pub mod receiver;
 pub mod sender;
+pub mod source;
 pub mod transport;
 
 use std::collections::VecDeque;
