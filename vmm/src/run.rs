@@ -354,7 +354,8 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     let (mut vm, stream) = match &incoming {
         None => (Vm::new(config.vm.clone())?, None),
         Some(given) => {
-            let stream = Incoming::accept(given, &migration)?;
+            let signalled = || config.handle_signals && crate::signals::termination_pending();
+            let stream = Incoming::accept(given, &migration, &signalled)?;
             match Vm::new(stream.vm_config(&config.vm)) {
                 Ok(vm) => (vm, Some(stream)),
                 Err(e) => {

@@ -127,15 +127,20 @@ pub fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Error> {
 
 impl Incoming {
     /// Listens at the URI, takes one source, reads and checks its VM. A
-    /// mismatch is told to the source and returned.
+    /// mismatch is told to the source and returned. `stop` ends the wait
+    /// (a termination signal).
     ///
     /// # Errors
     /// The connection, the stream's start, or a mismatch.
-    pub fn accept(given: &IncomingConfig, m: &Migration) -> Result<Incoming, Error> {
+    pub fn accept(
+        given: &IncomingConfig,
+        m: &Migration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Incoming, Error> {
         let listener = Listener::bind(&given.uri)?;
         m.set_incoming(&given.uri);
         log::info!("waiting for a migration stream on {}", given.uri);
-        let conn = listener.accept()?;
+        let conn = listener.accept(stop)?;
         drop(listener);
         let mut reply = conn.try_clone().map_err(format::Error::Io)?;
         let result = (|| {

@@ -18,6 +18,8 @@ pub enum Error {
     Accept(String, #[source] std::io::Error),
     #[error("connecting to {0}")]
     Connect(String, #[source] std::io::Error),
+    #[error("stopped while waiting for the source on {0}")]
+    Stopped(String),
 }
 
 /// A migration endpoint.
@@ -168,11 +170,34 @@ impl Listener {
         }
     }
 
-    /// Waits for the source.
+    /// Waits for the source, looking at `stop` every 100 ms.
     ///
     /// # Errors
-    /// `Accept` with the cause.
-    pub fn accept(&self) -> Result<Conn, Error> {
+    /// `Accept` with the cause, `Stopped` when `stop` said so.
+    pub fn accept(&self, stop: &dyn Fn() -> bool) -> Result<Conn, Error> {
+        use std::os::fd::AsRawFd;
+        let (fd, name) = match self {
+            Listener::Unix(l, p) => (l.as_raw_fd(), format!("unix:{}", p.display())),
+            Listener::Tcp(l) => (l.as_raw_fd(), "tcp".to_string()),
+        };
+        loop {
+            if stop() {
+                return Err(Error::Stopped(name));
+            }
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd of a listening socket this listener owns.
+            let n = unsafe { libc::poll(&mut pfd, 1, 100) };
+            if n > 0 {
+                break;
+            }
+            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::Accept(name, std::io::Error::last_os_error()));
+            }
+        }
         match self {
             Listener::Unix(l, path) => l
                 .accept()
