@@ -303,16 +303,13 @@ impl Incoming {
     }
 }
 
-/// Writes one RAM section's runs into guest RAM. Zero runs write only pages
-/// that may hold something (`written`); RAM nothing wrote is zero already.
-fn load_ram(
-    payload: &[u8],
-    vm: &Vm,
-    written: &mut Bitmap,
-    ram: &mut RamStats,
-) -> Result<(), Error> {
-    let pages = vm.config.memory / format::PAGE_SIZE;
-    let zero = [0u8; format::PAGE_SIZE as usize];
+/// The runs of a RAM section, checked: each inside `pages` pages of RAM, a
+/// count above zero, a known kind, and a normal run's bytes all there.
+///
+/// # Errors
+/// The first run that breaks a rule.
+pub fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, format::Error> {
+    let mut out = Vec::new();
     let mut b = payload;
     while !b.is_empty() {
         let (run, rest) = PageRun::read_from_prefix(b).map_err(|_| format::Error::Length {
@@ -327,35 +324,52 @@ fn load_ram(
                 first: run.first,
                 end: end.unwrap_or(u64::MAX),
                 pages,
-            }
-            .into());
+            });
         }
-        let range = run.first..run.first + u64::from(run.count);
-        match run.kind {
-            format::RUN_ZERO => {
-                let stale: Vec<u64> = written.iter_range(range.start, range.end).collect();
-                for p in stale {
-                    write_page(vm, p, &zero)?;
-                }
-                ram.duplicate += u64::from(run.count);
-            }
+        let data = match run.kind {
+            format::RUN_ZERO => &b[..0],
             format::RUN_NORMAL => {
                 let bytes = u64::from(run.count) * format::PAGE_SIZE;
                 if bytes > b.len() as u64 {
-                    return Err(format::Error::Truncated("a normal run's pages").into());
+                    return Err(format::Error::Truncated("a normal run's pages"));
                 }
                 let (data, rest) = b.split_at(bytes as usize);
                 b = rest;
-                populate(vm, run.first, bytes);
-                vm.mem
-                    .write_slice(data, GuestAddress(run.first * format::PAGE_SIZE))
-                    .map_err(|e| Error::Write(run.first, e))?;
-                range.for_each(|p| written.set(p));
-                ram.normal += u64::from(run.count);
-                ram.normal_bytes += bytes;
+                data
             }
-            other => return Err(format::Error::RunKind(other).into()),
+            other => return Err(format::Error::RunKind(other)),
+        };
+        out.push((run, data));
+    }
+    Ok(out)
+}
+
+/// Writes one RAM section's runs into guest RAM. Zero runs write only pages
+/// that may hold something (`written`); RAM nothing wrote is zero already.
+fn load_ram(
+    payload: &[u8],
+    vm: &Vm,
+    written: &mut Bitmap,
+    ram: &mut RamStats,
+) -> Result<(), Error> {
+    let zero = [0u8; format::PAGE_SIZE as usize];
+    for (run, data) in runs(payload, vm.config.memory / format::PAGE_SIZE)? {
+        let range = run.first..run.first + u64::from(run.count);
+        if run.kind == format::RUN_ZERO {
+            let stale: Vec<u64> = written.iter_range(range.start, range.end).collect();
+            for p in stale {
+                write_page(vm, p, &zero)?;
+            }
+            ram.duplicate += u64::from(run.count);
+            continue;
         }
+        populate(vm, run.first, data.len() as u64);
+        vm.mem
+            .write_slice(data, GuestAddress(run.first * format::PAGE_SIZE))
+            .map_err(|e| Error::Write(run.first, e))?;
+        range.for_each(|p| written.set(p));
+        ram.normal += u64::from(run.count);
+        ram.normal_bytes += data.len() as u64;
     }
     Ok(())
 }
