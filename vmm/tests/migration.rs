@@ -147,6 +147,49 @@ fn a_guest_moves_twice_and_keeps_what_each_host_wrote() {
 }
 
 #[test]
+fn the_source_sends_migration_events_and_ends_postmigrate() {
+    require_kvm!();
+    let src = ServedVm::start("mig-events", MEM, 1);
+    let mut watcher = src.client();
+    let dest = Dest::start("mig-events-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    watcher
+        .send_line(br#"{"execute": "query-status"}"#)
+        .unwrap();
+    let mut events = Vec::new();
+    let reply = watcher
+        .read_reply_after_events(|e| {
+            events.push(e.clone());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        reply.value["return"]["status"], "postmigrate",
+        "{}",
+        reply.value
+    );
+    // Events and replies are ordered per client only as the control thread
+    // saw them: wait (bounded by the client's timeout) for the last event.
+    while !events.iter().any(|e| e["data"]["status"] == "completed") {
+        events.push(watcher.read_reply().unwrap().value);
+    }
+    let statuses: Vec<&str> = events
+        .iter()
+        .filter(|e| e["event"] == "MIGRATION")
+        .filter_map(|e| e["data"]["status"].as_str())
+        .collect();
+    assert_eq!(statuses, ["setup", "active", "device", "completed"]);
+    assert!(events.iter().any(|e| e["event"] == "MIGRATION_PASS"));
+    dest.quit();
+}
+
+#[test]
 fn a_destination_of_another_size_refuses_naming_both_and_the_source_runs_on() {
     require_kvm!();
     let src = ServedVm::start("mig-size", MEM, 1);

@@ -237,8 +237,28 @@ impl Migration {
 
     /// Moves to `status`, with the `MIGRATION` event.
     pub(crate) fn set_status(&self, status: Status) {
-        self.update(|i| i.status = Some(status));
-        self.event_status(status);
+        let mut inner = self.lock();
+        inner.info.status = Some(status);
+        Self::queue(
+            &mut inner,
+            "MIGRATION",
+            serde_json::json!({ "status": status.name() }),
+        );
+        drop(inner);
+        self.wake();
+    }
+
+    fn queue(inner: &mut Inner, name: &'static str, data: serde_json::Value) {
+        if inner.events.len() == MAX_EVENTS {
+            inner.events.pop_front();
+        }
+        inner.events.push_back((name, data));
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.wake.get() {
+            let _ = w.write(1);
+        }
     }
 
     fn event_status(&self, status: Status) {
@@ -246,15 +266,8 @@ impl Migration {
     }
 
     pub(crate) fn event(&self, name: &'static str, data: serde_json::Value) {
-        let mut inner = self.lock();
-        if inner.events.len() == MAX_EVENTS {
-            inner.events.pop_front();
-        }
-        inner.events.push_back((name, data));
-        drop(inner);
-        if let Some(w) = self.wake.get() {
-            let _ = w.write(1);
-        }
+        Self::queue(&mut self.lock(), name, data);
+        self.wake();
     }
 }
 
