@@ -277,3 +277,46 @@ fn a_ring_mode_guest_on_huge_pages_arrives_with_its_modes_and_data() {
     assert_eq!(report["dirty_rate"]["mode"], "dirty-ring", "{report}");
     dest.quit();
 }
+
+#[test]
+fn a_vcpu_in_a_vmm_side_wait_finishes_it_and_its_queue_on_the_destination() {
+    require_kvm!();
+    let src = ServedVm::start("mig-wait", MEM, 1);
+    let mut c = src.client();
+    queue(
+        &mut c,
+        0,
+        "wait for=1s; touch offset=1M size=4K pattern=0x99",
+    );
+    common::wait_for(
+        "the vCPU to be in its wait",
+        Duration::from_secs(10),
+        || {
+            let (g, _) = c.execute("query-guest", json!({})).unwrap();
+            (g[0]["state"] == "waiting" && g[0]["queued"] == 1).then_some(())
+        },
+    );
+    let dest = Dest::start("mig-wait-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let mut d = dest.client();
+    let r = guest(&mut d, 0, "verify offset=1M size=4K pattern=0x99");
+    assert_eq!(
+        value(&r[0], 2),
+        0,
+        "the queued touch ran on the destination"
+    );
+    let summary = dest.quit();
+    let commands: Vec<&str> = summary.vcpus[0]
+        .results
+        .iter()
+        .map(|r| r.command.split(' ').next().unwrap_or(""))
+        .collect();
+    assert_eq!(commands, ["wait", "touch", "verify"], "{commands:?}");
+    assert!(summary.vcpus[0].results.iter().all(|r| r.status == "ok"));
+}
