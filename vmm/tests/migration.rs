@@ -320,3 +320,22 @@ fn a_vcpu_in_a_vmm_side_wait_finishes_it_and_its_queue_on_the_destination() {
     assert_eq!(commands, ["wait", "touch", "verify"], "{commands:?}");
     assert!(summary.vcpus[0].results.iter().all(|r| r.status == "ok"));
 }
+
+#[test]
+fn a_guest_migrates_over_tcp_on_loopback() {
+    require_kvm!();
+    let src = ServedVm::start("mig-tcp", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M pattern=0x3c");
+    let dest = Dest::start_tcp("mig-tcp-dst");
+    assert!(dest.uri.starts_with("tcp:127.0.0.1:"));
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let r = guest(&mut dest.client(), 0, "verify size=1M pattern=0x3c");
+    assert_eq!(value(&r[0], 2), 0);
+    dest.quit();
+}

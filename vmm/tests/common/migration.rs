@@ -28,7 +28,27 @@ impl Dest {
     pub fn start(test: &str, adjust: impl FnOnce(&mut IncomingConfig, &mut RunConfig)) -> Dest {
         let socket = socket_path(test);
         let listen = socket.with_file_name("incoming.sock");
-        let uri = format!("unix:{}", listen.display());
+        Self::start_at(socket, format!("unix:{}", listen.display()), adjust)
+    }
+
+    /// Starts a destination listening on TCP at 127.0.0.1 (a free port).
+    pub fn start_tcp(test: &str) -> Dest {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        Self::start_at(
+            socket_path(test),
+            format!("tcp:127.0.0.1:{port}"),
+            |_, _| {},
+        )
+    }
+
+    fn start_at(
+        socket: PathBuf,
+        uri: String,
+        adjust: impl FnOnce(&mut IncomingConfig, &mut RunConfig),
+    ) -> Dest {
         let mut incoming = IncomingConfig {
             uri: uri.parse().expect("a unix URI"),
             memory: None,
@@ -43,8 +63,9 @@ impl Dest {
         };
         adjust(&mut incoming, &mut config);
         let thread = std::thread::spawn(move || run::run_incoming(config, incoming));
+        let listening = listening_check(&uri);
         wait_for("the destination to listen", Duration::from_secs(20), || {
-            listen.exists().then_some(())
+            listening().then_some(())
         });
         Dest {
             socket,
@@ -88,6 +109,28 @@ impl Drop for Dest {
                 let _ = t.join();
             }
         }
+    }
+}
+
+/// Whether the destination listens at `uri`, without connecting (the one
+/// connection it takes is the source's): the socket file, or a TCP port in
+/// LISTEN state in /proc/net/tcp.
+fn listening_check(uri: &str) -> impl Fn() -> bool {
+    let uri = uri.to_string();
+    move || match uri.split_once(':') {
+        Some(("unix", path)) => std::path::Path::new(path).exists(),
+        Some(("tcp", addr)) => {
+            let port = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+            let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+            port.is_some_and(|p| {
+                let local = format!(":{p:04X}");
+                table.lines().any(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() > 3 && f[1].ends_with(&local) && f[3] == "0A"
+                })
+            })
+        }
+        _ => false,
     }
 }
 
