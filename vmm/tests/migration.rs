@@ -39,6 +39,7 @@ fn verify_spec(i: u64) -> String {
 #[test]
 fn a_four_vcpu_guest_busy_on_every_vcpu_arrives_whole_and_finishes_its_work() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start("mig-four", MEM, 4);
     let mut c = src.client();
     for i in 0..4u64 {
@@ -111,6 +112,7 @@ fn a_four_vcpu_guest_busy_on_every_vcpu_arrives_whole_and_finishes_its_work() {
 #[test]
 fn a_guest_moves_twice_and_keeps_what_each_host_wrote() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start("mig-twice-a", MEM, 1);
     let mut a = src.client();
     guest(&mut a, 0, "touch offset=0 size=1M pattern=0xa1");
@@ -149,6 +151,7 @@ fn a_guest_moves_twice_and_keeps_what_each_host_wrote() {
 #[test]
 fn the_source_sends_migration_events_and_ends_postmigrate() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start("mig-events", MEM, 1);
     let mut watcher = src.client();
     let dest = Dest::start("mig-events-dst", |_, _| {});
@@ -192,6 +195,7 @@ fn the_source_sends_migration_events_and_ends_postmigrate() {
 #[test]
 fn a_destination_of_another_size_refuses_naming_both_and_the_source_runs_on() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start("mig-size", MEM, 1);
     let mut c = src.client();
     guest(&mut c, 0, "touch size=1M");
@@ -212,6 +216,7 @@ fn a_destination_of_another_size_refuses_naming_both_and_the_source_runs_on() {
 #[test]
 fn the_destinations_stats_fds_sampler_and_readiness_work_after_resume() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start_with("mig-stats", MEM, 1, |c| {
         c.vm.dirty_log = Some(kvmscope::dirty::DirtyMode::Bitmap)
     });
@@ -250,6 +255,7 @@ fn the_destinations_stats_fds_sampler_and_readiness_work_after_resume() {
 #[test]
 fn a_ring_mode_guest_on_huge_pages_arrives_with_its_modes_and_data() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start_with("mig-ring", MEM, 2, |c| {
         c.vm.dirty_log = Some(kvmscope::dirty::DirtyMode::Ring(256));
         c.vm.hugepages = true;
@@ -281,6 +287,7 @@ fn a_ring_mode_guest_on_huge_pages_arrives_with_its_modes_and_data() {
 #[test]
 fn a_vcpu_in_a_vmm_side_wait_finishes_it_and_its_queue_on_the_destination() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start("mig-wait", MEM, 1);
     let mut c = src.client();
     queue(
@@ -324,6 +331,7 @@ fn a_vcpu_in_a_vmm_side_wait_finishes_it_and_its_queue_on_the_destination() {
 #[test]
 fn a_guest_migrates_over_tcp_on_loopback() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start("mig-tcp", MEM, 1);
     guest(&mut src.client(), 0, "touch size=1M pattern=0x3c");
     let dest = Dest::start_tcp("mig-tcp-dst");

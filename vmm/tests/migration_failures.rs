@@ -108,6 +108,7 @@ fn busy_source(test: &str) -> ServedVm {
 #[test]
 fn a_destination_that_dies_in_pass_0_leaves_the_source_running() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = busy_source("mig-die0");
     let (uri, fake) = fake_destination("mig-die0-dst", Plan::DieInPass(0));
     let info = migrate(&src, &uri, json!({"downtime-limit": 0}));
@@ -118,6 +119,7 @@ fn a_destination_that_dies_in_pass_0_leaves_the_source_running() {
 #[test]
 fn a_destination_that_dies_in_a_later_pass_leaves_the_source_running() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = busy_source("mig-die2");
     let (uri, fake) = fake_destination("mig-die2-dst", Plan::DieInPass(2));
     let info = migrate(&src, &uri, json!({"downtime-limit": 0}));
@@ -129,6 +131,7 @@ fn a_destination_that_dies_in_a_later_pass_leaves_the_source_running() {
 #[test]
 fn a_destination_that_dies_after_the_vcpus_stopped_leaves_the_source_running() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = ServedVm::start("mig-die-dev", MEM, 1);
     guest(&mut src.client(), 0, "touch size=1M");
     let (uri, fake) = fake_destination("mig-die-dev-dst", Plan::DieAtDeviceState);
@@ -140,6 +143,7 @@ fn a_destination_that_dies_after_the_vcpus_stopped_leaves_the_source_running() {
 #[test]
 fn a_cancelled_migration_leaves_the_source_running_and_says_cancelled() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let src = busy_source("mig-cancel");
     let dest = Dest::start("mig-cancel-dst", |_, _| {});
     let mut c = src.client();
@@ -211,6 +215,7 @@ fn first_page_data(bytes: &[u8]) -> usize {
 #[test]
 fn truncated_flipped_and_wrong_version_streams_are_refused_with_their_error() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let stream = recorded_stream("mig-bad");
     let e = replay("mig-bad-cut", &stream[..stream.len() / 2]);
     assert!(e.contains("truncated"), "{e}");

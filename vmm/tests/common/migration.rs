@@ -15,6 +15,14 @@ use serde_json::{json, Value};
 
 use super::{socket_path, wait_for, ServedVm};
 
+/// Serialises the migration tests of one binary: each runs two VMMs whose
+/// vCPUs spin, and a guest paced by its TSC falls behind when more vCPUs
+/// than cores run at once.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A destination VMM (`run --incoming`) on a thread of this process.
 pub struct Dest {
     pub socket: PathBuf,
