@@ -168,8 +168,9 @@ def case_nonzero(a, work):
         info = migrate(src, uri, {})
         out = summary(info)
         ours = info["ram"]["mbps"] * 1e6 / 8
-        base = socketpair_rate(info["ram"]["normal-bytes"])
-        fresh = socketpair_rate(info["ram"]["normal-bytes"], fresh=True)
+        # The baselines vary run to run on a shared machine: best of three.
+        base = max(socketpair_rate(info["ram"]["normal-bytes"]) for _ in range(3))
+        fresh = max(socketpair_rate(info["ram"]["normal-bytes"], fresh=True) for _ in range(3))
         out.update(
             send_rate_MBps=ours / 1e6,
             socketpair_MBps=base / 1e6,

@@ -80,6 +80,7 @@ pub fn migration_stream(data: &[u8]) -> bool {
                 receiver::check(&c, &given).is_ok()
             }),
             Kind::Ram => receiver::runs(&buf, (1 << 30) / 4096).is_ok(),
+            Kind::Plan => receiver::plan(&buf, (1 << 30) / 4096).is_ok(),
             Kind::Vcpu => device::decode(&buf).is_ok(),
             _ => true,
         };

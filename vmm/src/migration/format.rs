@@ -16,6 +16,8 @@ pub const VERSION: u32 = 1;
 pub const PAGE_SIZE: u64 = 4096;
 /// Largest RAM section payload a receiver accepts.
 pub const MAX_RAM_SECTION: u64 = 64 << 20;
+/// Largest plan section payload a receiver accepts (256 Ki ranges).
+pub const MAX_PLAN_SECTION: u64 = 4 << 20;
 /// Largest vCPU section payload a receiver accepts.
 pub const MAX_VCPU_SECTION: u64 = 4 << 20;
 /// Longest message in a reply.
@@ -83,6 +85,7 @@ pub enum Kind {
     Vcpu = 4,
     End = 5,
     Digest = 6,
+    Plan = 7,
 }
 
 impl Kind {
@@ -98,6 +101,7 @@ impl Kind {
             4 => Kind::Vcpu,
             5 => Kind::End,
             6 => Kind::Digest,
+            7 => Kind::Plan,
             other => return Err(Error::Kind(other)),
         })
     }
@@ -111,6 +115,7 @@ impl Kind {
             Kind::Vcpu => "vCPU",
             Kind::End => "end",
             Kind::Digest => "RAM digest",
+            Kind::Plan => "plan",
         }
     }
 
@@ -123,6 +128,7 @@ impl Kind {
             Kind::Vcpu => MAX_VCPU_SECTION,
             Kind::End => size_of::<Trailer>() as u64,
             Kind::Digest => size_of::<DigestRecord>() as u64,
+            Kind::Plan => MAX_PLAN_SECTION,
         }
     }
 }
@@ -186,6 +192,15 @@ pub struct PassRecord {
 pub struct DigestRecord {
     pub crc32: u32,
     pub reserved: u32,
+}
+
+/// A range of pages pass 0 will send with data (a plan entry): the
+/// destination backs them ahead, on a second thread, while it receives.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct PlanRange {
+    pub first: u64,
+    pub count: u64,
 }
 
 /// The fixed part of a vCPU section; the KVM structs, MSRs and the VMM's

@@ -8,6 +8,9 @@
 //! → `End` (trailer checked, state restored, `completed` sent). Anything
 //! else, at any point, is refused with the reason, and nothing runs here.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use vm_memory::{Bytes, GuestAddress};
 use zerocopy::FromBytes;
 
@@ -15,6 +18,7 @@ use super::format::{self, ConfigRecord, Kind, PageRun, PassRecord, Reader};
 use super::transport::{self, Conn, Listener, Uri};
 use super::{device, Migration, RamStats, Status};
 use crate::dirty::{Bitmap, DirtyMode};
+use crate::memory::GuestMemory;
 use crate::vcpu::snapshot::Snapshot;
 use crate::vm::{Vm, VmConfig};
 
@@ -227,6 +231,7 @@ impl Incoming {
         (0..crate::abi::ARENA_BASE / format::PAGE_SIZE).for_each(|p| written.set(p));
         let mut snapshots: Vec<Snapshot> = Vec::new();
         let mut buf = Vec::new();
+        let mut _prefetch = None;
         let mut last_pass = std::time::Instant::now();
         loop {
             let (kind, len) = self.reader.section()?;
@@ -235,6 +240,11 @@ impl Incoming {
                     buf.resize(len as usize, 0);
                     self.reader.read_exact(&mut buf, "a RAM section")?;
                     load_ram(&buf, vm, &mut written, &mut ram)?;
+                }
+                Kind::Plan if _prefetch.is_none() => {
+                    buf.resize(len as usize, 0);
+                    self.reader.read_exact(&mut buf, "the plan")?;
+                    _prefetch = Some(Prefetch::start(&vm.mem, plan(&buf, pages)?));
                 }
                 Kind::Pass => {
                     format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
@@ -363,7 +373,7 @@ fn load_ram(
             ram.duplicate += u64::from(run.count);
             continue;
         }
-        populate(vm, run.first, data.len() as u64);
+        populate(&vm.mem, run.first, data.len() as u64);
         vm.mem
             .write_slice(data, GuestAddress(run.first * format::PAGE_SIZE))
             .map_err(|e| Error::Write(run.first, e))?;
@@ -374,18 +384,83 @@ fn load_ram(
     Ok(())
 }
 
+/// The ranges of a plan section, each checked to lie inside `pages` pages.
+///
+/// # Errors
+/// A length that is not a whole number of ranges, or a range outside RAM.
+pub fn plan(payload: &[u8], pages: u64) -> Result<Vec<format::PlanRange>, format::Error> {
+    let ranges =
+        <[format::PlanRange]>::ref_from_bytes(payload).map_err(|_| format::Error::Length {
+            what: "plan",
+            len: payload.len() as u64,
+            need: payload.len() as u64 / 16 * 16,
+        })?;
+    for r in ranges {
+        let end = r.first.checked_add(r.count);
+        if end.is_none_or(|e| e > pages) {
+            return Err(format::Error::PageRange {
+                first: r.first,
+                end: end.unwrap_or(u64::MAX),
+                pages,
+            });
+        }
+    }
+    Ok(ranges.to_vec())
+}
+
+/// Backs the planned ranges of guest RAM on a `prefetch` thread while the
+/// pages travel, so that the kernel's zeroing of fresh memory overlaps the
+/// transfer; stopped and joined when dropped (whatever ends the load).
+struct Prefetch {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prefetch {
+    fn start(mem: &GuestMemory, ranges: Vec<format::PlanRange>) -> Prefetch {
+        const CHUNK: u64 = 512; // pages: 2 MiB per call
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mem, flag) = (mem.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("prefetch".into())
+            .spawn(move || {
+                for r in ranges {
+                    let mut at = r.first;
+                    while at < r.first + r.count {
+                        if flag.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let n = CHUNK.min(r.first + r.count - at);
+                        populate(&mem, at, n * format::PAGE_SIZE);
+                        at += n;
+                    }
+                }
+            })
+            .ok();
+        Prefetch { stop, thread }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Backs `bytes` of guest RAM from `page` in one call (MADV_POPULATE_WRITE)
 /// rather than one page fault per page as they are written; best effort.
-fn populate(vm: &Vm, page: u64, bytes: u64) {
+fn populate(mem: &GuestMemory, page: u64, bytes: u64) {
     use vm_memory::GuestMemoryBackend as _;
-    let Ok(host) = vm
-        .mem
-        .get_host_address(GuestAddress(page * format::PAGE_SIZE))
-    else {
+    let Ok(host) = mem.get_host_address(GuestAddress(page * format::PAGE_SIZE)) else {
         return;
     };
-    // SAFETY: the range lies inside guest RAM (the run was checked against its
-    // size), a mapping `vm` owns; populating only backs it with zeroed pages.
+    // SAFETY: the range lies inside guest RAM (checked against its size by the
+    // caller), a mapping `mem` keeps alive; populating only backs it with
+    // zeroed pages, which a concurrent writer of the same pages may race with
+    // harmlessly (the kernel serialises the faults).
     let _ = unsafe { libc::madvise(host.cast(), bytes as usize, libc::MADV_POPULATE_WRITE) };
 }
 

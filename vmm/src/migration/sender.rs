@@ -214,6 +214,7 @@ impl<'a> Precopy<'a> {
             let (ptr, len) = ram_range(&self.src.mem);
             pages::classify(ptr, len)?
         };
+        self.send_plan(&runs)?;
         let mut dirty = self.pass_and_sync(&runs, &consumer)?;
         while !self.fits(&dirty) {
             dirty = self.pass_and_sync(&data_runs(&dirty), &consumer)?;
@@ -253,6 +254,23 @@ impl<'a> Precopy<'a> {
         self.m
             .event("MIGRATION_PASS", serde_json::json!({ "pass": self.pass }));
         Ok(dirty)
+    }
+
+    /// Tells the destination which ranges pass 0 sends with data, so that it
+    /// can back them while the pages travel (at most the section's limit;
+    /// the rest is backed as it arrives).
+    fn send_plan(&mut self, runs: &[(u64, u64, Backing)]) -> Result<(), Error> {
+        let max = (format::MAX_PLAN_SECTION as usize) / size_of::<format::PlanRange>();
+        let plan: Vec<u8> = runs
+            .iter()
+            .filter(|r| r.2 == Backing::Data)
+            .take(max)
+            .flat_map(|&(first, count, _)| format::PlanRange { first, count }.as_bytes().to_vec())
+            .collect();
+        if !plan.is_empty() {
+            self.writer()?.section(Kind::Plan, &[&plan])?;
+        }
+        Ok(())
     }
 
     fn end_pass(&mut self, pages_before: u64) -> Result<(), Error> {
