@@ -129,7 +129,10 @@ struct Precopy<'a> {
     src: &'a Source,
     w: Option<Writer<Conn>>,
     ram: RamStats,
+    /// The RAM section being built: `buf[..len]` (allocated and zeroed once,
+    /// so a page is read into it without zero-filling it first).
     buf: Vec<u8>,
+    len: usize,
     open: Option<OpenRun>,
     /// Token bucket: bytes that may go now, and when it was last filled.
     tokens: f64,
@@ -162,7 +165,8 @@ impl<'a> Precopy<'a> {
                 page_size: format::PAGE_SIZE,
                 ..RamStats::default()
             },
-            buf: Vec::with_capacity(SECTION_TARGET + (1 << 20)),
+            buf: vec![0; SECTION_TARGET + (1 << 20)],
+            len: 0,
             open: None,
             tokens: 0.0,
             filled: Instant::now(),
@@ -404,13 +408,13 @@ impl<'a> Precopy<'a> {
                 Backing::Data => {
                     for page in first..first + count {
                         self.add_page(page)?;
-                        if self.buf.len() >= SECTION_TARGET {
+                        if self.len >= SECTION_TARGET {
                             self.flush()?;
                         }
                     }
                 }
             }
-            if self.buf.len() >= SECTION_TARGET {
+            if self.len >= SECTION_TARGET {
                 self.flush()?;
             }
         }
@@ -445,20 +449,25 @@ impl<'a> Precopy<'a> {
     /// Appends one page: its bytes after a normal run's header, or, when it
     /// reads as zero, a zero run.
     fn add_page(&mut self, page: u64) -> Result<(), Error> {
-        let before = (self.buf.len(), self.open);
+        let before = (self.len, self.open);
         let continues = matches!(self.open, Some(o) if o.kind == format::RUN_NORMAL
             && o.first + u64::from(o.count) == page && o.count < u32::MAX);
         if !continues {
             self.open_run(page, format::RUN_NORMAL);
         }
-        let at = self.buf.len();
-        self.buf.resize(at + format::PAGE_SIZE as usize, 0);
+        let at = self.len;
+        let end = at + format::PAGE_SIZE as usize;
+        self.reserve(end);
+        self.len = end;
         self.src
             .mem
-            .read_slice(&mut self.buf[at..], GuestAddress(page * format::PAGE_SIZE))
+            .read_slice(
+                &mut self.buf[at..end],
+                GuestAddress(page * format::PAGE_SIZE),
+            )
             .map_err(|e| Error::Read(page, e))?;
-        if pages::is_zero(&self.buf[at..]) {
-            self.buf.truncate(before.0);
+        if pages::is_zero(&self.buf[at..end]) {
+            self.len = before.0;
             self.open = before.1;
             self.add_zero(page, 1);
             return Ok(());
@@ -470,19 +479,29 @@ impl<'a> Precopy<'a> {
     }
 
     fn open_run(&mut self, first: u64, kind: u32) {
-        let at = self.buf.len();
+        let at = self.len;
         let run = PageRun {
             first,
             count: 0,
             kind,
         };
-        self.buf.extend_from_slice(run.as_bytes());
+        let end = at + size_of::<PageRun>();
+        self.reserve(end);
+        self.buf[at..end].copy_from_slice(run.as_bytes());
+        self.len = end;
         self.open = Some(OpenRun {
             at,
             first,
             count: 0,
             kind,
         });
+    }
+
+    /// Makes the batch buffer at least `end` bytes long.
+    fn reserve(&mut self, end: usize) {
+        if self.buf.len() < end {
+            self.buf.resize(end.max(self.buf.len() * 2), 0);
+        }
     }
 
     /// Adds `n` pages to the open run, rewriting its header.
@@ -501,16 +520,16 @@ impl<'a> Precopy<'a> {
     /// Sends the RAM section built so far, paced by the bandwidth limit.
     fn flush(&mut self) -> Result<(), Error> {
         self.open = None;
-        if self.buf.is_empty() {
+        if self.len == 0 {
             return Ok(());
         }
         if self.m.cancelled() {
             return Err(Error::Cancelled);
         }
         let w = self.w.as_mut().ok_or(Error::Cancelled)?;
-        w.section(Kind::Ram, &[&self.buf])?;
-        let n = self.buf.len() as u64;
-        self.buf.clear();
+        w.section(Kind::Ram, &[&self.buf[..self.len]])?;
+        let n = self.len as u64;
+        self.len = 0;
         self.pace(n)?;
         self.ram.transferred = self.wire_bytes();
         let ram = self.ram.clone();
