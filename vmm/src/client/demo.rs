@@ -219,15 +219,7 @@ fn migration_step(
     )?;
     let dirty = format!("dirty ws={size} rate=2000/s for=1s");
     client.execute("guest-command", json!({"vcpu": 0, "command": dirty}))?;
-    let deadline = Instant::now() + config.startup_timeout;
-    while !incoming.exists() {
-        dst.check_running()?;
-        if Instant::now() >= deadline {
-            return Err(Error::NotReady(incoming, config.startup_timeout));
-        }
-        // The other process's listening socket has no event to wait on.
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_listening(&mut dst, &incoming, config.startup_timeout)?;
     let mut report = Vec::new();
     let migrate = super::migrate::MigrateConfig {
         socket: socket.to_path_buf(),
@@ -241,8 +233,41 @@ fn migration_step(
     for line in String::from_utf8_lossy(&report).lines() {
         writeln!(out, "  {line}")?;
     }
+    verify_on(&mut dst, &dst_socket, config, out)?;
+    let _ = dst.finish()?;
+    writeln!(
+        out,
+        "  the source stays paused (postmigrate) until quit, so the guest never runs twice
+"
+    )?;
+    Ok(())
+}
+
+/// Waits until the destination listens at `incoming` (its socket file).
+fn wait_listening(dst: &mut Vmm, incoming: &Path, timeout: Duration) -> Result<(), Error> {
+    let deadline = Instant::now() + timeout;
+    while !incoming.exists() {
+        dst.check_running()?;
+        if Instant::now() >= deadline {
+            return Err(Error::NotReady(incoming.to_path_buf(), timeout));
+        }
+        // The other process's listening socket has no event to wait on.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// Checks, in the guest on the destination, the range touched just before
+/// the migration and the range zeroed by phase 2; then quits it.
+fn verify_on(
+    dst: &mut Vmm,
+    dst_socket: &Path,
+    config: &DemoConfig,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let size = config.phase_size;
     let mut d =
-        Client::connect_when_ready(&dst_socket, config.startup_timeout, || dst.check_running())?;
+        Client::connect_when_ready(dst_socket, config.startup_timeout, || dst.check_running())?;
     d.set_timeout(Some(super::REPLY_TIMEOUT))?;
     let check = format!(
         "verify offset={} size={size} pattern=0xd5; verify-zero offset={size} size={size}",
@@ -262,12 +287,6 @@ fn migration_step(
         )?;
     }
     d.execute("quit", json!({}))?;
-    let _ = dst.finish()?;
-    writeln!(
-        out,
-        "  the source stays paused (postmigrate) until quit, so the guest never runs twice
-"
-    )?;
     Ok(())
 }
 

@@ -49,6 +49,19 @@ pub enum Error {
     NoConfig(&'static str),
 }
 
+/// A load in progress: what has arrived so far.
+struct Loading {
+    pages: u64,
+    ram: RamStats,
+    /// Pages that may hold something (boot writes, earlier normal runs).
+    written: Bitmap,
+    snapshots: Vec<Snapshot>,
+    buf: Vec<u8>,
+    /// Backs pass 0's planned ranges; stopped and joined when dropped.
+    prefetch: Option<Prefetch>,
+    last_pass: std::time::Instant,
+}
+
 /// What `run --incoming` was given; `None` members come from the stream.
 #[derive(Debug, Clone)]
 pub struct IncomingConfig {
@@ -221,78 +234,94 @@ impl Incoming {
         format::write_reply(self.reader.inner(), format::REPLY_READY, "")?;
         m.set_status(Status::Active);
         let pages = self.config.memory / format::PAGE_SIZE;
-        let mut ram = RamStats {
-            total: self.config.memory,
-            page_size: format::PAGE_SIZE,
-            ..RamStats::default()
+        let mut l = Loading {
+            pages,
+            ram: RamStats {
+                total: self.config.memory,
+                page_size: format::PAGE_SIZE,
+                ..RamStats::default()
+            },
+            written: Bitmap::new(pages),
+            snapshots: Vec::new(),
+            buf: Vec::new(),
+            prefetch: None,
+            last_pass: std::time::Instant::now(),
         };
         // What this VMM wrote at boot (below the arena) differs from zero.
-        let mut written = Bitmap::new(pages);
-        (0..crate::abi::ARENA_BASE / format::PAGE_SIZE).for_each(|p| written.set(p));
-        let mut snapshots: Vec<Snapshot> = Vec::new();
-        let mut buf = Vec::new();
-        let mut _prefetch = None;
-        let mut last_pass = std::time::Instant::now();
+        (0..crate::abi::ARENA_BASE / format::PAGE_SIZE).for_each(|p| l.written.set(p));
         loop {
             let (kind, len) = self.reader.section()?;
-            match kind {
-                Kind::Ram if snapshots.is_empty() => {
-                    buf.resize(len as usize, 0);
-                    self.reader.read_exact(&mut buf, "a RAM section")?;
-                    load_ram(&buf, vm, &mut written, &mut ram)?;
-                }
-                Kind::Plan if _prefetch.is_none() => {
-                    buf.resize(len as usize, 0);
-                    self.reader.read_exact(&mut buf, "the plan")?;
-                    _prefetch = Some(Prefetch::start(&vm.mem, plan(&buf, pages)?));
-                }
-                Kind::Pass => {
-                    format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
-                    let _: PassRecord = self.reader.read_obj("a pass section")?;
-                    ram.dirty_sync_count += 1;
-                    last_pass = std::time::Instant::now();
-                }
-                Kind::Vcpu => {
-                    if snapshots.is_empty() {
-                        m.set_status(Status::Device);
-                    }
-                    buf.resize(len as usize, 0);
-                    self.reader.read_exact(&mut buf, "a vCPU section")?;
-                    snapshots.push(device::decode(&buf)?);
-                }
-                Kind::Digest => {
-                    format::expect_len(kind, len, size_of::<format::DigestRecord>() as u64)?;
-                    let d: format::DigestRecord = self.reader.read_obj("the RAM digest")?;
-                    let ours = super::ram_crc32(&vm.mem);
-                    m.update(|i| i.x_ram_crc32 = Some(ours));
-                    if ours != d.crc32 {
-                        let e = format::Error::Digest {
-                            theirs: d.crc32,
-                            ours,
-                        };
-                        return Err(e.into());
-                    }
-                }
-                Kind::End => {
-                    self.reader.finish(len)?;
-                    log::debug!(
-                        "migration: trailer checked {:?} after the last pass",
-                        last_pass.elapsed()
-                    );
-                    break;
-                }
-                other => return Err(format::Error::Order(other.name()).into()),
+            if kind == Kind::End {
+                self.reader.finish(len)?;
+                break;
             }
-            ram.transferred = self.reader.bytes;
-            let r = ram.clone();
+            self.load_section(kind, len, vm, m, &mut l)?;
+            l.ram.transferred = self.reader.bytes;
+            let r = l.ram.clone();
             m.update(|i| i.ram = Some(r));
         }
-        let restored = self.restore(vm, snapshots);
+        log::debug!(
+            "migration: trailer checked {:?} after the last pass",
+            l.last_pass.elapsed()
+        );
+        let restored = self.restore(vm, std::mem::take(&mut l.snapshots));
         log::debug!(
             "migration: vCPU state loaded {:?} after the last pass",
-            last_pass.elapsed()
+            l.last_pass.elapsed()
         );
         restored
+    }
+
+    /// One section of the `Ram` and `Device` states (module docs).
+    fn load_section(
+        &mut self,
+        kind: Kind,
+        len: u64,
+        vm: &Vm,
+        m: &Migration,
+        l: &mut Loading,
+    ) -> Result<(), Error> {
+        match kind {
+            Kind::Ram if l.snapshots.is_empty() => {
+                l.buf.resize(len as usize, 0);
+                self.reader.read_exact(&mut l.buf, "a RAM section")?;
+                load_ram(&l.buf, vm, &mut l.written, &mut l.ram)?;
+            }
+            Kind::Plan if l.prefetch.is_none() => {
+                l.buf.resize(len as usize, 0);
+                self.reader.read_exact(&mut l.buf, "the plan")?;
+                l.prefetch = Some(Prefetch::start(&vm.mem, plan(&l.buf, l.pages)?));
+            }
+            Kind::Pass => {
+                format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
+                let _: PassRecord = self.reader.read_obj("a pass section")?;
+                l.ram.dirty_sync_count += 1;
+                l.last_pass = std::time::Instant::now();
+            }
+            Kind::Vcpu => {
+                if l.snapshots.is_empty() {
+                    m.set_status(Status::Device);
+                }
+                l.buf.resize(len as usize, 0);
+                self.reader.read_exact(&mut l.buf, "a vCPU section")?;
+                l.snapshots.push(device::decode(&l.buf)?);
+            }
+            Kind::Digest => {
+                format::expect_len(kind, len, size_of::<format::DigestRecord>() as u64)?;
+                let d: format::DigestRecord = self.reader.read_obj("the RAM digest")?;
+                let ours = super::ram_crc32(&vm.mem);
+                m.update(|i| i.x_ram_crc32 = Some(ours));
+                if ours != d.crc32 {
+                    let e = format::Error::Digest {
+                        theirs: d.crc32,
+                        ours,
+                    };
+                    return Err(e.into());
+                }
+            }
+            other => return Err(format::Error::Order(other.name()).into()),
+        }
+        Ok(())
     }
 
     fn restore(&self, vm: &mut Vm, mut snapshots: Vec<Snapshot>) -> Result<(), Error> {
