@@ -144,6 +144,10 @@ struct Precopy<'a> {
     last_rate: f64,
     /// Dirty pages at the previous sync, to see whether passes shrink.
     prev_dirty: Option<u64>,
+    /// The pass in progress: pages it sends, pages sent before it, its
+    /// start and the wire bytes before it (for live `remaining` and `mbps`).
+    pass_pages: u64,
+    pass_from: (u64, Instant, u64),
 }
 
 fn ram_range(mem: &GuestMemory) -> (*const u8, usize) {
@@ -174,6 +178,8 @@ impl<'a> Precopy<'a> {
             pass: 0,
             last_rate: 0.0,
             prev_dirty: None,
+            pass_pages: 0,
+            pass_from: (0, Instant::now(), 0),
         }
     }
 
@@ -233,6 +239,8 @@ impl<'a> Precopy<'a> {
         consumer: &dirty::Consumer,
     ) -> Result<Bitmap, Error> {
         let (t0, bytes0, pages0) = (Instant::now(), self.wire_bytes(), self.pages_sent());
+        self.pass_pages = runs.iter().map(|r| r.1).sum();
+        self.pass_from = (pages0, t0, bytes0);
         self.send_runs(runs)?;
         self.end_pass(pages0)?;
         let dirty = consumer.take()?;
@@ -532,6 +540,13 @@ impl<'a> Precopy<'a> {
         self.len = 0;
         self.pace(n)?;
         self.ram.transferred = self.wire_bytes();
+        if self.m.status().status == Some(Status::Active) {
+            let (pages0, t0, bytes0) = self.pass_from;
+            let done = self.pages_sent() - pages0;
+            self.ram.remaining = self.pass_pages.saturating_sub(done) * format::PAGE_SIZE;
+            let secs = t0.elapsed().as_secs_f64().max(1e-6);
+            self.ram.mbps = (self.wire_bytes() - bytes0) as f64 * 8.0 / secs / 1e6;
+        }
         let ram = self.ram.clone();
         self.m.update(|i| i.ram = Some(ram));
         Ok(())
