@@ -52,6 +52,9 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
     let uri = format!("unix:{}", path.display());
     let thread = std::thread::spawn(move || {
         let (s, _) = listener.accept().unwrap();
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         let mut out = s.try_clone().unwrap();
         let mut r = Reader::start(Tee {
             inner: s,

@@ -117,6 +117,9 @@ impl Drop for Dest {
                 let _ = t.join();
             }
         }
+        if let Some(dir) = self.socket.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
