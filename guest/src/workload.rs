@@ -46,6 +46,7 @@ pub fn run(boot: &Boot, cmd: u64, args: &[u64; 6]) -> (u64, [u64; 3]) {
         CMD_EXITS => Some(exits(boot, args[0], args[1])),
         CMD_PANIC => panic!("guest panic requested (argument {})", args[0]),
         CMD_FAULT => fault(),
+        CMD_VERIFY => verify(boot, args),
         _ => return (STATUS_UNKNOWN_COMMAND, [0; 3]),
     };
     match r {
@@ -72,6 +73,32 @@ fn touch(boot: &Boot, args: &[u64; 6], pattern: u64) -> Option<(u64, u64)> {
         page += r.stride;
     }
     Some((written, 0))
+}
+
+/// Counts the pages of a range that do not hold what `touch` (or
+/// `touch-zero`, for pattern 0) wrote.
+fn verify(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
+    let r = range(boot, args[0], args[1], args[2])?;
+    let pattern = args[3];
+    let (mut checked, mut bad, mut page) = (0, 0, 0);
+    while page < r.pages {
+        let addr = r.first + page * PAGE_SIZE;
+        let expected = if pattern == 0 {
+            0
+        } else {
+            (pattern | 1) ^ addr
+        };
+        let words = addr as *const u64;
+        let mut same = true;
+        for w in 0..(PAGE_SIZE / 8) as usize {
+            // SAFETY: the page lies inside the arena, identity-mapped and user-readable.
+            same &= unsafe { core::ptr::read_volatile(words.add(w)) } == expected;
+        }
+        bad += u64::from(!same);
+        checked += 1;
+        page += r.stride;
+    }
+    Some((checked, bad))
 }
 
 fn read(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {

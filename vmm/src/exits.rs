@@ -160,6 +160,9 @@ impl Bus {
     }
 }
 
+/// Counters by label, as a migration carries them.
+pub type Labeled = Vec<(String, u64)>;
+
 /// One vCPU's exit counters. Only the vCPU's own thread writes them, so a
 /// relaxed load and store is enough (no locked add on the hot path); any thread
 /// may read them.
@@ -187,6 +190,34 @@ impl ExitCounters {
     /// All exits counted.
     pub fn total(&self) -> u64 {
         Reason::ALL.iter().map(|&r| self.reason(r)).sum()
+    }
+
+    /// Every counter by label: reasons, then devices (for a migration's stream).
+    pub fn labeled(&self) -> (Labeled, Labeled) {
+        let reasons = Reason::ALL
+            .iter()
+            .map(|&r| (r.label().to_string(), self.reason(r)))
+            .collect();
+        let devices = Device::ALL
+            .iter()
+            .map(|&d| (d.label().to_string(), self.device(d)))
+            .collect();
+        (reasons, devices)
+    }
+
+    /// Sets counters from labels (a migration's destination goes on from the
+    /// source's values); unknown labels are ignored. Call before the vCPU runs.
+    pub fn restore(&self, reasons: &[(String, u64)], devices: &[(String, u64)]) {
+        for (label, v) in reasons {
+            if let Some(&r) = Reason::ALL.iter().find(|r| r.label() == label) {
+                self.reasons[r as usize].store(*v, Ordering::Relaxed);
+            }
+        }
+        for (label, v) in devices {
+            if let Some(&d) = Device::ALL.iter().find(|d| d.label() == label) {
+                self.devices[d as usize].store(*v, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The counters as JSON: `{"reasons": {...}, "devices": {...}, "total": n}`.

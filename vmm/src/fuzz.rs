@@ -1,8 +1,12 @@
 //! Fuzz bodies for the VMM's parsers of outside input: control-socket request
-//! lines and workload specs. The cargo-fuzz targets in `fuzz/` call these, and
+//! lines, workload specs and migration streams. The cargo-fuzz targets in `fuzz/` call these, and
 //! `vmm/tests/fuzz_corpus.rs` runs them over the seed corpus in `cargo test`.
 //! Errors are the expected outcome for bad input; a panic is a bug.
 
+use zerocopy::FromBytes;
+
+use crate::migration::format::{ConfigRecord, Kind, Reader};
+use crate::migration::{device, receiver};
 use crate::workload::{parse_command, parse_workload};
 
 /// Control-socket input: split into values as the server does, and each
@@ -37,4 +41,51 @@ pub fn workload_spec(data: &[u8]) {
         }
     }
     let _ = workload.target.resolve(8);
+}
+
+/// A migration stream, read as a destination reads it (without a VM): the
+/// header, every section within its limit, the config checked, RAM runs
+/// checked against a 1 GiB guest, vCPU sections decoded, the trailer's
+/// checksum and count. Returns whether the whole stream was accepted.
+pub fn migration_stream(data: &[u8]) -> bool {
+    let Ok(mut r) = Reader::start(data) else {
+        return false;
+    };
+    let mut buf = Vec::new();
+    loop {
+        let Ok((kind, len)) = r.section() else {
+            return false;
+        };
+        if kind == Kind::End {
+            return r.finish(len).is_ok();
+        }
+        // A real receiver allocates up to the section limit; a fuzz input
+        // that cannot hold the section need not.
+        if len > data.len() as u64 {
+            return false;
+        }
+        buf.resize(len as usize, 0);
+        if r.read_exact(&mut buf, "a section").is_err() {
+            return false;
+        }
+        let ok = match kind {
+            Kind::Config => ConfigRecord::read_from_bytes(&buf).is_ok_and(|c| {
+                let given = receiver::IncomingConfig {
+                    uri: crate::migration::Uri::Unix("/".into()),
+                    memory: None,
+                    vcpus: None,
+                    hugepages: None,
+                    dirty_log: None,
+                };
+                receiver::check(&c, &given).is_ok()
+            }),
+            Kind::Ram => receiver::runs(&buf, (1 << 30) / 4096).is_ok(),
+            Kind::Plan => receiver::plan(&buf, (1 << 30) / 4096).is_ok(),
+            Kind::Vcpu => device::decode(&buf).is_ok(),
+            _ => true,
+        };
+        if !ok {
+            return false;
+        }
+    }
 }

@@ -15,6 +15,7 @@ pub mod fuzz;
 pub mod kick;
 pub mod memory;
 pub mod metrics;
+pub mod migration;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod protocol;

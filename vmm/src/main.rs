@@ -13,7 +13,9 @@ use kvmscope::protocol::VcpuSelector;
 use kvmscope::run::{self, RunConfig};
 use kvmscope::sampler::export::Destination;
 use kvmscope::sampler::SamplerConfig;
-use kvmscope::units::{Bandwidth, Count, DirtyLog, Interval, Limit, Period, Size, Span, VcpuChoice};
+use kvmscope::units::{
+    Bandwidth, Count, DirtyLog, Interval, Limit, Period, Size, Span, VcpuChoice,
+};
 use kvmscope::vm::VmConfig;
 use kvmscope::workload::{parse_workload, Workload};
 
@@ -48,6 +50,31 @@ enum Cmd {
     /// Ask a running VMM whether its guest is ready to live-migrate: non-zero
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
     Readiness(ReadinessArgs),
+    /// Live-migrate a running VMM's guest to a `kvmscope run --incoming URI`,
+    /// with a progress bar and a report like QEMU's `info migrate`.
+    Migrate(MigrateArgs),
+}
+
+#[derive(clap::Args)]
+struct MigrateArgs {
+    /// The source VMM's control socket.
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// Where the destination listens: unix:PATH or tcp:HOST:PORT.
+    #[arg(long, value_name = "URI")]
+    to: String,
+    /// Cap the send rate (`max-bandwidth`), e.g. 1Gbit or 100MiB/s; default unlimited.
+    #[arg(long, value_name = "RATE")]
+    bandwidth: Option<Bandwidth>,
+    /// Longest acceptable downtime (`downtime-limit`); default 300ms.
+    #[arg(long, value_name = "DUR")]
+    max_downtime: Option<Period>,
+    /// Stop and copy after N passes whatever is left (`x-max-rounds`); default no limit.
+    #[arg(long, value_name = "N")]
+    max_rounds: Option<u64>,
+    /// Print the final `query-migrate` as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// The exit codes of `kvmscope run` (also in the README).
@@ -179,12 +206,13 @@ struct PlotArgs {
 struct RunArgs {
     /// Guest RAM (a multiple of 2M, from 16M to 65534M, i.e. 64G less 2M),
     /// e.g. 512M or 2G. K, M, G, T and KiB, MiB, GiB, TiB are binary (1G = 2^30
-    /// bytes); KB, MB, GB, TB are decimal (1GB = 10^9 bytes).
-    #[arg(long, default_value = "256M")]
-    memory: Size,
-    /// Number of vCPUs, one thread each.
-    #[arg(long, default_value_t = 1)]
-    vcpus: usize,
+    /// bytes); KB, MB, GB, TB are decimal (1GB = 10^9 bytes) [default: 256M;
+    /// with --incoming, the stream's].
+    #[arg(long)]
+    memory: Option<Size>,
+    /// Number of vCPUs, one thread each [default: 1; with --incoming, the stream's].
+    #[arg(long)]
+    vcpus: Option<usize>,
     /// Back guest RAM with transparent huge pages (MADV_HUGEPAGE).
     #[arg(long)]
     hugepages: bool,
@@ -229,6 +257,11 @@ struct RunArgs {
     /// (a pause restarts the clock); `off` waits for ever.
     #[arg(long, default_value = "5s", value_name = "DUR")]
     boot_timeout: Limit,
+    /// Be a migration destination: wait for one stream at unix:PATH or
+    /// tcp:HOST:PORT, load it and run the guest on. Memory, vCPUs, huge pages
+    /// and dirty tracking come from the stream; any given must match it.
+    #[arg(long, value_name = "URI", conflicts_with_all = ["workload", "guest"])]
+    incoming: Option<kvmscope::migration::Uri>,
     /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
     /// samples files (default: the --socket file's name without extension,
     /// else kvmscope-PID).
@@ -257,15 +290,26 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
 
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
     // With a socket, clients drive the guest: no demo workload by default.
-    let workloads = if args.workload.is_empty() && args.socket.is_none() {
-        vec![parse_workload(&run::demo_workload(args.memory.0))?]
+    let memory = args.memory.map_or(VmConfig::default().memory, |m| m.0);
+    let workloads = if args.workload.is_empty() && args.socket.is_none() && args.incoming.is_none()
+    {
+        vec![parse_workload(&run::demo_workload(memory))?]
     } else {
         args.workload
     };
+    let incoming = args
+        .incoming
+        .map(|uri| kvmscope::migration::receiver::IncomingConfig {
+            uri,
+            memory: args.memory.map(|m| m.0),
+            vcpus: args.vcpus,
+            hugepages: args.hugepages.then_some(true),
+            dirty_log: args.dirty_log.map(dirty_mode),
+        });
     let config = RunConfig {
         vm: VmConfig {
-            memory: args.memory.0,
-            vcpus: args.vcpus,
+            memory,
+            vcpus: args.vcpus.unwrap_or(1),
             hugepages: args.hugepages,
             dirty_log: args.dirty_log.map(dirty_mode),
             guest: args.guest,
@@ -294,7 +338,10 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         name: args.name,
         control_limits: kvmscope::control::Limits::default(),
     };
-    let summary = run::run(config)?;
+    let summary = match incoming {
+        Some(incoming) => run::run_incoming(config, incoming)?,
+        None => run::run(config)?,
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary.to_json())?);
     } else {
@@ -403,6 +450,21 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo_command(a),
         #[cfg(feature = "plot")]
         Cmd::Plot(a) => plot_command(a),
+        Cmd::Migrate(a) => {
+            let config = client::migrate::MigrateConfig {
+                socket: a.socket,
+                to: a.to,
+                bandwidth: a.bandwidth.map(|b| b.0 as u64),
+                max_downtime: a.max_downtime.map(|d| d.0),
+                max_rounds: a.max_rounds,
+                json: a.json,
+            };
+            match client::migrate::migrate(&config, &mut std::io::stdout().lock()) {
+                Ok(true) => Ok(ExitCode::SUCCESS),
+                Ok(false) => Ok(ExitCode::from(1)),
+                Err(e) => Err(e.into()),
+            }
+        }
         Cmd::Readiness(a) => {
             let config = client::readiness::ReadinessConfig {
                 socket: a.socket,

@@ -7,6 +7,8 @@ use kvm_stats::{Sample, StatsFd};
 
 use crate::boot;
 use crate::control;
+use crate::migration::receiver::{self, Incoming, IncomingConfig};
+use crate::migration::{self, Migration};
 use crate::runstate::{RunState, SharedRunState};
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::summary::{kvm_growth, BootTimeout, Mapped, Summary, VcpuSummary};
@@ -75,6 +77,10 @@ pub enum Error {
     Workload { vcpu: usize, source: SpecError },
     #[error("workload target")]
     Target(#[source] SpecError),
+    #[error("incoming migration")]
+    Incoming(#[from] receiver::Error),
+    #[error("setting up migration")]
+    Migration(#[from] migration::sender::Error),
 }
 
 impl RunConfig {
@@ -195,6 +201,8 @@ impl BootWatch {
 struct PauseState {
     user: bool,
     holds: u32,
+    /// The guest migrated away: it never runs here again.
+    migrated: bool,
     /// Where `query-status` reads the outcome.
     status: Arc<SharedRunState>,
 }
@@ -204,13 +212,15 @@ impl PauseState {
     fn decide(&mut self, request: RunRequest) -> Result<Control, RunStateError> {
         match request {
             RunRequest::Pause => self.user = true,
+            RunRequest::Resume if self.migrated => return Err(RunStateError::MigratedAway),
             RunRequest::Resume if self.holds > 0 => return Err(RunStateError::HeldByScan),
             RunRequest::Resume => self.user = false,
             RunRequest::Hold => self.holds += 1,
             RunRequest::Release => self.holds = self.holds.saturating_sub(1),
+            RunRequest::Postmigrate => self.migrated = true,
             RunRequest::Quit => {}
         }
-        Ok(if self.user || self.holds > 0 {
+        Ok(if self.user || self.holds > 0 || self.migrated {
             Control::Pause
         } else {
             Control::Run
@@ -225,6 +235,7 @@ impl PauseState {
         let control = self.decide(request)?;
         vm.control_all(control);
         self.status.set(match control {
+            Control::Pause if self.migrated => RunState::Postmigrate,
             Control::Pause => RunState::Paused,
             _ => RunState::Running,
         });
@@ -320,7 +331,7 @@ impl Services {
     /// Starts what `config` asks for. The socket is bound before the guest
     /// starts, so a bad path fails before any workload runs; the samples file
     /// is moved into place only once everything else has started.
-    fn start(config: &RunConfig, vm: &Vm) -> Result<Services, Error> {
+    fn start(config: &RunConfig, vm: &Vm, migration: &Arc<Migration>) -> Result<Services, Error> {
         let status = Arc::new(SharedRunState::default());
         let mut sampler = match &config.sampler {
             Some(c) => {
@@ -352,6 +363,7 @@ impl Services {
                 context.samples = sampler.as_ref().map(|s| s.shared.clone());
                 context.name = config.vm_name();
                 context.run_state = status.clone();
+                context.migration = Some((migration.clone(), migration::Source::from_vm(vm)?));
                 Some(control::Server::start(
                     path,
                     context,
@@ -399,13 +411,46 @@ impl Services {
 /// # Errors
 /// The VM could not be built, or a workload does not fit it.
 pub fn run(config: RunConfig) -> Result<Summary, Error> {
-    let mut vm = Vm::new(config.vm.clone())?;
+    run_vm(config, None)
+}
+
+/// `kvmscope run --incoming`: waits for one migration stream, builds the VM
+/// it describes (checked against `incoming`), loads it and runs the guest on
+/// from where the source stopped. With a control socket, it serves
+/// `query-migrate` while loading.
+///
+/// # Errors
+/// As [`run`], and a stream that is refused (the source keeps its guest).
+pub fn run_incoming(config: RunConfig, incoming: IncomingConfig) -> Result<Summary, Error> {
+    run_vm(config, Some(incoming))
+}
+
+fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary, Error> {
+    let migration = Arc::new(Migration::new());
+    let (mut vm, stream) = match &incoming {
+        None => (Vm::new(config.vm.clone())?, None),
+        Some(given) => {
+            let signalled = || config.handle_signals && crate::signals::termination_pending();
+            let stream = Incoming::accept(given, &migration, &signalled)?;
+            match Vm::new(stream.vm_config(&config.vm)) {
+                Ok(vm) => (vm, Some(stream)),
+                Err(e) => {
+                    stream.refuse(&e);
+                    return Err(e.into());
+                }
+            }
+        }
+    };
     queue_workloads(&vm, &config.workloads)?;
     let before = Baseline::read(&vm)?;
     if config.handle_signals {
         crate::signals::forward_termination(vm.event_sender()).map_err(Error::Signals)?;
     }
-    let services = Services::start(&config, &vm)?;
+    let services = Services::start(&config, &vm, &migration)?;
+    if let Some(stream) = stream {
+        services.status.set(RunState::Inmigrate);
+        stream.load(&mut vm, &migration)?;
+    }
     let started = Instant::now();
     vm.start()?;
     let mut watch = Watch::default();

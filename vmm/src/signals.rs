@@ -30,6 +30,19 @@ pub fn block_termination() {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
+/// Whether SIGINT or SIGTERM is pending (blocked and not yet taken), for
+/// waits that happen before the forwarding thread exists.
+pub fn termination_pending() -> bool {
+    // SAFETY: sigpending writes only the set we own; sigismember reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigpending(&mut set) == 0
+            && (libc::sigismember(&set, libc::SIGINT) == 1
+                || libc::sigismember(&set, libc::SIGTERM) == 1)
+    }
+}
+
 /// Starts the thread that forwards termination signals to `events`.
 ///
 /// # Errors

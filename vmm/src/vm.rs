@@ -20,6 +20,7 @@ use crate::dirty::{self, DirtyLog, DirtyMode};
 use crate::exits::Bus;
 use crate::kick;
 use crate::memory::{self, GuestMemory};
+use crate::vcpu::snapshot::Snapshot;
 use crate::vcpu::{Control, Outcome, Vcpu, VcpuError, VcpuShared, VmEvent};
 use crate::workload::Command;
 use crate::x86_64::{paging, regs};
@@ -91,6 +92,8 @@ pub enum Error {
     DupVcpu(usize, #[source] std::io::Error),
     #[error("setting up dirty tracking")]
     Dirty(#[from] dirty::Error),
+    #[error("loading migrated vCPU state: {0}")]
+    Restore(String),
     #[error("starting the vCPU {0} thread")]
     Spawn(usize, #[source] std::io::Error),
 }
@@ -312,6 +315,30 @@ impl Vm {
     /// Dirty tracking, when the VM was started with a mode (`--dirty-log`).
     pub fn dirty_configured(&self) -> Option<&Arc<DirtyLog>> {
         self.dirty.configured().map(|_| &self.dirty)
+    }
+
+    /// Loads migrated vCPU state (`snapshots[i]` into vCPU `i`) before
+    /// [`start`](Vm::start).
+    ///
+    /// # Errors
+    /// `Restore` if the vCPUs have started or KVM refuses the state.
+    pub fn restore_vcpus(&mut self, snapshots: &[Snapshot]) -> Result<(), Error> {
+        if self.unstarted.len() != snapshots.len() {
+            return Err(Error::Restore(format!(
+                "{} snapshots for {} unstarted vCPUs",
+                snapshots.len(),
+                self.unstarted.len()
+            )));
+        }
+        for (vcpu, s) in self.unstarted.iter_mut().zip(snapshots) {
+            let refused = vcpu
+                .restore(s)
+                .map_err(|e| Error::Restore(crate::error_chain(&e)))?;
+            if !refused.is_empty() {
+                log::info!("vcpu{}: KVM refused MSRs {refused:x?}", s.index);
+            }
+        }
+        Ok(())
     }
 
     /// Host address and size of guest RAM (one region).

@@ -58,9 +58,11 @@ pub enum SpecError {
     },
 }
 
-const COMMANDS: [&str; 8] = [
+const COMMANDS: [&str; 10] = [
     "touch",
     "touch-zero",
+    "verify",
+    "verify-zero",
     "read",
     "dirty",
     "exits",
@@ -68,6 +70,9 @@ const COMMANDS: [&str; 8] = [
     "panic",
     "fault",
 ];
+
+/// The pattern `touch` and `verify` use when none is given.
+pub const DEFAULT_PATTERN: u64 = 0x6b76_6d73_636f_7065;
 
 /// A page range of the arena, as written in a spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +92,9 @@ pub enum Command {
     Touch { span: Span, pattern: u64 },
     /// Write zeros into pages.
     TouchZero { span: Span },
+    /// Check pages hold what `touch` with `pattern` wrote, or zeros (`None`,
+    /// `verify-zero`, what `touch-zero` wrote).
+    Verify { span: Span, pattern: Option<u64> },
     /// Read one word of each page.
     Read { span: Span },
     /// Rewrite random pages of a working set at a paced rate.
@@ -134,6 +142,10 @@ impl Command {
         match self {
             Command::Touch { .. } => "touch",
             Command::TouchZero { .. } => "touch-zero",
+            Command::Verify {
+                pattern: Some(_), ..
+            } => "verify",
+            Command::Verify { pattern: None, .. } => "verify-zero",
             Command::Read { .. } => "read",
             Command::Dirty { .. } => "dirty",
             Command::Exits { .. } => "exits",
@@ -154,6 +166,13 @@ impl Command {
             Command::Touch { span, pattern } => {
                 let (off, len) = span_bounds(self.name(), span.offset, span.size, arena_size)?;
                 a(abi::CMD_TOUCH, [off, len, span.stride, pattern, 0, 0])
+            }
+            Command::Verify { span, pattern } => {
+                let (off, len) = span_bounds(self.name(), span.offset, span.size, arena_size)?;
+                a(
+                    abi::CMD_VERIFY,
+                    [off, len, span.stride, pattern.unwrap_or(0), 0, 0],
+                )
             }
             Command::TouchZero { span } | Command::Read { span } => {
                 let (off, len) = span_bounds(self.name(), span.offset, span.size, arena_size)?;
@@ -219,10 +238,18 @@ impl fmt::Display for Command {
             Ok(())
         };
         match self {
-            Command::Touch { span: s, pattern } => {
+            Command::Touch { span: s, pattern }
+            | Command::Verify {
+                span: s,
+                pattern: Some(pattern),
+            } => {
                 span(f, s)?;
                 write!(f, " pattern={pattern:#x}")
             }
+            Command::Verify {
+                span: s,
+                pattern: None,
+            } => span(f, s),
             Command::TouchZero { span: s } | Command::Read { span: s } => span(f, s),
             Command::Dirty {
                 offset,
@@ -344,6 +371,8 @@ pub fn parse_command(text: &str) -> Result<Command, SpecError> {
     let (command, known): (&'static str, &[&'static str]) = match name {
         "touch" => ("touch", &["offset", "size", "stride", "pattern"]),
         "touch-zero" => ("touch-zero", &["offset", "size", "stride"]),
+        "verify" => ("verify", &["offset", "size", "stride", "pattern"]),
+        "verify-zero" => ("verify-zero", &["offset", "size", "stride"]),
         "read" => ("read", &["offset", "size", "stride"]),
         "dirty" => ("dirty", &["offset", "ws", "rate", "for", "seed"]),
         "exits" => ("exits", &["count", "ports", "mmio"]),
@@ -356,9 +385,17 @@ pub fn parse_command(text: &str) -> Result<Command, SpecError> {
     Ok(match command {
         "touch" => Command::Touch {
             span: p.span()?,
-            pattern: p.hex("pattern")?.unwrap_or(0x6b76_6d73_636f_7065),
+            pattern: p.hex("pattern")?.unwrap_or(DEFAULT_PATTERN),
         },
         "touch-zero" => Command::TouchZero { span: p.span()? },
+        "verify" => Command::Verify {
+            span: p.span()?,
+            pattern: Some(p.hex("pattern")?.unwrap_or(DEFAULT_PATTERN)),
+        },
+        "verify-zero" => Command::Verify {
+            span: p.span()?,
+            pattern: None,
+        },
         "read" => Command::Read { span: p.span()? },
         "dirty" => Command::Dirty {
             offset: p.offset()?,

@@ -198,6 +198,12 @@ fn demo_runs_every_phase_end_to_end_and_cleans_up() {
         .map(|(a, b)| (a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()))
         .expect("phase 1 reports pages_4k");
     assert!(b >= a + 256, "pages_4k {a}->{b}:\n{text}");
+    assert!(text.contains("Migration status: completed"), "{text}");
+    assert_eq!(text.matches(" differ").count(), 2, "{text}");
+    let differing = text
+        .lines()
+        .filter(|l| l.ends_with(" differ") && !l.ends_with(" 0 differ"));
+    assert_eq!(differing.count(), 0, "the guest arrived whole:\n{text}");
     assert!(text.contains("the VMM exited (exit status: 0)"), "{text}");
     let socket = text
         .split_whitespace()

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use kvmscope::fuzz::{control_line, workload_spec};
+use kvmscope::fuzz::{control_line, migration_stream, workload_spec};
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -51,5 +51,12 @@ fn workload_spec_seeds_parse_or_fail_as_named() {
             name.starts_with("ok-"),
             "{name}: {parsed:?}"
         );
+    }
+}
+
+#[test]
+fn migration_stream_seeds_load_or_fail_as_named() {
+    for (name, data) in seeds("migration_stream") {
+        assert_eq!(migration_stream(&data), name.starts_with("ok-"), "{name}");
     }
 }

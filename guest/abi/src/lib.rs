@@ -84,6 +84,11 @@ pub const CMD_EXITS: u64 = 5;
 pub const CMD_PANIC: u64 = 6;
 /// Test aid: execute `ud2` with no IDT, which ends in a triple fault (shutdown exit).
 pub const CMD_FAULT: u64 = 7;
+/// Check that every `stride`th page of a range holds what `touch` with `pattern`
+/// wrote there (`(pattern | 1) ^ page address` in every word), or zeros when
+/// `pattern` is 0 (what `touch-zero` wrote).
+/// args: [offset, bytes, stride, pattern]. result: [pages checked, tsc ticks, pages that differ].
+pub const CMD_VERIFY: u64 = 8;
 
 /// The name a guest command has in workload specs.
 pub fn command_name(code: u64) -> Option<&'static str> {
@@ -95,6 +100,7 @@ pub fn command_name(code: u64) -> Option<&'static str> {
         CMD_EXITS => "exits",
         CMD_PANIC => "panic",
         CMD_FAULT => "fault",
+        CMD_VERIFY => "verify",
         _ => return None,
     })
 }

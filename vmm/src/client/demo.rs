@@ -39,17 +39,23 @@ struct Vmm {
 
 impl Vmm {
     fn spawn(config: &DemoConfig, socket: &Path) -> Result<Vmm, Error> {
-        let mut cmd = Command::new(&config.exe);
-        cmd.arg("run")
-            .arg("--socket")
-            .arg(socket)
-            .arg("--memory")
-            .arg(config.memory.to_string())
+        let mut args = vec![
+            "--memory".to_string(),
+            config.memory.to_string(),
             // The dirty ring lets the readiness step measure the dirty rate.
-            .args(["--dirty-log", "ring"]);
+            "--dirty-log".into(),
+            "ring".into(),
+        ];
         if config.hugepages {
-            cmd.arg("--hugepages");
+            args.push("--hugepages".into());
         }
+        Vmm::spawn_run(&config.exe, socket, &args)
+    }
+
+    /// `kvmscope run --socket SOCKET ARGS...` as a child.
+    fn spawn_run(exe: &Path, socket: &Path, args: &[String]) -> Result<Vmm, Error> {
+        let mut cmd = Command::new(exe);
+        cmd.arg("run").arg("--socket").arg(socket).args(args);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -159,6 +165,7 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
         run_phase(&mut client, &received, &command, out)?;
     }
     readiness_step(&mut client, config.phase_size, out)?;
+    migration_step(config, &socket, &mut client, out)?;
     client.execute("quit", json!({}))?;
     drop(client);
     let (status, summary) = vmm.finish()?;
@@ -184,6 +191,102 @@ fn readiness_step(client: &mut Client, size: u64, out: &mut dyn Write) -> Result
         writeln!(out, "  {line}")?;
     }
     writeln!(out)?;
+    Ok(())
+}
+
+/// The real thing: move the guest, mid-`dirty`, to a second kvmscope, and
+/// check in the guest on the other side that its memory arrived whole.
+fn migration_step(
+    config: &DemoConfig,
+    socket: &Path,
+    client: &mut Client,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let size = config.phase_size;
+    let tmp = |suffix: &str| socket.with_extension(suffix);
+    let (incoming, dst_socket) = (tmp("in.sock"), tmp("dst.sock"));
+    let uri = format!("unix:{}", incoming.display());
+    writeln!(out, "migration: start a second kvmscope with --incoming {uri}, write {} more, and move the guest there while it dirties memory (10 Gbit/s, 300 ms)", format_bytes(size))?;
+    let mut dst = Vmm::spawn_run(
+        &config.exe,
+        &dst_socket,
+        &["--incoming".into(), uri.clone()],
+    )?;
+    let fresh = format!("touch offset={} size={size} pattern=0xd5", 2 * size);
+    client.execute(
+        "guest-command",
+        json!({"vcpu": 0, "command": fresh, "wait": true}),
+    )?;
+    let dirty = format!("dirty ws={size} rate=2000/s for=1s");
+    client.execute("guest-command", json!({"vcpu": 0, "command": dirty}))?;
+    wait_listening(&mut dst, &incoming, config.startup_timeout)?;
+    let mut report = Vec::new();
+    let migrate = super::migrate::MigrateConfig {
+        socket: socket.to_path_buf(),
+        to: uri,
+        bandwidth: Some(1_250_000_000),
+        max_downtime: Some(Duration::from_millis(300)),
+        max_rounds: None,
+        json: false,
+    };
+    super::migrate::migrate(&migrate, &mut report)?;
+    for line in String::from_utf8_lossy(&report).lines() {
+        writeln!(out, "  {line}")?;
+    }
+    verify_on(&mut dst, &dst_socket, config, out)?;
+    let _ = dst.finish()?;
+    writeln!(
+        out,
+        "  the source stays paused (postmigrate) until quit, so the guest never runs twice
+"
+    )?;
+    Ok(())
+}
+
+/// Waits until the destination listens at `incoming` (its socket file).
+fn wait_listening(dst: &mut Vmm, incoming: &Path, timeout: Duration) -> Result<(), Error> {
+    let deadline = Instant::now() + timeout;
+    while !incoming.exists() {
+        dst.check_running()?;
+        if Instant::now() >= deadline {
+            return Err(Error::NotReady(incoming.to_path_buf(), timeout));
+        }
+        // The other process's listening socket has no event to wait on.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// Checks, in the guest on the destination, the range touched just before
+/// the migration and the range zeroed by phase 2; then quits it.
+fn verify_on(
+    dst: &mut Vmm,
+    dst_socket: &Path,
+    config: &DemoConfig,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let size = config.phase_size;
+    let mut d =
+        Client::connect_when_ready(dst_socket, config.startup_timeout, || dst.check_running())?;
+    d.set_timeout(Some(super::REPLY_TIMEOUT))?;
+    let check = format!(
+        "verify offset={} size={size} pattern=0xd5; verify-zero offset={size} size={size}",
+        2 * size
+    );
+    let (done, _) = d.execute(
+        "guest-command",
+        json!({"vcpu": 0, "command": check, "wait": true}),
+    )?;
+    for r in done["results"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "  on the destination, {}: {} pages checked, {} differ",
+            r["command"].as_str().unwrap_or("?"),
+            r["values"][0],
+            r["values"][2]
+        )?;
+    }
+    d.execute("quit", json!({}))?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! they never ask the VMM for values.
 
 pub mod demo;
+pub mod migrate;
 pub mod readiness;
 pub mod stats;
 pub mod watch;

@@ -91,6 +91,11 @@ impl Handler {
         })
     }
 
+    /// Migration event lines queued since the last call, for every client.
+    pub fn migration_events(&self) -> Vec<Vec<u8>> {
+        super::migrate::event_lines(&self.ctx)
+    }
+
     /// The sampler's shared part, when it runs.
     pub fn samples(&self) -> Option<Arc<crate::sampler::Shared>> {
         self.ctx.samples.clone()
@@ -173,6 +178,11 @@ impl Handler {
             Command::Pause(_) | Command::Stop(_) => self.run_state(RunRequest::Pause),
             Command::Resume(_) | Command::Cont(_) => self.run_state(RunRequest::Resume),
             Command::Quit(_) => self.run_state(RunRequest::Quit),
+            Command::Migrate(_)
+            | Command::MigrateSetParameters(_)
+            | Command::QueryMigrateParameters(_)
+            | Command::QueryMigrate(_)
+            | Command::MigrateCancel(_) => super::migrate::execute(&self.ctx, command),
         }
     }
 

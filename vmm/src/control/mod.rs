@@ -18,6 +18,7 @@ pub mod connection;
 pub mod deadlines;
 pub mod deferred;
 pub mod events;
+pub mod migrate;
 pub mod outcome;
 pub mod plane;
 pub mod scm;
@@ -128,6 +129,8 @@ pub struct Context {
     pub name: String,
     /// The run state the main loop keeps (`query-status`).
     pub run_state: Arc<SharedRunState>,
+    /// The migration handle and the VM's source side (for `migrate` and friends).
+    pub migration: Option<(Arc<crate::migration::Migration>, crate::migration::Source)>,
 }
 
 impl Context {
@@ -155,6 +158,7 @@ impl Context {
             dirty: vm.dirty_configured().cloned(),
             name: format!("kvmscope-{}", std::process::id()),
             run_state: Arc::new(SharedRunState::default()),
+            migration: None,
         })
     }
 }
@@ -187,6 +191,9 @@ impl Server {
         });
         for v in &context.vcpus {
             v.watcher.get_or_init(|| watcher.clone());
+        }
+        if let Some((m, _)) = &context.migration {
+            m.set_wake(watcher.clone());
         }
         // The sampler writes this after every tick, for `subscribe-samples`.
         let ticks = context

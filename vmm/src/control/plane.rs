@@ -451,6 +451,17 @@ impl Plane {
     /// clients they held.
     fn on_watcher(&mut self, ops: &mut EventOps) {
         let _ = self.watcher.read();
+        let lines = self.handler.migration_events();
+        if !lines.is_empty() {
+            let tokens: Vec<u32> = self.clients.keys().copied().collect();
+            for token in tokens {
+                // Events go to clients past capability negotiation, as in QEMU.
+                if let Some(c) = self.clients.get_mut(&token).filter(|c| c.negotiated) {
+                    lines.iter().for_each(|l| c.queue(l.clone(), Vec::new()));
+                }
+                self.settle(token, ops);
+            }
+        }
         let before: Vec<u32> = self.waits.iter().map(|(t, _, _)| *t).collect();
         self.finish_waits(None);
         for token in before {

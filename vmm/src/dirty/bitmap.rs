@@ -47,6 +47,11 @@ impl Bitmap {
         }
     }
 
+    /// Adds every page of `other` (a set of the same size).
+    pub fn or(&mut self, other: &Bitmap) {
+        self.or_words(&other.words);
+    }
+
     /// Whether `page` is in the set.
     pub fn contains(&self, page: u64) -> bool {
         self.words
@@ -83,6 +88,24 @@ impl Bitmap {
                 Some(i as u64 * 64 + bit)
             })
         })
+    }
+
+    /// The pages of the set within `[first, end)`, ascending; empty words are
+    /// skipped 64 pages at a time.
+    pub fn iter_range(&self, first: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
+        let (lo, hi) = ((first / 64) as usize, end.div_ceil(64) as usize);
+        let words = self.words.get(lo..hi.min(self.words.len())).unwrap_or(&[]);
+        words
+            .iter()
+            .enumerate()
+            .filter(|(_, &w)| w != 0)
+            .flat_map(move |(i, &w)| {
+                let base = (lo + i) as u64 * 64;
+                (0..64)
+                    .filter(move |b| w & (1 << b) != 0)
+                    .map(move |b| base + b)
+            })
+            .filter(move |&p| p >= first && p < end)
     }
 
     /// The set as runs of consecutive pages `(first, count)`, ascending.
@@ -130,6 +153,8 @@ mod tests {
         }
         assert_eq!(b.iter().collect::<Vec<_>>(), vec![3, 4, 5, 63, 64, 65, 200]);
         assert_eq!(b.runs(), vec![(3, 3), (63, 3), (200, 1)]);
+        assert_eq!(b.iter_range(4, 65).collect::<Vec<_>>(), vec![4, 5, 63, 64]);
+        assert_eq!(b.iter_range(201, 300).count(), 0);
         assert_eq!(Bitmap::full(130).count(), 130);
     }
 }

@@ -241,6 +241,21 @@ impl DirtyLog {
         Ok(Some(state.since_start.count()))
     }
 
+    /// Records a page the VMM itself wrote (KVM logs only the guest's
+    /// writes), so that every consumer sends it again.
+    pub fn mark(&self, page: u64) {
+        let mut state = self.lock();
+        if state.consumers.is_empty() {
+            return;
+        }
+        let State {
+            since_start,
+            consumers,
+            ..
+        } = &mut *state;
+        record(since_start, consumers, usize::MAX, page);
+    }
+
     /// Harvests one vCPU's full ring (its KVM_EXIT_DIRTY_RING_FULL exit).
     ///
     /// # Errors

@@ -23,6 +23,7 @@
 //! docs/PROTOCOL.md is the reference, with every difference from QEMU.
 
 pub mod framing;
+pub mod migration;
 pub mod reply;
 pub mod request;
 

@@ -240,6 +240,15 @@ pub enum Command {
     /// QEMU's name: resume the guest.
     Cont(NoArgs),
     Quit(NoArgs),
+    /// Start a live migration to `uri` (`unix:PATH`, `tcp:HOST:PORT`).
+    Migrate(super::migration::MigrateArgs),
+    MigrateSetParameters(super::migration::SetParameters),
+    QueryMigrateParameters(NoArgs),
+    QueryMigrate(NoArgs),
+    /// QEMU's name, with an underscore.
+    #[serde(rename = "migrate_cancel")]
+    #[strum(serialize = "migrate_cancel")]
+    MigrateCancel(NoArgs),
 }
 
 impl Command {

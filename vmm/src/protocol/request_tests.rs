@@ -202,6 +202,7 @@ fn every_listed_command_round_trips_through_serde() {
         let minimal = match *name {
             "get-stats-fd" | "query-stats" => json!({"target": "vm"}),
             "guest-command" => json!({"vcpu": 0, "command": "exits count=1"}),
+            "migrate" => json!({"uri": "unix:/tmp/m.sock"}),
             _ => json!({}),
         };
         let line = json!({"execute": name, "arguments": minimal}).to_string();

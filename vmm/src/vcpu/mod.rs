@@ -23,9 +23,11 @@ use crate::workload::Command;
 
 mod registers;
 mod shared;
+pub mod snapshot;
 
 pub use registers::{ControlRegisters, GeneralRegisters, Registers};
 pub use shared::*;
+use snapshot::Site;
 
 /// The part of a vCPU its thread owns.
 pub struct Vcpu {
@@ -39,6 +41,18 @@ pub struct Vcpu {
     pub dirty: Option<Arc<crate::dirty::DirtyLog>>,
     /// The command the guest is running: sequence, spec, start time.
     current: Option<(u64, String, Instant)>,
+    /// A VMM-side `wait` in progress: sequence, spec, start, deadline.
+    waiting: Option<(u64, String, Instant, Option<Instant>)>,
+    /// Where a restored vCPU picks up (set on a migration's destination).
+    resume: Option<Site>,
+}
+
+/// Where a parked vCPU thread stands, for its snapshot.
+#[derive(Clone, Copy)]
+enum Where {
+    Guest,
+    NextCommand,
+    Wait,
 }
 
 enum State {
@@ -67,6 +81,8 @@ impl Vcpu {
             events,
             dirty: None,
             current: None,
+            waiting: None,
+            resume: None,
         }
     }
 
@@ -76,7 +92,7 @@ impl Vcpu {
         let _armed = kick::Armed::new(&mut self.fd.get_kvm_run().immediate_exit);
         // SAFETY: gettid has no preconditions and cannot fail.
         let _ = self.shared.tid.set(unsafe { libc::gettid() });
-        let mut state = State::Running;
+        let mut state = self.first_state();
         let outcome = loop {
             state = match state {
                 State::Running => self.running(),
@@ -108,8 +124,38 @@ impl Vcpu {
         }
     }
 
+    /// Where the thread starts: in the guest, or, for a vCPU restored by a
+    /// migration, where the source's thread stood.
+    fn first_state(&mut self) -> State {
+        let step = match self.resume.take() {
+            None | Some(Site::Guest) => None,
+            Some(Site::NextCommand) => self.next_command(),
+            Some(Site::Wait { remaining_us }) => self.resume_wait(remaining_us),
+        };
+        step.unwrap_or(State::Running)
+    }
+
+    /// Finishes a `wait` the source's thread was in, then takes the next command.
+    fn resume_wait(&mut self, remaining_us: Option<u64>) -> Option<State> {
+        let remaining = remaining_us.map(Duration::from_micros);
+        if let Some(state) = self.vmm_wait(remaining) {
+            return Some(state);
+        }
+        if let Some((seq, command, started, _)) = self.waiting.take() {
+            self.record(CommandResult {
+                seq,
+                command,
+                status: "ok".into(),
+                values: [0; 3],
+                host_time: started.elapsed(),
+            });
+        }
+        self.next_command()
+    }
+
     fn paused(&mut self) -> State {
-        let inbox = self.shared.park(self.shared.lock());
+        let shared = self.shared.clone();
+        let inbox = shared.park(shared.lock(), &mut |r| self.serve(r, Where::Guest));
         match inbox.control {
             Control::Stop => State::Finished(Outcome::Stopped),
             _ => {
@@ -296,6 +342,10 @@ impl Vcpu {
                         let error = VcpuError::WriteMailbox(Arc::new(e));
                         return Some(State::Finished(Outcome::Error(error)));
                     }
+                    // KVM does not log our own writes; a migration must resend the page.
+                    if let Some(d) = &self.dirty {
+                        d.mark(addr.0 / abi::PAGE_SIZE);
+                    }
                     self.shared.lock().state = VcpuState::Running {
                         seq,
                         command: command.to_string(),
@@ -305,7 +355,11 @@ impl Vcpu {
                 }
                 Ok(None) => {
                     if let Command::Wait { duration } = command {
-                        if let Some(state) = self.vmm_wait(duration) {
+                        let deadline = duration.map(|d| started + d);
+                        self.waiting = Some((seq, command.to_string(), started, deadline));
+                        let state = self.vmm_wait(duration);
+                        self.waiting = None;
+                        if let Some(state) = state {
                             return Some(state);
                         }
                     }
@@ -330,10 +384,11 @@ impl Vcpu {
 
     /// Pops the next command, sleeping while there is none; `None` when told to stop.
     fn wait_for_command(&mut self) -> Option<(u64, Command)> {
-        let mut inbox = self.shared.lock();
+        let shared = self.shared.clone();
+        let mut inbox = shared.lock();
         let mut told_idle = false;
         loop {
-            inbox = self.shared.park(inbox);
+            inbox = shared.park(inbox, &mut |r| self.serve(r, Where::NextCommand));
             if inbox.control == Control::Stop {
                 return None;
             }
@@ -348,19 +403,16 @@ impl Vcpu {
                 told_idle = true;
                 let _ = self.events.send(VmEvent::Idle(self.shared.index));
             }
-            inbox = self
-                .shared
-                .wake
-                .wait(inbox)
-                .unwrap_or_else(|e| e.into_inner());
+            inbox = shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
         }
     }
 
     /// `wait`: sleep for `duration` (or until a command is queued when `None`),
     /// waking early for pause/stop.
-    fn vmm_wait(&self, duration: Option<Duration>) -> Option<State> {
+    fn vmm_wait(&mut self, duration: Option<Duration>) -> Option<State> {
         let deadline = duration.map(|d| Instant::now() + d);
-        let mut inbox = self.shared.lock();
+        let shared = self.shared.clone();
+        let mut inbox = shared.lock();
         inbox.state = VcpuState::Waiting;
         if deadline.is_none() && inbox.queue.is_empty() {
             // Nothing else can come unless someone queues it: the vCPU is idle
@@ -368,7 +420,7 @@ impl Vcpu {
             let _ = self.events.send(VmEvent::Idle(self.shared.index));
         }
         loop {
-            inbox = self.shared.park(inbox);
+            inbox = shared.park(inbox, &mut |r| self.serve(r, Where::Wait));
             if inbox.control == Control::Stop {
                 return Some(State::Finished(Outcome::Stopped));
             }
@@ -381,17 +433,13 @@ impl Vcpu {
             }
             inbox = match deadline {
                 Some(d) => {
-                    self.shared
+                    shared
                         .wake
                         .wait_timeout(inbox, d.saturating_duration_since(Instant::now()))
                         .unwrap_or_else(|e| e.into_inner())
                         .0
                 }
-                None => self
-                    .shared
-                    .wake
-                    .wait(inbox)
-                    .unwrap_or_else(|e| e.into_inner()),
+                None => shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner()),
             };
         }
     }

@@ -118,6 +118,8 @@ impl Eq for VcpuError {}
 pub enum RunStateError {
     #[error("a readiness scan holds the guest paused; it resumes when the scan ends")]
     HeldByScan,
+    #[error("the guest has migrated away (postmigrate); only quit is left")]
+    MigratedAway,
     #[error("the VMM is shutting down")]
     ShuttingDown,
     #[error("the main loop did not answer {request:?} within {limit:?}")]
@@ -155,6 +157,8 @@ pub enum RunRequest {
     /// whatever users ask meanwhile.
     Hold,
     Release,
+    /// The guest has migrated away: it stays paused whatever is asked, until quit.
+    Postmigrate,
     Quit,
 }
 
@@ -164,6 +168,8 @@ pub(super) struct Inbox {
     pub(super) state: VcpuState,
     pub(super) results: VecDeque<CommandResult>,
     pub(super) next_seq: u64,
+    /// A migration asks the parked thread for its state.
+    pub(super) snapshot: Option<super::snapshot::SnapshotRequest>,
 }
 
 /// The part of a vCPU other threads may touch.
@@ -198,6 +204,7 @@ impl VcpuShared {
             state: VcpuState::Booting,
             results: VecDeque::new(),
             next_seq: 1,
+            snapshot: None,
         };
         VcpuShared {
             index,
@@ -231,14 +238,25 @@ impl VcpuShared {
     /// Parks the calling vCPU thread while its control says `Pause`. The state
     /// reads `Paused` exactly while the thread is parked (and `wait_parked` is
     /// told); it gets its old value back, under the same lock, before the thread
-    /// does anything else. Returns when the control is `Run` or `Stop`.
-    pub(super) fn park<'a>(&'a self, mut inbox: MutexGuard<'a, Inbox>) -> MutexGuard<'a, Inbox> {
+    /// does anything else. While parked it hands snapshot requests to `serve`
+    /// (without the lock). Returns when the control is `Run` or `Stop`.
+    pub(super) fn park<'a>(
+        &'a self,
+        mut inbox: MutexGuard<'a, Inbox>,
+        serve: &mut dyn FnMut(super::snapshot::SnapshotRequest),
+    ) -> MutexGuard<'a, Inbox> {
         if inbox.control != Control::Pause {
             return inbox;
         }
         let before = std::mem::replace(&mut inbox.state, VcpuState::Paused);
         self.wake.notify_all();
         while inbox.control == Control::Pause {
+            if let Some(request) = inbox.snapshot.take() {
+                drop(inbox);
+                serve(request);
+                inbox = self.lock();
+                continue;
+            }
             inbox = self.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
         }
         inbox.state = before;
@@ -267,6 +285,13 @@ impl VcpuShared {
             inbox.control = c;
         }
         self.pending.store(true, Ordering::Release);
+        self.wake.notify_all();
+    }
+
+    /// Asks the vCPU thread for its state; it answers on `request.reply`
+    /// while parked (pause it first). A request already waiting is replaced.
+    pub fn request_snapshot(&self, request: super::snapshot::SnapshotRequest) {
+        self.lock().snapshot = Some(request);
         self.wake.notify_all();
     }
 

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 pub mod elf;
+pub mod migration;
 
 /// Whether KVM tests can run. Without /dev/kvm they are skipped with a printed
 /// reason, unless `KVMSCOPE_REQUIRE_KVM=1` (CI), where a missing KVM fails the test.

@@ -1,0 +1,182 @@
+//! `kvmscope migrate`: sets the migration parameters, starts `migrate` on a
+//! running VMM, shows its progress (a bar on a terminal) and ends with a
+//! report shaped like QEMU's `info migrate`, or the final `query-migrate`
+//! as JSON.
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{Client, Error};
+use crate::migration::{MigrationInfo, Status};
+
+/// How often the progress is polled.
+const POLL: Duration = Duration::from_millis(100);
+
+/// What `kvmscope migrate` does.
+#[derive(Debug, Clone)]
+pub struct MigrateConfig {
+    /// The source VMM's control socket.
+    pub socket: PathBuf,
+    /// `unix:PATH` or `tcp:HOST:PORT` of a `kvmscope run --incoming`.
+    pub to: String,
+    /// `max-bandwidth`, bytes per second (0: unlimited).
+    pub bandwidth: Option<u64>,
+    /// `downtime-limit`.
+    pub max_downtime: Option<Duration>,
+    /// `x-max-rounds`.
+    pub max_rounds: Option<u64>,
+    pub json: bool,
+}
+
+fn parse_info(v: Value) -> Result<MigrationInfo, Error> {
+    serde_json::from_value(v.clone()).map_err(|_| Error::BadReply(v.to_string()))
+}
+
+/// Runs the migration to its end. Returns whether it completed.
+///
+/// # Errors
+/// A transport failure, or the VMM's error reply as `Remote`.
+pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Error> {
+    let mut client = Client::connect(&config.socket)?;
+    let mut params = json!({});
+    if let Some(b) = config.bandwidth {
+        params["max-bandwidth"] = json!(b);
+    }
+    if let Some(d) = config.max_downtime {
+        params["downtime-limit"] = json!(d.as_millis() as u64);
+    }
+    if let Some(r) = config.max_rounds {
+        params["x-max-rounds"] = json!(r);
+    }
+    client.execute("migrate-set-parameters", params)?;
+    client.execute("migrate", json!({ "uri": config.to }))?;
+    let bar = std::io::stderr().is_terminal().then(progress_bar);
+    let info = loop {
+        let (v, _) = client.execute("query-migrate", json!({}))?;
+        let info = parse_info(v)?;
+        if let Some(bar) = &bar {
+            show(bar, &info);
+        }
+        if info.status.is_none_or(Status::is_final) {
+            break info;
+        }
+        std::thread::sleep(POLL);
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if config.json {
+        let v = serde_json::to_value(&info).map_err(|e| Error::BadReply(e.to_string()))?;
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        )?;
+    } else {
+        write!(out, "{}", info_migrate(&info))?;
+    }
+    Ok(info.status == Some(Status::Completed))
+}
+
+fn progress_bar() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(1);
+    let style = indicatif::ProgressStyle::with_template(
+        "{prefix:>9} [{bar:30}] {bytes}/{total_bytes} sent of RAM {msg}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style.progress_chars("=> "));
+    bar
+}
+
+fn show(bar: &indicatif::ProgressBar, info: &MigrationInfo) {
+    let status = info.status.map_or("none", Status::name);
+    bar.set_prefix(status);
+    if let Some(r) = &info.ram {
+        bar.set_length(r.total.max(1));
+        bar.set_position(r.total.saturating_sub(r.remaining));
+        bar.set_message(format!(
+            "| pass {} | {} on the wire | {:.0} Mbit/s{}",
+            r.dirty_sync_count,
+            indicatif::HumanBytes(r.transferred),
+            r.mbps,
+            info.x_not_converging
+                .as_ref()
+                .map_or(String::new(), |_| " | not converging".into()),
+        ));
+    }
+}
+
+/// The report, shaped like QEMU's `info migrate` (sizes in kbytes).
+pub fn info_migrate(info: &MigrationInfo) -> String {
+    let mut s = String::new();
+    let status = info.status.map_or("none", Status::name);
+    let _ = writeln!(s, "Migration status: {status}");
+    let ms = |name: &str, v: Option<u64>, s: &mut String| {
+        if let Some(v) = v {
+            let _ = writeln!(s, "{name}: {v} ms");
+        }
+    };
+    ms("total time", info.total_time, &mut s);
+    ms("expected downtime", info.expected_downtime, &mut s);
+    ms("downtime", info.downtime, &mut s);
+    ms("setup", info.setup_time, &mut s);
+    if let Some(r) = &info.ram {
+        let kb = |b: u64| b / 1024;
+        let lines = [
+            ("transferred ram", format!("{} kbytes", kb(r.transferred))),
+            ("throughput", format!("{:.2} mbps", r.mbps)),
+            ("remaining ram", format!("{} kbytes", kb(r.remaining))),
+            ("total ram", format!("{} kbytes", kb(r.total))),
+            ("duplicate", format!("{} pages", r.duplicate)),
+            ("normal", format!("{} pages", r.normal)),
+            ("normal bytes", format!("{} kbytes", kb(r.normal_bytes))),
+            ("dirty sync count", r.dirty_sync_count.to_string()),
+            ("page size", format!("{} kbytes", kb(r.page_size))),
+            ("dirty pages rate", format!("{} pages", r.dirty_pages_rate)),
+            ("precopy ram", format!("{} kbytes", kb(r.precopy_bytes))),
+            ("downtime ram", format!("{} kbytes", kb(r.downtime_bytes))),
+        ];
+        for (name, v) in lines {
+            let _ = writeln!(s, "{name}: {v}");
+        }
+    }
+    if let Some(e) = &info.error_desc {
+        let _ = writeln!(s, "error: {e}");
+    }
+    if let Some(n) = &info.x_not_converging {
+        let _ = writeln!(s, "not converging: {n}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::migration::RamStats;
+
+    #[test]
+    fn the_report_reads_like_info_migrate() {
+        let info = MigrationInfo {
+            status: Some(Status::Completed),
+            total_time: Some(120),
+            downtime: Some(3),
+            ram: Some(RamStats {
+                transferred: 37 << 20,
+                normal: 283,
+                duplicate: 4_198_330,
+                page_size: 4096,
+                ..RamStats::default()
+            }),
+            ..MigrationInfo::default()
+        };
+        let text = info_migrate(&info);
+        assert!(text.starts_with("Migration status: completed\ntotal time: 120 ms\n"));
+        assert!(text.contains("downtime: 3 ms\n"));
+        assert!(text.contains("duplicate: 4198330 pages\nnormal: 283 pages\n"));
+        assert!(text.contains("transferred ram: 37888 kbytes\n"));
+    }
+}

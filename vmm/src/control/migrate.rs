@@ -1,0 +1,99 @@
+//! The migration commands, with QEMU's names and shapes: `migrate`,
+//! `migrate-set-parameters`, `query-migrate-parameters`, `query-migrate`,
+//! `migrate_cancel` (wire types in `protocol::migration`); their events
+//! (`MIGRATION`, `MIGRATION_PASS`) go to every client past negotiation.
+
+use serde_json::json;
+
+use super::outcome::Outcome;
+use super::Context;
+use crate::migration::Uri;
+use crate::protocol::{Command, ErrorClass, Event, Message};
+
+/// Runs a migration command (any other command is an internal error).
+pub fn execute(ctx: &Context, command: Command) -> Outcome {
+    let Some((m, source)) = &ctx.migration else {
+        return Outcome::generic("this VMM cannot migrate (no migration handle)");
+    };
+    match command {
+        Command::Migrate(a) => match a.uri.parse::<Uri>() {
+            Err(e) => Outcome::Error(ErrorClass::GenericError, e.to_string()),
+            Ok(uri) => match m.start(uri, source.clone()) {
+                Ok(()) => Outcome::ret(json!({})),
+                Err(e) => Outcome::generic(crate::error_chain(&e)),
+            },
+        },
+        Command::MigrateSetParameters(p) => match m.set_parameters(p) {
+            Ok(()) => Outcome::ret(json!({})),
+            Err(e) => Outcome::generic(e.to_string()),
+        },
+        Command::QueryMigrateParameters(_) => Outcome::ret(m.parameters()),
+        Command::QueryMigrate(_) => Outcome::ret(m.status()),
+        Command::MigrateCancel(_) => {
+            m.cancel();
+            Outcome::ret(json!({}))
+        }
+        other => Outcome::generic(format!("{} is not a migration command", other.name())),
+    }
+}
+
+/// Event lines for every client: what the migration queued since the last call.
+pub fn event_lines(ctx: &Context) -> Vec<Vec<u8>> {
+    let Some((m, _)) = &ctx.migration else {
+        return Vec::new();
+    };
+    m.take_events()
+        .into_iter()
+        .map(|(name, data)| Message::Event(Event::new(name, data)).to_line())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::protocol::migration::{MigrateArgs, SetParameters};
+    use crate::protocol::request::parse;
+    use crate::protocol::Command;
+
+    fn command(line: &str) -> Result<Command, String> {
+        parse(line.as_bytes())
+            .map(|r| r.command)
+            .map_err(|e| e.desc)
+    }
+
+    #[test]
+    fn migrate_needs_a_uri_and_nothing_unknown() {
+        assert_eq!(
+            command(r#"{"execute": "migrate", "arguments": {"uri": "unix:/tmp/x"}}"#),
+            Ok(Command::Migrate(MigrateArgs {
+                uri: "unix:/tmp/x".into(),
+                detach: None
+            }))
+        );
+        assert!(command(r#"{"execute": "migrate"}"#).is_err());
+        assert!(
+            command(r#"{"execute": "migrate", "arguments": {"uri": "unix:/x", "blk": true}}"#)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn set_parameters_and_cancel_take_qemus_names() {
+        let c = command(
+            r#"{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": 125000000, "downtime-limit": 30}}"#,
+        );
+        assert_eq!(
+            c,
+            Ok(Command::MigrateSetParameters(SetParameters {
+                max_bandwidth: Some(125_000_000),
+                downtime_limit: Some(30),
+                ..SetParameters::default()
+            }))
+        );
+        let e =
+            command(r#"{"execute": "migrate-set-parameters", "arguments": {"max-bandwidth": -1}}"#)
+                .unwrap_err();
+        assert!(e.contains("max-bandwidth"), "{e}");
+        assert!(command(r#"{"execute": "migrate_cancel"}"#).is_ok());
+        assert!(command(r#"{"execute": "query-migrate"}"#).is_ok());
+    }
+}

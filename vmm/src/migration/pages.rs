@@ -1,0 +1,293 @@
+//! Which pages of guest RAM the host ever backed, so that round 0 sends the
+//! rest as zero without reading them (reading would fault in a page per
+//! page). `mincore` cannot tell: it says "not resident" both for a page never
+//! touched and for one swapped out, and a swapped-out page holds data. The
+//! page map can: `PAGEMAP_SCAN` (Linux 6.7+) returns present, swapped and
+//! zero-page ranges in one call per few thousand ranges; without it each
+//! page's `/proc/self/pagemap` entry has a present and a swapped bit.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+
+use vmm_sys_util::ioctl::ioctl_with_mut_ref;
+use vmm_sys_util::ioctl_iowr_nr;
+
+/// Why the page map could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("opening /proc/self/pagemap")]
+    Open(#[source] std::io::Error),
+    #[error("reading /proc/self/pagemap")]
+    Read(#[source] std::io::Error),
+}
+
+/// What backs a run of pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// Never backed (or given back): zero, not read.
+    None,
+    /// Mapped to the shared zero page (read but never written): zero, not read.
+    ZeroPage,
+    /// Present or swapped out: must be read.
+    Data,
+}
+
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+const PAGE_IS_PFNZERO: u64 = 1 << 5;
+const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAP: u64 = 1 << 62;
+
+#[repr(C)]
+#[derive(Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+/// One range `PAGEMAP_SCAN` returns.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PageRegion {
+    pub start: u64,
+    pub end: u64,
+    pub categories: u64,
+}
+
+ioctl_iowr_nr!(PAGEMAP_SCAN, b'f' as u32, 16, PmScanArg);
+
+/// The backing of one `/proc/self/pagemap` entry.
+pub fn entry_backing(entry: u64) -> Backing {
+    if entry & (PM_PRESENT | PM_SWAP) != 0 {
+        Backing::Data
+    } else {
+        Backing::None
+    }
+}
+
+/// The backing of a `PAGEMAP_SCAN` region's categories.
+pub fn region_backing(categories: u64) -> Backing {
+    if categories & PAGE_IS_SWAPPED != 0 {
+        Backing::Data
+    } else if categories & PAGE_IS_PFNZERO != 0 {
+        Backing::ZeroPage
+    } else if categories & PAGE_IS_PRESENT != 0 {
+        Backing::Data
+    } else {
+        Backing::None
+    }
+}
+
+/// Appends a run, merging it with the last one when they touch and match.
+fn push(runs: &mut Vec<(u64, u64, Backing)>, first: u64, count: u64, b: Backing) {
+    if count == 0 {
+        return;
+    }
+    match runs.last_mut() {
+        Some((f, n, lb)) if *lb == b && *f + *n == first => *n += count,
+        _ => runs.push((first, count, b)),
+    }
+}
+
+/// Runs of pages `(first, count, backing)` covering `[base, base + len)`
+/// from `PAGEMAP_SCAN` regions (ascending, within the range); the gaps
+/// between regions were never backed.
+pub fn runs_from_regions(base: u64, len: u64, regions: &[PageRegion]) -> Vec<(u64, u64, Backing)> {
+    let page = |addr: u64| (addr - base) / 4096;
+    let mut runs = Vec::new();
+    let mut at = base;
+    for r in regions {
+        let (start, end) = (r.start.max(at), r.end.min(base + len));
+        if start >= end {
+            continue;
+        }
+        push(&mut runs, page(at), page(start) - page(at), Backing::None);
+        push(
+            &mut runs,
+            page(start),
+            page(end) - page(start),
+            region_backing(r.categories),
+        );
+        at = end;
+    }
+    push(
+        &mut runs,
+        page(at),
+        page(base + len) - page(at),
+        Backing::None,
+    );
+    runs
+}
+
+/// The backing of every page of the mapping `[ptr, ptr + len)` of this
+/// process, as runs `(first page, count, backing)`.
+///
+/// # Errors
+/// The page map could not be opened or read.
+pub fn classify(ptr: *const u8, len: usize) -> Result<Vec<(u64, u64, Backing)>, Error> {
+    let file = File::open("/proc/self/pagemap").map_err(Error::Open)?;
+    let base = ptr as u64;
+    match scan(&file, base, len as u64) {
+        Some(regions) => Ok(runs_from_regions(base, len as u64, &regions)),
+        None => read_entries(file, base, len as u64),
+    }
+}
+
+/// `PAGEMAP_SCAN` over the range; `None` if this kernel has no such ioctl.
+fn scan(file: &File, base: u64, len: u64) -> Option<Vec<PageRegion>> {
+    let mut regions = Vec::new();
+    let mut buf = vec![PageRegion::default(); 4096];
+    let end = base + len;
+    let mut at = base;
+    while at < end {
+        let mut arg = PmScanArg {
+            size: size_of::<PmScanArg>() as u64,
+            start: at,
+            end,
+            vec: buf.as_mut_ptr() as u64,
+            vec_len: buf.len() as u64,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_PFNZERO,
+            ..Default::default()
+        };
+        // SAFETY: `arg` points the kernel at `buf`, which holds `vec_len`
+        // regions; the scanned range is this process's own mapping.
+        let n = unsafe { ioctl_with_mut_ref(file, PAGEMAP_SCAN(), &mut arg) };
+        if n < 0 {
+            return None;
+        }
+        regions.extend_from_slice(buf.get(..n as usize)?);
+        if arg.walk_end <= at {
+            return None;
+        }
+        at = arg.walk_end;
+    }
+    Some(regions)
+}
+
+/// The fallback: one pagemap entry per page.
+fn read_entries(mut file: File, base: u64, len: u64) -> Result<Vec<(u64, u64, Backing)>, Error> {
+    const CHUNK: u64 = 64 << 10;
+    let pages = len / 4096;
+    let mut runs = Vec::new();
+    let mut buf = vec![0u8; (CHUNK * 8) as usize];
+    let mut done = 0;
+    file.seek(SeekFrom::Start(base / 4096 * 8))
+        .map_err(Error::Read)?;
+    while done < pages {
+        let n = (pages - done).min(CHUNK);
+        let bytes = &mut buf[..(n * 8) as usize];
+        file.read_exact(bytes).map_err(Error::Read)?;
+        for (i, e) in bytes.chunks_exact(8).enumerate() {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(e);
+            push(
+                &mut runs,
+                done + i as u64,
+                1,
+                entry_backing(u64::from_ne_bytes(word)),
+            );
+        }
+        done += n;
+    }
+    Ok(runs)
+}
+
+/// Whether a page (or any buffer) is all zero.
+pub fn is_zero(page: &[u8]) -> bool {
+    let chunks = page.chunks_exact(16);
+    let tail = chunks.remainder();
+    chunks
+        .map(|c| <[u8; 16]>::try_from(c).map_or(1, u128::from_ne_bytes))
+        .all(|w| w == 0)
+        && tail.iter().all(|&b| b == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_swapped_out_page_is_data_not_never_backed() {
+        // A fabricated pagemap: not present but swapped (type 1, offset 5).
+        let swapped = PM_SWAP | (5 << 5) | 1;
+        assert_eq!(entry_backing(swapped), Backing::Data);
+        assert_eq!(entry_backing(PM_PRESENT | 1234), Backing::Data);
+        assert_eq!(entry_backing(0), Backing::None);
+        assert_eq!(region_backing(PAGE_IS_SWAPPED), Backing::Data);
+        assert_eq!(
+            region_backing(PAGE_IS_PRESENT | PAGE_IS_PFNZERO),
+            Backing::ZeroPage
+        );
+    }
+
+    #[test]
+    fn regions_become_runs_with_never_backed_gaps() {
+        let base = 0x10_0000;
+        let regions = [
+            PageRegion {
+                start: base + 4096,
+                end: base + 3 * 4096,
+                categories: PAGE_IS_PRESENT,
+            },
+            PageRegion {
+                start: base + 3 * 4096,
+                end: base + 4 * 4096,
+                categories: PAGE_IS_SWAPPED,
+            },
+        ];
+        assert_eq!(
+            runs_from_regions(base, 6 * 4096, &regions),
+            vec![
+                (0, 1, Backing::None),
+                (1, 3, Backing::Data),
+                (4, 2, Backing::None)
+            ]
+        );
+    }
+
+    #[test]
+    fn this_process_pages_classify_as_touched_or_not() {
+        let len = 64 * 4096;
+        // SAFETY: a fresh private anonymous mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let p = p.cast::<u8>();
+        // SAFETY: page 3 lies inside the mapping.
+        unsafe { p.add(3 * 4096).write_volatile(7) };
+        let runs = classify(p, len).unwrap();
+        // SAFETY: unmaps the mapping made above.
+        unsafe { libc::munmap(p.cast(), len) };
+        assert!(runs.contains(&(3, 1, Backing::Data)), "{runs:?}");
+        assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), 64);
+        assert_eq!(runs.first(), Some(&(0, 3, Backing::None)));
+    }
+
+    #[test]
+    fn zero_check_sees_any_set_byte() {
+        let mut page = vec![0u8; 4096];
+        assert!(is_zero(&page));
+        page[4095] = 1;
+        assert!(!is_zero(&page));
+        assert!(!is_zero(&page[1..]));
+    }
+}

@@ -1,0 +1,580 @@
+//! The destination (`kvmscope run --incoming URI`): waits for one source,
+//! checks its VM against this VMM's options, loads RAM and vCPU state, and
+//! answers `completed` only once the trailer's checksum and counts agree and
+//! the state is in the vCPUs; only then does the caller start the guest.
+//!
+//! States: `Config` (header and config; refused on a mismatch) → `Ram`
+//! (RAM and pass sections) → `Device` (one section per vCPU, no more RAM)
+//! → `End` (trailer checked, state restored, `completed` sent). Anything
+//! else, at any point, is refused with the reason, and nothing runs here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use vm_memory::{Bytes, GuestAddress};
+use zerocopy::FromBytes;
+
+use super::format::{self, ConfigRecord, Kind, PageRun, PassRecord, Reader};
+use super::transport::{self, Conn, Listener, Uri};
+use super::{device, Migration, RamStats, Status};
+use crate::dirty::{Bitmap, DirtyMode};
+use crate::memory::GuestMemory;
+use crate::vcpu::snapshot::Snapshot;
+use crate::vm::{Vm, VmConfig};
+
+/// Why an incoming migration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Transport(#[from] transport::Error),
+    #[error("reading the stream")]
+    Stream(#[from] format::Error),
+    #[error("the stream's VM has {what} {theirs}, but this VMM was given {ours}")]
+    Mismatch {
+        what: &'static str,
+        theirs: String,
+        ours: String,
+    },
+    #[error(transparent)]
+    Device(#[from] device::Error),
+    #[error("the stream carries {got} vCPU sections for a VM of {want} vCPUs")]
+    VcpuCount { got: usize, want: usize },
+    #[error("the stream carries vCPU {0} twice or for a VM without it")]
+    VcpuIndex(u32),
+    #[error("writing guest RAM at page {0}")]
+    Write(u64, #[source] vm_memory::GuestMemoryError),
+    #[error("loading the vCPUs' state")]
+    Restore(#[source] crate::vm::Error),
+    #[error("the stream does not start with its config section (it starts with a {0} section)")]
+    NoConfig(&'static str),
+}
+
+/// A load in progress: what has arrived so far.
+struct Loading {
+    pages: u64,
+    ram: RamStats,
+    /// Pages that may hold something (boot writes, earlier normal runs).
+    written: Bitmap,
+    snapshots: Vec<Snapshot>,
+    buf: Vec<u8>,
+    /// Backs pass 0's planned ranges; stopped and joined when dropped.
+    prefetch: Option<Prefetch>,
+    last_pass: std::time::Instant,
+}
+
+/// What `run --incoming` was given; `None` members come from the stream.
+#[derive(Debug, Clone)]
+pub struct IncomingConfig {
+    pub uri: Uri,
+    pub memory: Option<u64>,
+    pub vcpus: Option<usize>,
+    /// `Some(true)` when `--hugepages` was given.
+    pub hugepages: Option<bool>,
+    pub dirty_log: Option<DirtyMode>,
+}
+
+/// A source that connected and whose VM this VMM can take.
+pub struct Incoming {
+    reader: Reader<Conn>,
+    config: ConfigRecord,
+}
+
+fn mode_of(c: &ConfigRecord) -> Option<DirtyMode> {
+    match c.dirty_mode {
+        format::DIRTY_BITMAP => Some(DirtyMode::Bitmap),
+        format::DIRTY_RING => Some(DirtyMode::Ring(c.ring_entries)),
+        _ => None,
+    }
+}
+
+fn mode_name(m: Option<DirtyMode>) -> String {
+    m.map_or("no dirty log".into(), |m| format!("dirty log {m}"))
+}
+
+/// Checks the stream's VM against what this VMM was given.
+///
+/// # Errors
+/// `Mismatch` naming the first difference and both values.
+pub fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Error> {
+    let differ = |what, theirs: String, ours: String| Error::Mismatch { what, theirs, ours };
+    if c.page_size as u64 != format::PAGE_SIZE {
+        return Err(differ("page size", c.page_size.to_string(), "4096".into()));
+    }
+    if c.guest_abi != crate::abi::ABI_VERSION {
+        return Err(differ(
+            "guest ABI",
+            c.guest_abi.to_string(),
+            crate::abi::ABI_VERSION.to_string(),
+        ));
+    }
+    if let Some(m) = given.memory.filter(|&m| m != c.memory) {
+        return Err(differ(
+            "memory of",
+            format!("{} bytes", c.memory),
+            format!("--memory {m} bytes"),
+        ));
+    }
+    if let Some(v) = given.vcpus.filter(|&v| v as u64 != u64::from(c.vcpus)) {
+        return Err(differ(
+            "vCPUs:",
+            c.vcpus.to_string(),
+            format!("--vcpus {v}"),
+        ));
+    }
+    if given.hugepages == Some(true) && c.hugepages == 0 {
+        return Err(differ(
+            "RAM",
+            "without huge pages".into(),
+            "--hugepages".into(),
+        ));
+    }
+    if let Some(d) = given.dirty_log.filter(|&d| Some(d) != mode_of(c)) {
+        return Err(differ(
+            "dirty tracking:",
+            mode_name(mode_of(c)),
+            format!("--dirty-log {d}"),
+        ));
+    }
+    crate::memory::check_size(c.memory).map_err(|e| Error::Mismatch {
+        what: "memory of",
+        theirs: format!("{} bytes", c.memory),
+        ours: format!("a VM this guest ABI allows ({e})"),
+    })
+}
+
+impl Incoming {
+    /// Listens at the URI, takes one source, reads and checks its VM. A
+    /// mismatch is told to the source and returned. `stop` ends the wait
+    /// (a termination signal).
+    ///
+    /// # Errors
+    /// The connection, the stream's start, or a mismatch.
+    pub fn accept(
+        given: &IncomingConfig,
+        m: &Migration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Incoming, Error> {
+        let listener = Listener::bind(&given.uri)?;
+        m.set_incoming(&given.uri);
+        log::info!("waiting for a migration stream on {}", given.uri);
+        let conn = listener.accept(stop)?;
+        drop(listener);
+        let mut reply = conn.try_clone().map_err(format::Error::Io)?;
+        let result = (|| {
+            let mut reader = Reader::start(conn)?;
+            let (kind, len) = reader.section()?;
+            if kind != Kind::Config {
+                return Err(Error::NoConfig(kind.name()));
+            }
+            format::expect_len(kind, len, size_of::<ConfigRecord>() as u64)?;
+            let config: ConfigRecord = reader.read_obj("the config section")?;
+            check(&config, given)?;
+            Ok(Incoming { reader, config })
+        })();
+        if let Err(e) = &result {
+            let _ = format::write_reply(&mut reply, format::REPLY_REFUSED, &crate::error_chain(e));
+        }
+        result
+    }
+
+    /// The VM to build: `base` with the stream's size, vCPUs, huge pages and dirty mode.
+    pub fn vm_config(&self, base: &VmConfig) -> VmConfig {
+        VmConfig {
+            memory: self.config.memory,
+            vcpus: self.config.vcpus as usize,
+            hugepages: self.config.hugepages != 0,
+            dirty_log: mode_of(&self.config),
+            ..base.clone()
+        }
+    }
+
+    /// Tells the source why this VMM cannot take its guest.
+    pub fn refuse(mut self, why: &dyn std::error::Error) {
+        let _ = format::write_reply(
+            self.reader.inner(),
+            format::REPLY_REFUSED,
+            &crate::error_chain(why),
+        );
+    }
+
+    /// Loads the stream into `vm` (built from [`vm_config`](Incoming::vm_config),
+    /// not started) and tells the source it is done. On an error the source
+    /// is told why and nothing of `vm` must run.
+    ///
+    /// # Errors
+    /// A malformed or corrupt stream, or a state KVM refuses.
+    pub fn load(mut self, vm: &mut Vm, m: &Migration) -> Result<(), Error> {
+        let result = self.load_inner(vm, m);
+        let (code, message) = match &result {
+            Ok(()) => (format::REPLY_COMPLETED, String::new()),
+            Err(e) => (format::REPLY_REFUSED, crate::error_chain(e)),
+        };
+        let sent = format::write_reply(self.reader.inner(), code, &message);
+        match (result, sent) {
+            (Ok(()), Ok(())) => {
+                let total = m.elapsed_ms();
+                m.update(|i| i.total_time = Some(total));
+                m.set_status(Status::Completed);
+                Ok(())
+            }
+            (Ok(()), Err(e)) | (Err(Error::Stream(e)), _) => {
+                m.update(|i| i.error_desc = Some(crate::error_chain(&e)));
+                m.set_status(Status::Failed);
+                Err(Error::Stream(e))
+            }
+            (Err(e), _) => {
+                m.update(|i| i.error_desc = Some(crate::error_chain(&e)));
+                m.set_status(Status::Failed);
+                Err(e)
+            }
+        }
+    }
+
+    fn load_inner(&mut self, vm: &mut Vm, m: &Migration) -> Result<(), Error> {
+        format::write_reply(self.reader.inner(), format::REPLY_READY, "")?;
+        m.set_status(Status::Active);
+        let pages = self.config.memory / format::PAGE_SIZE;
+        let mut l = Loading {
+            pages,
+            ram: RamStats {
+                total: self.config.memory,
+                page_size: format::PAGE_SIZE,
+                ..RamStats::default()
+            },
+            written: Bitmap::new(pages),
+            snapshots: Vec::new(),
+            buf: Vec::new(),
+            prefetch: None,
+            last_pass: std::time::Instant::now(),
+        };
+        // What this VMM wrote at boot (below the arena) differs from zero.
+        (0..crate::abi::ARENA_BASE / format::PAGE_SIZE).for_each(|p| l.written.set(p));
+        loop {
+            let (kind, len) = self.reader.section()?;
+            if kind == Kind::End {
+                self.reader.finish(len)?;
+                break;
+            }
+            self.load_section(kind, len, vm, m, &mut l)?;
+            l.ram.transferred = self.reader.bytes;
+            let r = l.ram.clone();
+            m.update(|i| i.ram = Some(r));
+        }
+        log::debug!(
+            "migration: trailer checked {:?} after the last pass",
+            l.last_pass.elapsed()
+        );
+        let restored = self.restore(vm, std::mem::take(&mut l.snapshots));
+        log::debug!(
+            "migration: vCPU state loaded {:?} after the last pass",
+            l.last_pass.elapsed()
+        );
+        restored
+    }
+
+    /// One section of the `Ram` and `Device` states (module docs).
+    fn load_section(
+        &mut self,
+        kind: Kind,
+        len: u64,
+        vm: &Vm,
+        m: &Migration,
+        l: &mut Loading,
+    ) -> Result<(), Error> {
+        match kind {
+            Kind::Ram if l.snapshots.is_empty() => {
+                l.buf.resize(len as usize, 0);
+                self.reader.read_exact(&mut l.buf, "a RAM section")?;
+                load_ram(&l.buf, vm, &mut l.written, &mut l.ram)?;
+            }
+            Kind::Plan if l.prefetch.is_none() => {
+                l.buf.resize(len as usize, 0);
+                self.reader.read_exact(&mut l.buf, "the plan")?;
+                l.prefetch = Some(Prefetch::start(&vm.mem, plan(&l.buf, l.pages)?));
+            }
+            Kind::Pass => {
+                format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
+                let _: PassRecord = self.reader.read_obj("a pass section")?;
+                l.ram.dirty_sync_count += 1;
+                l.last_pass = std::time::Instant::now();
+            }
+            Kind::Vcpu => {
+                if l.snapshots.is_empty() {
+                    m.set_status(Status::Device);
+                }
+                l.buf.resize(len as usize, 0);
+                self.reader.read_exact(&mut l.buf, "a vCPU section")?;
+                l.snapshots.push(device::decode(&l.buf)?);
+            }
+            Kind::Digest => {
+                format::expect_len(kind, len, size_of::<format::DigestRecord>() as u64)?;
+                let d: format::DigestRecord = self.reader.read_obj("the RAM digest")?;
+                let ours = super::ram_crc32(&vm.mem);
+                m.update(|i| i.x_ram_crc32 = Some(ours));
+                if ours != d.crc32 {
+                    let e = format::Error::Digest {
+                        theirs: d.crc32,
+                        ours,
+                    };
+                    return Err(e.into());
+                }
+            }
+            other => return Err(format::Error::Order(other.name()).into()),
+        }
+        Ok(())
+    }
+
+    fn restore(&self, vm: &mut Vm, mut snapshots: Vec<Snapshot>) -> Result<(), Error> {
+        let want = vm.config.vcpus;
+        if snapshots.len() != want {
+            return Err(Error::VcpuCount {
+                got: snapshots.len(),
+                want,
+            });
+        }
+        snapshots.sort_by_key(|s| s.index);
+        for (i, s) in snapshots.iter().enumerate() {
+            if s.index != i {
+                return Err(Error::VcpuIndex(s.index as u32));
+            }
+        }
+        vm.restore_vcpus(&snapshots).map_err(Error::Restore)
+    }
+}
+
+/// The runs of a RAM section, checked: each inside `pages` pages of RAM, a
+/// count above zero, a known kind, and a normal run's bytes all there.
+///
+/// # Errors
+/// The first run that breaks a rule.
+pub fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, format::Error> {
+    let mut out = Vec::new();
+    let mut b = payload;
+    while !b.is_empty() {
+        let (run, rest) = PageRun::read_from_prefix(b).map_err(|_| format::Error::Length {
+            what: "RAM",
+            len: payload.len() as u64,
+            need: payload.len() as u64 + size_of::<PageRun>() as u64,
+        })?;
+        b = rest;
+        let end = run.first.checked_add(u64::from(run.count));
+        if run.count == 0 || end.is_none_or(|e| e > pages) {
+            return Err(format::Error::PageRange {
+                first: run.first,
+                end: end.unwrap_or(u64::MAX),
+                pages,
+            });
+        }
+        let data = match run.kind {
+            format::RUN_ZERO => &b[..0],
+            format::RUN_NORMAL => {
+                let bytes = u64::from(run.count) * format::PAGE_SIZE;
+                if bytes > b.len() as u64 {
+                    return Err(format::Error::Truncated("a normal run's pages"));
+                }
+                let (data, rest) = b.split_at(bytes as usize);
+                b = rest;
+                data
+            }
+            other => return Err(format::Error::RunKind(other)),
+        };
+        out.push((run, data));
+    }
+    Ok(out)
+}
+
+/// Writes one RAM section's runs into guest RAM. Zero runs write only pages
+/// that may hold something (`written`); RAM nothing wrote is zero already.
+fn load_ram(
+    payload: &[u8],
+    vm: &Vm,
+    written: &mut Bitmap,
+    ram: &mut RamStats,
+) -> Result<(), Error> {
+    let zero = [0u8; format::PAGE_SIZE as usize];
+    for (run, data) in runs(payload, vm.config.memory / format::PAGE_SIZE)? {
+        let range = run.first..run.first + u64::from(run.count);
+        if run.kind == format::RUN_ZERO {
+            let stale: Vec<u64> = written.iter_range(range.start, range.end).collect();
+            for p in stale {
+                write_page(vm, p, &zero)?;
+            }
+            ram.duplicate += u64::from(run.count);
+            continue;
+        }
+        populate(&vm.mem, run.first, data.len() as u64);
+        vm.mem
+            .write_slice(data, GuestAddress(run.first * format::PAGE_SIZE))
+            .map_err(|e| Error::Write(run.first, e))?;
+        range.for_each(|p| written.set(p));
+        ram.normal += u64::from(run.count);
+        ram.normal_bytes += data.len() as u64;
+    }
+    Ok(())
+}
+
+/// The ranges of a plan section, each checked to lie inside `pages` pages.
+///
+/// # Errors
+/// A length that is not a whole number of ranges, or a range outside RAM.
+pub fn plan(payload: &[u8], pages: u64) -> Result<Vec<format::PlanRange>, format::Error> {
+    let ranges =
+        <[format::PlanRange]>::ref_from_bytes(payload).map_err(|_| format::Error::Length {
+            what: "plan",
+            len: payload.len() as u64,
+            need: payload.len() as u64 / 16 * 16,
+        })?;
+    for r in ranges {
+        let end = r.first.checked_add(r.count);
+        if end.is_none_or(|e| e > pages) {
+            return Err(format::Error::PageRange {
+                first: r.first,
+                end: end.unwrap_or(u64::MAX),
+                pages,
+            });
+        }
+    }
+    Ok(ranges.to_vec())
+}
+
+/// Backs the planned ranges of guest RAM on a `prefetch` thread while the
+/// pages travel, so that the kernel's zeroing of fresh memory overlaps the
+/// transfer; stopped and joined when dropped (whatever ends the load).
+struct Prefetch {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prefetch {
+    fn start(mem: &GuestMemory, ranges: Vec<format::PlanRange>) -> Prefetch {
+        const CHUNK: u64 = 512; // pages: 2 MiB per call
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mem, flag) = (mem.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("prefetch".into())
+            .spawn(move || {
+                for r in ranges {
+                    let mut at = r.first;
+                    while at < r.first + r.count {
+                        if flag.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let n = CHUNK.min(r.first + r.count - at);
+                        populate(&mem, at, n * format::PAGE_SIZE);
+                        at += n;
+                    }
+                }
+            })
+            .ok();
+        Prefetch { stop, thread }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Backs `bytes` of guest RAM from `page` in one call (MADV_POPULATE_WRITE)
+/// rather than one page fault per page as they are written; best effort.
+fn populate(mem: &GuestMemory, page: u64, bytes: u64) {
+    use vm_memory::GuestMemoryBackend as _;
+    let Ok(host) = mem.get_host_address(GuestAddress(page * format::PAGE_SIZE)) else {
+        return;
+    };
+    // SAFETY: the range lies inside guest RAM (checked against its size by the
+    // caller), a mapping `mem` keeps alive; populating only backs it with
+    // zeroed pages, which a concurrent writer of the same pages may race with
+    // harmlessly (the kernel serialises the faults).
+    let _ = unsafe { libc::madvise(host.cast(), bytes as usize, libc::MADV_POPULATE_WRITE) };
+}
+
+fn write_page(vm: &Vm, page: u64, bytes: &[u8]) -> Result<(), Error> {
+    vm.mem
+        .write_slice(bytes, GuestAddress(page * format::PAGE_SIZE))
+        .map_err(|e| Error::Write(page, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ConfigRecord {
+        ConfigRecord {
+            memory: 64 << 20,
+            tsc_khz: 1,
+            vcpus: 2,
+            hugepages: 0,
+            dirty_mode: format::DIRTY_NONE,
+            ring_entries: 0,
+            page_size: 4096,
+            guest_abi: crate::abi::ABI_VERSION,
+        }
+    }
+
+    fn given() -> IncomingConfig {
+        IncomingConfig {
+            uri: Uri::Unix("/nonexistent".into()),
+            memory: None,
+            vcpus: None,
+            hugepages: None,
+            dirty_log: None,
+        }
+    }
+
+    #[test]
+    fn unset_options_come_from_the_stream() {
+        assert!(check(&config(), &given()).is_ok());
+    }
+
+    #[test]
+    fn a_memory_mismatch_names_both_sizes() {
+        let e = check(
+            &config(),
+            &IncomingConfig {
+                memory: Some(128 << 20),
+                ..given()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the stream's VM has memory of 67108864 bytes, but this VMM was given --memory 134217728 bytes"
+        );
+    }
+
+    #[test]
+    fn vcpu_hugepage_and_dirty_mismatches_name_both_values() {
+        let cases = [
+            (
+                IncomingConfig {
+                    vcpus: Some(4),
+                    ..given()
+                },
+                "vCPUs: 2, but this VMM was given --vcpus 4",
+            ),
+            (
+                IncomingConfig {
+                    hugepages: Some(true),
+                    ..given()
+                },
+                "RAM without huge pages, but this VMM was given --hugepages",
+            ),
+            (
+                IncomingConfig {
+                    dirty_log: Some(DirtyMode::Bitmap),
+                    ..given()
+                },
+                "dirty tracking: no dirty log, but this VMM was given --dirty-log bitmap",
+            ),
+        ];
+        for (g, text) in cases {
+            let e = check(&config(), &g).unwrap_err().to_string();
+            assert!(e.ends_with(text), "{e}");
+        }
+    }
+}

@@ -1,0 +1,625 @@
+//! The source: pre-copy passes while the guest runs, then stop-and-copy, on
+//! the `migration` thread.
+//!
+//! Pass 0 sends every page: pages the host never backed (or that map the
+//! zero page) as zero runs without reading them, the rest read and sent as
+//! zero or normal. Each later pass sends what the dirty log says was written
+//! since the previous sync. When what is left would fit the downtime limit at
+//! the send rate measured over the last pass (or the round limit is reached),
+//! the guest is held paused, the vCPUs' state is taken, and the last dirty
+//! pages, the state and the trailer go out. Whatever fails, before or after
+//! the stop, the hold is released and the guest runs on here; only the
+//! destination's `completed` reply moves the source to `postmigrate`.
+
+use std::sync::mpsc::{channel, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress};
+use zerocopy::IntoBytes;
+
+use super::format::{self, Kind, PageRun, PassRecord, Writer};
+use super::pages::{self, Backing};
+pub use super::source::Source;
+use super::transport::{self, Conn, Uri};
+use super::{device, Migration, RamStats, Status};
+use crate::dirty::{self, Bitmap};
+use crate::memory::GuestMemory;
+use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
+use crate::vcpu::{RunRequest, RunStateError, VmEvent};
+
+/// A RAM section is sent once its payload reaches this size.
+const SECTION_TARGET: usize = 4 << 20;
+/// How long the main loop and the vCPUs get to pause, and each vCPU to give its state.
+const PAUSE_LIMIT: Duration = Duration::from_secs(5);
+/// How long the destination gets to answer after the trailer.
+const REPLY_LIMIT: Duration = Duration::from_secs(30);
+
+/// Why a migration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Connect(#[from] transport::Error),
+    #[error("sending the stream")]
+    Stream(#[from] format::Error),
+    #[error("the destination refused the stream: {0}")]
+    Refused(String),
+    #[error("dirty tracking")]
+    Dirty(#[from] dirty::Error),
+    #[error("reading the page map")]
+    Pages(#[from] pages::Error),
+    #[error("reading guest RAM at page {0}")]
+    Read(u64, #[source] vm_memory::GuestMemoryError),
+    #[error("pausing the guest")]
+    Pause(#[source] RunStateError),
+    #[error("the vCPUs did not pause within {0:?}")]
+    PauseTimeout(Duration),
+    #[error("vCPU {0} did not give its state within {1:?}")]
+    SnapshotTimeout(usize, Duration),
+    #[error("reading vCPU {0}'s state: {1}")]
+    Snapshot(usize, String),
+    #[error(transparent)]
+    Device(#[from] device::Error),
+    #[error("cancelled")]
+    Cancelled,
+    #[error("reading KVM's MSR list")]
+    MsrList(#[source] kvm_ioctls::Error),
+}
+
+/// The migration thread's body: migrate, then settle the source's state.
+pub fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
+    let mut p = Precopy::new(m, src);
+    let result = p.migrate(uri);
+    m.set_conn(None);
+    let held = p.held;
+    drop(p);
+    match result {
+        Ok(()) => {
+            // Postmigrate first, so that releasing the hold does not resume.
+            let _ = run_state(&src.main, RunRequest::Postmigrate);
+            let _ = run_state(&src.main, RunRequest::Release);
+            let total = m.elapsed_ms();
+            m.update(|i| {
+                i.x_vm_state = Some("postmigrate".into());
+                i.total_time = Some(total);
+            });
+            m.set_status(Status::Completed);
+        }
+        Err(e) => {
+            if held {
+                if let Err(r) = run_state(&src.main, RunRequest::Release) {
+                    log::error!("migration: resuming the guest after a failure: {r}");
+                }
+            }
+            let (status, desc) = match (m.cancelled(), &e) {
+                (true, _) | (_, Error::Cancelled) => (Status::Cancelled, "cancelled".to_string()),
+                _ => (Status::Failed, crate::error_chain(&e)),
+            };
+            log::warn!("migration {}: {desc}", status.name());
+            let total = m.elapsed_ms();
+            m.update(|i| {
+                i.error_desc = Some(desc);
+                i.total_time = Some(total);
+            });
+            m.set_status(status);
+        }
+    }
+}
+
+/// Asks the main loop for a run-state change and waits for its answer.
+fn run_state(main: &Sender<VmEvent>, request: RunRequest) -> Result<(), RunStateError> {
+    let (tx, rx) = channel();
+    main.send(VmEvent::Control(request, tx))
+        .map_err(|_| RunStateError::ShuttingDown)?;
+    rx.recv_timeout(PAUSE_LIMIT)
+        .map_err(|_| RunStateError::NoAnswer {
+            request,
+            limit: PAUSE_LIMIT,
+        })?
+}
+
+/// The run being built in a RAM section's payload: its header's offset.
+#[derive(Clone, Copy)]
+struct OpenRun {
+    at: usize,
+    first: u64,
+    count: u32,
+    kind: u32,
+}
+
+struct Precopy<'a> {
+    m: &'a Migration,
+    src: &'a Source,
+    w: Option<Writer<Conn>>,
+    ram: RamStats,
+    /// The RAM section being built: `buf[..len]` (allocated and zeroed once,
+    /// so a page is read into it without zero-filling it first).
+    buf: Vec<u8>,
+    len: usize,
+    open: Option<OpenRun>,
+    /// Token bucket: bytes that may go now, and when it was last filled.
+    tokens: f64,
+    filled: Instant,
+    /// The guest is held paused (the hold must be released on failure).
+    held: bool,
+    pass: u64,
+    /// Wire bytes per second over the last pass.
+    last_rate: f64,
+    /// Dirty pages at the previous sync, to see whether passes shrink.
+    prev_dirty: Option<u64>,
+    /// The pass in progress: pages it sends, pages sent before it, its
+    /// start and the wire bytes before it (for live `remaining` and `mbps`).
+    pass_pages: u64,
+    pass_from: (u64, Instant, u64),
+}
+
+fn ram_range(mem: &GuestMemory) -> (*const u8, usize) {
+    use vm_memory::GuestMemoryBackend as _;
+    mem.iter().next().map_or((std::ptr::null(), 0), |r| {
+        let (p, l) = crate::memory::host_range(r);
+        (p.cast_const(), l)
+    })
+}
+
+impl<'a> Precopy<'a> {
+    fn new(m: &'a Migration, src: &'a Source) -> Self {
+        Precopy {
+            m,
+            src,
+            w: None,
+            ram: RamStats {
+                total: src.memory(),
+                page_size: format::PAGE_SIZE,
+                ..RamStats::default()
+            },
+            buf: vec![0; SECTION_TARGET + (1 << 20)],
+            len: 0,
+            open: None,
+            tokens: 0.0,
+            filled: Instant::now(),
+            held: false,
+            pass: 0,
+            last_rate: 0.0,
+            prev_dirty: None,
+            pass_pages: 0,
+            pass_from: (0, Instant::now(), 0),
+        }
+    }
+
+    fn writer(&mut self) -> Result<&mut Writer<Conn>, Error> {
+        self.w.as_mut().ok_or(Error::Cancelled)
+    }
+
+    fn wire_bytes(&self) -> u64 {
+        self.w.as_ref().map_or(0, |w| w.bytes)
+    }
+
+    fn pages_sent(&self) -> u64 {
+        self.ram.normal + self.ram.duplicate
+    }
+
+    /// Migrates; a write that fails because the destination hung up is
+    /// explained by the destination's refusal when it sent one.
+    fn migrate(&mut self, uri: &Uri) -> Result<(), Error> {
+        match self.stream(uri) {
+            Err(Error::Stream(format::Error::Io(e))) if !self.m.cancelled() => {
+                match self.w.as_mut().map(|w| read_refusal(w.inner())) {
+                    Some(Some(why)) => Err(Error::Refused(why)),
+                    _ => Err(Error::Stream(format::Error::Io(e))),
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn stream(&mut self, uri: &Uri) -> Result<(), Error> {
+        let conn = Conn::connect(uri)?;
+        self.m.set_conn(conn.try_clone().ok());
+        let mut w = Writer::start(conn)?;
+        w.section(Kind::Config, &[self.src.config.as_bytes()])?;
+        self.w = Some(w);
+        self.expect_reply(format::REPLY_READY)?;
+        let consumer = self.src.dirty.subscribe()?;
+        let setup = self.m.elapsed_ms();
+        self.m.update(|i| i.setup_time = Some(setup));
+        self.m.set_status(Status::Active);
+        let runs = {
+            let (ptr, len) = ram_range(&self.src.mem);
+            pages::classify(ptr, len)?
+        };
+        self.send_plan(&runs)?;
+        let mut dirty = self.pass_and_sync(&runs, &consumer)?;
+        while !self.fits(&dirty) {
+            dirty = self.pass_and_sync(&data_runs(&dirty), &consumer)?;
+        }
+        self.stop_and_copy(dirty, &consumer)
+    }
+
+    /// Sends one pass, then syncs the dirty log: the pages to send next.
+    fn pass_and_sync(
+        &mut self,
+        runs: &[(u64, u64, Backing)],
+        consumer: &dirty::Consumer,
+    ) -> Result<Bitmap, Error> {
+        let (t0, bytes0, pages0) = (Instant::now(), self.wire_bytes(), self.pages_sent());
+        self.pass_pages = runs.iter().map(|r| r.1).sum();
+        self.pass_from = (pages0, t0, bytes0);
+        self.send_runs(runs)?;
+        self.end_pass(pages0)?;
+        let dirty = consumer.take()?;
+        let secs = t0.elapsed().as_secs_f64().max(1e-6);
+        self.last_rate = (self.wire_bytes() - bytes0) as f64 / secs;
+        self.pass += 1;
+        let sent = self.pages_sent() - pages0;
+        let r = &mut self.ram;
+        r.dirty_sync_count += 1;
+        r.remaining = dirty.count() * format::PAGE_SIZE;
+        r.dirty_pages_rate = (dirty.count() as f64 / secs) as u64;
+        r.mbps = self.last_rate * 8.0 / 1e6;
+        r.pages_per_second = (sent as f64 / secs) as u64;
+        let expected = expected_ms(dirty.count(), self.last_rate);
+        let note = self.convergence_note(dirty.count(), expected);
+        self.prev_dirty = Some(dirty.count());
+        let ram = self.ram.clone();
+        self.m.update(|i| {
+            i.ram = Some(ram);
+            i.expected_downtime = Some(expected);
+            i.x_not_converging = note;
+        });
+        self.m
+            .event("MIGRATION_PASS", serde_json::json!({ "pass": self.pass }));
+        Ok(dirty)
+    }
+
+    /// Tells the destination which ranges pass 0 sends with data, so that it
+    /// can back them while the pages travel (at most the section's limit;
+    /// the rest is backed as it arrives).
+    fn send_plan(&mut self, runs: &[(u64, u64, Backing)]) -> Result<(), Error> {
+        let max = (format::MAX_PLAN_SECTION as usize) / size_of::<format::PlanRange>();
+        let plan: Vec<u8> = runs
+            .iter()
+            .filter(|r| r.2 == Backing::Data)
+            .take(max)
+            .flat_map(|&(first, count, _)| format::PlanRange { first, count }.as_bytes().to_vec())
+            .collect();
+        if !plan.is_empty() {
+            self.writer()?.section(Kind::Plan, &[&plan])?;
+        }
+        Ok(())
+    }
+
+    fn end_pass(&mut self, pages_before: u64) -> Result<(), Error> {
+        let record = PassRecord {
+            pass: self.pass,
+            pages: self.pages_sent() - pages_before,
+        };
+        self.writer()?.section(Kind::Pass, &[record.as_bytes()])?;
+        Ok(())
+    }
+
+    /// Whether to stop now: what is left fits the downtime limit at the last
+    /// pass's rate, or the round limit is reached.
+    fn fits(&self, dirty: &Bitmap) -> bool {
+        let p = self.m.parameters();
+        (p.x_max_rounds != 0 && self.pass >= p.x_max_rounds)
+            || expected_ms(dirty.count(), self.last_rate) <= p.downtime_limit
+    }
+
+    /// Why the passes are not converging, while they are not.
+    fn convergence_note(&self, dirty: u64, expected: u64) -> Option<String> {
+        let limit = self.m.parameters().downtime_limit;
+        let grew = self.prev_dirty.is_some_and(|p| dirty >= p && p > 0);
+        (grew && expected > limit).then(|| {
+            let mib = |b: f64| b / 1048576.0;
+            format!(
+                "the guest dirties {} pages/s ({:.1} MiB/s) and the link sends {:.1} MiB/s: \
+                 passes stop shrinking at {dirty} pages, {expected} ms on the wire, over the \
+                 {limit} ms downtime limit",
+                self.ram.dirty_pages_rate,
+                mib(self.ram.dirty_pages_rate as f64 * format::PAGE_SIZE as f64),
+                mib(self.last_rate),
+            )
+        })
+    }
+
+    /// Holds the guest paused, takes the vCPUs' state, sends the last dirty
+    /// pages, the state and the trailer, and waits for `completed`.
+    fn stop_and_copy(&mut self, dirty: Bitmap, consumer: &dirty::Consumer) -> Result<(), Error> {
+        let stopped = Instant::now();
+        let step = |what: &str| log::debug!("migration: {what} at {:?}", stopped.elapsed());
+        run_state(&self.src.main, RunRequest::Hold).map_err(Error::Pause)?;
+        self.held = true;
+        if !crate::vcpu::wait_parked(&self.src.vcpus, PAUSE_LIMIT) {
+            return Err(Error::PauseTimeout(PAUSE_LIMIT));
+        }
+        step("vCPUs parked");
+        self.m.set_status(Status::Device);
+        self.ram.precopy_bytes = self.wire_bytes();
+        let snapshots = self.snapshots()?;
+        step("vCPU state read");
+        let mut last = consumer.take()?;
+        last.or(&dirty);
+        step("dirty log synced");
+        let pages0 = self.pages_sent();
+        self.send_runs(&data_runs(&last))?;
+        self.end_pass(pages0)?;
+        step("last pages sent");
+        if self.m.parameters().x_check_ram {
+            let crc32 = super::ram_crc32(&self.src.mem);
+            self.m.update(|i| i.x_ram_crc32 = Some(crc32));
+            let record = format::DigestRecord { crc32, reserved: 0 };
+            self.writer()?.section(Kind::Digest, &[record.as_bytes()])?;
+        }
+        for s in &snapshots {
+            let payload = device::encode(s)?;
+            self.writer()?.section(Kind::Vcpu, &[&payload])?;
+        }
+        self.writer()?.finish()?;
+        step("trailer sent");
+        self.ram.downtime_bytes = self.wire_bytes() - self.ram.precopy_bytes;
+        self.ram.transferred = self.wire_bytes();
+        self.ram.remaining = 0;
+        if let Some(w) = &self.w {
+            let _ = w.get_ref().set_read_timeout(Some(REPLY_LIMIT));
+        }
+        self.expect_reply(format::REPLY_COMPLETED)?;
+        step("destination completed");
+        let downtime = stopped.elapsed().as_millis() as u64;
+        let ram = self.ram.clone();
+        self.m.update(|i| {
+            i.downtime = Some(downtime);
+            i.ram = Some(ram);
+            i.x_not_converging = None;
+        });
+        Ok(())
+    }
+
+    /// Every vCPU's state, read by its own parked thread.
+    fn snapshots(&self) -> Result<Vec<Snapshot>, Error> {
+        let mut waiting = Vec::new();
+        for v in &self.src.vcpus {
+            if let crate::vcpu::VcpuState::Finished(how) = v.state() {
+                return Err(Error::Snapshot(
+                    v.index,
+                    format!("its thread ended ({how})"),
+                ));
+            }
+            let (tx, rx) = channel();
+            v.request_snapshot(SnapshotRequest {
+                msr_list: self.src.msr_list.clone(),
+                reply: tx,
+            });
+            waiting.push((v.index, rx));
+        }
+        waiting
+            .into_iter()
+            .map(|(i, rx)| match rx.recv_timeout(PAUSE_LIMIT) {
+                Ok(Ok(s)) => Ok(s),
+                Ok(Err(e)) => Err(Error::Snapshot(i, e)),
+                Err(_) => Err(Error::SnapshotTimeout(i, PAUSE_LIMIT)),
+            })
+            .collect()
+    }
+
+    fn expect_reply(&mut self, code: u32) -> Result<(), Error> {
+        let w = self.writer()?;
+        match format::read_reply(w.inner())? {
+            (c, _) if c == code => Ok(()),
+            (format::REPLY_REFUSED, why) => Err(Error::Refused(why)),
+            (c, why) => Err(Error::Refused(format!("unexpected reply {c}: {why}"))),
+        }
+    }
+
+    /// Sends runs of pages: never-backed and zero-page runs as zero runs,
+    /// data runs read page by page and sent as zero or normal.
+    fn send_runs(&mut self, runs: &[(u64, u64, Backing)]) -> Result<(), Error> {
+        for &(first, count, backing) in runs {
+            match backing {
+                Backing::None | Backing::ZeroPage => self.add_zero(first, count),
+                Backing::Data => {
+                    for page in first..first + count {
+                        self.add_page(page)?;
+                        if self.len >= SECTION_TARGET {
+                            self.flush()?;
+                        }
+                    }
+                }
+            }
+            if self.len >= SECTION_TARGET {
+                self.flush()?;
+            }
+        }
+        self.flush()
+    }
+
+    fn add_zero(&mut self, first: u64, count: u64) {
+        self.ram.duplicate += count;
+        let (mut first, mut left) = (first, count);
+        while left > 0 {
+            let n = left.min(u64::from(u32::MAX));
+            match self.open {
+                Some(o) if o.kind == format::RUN_ZERO && o.first + u64::from(o.count) == first => {
+                    let more = n.min(u64::from(u32::MAX - o.count));
+                    if more == 0 {
+                        self.open_run(first, format::RUN_ZERO);
+                        continue;
+                    }
+                    self.grow(more as u32);
+                    first += more;
+                    left -= more;
+                    continue;
+                }
+                _ => self.open_run(first, format::RUN_ZERO),
+            }
+            self.grow(n as u32);
+            first += n;
+            left -= n;
+        }
+    }
+
+    /// Appends one page: its bytes after a normal run's header, or, when it
+    /// reads as zero, a zero run.
+    fn add_page(&mut self, page: u64) -> Result<(), Error> {
+        let before = (self.len, self.open);
+        let continues = matches!(self.open, Some(o) if o.kind == format::RUN_NORMAL
+            && o.first + u64::from(o.count) == page && o.count < u32::MAX);
+        if !continues {
+            self.open_run(page, format::RUN_NORMAL);
+        }
+        let at = self.len;
+        let end = at + format::PAGE_SIZE as usize;
+        self.reserve(end);
+        self.len = end;
+        self.src
+            .mem
+            .read_slice(
+                &mut self.buf[at..end],
+                GuestAddress(page * format::PAGE_SIZE),
+            )
+            .map_err(|e| Error::Read(page, e))?;
+        if pages::is_zero(&self.buf[at..end]) {
+            self.len = before.0;
+            self.open = before.1;
+            self.add_zero(page, 1);
+            return Ok(());
+        }
+        self.grow(1);
+        self.ram.normal += 1;
+        self.ram.normal_bytes += format::PAGE_SIZE;
+        Ok(())
+    }
+
+    fn open_run(&mut self, first: u64, kind: u32) {
+        let at = self.len;
+        let run = PageRun {
+            first,
+            count: 0,
+            kind,
+        };
+        let end = at + size_of::<PageRun>();
+        self.reserve(end);
+        self.buf[at..end].copy_from_slice(run.as_bytes());
+        self.len = end;
+        self.open = Some(OpenRun {
+            at,
+            first,
+            count: 0,
+            kind,
+        });
+    }
+
+    /// Makes the batch buffer at least `end` bytes long.
+    fn reserve(&mut self, end: usize) {
+        if self.buf.len() < end {
+            self.buf.resize(end.max(self.buf.len() * 2), 0);
+        }
+    }
+
+    /// Adds `n` pages to the open run, rewriting its header.
+    fn grow(&mut self, n: u32) {
+        if let Some(o) = &mut self.open {
+            o.count += n;
+            let run = PageRun {
+                first: o.first,
+                count: o.count,
+                kind: o.kind,
+            };
+            self.buf[o.at..o.at + size_of::<PageRun>()].copy_from_slice(run.as_bytes());
+        }
+    }
+
+    /// Sends the RAM section built so far, paced by the bandwidth limit.
+    fn flush(&mut self) -> Result<(), Error> {
+        self.open = None;
+        if self.len == 0 {
+            return Ok(());
+        }
+        if self.m.cancelled() {
+            return Err(Error::Cancelled);
+        }
+        let w = self.w.as_mut().ok_or(Error::Cancelled)?;
+        w.section(Kind::Ram, &[&self.buf[..self.len]])?;
+        let n = self.len as u64;
+        self.len = 0;
+        self.pace(n)?;
+        self.ram.transferred = self.wire_bytes();
+        if self.m.status().status == Some(Status::Active) {
+            let (pages0, t0, bytes0) = self.pass_from;
+            let done = self.pages_sent() - pages0;
+            self.ram.remaining = self.pass_pages.saturating_sub(done) * format::PAGE_SIZE;
+            let secs = t0.elapsed().as_secs_f64().max(1e-6);
+            self.ram.mbps = (self.wire_bytes() - bytes0) as f64 * 8.0 / secs / 1e6;
+        }
+        let ram = self.ram.clone();
+        self.m.update(|i| i.ram = Some(ram));
+        Ok(())
+    }
+
+    /// Token bucket: waits until `n` bytes fit `max-bandwidth`.
+    fn pace(&mut self, n: u64) -> Result<(), Error> {
+        let rate = self.m.parameters().max_bandwidth as f64;
+        if rate <= 0.0 {
+            self.tokens = 0.0;
+            self.filled = Instant::now();
+            return Ok(());
+        }
+        let burst = (rate * 0.02).max(SECTION_TARGET as f64);
+        self.tokens = (self.tokens + self.filled.elapsed().as_secs_f64() * rate).min(burst);
+        self.filled = Instant::now();
+        self.tokens -= n as f64;
+        while self.tokens < 0.0 {
+            if self.m.cancelled() {
+                return Err(Error::Cancelled);
+            }
+            let wait = (-self.tokens / rate).min(0.05);
+            std::thread::sleep(Duration::from_secs_f64(wait));
+            self.tokens += self.filled.elapsed().as_secs_f64() * rate;
+            self.filled = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// A dirty set as runs of pages to read.
+fn data_runs(dirty: &Bitmap) -> Vec<(u64, u64, Backing)> {
+    dirty
+        .runs()
+        .into_iter()
+        .map(|(f, n)| (f, n, Backing::Data))
+        .collect()
+}
+
+/// Milliseconds `pages` take at `rate` bytes/s (a page and its share of a header).
+fn expected_ms(pages: u64, rate: f64) -> u64 {
+    if pages == 0 {
+        return 0;
+    }
+    if rate <= 0.0 {
+        return u64::MAX;
+    }
+    let bytes = pages as f64 * (format::PAGE_SIZE + 16) as f64;
+    (bytes / rate * 1e3).ceil() as u64
+}
+
+/// After a failed write: the destination's refusal, if it sent one before
+/// closing (read with a short timeout).
+fn read_refusal(conn: &mut Conn) -> Option<String> {
+    conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    match format::read_reply(conn) {
+        Ok((format::REPLY_REFUSED, why)) => Some(why),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_downtime_counts_pages_and_headers() {
+        assert_eq!(expected_ms(0, 0.0), 0);
+        assert_eq!(expected_ms(1, 0.0), u64::MAX);
+        // 1000 pages of 4112 bytes at 4.112 MB/s: one second.
+        assert_eq!(expected_ms(1000, 4_112_000.0), 1000);
+    }
+}

@@ -1,0 +1,75 @@
+//! What a migration's source needs of its VM: guest RAM, the dirty log, the
+//! vCPUs' shared parts, the main loop's channel, KVM's MSR list and the
+//! config record that tells the destination what to build.
+
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::format::{self, ConfigRecord};
+use super::sender::Error;
+use crate::dirty::{DirtyLog, DirtyMode};
+use crate::memory::GuestMemory;
+use crate::vcpu::{VcpuShared, VmEvent};
+
+/// What the source needs of its VM; cheap to clone.
+#[derive(Clone)]
+pub struct Source {
+    pub mem: GuestMemory,
+    pub dirty: Arc<DirtyLog>,
+    pub vcpus: Vec<Arc<VcpuShared>>,
+    /// To the main loop, for holding the guest paused.
+    pub main: Sender<VmEvent>,
+    /// The MSRs KVM lists as to-save (KVM_GET_MSR_INDEX_LIST).
+    pub msr_list: Arc<Vec<u32>>,
+    pub config: ConfigRecord,
+}
+
+impl Source {
+    /// The source side of a VM.
+    ///
+    /// # Errors
+    /// KVM's MSR list cannot be read.
+    pub fn from_vm(vm: &crate::vm::Vm) -> Result<Source, Error> {
+        let msr_list = kvm_ioctls::Kvm::new()
+            .and_then(|k| k.get_msr_index_list())
+            .map_err(Error::MsrList)?
+            .as_slice()
+            .to_vec();
+        let tsc_khz: u64 = vm
+            .mem
+            .read_obj(GuestAddress(
+                crate::boot::mailbox_addr(0) + crate::abi::mailbox_offset::TSC_KHZ,
+            ))
+            .unwrap_or(0);
+        let c = &vm.config;
+        let (dirty_mode, ring_entries) = match c.dirty_log {
+            None => (format::DIRTY_NONE, 0),
+            Some(DirtyMode::Bitmap) => (format::DIRTY_BITMAP, 0),
+            Some(DirtyMode::Ring(n)) => (format::DIRTY_RING, n),
+        };
+        Ok(Source {
+            mem: vm.mem.clone(),
+            dirty: vm.dirty.clone(),
+            vcpus: vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
+            main: vm.event_sender(),
+            msr_list: Arc::new(msr_list),
+            config: ConfigRecord {
+                memory: c.memory,
+                tsc_khz,
+                vcpus: c.vcpus as u32,
+                hugepages: u32::from(c.hugepages),
+                dirty_mode,
+                ring_entries,
+                page_size: format::PAGE_SIZE as u32,
+                guest_abi: crate::abi::ABI_VERSION,
+            },
+        })
+    }
+
+    /// Bytes of guest RAM.
+    pub fn memory(&self) -> u64 {
+        self.config.memory
+    }
+}

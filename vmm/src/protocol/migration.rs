@@ -1,0 +1,162 @@
+//! The migration commands' wire types, with QEMU's names and shapes
+//! (`qapi/migration.json`): `query-migrate`'s `MigrationInfo`, the parameters
+//! of `migrate-set-parameters` / `query-migrate-parameters`, and `migrate`'s
+//! arguments. Members QEMU does not have start with `x-`.
+
+use serde::{Deserialize, Serialize};
+
+/// `migrate`'s arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateArgs {
+    /// `unix:PATH` or `tcp:HOST:PORT`.
+    pub uri: String,
+    /// QEMU's; a migration always runs detached here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detach: Option<bool>,
+}
+
+/// A migration's state, as QEMU's `MigrationStatus` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Never started.
+    None,
+    /// Connecting and agreeing on the VM.
+    Setup,
+    /// Pre-copy rounds while the guest runs.
+    Active,
+    /// The guest is stopped; the last pages and the device state are sent.
+    Device,
+    /// The destination has the guest (the source stays in `postmigrate`).
+    Completed,
+    /// It failed; the source's guest runs on.
+    Failed,
+    /// A user cancelled it; the source's guest runs on.
+    Cancelled,
+}
+
+impl Status {
+    /// Whether the migration has ended.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            Status::None | Status::Completed | Status::Failed | Status::Cancelled
+        )
+    }
+
+    /// The name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::None => "none",
+            Status::Setup => "setup",
+            Status::Active => "active",
+            Status::Device => "device",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// QEMU's `MigrationStats`: the RAM part of `query-migrate`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RamStats {
+    /// Bytes put on the wire.
+    pub transferred: u64,
+    /// Bytes of RAM still to send (dirty at the last sync and not sent yet).
+    pub remaining: u64,
+    /// Bytes of guest RAM.
+    pub total: u64,
+    /// Zero pages, sent as a header only.
+    pub duplicate: u64,
+    /// Pages sent in full.
+    pub normal: u64,
+    pub normal_bytes: u64,
+    /// Dirty-log syncs (one per pass).
+    pub dirty_sync_count: u64,
+    /// Pages dirtied per second over the last pass.
+    pub dirty_pages_rate: u64,
+    /// Send rate over the last pass, megabits per second.
+    pub mbps: f64,
+    pub pages_per_second: u64,
+    /// Bytes sent while the guest ran.
+    pub precopy_bytes: u64,
+    /// Bytes sent while it was stopped.
+    pub downtime_bytes: u64,
+    pub page_size: u64,
+}
+
+/// QEMU's `MigrationInfo`, as `query-migrate` returns it (times in ms).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct MigrationInfo {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ram: Option<RamStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_time: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub setup_time: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub downtime: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_downtime: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_desc: Option<String>,
+    /// kvmscope: why the rounds are not converging, while they are not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_not_converging: Option<String>,
+    /// kvmscope: `postmigrate` on a source whose guest has left.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_vm_state: Option<String>,
+    /// kvmscope: CRC-32 of all guest RAM at the stop (source) or after
+    /// loading (destination), with `x-check-ram`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_ram_crc32: Option<u32>,
+    /// kvmscope: where the stream goes (source) or comes from (destination).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_uri: Option<String>,
+}
+
+/// QEMU's `MigrationParameters`, the part kvmscope uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Parameters {
+    /// Bytes per second; 0 sends as fast as the link goes.
+    pub max_bandwidth: u64,
+    /// Longest acceptable downtime, ms.
+    pub downtime_limit: u64,
+    /// kvmscope: stop and copy after this many passes whatever is left; 0: no limit.
+    pub x_max_rounds: u64,
+    /// kvmscope: send a CRC-32 of all RAM at the stop for the destination to
+    /// check against its own (costs a read of all RAM on both sides, in the downtime).
+    pub x_check_ram: bool,
+}
+
+impl Default for Parameters {
+    fn default() -> Self {
+        Parameters {
+            max_bandwidth: 0,
+            downtime_limit: 300,
+            x_max_rounds: 0,
+            x_check_ram: false,
+        }
+    }
+}
+
+/// A `migrate-set-parameters` request: the members given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SetParameters {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bandwidth: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downtime_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x_max_rounds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x_check_ram: Option<bool>,
+}

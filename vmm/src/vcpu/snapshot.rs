@@ -1,0 +1,370 @@
+//! A vCPU's state for migration: what KVM holds (registers, FPU/XSAVE, XCRs,
+//! the MSRs KVM lists to save, debug registers, events, TSC frequency) and
+//! what the VMM holds (where the vCPU stands in its command loop, the command
+//! it runs, its queue, results, phase and exit counters).
+//!
+//! KVM state is read and written only by the thread that owns the vCPU fd:
+//! on the source while the thread is parked (it serves a [`SnapshotRequest`]),
+//! on the destination before the thread starts.
+
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use kvm_bindings::{
+    kvm_debugregs, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs,
+};
+use kvm_ioctls::VcpuFd;
+use serde::{Deserialize, Serialize};
+
+/// Why a vCPU's state could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0} on vCPU {1}")]
+    Kvm(&'static str, usize, #[source] kvm_ioctls::Error),
+    #[error("vCPU {0}: {1} MSRs do not fit one KVM_GET_MSRS call")]
+    TooManyMsrs(usize, usize),
+    #[error("vCPU {0}'s queued command '{1}' does not parse: {2}")]
+    Queue(usize, String, String),
+}
+
+/// MSR_IA32_TSC: written last on restore, so the guest's clock goes on from
+/// where it stopped.
+pub const MSR_IA32_TSC: u32 = 0x10;
+
+/// What KVM holds of one vCPU.
+pub struct KvmState {
+    pub regs: kvm_regs,
+    pub sregs: kvm_sregs,
+    pub xsave: kvm_xsave,
+    pub xcrs: kvm_xcrs,
+    pub debug: kvm_debugregs,
+    pub events: kvm_vcpu_events,
+    /// `(index, value)` of every listed MSR KVM would read for this vCPU.
+    pub msrs: Vec<(u32, u64)>,
+    /// The vCPU's TSC frequency (0 when KVM cannot tell).
+    pub tsc_khz: u32,
+}
+
+impl std::fmt::Debug for KvmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "KvmState {{ rip: {:#x}, msrs: {}, tsc_khz: {} }}",
+            self.regs.rip,
+            self.msrs.len(),
+            self.tsc_khz
+        )
+    }
+}
+
+/// Where a vCPU stands in the VMM's command loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Site {
+    /// Guest code is running (or booting): enter the guest.
+    Guest,
+    /// The guest waits at a READY/DONE port exit for its next command.
+    NextCommand,
+    /// In a VMM-side `wait`: `remaining_us` left of it (none: until a command comes).
+    Wait { remaining_us: Option<u64> },
+}
+
+/// A command in progress: its sequence number, spec and time spent so far.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Current {
+    pub seq: u64,
+    pub command: String,
+    pub elapsed_us: u64,
+}
+
+/// A recorded result, as it travels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultRecord {
+    pub seq: u64,
+    pub command: String,
+    pub status: String,
+    pub values: [u64; 3],
+    pub host_time_us: u64,
+}
+
+/// What the VMM holds of one vCPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmmState {
+    pub site: Site,
+    /// The command the guest (or the VMM, for `wait`) is running.
+    pub current: Option<Current>,
+    /// Commands queued and not started, as specs.
+    pub queue: Vec<String>,
+    pub next_seq: u64,
+    pub results: Vec<ResultRecord>,
+    pub phase: u64,
+    /// The guest has asked for its first command.
+    pub booted: bool,
+    /// Our exit counters by label: reasons, then devices.
+    pub reasons: Vec<(String, u64)>,
+    pub devices: Vec<(String, u64)>,
+}
+
+/// One vCPU's whole state.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub index: usize,
+    pub kvm: KvmState,
+    pub vmm: VmmState,
+}
+
+/// A request a parked vCPU thread serves: read its state and answer.
+pub struct SnapshotRequest {
+    /// MSR indexes to read (`KVM_GET_MSR_INDEX_LIST`).
+    pub msr_list: std::sync::Arc<Vec<u32>>,
+    pub reply: Sender<Result<Snapshot, String>>,
+}
+
+/// Reads what KVM holds of vCPU `index`. Call on its thread, outside KVM_RUN,
+/// after any pending I/O was completed (see `Vcpu::complete_io`).
+///
+/// # Errors
+/// The KVM call that failed.
+pub fn capture(fd: &VcpuFd, index: usize, msr_list: &[u32]) -> Result<KvmState, Error> {
+    let kvm = |what| move |e| Error::Kvm(what, index, e);
+    Ok(KvmState {
+        regs: fd.get_regs().map_err(kvm("KVM_GET_REGS"))?,
+        sregs: fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?,
+        xsave: fd.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?,
+        xcrs: fd.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?,
+        debug: fd.get_debug_regs().map_err(kvm("KVM_GET_DEBUGREGS"))?,
+        events: fd.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
+        msrs: read_msrs(fd, index, msr_list)?,
+        tsc_khz: fd.get_tsc_khz().unwrap_or(0),
+    })
+}
+
+/// Reads every MSR of `list` that KVM will read for this vCPU. KVM stops a
+/// batch at the first MSR it refuses; that one is skipped and the rest read.
+fn read_msrs(fd: &VcpuFd, index: usize, list: &[u32]) -> Result<Vec<(u32, u64)>, Error> {
+    let mut out = Vec::with_capacity(list.len());
+    let mut rest = list;
+    while !rest.is_empty() {
+        let entries: Vec<kvm_msr_entry> = rest
+            .iter()
+            .map(|&i| kvm_msr_entry {
+                index: i,
+                ..Default::default()
+            })
+            .collect();
+        let mut msrs =
+            Msrs::from_entries(&entries).map_err(|_| Error::TooManyMsrs(index, entries.len()))?;
+        let n = fd
+            .get_msrs(&mut msrs)
+            .map_err(|e| Error::Kvm("KVM_GET_MSRS", index, e))?;
+        out.extend(msrs.as_slice()[..n].iter().map(|e| (e.index, e.data)));
+        rest = rest.get(n + 1..).unwrap_or(&[]);
+    }
+    Ok(out)
+}
+
+/// Writes KVM state into a vCPU that has not run. The TSC MSR goes last, so
+/// the guest's TSC resumes from the value it had when the source stopped.
+/// Returns the MSRs KVM refused (logged by the caller).
+///
+/// # Errors
+/// The KVM call that failed.
+pub fn restore(fd: &VcpuFd, index: usize, s: &KvmState) -> Result<Vec<u32>, Error> {
+    let kvm = |what| move |e| Error::Kvm(what, index, e);
+    if s.tsc_khz != 0 && fd.get_tsc_khz().ok() != Some(s.tsc_khz) {
+        fd.set_tsc_khz(s.tsc_khz).map_err(kvm("KVM_SET_TSC_KHZ"))?;
+    }
+    fd.set_sregs(&s.sregs).map_err(kvm("KVM_SET_SREGS"))?;
+    fd.set_regs(&s.regs).map_err(kvm("KVM_SET_REGS"))?;
+    // SAFETY: `xsave` is a whole `kvm_xsave` read by KVM_GET_XSAVE on a vCPU
+    // of the same kind; KVM reads only that struct.
+    unsafe { fd.set_xsave(&s.xsave) }.map_err(kvm("KVM_SET_XSAVE"))?;
+    fd.set_xcrs(&s.xcrs).map_err(kvm("KVM_SET_XCRS"))?;
+    fd.set_debug_regs(&s.debug)
+        .map_err(kvm("KVM_SET_DEBUGREGS"))?;
+    let (tsc, others): (Vec<_>, Vec<_>) = s.msrs.iter().partition(|(i, _)| *i == MSR_IA32_TSC);
+    let mut refused = write_msrs(fd, index, &others)?;
+    fd.set_vcpu_events(&s.events)
+        .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+    refused.extend(write_msrs(fd, index, &tsc)?);
+    Ok(refused)
+}
+
+fn write_msrs(fd: &VcpuFd, index: usize, list: &[&(u32, u64)]) -> Result<Vec<u32>, Error> {
+    let mut refused = Vec::new();
+    let mut rest = list;
+    while !rest.is_empty() {
+        let entries: Vec<kvm_msr_entry> = rest
+            .iter()
+            .map(|&&(i, data)| kvm_msr_entry {
+                index: i,
+                data,
+                ..Default::default()
+            })
+            .collect();
+        let msrs =
+            Msrs::from_entries(&entries).map_err(|_| Error::TooManyMsrs(index, entries.len()))?;
+        let n = fd
+            .set_msrs(&msrs)
+            .map_err(|e| Error::Kvm("KVM_SET_MSRS", index, e))?;
+        if let Some(&&(bad, _)) = rest.get(n) {
+            refused.push(bad);
+        }
+        rest = rest.get(n + 1..).unwrap_or(&[]);
+    }
+    Ok(refused)
+}
+
+/// Microseconds of a duration, saturating.
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl super::Vcpu {
+    /// Answers a snapshot request while parked at `at`.
+    pub(super) fn serve(&mut self, request: SnapshotRequest, at: super::Where) {
+        self.complete_io();
+        let index = self.shared.index;
+        let result = capture(&self.fd, index, &request.msr_list)
+            .map(|kvm| Snapshot {
+                index,
+                kvm,
+                vmm: self.vmm_state(at),
+            })
+            .map_err(|e| crate::error_chain(&e));
+        // The migration may have given up waiting; then nobody needs this.
+        let _ = request.reply.send(result);
+    }
+
+    /// Completes a port or MMIO exit KVM still holds (its instruction retires
+    /// on the next KVM_RUN): KVM_RUN with `immediate_exit` set finishes it and
+    /// returns EINTR without entering the guest, so the registers read next
+    /// are the whole state (KVM's documented way before saving state).
+    fn complete_io(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        match self.fd.run() {
+            Err(e) if e.errno() == libc::EINTR => {}
+            other => log::warn!(
+                "vcpu{}: completing pending I/O before a snapshot: {other:?}",
+                self.shared.index
+            ),
+        }
+        self.fd.set_kvm_immediate_exit(0);
+    }
+
+    fn vmm_state(&self, at: super::Where) -> VmmState {
+        let now = std::time::Instant::now();
+        let (site, current) = match (at, &self.waiting) {
+            (super::Where::Wait, Some((seq, command, started, deadline))) => (
+                Site::Wait {
+                    remaining_us: deadline.map(|d| micros(d.saturating_duration_since(now))),
+                },
+                Some(Current {
+                    seq: *seq,
+                    command: command.clone(),
+                    elapsed_us: micros(now.saturating_duration_since(*started)),
+                }),
+            ),
+            (super::Where::Wait | super::Where::NextCommand, _) => (Site::NextCommand, None),
+            (super::Where::Guest, _) => (
+                Site::Guest,
+                self.current
+                    .as_ref()
+                    .map(|(seq, command, started)| Current {
+                        seq: *seq,
+                        command: command.clone(),
+                        elapsed_us: micros(now.saturating_duration_since(*started)),
+                    }),
+            ),
+        };
+        let (reasons, devices) = self.shared.counters.labeled();
+        let inbox = self.shared.lock();
+        VmmState {
+            site,
+            current,
+            queue: inbox.queue.iter().map(ToString::to_string).collect(),
+            next_seq: inbox.next_seq,
+            results: inbox
+                .results
+                .iter()
+                .map(|r| ResultRecord {
+                    seq: r.seq,
+                    command: r.command.clone(),
+                    status: r.status.clone(),
+                    values: r.values,
+                    host_time_us: micros(r.host_time),
+                })
+                .collect(),
+            phase: self.shared.phase.load(std::sync::atomic::Ordering::Relaxed),
+            booted: self.shared.first_exit.get().is_some(),
+            reasons,
+            devices,
+        }
+    }
+
+    /// Loads a snapshot into this vCPU before its thread starts (a
+    /// migration's destination). Returns the MSRs KVM refused.
+    ///
+    /// # Errors
+    /// A KVM call failed, or a queued command does not parse.
+    pub fn restore(&mut self, s: &Snapshot) -> Result<Vec<u32>, Error> {
+        let index = self.shared.index;
+        let queue = s
+            .vmm
+            .queue
+            .iter()
+            .map(|spec| {
+                crate::workload::parse_sequence(spec)
+                    .map_err(|e| Error::Queue(index, spec.clone(), e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let refused = restore(&self.fd, index, &s.kvm)?;
+        let now = std::time::Instant::now();
+        let started = |c: &Current| {
+            now.checked_sub(Duration::from_micros(c.elapsed_us))
+                .unwrap_or(now)
+        };
+        let v = &s.vmm;
+        match (v.site, &v.current) {
+            (Site::Guest, Some(c)) => {
+                self.current = Some((c.seq, c.command.clone(), started(c)));
+            }
+            (Site::Wait { remaining_us }, Some(c)) => {
+                let deadline = remaining_us.map(|us| now + Duration::from_micros(us));
+                self.waiting = Some((c.seq, c.command.clone(), started(c), deadline));
+            }
+            _ => {}
+        }
+        self.resume = Some(v.site);
+        self.shared.counters.restore(&v.reasons, &v.devices);
+        self.shared
+            .phase
+            .store(v.phase, std::sync::atomic::Ordering::Relaxed);
+        if v.booted {
+            let _ = self.shared.first_exit.set(now);
+        }
+        let mut inbox = self.shared.lock();
+        inbox.queue = queue.into_iter().flatten().collect();
+        inbox.next_seq = v.next_seq;
+        inbox.results = v
+            .results
+            .iter()
+            .map(|r| super::CommandResult {
+                seq: r.seq,
+                command: r.command.clone(),
+                status: r.status.clone(),
+                values: r.values,
+                host_time: Duration::from_micros(r.host_time_us),
+            })
+            .collect();
+        inbox.state = match (v.site, &v.current) {
+            (Site::Guest, Some(c)) => super::VcpuState::Running {
+                seq: c.seq,
+                command: c.command.clone(),
+            },
+            (Site::Guest, None) => super::VcpuState::Booting,
+            _ => super::VcpuState::Waiting,
+        };
+        Ok(refused)
+    }
+}

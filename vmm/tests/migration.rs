@@ -1,0 +1,349 @@
+//! Live migration between two VMMs of this process, on real KVM: the guest
+//! arrives whole (RAM CRC at the stop equals the destination's before it
+//! resumes; `verify` clean), its commands, queue and exit counters go on,
+//! it can move twice, and the source keeps it when the destination refuses.
+
+mod common;
+
+use std::time::Duration;
+
+use common::migration::{guest, migrate, query, queue, value, Dest};
+use common::ServedVm;
+use kvmscope::migration::Status;
+use serde_json::json;
+
+const MEM: u64 = 64 << 20;
+const MIB: u64 = 1 << 20;
+
+/// vCPU `i`'s regions of the arena: touched (2 MiB), zeroed (1 MiB), dirtied (2 MiB).
+fn regions(i: u64) -> (u64, u64, u64) {
+    (i * 12 * MIB, i * 12 * MIB + 4 * MIB, i * 12 * MIB + 8 * MIB)
+}
+
+fn touch_spec(i: u64) -> String {
+    let (t, z, _) = regions(i);
+    format!(
+        "touch offset={t} size=2M pattern={:#x}; touch-zero offset={z} size=1M",
+        0x5100 + i
+    )
+}
+
+fn verify_spec(i: u64) -> String {
+    let (t, z, _) = regions(i);
+    format!(
+        "verify offset={t} size=2M pattern={:#x}; verify-zero offset={z} size=1M",
+        0x5100 + i
+    )
+}
+
+#[test]
+fn a_four_vcpu_guest_busy_on_every_vcpu_arrives_whole_and_finishes_its_work() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-four", MEM, 4);
+    let mut c = src.client();
+    for i in 0..4u64 {
+        guest(&mut c, i as usize, &touch_spec(i));
+        let (_, _, d) = regions(i);
+        queue(
+            &mut c,
+            i as usize,
+            &format!("dirty offset={d} ws=2M rate=3000/s for=1500ms"),
+        );
+    }
+    let (exits, _) = c.execute("query-exits", json!({})).unwrap();
+    let dest = Dest::start("mig-four-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, json!({"x-check-ram": true}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    assert_eq!(info.x_vm_state.as_deref(), Some("postmigrate"));
+    let mut d = dest.client();
+    let arrived = query(&mut d);
+    assert_eq!(arrived.status, Some(Status::Completed));
+    assert!(info.x_ram_crc32.is_some());
+    assert_eq!(
+        arrived.x_ram_crc32, info.x_ram_crc32,
+        "RAM at the source's stop = RAM before the destination resumed"
+    );
+    for i in 0..4u64 {
+        let r = guest(&mut d, i as usize, &verify_spec(i));
+        assert_eq!(
+            (value(&r[0], 0), value(&r[0], 2)),
+            (512, 0),
+            "vCPU {i}: touched pages"
+        );
+        assert_eq!(
+            (value(&r[1], 0), value(&r[1], 2)),
+            (256, 0),
+            "vCPU {i}: zeroed pages"
+        );
+    }
+    let e = c.execute("resume", json!({})).unwrap_err().to_string();
+    assert!(e.contains("postmigrate"), "{e}");
+    let summary = dest.quit();
+    for (i, v) in summary.vcpus.iter().enumerate() {
+        let dirty = v
+            .results
+            .iter()
+            .find(|r| r.command.starts_with("dirty"))
+            .expect("the dirty command finished on the destination");
+        assert_eq!(dirty.status, "ok");
+        // 3000/s for 1.5 s is 4500 writes. The guest paces by its TSC and
+        // catches up after a stall, so a migration costs it nothing; four
+        // spinning vCPUs on a two-core host may still fall behind a little.
+        let writes = dirty.values[0];
+        assert!(
+            (3600..=4510).contains(&writes),
+            "vCPU {i}: {writes} writes; 3000/s for 1.5 s is 4500"
+        );
+        let before = exits[i]["total"].as_u64().unwrap();
+        let after = v.ours["total"].as_u64().unwrap();
+        assert!(
+            after > before,
+            "vCPU {i}: exit counters go on ({before} → {after})"
+        );
+    }
+}
+
+#[test]
+fn a_guest_moves_twice_and_keeps_what_each_host_wrote() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-twice-a", MEM, 1);
+    let mut a = src.client();
+    guest(&mut a, 0, "touch offset=0 size=1M pattern=0xa1");
+    let b = Dest::start("mig-twice-b", |_, _| {});
+    let info = migrate(&src, &b.uri, json!({}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let mut bc = b.client();
+    guest(&mut bc, 0, "touch offset=1M size=1M pattern=0xb2");
+    let c = Dest::start("mig-twice-c", |_, _| {});
+    bc.execute("migrate-set-parameters", json!({})).unwrap();
+    bc.execute("migrate", json!({"uri": c.uri})).unwrap();
+    let info = common::migration::wait_final(&mut bc);
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let mut cc = c.client();
+    let r = guest(
+        &mut cc,
+        0,
+        "verify offset=0 size=1M pattern=0xa1; verify offset=1M size=1M pattern=0xb2",
+    );
+    assert_eq!((value(&r[0], 2), value(&r[1], 2)), (0, 0));
+    drop(bc);
+    drop(b);
+    c.quit();
+}
+
+#[test]
+fn the_source_sends_migration_events_and_ends_postmigrate() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-events", MEM, 1);
+    let mut watcher = src.client();
+    let dest = Dest::start("mig-events-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    watcher
+        .send_line(br#"{"execute": "query-status"}"#)
+        .unwrap();
+    let mut events = Vec::new();
+    let reply = watcher
+        .read_reply_after_events(|e| {
+            events.push(e.clone());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        reply.value["return"]["status"], "postmigrate",
+        "{}",
+        reply.value
+    );
+    // Events and replies are ordered per client only as the control thread
+    // saw them: wait (bounded by the client's timeout) for the last event.
+    while !events.iter().any(|e| e["data"]["status"] == "completed") {
+        events.push(watcher.read_reply().unwrap().value);
+    }
+    let statuses: Vec<&str> = events
+        .iter()
+        .filter(|e| e["event"] == "MIGRATION")
+        .filter_map(|e| e["data"]["status"].as_str())
+        .collect();
+    assert_eq!(statuses, ["setup", "active", "device", "completed"]);
+    assert!(events.iter().any(|e| e["event"] == "MIGRATION_PASS"));
+    dest.quit();
+}
+
+#[test]
+fn a_destination_of_another_size_refuses_naming_both_and_the_source_runs_on() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-size", MEM, 1);
+    let mut c = src.client();
+    guest(&mut c, 0, "touch size=1M");
+    let dest = Dest::start("mig-size-dst", |i, _| i.memory = Some(32 << 20));
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(info.status, Some(Status::Failed));
+    let why = info.error_desc.unwrap_or_default();
+    assert!(
+        why.contains("67108864 bytes") && why.contains("--memory 33554432"),
+        "{why}"
+    );
+    let e = dest.join().unwrap_err();
+    assert!(e.contains("67108864 bytes"), "{e}");
+    let r = guest(&mut c, 0, "verify size=1M");
+    assert_eq!(value(&r[0], 2), 0, "the source's guest runs on, intact");
+}
+
+#[test]
+fn the_destinations_stats_fds_sampler_and_readiness_work_after_resume() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start_with("mig-stats", MEM, 1, |c| {
+        c.vm.dirty_log = Some(kvmscope::dirty::DirtyMode::Bitmap)
+    });
+    let dest = Dest::start("mig-stats-dst", |_, config| {
+        config.sampler = Some(kvmscope::sampler::SamplerConfig {
+            interval: Duration::from_millis(5),
+            capacity: 64,
+            out: None,
+        })
+    });
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let mut d = dest.client();
+    guest(&mut d, 0, "exits count=100");
+    let (fds, files) = d
+        .execute("get-stats-fd", json!({"target": "vcpu", "vcpu": 0}))
+        .unwrap();
+    assert_eq!(files.len(), 1, "{fds}");
+    let stats = kvm_stats::StatsFd::new(files.into_iter().next().unwrap()).unwrap();
+    let mut sample = stats.new_sample();
+    stats.read_sample(&mut sample).unwrap();
+    let (samples, _) = d.execute("query-samples", json!({})).unwrap();
+    assert!(!samples["samples"].as_array().unwrap().is_empty());
+    let (report, _) = d
+        .execute("query-readiness", json!({"calc-time": 0.05}))
+        .unwrap();
+    assert_eq!(report["dirty_rate"]["mode"], "dirty-bitmap", "{report}");
+    dest.quit();
+}
+
+#[test]
+fn a_ring_mode_guest_on_huge_pages_arrives_with_its_modes_and_data() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start_with("mig-ring", MEM, 2, |c| {
+        c.vm.dirty_log = Some(kvmscope::dirty::DirtyMode::Ring(256));
+        c.vm.hugepages = true;
+    });
+    let mut c = src.client();
+    guest(&mut c, 0, "touch size=4M pattern=0x77");
+    queue(&mut c, 1, "dirty offset=16M ws=4M rate=5000/s for=500ms");
+    let dest = Dest::start("mig-ring-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, json!({"x-check-ram": true}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let mut d = dest.client();
+    assert_eq!(query(&mut d).x_ram_crc32, info.x_ram_crc32);
+    let (vm, _) = d.execute("query-vm", json!({})).unwrap();
+    assert_eq!(vm["memory"]["hugepages"], true, "{vm}");
+    let r = guest(&mut d, 0, "verify size=4M pattern=0x77");
+    assert_eq!(value(&r[0], 2), 0);
+    let (report, _) = d
+        .execute("query-readiness", json!({"calc-time": 0.05}))
+        .unwrap();
+    assert_eq!(report["dirty_rate"]["mode"], "dirty-ring", "{report}");
+    dest.quit();
+}
+
+#[test]
+fn a_vcpu_in_a_vmm_side_wait_finishes_it_and_its_queue_on_the_destination() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-wait", MEM, 1);
+    let mut c = src.client();
+    queue(
+        &mut c,
+        0,
+        "wait for=1s; touch offset=1M size=4K pattern=0x99",
+    );
+    common::wait_for(
+        "the vCPU to be in its wait",
+        Duration::from_secs(10),
+        || {
+            let (g, _) = c.execute("query-guest", json!({})).unwrap();
+            (g[0]["state"] == "waiting" && g[0]["queued"] == 1).then_some(())
+        },
+    );
+    let dest = Dest::start("mig-wait-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let mut d = dest.client();
+    let r = guest(&mut d, 0, "verify offset=1M size=4K pattern=0x99");
+    assert_eq!(
+        value(&r[0], 2),
+        0,
+        "the queued touch ran on the destination"
+    );
+    let summary = dest.quit();
+    let commands: Vec<&str> = summary.vcpus[0]
+        .results
+        .iter()
+        .map(|r| r.command.split(' ').next().unwrap_or(""))
+        .collect();
+    assert_eq!(commands, ["wait", "touch", "verify"], "{commands:?}");
+    assert!(summary.vcpus[0].results.iter().all(|r| r.status == "ok"));
+}
+
+#[test]
+fn a_guest_migrates_over_tcp_on_loopback() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-tcp", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M pattern=0x3c");
+    let dest = Dest::start_tcp("mig-tcp-dst");
+    assert!(dest.uri.starts_with("tcp:127.0.0.1:"));
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let r = guest(&mut dest.client(), 0, "verify size=1M pattern=0x3c");
+    assert_eq!(value(&r[0], 2), 0);
+    dest.quit();
+}

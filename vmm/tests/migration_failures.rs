@@ -1,0 +1,236 @@
+//! Live migration when things go wrong, on real KVM: the destination dies in
+//! pass 0, in a later pass, or after the source stopped its vCPUs; the user
+//! cancels; the stream is truncated, has a flipped byte or another version.
+//! Each time the source's guest runs on intact, and a destination refuses a
+//! bad stream with an error naming what was wrong.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::migration::{guest, migrate, query, queue, value, wait_final, Dest};
+use common::{wait_for, ServedVm};
+use kvmscope::migration::format::{self, Kind, Reader};
+use kvmscope::migration::Status;
+use serde_json::json;
+
+const MEM: u64 = 64 << 20;
+
+/// Copies what it reads.
+struct Tee {
+    inner: UnixStream,
+    copy: Vec<u8>,
+}
+
+impl Read for Tee {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.copy.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// What a fake destination does.
+#[derive(Clone, Copy, PartialEq)]
+enum Plan {
+    /// Hang up when a RAM section of this pass starts.
+    DieInPass(u64),
+    /// Hang up when the first vCPU section starts (the source's vCPUs are stopped).
+    DieAtDeviceState,
+    /// Take the whole stream, answer `completed`, and return its bytes.
+    Record,
+}
+
+/// A destination that follows the protocol until its plan says otherwise.
+fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
+    let path: PathBuf = common::socket_path(test).with_file_name("fake.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let uri = format!("unix:{}", path.display());
+    let thread = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let mut out = s.try_clone().unwrap();
+        let mut r = Reader::start(Tee {
+            inner: s,
+            copy: Vec::new(),
+        })
+        .unwrap();
+        let mut passes = 0;
+        let mut buf = Vec::new();
+        while let Ok((kind, len)) = r.section() {
+            let dies = match plan {
+                Plan::DieInPass(p) => kind == Kind::Ram && passes == p,
+                Plan::DieAtDeviceState => kind == Kind::Vcpu,
+                Plan::Record => false,
+            };
+            if dies {
+                return Vec::new();
+            }
+            if kind == Kind::End {
+                r.finish(len).unwrap();
+                format::write_reply(&mut out, format::REPLY_COMPLETED, "").unwrap();
+                break;
+            }
+            buf.resize(len as usize, 0);
+            r.read_exact(&mut buf, "a section").unwrap();
+            match kind {
+                Kind::Config => format::write_reply(&mut out, format::REPLY_READY, "").unwrap(),
+                Kind::Pass => passes += 1,
+                _ => {}
+            }
+        }
+        std::mem::take(&mut r.inner().copy)
+    });
+    (uri, thread)
+}
+
+/// The source failed, and its guest runs on with its memory intact.
+fn assert_source_runs_on(src: &ServedVm, info: &kvmscope::migration::MigrationInfo) {
+    assert_eq!(info.status, Some(Status::Failed), "{info:?}");
+    assert!(info.error_desc.is_some());
+    let mut c = src.client();
+    let r = guest(&mut c, 0, "verify size=1M; touch offset=2M size=4K");
+    assert_eq!(value(&r[0], 2), 0, "the guest's memory is intact");
+    assert_eq!(value(&r[1], 0), 1, "and it runs");
+}
+
+fn busy_source(test: &str) -> ServedVm {
+    let src = ServedVm::start(test, MEM, 2);
+    let mut c = src.client();
+    guest(&mut c, 0, "touch size=1M");
+    queue(&mut c, 1, "dirty offset=8M ws=4M rate=20000/s for=20s");
+    src
+}
+
+#[test]
+fn a_destination_that_dies_in_pass_0_leaves_the_source_running() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("mig-die0");
+    let (uri, fake) = fake_destination("mig-die0-dst", Plan::DieInPass(0));
+    let info = migrate(&src, &uri, json!({"downtime-limit": 0}));
+    fake.join().unwrap();
+    assert_source_runs_on(&src, &info);
+}
+
+#[test]
+fn a_destination_that_dies_in_a_later_pass_leaves_the_source_running() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("mig-die2");
+    let (uri, fake) = fake_destination("mig-die2-dst", Plan::DieInPass(2));
+    let info = migrate(&src, &uri, json!({"downtime-limit": 0}));
+    fake.join().unwrap();
+    assert!(info.ram.as_ref().unwrap().dirty_sync_count >= 2, "{info:?}");
+    assert_source_runs_on(&src, &info);
+}
+
+#[test]
+fn a_destination_that_dies_after_the_vcpus_stopped_leaves_the_source_running() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-die-dev", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M");
+    let (uri, fake) = fake_destination("mig-die-dev-dst", Plan::DieAtDeviceState);
+    let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
+    fake.join().unwrap();
+    assert_source_runs_on(&src, &info);
+}
+
+#[test]
+fn a_cancelled_migration_leaves_the_source_running_and_says_cancelled() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("mig-cancel");
+    let dest = Dest::start("mig-cancel-dst", |_, _| {});
+    let mut c = src.client();
+    c.execute(
+        "migrate-set-parameters",
+        json!({"max-bandwidth": 8_000_000, "downtime-limit": 0}),
+    )
+    .unwrap();
+    c.execute("migrate", json!({"uri": dest.uri})).unwrap();
+    wait_for("a pass to end", Duration::from_secs(30), || {
+        let info = query(&mut c);
+        (info.ram?.dirty_sync_count >= 1).then_some(())
+    });
+    c.execute("migrate_cancel", json!({})).unwrap();
+    let info = wait_final(&mut c);
+    assert_eq!(info.status, Some(Status::Cancelled), "{info:?}");
+    let r = guest(&mut c, 0, "verify size=1M");
+    assert_eq!(value(&r[0], 2), 0);
+    assert!(
+        dest.join().is_err(),
+        "the destination refuses the cut stream"
+    );
+}
+
+/// A real stream of a small guest, as a destination received it.
+fn recorded_stream(test: &str) -> Vec<u8> {
+    let src = ServedVm::start(test, MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M");
+    let (uri, fake) = fake_destination(&format!("{test}-rec"), Plan::Record);
+    let info = migrate(&src, &uri, json!({}));
+    assert_eq!(info.status, Some(Status::Completed), "{info:?}");
+    fake.join().unwrap()
+}
+
+/// Feeds `bytes` to a real destination; returns its error.
+fn replay(test: &str, bytes: &[u8]) -> String {
+    let dest = Dest::start(test, |_, _| {});
+    let path = dest.uri.trim_start_matches("unix:").to_string();
+    let mut s = UnixStream::connect(path).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    dest.join().expect_err("the destination refuses the stream")
+}
+
+/// Offset of the first byte of normal page data in a stream.
+fn first_page_data(bytes: &[u8]) -> usize {
+    let mut at = 16;
+    loop {
+        let kind = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap()) as usize;
+        let body = at + 16;
+        if kind == Kind::Ram as u32 {
+            let mut run = body;
+            // Pass 0 opens with the boot pages: its first normal run comes
+            // before any zero run carries on past it.
+            while run < body + len {
+                let normal = u32::from_le_bytes(bytes[run + 12..run + 16].try_into().unwrap())
+                    == format::RUN_NORMAL;
+                if normal {
+                    return run + 16;
+                }
+                run += 16;
+            }
+        }
+        at = body + len;
+    }
+}
+
+#[test]
+fn truncated_flipped_and_wrong_version_streams_are_refused_with_their_error() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let stream = recorded_stream("mig-bad");
+    let e = replay("mig-bad-cut", &stream[..stream.len() / 2]);
+    assert!(e.contains("truncated"), "{e}");
+    let mut flipped = stream.clone();
+    flipped[first_page_data(&stream) + 100] ^= 0x40;
+    let e = replay("mig-bad-flip", &flipped);
+    assert!(e.contains("checksum does not match"), "{e}");
+    let mut v2 = stream;
+    v2[8] = 2;
+    let e = replay("mig-bad-version", &v2);
+    assert!(
+        e.contains("stream version 2 is not supported: this kvmscope reads version 1"),
+        "{e}"
+    );
+}

@@ -1,0 +1,110 @@
+//! A page swapped out to disk holds data and must be sent, although
+//! `mincore` says "not resident" for it as for a page never touched. With
+//! swap (an existing one, or, as root, a small swap file made for the test),
+//! a page of an anonymous mapping is pushed out with MADV_PAGEOUT and the
+//! migration's page classification must still call it data.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use kvmscope::migration::pages::{classify, Backing};
+
+struct SwapFile(Option<PathBuf>);
+
+impl Drop for SwapFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = Command::new("swapoff").arg(&p).status();
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn swap_active() -> bool {
+    std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1)
+}
+
+/// Swap for the test: what the host has, or a 32 MiB file made now (root only).
+fn ensure_swap() -> Result<SwapFile, String> {
+    if swap_active() {
+        return Ok(SwapFile(None));
+    }
+    let path = std::env::temp_dir().join(format!("kvmscope-test-swap-{}", std::process::id()));
+    let file = SwapFile(Some(path.clone()));
+    let run = |cmd: &mut Command| -> Result<(), String> {
+        match cmd.output() {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    run(Command::new("dd").args([
+        "if=/dev/zero",
+        &format!("of={}", path.display()),
+        "bs=1M",
+        "count=32",
+    ]))?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| e.to_string())?;
+    run(Command::new("mkswap").arg(&path))?;
+    run(Command::new("swapon").arg(&path))?;
+    Ok(file)
+}
+
+/// This process's page-map entry for the page at `addr`.
+fn pagemap_entry(addr: u64) -> u64 {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start(addr / 4096 * 8)).unwrap();
+    let mut b = [0u8; 8];
+    f.read_exact(&mut b).unwrap();
+    u64::from_ne_bytes(b)
+}
+
+#[test]
+fn a_swapped_out_page_is_classified_as_data_not_as_never_backed() {
+    let _swap = match ensure_swap() {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("skipping: no swap can be had here ({why}); the unit test on a fabricated pagemap covers the classification");
+            return;
+        }
+    };
+    let len = 16 * 4096;
+    // SAFETY: a fresh private anonymous mapping, unmapped at the end.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    }
+    .cast::<u8>();
+    assert_ne!(p.cast(), libc::MAP_FAILED);
+    // SAFETY: page 5 lies inside the mapping.
+    let page = unsafe { p.add(5 * 4096) };
+    // SAFETY: as above; a non-zero byte makes the page worth sending.
+    unsafe { page.write_volatile(0x5a) };
+    // SAFETY: advises on one page of our own mapping.
+    let rc = unsafe { libc::madvise(page.cast(), 4096, libc::MADV_PAGEOUT) };
+    let swapped = pagemap_entry(page as u64) & (1 << 62) != 0;
+    let runs = classify(p, len).unwrap();
+    // SAFETY: reads the page back (swapping it in) and unmaps the mapping.
+    let back = unsafe {
+        let v = page.read_volatile();
+        libc::munmap(p.cast(), len);
+        v
+    };
+    if rc != 0 || !swapped {
+        eprintln!("skipping: the kernel did not swap the page out (madvise rc {rc})");
+        return;
+    }
+    assert!(
+        runs.contains(&(5, 1, Backing::Data)),
+        "the page is in swap and holds data: {runs:?}"
+    );
+    assert_eq!(back, 0x5a);
+}
