@@ -23,7 +23,10 @@ fn sampler(vm: &Vm, interval: Duration) -> Sampler {
         &vm.fd_file().expect("VM fd"),
         &vm.vcpu_fds,
         vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
-        vm.config.memory,
+        kvmscope::sampler::SampledVm {
+            name: "test-vm".into(),
+            memory: vm.config.memory,
+        },
     )
     .expect("sampler")
 }

@@ -341,7 +341,10 @@ impl Services {
                     &vm.fd_file()?,
                     &vm.vcpu_fds,
                     vcpus,
-                    vm.config.memory,
+                    sampler::SampledVm {
+                        name: config.vm_name(),
+                        memory: vm.config.memory,
+                    },
                 )?)
             }
             None => None,

@@ -199,6 +199,12 @@ fn demo_runs_every_phase_end_to_end_and_cleans_up() {
         .expect("phase 1 reports pages_4k");
     assert!(b >= a + 256, "pages_4k {a}->{b}:\n{text}");
     assert!(text.contains("Migration status: completed"), "{text}");
+    // The VM keeps its name across the migration.
+    assert!(text.starts_with("VM \"kvmscope-demo\", VMM pid"), "{text}");
+    assert!(
+        text.contains("the guest runs on as VM \"kvmscope-demo\" in VMM pid"),
+        "{text}"
+    );
     assert_eq!(text.matches(" differ").count(), 2, "{text}");
     let differing = text
         .lines()

@@ -41,7 +41,10 @@ fn exporter() -> Exporter {
         &vm.fd_file().unwrap(),
         &vm.vcpu_fds,
         vcpus,
-        vm.config.memory,
+        kvmscope::sampler::SampledVm {
+            name: "test-vm".into(),
+            memory: vm.config.memory,
+        },
     )
     .unwrap();
     assert!(sampler.shared.wait_after(0, Duration::from_secs(5)));

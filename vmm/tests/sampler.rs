@@ -37,7 +37,10 @@ fn start_sampler(vm: &Vm, interval_ms: u64, capacity: usize, out: Option<PathBuf
         &vm.fd_file().unwrap(),
         &vm.vcpu_fds,
         vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
-        vm.config.memory,
+        kvmscope::sampler::SampledVm {
+            name: "test-vm".into(),
+            memory: vm.config.memory,
+        },
     )
     .unwrap()
 }
@@ -183,7 +186,10 @@ fn bad_sampler_config_is_rejected() {
             &vm.fd_file().unwrap(),
             &vm.vcpu_fds,
             vec![],
-            1,
+            kvmscope::sampler::SampledVm {
+                name: "test-vm".into(),
+                memory: 1,
+            },
         )
     };
     assert!(start(Duration::from_micros(10), 8, None)

@@ -39,6 +39,8 @@ fn run_exports_a_series_plot_draws_and_a_metrics_page_that_validates() {
         .args([
             "--metrics-addr",
             &format!("127.0.0.1:{port}"),
+            "--name",
+            "web-01",
             "--workload",
             "touch size=4M; wait for=1s; exits count=10",
         ])
@@ -57,6 +59,14 @@ fn run_exports_a_series_plot_draws_and_a_metrics_page_that_validates() {
     });
     assert!(status.success(), "run failed");
     common::check_with_promtool(&page);
+    // The VM is labelled by its name, which outlives restarts and migrations;
+    // the pid is on the info metric.
+    assert!(
+        page.contains("kvmscope_mapped_bytes{vm=\"web-01\"}"),
+        "{page}"
+    );
+    let pid = format!("kvmscope_info{{vm=\"web-01\",pid=\"{}\"", child.id());
+    assert!(page.contains(&pid), "{page}");
     let text = std::fs::read_to_string(&series).unwrap();
     let (_, points) = kvmscope::sampler::record::parse_csv(&text).unwrap();
     assert!(points.len() > 20, "{} points", points.len());

@@ -40,7 +40,9 @@ struct Vmm {
 impl Vmm {
     fn spawn(config: &DemoConfig, socket: &Path) -> Result<Vmm, Error> {
         let mut args = vec![
-            "--memory".to_string(),
+            "--name".to_string(),
+            DEMO_NAME.into(),
+            "--memory".into(),
             config.memory.to_string(),
             // The dirty ring lets the readiness step measure the dirty rate.
             "--dirty-log".into(),
@@ -103,6 +105,10 @@ impl Drop for Vmm {
     }
 }
 
+/// The VM's name on both sides of the migration step: the `vm` label and
+/// `query-name` stay the same when the guest moves.
+const DEMO_NAME: &str = "kvmscope-demo";
+
 /// The guest phases: name and workload command.
 fn phases(size: u64) -> Vec<(&'static str, String)> {
     vec![
@@ -139,7 +145,8 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
     let (vm, _) = client.execute("query-vm", json!({}))?;
     writeln!(
         out,
-        "VMM pid {} serving {} ({:.0} ms to start): {} vCPU, {} guest RAM{}, backend {}",
+        "VM {:?}, VMM pid {} serving {} ({:.0} ms to start): {} vCPU, {} guest RAM{}, backend {}",
+        client.greeting.qmp.kvmscope.vm.name,
         vm["pid"],
         socket.display(),
         started.elapsed().as_secs_f64() * 1e3,
@@ -210,7 +217,12 @@ fn migration_step(
     let mut dst = Vmm::spawn_run(
         &config.exe,
         &dst_socket,
-        &["--incoming".into(), uri.clone()],
+        &[
+            "--incoming".into(),
+            uri.clone(),
+            "--name".into(),
+            DEMO_NAME.into(),
+        ],
     )?;
     let fresh = format!("touch offset={} size={size} pattern=0xd5", 2 * size);
     client.execute(
@@ -269,6 +281,12 @@ fn verify_on(
     let mut d =
         Client::connect_when_ready(dst_socket, config.startup_timeout, || dst.check_running())?;
     d.set_timeout(Some(super::REPLY_TIMEOUT))?;
+    let vm = &d.greeting.qmp.kvmscope.vm;
+    writeln!(
+        out,
+        "  the guest runs on as VM {:?} in VMM pid {}",
+        vm.name, vm.pid
+    )?;
     let check = format!(
         "verify offset={} size={size} pattern=0xd5; verify-zero offset={size} size={size}",
         2 * size

@@ -179,19 +179,28 @@ fn write_sources(
     }
 }
 
+/// A label value in the text format: backslash, double quote and line feed escaped.
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// The page: our own gauges and counters, then every KVM stat of the VM and vCPUs.
 pub fn render(samples: &Shared) -> String {
     let mut out = String::new();
-    let vm = format!("vm=\"{}\"", std::process::id());
+    let vm = format!("vm=\"{}\"", label_value(&samples.header.name));
     let (points, _) = samples.since(samples.last_seq().saturating_sub(1));
     let _ = writeln!(
         out,
-        "# HELP kvmscope_info The KVM backend running the guest.\n# TYPE kvmscope_info gauge"
+        "# HELP kvmscope_info The VM (name as the vm label, the VMM's pid) and the KVM backend running its guest.\n# TYPE kvmscope_info gauge"
     );
     let _ = writeln!(
         out,
-        "kvmscope_info{{{vm},backend=\"{}\",tdp=\"{}\"}} 1",
-        samples.backend.kind, samples.backend.tdp
+        "kvmscope_info{{{vm},pid=\"{}\",backend=\"{}\",tdp=\"{}\"}} 1",
+        std::process::id(),
+        samples.backend.kind,
+        samples.backend.tdp
     );
     if let Some(p) = points.last() {
         let _ = writeln!(out, "# HELP kvmscope_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes).\n# TYPE kvmscope_mapped_bytes gauge");

@@ -264,6 +264,7 @@ mod tests {
     fn header() -> SeriesHeader {
         SeriesHeader {
             version: 1,
+            name: "test-vm".into(),
             backend: serde_json::json!({"kind": "pvm"}),
             quiet_stats: vec![],
             vcpus: 1,

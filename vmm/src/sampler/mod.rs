@@ -41,6 +41,15 @@ pub const MAX_CAPACITY: usize = 1_000_000;
 /// Shortest interval between ticks (the smallest `--sample-interval` parses to).
 pub const MIN_INTERVAL: Duration = crate::units::Interval::MIN;
 
+/// The VM a sampler records, as its series header names it.
+#[derive(Debug, Clone)]
+pub struct SampledVm {
+    /// The VM's name (`kvmscope run --name`).
+    pub name: String,
+    /// Guest RAM, bytes.
+    pub memory: u64,
+}
+
 /// How the sampler runs.
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
@@ -199,7 +208,7 @@ impl Sampler {
         vm_fd: &File,
         vcpu_fds: &[File],
         vcpus: Vec<Arc<VcpuShared>>,
-        memory: u64,
+        vm: SampledVm,
     ) -> Result<Sampler, Error> {
         if config.interval < MIN_INTERVAL {
             return Err(Error::IntervalTooShort(config.interval));
@@ -215,13 +224,14 @@ impl Sampler {
         let backend = backend::detect();
         let header = SeriesHeader {
             version: 1,
+            name: vm.name,
             backend: backend.to_json(),
             quiet_stats: backend::quiet_stats(&backend)
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
             vcpus: vcpus.len(),
-            memory,
+            memory: vm.memory,
             interval_ms: config.interval.as_secs_f64() * 1e3,
             kvm_stats: kvm_names,
         };

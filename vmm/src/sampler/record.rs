@@ -8,15 +8,20 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 
 use crate::exits::Reason;
 
 /// What a series is about; the first record of every export.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SeriesHeader {
     /// Format version of the series (1).
     pub version: u32,
+    /// The VM's name (`kvmscope run --name`); empty in series written before
+    /// names existed, and in CSV, which has no header record.
+    #[serde(default)]
+    pub name: String,
     /// `Backend::to_json()`.
     pub backend: Value,
     /// Stats that do not move on this backend even when the event happens.
@@ -26,6 +31,7 @@ pub struct SeriesHeader {
     /// Guest RAM, bytes.
     pub memory: u64,
     /// Time between ticks, milliseconds.
+    #[serde(deserialize_with = "nullable_f64")]
     pub interval_ms: f64,
     /// Cumulative KVM vCPU stats recorded, in column order.
     pub kvm_stats: Vec<String>,
@@ -100,11 +106,11 @@ pub fn our_names() -> Vec<&'static str> {
 impl SeriesHeader {
     /// The header as a JSON-lines record.
     pub fn to_json(&self) -> Value {
-        json!({
-            "kind": "header", "version": self.version, "backend": self.backend, "quiet_stats": self.quiet_stats,
-            "vcpus": self.vcpus, "memory": self.memory, "interval_ms": self.interval_ms,
-            "kvm_stats": self.kvm_stats, "our_counters": our_names(),
-        })
+        serde_json::to_value(Record::Header(HeaderRecord {
+            header: self.clone(),
+            our_counters: our_names().iter().map(|s| s.to_string()).collect(),
+        }))
+        .unwrap_or(Value::Null)
     }
 
     /// The CSV header row.
@@ -133,21 +139,7 @@ impl SeriesHeader {
 impl Point {
     /// The tick as a JSON-lines record.
     pub fn to_json(&self, header: &SeriesHeader) -> Value {
-        let ours = our_names();
-        let vcpus: Vec<Value> = self
-            .vcpus
-            .iter()
-            .map(|v| {
-                let kvm: BTreeMap<_, _> = header.kvm_stats.iter().zip(&v.kvm).collect();
-                let our: BTreeMap<_, _> = ours.iter().zip(&v.ours).collect();
-                json!({ "phase": v.phase, "kvm": kvm, "ours": our, "exits_per_s": v.exits_per_s, "our_exits_per_s": v.our_exits_per_s })
-            })
-            .collect();
-        json!({
-            "kind": "sample", "seq": self.seq, "time_s": self.time_s,
-            "pages_4k": self.pages_4k, "pages_2m": self.pages_2m, "pages_1g": self.pages_1g,
-            "mapped_bytes": self.mapped_bytes(), "vcpus": vcpus,
-        })
+        serde_json::to_value(Record::Sample(SampleRecord::of(self, header))).unwrap_or(Value::Null)
     }
 
     /// The tick as CSV rows, one per vCPU, each ending in a newline.
@@ -174,91 +166,128 @@ impl Point {
     }
 }
 
-fn field<'a>(v: &'a Value, key: &str, line: usize) -> Result<&'a Value, ParseError> {
-    v.get(key).ok_or_else(|| ParseError::Bad {
-        line,
-        what: format!("missing field '{key}'"),
-    })
+/// One line of a JSON-lines series, as written and as read back.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum Record {
+    Header(HeaderRecord),
+    Sample(SampleRecord),
 }
 
-fn u64_field(v: &Value, key: &str, line: usize) -> Result<u64, ParseError> {
-    field(v, key, line)?
-        .as_u64()
-        .ok_or_else(|| ParseError::Bad {
-            line,
-            what: format!("'{key}' is not a whole number"),
-        })
+#[derive(Serialize, Deserialize)]
+struct HeaderRecord {
+    #[serde(flatten)]
+    header: SeriesHeader,
+    /// Our counters' names, in column order (informative: a reader takes
+    /// counters by name from each sample).
+    #[serde(default)]
+    our_counters: Vec<String>,
 }
 
-fn f64_field(v: &Value, key: &str, line: usize) -> Result<f64, ParseError> {
-    match field(v, key, line)? {
-        // JSON has no NaN: serde_json writes a non-finite number as null.
-        Value::Null => Ok(f64::NAN),
-        n => n.as_f64().ok_or_else(|| ParseError::Bad {
-            line,
-            what: format!("'{key}' is not a number"),
-        }),
-    }
+#[derive(Serialize, Deserialize)]
+struct SampleRecord {
+    seq: u64,
+    #[serde(deserialize_with = "nullable_f64")]
+    time_s: f64,
+    pages_4k: u64,
+    pages_2m: u64,
+    pages_1g: u64,
+    /// Derived from the page counts; written for readers of the file, ignored
+    /// when read back.
+    #[serde(default)]
+    mapped_bytes: u64,
+    vcpus: Vec<VcpuRecord>,
 }
 
-fn names(v: &Value, key: &str, line: usize) -> Result<Vec<String>, ParseError> {
-    let arr = field(v, key, line)?
-        .as_array()
-        .ok_or_else(|| ParseError::Bad {
-            line,
-            what: format!("'{key}' is not a list"),
-        })?;
-    arr.iter()
-        .map(|s| {
-            s.as_str()
-                .map(str::to_string)
-                .ok_or_else(|| ParseError::Bad {
-                    line,
-                    what: format!("'{key}' holds a non-string"),
-                })
-        })
-        .collect()
+#[derive(Serialize, Deserialize)]
+struct VcpuRecord {
+    phase: u64,
+    kvm: BTreeMap<String, u64>,
+    ours: BTreeMap<String, u64>,
+    #[serde(deserialize_with = "nullable_f64")]
+    exits_per_s: f64,
+    #[serde(deserialize_with = "nullable_f64")]
+    our_exits_per_s: f64,
 }
 
-fn parse_header(v: &Value, line: usize) -> Result<SeriesHeader, ParseError> {
-    Ok(SeriesHeader {
-        version: u32::try_from(u64_field(v, "version", line)?).unwrap_or(u32::MAX),
-        backend: field(v, "backend", line)?.clone(),
-        quiet_stats: names(v, "quiet_stats", line)?,
-        vcpus: usize::try_from(u64_field(v, "vcpus", line)?).map_err(|_| ParseError::Bad {
-            line,
-            what: "vcpus is too large".into(),
-        })?,
-        memory: u64_field(v, "memory", line)?,
-        interval_ms: f64_field(v, "interval_ms", line)?,
-        kvm_stats: names(v, "kvm_stats", line)?,
-    })
+/// JSON has no NaN: serde_json writes a non-finite number as null, read back as NaN.
+fn nullable_f64<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
-fn parse_vcpu(v: &Value, header: &SeriesHeader, line: usize) -> Result<VcpuPoint, ParseError> {
-    let kvm = field(v, "kvm", line)?;
-    let ours = field(v, "ours", line)?;
-    Ok(VcpuPoint {
-        phase: u64_field(v, "phase", line)?,
-        kvm: header
-            .kvm_stats
+impl SampleRecord {
+    fn of(p: &Point, header: &SeriesHeader) -> SampleRecord {
+        let ours = our_names();
+        let vcpus = p
+            .vcpus
             .iter()
-            .map(|n| u64_field(kvm, n, line))
-            .collect::<Result<_, _>>()?,
-        // A counter this version has but an older series lacks reads as 0.
-        ours: our_names()
-            .iter()
-            .map(|n| {
-                if ours.get(*n).is_some() {
-                    u64_field(ours, n, line)
-                } else {
-                    Ok(0)
-                }
+            .map(|v| VcpuRecord {
+                phase: v.phase,
+                kvm: header
+                    .kvm_stats
+                    .iter()
+                    .cloned()
+                    .zip(v.kvm.iter().copied())
+                    .collect(),
+                ours: ours
+                    .iter()
+                    .map(|s| s.to_string())
+                    .zip(v.ours.iter().copied())
+                    .collect(),
+                exits_per_s: v.exits_per_s,
+                our_exits_per_s: v.our_exits_per_s,
             })
-            .collect::<Result<_, _>>()?,
-        exits_per_s: f64_field(v, "exits_per_s", line)?,
-        our_exits_per_s: f64_field(v, "our_exits_per_s", line)?,
-    })
+            .collect();
+        SampleRecord {
+            seq: p.seq,
+            time_s: p.time_s,
+            pages_4k: p.pages_4k,
+            pages_2m: p.pages_2m,
+            pages_1g: p.pages_1g,
+            mapped_bytes: p.mapped_bytes(),
+            vcpus,
+        }
+    }
+
+    /// The point, its vCPUs' KVM stats in `header`'s column order.
+    fn into_point(self, header: &SeriesHeader, line: usize) -> Result<Point, ParseError> {
+        let vcpus = self
+            .vcpus
+            .into_iter()
+            .map(|v| {
+                let kvm = header
+                    .kvm_stats
+                    .iter()
+                    .map(|n| {
+                        v.kvm.get(n).copied().ok_or_else(|| ParseError::Bad {
+                            line,
+                            what: format!("a vCPU lacks the KVM stat '{n}' the header names"),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                // A counter this version has but an older series lacks reads as 0.
+                let ours = our_names()
+                    .iter()
+                    .map(|n| v.ours.get(*n).copied().unwrap_or(0))
+                    .collect();
+                Ok(VcpuPoint {
+                    phase: v.phase,
+                    kvm,
+                    ours,
+                    exits_per_s: v.exits_per_s,
+                    our_exits_per_s: v.our_exits_per_s,
+                })
+            })
+            .collect::<Result<_, ParseError>>()?;
+        Ok(Point {
+            seq: self.seq,
+            time_s: self.time_s,
+            pages_4k: self.pages_4k,
+            pages_2m: self.pages_2m,
+            pages_1g: self.pages_1g,
+            vcpus,
+        })
+    }
 }
 
 /// Reads a JSON-lines series back.
@@ -274,37 +303,18 @@ pub fn parse_jsonl(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError>
         .filter(|(_, l)| !l.trim().is_empty())
     {
         let line = i + 1;
-        let v: Value = serde_json::from_str(raw).map_err(|e| ParseError::Bad {
+        let record: Record = serde_json::from_str(raw).map_err(|e| ParseError::Bad {
             line,
-            what: format!("not JSON: {e}"),
+            what: format!("not a series record: {e}"),
         })?;
-        match (v.get("kind").and_then(Value::as_str), &header) {
-            (Some("header"), None) => header = Some(parse_header(&v, line)?),
-            (Some("sample"), Some(h)) => {
-                let vcpus =
-                    field(&v, "vcpus", line)?
-                        .as_array()
-                        .ok_or_else(|| ParseError::Bad {
-                            line,
-                            what: "'vcpus' is not a list".into(),
-                        })?;
-                points.push(Point {
-                    seq: u64_field(&v, "seq", line)?,
-                    time_s: f64_field(&v, "time_s", line)?,
-                    pages_4k: u64_field(&v, "pages_4k", line)?,
-                    pages_2m: u64_field(&v, "pages_2m", line)?,
-                    pages_1g: u64_field(&v, "pages_1g", line)?,
-                    vcpus: vcpus
-                        .iter()
-                        .map(|c| parse_vcpu(c, h, line))
-                        .collect::<Result<_, _>>()?,
-                });
-            }
-            (Some("sample"), None) => return Err(ParseError::NoHeader),
-            (kind, _) => {
+        match (record, &header) {
+            (Record::Header(h), None) => header = Some(h.header),
+            (Record::Sample(s), Some(h)) => points.push(s.into_point(h, line)?),
+            (Record::Sample(_), None) => return Err(ParseError::NoHeader),
+            (Record::Header(_), Some(_)) => {
                 return Err(ParseError::Bad {
                     line,
-                    what: format!("unexpected record kind {kind:?}"),
+                    what: "a second header record".into(),
                 })
             }
         }
@@ -383,6 +393,7 @@ pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
     let vcpus = points.first().map_or(0, |p| p.vcpus.len());
     let header = SeriesHeader {
         version: 1,
+        name: String::new(),
         backend: Value::Null,
         quiet_stats: Vec::new(),
         vcpus,
@@ -396,10 +407,12 @@ pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn sample_series() -> (SeriesHeader, Vec<Point>) {
         let header = SeriesHeader {
             version: 1,
+            name: "test-vm".into(),
             backend: json!({"kind": "pvm"}),
             quiet_stats: vec!["io_exits".into()],
             vcpus: 2,
@@ -443,6 +456,45 @@ mod tests {
             text += &(p.to_json(&h).to_string() + "\n");
         }
         assert_eq!(parse_jsonl(&text).unwrap(), (h, pts));
+    }
+
+    #[test]
+    fn jsonl_names_the_vm_and_refuses_a_second_header_or_a_missing_stat() {
+        let (h, pts) = sample_series();
+        let head = h.to_json();
+        assert_eq!(head["name"], "test-vm");
+        assert_eq!(head["kind"], "header");
+        let twice = format!("{head}\n{head}\n");
+        let err = parse_jsonl(&twice).unwrap_err().to_string();
+        assert!(err.contains("line 2: a second header"), "{err}");
+        let mut sample = pts[0].to_json(&h);
+        sample["vcpus"][1]["kvm"]
+            .as_object_mut()
+            .unwrap()
+            .remove("pf_fixed");
+        let err = parse_jsonl(&format!("{head}\n{sample}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("'pf_fixed'"),
+            "{err}"
+        );
+        let err = parse_jsonl(&format!("{head}\n{{\"kind\":\"sample\"}}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2: not a series record: missing field"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_series_without_a_name_reads_with_an_empty_one() {
+        let (h, _) = sample_series();
+        let mut head = h.to_json();
+        head.as_object_mut().unwrap().remove("name");
+        let (back, _) = parse_jsonl(&format!("{head}\n")).unwrap();
+        assert_eq!(back.name, "");
     }
 
     #[test]

@@ -40,6 +40,7 @@ impl Drop for TempDir {
 pub fn header(vcpus: usize) -> SeriesHeader {
     SeriesHeader {
         version: 1,
+        name: "test-vm".into(),
         backend: json!({"kind": "vmx", "description": "vmx (EPT, tdp_mmu=Y)"}),
         quiet_stats: Vec::new(),
         vcpus,
