@@ -49,6 +49,7 @@ mod header;
 #[allow(unsafe_code)]
 pub mod ioctl;
 pub mod json;
+mod mapped;
 mod read_at;
 mod sample;
 mod schema;
@@ -62,6 +63,7 @@ pub use fd::StatsFd;
 pub use filter::NameFilter;
 pub use flags::{Base, StatType, Unit};
 pub use header::{Header, HEADER_SIZE, MAX_DATA_SIZE, MAX_NAME_SIZE, MAX_NUM_DESC};
+pub use mapped::Mapped;
 pub use read_at::ReadAt;
 pub use sample::Sample;
 pub use schema::{Schema, StatId, Target};

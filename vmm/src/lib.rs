@@ -14,6 +14,7 @@ pub mod exits;
 pub mod fuzz;
 pub mod kick;
 pub mod memory;
+pub mod messages;
 pub mod metrics;
 pub mod migration;
 #[cfg(feature = "plot")]
@@ -23,6 +24,7 @@ pub mod readiness;
 pub mod run;
 pub mod runstate;
 pub mod sampler;
+pub mod scm;
 pub mod signals;
 pub mod summary;
 pub mod units;

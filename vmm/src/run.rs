@@ -7,14 +7,16 @@ use kvm_stats::{Sample, StatsFd};
 
 use crate::boot;
 use crate::control;
+use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::migration::receiver::{self, Incoming, IncomingConfig};
 use crate::migration::{self, Migration};
 use crate::runstate::{RunState, SharedRunState};
 use crate::sampler::{self, Sampler, SamplerConfig};
-use crate::summary::{kvm_growth, BootTimeout, Mapped, Summary, VcpuSummary};
-use crate::vcpu::{Control, Outcome, RunRequest, RunStateError, VmEvent};
+use crate::summary::{kvm_growth, BootTimeout, Summary, VcpuSummary};
+use crate::vcpu::{Control, Outcome};
 use crate::vm::{self, Vm, VmConfig};
 use crate::workload::{parse_workload, SpecError, Workload};
+use kvm_stats::Mapped;
 
 /// The workload `kvmscope run` gives vCPU 0 when none is named, for a guest of
 /// `memory` bytes: touch a quarter of the arena (at most 16 MiB), zero-fill and
@@ -534,8 +536,8 @@ fn summarize(vm: &Vm, before: &Baseline, watch: &Watch, end: Ending) -> Result<S
         elapsed: end.elapsed,
         to_first_exit: since(first_exit),
         to_first_done: since(watch.first_done),
-        before: Mapped::from_sample(&vm.vm_stats, &before.vm),
-        after: Mapped::from_sample(&vm.vm_stats, &after.vm),
+        before: Mapped::from_sample(vm.vm_stats.schema(), &before.vm),
+        after: Mapped::from_sample(vm.vm_stats.schema(), &after.vm),
         vcpus,
         signal: watch.signal,
         stuck: end.stuck,

@@ -9,7 +9,7 @@
 
 use std::sync::mpsc::Sender;
 
-use crate::vcpu::VmEvent;
+use crate::messages::VmEvent;
 
 fn termination_set() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset only write the set we own.

@@ -14,54 +14,11 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use kvm_stats::{Sample, StatType, StatsFd};
+use kvm_stats::{Mapped, Sample, StatType, StatsFd};
 
 use crate::backend::Backend;
 use crate::units::format_bytes;
 use crate::vcpu::{CommandResult, Outcome, Registers};
-
-/// Leaf mappings the KVM MMU holds (VM stats `pages_4k/2m/1g`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Mapped {
-    /// 4 KiB mappings.
-    pub pages_4k: u64,
-    /// 2 MiB mappings.
-    pub pages_2m: u64,
-    /// 1 GiB mappings.
-    pub pages_1g: u64,
-}
-
-impl Mapped {
-    /// Reads the page counts out of a VM stats sample (missing stats read as 0).
-    pub fn from_sample(stats: &StatsFd, sample: &Sample) -> Mapped {
-        let get = |name| {
-            stats
-                .schema()
-                .find(name)
-                .map(|id| sample.u64(id))
-                .unwrap_or(0)
-        };
-        Mapped {
-            pages_4k: get("pages_4k"),
-            pages_2m: get("pages_2m"),
-            pages_1g: get("pages_1g"),
-        }
-    }
-
-    /// Bytes of guest memory mapped.
-    pub fn bytes(&self) -> u64 {
-        // Saturating: the counts come from a stats file, which may be hostile.
-        let page = |n: u64, size: u64| n.saturating_mul(size);
-        page(self.pages_4k, 4 << 10)
-            .saturating_add(page(self.pages_2m, 2 << 20))
-            .saturating_add(page(self.pages_1g, 1 << 30))
-    }
-
-    /// The counts and their bytes as a JSON object.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({ "pages_4k": self.pages_4k, "pages_2m": self.pages_2m, "pages_1g": self.pages_1g, "bytes": self.bytes() })
-    }
-}
 
 /// One vCPU's part of the summary.
 #[derive(Debug, Clone)]

@@ -20,8 +20,9 @@ use crate::dirty::{self, DirtyLog, DirtyMode};
 use crate::exits::Bus;
 use crate::kick;
 use crate::memory::{self, GuestMemory};
+use crate::messages::VmEvent;
 use crate::vcpu::snapshot::Snapshot;
-use crate::vcpu::{Control, Outcome, Vcpu, VcpuError, VcpuShared, VmEvent};
+use crate::vcpu::{Control, Outcome, Vcpu, VcpuError, VcpuShared};
 use crate::workload::Command;
 use crate::x86_64::{paging, regs};
 

@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use super::stats::{receive, sample_all, Received};
 use super::{Client, Error};
 use crate::protocol::VcpuSelector;
-use crate::summary::Mapped;
 use crate::units::format_bytes;
+use kvm_stats::Mapped;
 
 /// What `kvmscope demo` runs.
 #[derive(Debug, Clone)]
@@ -352,8 +352,8 @@ fn report(received: &[Received], before: &[Sample], after: &[Sample]) -> String 
         let schema = r.stats.schema();
         if r.entry["target"] == "vm" {
             let (a, b) = (
-                Mapped::from_sample(&r.stats, old),
-                Mapped::from_sample(&r.stats, new),
+                Mapped::from_sample(r.stats.schema(), old),
+                Mapped::from_sample(r.stats.schema(), new),
             );
             text += &format!(
                 "  vm:     pages_4k {}->{}, pages_2m {}->{}, pages_1g {}->{}; mapped {} -> {}\n",

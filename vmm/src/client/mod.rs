@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::control::scm::{self, MAX_FDS_PER_MESSAGE};
 use crate::protocol::request::{request_line, CapabilitiesArgs};
 use crate::protocol::{Command, ErrorClass, Greeting, Message};
+use crate::scm::{self, MAX_FDS_PER_MESSAGE};
 
 /// How long `stats`, `watch` and `demo` wait for a reply before giving up.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -18,6 +18,7 @@ use super::outcome::{GuestWait, Outcome, Pending, Progress};
 use super::{Context, Error};
 use crate::abi;
 use crate::boot;
+use crate::messages::{RunRequest, VmEvent};
 use crate::protocol::reply::{
     vcpu_from_qom_path, vcpu_qom_path, CommandInfo, CpuInfoFast, GreetingBody, GreetingVm,
     KvmscopeGreeting, NameInfo, StatusInfo, VersionInfo,
@@ -29,7 +30,7 @@ use crate::protocol::{
     Command, ErrorClass, Greeting, StatsTarget, VcpuRef, VcpuSelector, PROTOCOL_VERSION,
 };
 use crate::summary::result_json;
-use crate::vcpu::{RunRequest, VcpuState, VmEvent};
+use crate::vcpu::VcpuState;
 use crate::workload::parse_sequence;
 use crate::x86_64::paging;
 

@@ -16,9 +16,9 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
-use super::scm::{self, MAX_FDS_PER_MESSAGE};
 use super::{MAX_QUEUED_BYTES, MAX_QUEUED_FDS};
 use crate::protocol::framing::{Frame, Framer};
+use crate::scm::{self, MAX_FDS_PER_MESSAGE};
 
 /// Bytes read from a client per readiness event.
 const READ_CHUNK: usize = 16 << 10;

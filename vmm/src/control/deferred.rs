@@ -17,10 +17,11 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::outcome::{Outcome, Pending, Progress, WorkerMsg};
 use super::Context;
+use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::protocol::request::ReadinessArgs;
 use crate::protocol::{ErrorClass, Event};
 use crate::readiness::{self, Guest, Options};
-use crate::vcpu::{RunRequest, RunStateError, VcpuShared, VmEvent};
+use crate::vcpu::VcpuShared;
 
 /// How long a readiness worker waits for the main loop to pause or resume.
 const RUN_STATE_LIMIT: Duration = Duration::from_secs(5);

@@ -21,7 +21,6 @@ pub mod events;
 pub mod migrate;
 pub mod outcome;
 pub mod plane;
-pub mod scm;
 pub mod socket;
 
 use std::fs::File;
@@ -37,8 +36,9 @@ use event_manager::{EventManager, SubscriberId, SubscriberOps};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::backend::Backend;
+use crate::messages::VmEvent;
 use crate::runstate::SharedRunState;
-use crate::vcpu::{VcpuShared, VmEvent};
+use crate::vcpu::VcpuShared;
 use crate::vm::{self, Vm};
 use commands::Handler;
 use plane::{Plane, PlaneFds};

@@ -19,9 +19,10 @@ use super::commands::Handler;
 use super::connection::{Connection, Input};
 use super::events;
 use super::outcome::{Outcome, Pending};
-use super::{scm, Limits, MAX_CLIENTS};
+use super::{Limits, MAX_CLIENTS};
 use crate::protocol::framing::{Frame, MAX_VALUE};
 use crate::protocol::{request, Command, ErrorClass, Message};
+use crate::scm;
 
 const LISTENER: u32 = 0;
 const EXIT: u32 = 1;

@@ -25,8 +25,8 @@ use super::transport::{self, Conn, Uri};
 use super::{device, Migration, RamStats, Status};
 use crate::dirty::{self, Bitmap};
 use crate::memory::GuestMemory;
+use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
-use crate::vcpu::{RunRequest, RunStateError, VmEvent};
 
 /// A RAM section is sent once its payload reaches this size.
 const SECTION_TARGET: usize = 4 << 20;

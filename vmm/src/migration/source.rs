@@ -11,7 +11,8 @@ use super::format::{self, ConfigRecord};
 use super::sender::Error;
 use crate::dirty::{DirtyLog, DirtyMode};
 use crate::memory::GuestMemory;
-use crate::vcpu::{VcpuShared, VmEvent};
+use crate::messages::VmEvent;
+use crate::vcpu::VcpuShared;
 
 /// What the source needs of its VM; cheap to clone.
 #[derive(Clone)]

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use kvm_stats::StatsFd;
 
 use crate::dirty::{self, DirtyLog, DirtyMode};
-use crate::summary::Mapped;
 use crate::vcpu::VcpuShared;
+use kvm_stats::Mapped;
 pub use report::{DirtyRate, Figure, Report, ScanFigures};
 
 /// What to measure and the link to predict for.
@@ -50,7 +50,7 @@ pub enum Error {
     #[error(transparent)]
     Dirty(#[from] dirty::Error),
     #[error("pausing the guest for the scan")]
-    Pause(#[source] crate::vcpu::RunStateError),
+    Pause(#[source] crate::messages::RunStateError),
     #[error("the vCPUs did not pause within {0:?}")]
     PauseTimeout(Duration),
     #[error(transparent)]
@@ -58,7 +58,7 @@ pub enum Error {
 }
 
 /// Pauses (`true`) or resumes (`false`) every vCPU.
-pub type PauseFn<'a> = dyn FnMut(bool) -> Result<(), crate::vcpu::RunStateError> + 'a;
+pub type PauseFn<'a> = dyn FnMut(bool) -> Result<(), crate::messages::RunStateError> + 'a;
 
 /// The guest being measured.
 pub struct Guest<'a> {
@@ -96,7 +96,7 @@ pub fn measure(
     let mapped = timed(|| {
         let mut sample = g.vm_stats.new_sample();
         g.vm_stats.read_sample(&mut sample)?;
-        Ok(Mapped::from_sample(g.vm_stats, &sample))
+        Ok(Mapped::from_sample(g.vm_stats.schema(), &sample))
     })?;
     let resident = timed(|| Ok(scan::resident(g.ram.0, g.ram.1)?.1))?;
     let written = g

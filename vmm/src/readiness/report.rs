@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use super::model::{self, Inputs, Prediction};
 use super::scan::Scan;
 use super::{Error, Options};
-use crate::summary::Mapped;
 use crate::units::{format_bytes, saturating_u64};
+use kvm_stats::Mapped;
 
 /// A figure and the time it took to get.
 #[derive(Debug, Clone, PartialEq)]

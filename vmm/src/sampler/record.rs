@@ -89,7 +89,7 @@ impl Point {
     /// Bytes of guest memory the MMU maps.
     pub fn mapped_bytes(&self) -> u64 {
         let (pages_4k, pages_2m, pages_1g) = (self.pages_4k, self.pages_2m, self.pages_1g);
-        crate::summary::Mapped {
+        kvm_stats::Mapped {
             pages_4k,
             pages_2m,
             pages_1g,

@@ -19,6 +19,7 @@ use crate::boot::mailbox_addr;
 use crate::exits::{dispatch, Action, Bus, Exit};
 use crate::kick;
 use crate::memory::GuestMemory;
+use crate::messages::VmEvent;
 use crate::workload::Command;
 
 mod registers;

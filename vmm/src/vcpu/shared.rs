@@ -4,7 +4,6 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -112,55 +111,6 @@ impl PartialEq for VcpuError {
 }
 
 impl Eq for VcpuError {}
-
-/// Why the main loop refused or never answered a run-state change.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RunStateError {
-    #[error("a readiness scan holds the guest paused; it resumes when the scan ends")]
-    HeldByScan,
-    #[error("the guest has migrated away (postmigrate); only quit is left")]
-    MigratedAway,
-    #[error("the VMM is shutting down")]
-    ShuttingDown,
-    #[error("the main loop did not answer {request:?} within {limit:?}")]
-    NoAnswer {
-        request: RunRequest,
-        limit: Duration,
-    },
-}
-
-/// What vCPU threads tell the VMM's main loop.
-#[derive(Debug)]
-pub enum VmEvent {
-    /// vCPU `0` ran out of commands and is waiting.
-    Idle(usize),
-    /// A command finished.
-    CommandDone(usize, CommandResult),
-    /// The guest printed a line.
-    Console(usize, String),
-    /// vCPU `0`'s thread ended.
-    Finished(usize, Outcome),
-    /// The process received a termination signal.
-    Signal(i32),
-    /// The control plane asks the main loop to change the VM's run state.
-    Control(RunRequest, Sender<Result<(), RunStateError>>),
-}
-
-/// Run-state changes only the main loop (which owns the vCPU threads) may make.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunRequest {
-    /// A user's pause (`pause` on the control socket).
-    Pause,
-    /// A user's resume; refused while a hold is on.
-    Resume,
-    /// Keep the guest paused until the matching `Release` (a readiness scan),
-    /// whatever users ask meanwhile.
-    Hold,
-    Release,
-    /// The guest has migrated away: it stays paused whatever is asked, until quit.
-    Postmigrate,
-    Quit,
-}
 
 pub(super) struct Inbox {
     pub(super) queue: VecDeque<Command>,
