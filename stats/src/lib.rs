@@ -44,6 +44,7 @@ mod fd;
 mod filter;
 mod flags;
 pub mod format;
+#[cfg(feature = "fuzzing")]
 pub mod fuzz;
 mod header;
 #[allow(unsafe_code)]
