@@ -214,18 +214,21 @@ fn a_destination_of_another_size_refuses_naming_both_and_the_source_runs_on() {
 }
 
 #[test]
-fn the_destinations_stats_fds_sampler_and_readiness_work_after_resume() {
+fn the_destinations_stats_fds_sampler_metrics_and_readiness_work_after_resume() {
     require_kvm!();
     let _serial = common::migration::serial();
     let src = ServedVm::start_with("mig-stats", MEM, 1, |c| {
         c.vm.dirty_log = Some(kvmscope::dirty::DirtyMode::Bitmap)
     });
+    let port = common::free_port();
     let dest = Dest::start("mig-stats-dst", |_, config| {
         config.sampler = Some(kvmscope::sampler::SamplerConfig {
             interval: Duration::from_millis(5),
             capacity: 64,
             out: None,
-        })
+        });
+        config.metrics_addr = Some(([127, 0, 0, 1], port).into());
+        config.name = Some("web-01".into());
     });
     let info = migrate(&src, &dest.uri, json!({}));
     assert_eq!(
@@ -249,6 +252,14 @@ fn the_destinations_stats_fds_sampler_and_readiness_work_after_resume() {
         .execute("query-readiness", json!({"calc-time": 0.05}))
         .unwrap();
     assert_eq!(report["dirty_rate"]["mode"], "dirty-bitmap", "{report}");
+    // The page serves the migrated guest under the VM's name: 100 exits ran
+    // on the destination, counted on from the source's values.
+    let page = common::wait_for("the metrics page", Duration::from_secs(20), || {
+        let page = common::scrape(port)?;
+        let exits = common::metric(&page, "kvmscope_exits_total", &["vm=\"web-01\""])?;
+        (exits >= 100.0).then_some(page)
+    });
+    common::check_with_promtool(&page);
     dest.quit();
 }
 
