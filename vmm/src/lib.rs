@@ -11,6 +11,7 @@ pub mod client;
 pub mod control;
 pub mod dirty;
 pub mod exits;
+pub mod exporter;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
 pub mod kick;

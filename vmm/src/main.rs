@@ -53,6 +53,35 @@ enum Cmd {
     /// Live-migrate a running VMM's guest to a `kvmscope run --incoming URI`,
     /// with a progress bar and a report like QEMU's `info migrate`.
     Migrate(MigrateArgs),
+    /// One telemetry agent per host: every VM's KVM stats on one Prometheus
+    /// page, read through stats fds taken once from each VMM's control socket
+    /// (one pread per fd per scrape; no request to any VMM, no vCPU kicked).
+    /// Runs until SIGINT/SIGTERM. See docs/EXPORTER.md.
+    Exporter(ExporterArgs),
+}
+
+#[derive(clap::Args)]
+struct ExporterArgs {
+    /// Where to serve the page, at http://ADDR/metrics.
+    #[arg(long, default_value = "127.0.0.1:9187", value_name = "ADDR")]
+    listen: std::net::SocketAddr,
+    /// A directory of VMs' control sockets: every socket in it is read, and VMs
+    /// that appear or go are picked up within a second (inotify). Repeatable.
+    /// Put `run --incoming` sockets elsewhere: a migration listener takes the
+    /// first connection as its stream.
+    #[arg(long = "vm-sockets", value_name = "DIR")]
+    dirs: Vec<PathBuf>,
+    /// One VM's control socket, read as long as it answers. Repeatable.
+    #[arg(long = "socket", value_name = "PATH")]
+    sockets: Vec<PathBuf>,
+    /// Only these KVM stats (names, `*` for any run of characters, e.g.
+    /// `pages_*,exits,halt_*`); the exporter's own metrics are always there.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    stats: Vec<String>,
+    /// Longest time to attach to one VMM (connect, greeting, fds); a VMM that
+    /// does not answer in time is skipped and tried again 5 s later.
+    #[arg(long, default_value = "2s", value_name = "DUR")]
+    attach_timeout: Period,
 }
 
 #[derive(clap::Args)]
@@ -288,6 +317,38 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
     }
 }
 
+fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
+    use kvmscope::exporter::{Exporter, ExporterConfig, StatFilter, DEFAULT_SOCKET_DIR};
+    let dirs = if a.dirs.is_empty() && a.sockets.is_empty() {
+        vec![PathBuf::from(DEFAULT_SOCKET_DIR)]
+    } else {
+        a.dirs
+    };
+    for dir in &dirs {
+        if !dir.is_dir() {
+            anyhow::bail!("--vm-sockets {}: not a directory", dir.display());
+        }
+    }
+    let exporter = Exporter::start(ExporterConfig {
+        listen: a.listen,
+        dirs: dirs.clone(),
+        sockets: a.sockets,
+        attach_timeout: a.attach_timeout.0,
+        stats: StatFilter::new(a.stats)?,
+    })?;
+    eprintln!(
+        "kvmscope exporter: serving http://{}/metrics for the VMs in {}",
+        exporter.addr,
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let sig = kvmscope::signals::wait_for_termination();
+    log::info!("exporter: stopping on signal {sig}");
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
     // With a socket, clients drive the guest: no demo workload by default.
     let memory = args.memory.map_or(VmConfig::default().memory, |m| m.0);
@@ -408,7 +469,7 @@ fn plot_command(a: PlotArgs) -> anyhow::Result<ExitCode> {
 fn main() -> ExitCode {
     let process_start = Instant::now();
     let cli = Cli::parse();
-    if let Cmd::Run(_) = cli.command {
+    if let Cmd::Run(_) | Cmd::Exporter(_) = cli.command {
         // Before any thread exists; clients keep the default actions (Ctrl-C ends them).
         kvmscope::signals::block_termination();
     }
@@ -465,6 +526,7 @@ fn main() -> ExitCode {
                 Err(e) => Err(e.into()),
             }
         }
+        Cmd::Exporter(a) => exporter_command(a),
         Cmd::Readiness(a) => {
             let config = client::readiness::ReadinessConfig {
                 socket: a.socket,

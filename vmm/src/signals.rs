@@ -43,6 +43,16 @@ pub fn termination_pending() -> bool {
     }
 }
 
+/// Waits in the calling thread for SIGINT or SIGTERM (blocked beforehand with
+/// [`block_termination`]) and returns its number.
+pub fn wait_for_termination() -> i32 {
+    let set = termination_set();
+    let mut sig = 0;
+    // SAFETY: sigwait writes the signal number into `sig`.
+    while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
+    sig
+}
+
 /// Starts the thread that forwards termination signals to `events`.
 ///
 /// # Errors

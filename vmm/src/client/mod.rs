@@ -91,8 +91,28 @@ impl Client {
     /// # Errors
     /// As [`Client::connect`].
     pub fn connect_unnegotiated(path: &Path) -> Result<Client, Error> {
+        Client::open(path, None)
+    }
+
+    /// Connects and negotiates like [`Client::connect`], but no read or write
+    /// blocks longer than `timeout` (the greeting included), and the bound
+    /// stays on the connection: for agents that must not hang on a VMM that
+    /// accepts and never answers.
+    ///
+    /// # Errors
+    /// As [`Client::connect`]; a timeout is an `Io` error of kind `WouldBlock`
+    /// or `TimedOut`.
+    pub fn connect_within(path: &Path, timeout: Duration) -> Result<Client, Error> {
+        let mut client = Client::open(path, Some(timeout))?;
+        client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
+        Ok(client)
+    }
+
+    fn open(path: &Path, timeout: Option<Duration>) -> Result<Client, Error> {
         let stream =
             UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)?;
         let mut input = Client {
             stream,
             input: Vec::new(),
@@ -142,6 +162,52 @@ impl Client {
             // Readiness of another process's socket has no event to wait on.
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The lines the server sent unasked (events) that have arrived, without
+    /// blocking. Call it only between requests (no reply outstanding).
+    ///
+    /// # Errors
+    /// `Closed` once the server has hung up (after the events before it were
+    /// taken), `BadReply` for a line that is not JSON, or the read failure.
+    pub fn take_events(&mut self) -> Result<Vec<Value>, Error> {
+        self.stream.set_nonblocking(true)?;
+        let mut closed = false;
+        let mut failure = None;
+        loop {
+            let mut buf = vec![0u8; 16 << 10];
+            let mut fds = Vec::new();
+            match scm::recv_with_fds(&self.stream, &mut buf, &mut fds, MAX_FDS_PER_MESSAGE) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => self.input.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            if self.input.len() > MAX_REPLY {
+                break;
+            }
+        }
+        self.stream.set_nonblocking(false)?;
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
+        let mut events = Vec::new();
+        while let Some(nl) = self.input.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.input.drain(..=nl).collect();
+            let value = serde_json::from_slice(&line)
+                .map_err(|e| Error::BadReply(format!("{e}: {}", String::from_utf8_lossy(&line))))?;
+            events.push(value);
+        }
+        if closed && events.is_empty() {
+            return Err(Error::Closed);
+        }
+        Ok(events)
     }
 
     /// Bounds how long a read or write may block (`None`: forever).

@@ -160,17 +160,19 @@ fn write_stat(
 
 /// Writes every stat of `sources`, grouped by stat (all vCPUs of one stat
 /// together, as the text format requires), labelled by `labels(i)`.
-fn write_sources(
+/// Only stats whose name `keep` accepts are written.
+pub(crate) fn write_sources(
     out: &mut String,
     sources: &[(&StatsFd, &Sample)],
     prefix: &str,
     labels: impl Fn(usize) -> String,
     seen: &mut Vec<String>,
+    keep: &dyn Fn(&str) -> bool,
 ) {
     let Some((first, _)) = sources.first() else {
         return;
     };
-    for (_, d) in first.schema().iter() {
+    for (_, d) in first.schema().iter().filter(|(_, d)| keep(&d.name)) {
         for (i, (fd, sample)) in sources.iter().enumerate() {
             if let Some(id) = fd.schema().find(&d.name) {
                 write_stat(out, prefix, d, sample.values(id), &labels(i), seen);
@@ -180,7 +182,7 @@ fn write_sources(
 }
 
 /// A label value in the text format: backslash, double quote and line feed escaped.
-fn label_value(text: &str) -> String {
+pub(crate) fn label_value(text: &str) -> String {
     text.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
@@ -233,6 +235,7 @@ pub fn render(samples: &Shared) -> String {
             "kvmscope_kvm_vm_",
             |_| vm.clone(),
             &mut seen,
+            &|_| true,
         );
         write_sources(
             &mut out,
@@ -240,6 +243,7 @@ pub fn render(samples: &Shared) -> String {
             "kvmscope_kvm_vcpu_",
             |i| format!("{vm},vcpu=\"{i}\""),
             &mut seen,
+            &|_| true,
         );
     });
     out

@@ -1,0 +1,189 @@
+//! `kvmscope exporter`: one telemetry agent per host. It finds every kvmscope
+//! control socket in its directories, takes each VM's and vCPU's stats fds
+//! once (`get-stats-fd`, `SCM_RIGHTS`), parses each schema once, and on every
+//! scrape reads each fd with one `pread`: no request goes to any VMM per
+//! scrape, and no vCPU leaves the guest for it (docs/EXPORTER.md).
+//!
+//! Threads: `exporter-watch` (discovery, `targets`), short-lived
+//! `exporter-attach` threads (one per new socket, bounded by a timeout), and
+//! the HTTP server of `crate::metrics::http`, which renders the page
+//! (`page`) on each scrape.
+
+pub mod page;
+pub mod targets;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::metrics::{http, CONTENT_TYPE};
+use targets::{lock, Registry, Sources, Watcher};
+
+/// Where VMs' control sockets live unless told otherwise: `kvmscope run
+/// --socket /run/kvmscope/NAME.sock` puts a VM where the exporter looks.
+pub const DEFAULT_SOCKET_DIR: &str = "/run/kvmscope";
+
+/// Why the exporter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The HTTP server could not start.
+    #[error(transparent)]
+    Http(#[from] http::Error),
+    /// The discovery thread could not start.
+    #[error("starting the discovery thread")]
+    Spawn(#[source] std::io::Error),
+    /// A `--stats` pattern that matches nothing sensible.
+    #[error(
+        "--stats pattern {0:?}: use stat names, with * for any run of characters (e.g. halt_*)"
+    )]
+    Pattern(String),
+}
+
+/// Which KVM stats go on the page: names, `*` matching any run of characters.
+#[derive(Debug, Clone, Default)]
+pub struct StatFilter {
+    patterns: Vec<String>,
+}
+
+impl StatFilter {
+    /// A filter from `--stats` patterns; none means every stat.
+    ///
+    /// # Errors
+    /// `Pattern` for an empty pattern or one with characters no stat name has.
+    pub fn new(patterns: Vec<String>) -> Result<StatFilter, Error> {
+        for p in &patterns {
+            if p.is_empty()
+                || !p
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*')
+            {
+                return Err(Error::Pattern(p.clone()));
+            }
+        }
+        Ok(StatFilter { patterns })
+    }
+
+    /// Whether the stat `name` goes on the page.
+    pub fn matches(&self, name: &str) -> bool {
+        self.patterns.is_empty() || self.patterns.iter().any(|p| glob(p, name))
+    }
+}
+
+/// `*` matches any run of characters (none included); all else literally.
+fn glob(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// How the exporter runs.
+#[derive(Debug, Clone)]
+pub struct ExporterConfig {
+    /// Where to serve `/metrics`.
+    pub listen: SocketAddr,
+    /// Directories of control sockets (every socket in them is a VM).
+    pub dirs: Vec<PathBuf>,
+    /// Control sockets named one by one.
+    pub sockets: Vec<PathBuf>,
+    /// Longest time to attach to one VMM (connect, greeting, fds).
+    pub attach_timeout: Duration,
+    /// Which KVM stats go on the page.
+    pub stats: StatFilter,
+}
+
+/// The running exporter; dropping it stops its threads and closes every fd.
+pub struct Exporter {
+    /// The address the page is served at (the real port when 0 was asked for).
+    pub addr: SocketAddr,
+    /// What discovery knows (for tests and tools).
+    pub registry: Arc<Mutex<Registry>>,
+    _server: http::Server,
+    _watcher: Watcher,
+}
+
+impl Exporter {
+    /// Starts discovery and the HTTP server.
+    ///
+    /// # Errors
+    /// The address cannot be bound, or a thread cannot start.
+    pub fn start(config: ExporterConfig) -> Result<Exporter, Error> {
+        let registry = Arc::new(Mutex::new(Registry::default()));
+        let watcher = targets::watch(
+            Sources {
+                dirs: config.dirs,
+                sockets: config.sockets,
+                attach_timeout: config.attach_timeout,
+            },
+            registry.clone(),
+        )
+        .map_err(Error::Spawn)?;
+        let reg = registry.clone();
+        let filter = config.stats;
+        let mut counters = page::Counters::default();
+        let render =
+            move || -> Arc<str> { page::render(&mut lock(&reg), &mut counters, &filter).into() };
+        let server = http::Server::start(
+            config.listen,
+            "exporter",
+            http::Page {
+                path: "/metrics",
+                content_type: CONTENT_TYPE,
+                render: Box::new(render),
+            },
+        )?;
+        Ok(Exporter {
+            addr: server.addr,
+            registry,
+            _server: server,
+            _watcher: watcher,
+        })
+    }
+
+    /// How many VMs are attached now.
+    pub fn vms(&self) -> usize {
+        lock(&self.registry).targets.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_names_prefixes_and_inner_runs() {
+        assert!(glob("exits", "exits"));
+        assert!(!glob("exits", "io_exits"));
+        assert!(glob("halt_*", "halt_wait_ns"));
+        assert!(glob("*_exits", "io_exits"));
+        assert!(glob("pages_*", "pages_4k"));
+        assert!(glob("h*t_*_ns", "halt_wait_ns"));
+        assert!(!glob("h*t_*_ns", "halt_poll_fail_hist"));
+        assert!(glob("*", "anything"));
+    }
+
+    #[test]
+    fn a_filter_without_patterns_keeps_every_stat_and_bad_patterns_are_refused() {
+        assert!(StatFilter::default().matches("exits"));
+        let f = StatFilter::new(vec!["pages_*".into(), "exits".into()]).unwrap();
+        assert!(f.matches("pages_2m") && f.matches("exits") && !f.matches("halt_exits"));
+        let err = StatFilter::new(vec!["pages 4k".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"pages 4k\""), "{err}");
+        assert!(StatFilter::new(vec![String::new()]).is_err());
+    }
+}

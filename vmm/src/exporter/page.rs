@@ -1,0 +1,156 @@
+//! The exporter's page: every KVM stat of every VM and vCPU it reads, one
+//! `pread` per stats fd per scrape, plus the figures that matter for
+//! migration decisions and the scrape's own cost.
+//!
+//! Names and units follow `crate::metrics` (the same `kvmscope_kvm_vm_*` and
+//! `kvmscope_kvm_vcpu_*` families as a VMM's own `/metrics`), labelled by
+//! `vm` (the VM's name), `pid` and `socket`, and `vcpu` on vCPU stats.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use kvm_stats::{Mapped, Sample, StatsFd};
+
+use super::targets::Registry;
+use super::StatFilter;
+use crate::metrics::{label_value, write_sources};
+
+/// Running totals the page reports about the exporter itself.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Scrapes served.
+    pub scrapes: u64,
+    /// Stats fds read, over all scrapes.
+    pub fds_read: u64,
+    /// Stats fd reads that failed (the VM is then dropped).
+    pub read_errors: u64,
+}
+
+/// Reads every attached VM's stats fds and renders the page. A VM whose fd
+/// cannot be read is dropped from the registry (and its fds closed).
+pub fn render(reg: &mut Registry, counters: &mut Counters, filter: &StatFilter) -> String {
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for (path, t) in reg.targets.iter_mut() {
+        let reads = std::iter::once(&mut t.vm).chain(t.vcpus.iter_mut());
+        for (fd, sample) in reads {
+            counters.fds_read += 1;
+            if let Err(e) = fd.read_sample(sample) {
+                counters.read_errors += 1;
+                failed.push((path.clone(), e));
+                break;
+            }
+        }
+    }
+    for (path, e) in failed {
+        log::warn!(
+            "exporter: dropping {}: reading its stats: {e}",
+            path.display()
+        );
+        reg.targets.remove(&path);
+    }
+    counters.scrapes += 1;
+    let mut out = String::new();
+    write_vms(&mut out, reg);
+    write_kvm_stats(&mut out, reg, filter);
+    let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", counters.scrapes);
+    let _ = writeln!(out, "# HELP kvmscope_exporter_fds_read_total Stats fds read (one pread each) over all scrapes.\n# TYPE kvmscope_exporter_fds_read_total counter\nkvmscope_exporter_fds_read_total {}", counters.fds_read);
+    let _ = writeln!(out, "# HELP kvmscope_exporter_read_errors_total Stats fd reads that failed.\n# TYPE kvmscope_exporter_read_errors_total counter\nkvmscope_exporter_read_errors_total {}", counters.read_errors);
+    let _ = writeln!(out, "# HELP kvmscope_exporter_scrape_duration_seconds Time this scrape took to read every fd and render the page.\n# TYPE kvmscope_exporter_scrape_duration_seconds gauge\nkvmscope_exporter_scrape_duration_seconds {}", started.elapsed().as_secs_f64());
+    out
+}
+
+/// The labels of one VM: `vm`, `pid`, `socket`.
+fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
+    format!(
+        "vm=\"{}\",pid=\"{pid}\",socket=\"{}\"",
+        label_value(name),
+        label_value(&socket.to_string_lossy())
+    )
+}
+
+/// `up`, info, guest RAM and mapped memory per VM; `up 0` for sockets that
+/// failed to attach.
+fn write_vms(out: &mut String, reg: &Registry) {
+    let _ = writeln!(out, "# HELP kvmscope_exporter_vm_up 1 for a VM whose stats fds this exporter reads, 0 for a socket it could not attach to (see the log).\n# TYPE kvmscope_exporter_vm_up gauge");
+    for t in reg.targets.values() {
+        let _ = writeln!(
+            out,
+            "kvmscope_exporter_vm_up{{{}}} 1",
+            vm_labels(&t.name, t.pid, &t.socket)
+        );
+    }
+    for path in reg.failures.iter().filter(|(_, f)| f.down).map(|(p, _)| p) {
+        let _ = writeln!(
+            out,
+            "kvmscope_exporter_vm_up{{socket=\"{}\"}} 0",
+            label_value(&path.to_string_lossy())
+        );
+    }
+    let _ = writeln!(out, "# HELP kvmscope_exporter_vm_info The VM's provider (kvmscope: stats fds, no vCPU kicked) and KVM backend.\n# TYPE kvmscope_exporter_vm_info gauge");
+    for t in reg.targets.values() {
+        let _ = writeln!(
+            out,
+            "kvmscope_exporter_vm_info{{{},provider=\"kvmscope\",backend=\"{}\",vcpus=\"{}\"}} 1",
+            vm_labels(&t.name, t.pid, &t.socket),
+            label_value(&t.backend),
+            t.vcpus.len()
+        );
+    }
+    let _ = writeln!(out, "# HELP kvmscope_exporter_guest_memory_bytes Guest RAM of the VM.\n# TYPE kvmscope_exporter_guest_memory_bytes gauge");
+    for t in reg.targets.values() {
+        let _ = writeln!(
+            out,
+            "kvmscope_exporter_guest_memory_bytes{{{}}} {}",
+            vm_labels(&t.name, t.pid, &t.socket),
+            t.memory
+        );
+    }
+    let _ = writeln!(out, "# HELP kvmscope_exporter_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes): the non-zero RAM a migration would send, estimated without a scan.\n# TYPE kvmscope_exporter_mapped_bytes gauge");
+    for t in reg.targets.values() {
+        let (fd, sample) = &t.vm;
+        let mapped = Mapped::from_sample(fd.schema(), sample);
+        let _ = writeln!(
+            out,
+            "kvmscope_exporter_mapped_bytes{{{}}} {}",
+            vm_labels(&t.name, t.pid, &t.socket),
+            mapped.bytes()
+        );
+    }
+}
+
+/// Every KVM stat, grouped by stat across all VMs (the text format wants one
+/// family together), VM stats then vCPU stats.
+fn write_kvm_stats(out: &mut String, reg: &Registry, filter: &StatFilter) {
+    let mut vms: Vec<(&StatsFd, &Sample)> = Vec::new();
+    let mut vm_labels_of = Vec::new();
+    let mut vcpus: Vec<(&StatsFd, &Sample)> = Vec::new();
+    let mut vcpu_labels_of = Vec::new();
+    for t in reg.targets.values() {
+        let labels = vm_labels(&t.name, t.pid, &t.socket);
+        vms.push((&t.vm.0, &t.vm.1));
+        vm_labels_of.push(labels.clone());
+        for (i, (fd, sample)) in t.vcpus.iter().enumerate() {
+            vcpus.push((fd, sample));
+            vcpu_labels_of.push(format!("{labels},vcpu=\"{i}\""));
+        }
+    }
+    let mut seen = Vec::new();
+    let keep = |name: &str| filter.matches(name);
+    write_sources(
+        out,
+        &vms,
+        "kvmscope_kvm_vm_",
+        |i| vm_labels_of[i].clone(),
+        &mut seen,
+        &keep,
+    );
+    write_sources(
+        out,
+        &vcpus,
+        "kvmscope_kvm_vcpu_",
+        |i| vcpu_labels_of[i].clone(),
+        &mut seen,
+        &keep,
+    );
+}

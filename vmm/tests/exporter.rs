@@ -1,0 +1,233 @@
+//! `kvmscope exporter` against real VMMs (child processes) in a socket
+//! directory: VMs found, labelled and read through their stats fds; VMs that
+//! start later, die or migrate away; VMMs that hang or speak garbage.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kvmscope::client::Client;
+use kvmscope::exporter::{Exporter, ExporterConfig, StatFilter};
+use serde_json::json;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A `kvmscope run --socket` child, killed on drop.
+struct Vmm {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Vmm {
+    fn start(socket: &Path, extra: &[&str]) -> Vmm {
+        let child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args([
+                "run",
+                "--memory",
+                "64M",
+                "--sample-interval",
+                "off",
+                "--socket",
+            ])
+            .arg(socket)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let vmm = Vmm {
+            child,
+            socket: socket.to_path_buf(),
+        };
+        common::wait_for("the VMM's socket", LIMIT, || {
+            Client::connect(socket).ok().map(|_| ())
+        });
+        vmm
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn exporter(dir: &Path, timeout: Duration) -> Exporter {
+    Exporter::start(ExporterConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        dirs: vec![dir.to_path_buf()],
+        sockets: vec![],
+        attach_timeout: timeout,
+        stats: StatFilter::default(),
+    })
+    .unwrap()
+}
+
+fn page(e: &Exporter) -> String {
+    common::scrape(e.addr.port()).expect("the exporter serves its page")
+}
+
+/// The page once `check` accepts it.
+fn page_when(e: &Exporter, what: &str, check: impl Fn(&str) -> bool) -> String {
+    common::wait_for(what, LIMIT, || Some(page(e)).filter(|p| check(p)))
+}
+
+fn up(page: &str, vm: &str, pid: u32) -> bool {
+    common::metric(
+        page,
+        "kvmscope_exporter_vm_up",
+        &[&format!("vm=\"{vm}\",pid=\"{pid}\"")],
+    ) == Some(1.0)
+}
+
+fn test_dir(test: &str) -> PathBuf {
+    common::socket_path(test).parent().unwrap().to_path_buf()
+}
+
+#[test]
+fn vms_in_the_directory_are_on_the_page_with_their_labels_and_kernel_values() {
+    require_kvm!();
+    let dir = test_dir("exp-three");
+    let a = Vmm::start(&dir.join("a.sock"), &["--vcpus", "2"]);
+    let b = Vmm::start(&dir.join("b.sock"), &["--name", "web-01"]);
+    let e = exporter(&dir, Duration::from_secs(2));
+    page_when(&e, "a and b on the page", |p| {
+        up(p, "a", a.pid()) && up(p, "web-01", b.pid())
+    });
+    // A VMM started later is picked up.
+    let c = Vmm::start(&dir.join("c.sock"), &[]);
+    let page = page_when(&e, "c on the page", |p| up(p, "c", c.pid()));
+    common::check_with_promtool(&page);
+    // Values are the kernel's: the same as the VMM reads for query-stats
+    // (the guests are idle, so nothing moves in between).
+    let mut client = Client::connect(&a.socket).unwrap();
+    let (stats, _) = client
+        .execute("query-stats", json!({"target": "vcpu", "names": ["exits"]}))
+        .unwrap();
+    let page = self::page(&e);
+    for (i, vcpu) in stats.as_array().unwrap().iter().enumerate() {
+        let want = vcpu["stats"][0]["value"].as_f64().unwrap();
+        let labels = format!(
+            "vm=\"a\",pid=\"{}\",socket=\"{}\",vcpu=\"{i}\"",
+            a.pid(),
+            a.socket.display()
+        );
+        let got = common::metric(&page, "kvmscope_kvm_vcpu_exits_total", &[&labels]);
+        assert_eq!(got, Some(want), "vCPU {i}:\n{page}");
+    }
+    assert_eq!(
+        common::metric(
+            &page,
+            "kvmscope_exporter_guest_memory_bytes",
+            &["vm=\"web-01\""]
+        ),
+        Some((64u64 << 20) as f64)
+    );
+    assert!(
+        common::metric(&page, "kvmscope_exporter_mapped_bytes", &["vm=\"c\""])
+            .is_some_and(|v| v > 0.0)
+    );
+    assert!(common::metric(&page, "kvmscope_exporter_scrape_duration_seconds", &[]).is_some());
+    assert_eq!(e.vms(), 3);
+}
+
+#[test]
+fn a_killed_vmm_leaves_the_page_and_its_fds_are_closed() {
+    require_kvm!();
+    let dir = test_dir("exp-kill");
+    let a = Vmm::start(&dir.join("a.sock"), &[]);
+    let mut b = Vmm::start(&dir.join("b.sock"), &["--vcpus", "2"]);
+    let e = exporter(&dir, Duration::from_secs(2));
+    page_when(&e, "both on the page", |p| {
+        up(p, "a", a.pid()) && up(p, "b", b.pid())
+    });
+    let before = common::open_fds();
+    // SIGKILL: the socket file stays behind, only the connection tells.
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    page_when(&e, "b gone from the page", |p| {
+        !p.contains("vm=\"b\"") && up(p, "a", a.pid())
+    });
+    // b's VM fd, two vCPU fds and its control connection are closed.
+    let after = common::wait_for("b's fds closed", LIMIT, || {
+        let n = common::open_fds();
+        (n + 4 <= before).then_some(n)
+    });
+    assert!(after + 4 <= before, "{before} -> {after}");
+}
+
+#[test]
+fn a_vmm_that_never_answers_or_speaks_garbage_is_skipped_without_delaying_the_page() {
+    require_kvm!();
+    let dir = test_dir("exp-bad");
+    let a = Vmm::start(&dir.join("a.sock"), &[]);
+    // Accepts (the kernel's backlog) and never says a word.
+    let _silent = UnixListener::bind(dir.join("silent.sock")).unwrap();
+    // Answers every connection with a line that is not a greeting.
+    let garbage = UnixListener::bind(dir.join("garbage.sock")).unwrap();
+    std::thread::spawn(move || {
+        for mut s in garbage.incoming().flatten() {
+            let _ = s.write_all(b"220 smtp.example.com ESMTP\n");
+        }
+    });
+    let e = exporter(&dir, Duration::from_millis(500));
+    // The page is served all along; the fakes show as down once their
+    // attach timed out or failed.
+    let page = page_when(&e, "a up, the fakes down", |p| {
+        up(p, "a", a.pid()) && p.contains("silent.sock\"} 0") && p.contains("garbage.sock\"} 0")
+    });
+    common::check_with_promtool(&page);
+}
+
+#[test]
+fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_new_pid() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let dir = test_dir("exp-mig");
+    let elsewhere = test_dir("exp-mig-in").join("in.sock");
+    let src = Vmm::start(&dir.join("src.sock"), &["--name", "db-1"]);
+    let e = exporter(&dir, Duration::from_secs(2));
+    page_when(&e, "the source on the page", |p| up(p, "db-1", src.pid()));
+    let uri = format!("unix:{}", elsewhere.display());
+    let dst = {
+        let child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args([
+                "run",
+                "--sample-interval",
+                "off",
+                "--name",
+                "db-1",
+                "--incoming",
+                &uri,
+                "--socket",
+            ])
+            .arg(dir.join("dst.sock"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Vmm {
+            child,
+            socket: dir.join("dst.sock"),
+        }
+    };
+    common::wait_for("the destination listening", LIMIT, || {
+        elsewhere.exists().then_some(())
+    });
+    let mut c = Client::connect(&src.socket).unwrap();
+    c.execute("migrate", json!({"uri": uri})).unwrap();
+    let page = page_when(&e, "db-1 under the destination's pid only", |p| {
+        up(p, "db-1", dst.pid()) && !p.contains(&format!("pid=\"{}\"", src.pid()))
+    });
+    common::check_with_promtool(&page);
+    let _ = Client::connect(&dst.socket).and_then(|mut d| d.execute("quit", json!({})));
+}
