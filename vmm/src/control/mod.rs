@@ -9,7 +9,8 @@
 //! - [`deadlines`]: client deadlines and eviction;
 //! - [`connection`]: one client's framed input and fd-carrying output queue;
 //! - [`socket`]: the socket file (mode 0600, never clobbering a live socket);
-//! - [`scm`]: sending and receiving fds, peer credentials.
+//! - [`scm`](crate::scm) (beside this module, shared with the clients):
+//!   sending and receiving fds, peer credentials.
 //!
 //! The protocol, with examples and limits, is in docs/PROTOCOL.md.
 

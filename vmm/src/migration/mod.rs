@@ -1,7 +1,7 @@
 //! Live migration between two kvmscope processes: pre-copy over a unix or
 //! TCP socket, counted with QEMU's names (`query-migrate`).
 //!
-//! - [`format`]: the versioned stream (headers, sections, trailer);
+//! - [`format`](mod@format): the versioned stream (headers, sections, trailer);
 //! - [`transport`]: `unix:PATH` and `tcp:HOST:PORT`;
 //! - [`pages`]: which pages the host ever backed (page map), zero checks;
 //! - [`sender`]: the source's pre-copy rounds, stop-and-copy and recovery;
