@@ -58,10 +58,10 @@ pub enum Error {
     /// Reading a guest page failed (page number given).
     #[error("reading guest RAM at page {0}")]
     Read(u64, #[source] vm_memory::GuestMemoryError),
-    /// The main loop refused to hold the guest paused.
+    /// The main loop refused the hold request, or did not answer it in time.
     #[error("pausing the guest")]
     Pause(#[source] RunStateError),
-    /// The main loop did not answer the hold request in time.
+    /// The vCPU threads did not all park in time after the hold.
     #[error("the vCPUs did not pause within {0:?}")]
     PauseTimeout(Duration),
     /// A parked vCPU thread did not send its state in time (index, limit).

@@ -100,13 +100,14 @@ pub struct MigrationInfo {
     /// Where the migration stands; absent before the first one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
-    /// RAM counters; absent until the first pass ends.
+    /// RAM counters; present from the start of a migration, updated as sections go out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ram: Option<RamStats>,
     /// ms since the migration started; frozen at its end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total_time: Option<u64>,
-    /// ms from the start to the destination's READY (connect and config check).
+    /// ms from the start until pre-copy began (connect, the destination's
+    /// config check, the dirty-log subscription).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub setup_time: Option<u64>,
     /// ms the guest was held paused, from the hold request to the destination's reply.
