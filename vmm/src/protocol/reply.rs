@@ -151,7 +151,8 @@ pub struct GreetingVm {
     pub memory: u64,
     /// The KVM backend: `vmx`, `svm`, `pvm` or `unknown`.
     pub backend: String,
-    /// The VM stats fd's id string (`kvm-PID`).
+    /// The VM stats fd's id string: `kvm-` and the id of the thread that
+    /// created the VM (the pid when that was the main thread).
     #[serde(rename = "stats-id")]
     pub stats_id: String,
 }
