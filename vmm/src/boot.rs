@@ -1,6 +1,8 @@
 //! Loads the guest image and writes the boot structures the guest ABI promises:
 //! GDT, TSS, page tables and each vCPU's mailbox.
 
+#![warn(missing_docs)]
+
 use std::io::Cursor;
 
 use linux_loader::loader::{elf::Elf, KernelLoader};
@@ -16,31 +18,56 @@ pub static DEFAULT_GUEST: &[u8] = include_bytes!(env!("KVMSCOPE_GUEST_ELF"));
 /// Why the guest could not be booted.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// linux-loader refused the image or could not copy a segment.
     #[error("loading the guest ELF")]
     LoadElf(#[source] linux_loader::loader::Error),
     #[error("the guest ELF is {}; kvmscope boots 64-bit x86-64 executables (ELFCLASS64)", class_name(*.0))]
+    /// The ELF class byte is not ELFCLASS64 (value given).
     ElfClass(u8),
+    /// `e_machine` is not EM_X86_64 (value given).
     #[error("the guest ELF is for {}; kvmscope boots x86-64 executables (EM_X86_64)", machine_name(*.0))]
     ElfMachine(u16),
+    /// `e_type` is not ET_EXEC (value given).
     #[error("the guest ELF is {}, not an executable (ET_EXEC)", type_name(*.0))]
     ElfType(u16),
+    /// The program header table reaches past the end of the file.
     #[error(
         "the guest ELF's program headers ({count} at offset {offset:#x}) lie outside the file"
     )]
-    ProgramHeaders { offset: u64, count: u16 },
+    ProgramHeaders {
+        /// `e_phoff`: the table's file offset in bytes.
+        offset: u64,
+        /// `e_phnum`: the number of entries.
+        count: u16,
+    },
+    /// A loadable segment lies (partly) outside the image area.
     #[error("guest ELF segment {index} ({start:#x}..{end:#x}) overlaps {area}; segments must lie in the image area {:#x}..{:#x}", abi::IMAGE_BASE, abi::IMAGE_BASE + abi::IMAGE_MAX)]
     SegmentPlacement {
+        /// The program header's index.
         index: usize,
+        /// The segment's first guest physical address.
         start: u64,
+        /// One past its last guest physical address.
         end: u64,
+        /// The first reserved area it overlaps, or `the end of guest RAM`.
         area: &'static str,
     },
+    /// A loadable segment's address plus size overflows 64 bits.
     #[error("guest ELF segment {index} has a size that wraps around the address space")]
-    SegmentOverflow { index: usize },
+    SegmentOverflow {
+        /// The program header's index.
+        index: usize,
+    },
+    /// The entry point is not inside the image area.
     #[error("the guest ELF's entry point {entry:#x} is outside the image area {:#x}..{:#x}", abi::IMAGE_BASE, abi::IMAGE_BASE + abi::IMAGE_MAX)]
-    EntryPlacement { entry: u64 },
+    EntryPlacement {
+        /// `e_entry`, a guest address.
+        entry: u64,
+    },
+    /// The guest's page tables could not be built for this RAM size.
     #[error("building page tables")]
     PageTables(#[from] paging::Error),
+    /// Writing the GDT, TSS, page tables or a mailbox failed (guest address given).
     #[error("writing boot structures to guest memory at {0:#x}")]
     Write(u64, #[source] vm_memory::GuestMemoryError),
 }

@@ -4,6 +4,8 @@
 //!
 //! Kept free of KVM handles so that tests can feed it fabricated exits.
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::abi;
@@ -12,25 +14,50 @@ use crate::abi;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Exit {
     /// `out` to `port` (the value zero-extended from the access size).
-    IoOut { port: u16, value: u32 },
+    IoOut {
+        /// The I/O port.
+        port: u16,
+        /// The value written.
+        value: u32,
+    },
     /// `in` from `port` (answered with all ones; no device of ours reads).
-    IoIn { port: u16 },
+    IoIn {
+        /// The I/O port.
+        port: u16,
+    },
     /// A read of a guest address with no memory (answered with zeros).
-    MmioRead { addr: u64 },
+    MmioRead {
+        /// The guest physical address.
+        addr: u64,
+    },
     /// A write to a guest address with no memory.
-    MmioWrite { addr: u64 },
+    MmioWrite {
+        /// The guest physical address.
+        addr: u64,
+    },
     /// `hlt` with no in-kernel irqchip.
     Hlt,
     /// A triple fault.
     Shutdown,
     /// KVM could not handle an exit itself (e.g. emulation failed).
-    InternalError { suberror: u32 },
+    InternalError {
+        /// KVM's `KVM_INTERNAL_ERROR_*` code ([`internal_error_name`]).
+        suberror: u32,
+    },
     /// VM entry failed: the hardware reason and the host CPU.
-    FailEntry { reason: u64, cpu: u32 },
+    FailEntry {
+        /// The hardware's entry-failure reason (VMX or SVM specific).
+        reason: u64,
+        /// The host CPU the entry was tried on.
+        cpu: u32,
+    },
     /// KVM_RUN returned EINTR: a kick (or another signal) arrived.
     Interrupted,
     /// KVM_EXIT_SYSTEM_EVENT (reset, shutdown...) of this kind.
-    SystemEvent { kind: u32 },
+    SystemEvent {
+        /// KVM's `KVM_SYSTEM_EVENT_*` type.
+        kind: u32,
+    },
     /// KVM_EXIT_DIRTY_RING_FULL: the vCPU's dirty ring must be harvested.
     DirtyRingFull,
     /// Any other exit, as kvm-ioctls prints it.
@@ -38,10 +65,10 @@ pub enum Exit {
 }
 
 macro_rules! counted_enum {
-    ($(#[$m:meta])* $name:ident { $($variant:ident => $label:literal),* $(,)? }) => {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident => $label:literal),* $(,)? }) => {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum $name { $($variant),* }
+        pub enum $name { $($(#[$vm])* $variant),* }
         impl $name {
             /// Every value, in counter order.
             pub const ALL: &'static [$name] = &[$($name::$variant),*];
@@ -56,36 +83,95 @@ macro_rules! counted_enum {
 counted_enum!(
     /// Why a vCPU exited, as our own counters file it.
     Reason {
-        IoOut => "io_out", IoIn => "io_in", MmioRead => "mmio_read", MmioWrite => "mmio_write",
-        Hlt => "hlt", Shutdown => "shutdown", InternalError => "internal_error",
-        FailEntry => "fail_entry", Interrupted => "interrupted", SystemEvent => "system_event",
-        DirtyRingFull => "dirty_ring_full", Other => "other",
+        /// [`Exit::IoOut`]: the guest's normal way to talk to the VMM.
+        IoOut => "io_out",
+        /// [`Exit::IoIn`].
+        IoIn => "io_in",
+        /// [`Exit::MmioRead`].
+        MmioRead => "mmio_read",
+        /// [`Exit::MmioWrite`].
+        MmioWrite => "mmio_write",
+        /// [`Exit::Hlt`].
+        Hlt => "hlt",
+        /// [`Exit::Shutdown`]: a triple fault.
+        Shutdown => "shutdown",
+        /// [`Exit::InternalError`].
+        InternalError => "internal_error",
+        /// [`Exit::FailEntry`].
+        FailEntry => "fail_entry",
+        /// [`Exit::Interrupted`]: KVM_RUN ended by a kick or other signal.
+        Interrupted => "interrupted",
+        /// [`Exit::SystemEvent`].
+        SystemEvent => "system_event",
+        /// [`Exit::DirtyRingFull`].
+        DirtyRingFull => "dirty_ring_full",
+        /// [`Exit::Other`].
+        Other => "other",
     }
 );
 
 counted_enum!(
     /// The device an I/O exit reached.
     Device {
-        Console => "console", Ready => "ready", Done => "done", Phase => "phase", Panic => "panic",
-        ExitTestPort => "exit_test_port", MmioTest => "mmio_test", Unhandled => "unhandled",
+        /// Port 0x510, CONSOLE: the guest prints the mailbox text.
+        Console => "console",
+        /// Port 0x511, READY: the guest's first request for a command.
+        Ready => "ready",
+        /// Port 0x512, DONE: a result, and the request for the next command.
+        Done => "done",
+        /// Port 0x513, PHASE: the guest's latest phase marker.
+        Phase => "phase",
+        /// Port 0x514, PANIC: the guest panicked.
+        Panic => "panic",
+        /// Port 0x515, EXIT_TEST: does nothing (the `exits` workload's port).
+        ExitTestPort => "exit_test_port",
+        /// The MMIO test page (the `exits` workload's MMIO exits).
+        MmioTest => "mmio_test",
+        /// Any other port or address: a guest fault.
+        Unhandled => "unhandled",
     }
 );
 
 /// What went wrong with the guest.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Fault {
+    /// A shutdown exit: the guest triple-faulted (it has no IDT).
     #[error("triple fault (shutdown exit)")]
     TripleFault,
+    /// KVM could not handle an exit itself.
     #[error("KVM internal error, suberror {suberror} ({})", internal_error_name(*.suberror))]
-    InternalError { suberror: u32 },
+    InternalError {
+        /// KVM's `KVM_INTERNAL_ERROR_*` code.
+        suberror: u32,
+    },
+    /// The hardware refused to enter the guest.
     #[error("VM entry failed, hardware reason {reason:#x} on host CPU {cpu}")]
-    FailedEntry { reason: u64, cpu: u32 },
+    FailedEntry {
+        /// The hardware's entry-failure reason.
+        reason: u64,
+        /// The host CPU the entry was tried on.
+        cpu: u32,
+    },
+    /// A port access no device handles (any `in`, or an `out` to an unknown port).
     #[error("{} of port {port:#x}, which nothing handles", if *.write { "write" } else { "read" })]
-    UnhandledPort { port: u16, write: bool },
+    UnhandledPort {
+        /// The I/O port.
+        port: u16,
+        /// True for `out`, false for `in`.
+        write: bool,
+    },
+    /// An access to a guest address without memory, outside the MMIO test page.
     #[error("{} of guest address {addr:#x}, which nothing handles", if *.write { "write" } else { "read" })]
-    UnhandledMmio { addr: u64, write: bool },
+    UnhandledMmio {
+        /// The guest physical address.
+        addr: u64,
+        /// True for a write.
+        write: bool,
+    },
+    /// A `hlt` exit; the guest never halts, so it means something went wrong.
     #[error("the guest halted, which it never does")]
     Halted,
+    /// Any other exit the VMM does not expect (as kvm-ioctls prints it).
     #[error("unexpected exit: {0}")]
     Unexpected(String),
 }

@@ -1,5 +1,7 @@
 //! Guest RAM: one anonymous private mapping at guest address 0, through vm-memory.
 
+#![warn(missing_docs)]
+
 use vm_memory::{GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap, GuestMemoryRegion as _};
 
 use crate::abi;
@@ -11,14 +13,29 @@ pub type GuestMemory = GuestMemoryMmap<()>;
 /// Why guest RAM could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The size is under the guest ABI's minimum.
     #[error("guest memory of {size} bytes is too small: the guest ABI needs at least {min} bytes")]
-    TooSmall { size: u64, min: u64 },
+    TooSmall {
+        /// The size asked for, in bytes.
+        size: u64,
+        /// The guest ABI's minimum, in bytes.
+        min: u64,
+    },
+    /// The size is not a whole number of 2 MiB pages (bytes given).
     #[error("guest memory of {0} bytes is not a multiple of 2 MiB")]
     Unaligned(u64),
+    /// The size is over [`MAX_MEMORY`] (or over what this host can address).
     #[error("guest memory of {} is over the maximum of {} MiB ({} GiB, which the guest's page tables cover, less the 2 MiB MMIO page)", crate::units::format_bytes(*.size), .max >> 20, (.max + paging::PAGE_2M) >> 30)]
-    TooLarge { size: u64, max: u64 },
+    TooLarge {
+        /// The size asked for, in bytes.
+        size: u64,
+        /// [`MAX_MEMORY`], in bytes.
+        max: u64,
+    },
+    /// The anonymous mapping failed (bytes given).
     #[error("mapping {0} bytes of guest memory")]
     Map(u64, #[source] vm_memory::mmap::FromRangesError),
+    /// `madvise` (huge pages on or off) failed.
     #[error("madvise on guest memory")]
     Madvise(#[source] std::io::Error),
 }

@@ -6,6 +6,8 @@
 //! The main loop (`run.rs`) owns the vCPU threads; everyone else asks it
 //! through these messages, so nothing but the main loop changes run state.
 
+#![warn(missing_docs)]
+
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
@@ -14,15 +16,21 @@ use crate::vcpu::{CommandResult, Outcome};
 /// Why the main loop refused or never answered a run-state change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RunStateError {
+    /// A resume came while a hold (readiness scan or migration) is on.
     #[error("a readiness scan holds the guest paused; it resumes when the scan ends")]
     HeldByScan,
+    /// The VM is `postmigrate`: it never runs again.
     #[error("the guest has migrated away (postmigrate); only quit is left")]
     MigratedAway,
+    /// The main loop has stopped taking requests.
     #[error("the VMM is shutting down")]
     ShuttingDown,
+    /// The asker gave up waiting for the main loop's answer.
     #[error("the main loop did not answer {request:?} within {limit:?}")]
     NoAnswer {
+        /// What was asked.
         request: RunRequest,
+        /// How long the asker waited.
         limit: Duration,
     },
 }
@@ -54,8 +62,11 @@ pub enum RunRequest {
     /// Keep the guest paused until the matching `Release` (a readiness scan),
     /// whatever users ask meanwhile.
     Hold,
+    /// Ends one `Hold`; the guest runs again when no hold is left and no
+    /// user's pause is on.
     Release,
     /// The guest has migrated away: it stays paused whatever is asked, until quit.
     Postmigrate,
+    /// Stop the VMM (`quit` on the control socket): the main loop answers, then ends.
     Quit,
 }

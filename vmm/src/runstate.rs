@@ -1,6 +1,8 @@
 //! The VM's run state as the main loop sets it and the control plane reports
 //! it (`query-status`), named as QEMU names its `RunState`s.
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use serde::{Deserialize, Serialize};
@@ -12,6 +14,7 @@ use serde::{Deserialize, Serialize};
 pub enum RunState {
     /// Built, before the guest first runs.
     Prelaunch,
+    /// The guest runs (QMP's `running: true`).
     Running,
     /// Paused by a user (`stop`/`pause`) or held by the VMM (a scan).
     Paused,

@@ -1,6 +1,8 @@
 //! The VM: KVM handles, guest RAM, vCPU threads and their stats fds, and the
 //! orderly start and stop of it all.
 
+#![warn(missing_docs)]
+
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use crate::x86_64::{paging, regs};
 pub struct VmConfig {
     /// Bytes of guest RAM.
     pub memory: u64,
+    /// Number of vCPUs, from 1 to the smaller of KVM's and the guest ABI's limit.
     pub vcpus: usize,
     /// Back guest RAM with transparent huge pages.
     pub hugepages: bool,
@@ -55,52 +58,86 @@ impl Default for VmConfig {
 /// Why the VM could not be built or run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `/dev/kvm` could not be opened (missing, or no permission).
     #[error("opening /dev/kvm")]
     OpenKvm(#[source] kvm_ioctls::Error),
+    /// The kernel lacks `KVM_CAP_BINARY_STATS_FD` (before Linux 5.14).
     #[error("this kernel has no KVM binary stats (KVM_CAP_BINARY_STATS_FD)")]
     NoBinaryStats,
+    /// `KVM_CREATE_VM` failed.
     #[error("creating the VM")]
     CreateVm(#[source] kvm_ioctls::Error),
+    /// The vCPU count is 0 or over the limit.
     #[error("{requested} vCPUs requested; this host and the guest ABI allow 1 to {max}")]
-    VcpuCount { requested: usize, max: usize },
+    VcpuCount {
+        /// The count asked for.
+        requested: usize,
+        /// The smaller of KVM's maximum and the guest ABI's.
+        max: usize,
+    },
+    /// Guest RAM could not be mapped.
     #[error("setting up guest memory")]
     Memory(#[from] memory::Error),
+    /// The `--guest` ELF could not be read (path given).
     #[error("reading the guest image {0}")]
     ReadGuest(PathBuf, #[source] std::io::Error),
+    /// The `--guest` path is a directory, device or the like.
     #[error("the guest image {0} is not a regular file")]
     GuestNotAFile(PathBuf),
+    /// The `--guest` file is over the size limit; refused before reading it.
     #[error("the guest image {path} is {size} bytes, over the {max}-byte limit")]
-    GuestTooLarge { path: PathBuf, size: u64, max: u64 },
+    GuestTooLarge {
+        /// The image's path.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+        /// The limit in bytes.
+        max: u64,
+    },
+    /// Loading the guest or writing its boot structures failed.
     #[error("booting the guest")]
     Boot(#[from] boot::Error),
+    /// `KVM_SET_USER_MEMORY_REGION` failed.
     #[error("registering guest memory with KVM")]
     SetMemory(#[source] kvm_ioctls::Error),
+    /// `KVM_GET_SUPPORTED_CPUID` failed.
     #[error("reading the supported CPUID")]
     Cpuid(#[source] kvm_ioctls::Error),
+    /// `KVM_CREATE_VCPU` failed (vCPU index given).
     #[error("creating vCPU {0}")]
     CreateVcpu(usize, #[source] kvm_ioctls::Error),
+    /// Setting a new vCPU's CPUID, registers or MSRs failed (vCPU index given).
     #[error("setting up vCPU {0}")]
     SetupVcpu(usize, #[source] regs::Error),
+    /// `KVM_GET_STATS_FD` failed on the VM or a vCPU.
     #[error("opening a stats fd")]
     StatsFd(#[from] kvm_stats::ioctl::Error),
+    /// A stats fd's header or descriptors could not be read.
     #[error("reading a stats fd")]
     Stats(#[from] kvm_stats::Error),
+    /// The no-op handler for the kick signal could not be installed.
     #[error("installing the vCPU kick signal handler")]
     Signal(#[source] vmm_sys_util::errno::Error),
+    /// `dup` of the VM fd failed.
     #[error("duplicating the VM fd")]
     DupVm(#[source] std::io::Error),
+    /// `dup` of a vCPU fd failed (vCPU index given).
     #[error("duplicating the vCPU {0} fd")]
     DupVcpu(usize, #[source] std::io::Error),
+    /// Turning on the dirty bitmap or ring failed.
     #[error("setting up dirty tracking")]
     Dirty(#[from] dirty::Error),
+    /// KVM refused a migrated vCPU's state (the error, as text).
     #[error("loading migrated vCPU state: {0}")]
     Restore(String),
+    /// A `vcpu<N>` thread could not be spawned (vCPU index given).
     #[error("starting the vCPU {0} thread")]
     Spawn(usize, #[source] std::io::Error),
 }
 
 /// The VMM's grip on one vCPU thread.
 pub struct VcpuHandle {
+    /// The state the VMM shares with the thread: its control inbox, queue and counters.
     pub shared: Arc<VcpuShared>,
     thread: Option<JoinHandle<()>>,
     outcome: Option<Outcome>,
@@ -126,22 +163,30 @@ impl VcpuHandle {
 
 /// A VM with its vCPUs (threads started by [`Vm::start`]).
 pub struct Vm {
+    /// The host's KVM backend, detected when the VM was built.
     pub backend: Backend,
+    /// What the VM was built from.
     pub config: VmConfig,
+    /// Guest RAM, mapped in this process.
     pub mem: GuestMemory,
+    /// The VM's stats fd, opened once at build time.
     pub vm_stats: StatsFd,
+    /// Each vCPU's stats fd, by index, opened once at build time.
     pub vcpu_stats: Vec<StatsFd>,
     /// Duplicates of the vCPU fds (their threads own the originals), for making
     /// fresh stats fds; never handed out.
     pub vcpu_fds: Vec<std::fs::File>,
+    /// The VMM's handle on each vCPU thread, by index.
     pub vcpus: Vec<VcpuHandle>,
     /// Dirty tracking: the mode configured at start, or bitmap logging turned
     /// on at run time while a consumer (a migration) holds it.
     pub dirty: Arc<DirtyLog>,
+    /// When [`Vm::new`] began.
     pub created: Instant,
     unstarted: Vec<Vcpu>,
     events_tx: Sender<VmEvent>,
     events: Receiver<VmEvent>,
+    /// The KVM VM fd, shared with the dirty-log service.
     // Dropped last: the VM fd outlives everything that refers to the VM.
     pub fd: Arc<VmFd>,
     _kvm: Kvm,

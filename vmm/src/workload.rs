@@ -5,6 +5,8 @@
 //! index, a range `1-3` or a list `0,2`, and `COMMAND` is a name followed by
 //! `key=value` parameters, e.g. `touch size=64M; dirty rate=2000/s for=5s`.
 
+#![warn(missing_docs)]
+
 use std::fmt;
 use std::time::Duration;
 
@@ -14,46 +16,73 @@ use crate::units::{format_bytes, format_duration, parse_duration, parse_size};
 /// What is wrong with a workload spec; each names the part at fault.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
+    /// The spec has no command.
     #[error("empty workload: expected a command such as 'touch size=4M'")]
     Empty,
+    /// A command name that is not one of the known commands (given).
     #[error("unknown workload command '{0}' (known: {known})", known = COMMANDS.join(", "))]
     UnknownCommand(String),
+    /// A parameter the command does not take.
     #[error("unknown parameter '{param}' for {command} (known: {known})")]
     UnknownParam {
+        /// The command's name.
         command: &'static str,
+        /// The parameter as written.
         param: String,
+        /// The command's parameters, comma-separated.
         known: String,
     },
+    /// A parameter written without `=VALUE`.
     #[error("parameter '{param}' of {command} needs a value: write {param}=VALUE")]
     MissingValue {
+        /// The command's name.
         command: &'static str,
+        /// The parameter as written.
         param: String,
     },
+    /// The same parameter twice in one command.
     #[error("parameter '{param}' of {command} is given twice")]
     DuplicateParam {
+        /// The command's name.
         command: &'static str,
+        /// The parameter as written.
         param: String,
     },
+    /// A value that does not parse as the parameter's type.
     #[error("bad value '{value}' for {param} of {command}: expected {expected}")]
     BadValue {
+        /// The command's name.
         command: &'static str,
+        /// The parameter's name.
         param: &'static str,
+        /// The value as written.
         value: String,
+        /// What the parameter takes, in words.
         expected: &'static str,
     },
+    /// A `TARGET:` prefix that is not `all`, an index, a range or a list (given).
     #[error("bad vCPU target '{0}': expected all, an index (2), a range (1-3) or a list (0,2)")]
     BadTarget(String),
+    /// A target names a vCPU the VM does not have.
     #[error("vCPU {index} in target '{target}' does not exist (the VM has {vcpus})")]
     NoSuchVcpu {
+        /// The target as written.
         target: String,
+        /// The first index out of range.
         index: usize,
+        /// The VM's vCPU count.
         vcpus: usize,
     },
+    /// A command's byte range does not fit the guest's arena.
     #[error("{command} range {start:#x}..{end:#x} does not fit the {arena} arena")]
     OutsideArena {
+        /// The command's name.
         command: &'static str,
+        /// Start of the range, bytes from the arena's start.
         start: u64,
+        /// End of the range (exclusive), bytes from the arena's start.
         end: u64,
+        /// The arena's size, printed.
         arena: String,
     },
 }
@@ -89,26 +118,55 @@ pub struct Span {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Write a non-zero pattern into pages.
-    Touch { span: Span, pattern: u64 },
+    Touch {
+        /// The pages.
+        span: Span,
+        /// Each word becomes `(pattern | 1) ^ page address` (never zero).
+        pattern: u64,
+    },
     /// Write zeros into pages.
-    TouchZero { span: Span },
+    TouchZero {
+        /// The pages.
+        span: Span,
+    },
     /// Check pages hold what `touch` with `pattern` wrote, or zeros (`None`,
     /// `verify-zero`, what `touch-zero` wrote).
-    Verify { span: Span, pattern: Option<u64> },
+    Verify {
+        /// The pages.
+        span: Span,
+        /// The `touch` pattern to expect; `None`: zeros.
+        pattern: Option<u64>,
+    },
     /// Read one word of each page.
-    Read { span: Span },
+    Read {
+        /// The pages.
+        span: Span,
+    },
     /// Rewrite random pages of a working set at a paced rate.
     Dirty {
+        /// Start of the working set, bytes from the arena's start (page-aligned).
         offset: u64,
+        /// Working-set bytes; `None`: to the end of the arena.
         ws: Option<u64>,
+        /// Page writes per second; 0 writes as fast as the vCPU can.
         rate: u64,
+        /// How long to write (the guest gets it in microseconds).
         duration: Duration,
+        /// Seed of the guest's xorshift64* page picker.
         seed: u64,
     },
     /// Port-I/O and MMIO exits.
-    Exits { ports: u64, mmio: u64 },
+    Exits {
+        /// Port-I/O exits to make.
+        ports: u64,
+        /// MMIO exits to make.
+        mmio: u64,
+    },
     /// Park the vCPU in the VMM until the next command (or for a while).
-    Wait { duration: Option<Duration> },
+    Wait {
+        /// How long; `None`: until the next command is queued (at once if one is).
+        duration: Option<Duration>,
+    },
     /// Test aid: the guest panics.
     Panic,
     /// Test aid: the guest triple-faults.
@@ -118,21 +176,28 @@ pub enum Command {
 /// A command as the guest's mailbox takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuestCommand {
+    /// The command code the guest dispatches on (docs/GUEST_ABI.md, "Commands").
     pub code: u64,
+    /// The command's arguments in mailbox order; unused ones are 0.
     pub args: [u64; 6],
 }
 
 /// Which vCPUs a workload is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
+    /// Every vCPU (`all:`).
     All,
+    /// These vCPU indexes, as an index, range or list gave them; a spec
+    /// without a prefix is for vCPU 0.
     Some(Vec<usize>),
 }
 
 /// A parsed `--workload` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
+    /// The vCPUs that run the commands.
     pub target: Target,
+    /// The commands, run in order on each target vCPU.
     pub commands: Vec<Command>,
 }
 

@@ -4,6 +4,8 @@
 //! stats fds opened once, results and states come from the vCPUs' shared
 //! parts, and run-state changes go to the main loop, which answers at once.
 
+#![warn(missing_docs)]
+
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError};

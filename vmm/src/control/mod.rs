@@ -9,9 +9,12 @@
 //! - [`deadlines`]: client deadlines and eviction;
 //! - [`connection`]: one client's framed input and fd-carrying output queue;
 //! - [`socket`]: the socket file (mode 0600, never clobbering a live socket);
-//! - [`scm`]: sending and receiving fds, peer credentials.
+//! - [`scm`](crate::scm) (beside this module, shared with the clients):
+//!   sending and receiving fds, peer credentials.
 //!
 //! The protocol, with examples and limits, is in docs/PROTOCOL.md.
+
+#![warn(missing_docs)]
 
 pub mod commands;
 pub mod connection;
@@ -87,18 +90,26 @@ impl Limits {
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `dup` of the VM fd or a vCPU stats fd failed.
     #[error("duplicating a VMM fd")]
     Dup(#[source] std::io::Error),
+    /// The socket file could not be set up at its path.
     #[error(transparent)]
     Socket(#[from] socket::Error),
+    /// `KVM_GET_STATS_FD` on the VM failed.
     #[error("opening a stats fd")]
     StatsFd(#[from] kvm_stats::ioctl::Error),
+    /// A stats fd's header or descriptors could not be read.
     #[error("reading a stats fd")]
     Stats(#[from] kvm_stats::Error),
+    /// An eventfd or the deadline timer could not be created, or the listener
+    /// could not be made non-blocking.
     #[error("creating the control thread's eventfds and timer")]
     EventFd(#[source] std::io::Error),
+    /// The epoll-based event manager could not be made or take a subscriber.
     #[error("setting up the control thread's event manager")]
     EventManager(#[source] event_manager::Error),
+    /// The `control` thread could not be spawned.
     #[error("starting the control thread")]
     Spawn(#[source] std::io::Error),
 }
@@ -113,9 +124,13 @@ pub struct Context {
     /// KVM_GET_STATS_FD on a vCPU fd, which takes the vCPU's mutex and so
     /// waits, for as long as the guest runs, until the vCPU leaves KVM_RUN.
     pub vcpu_stats: Vec<File>,
+    /// Each vCPU's shared part, by index: queues, results, counters, state.
     pub vcpus: Vec<Arc<VcpuShared>>,
+    /// The host's KVM backend, for the greeting and `query-vm`.
     pub backend: Backend,
+    /// Guest RAM in bytes.
     pub memory: u64,
+    /// Whether guest RAM is backed by huge pages.
     pub hugepages: bool,
     /// To the main loop: `VmEvent::Control` requests.
     pub main: Sender<VmEvent>,

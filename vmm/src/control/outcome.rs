@@ -2,6 +2,8 @@
 //! a reply that comes later. Shared by `commands` (which produces them) and
 //! `deferred` (which finishes the later ones), so neither imports the other.
 
+#![warn(missing_docs)]
+
 use std::fs::File;
 use std::sync::mpsc::Receiver;
 
@@ -12,8 +14,11 @@ use crate::protocol::ErrorClass;
 /// A `guest-command` whose reply waits for its commands to finish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuestWait {
+    /// The vCPU whose queue took the commands.
     pub vcpu: usize,
+    /// Sequence number of the first command queued.
     pub first: u64,
+    /// Sequence number of the last; the reply goes once its result is in.
     pub last: u64,
 }
 
@@ -22,19 +27,24 @@ pub struct GuestWait {
 pub enum WorkerMsg {
     /// Scan progress, in pages.
     Progress(u64, u64),
+    /// The report (or the error) to reply with; the worker is finished.
     Done(Outcome),
 }
 
 /// A reply that is not ready yet.
 #[derive(Debug)]
 pub enum Pending {
+    /// `guest-command` with `wait`: until the last command's result is in.
     Guest(GuestWait),
+    /// `query-readiness`: until its worker sends `Done`.
     Readiness(Receiver<WorkerMsg>),
 }
 
 /// What a pending reply has now: event lines to send, and the reply when ready.
 pub struct Progress {
+    /// Events to send to this client first (such as `READINESS_PROGRESS`).
     pub events: Vec<crate::protocol::Event>,
+    /// The reply, once ready; `None`: keep waiting.
     pub done: Option<Outcome>,
 }
 
@@ -43,12 +53,15 @@ pub struct Progress {
 pub enum Outcome {
     /// `{"return": value}`, with fds riding on the line.
     Return(Value, Vec<File>),
+    /// `{"error": {"class", "desc"}}`.
     Error(ErrorClass, String),
     /// The reply waits until the handler's `check_wait` gives it.
     Wait(Pending),
     /// Start streaming `SAMPLE` events after point `since`; `reply` is the return value.
     Subscribe {
+        /// The sampler point after which events start.
         since: u64,
+        /// The command's return value.
         reply: Value,
     },
     /// Stop streaming.

@@ -5,6 +5,8 @@
 //! One subscriber holds all of them because accepting a client means adding
 //! its fd, which a subscriber can do only for itself (`EventOps::add`).
 
+#![warn(missing_docs)]
+
 use std::collections::{HashMap, HashSet};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
@@ -78,9 +80,13 @@ pub struct Plane {
 
 /// The fds a plane watches besides its clients.
 pub struct PlaneFds {
+    /// The control socket, listening.
     pub listener: UnixListener,
+    /// Written when the VMM stops: the thread ends after this round.
     pub exit: EventFd,
+    /// Written by vCPU threads when a result is recorded (wakes `wait` replies).
     pub watcher: Arc<EventFd>,
+    /// Written by the sampler after each tick (wakes `SAMPLE` subscribers).
     pub ticks: Arc<EventFd>,
 }
 

@@ -19,6 +19,8 @@
 //! error. Between the stale check and the rename another process could bind
 //! PATH; the rename then fails, so a live socket is still never replaced.
 
+#![warn(missing_docs)]
+
 use std::ffi::{CString, OsString};
 use std::fs;
 use std::io;
@@ -30,26 +32,38 @@ use std::path::{Path, PathBuf};
 /// Why the socket file could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A server accepts connections at the path.
     #[error("{0} is in use by a running server")]
     InUse(PathBuf),
+    /// Something other than a socket is at the path.
     #[error("{0} exists and is not a socket; not replacing it")]
     NotASocket(PathBuf),
+    /// `lstat` of the path, or the test connect to it, failed in an unexpected way.
     #[error("checking what is at {0}")]
     Probe(PathBuf, #[source] io::Error),
+    /// `mkdtemp` beside the path failed (no such directory, no permission).
     #[error("creating a private directory next to {0}")]
     TempDir(PathBuf, #[source] io::Error),
+    /// `bind` or `listen` in the private directory failed.
     #[error("binding a socket at {0}")]
     Bind(PathBuf, #[source] io::Error),
+    /// `chmod 0600` of the new socket failed.
     #[error("restricting the socket to its owner")]
     Chmod(#[source] io::Error),
+    /// A dead server's socket at the path could not be removed.
     #[error("removing the stale socket {0}")]
     RemoveStale(PathBuf, #[source] io::Error),
+    /// `renameat2(RENAME_NOREPLACE)` to the path failed (something appeared there meanwhile).
     #[error("moving the socket to {0}")]
     Rename(PathBuf, #[source] io::Error),
+    /// The path is longer than [`MAX_PATH`] bytes.
     #[error("socket path {path} is {len} bytes long; at most {max} fit (the kernel takes 107, and the socket is first bound under a temporary name beside it)")]
     TooLong {
+        /// The path asked for.
         path: PathBuf,
+        /// Its length in bytes.
         len: usize,
+        /// [`MAX_PATH`].
         max: usize,
     },
 }

@@ -1,5 +1,7 @@
 //! A set of guest pages, one bit each, with a running count.
 
+#![warn(missing_docs)]
+
 /// A set of guest pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bitmap {

@@ -14,6 +14,8 @@
 //! Users: the VM (`vm.rs`) builds it, vCPU threads harvest a full ring,
 //! readiness and migration subscribe. It depends on nothing above it.
 
+#![warn(missing_docs)]
+
 pub mod bitmap;
 pub mod ring;
 
@@ -24,7 +26,6 @@ use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend as _, GuestMemoryRegion as _};
 use vmm_sys_util::ioctl::ioctl;
-use vmm_sys_util::ioctl_io_nr;
 
 use crate::memory::{self, GuestMemory};
 pub use bitmap::Bitmap;
@@ -51,21 +52,33 @@ impl std::fmt::Display for DirtyMode {
 /// Why dirty tracking failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A ring size that is not a power of two in the accepted range (given).
     #[error("the dirty ring needs a power-of-two entry count from {min} to {max}, not {0}", min = MIN_RING_ENTRIES, max = MAX_RING_ENTRIES)]
     RingSize(u32),
+    /// KVM refused `KVM_CAP_DIRTY_LOG_RING_ACQ_REL` with this entry count.
     #[error("enabling the dirty ring ({0} entries) on the VM")]
     EnableRing(u32, #[source] kvm_ioctls::Error),
+    /// Mapping a vCPU's ring pages from its fd failed (vCPU index given).
     #[error("mapping vCPU {0}'s dirty ring")]
     MapRing(usize, #[source] std::io::Error),
+    /// Fetching and clearing the dirty bitmap failed.
     #[error("KVM_GET_DIRTY_LOG")]
     GetLog(#[source] kvm_ioctls::Error),
+    /// Handing harvested ring entries back to KVM failed.
     #[error("KVM_RESET_DIRTY_RINGS")]
     ResetRings(#[source] std::io::Error),
+    /// Re-registering the memory slot with or without `KVM_MEM_LOG_DIRTY_PAGES`
+    /// failed (true: turning it on).
     #[error("turning dirty logging {} on the memory slot", if *.0 { "on" } else { "off" })]
     SetLogging(bool, #[source] kvm_ioctls::Error),
 }
 
-ioctl_io_nr!(KVM_RESET_DIRTY_RINGS, kvm_bindings::KVMIO, 0xc7);
+/// The macro makes a `pub fn`; this module keeps the ioctl number out of the
+/// crate's API.
+mod nr {
+    vmm_sys_util::ioctl_io_nr!(KVM_RESET_DIRTY_RINGS, kvm_bindings::KVMIO, 0xc7);
+}
+use nr::KVM_RESET_DIRTY_RINGS;
 
 /// The pages one consumer has not looked at yet.
 #[derive(Debug, Clone)]

@@ -1,6 +1,8 @@
 //! One vCPU's dirty ring (KVM_CAP_DIRTY_LOG_RING_ACQ_REL), mapped from its fd
 //! and harvested entry by entry.
 
+#![warn(missing_docs)]
+
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -38,6 +40,7 @@ pub fn enable(vm: &VmFd, entries: u32) -> Result<(), Error> {
 
 /// One vCPU's dirty ring, mapped from its fd.
 pub struct Ring {
+    /// The index of the vCPU whose ring this is.
     pub vcpu: usize,
     base: *mut u8,
     entries: u32,

@@ -2,6 +2,8 @@
 //! bytes (zerocopy, so the sizes are this build's and are checked), the MSRs,
 //! and the VMM's part as JSON.
 
+#![warn(missing_docs)]
+
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::format::{self, Kind, MsrRecord, VcpuHeader, MAX_MSRS};
@@ -10,12 +12,21 @@ use crate::vcpu::snapshot::{KvmState, Snapshot, VmmState};
 /// Why a vCPU section could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The section is short, long or cut off.
     #[error(transparent)]
     Format(#[from] format::Error),
+    /// The header announces more than [`MAX_MSRS`] MSRs.
     #[error("vCPU {index}: {count} MSRs, over the {MAX_MSRS} a section may carry")]
-    Msrs { index: u32, count: u32 },
+    Msrs {
+        /// The vCPU's index.
+        index: u32,
+        /// The MSR count its header announces.
+        count: u32,
+    },
+    /// The VMM's JSON part does not parse as a [`VmmState`] (vCPU index given).
     #[error("vCPU {0}: its VMM state does not parse")]
     Vmm(u32, #[source] serde_json::Error),
+    /// The VMM's state could not be turned into JSON on the source (vCPU index given).
     #[error("vCPU {0}: encoding its VMM state")]
     Encode(usize, #[source] serde_json::Error),
 }

@@ -3,6 +3,8 @@
 //! lengths are bounded before anything is allocated, and a CRC-32 trailer.
 //! docs/MIGRATION.md describes it for people.
 
+#![warn(missing_docs)]
+
 use std::io::{Read, Write};
 
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
@@ -28,50 +30,101 @@ pub const MAX_MSRS: u32 = 4096;
 /// Why the stream could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Reading from or writing to the connection failed.
     #[error("the connection failed")]
     Io(#[from] std::io::Error),
+    /// The peer closed the stream in the middle of the named record.
     #[error("the stream ended early (truncated) while reading {0}")]
     Truncated(&'static str),
+    /// The first 8 bytes are not [`MAGIC`]; they are given.
     #[error("not a kvmscope migration stream (bad magic {0:02x?})")]
     Magic([u8; 8]),
+    /// The stream header names a version other than [`VERSION`].
     #[error("stream version {theirs} is not supported: this kvmscope reads version {ours}")]
-    Version { theirs: u32, ours: u32 },
+    Version {
+        /// The version in the stream header.
+        theirs: u32,
+        /// [`VERSION`], the only one this build reads.
+        ours: u32,
+    },
+    /// A section header's `kind` is none of [`Kind`].
     #[error("unknown section kind {0}")]
     Kind(u32),
+    /// A section header's `len` is over its kind's [`Kind::max_len`];
+    /// refused before anything is allocated.
     #[error("{what} section of {len} bytes is over the {max}-byte limit")]
     TooLong {
+        /// The section kind's name ([`Kind::name`]).
         what: &'static str,
+        /// The payload length the header claims, in bytes.
         len: u64,
+        /// The kind's limit, in bytes.
         max: u64,
     },
+    /// A section's `len` disagrees with the size its contents add up to.
     #[error("{what} section is {len} bytes, but its contents need {need}")]
     Length {
+        /// The section kind's name ([`Kind::name`]).
         what: &'static str,
+        /// The payload length the header claims, in bytes.
         len: u64,
+        /// The length its records need, in bytes.
         need: u64,
     },
+    /// A page run or plan range reaches past the end of guest RAM (or is empty).
     #[error("pages {first}..{end} lie outside guest RAM ({pages} pages)")]
-    PageRange { first: u64, end: u64, pages: u64 },
+    PageRange {
+        /// First guest page number of the run (guest physical address / 4096).
+        first: u64,
+        /// One past its last page.
+        end: u64,
+        /// Guest RAM size in pages.
+        pages: u64,
+    },
+    /// A page run's `kind` is neither [`RUN_ZERO`] nor [`RUN_NORMAL`].
     #[error("page run of kind {0} is neither zero nor normal")]
     RunKind(u32),
+    /// The trailer's CRC-32 differs from that of the bytes that arrived.
     #[error("the checksum does not match: the stream says {theirs:#010x}, the bytes give {ours:#010x} (corrupt stream)")]
-    Checksum { theirs: u32, ours: u32 },
+    Checksum {
+        /// The CRC-32 in the trailer.
+        theirs: u32,
+        /// The CRC-32 of the bytes read.
+        ours: u32,
+    },
+    /// The trailer's section count differs from the sections that arrived.
     #[error("the trailer counts {theirs} sections, {ours} arrived")]
-    Sections { theirs: u64, ours: u64 },
+    Sections {
+        /// The count in the trailer.
+        theirs: u64,
+        /// Sections read before the trailer.
+        ours: u64,
+    },
+    /// A section came where the receiver's state machine does not take it
+    /// (such as RAM after the first vCPU section).
     #[error("a {0} section came out of order")]
     Order(&'static str),
+    /// The source's RAM digest differs from the destination's RAM after loading.
     #[error(
         "guest RAM differs after loading: the source's CRC-32 is {theirs:#010x}, ours {ours:#010x}"
     )]
-    Digest { theirs: u32, ours: u32 },
+    Digest {
+        /// The CRC-32 in the stream's digest section.
+        theirs: u32,
+        /// The CRC-32 of the destination's guest RAM.
+        ours: u32,
+    },
 }
 
 /// The stream's first 16 bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct StreamHeader {
+    /// Always [`MAGIC`].
     pub magic: [u8; 8],
+    /// The stream version, [`VERSION`].
     pub version: u32,
+    /// No flags are defined: the sender writes 0 and the receiver ignores it.
     pub flags: u32,
 }
 
@@ -79,12 +132,19 @@ pub struct StreamHeader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Kind {
+    /// One [`ConfigRecord`], the stream's first section.
     Config = 1,
+    /// Page runs: a [`PageRun`] each, a normal run followed by its pages.
     Ram = 2,
+    /// One [`PassRecord`] closing a pre-copy pass.
     Pass = 3,
+    /// One vCPU's state: a [`VcpuHeader`], KVM structs, MSRs, the VMM's JSON.
     Vcpu = 4,
+    /// The [`Trailer`], the stream's last section.
     End = 5,
+    /// One [`DigestRecord`], sent only when `x-check-ram` asks for it.
     Digest = 6,
+    /// [`PlanRange`]s that pass 0 sends with data, once, before its RAM.
     Plan = 7,
 }
 
@@ -137,8 +197,11 @@ impl Kind {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct SectionHeader {
+    /// A [`Kind`] as its `u32` value.
     pub kind: u32,
+    /// Written as 0, ignored on reading.
     pub reserved: u32,
+    /// Payload bytes that follow this header, bounded by [`Kind::max_len`].
     pub len: u64,
 }
 
@@ -153,13 +216,22 @@ pub const DIRTY_RING: u32 = 2;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct ConfigRecord {
+    /// Guest RAM size in bytes.
     pub memory: u64,
+    /// The TSC frequency in kHz that the source told its guest (vCPU 0's
+    /// mailbox); 0 when it could not be read.
     pub tsc_khz: u64,
+    /// Number of vCPUs.
     pub vcpus: u32,
+    /// 1 when guest RAM is backed by huge pages, 0 otherwise.
     pub hugepages: u32,
+    /// The source's dirty-log mode: [`DIRTY_NONE`], [`DIRTY_BITMAP`] or [`DIRTY_RING`].
     pub dirty_mode: u32,
+    /// Dirty ring entries per vCPU with [`DIRTY_RING`], 0 otherwise.
     pub ring_entries: u32,
+    /// The page size pages travel in, [`PAGE_SIZE`].
     pub page_size: u32,
+    /// The guest ABI version of the source's guest program; it must equal ours.
     pub guest_abi: u32,
 }
 
@@ -167,8 +239,11 @@ pub struct ConfigRecord {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct PageRun {
+    /// First guest page number (guest physical address / [`PAGE_SIZE`]).
     pub first: u64,
+    /// Pages in the run, above zero; the run must lie inside guest RAM.
     pub count: u32,
+    /// [`RUN_ZERO`] or [`RUN_NORMAL`].
     pub kind: u32,
 }
 
@@ -181,7 +256,9 @@ pub const RUN_NORMAL: u32 = 2;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct PassRecord {
+    /// The pass number, from 0 (the pass that sends every page).
     pub pass: u64,
+    /// Pages sent in this pass, zero and normal runs together.
     pub pages: u64,
 }
 
@@ -190,7 +267,9 @@ pub struct PassRecord {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct DigestRecord {
+    /// CRC-32 of all guest RAM, in guest physical order.
     pub crc32: u32,
+    /// Padding, written as 0.
     pub reserved: u32,
 }
 
@@ -199,7 +278,9 @@ pub struct DigestRecord {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct PlanRange {
+    /// First guest page number of the range.
     pub first: u64,
+    /// Pages in the range; the range must lie inside guest RAM.
     pub count: u64,
 }
 
@@ -208,9 +289,13 @@ pub struct PlanRange {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct VcpuHeader {
+    /// The vCPU's index, below the config's `vcpus`; each index comes once.
     pub index: u32,
+    /// [`MsrRecord`]s after the KVM structs, at most [`MAX_MSRS`].
     pub msr_count: u32,
+    /// Bytes of the VMM's JSON after the MSRs.
     pub vmm_len: u32,
+    /// This vCPU's TSC frequency in kHz (0 when KVM could not say).
     pub tsc_khz: u32,
 }
 
@@ -218,8 +303,11 @@ pub struct VcpuHeader {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct MsrRecord {
+    /// The MSR's number, as in `KVM_GET_MSR_INDEX_LIST`.
     pub index: u32,
+    /// Padding, written as 0.
     pub reserved: u32,
+    /// The MSR's value.
     pub value: u64,
 }
 
@@ -228,8 +316,11 @@ pub struct MsrRecord {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Trailer {
+    /// Sections before the trailer.
     pub sections: u64,
+    /// CRC-32 of every stream byte before the trailer's section header.
     pub crc32: u32,
+    /// Padding, written as 0.
     pub reserved: u32,
 }
 
@@ -237,9 +328,13 @@ pub struct Trailer {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct ReplyHeader {
+    /// Always [`REPLY_MAGIC`].
     pub magic: [u8; 4],
+    /// [`REPLY_READY`], [`REPLY_COMPLETED`] or [`REPLY_REFUSED`].
     pub code: u32,
+    /// Bytes of UTF-8 message that follow, at most [`MAX_MESSAGE`].
     pub len: u32,
+    /// Padding, written as 0.
     pub reserved: u32,
 }
 

@@ -1,7 +1,7 @@
 //! Live migration between two kvmscope processes: pre-copy over a unix or
 //! TCP socket, counted with QEMU's names (`query-migrate`).
 //!
-//! - [`format`]: the versioned stream (headers, sections, trailer);
+//! - [`format`](mod@format): the versioned stream (headers, sections, trailer);
 //! - [`transport`]: `unix:PATH` and `tcp:HOST:PORT`;
 //! - [`pages`]: which pages the host ever backed (page map), zero checks;
 //! - [`sender`]: the source's pre-copy rounds, stop-and-copy and recovery;
@@ -12,6 +12,8 @@
 //!   parameters, status and events.
 //!
 //! The stream, the states and what happens on failure are in docs/MIGRATION.md.
+
+#![warn(missing_docs)]
 
 pub mod device;
 pub mod format;
@@ -39,14 +41,19 @@ pub const MAX_DOWNTIME_LIMIT: u64 = 2_000_000;
 /// Why a migration could not start or a parameter was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A migration is in progress (its status given).
     #[error("a migration is already {0}")]
     Busy(&'static str),
+    /// An earlier migration completed: the guest lives on the destination.
     #[error("the guest has migrated away (postmigrate); quit this VMM")]
     Postmigrate,
+    /// This VMM is loading an incoming stream and cannot send one.
     #[error("this VMM is a migration destination")]
     Incoming,
+    /// `downtime-limit` is over [`MAX_DOWNTIME_LIMIT`] ms (the value given).
     #[error("downtime-limit must be from 0 to {MAX_DOWNTIME_LIMIT} ms, not {0}")]
     DowntimeLimit(u64),
+    /// The `migration` thread could not be spawned.
     #[error("starting the migration thread")]
     Spawn(#[source] std::io::Error),
 }

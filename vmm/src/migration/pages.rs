@@ -6,17 +6,20 @@
 //! zero-page ranges in one call per few thousand ranges; without it each
 //! page's `/proc/self/pagemap` entry has a present and a swapped bit.
 
+#![warn(missing_docs)]
+
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 
 use vmm_sys_util::ioctl::ioctl_with_mut_ref;
-use vmm_sys_util::ioctl_iowr_nr;
 
 /// Why the page map could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `/proc/self/pagemap` could not be opened.
     #[error("opening /proc/self/pagemap")]
     Open(#[source] std::io::Error),
+    /// Reading an entry of `/proc/self/pagemap` failed.
     #[error("reading /proc/self/pagemap")]
     Read(#[source] std::io::Error),
 }
@@ -59,12 +62,21 @@ struct PmScanArg {
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PageRegion {
+    /// First byte's host virtual address, page-aligned.
     pub start: u64,
+    /// One past the last byte's host virtual address, page-aligned.
     pub end: u64,
+    /// The kernel's `PAGE_IS_*` bits that hold for every page of the region.
     pub categories: u64,
 }
 
-ioctl_iowr_nr!(PAGEMAP_SCAN, b'f' as u32, 16, PmScanArg);
+/// The macro makes a `pub fn`; this module keeps the ioctl number out of the
+/// crate's API.
+mod nr {
+    use super::PmScanArg;
+    vmm_sys_util::ioctl_iowr_nr!(PAGEMAP_SCAN, b'f' as u32, 16, PmScanArg);
+}
+use nr::PAGEMAP_SCAN;
 
 /// The backing of one `/proc/self/pagemap` entry.
 pub fn entry_backing(entry: u64) -> Backing {

@@ -8,6 +8,8 @@
 //! → `End` (trailer checked, state restored, `completed` sent). Anything
 //! else, at any point, is refused with the reason, and nothing runs here.
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -25,26 +27,43 @@ use crate::vm::{Vm, VmConfig};
 /// Why an incoming migration failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Listening on or accepting from the URI failed.
     #[error(transparent)]
     Transport(#[from] transport::Error),
+    /// The stream is malformed, truncated or corrupt, or the connection failed.
     #[error("reading the stream")]
     Stream(#[from] format::Error),
+    /// The stream's VM differs from an option this VMM was given.
     #[error("the stream's VM has {what} {theirs}, but this VMM was given {ours}")]
     Mismatch {
+        /// What differs, as the message names it (`memory`, `vCPUs`, ...).
         what: &'static str,
+        /// The stream's value, printed.
         theirs: String,
+        /// This VMM's value, printed as its option.
         ours: String,
     },
+    /// A vCPU section could not be decoded.
     #[error(transparent)]
     Device(#[from] device::Error),
+    /// The trailer came after a number of vCPU sections other than the VM's vCPUs.
     #[error("the stream carries {got} vCPU sections for a VM of {want} vCPUs")]
-    VcpuCount { got: usize, want: usize },
+    VcpuCount {
+        /// vCPU sections received.
+        got: usize,
+        /// vCPUs in the stream's config.
+        want: usize,
+    },
+    /// A vCPU section names an index already received or out of range.
     #[error("the stream carries vCPU {0} twice or for a VM without it")]
     VcpuIndex(u32),
+    /// Writing a received page into guest RAM failed (page number given).
     #[error("writing guest RAM at page {0}")]
     Write(u64, #[source] vm_memory::GuestMemoryError),
+    /// KVM refused a vCPU's received state.
     #[error("loading the vCPUs' state")]
     Restore(#[source] crate::vm::Error),
+    /// The first section is not the config.
     #[error("the stream does not start with its config section (it starts with a {0} section)")]
     NoConfig(&'static str),
 }
@@ -65,11 +84,15 @@ struct Loading {
 /// What `run --incoming` was given; `None` members come from the stream.
 #[derive(Debug, Clone)]
 pub struct IncomingConfig {
+    /// Where to listen for the one source (`--incoming`).
     pub uri: Uri,
+    /// `--memory` in bytes, if given: the stream's must match.
     pub memory: Option<u64>,
+    /// `--vcpus`, if given: the stream's must match.
     pub vcpus: Option<usize>,
     /// `Some(true)` when `--hugepages` was given.
     pub hugepages: Option<bool>,
+    /// `--dirty-log`, if given: the stream's mode must match.
     pub dirty_log: Option<DirtyMode>,
 }
 

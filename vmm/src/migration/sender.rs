@@ -11,6 +11,8 @@
 //! the stop, the hold is released and the guest runs on here; only the
 //! destination's `completed` reply moves the source to `postmigrate`.
 
+#![warn(missing_docs)]
+
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,30 +40,43 @@ const REPLY_LIMIT: Duration = Duration::from_secs(30);
 /// Why a migration failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Connecting to the destination failed.
     #[error(transparent)]
     Connect(#[from] transport::Error),
+    /// Writing the stream or reading the destination's reply failed.
     #[error("sending the stream")]
     Stream(#[from] format::Error),
+    /// The destination answered REFUSED; its message is given.
     #[error("the destination refused the stream: {0}")]
     Refused(String),
+    /// Subscribing to or syncing the dirty log failed.
     #[error("dirty tracking")]
     Dirty(#[from] dirty::Error),
+    /// Reading the page map for pass 0 failed.
     #[error("reading the page map")]
     Pages(#[from] pages::Error),
+    /// Reading a guest page failed (page number given).
     #[error("reading guest RAM at page {0}")]
     Read(u64, #[source] vm_memory::GuestMemoryError),
+    /// The main loop refused the hold request, or did not answer it in time.
     #[error("pausing the guest")]
     Pause(#[source] RunStateError),
+    /// The vCPU threads did not all park in time after the hold.
     #[error("the vCPUs did not pause within {0:?}")]
     PauseTimeout(Duration),
+    /// A parked vCPU thread did not send its state in time (index, limit).
     #[error("vCPU {0} did not give its state within {1:?}")]
     SnapshotTimeout(usize, Duration),
+    /// A vCPU thread could not read its state (index, its error as text).
     #[error("reading vCPU {0}'s state: {1}")]
     Snapshot(usize, String),
+    /// A vCPU's state could not be encoded for the wire.
     #[error(transparent)]
     Device(#[from] device::Error),
+    /// `migrate_cancel` stopped it.
     #[error("cancelled")]
     Cancelled,
+    /// KVM's list of MSRs to save could not be read.
     #[error("reading KVM's MSR list")]
     MsrList(#[source] kvm_ioctls::Error),
 }

@@ -2,6 +2,8 @@
 //! vCPUs' shared parts, the main loop's channel, KVM's MSR list and the
 //! config record that tells the destination what to build.
 
+#![warn(missing_docs)]
+
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
@@ -17,13 +19,17 @@ use crate::vcpu::VcpuShared;
 /// What the source needs of its VM; cheap to clone.
 #[derive(Clone)]
 pub struct Source {
+    /// Guest RAM, read for every page sent.
     pub mem: GuestMemory,
+    /// The VM's dirty-log service, subscribed to for the later passes.
     pub dirty: Arc<DirtyLog>,
+    /// Each vCPU's shared part, by index: the way to ask a parked vCPU for its state.
     pub vcpus: Vec<Arc<VcpuShared>>,
     /// To the main loop, for holding the guest paused.
     pub main: Sender<VmEvent>,
     /// The MSRs KVM lists as to-save (KVM_GET_MSR_INDEX_LIST).
     pub msr_list: Arc<Vec<u32>>,
+    /// The VM as the stream's config section describes it.
     pub config: ConfigRecord,
 }
 

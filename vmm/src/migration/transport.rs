@@ -1,6 +1,8 @@
 //! Where a stream goes: `unix:PATH` or `tcp:HOST:PORT`, as QEMU's `-incoming`
 //! and `migrate` name them.
 
+#![warn(missing_docs)]
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -10,14 +12,19 @@ use std::time::Duration;
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The text is neither `unix:PATH` nor `tcp:HOST:PORT`.
     #[error("'{0}' is not a migration URI: use unix:PATH or tcp:HOST:PORT")]
     Uri(String),
+    /// Binding the destination's socket failed (URI given).
     #[error("listening on {0}")]
     Listen(String, #[source] std::io::Error),
+    /// Accepting the source's connection failed (URI given).
     #[error("waiting for the source on {0}")]
     Accept(String, #[source] std::io::Error),
+    /// The source could not connect to the destination (URI given).
     #[error("connecting to {0}")]
     Connect(String, #[source] std::io::Error),
+    /// The destination was told to stop before a source connected (URI given).
     #[error("stopped while waiting for the source on {0}")]
     Stopped(String),
 }
@@ -25,7 +32,9 @@ pub enum Error {
 /// A migration endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Uri {
+    /// `unix:PATH`: a unix stream socket at PATH.
     Unix(PathBuf),
+    /// `tcp:HOST:PORT`, kept as `HOST:PORT` and resolved when used.
     Tcp(String),
 }
 
@@ -59,7 +68,9 @@ impl std::fmt::Display for Uri {
 /// One connection, either kind.
 #[derive(Debug)]
 pub enum Conn {
+    /// Over a unix socket.
     Unix(UnixStream),
+    /// Over TCP.
     Tcp(TcpStream),
 }
 
@@ -146,6 +157,7 @@ impl Write for Conn {
 pub enum Listener {
     /// The socket file is removed when the listener goes.
     Unix(UnixListener, PathBuf),
+    /// Listening on TCP.
     Tcp(TcpListener),
 }
 

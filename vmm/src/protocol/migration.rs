@@ -3,6 +3,8 @@
 //! of `migrate-set-parameters` / `query-migrate-parameters`, and `migrate`'s
 //! arguments. Members QEMU does not have start with `x-`.
 
+#![warn(missing_docs)]
+
 use serde::{Deserialize, Serialize};
 
 /// `migrate`'s arguments.
@@ -73,6 +75,7 @@ pub struct RamStats {
     pub duplicate: u64,
     /// Pages sent in full.
     pub normal: u64,
+    /// Bytes of the pages sent in full (`normal` × page size).
     pub normal_bytes: u64,
     /// Dirty-log syncs (one per pass).
     pub dirty_sync_count: u64,
@@ -80,11 +83,13 @@ pub struct RamStats {
     pub dirty_pages_rate: u64,
     /// Send rate over the last pass, megabits per second.
     pub mbps: f64,
+    /// Pages sent per second over the last pass, zero and normal together.
     pub pages_per_second: u64,
     /// Bytes sent while the guest ran.
     pub precopy_bytes: u64,
     /// Bytes sent while it was stopped.
     pub downtime_bytes: u64,
+    /// Bytes per page on the wire, 4096.
     pub page_size: u64,
 }
 
@@ -92,18 +97,27 @@ pub struct RamStats {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct MigrationInfo {
+    /// Where the migration stands; absent before the first one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// RAM counters; present from the start of a migration, updated as sections go out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ram: Option<RamStats>,
+    /// ms since the migration started; frozen at its end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total_time: Option<u64>,
+    /// ms from the start until pre-copy began (connect, the destination's
+    /// config check, the dirty-log subscription).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub setup_time: Option<u64>,
+    /// ms the guest was held paused, from the hold request to the destination's reply.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub downtime: Option<u64>,
+    /// ms the dirty pages left at the last sync would take on the wire at the
+    /// last pass's rate (16 header bytes per page counted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expected_downtime: Option<u64>,
+    /// Why it failed, as an error chain, with `status` `failed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_desc: Option<String>,
     /// kvmscope: why the rounds are not converging, while they are not.
@@ -151,12 +165,16 @@ impl Default for Parameters {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct SetParameters {
+    /// New [`Parameters::max_bandwidth`], bytes per second (0: unlimited).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bandwidth: Option<u64>,
+    /// New [`Parameters::downtime_limit`], ms, at most 2,000,000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downtime_limit: Option<u64>,
+    /// New [`Parameters::x_max_rounds`] (0: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub x_max_rounds: Option<u64>,
+    /// New [`Parameters::x_check_ram`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub x_check_ram: Option<bool>,
 }

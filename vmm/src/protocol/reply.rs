@@ -1,6 +1,8 @@
 //! What the server sends: the greeting, replies, errors and events, as serde
 //! types that the server writes and the clients read.
 
+#![warn(missing_docs)]
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -13,8 +15,11 @@ pub use crate::runstate::RunState;
 /// `CommandNotFound`, and a vCPU that does not exist, `DeviceNotFound`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorClass {
+    /// Any failure but the two below; the connection stays open.
     GenericError,
+    /// No such command, or any command but `qmp_capabilities` before negotiation.
     CommandNotFound,
+    /// A vCPU index or QOM path the VM does not have.
     DeviceNotFound,
     /// A class this client does not know (from a newer server).
     #[serde(untagged)]
@@ -35,14 +40,18 @@ impl std::fmt::Display for ErrorClass {
 /// The body of an error reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QmpError {
+    /// The QMP error class.
     pub class: ErrorClass,
+    /// What went wrong, in plain words (QEMU's words where QEMU has them).
     pub desc: String,
 }
 
 /// Seconds and microseconds since the epoch, as QMP stamps events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timestamp {
+    /// Whole seconds since the Unix epoch (wall clock).
     pub seconds: u64,
+    /// Microseconds past `seconds`, below 1,000,000.
     pub microseconds: u32,
 }
 
@@ -62,9 +71,12 @@ impl Timestamp {
 /// An event: `{"event": NAME, "data": {...}, "timestamp": {...}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
+    /// The event's name, such as `SAMPLE` or `MIGRATION` (docs/PROTOCOL.md lists them).
     pub event: String,
+    /// The event's data; `null` (omitted on the wire) for none.
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub data: Value,
+    /// When the server made the event.
     pub timestamp: Timestamp,
 }
 
@@ -82,8 +94,11 @@ impl Event {
 /// QEMU's `VersionTriple`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct VersionTriple {
+    /// kvmscope's major version.
     pub major: u64,
+    /// kvmscope's minor version.
     pub minor: u64,
+    /// kvmscope's patch version.
     pub micro: u64,
 }
 
@@ -91,7 +106,9 @@ pub struct VersionTriple {
 /// `qemu` carries kvmscope's version, `package` names kvmscope.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct VersionInfo {
+    /// kvmscope's version in QEMU's member (QMP clients read it there).
     pub qemu: VersionTriple,
+    /// `kvmscope X.Y.Z`.
     pub package: String,
 }
 
@@ -117,17 +134,25 @@ pub struct KvmscopeGreeting {
     pub protocol: u32,
     /// Features beyond QMP: `stats-fd` (fds ride on replies).
     pub features: Vec<String>,
+    /// The VM this socket serves.
     pub vm: GreetingVm,
 }
 
 /// The VM, as the greeting names it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct GreetingVm {
+    /// The VM's `--name`.
     pub name: String,
+    /// The VMM's process id.
     pub pid: u32,
+    /// Number of vCPUs.
     pub vcpus: usize,
+    /// Guest RAM in bytes.
     pub memory: u64,
+    /// The KVM backend: `vmx`, `svm`, `pvm` or `unknown`.
     pub backend: String,
+    /// The VM stats fd's id string: `kvm-` and the id of the thread that
+    /// created the VM (the pid when that was the main thread).
     #[serde(rename = "stats-id")]
     pub stats_id: String,
 }
@@ -135,15 +160,18 @@ pub struct GreetingVm {
 /// The greeting's `QMP` member.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct GreetingBody {
+    /// The server's version, as `query-version` returns it.
     pub version: VersionInfo,
     /// Capabilities a client may enable with `qmp_capabilities` (none here).
     pub capabilities: Vec<String>,
+    /// kvmscope's additions: protocol version, features, the VM.
     pub kvmscope: KvmscopeGreeting,
 }
 
 /// The first line on every connection: `{"QMP": {...}}`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Greeting {
+    /// The `QMP` member, the greeting's only one.
     #[serde(rename = "QMP")]
     pub qmp: GreetingBody,
 }
@@ -152,18 +180,26 @@ pub struct Greeting {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Message {
+    /// A command's success: `{"return": ..., "id": ...}`.
     Return {
+        /// The command's result (`{}` for commands that return nothing).
         #[serde(rename = "return")]
         value: Value,
+        /// The request's `id`, echoed; absent when the request had none.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<Value>,
     },
+    /// A command's failure: `{"error": {"class", "desc"}, "id": ...}`.
     Error {
+        /// The class and description.
         error: QmpError,
+        /// The request's `id`, echoed; absent when the request had none or it could not be read.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<Value>,
     },
+    /// An asynchronous event, between replies.
     Event(Event),
+    /// The first line on a connection.
     Greeting(Greeting),
 }
 
@@ -196,9 +232,11 @@ pub fn to_line<T: Serialize>(value: &T) -> Vec<u8> {
 /// QEMU's `StatusInfo` (`query-status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusInfo {
+    /// True when `status` is `running`.
     pub running: bool,
     /// Always false; QEMU 7.2 clients expect the member.
     pub singlestep: bool,
+    /// The VM's run state.
     pub status: RunState,
 }
 
@@ -206,16 +244,20 @@ pub struct StatusInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct CpuInfoFast {
+    /// The vCPU's index.
     pub cpu_index: usize,
+    /// Its QOM path ([`vcpu_qom_path`]), accepted wherever a vCPU is named.
     pub qom_path: String,
     /// The vCPU thread's kernel id (0 before it started).
     pub thread_id: i64,
+    /// The architecture, always `x86_64`.
     pub target: String,
 }
 
 /// QEMU's `NameInfo` (`query-name`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NameInfo {
+    /// The VM's `--name`; kvmscope always sends it (QEMU's is optional).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
@@ -223,6 +265,7 @@ pub struct NameInfo {
 /// QEMU's `CommandInfo` (`query-commands`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommandInfo {
+    /// The command's wire name.
     pub name: String,
 }
 

@@ -9,6 +9,8 @@
 //! `qapi/control.json`, `qapi/machine.json`); docs/PROTOCOL.md lists the
 //! additions.
 
+#![warn(missing_docs)]
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -20,8 +22,11 @@ use super::reply::ErrorClass;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StatsTarget {
+    /// `"vm"`: the VM's stats fd.
     Vm,
+    /// `"vcpu"`: each vCPU's stats fd.
     Vcpu,
+    /// `"cryptodev"`: QEMU's; accepted, and answered with no stats.
     Cryptodev,
 }
 
@@ -29,7 +34,9 @@ pub enum StatsTarget {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StatsProvider {
+    /// `"kvm"`: the KVM binary stats fds.
     Kvm,
+    /// `"cryptodev"`: QEMU's; accepted, and provides nothing here.
     Cryptodev,
 }
 
@@ -37,7 +44,9 @@ pub enum StatsProvider {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatsRequest {
+    /// The provider asked.
     pub provider: StatsProvider,
+    /// Only these stats, by their KVM names; absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub names: Option<Vec<String>>,
 }
@@ -47,7 +56,9 @@ pub struct StatsRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum VcpuRef {
+    /// A vCPU index, as a JSON number.
     Index(usize),
+    /// A QOM path as `query-cpus-fast` reports it, as a JSON string.
     QomPath(String),
 }
 
@@ -55,7 +66,9 @@ pub enum VcpuRef {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Value", into = "Value")]
 pub enum VcpuSelector {
+    /// One vCPU, a JSON number.
     One(usize),
+    /// Every vCPU, the JSON string `"all"`.
     All,
 }
 
@@ -92,6 +105,7 @@ pub struct NoArgs {}
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CapabilitiesArgs {
+    /// Capabilities to turn on; any (such as `oob`) is refused, as none is offered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub enable: Vec<String>,
 }
@@ -100,6 +114,7 @@ pub struct CapabilitiesArgs {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GetStatsFdArgs {
+    /// Whose stats fds: the VM's or the vCPUs'.
     pub target: StatsTarget,
     /// vCPU target only; default `"all"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,7 +125,9 @@ pub struct GetStatsFdArgs {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueryStatsArgs {
+    /// Whose stats: the VM's or the vCPUs'.
     pub target: StatsTarget,
+    /// Providers and their stat names; absent: every provider, every stat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub providers: Option<Vec<StatsRequest>>,
     /// kvmscope: only these stats (QEMU puts names inside `providers`).
@@ -125,6 +142,7 @@ pub struct QueryStatsArgs {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchemasArgs {
+    /// Only this provider's schemas; absent: every provider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<StatsProvider>,
     /// kvmscope: one target only.
@@ -136,6 +154,7 @@ pub struct SchemasArgs {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VcpusArgs {
+    /// The vCPUs, by index or QOM path; absent: every vCPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcpus: Option<Vec<VcpuRef>>,
 }
@@ -144,6 +163,7 @@ pub struct VcpusArgs {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GuestCommandArgs {
+    /// Index of the vCPU whose queue takes the commands.
     pub vcpu: usize,
     /// Workload text (docs/GUEST_ABI.md), one or more commands.
     pub command: String,
@@ -156,6 +176,7 @@ pub struct GuestCommandArgs {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QuerySamplesArgs {
+    /// Points with a sequence number above this one (default 0: from the oldest kept).
     #[serde(default)]
     pub since: u64,
     /// At most this many points, the newest (default and cap: the page size).
@@ -176,6 +197,9 @@ pub struct SubscribeArgs {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ReadinessRequest {
+    /// Also run the exact scan (default false): read every backed page with
+    /// the guest paused, counting zero pages; progress comes as
+    /// `READINESS_PROGRESS` events before the reply.
     #[serde(default)]
     pub scan: bool,
     /// Seconds; absent: 1 when the VM has dirty logging, else none.
@@ -192,11 +216,13 @@ pub struct ReadinessRequest {
 /// Checked arguments of `query-readiness`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadinessArgs {
+    /// Run the exact scan of every backed page (the guest paused meanwhile).
     pub scan: bool,
     /// `None`: 1 s when the VM has dirty logging, else no dirty-rate window.
     pub calc_time: Option<Duration>,
     /// Bytes per second.
     pub bandwidth: u64,
+    /// The downtime the prediction must fit, at most [`MAX_SECONDS`].
     pub max_downtime: Duration,
 }
 
@@ -215,21 +241,37 @@ pub enum Command {
     #[serde(rename = "qmp_capabilities")]
     #[strum(serialize = "qmp_capabilities")]
     QmpCapabilities(CapabilitiesArgs),
+    /// Every command's wire name.
     QueryCommands(NoArgs),
+    /// QEMU-style version numbers and `kvmscope X.Y.Z` as the package.
     QueryVersion(NoArgs),
+    /// The run state (`running`, `paused`, `inmigrate`, `postmigrate`, `shutdown`).
     QueryStatus(NoArgs),
+    /// The VM's `--name`.
     QueryName(NoArgs),
+    /// Each vCPU's index, QOM path and thread id.
     QueryCpusFast(NoArgs),
+    /// kvmscope: the VM's pid, backend, vCPUs, memory layout, guest ABI and stats ids.
     QueryVm(NoArgs),
+    /// kvmscope: the VM's or vCPUs' stats fds, passed with SCM_RIGHTS.
     GetStatsFd(GetStatsFdArgs),
+    /// Stats values, read by the VMM from the stats fds (QEMU's `StatsResult`s).
     QueryStats(QueryStatsArgs),
+    /// The stats' descriptors (QEMU's `StatsSchema`s).
     QueryStatsSchemas(SchemasArgs),
+    /// kvmscope: the VMM's own exit counters per vCPU.
     QueryExits(VcpusArgs),
+    /// kvmscope: queue workload commands on a vCPU.
     GuestCommand(GuestCommandArgs),
+    /// kvmscope: each vCPU's state, queue and last result.
     QueryGuest(VcpusArgs),
+    /// kvmscope: a page of the sampler's points.
     QuerySamples(QuerySamplesArgs),
+    /// kvmscope: a `SAMPLE` event per sampler tick from now on.
     SubscribeSamples(SubscribeArgs),
+    /// kvmscope: stop the `SAMPLE` events.
     UnsubscribeSamples(NoArgs),
+    /// kvmscope: the migration readiness report, replied once measured.
     QueryReadiness(ReadinessRequest),
     /// kvmscope's name for QEMU's `stop`.
     Pause(NoArgs),
@@ -239,11 +281,15 @@ pub enum Command {
     Stop(NoArgs),
     /// QEMU's name: resume the guest.
     Cont(NoArgs),
+    /// Stop the VMM; the connection closes after the reply.
     Quit(NoArgs),
     /// Start a live migration to `uri` (`unix:PATH`, `tcp:HOST:PORT`).
     Migrate(super::migration::MigrateArgs),
+    /// Change some migration parameters; a running migration uses the new values too.
     MigrateSetParameters(super::migration::SetParameters),
+    /// The migration parameters in force.
     QueryMigrateParameters(NoArgs),
+    /// The migration's status and counters (QEMU's `MigrationInfo`).
     QueryMigrate(NoArgs),
     /// QEMU's name, with an underscore.
     #[serde(rename = "migrate_cancel")]
@@ -272,15 +318,20 @@ impl Command {
 /// One parsed request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
+    /// The client's `id`, any JSON value, echoed in the reply; absent when not sent.
     pub id: Option<Value>,
+    /// The command and its arguments.
     pub command: Command,
 }
 
 /// A request that could not be parsed, with its `id` when one could be read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestError {
+    /// The request's `id`, when the envelope could be read that far.
     pub id: Option<Value>,
+    /// QMP's error class for the reply.
     pub class: ErrorClass,
+    /// The reply's `desc`, in QEMU's words where QEMU has them.
     pub desc: String,
 }
 

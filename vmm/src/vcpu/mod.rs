@@ -6,6 +6,8 @@
 //! condition variable until a command, a pause or a stop arrives, so a waiting
 //! vCPU burns no host CPU.
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -32,11 +34,17 @@ use snapshot::Site;
 
 /// The part of a vCPU its thread owns.
 pub struct Vcpu {
+    /// The KVM vCPU fd; only this thread issues ioctls on it.
     pub fd: VcpuFd,
+    /// Guest RAM, for the vCPU's mailbox.
     pub mem: GuestMemory,
+    /// The port and MMIO devices the vCPU's exits go to.
     pub bus: Bus,
+    /// Bytes of the guest's workload arena; commands are checked against it.
     pub arena_size: u64,
+    /// The part other threads share.
     pub shared: Arc<VcpuShared>,
+    /// To the main loop: idle, command results, console lines and the thread's end.
     pub events: Sender<VmEvent>,
     /// Dirty tracking (the ring needs harvesting on ring-full exits).
     pub dirty: Option<Arc<crate::dirty::DirtyLog>>,

@@ -2,6 +2,8 @@
 //! boot-timeout reports. Only the thread that runs a vCPU may issue ioctls on
 //! its fd while it could be in KVM_RUN, so reports never read them from elsewhere.
 
+#![warn(missing_docs)]
+
 use std::fmt;
 
 use kvm_ioctls::VcpuFd;
@@ -9,25 +11,40 @@ use kvm_ioctls::VcpuFd;
 /// The general registers a report shows.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GeneralRegisters {
+    /// Instruction pointer: the guest code at fault (guest virtual address).
     pub rip: u64,
+    /// Stack pointer (guest virtual address).
     pub rsp: u64,
+    /// Flags register.
     pub rflags: u64,
+    /// RAX; the guest passes a port exit's value in it.
     pub rax: u64,
+    /// RBX.
     pub rbx: u64,
+    /// RCX.
     pub rcx: u64,
+    /// RDX.
     pub rdx: u64,
+    /// RSI.
     pub rsi: u64,
+    /// RDI.
     pub rdi: u64,
 }
 
 /// The control registers, EFER and the code segment selector.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ControlRegisters {
+    /// CR0: protection and paging enables.
     pub cr0: u64,
+    /// CR2: the linear address of the last page fault.
     pub cr2: u64,
+    /// CR3: the page-table root (guest physical address).
     pub cr3: u64,
+    /// CR4: extension enables (PAE, OSFXSR, ...).
     pub cr4: u64,
+    /// The EFER MSR (long mode enable and active, NX).
     pub efer: u64,
+    /// The code segment selector; its low two bits are the privilege level.
     pub cs: u16,
 }
 

@@ -1,6 +1,8 @@
 //! The part of a vCPU that other threads share: its inbox of commands and
 //! control requests, its state and results, its exit counters and phase.
 
+#![warn(missing_docs)]
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,7 +35,12 @@ pub enum VcpuState {
     /// Started, before the guest asked for its first command.
     Booting,
     /// Running command `seq`, shown as a spec.
-    Running { seq: u64, command: String },
+    Running {
+        /// The command's sequence number on this vCPU.
+        seq: u64,
+        /// The command, as a workload spec.
+        command: String,
+    },
     /// In the VMM, waiting for a command (or in a `wait`); no guest code runs.
     Waiting,
     /// Parked by a pause; no guest code runs.
@@ -45,6 +52,7 @@ pub enum VcpuState {
 /// How a command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandResult {
+    /// The command's sequence number on this vCPU (what `guest-command` returned).
     pub seq: u64,
     /// The command, as a spec.
     pub command: String,
@@ -63,11 +71,18 @@ pub enum Outcome {
     Stopped,
     /// The guest reported a panic.
     GuestPanic {
+        /// The guest's panic message.
         message: String,
+        /// The vCPU's registers when it panicked.
         registers: Registers,
     },
     /// The guest cannot go on.
-    Fault { fault: Fault, registers: Registers },
+    Fault {
+        /// What the guest did.
+        fault: Fault,
+        /// The vCPU's registers at the fault.
+        registers: Registers,
+    },
     /// The VMM failed the vCPU.
     Error(VcpuError),
 }
@@ -89,14 +104,19 @@ impl fmt::Display for Outcome {
 /// (`Arc`) so that the outcome can be cloned to everyone who asks for it.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum VcpuError {
+    /// `KVM_RUN` returned an error other than EINTR.
     #[error("KVM_RUN failed")]
     Run(#[source] kvm_ioctls::Error),
+    /// Collecting the vCPU's dirty ring after a ring-full exit failed.
     #[error("harvesting the dirty ring")]
     HarvestDirtyRing(#[source] Arc<crate::dirty::Error>),
+    /// KVM reported a full dirty ring on a VM without one.
     #[error("the dirty ring is full, but no dirty ring is set up")]
     NoDirtyRing,
+    /// Writing the next command into the guest's mailbox failed.
     #[error("writing the command to the mailbox")]
     WriteMailbox(#[source] Arc<vm_memory::GuestMemoryError>),
+    /// The thread panicked (found when it was joined).
     #[error("the vCPU thread panicked")]
     Panicked,
 }
@@ -124,6 +144,7 @@ pub(super) struct Inbox {
 
 /// The part of a vCPU other threads may touch.
 pub struct VcpuShared {
+    /// The vCPU's index.
     pub index: usize,
     /// Our own exit counters.
     pub counters: ExitCounters,

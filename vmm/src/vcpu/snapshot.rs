@@ -7,6 +7,8 @@
 //! on the source while the thread is parked (it serves a [`SnapshotRequest`]),
 //! on the destination before the thread starts.
 
+#![warn(missing_docs)]
+
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
@@ -19,10 +21,13 @@ use serde::{Deserialize, Serialize};
 /// Why a vCPU's state could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A KVM ioctl failed (its name, the vCPU index).
     #[error("{0} on vCPU {1}")]
     Kvm(&'static str, usize, #[source] kvm_ioctls::Error),
+    /// The MSR list is longer than one `KVM_GET_MSRS` call takes (vCPU index, count).
     #[error("vCPU {0}: {1} MSRs do not fit one KVM_GET_MSRS call")]
     TooManyMsrs(usize, usize),
+    /// A migrated queue entry is not a valid workload spec (vCPU index, spec, why).
     #[error("vCPU {0}'s queued command '{1}' does not parse: {2}")]
     Queue(usize, String, String),
 }
@@ -33,15 +38,21 @@ pub const MSR_IA32_TSC: u32 = 0x10;
 
 /// What KVM holds of one vCPU.
 pub struct KvmState {
+    /// General registers (`KVM_GET_REGS`).
     pub regs: kvm_regs,
+    /// Segment, control and descriptor-table registers (`KVM_GET_SREGS`).
     pub sregs: kvm_sregs,
+    /// FPU, SSE and AVX state (`KVM_GET_XSAVE`).
     pub xsave: kvm_xsave,
+    /// Extended control registers (`KVM_GET_XCRS`).
     pub xcrs: kvm_xcrs,
+    /// Debug registers (`KVM_GET_DEBUGREGS`).
     pub debug: kvm_debugregs,
+    /// Pending exceptions, interrupt shadow, NMI state (`KVM_GET_VCPU_EVENTS`).
     pub events: kvm_vcpu_events,
     /// `(index, value)` of every listed MSR KVM would read for this vCPU.
     pub msrs: Vec<(u32, u64)>,
-    /// The vCPU's TSC frequency (0 when KVM cannot tell).
+    /// The vCPU's TSC frequency in kHz (0 when KVM cannot tell).
     pub tsc_khz: u32,
 }
 
@@ -66,50 +77,69 @@ pub enum Site {
     /// The guest waits at a READY/DONE port exit for its next command.
     NextCommand,
     /// In a VMM-side `wait`: `remaining_us` left of it (none: until a command comes).
-    Wait { remaining_us: Option<u64> },
+    Wait {
+        /// Microseconds of the `wait` left; `None`: until a command comes.
+        remaining_us: Option<u64>,
+    },
 }
 
 /// A command in progress: its sequence number, spec and time spent so far.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Current {
+    /// The command's sequence number on its vCPU (what `guest-command` returned).
     pub seq: u64,
+    /// The command, as a workload spec.
     pub command: String,
+    /// Microseconds of host time it has run so far, on the source.
     pub elapsed_us: u64,
 }
 
 /// A recorded result, as it travels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultRecord {
+    /// The command's sequence number on its vCPU.
     pub seq: u64,
+    /// The command, as a workload spec.
     pub command: String,
+    /// `ok`, or what went wrong.
     pub status: String,
+    /// The guest's result words (meaning per command: docs/GUEST_ABI.md).
     pub values: [u64; 3],
+    /// Host time from handing the command over to its completion, microseconds.
     pub host_time_us: u64,
 }
 
 /// What the VMM holds of one vCPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VmmState {
+    /// Where the thread stood when it parked.
     pub site: Site,
     /// The command the guest (or the VMM, for `wait`) is running.
     pub current: Option<Current>,
     /// Commands queued and not started, as specs.
     pub queue: Vec<String>,
+    /// The sequence number the next queued command gets.
     pub next_seq: u64,
+    /// Recent results, oldest first (at most `RESULTS_KEPT`).
     pub results: Vec<ResultRecord>,
+    /// The last phase marker the guest reported.
     pub phase: u64,
     /// The guest has asked for its first command.
     pub booted: bool,
     /// Our exit counters by label: reasons, then devices.
     pub reasons: Vec<(String, u64)>,
+    /// Exit counts per device on the bus, by label.
     pub devices: Vec<(String, u64)>,
 }
 
 /// One vCPU's whole state.
 #[derive(Debug)]
 pub struct Snapshot {
+    /// The vCPU's index.
     pub index: usize,
+    /// What KVM holds.
     pub kvm: KvmState,
+    /// What the VMM holds; travels as JSON.
     pub vmm: VmmState,
 }
 
@@ -117,6 +147,7 @@ pub struct Snapshot {
 pub struct SnapshotRequest {
     /// MSR indexes to read (`KVM_GET_MSR_INDEX_LIST`).
     pub msr_list: std::sync::Arc<Vec<u32>>,
+    /// Where the thread sends its state, or why it could not read it.
     pub reply: Sender<Result<Snapshot, String>>,
 }
 
