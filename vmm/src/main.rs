@@ -258,7 +258,9 @@ struct RunArgs {
     #[arg(long, value_name = "SPEC", value_parser = parse_workload)]
     workload: Vec<Workload>,
     /// Serve the control socket at PATH (see docs/PROTOCOL.md); the VM then runs
-    /// until a client sends `quit` or the process gets SIGINT/SIGTERM.
+    /// until a client sends `quit` or the process gets SIGINT/SIGTERM. Put it in
+    /// /run/kvmscope/ (e.g. /run/kvmscope/NAME.sock) for `kvmscope exporter` to
+    /// find it without configuration.
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     /// Sampler tick: a duration from 1ms up, e.g. 100ms or 1s; `off` runs no sampler.
@@ -326,7 +328,10 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
     };
     for dir in &dirs {
         if !dir.is_dir() {
-            anyhow::bail!("--vm-sockets {}: not a directory", dir.display());
+            anyhow::bail!(
+                "--vm-sockets {}: not a directory (create it, or name another)",
+                dir.display()
+            );
         }
     }
     let exporter = Exporter::start(ExporterConfig {

@@ -6,6 +6,7 @@
 //! `kvmscope_kvm_vcpu_*` families as a VMM's own `/metrics`), labelled by
 //! `vm` (the VM's name), `pid` and `socket`, and `vcpu` on vCPU stats.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -24,6 +25,8 @@ pub struct Counters {
     pub fds_read: u64,
     /// Stats fd reads that failed (the VM is then dropped).
     pub read_errors: u64,
+    /// The last page's length: the next one is allocated at that size.
+    pub last_len: usize,
 }
 
 /// Reads every attached VM's stats fds and renders the page. A VM whose fd
@@ -50,13 +53,14 @@ pub fn render(reg: &mut Registry, counters: &mut Counters, filter: &StatFilter) 
         reg.targets.remove(&path);
     }
     counters.scrapes += 1;
-    let mut out = String::new();
+    let mut out = String::with_capacity(counters.last_len + 4096);
     write_vms(&mut out, reg);
     write_kvm_stats(&mut out, reg, filter);
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", counters.scrapes);
     let _ = writeln!(out, "# HELP kvmscope_exporter_fds_read_total Stats fds read (one pread each) over all scrapes.\n# TYPE kvmscope_exporter_fds_read_total counter\nkvmscope_exporter_fds_read_total {}", counters.fds_read);
     let _ = writeln!(out, "# HELP kvmscope_exporter_read_errors_total Stats fd reads that failed.\n# TYPE kvmscope_exporter_read_errors_total counter\nkvmscope_exporter_read_errors_total {}", counters.read_errors);
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrape_duration_seconds Time this scrape took to read every fd and render the page.\n# TYPE kvmscope_exporter_scrape_duration_seconds gauge\nkvmscope_exporter_scrape_duration_seconds {}", started.elapsed().as_secs_f64());
+    counters.last_len = out.len();
     out
 }
 
@@ -135,13 +139,13 @@ fn write_kvm_stats(out: &mut String, reg: &Registry, filter: &StatFilter) {
             vcpu_labels_of.push(format!("{labels},vcpu=\"{i}\""));
         }
     }
-    let mut seen = Vec::new();
+    let mut seen = HashSet::new();
     let keep = |name: &str| filter.matches(name);
     write_sources(
         out,
         &vms,
         "kvmscope_kvm_vm_",
-        |i| vm_labels_of[i].clone(),
+        &vm_labels_of,
         &mut seen,
         &keep,
     );
@@ -149,7 +153,7 @@ fn write_kvm_stats(out: &mut String, reg: &Registry, filter: &StatFilter) {
         out,
         &vcpus,
         "kvmscope_kvm_vcpu_",
-        |i| vcpu_labels_of[i].clone(),
+        &vcpu_labels_of,
         &mut seen,
         &keep,
     );

@@ -9,6 +9,7 @@
 
 pub mod http;
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -104,78 +105,135 @@ pub fn metric_name(prefix: &str, d: &Descriptor) -> String {
     format!("{prefix}{name}")
 }
 
-/// Writes one KVM stat of one source: a counter, a gauge or a histogram.
-fn write_stat(
-    out: &mut String,
-    prefix: &str,
-    d: &Descriptor,
-    values: &[u64],
-    labels: &str,
-    seen: &mut Vec<String>,
-) {
-    let name = metric_name(prefix, d);
-    let (kind, full) = match d.kind {
-        StatType::Cumulative => ("counter", format!("{name}_total")),
-        StatType::Instant | StatType::Peak => ("gauge", name.clone()),
-        StatType::LinearHistogram | StatType::Log2Histogram => ("histogram", name.clone()),
-        StatType::Unknown(_) => return,
-    };
-    if !seen.contains(&full) {
-        let _ = writeln!(
-            out,
-            "# HELP {full} KVM {} stat {} ({:?})",
-            if prefix.contains("vcpu") {
-                "vCPU"
-            } else {
-                "VM"
-            },
-            d.name,
-            d.kind
-        );
-        let _ = writeln!(out, "# TYPE {full} {kind}");
-        seen.push(full.clone());
-    }
-    if kind != "histogram" {
-        let v = in_base_units(values.first().copied().unwrap_or(0), d);
-        let _ = writeln!(out, "{full}{{{labels}}} {v}");
-        return;
-    }
-    let mut cumulative = 0u64;
-    for (i, count) in values.iter().enumerate() {
-        cumulative = cumulative.saturating_add(*count);
-        let le = match d.bucket_bounds(i).and_then(|(_, upper)| upper) {
-            Some(upper) => format!("{}", in_base_units(upper.saturating_sub(1), d)),
-            None => "+Inf".to_string(),
-        };
-        let _ = writeln!(out, "{full}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-    }
-    if d.bucket_bounds(values.len().saturating_sub(1))
-        .and_then(|(_, u)| u)
-        .is_some()
-    {
-        let _ = writeln!(out, "{full}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-    }
-    let _ = writeln!(out, "{full}_count{{{labels}}} {cumulative}");
+/// One KVM stat as a metric family: its name, type, and (for histograms)
+/// the `le` of each bucket, worked out once per page, not per source.
+struct Family {
+    full: String,
+    kind: &'static str,
+    /// The raw value is the base-unit value (exponent 0): printed as an integer.
+    integral: bool,
+    les: Vec<String>,
 }
 
-/// Writes every stat of `sources`, grouped by stat (all vCPUs of one stat
-/// together, as the text format requires), labelled by `labels(i)`.
-/// Only stats whose name `keep` accepts are written.
+impl Family {
+    fn of(prefix: &str, d: &Descriptor) -> Option<Family> {
+        let name = metric_name(prefix, d);
+        let (kind, full) = match d.kind {
+            StatType::Cumulative => ("counter", format!("{name}_total")),
+            StatType::Instant | StatType::Peak => ("gauge", name),
+            StatType::LinearHistogram | StatType::Log2Histogram => ("histogram", name),
+            StatType::Unknown(_) => return None,
+        };
+        let les = if kind == "histogram" {
+            (0..usize::from(d.size))
+                .map(|i| match d.bucket_bounds(i).and_then(|(_, upper)| upper) {
+                    Some(upper) => format!("{}", in_base_units(upper.saturating_sub(1), d)),
+                    None => "+Inf".to_string(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some(Family {
+            full,
+            kind,
+            integral: d.exponent == 0,
+            les,
+        })
+    }
+
+    /// `# HELP` and `# TYPE`, once per family on the page.
+    fn write_header(
+        &self,
+        out: &mut String,
+        d: &Descriptor,
+        vcpu: bool,
+        seen: &mut HashSet<String>,
+    ) {
+        if seen.insert(self.full.clone()) {
+            let _ = writeln!(
+                out,
+                "# HELP {} KVM {} stat {} ({:?})\n# TYPE {} {}",
+                self.full,
+                if vcpu { "vCPU" } else { "VM" },
+                d.name,
+                d.kind,
+                self.full,
+                self.kind
+            );
+        }
+    }
+
+    /// One source's samples of the family. Pages run to tens of thousands of
+    /// lines (a host's exporter), so lines are pushed piecewise, integers
+    /// through `itoa`, not through the formatting machinery.
+    fn write_values(&self, out: &mut String, d: &Descriptor, values: &[u64], labels: &str) {
+        let mut num = itoa::Buffer::new();
+        let line = |out: &mut String, suffix: &str, le: Option<&str>, value: &str| {
+            out.push_str(&self.full);
+            out.push_str(suffix);
+            out.push('{');
+            out.push_str(labels);
+            if let Some(le) = le {
+                out.push_str(",le=\"");
+                out.push_str(le);
+                out.push('"');
+            }
+            out.push_str("} ");
+            out.push_str(value);
+            out.push('\n');
+        };
+        if self.kind != "histogram" {
+            let raw = values.first().copied().unwrap_or(0);
+            if self.integral {
+                line(out, "", None, num.format(raw));
+            } else {
+                line(out, "", None, &in_base_units(raw, d).to_string());
+            }
+            return;
+        }
+        let mut cumulative = 0u64;
+        for (count, le) in values.iter().zip(&self.les) {
+            cumulative = cumulative.saturating_add(*count);
+            line(out, "_bucket", Some(le), num.format(cumulative));
+        }
+        if self.les.last().is_some_and(|le| le != "+Inf") {
+            line(out, "_bucket", Some("+Inf"), num.format(cumulative));
+        }
+        line(out, "_count", None, num.format(cumulative));
+    }
+}
+
+/// Writes every stat of `sources`, grouped by stat (all sources of one stat
+/// together, as the text format requires), each source labelled by
+/// `labels[i]`. Only stats whose name `keep` accepts are written; families
+/// already in `seen` get no second `# HELP`/`# TYPE`.
 pub(crate) fn write_sources(
     out: &mut String,
     sources: &[(&StatsFd, &Sample)],
     prefix: &str,
-    labels: impl Fn(usize) -> String,
-    seen: &mut Vec<String>,
+    labels: &[String],
+    seen: &mut HashSet<String>,
     keep: &dyn Fn(&str) -> bool,
 ) {
     let Some((first, _)) = sources.first() else {
         return;
     };
-    for (_, d) in first.schema().iter().filter(|(_, d)| keep(&d.name)) {
-        for (i, (fd, sample)) in sources.iter().enumerate() {
-            if let Some(id) = fd.schema().find(&d.name) {
-                write_stat(out, prefix, d, sample.values(id), &labels(i), seen);
+    let vcpu = prefix.contains("vcpu");
+    for (first_id, d) in first.schema().iter().filter(|(_, d)| keep(&d.name)) {
+        let Some(family) = Family::of(prefix, d) else {
+            continue;
+        };
+        family.write_header(out, d, vcpu, seen);
+        for ((fd, sample), labels) in sources.iter().zip(labels) {
+            // Sources of one kernel share one layout: try the same index first.
+            let schema = fd.schema();
+            let id = match schema.get(first_id) {
+                Some(same) if same.name == d.name => Some(first_id),
+                _ => schema.find(&d.name),
+            };
+            if let Some(id) = id {
+                family.write_values(out, d, sample.values(id), labels);
             }
         }
     }
@@ -226,22 +284,25 @@ pub fn render(samples: &Shared) -> String {
     let tick = samples.last_tick_ns.load(Ordering::Relaxed) as f64 / 1e9;
     let _ = writeln!(out, "# HELP kvmscope_sampler_tick_seconds Time the sampler's last tick took.\n# TYPE kvmscope_sampler_tick_seconds gauge\nkvmscope_sampler_tick_seconds{{{vm}}} {tick}");
     samples.with_latest(|sources, latest| {
-        let mut seen = Vec::new();
+        let mut seen = HashSet::new();
         let pairs: Vec<(&StatsFd, &Sample)> = sources.iter().zip(latest).collect();
         let (vm_source, vcpu_sources) = pairs.split_at(pairs.len().min(1));
         write_sources(
             &mut out,
             vm_source,
             "kvmscope_kvm_vm_",
-            |_| vm.clone(),
+            std::slice::from_ref(&vm),
             &mut seen,
             &|_| true,
         );
+        let vcpu_labels: Vec<String> = (0..vcpu_sources.len())
+            .map(|i| format!("{vm},vcpu=\"{i}\""))
+            .collect();
         write_sources(
             &mut out,
             vcpu_sources,
             "kvmscope_kvm_vcpu_",
-            |i| format!("{vm},vcpu=\"{i}\""),
+            &vcpu_labels,
             &mut seen,
             &|_| true,
         );
