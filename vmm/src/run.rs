@@ -34,7 +34,9 @@ pub fn demo_workload(memory: u64) -> String {
 /// Everything `kvmscope run` needs.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    /// The VM to build (ignored for what a `--incoming` stream decides).
     pub vm: VmConfig,
+    /// Workloads queued at start, each for its target vCPUs.
     pub workloads: Vec<Workload>,
     /// When the process started, for start-up timing.
     pub process_start: Instant,
@@ -63,24 +65,39 @@ pub struct RunConfig {
 /// Why a run could not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The VM could not be built or started.
     #[error(transparent)]
     Vm(#[from] vm::Error),
+    /// The sampler could not start (its fds, its export file).
     #[error("starting the sampler")]
     Sampler(#[from] sampler::Error),
+    /// The metrics server could not start (the address is taken).
     #[error("starting the metrics server")]
     Metrics(#[from] crate::metrics::Error),
+    /// `--metrics-addr` with `--sample-interval off`.
     #[error("--metrics-addr needs the sampler")]
     MetricsWithoutSampler,
+    /// The control socket could not be served.
     #[error("starting the control socket")]
     Control(#[from] control::Error),
+    /// The signal-forwarding thread could not start.
     #[error("starting the signal thread")]
     Signals(#[source] std::io::Error),
+    /// A workload does not fit its vCPU (e.g. a range outside the arena).
     #[error("workload for vCPU {vcpu}")]
-    Workload { vcpu: usize, source: SpecError },
+    Workload {
+        /// The vCPU it was for.
+        vcpu: usize,
+        /// What is wrong with it.
+        source: SpecError,
+    },
+    /// A workload names vCPUs the VM does not have.
     #[error("workload target")]
     Target(#[source] SpecError),
+    /// `--incoming`: the stream could not be taken or loaded.
     #[error("incoming migration")]
     Incoming(#[from] receiver::Error),
+    /// The migration service could not be set up.
     #[error("setting up migration")]
     Migration(#[from] migration::sender::Error),
 }

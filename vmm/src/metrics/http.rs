@@ -50,10 +50,13 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The address could not be bound.
     #[error("listening on {0} for metrics")]
     Bind(SocketAddr, #[source] std::io::Error),
+    /// The stop eventfd could not be made.
     #[error("creating the metrics server's stop eventfd")]
     EventFd(#[source] std::io::Error),
+    /// The server thread could not start.
     #[error("starting the metrics thread")]
     Spawn(#[source] std::io::Error),
 }
@@ -123,13 +126,20 @@ impl Drop for Server {
 pub enum Answer {
     /// The page: `200`, with the body for `GET`, without for `HEAD`.
     Page {
+        /// Whether the body goes too (`GET`), or only the head (`HEAD`).
         body: bool,
     },
+    /// `404`: another path (the body names the page's path).
     NotFound,
+    /// `405` with `Allow: GET, HEAD`.
     MethodNotAllowed,
+    /// `400`: not an HTTP request line.
     BadRequest,
+    /// `505`: not HTTP/1.x.
     VersionNotSupported,
+    /// `431`: a head over `MAX_HEAD` bytes.
     HeadTooLarge,
+    /// `408`: the head did not arrive within `HEAD_TIMEOUT`.
     Timeout,
 }
 
