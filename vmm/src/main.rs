@@ -82,6 +82,19 @@ struct ExporterArgs {
     /// does not answer in time is skipped and tried again 5 s later.
     #[arg(long, default_value = "2s", value_name = "DUR")]
     attach_timeout: Period,
+    /// A QEMU VM's QMP monitor (`-qmp unix:PATH,server=on,wait=off`), read
+    /// with `query-stats`: unmodified QEMU holds no stats fd to hand out.
+    /// Repeatable. A monitor serves one client at a time: give QEMU a second
+    /// `-qmp` for the exporter where libvirt holds the first.
+    #[arg(long = "qmp-socket", value_name = "PATH")]
+    qmp_sockets: Vec<PathBuf>,
+    /// How often each QEMU VM's figures are refreshed (the page shows their age).
+    #[arg(long, default_value = "5s", value_name = "DUR")]
+    qmp_interval: Period,
+    /// Also read QEMU's vCPU stats. Each refresh then kicks every vCPU of
+    /// the VM out of the guest (QEMU reads vCPU stats on the vCPU threads).
+    #[arg(long)]
+    qmp_vcpus: bool,
 }
 
 #[derive(clap::Args)]
@@ -321,7 +334,7 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
 
 fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
     use kvmscope::exporter::{Exporter, ExporterConfig, StatFilter, DEFAULT_SOCKET_DIR};
-    let dirs = if a.dirs.is_empty() && a.sockets.is_empty() {
+    let dirs = if a.dirs.is_empty() && a.sockets.is_empty() && a.qmp_sockets.is_empty() {
         vec![PathBuf::from(DEFAULT_SOCKET_DIR)]
     } else {
         a.dirs
@@ -340,6 +353,9 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
         sockets: a.sockets,
         attach_timeout: a.attach_timeout.0,
         stats: StatFilter::new(a.stats)?,
+        qmp_sockets: a.qmp_sockets,
+        qmp_interval: a.qmp_interval.0,
+        qmp_vcpus: a.qmp_vcpus,
     })?;
     eprintln!(
         "kvmscope exporter: serving http://{}/metrics for the VMs in {}",

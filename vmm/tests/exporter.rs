@@ -68,6 +68,9 @@ fn exporter(dir: &Path, timeout: Duration) -> Exporter {
         sockets: vec![],
         attach_timeout: timeout,
         stats: StatFilter::default(),
+        qmp_sockets: vec![],
+        qmp_interval: Duration::from_secs(5),
+        qmp_vcpus: false,
     })
     .unwrap()
 }
@@ -230,4 +233,80 @@ fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_
     });
     common::check_with_promtool(&page);
     let _ = Client::connect(&dst.socket).and_then(|mut d| d.execute("quit", json!({})));
+}
+
+/// A paused QEMU (no guest code needed for its stats) with a QMP monitor.
+fn qemu(monitor: &Path) -> Option<Child> {
+    let spawned = Command::new("qemu-system-x86_64")
+        .args([
+            "-enable-kvm",
+            "-machine",
+            "q35",
+            "-nodefaults",
+            "-display",
+            "none",
+        ])
+        .args(["-smp", "2", "-m", "64", "-name", "qvm-test", "-S", "-qmp"])
+        .arg(format!("unix:{},server=on,wait=off", monitor.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    match spawned {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("KVMSCOPE_REQUIRE_KVM").as_deref() == Ok("1") => {
+            panic!("qemu-system-x86_64 is required in CI: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: no qemu-system-x86_64 ({e})");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
+    require_kvm!();
+    let dir = test_dir("exp-qemu");
+    let monitor = test_dir("exp-qemu-mon").join("qmp.sock");
+    let Some(mut q) = qemu(&monitor) else {
+        return;
+    };
+    common::wait_for("QEMU's monitor", LIMIT, || monitor.exists().then_some(()));
+    let a = Vmm::start(&dir.join("a.sock"), &[]);
+    let e = Exporter::start(ExporterConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        dirs: vec![dir.clone()],
+        sockets: vec![],
+        attach_timeout: Duration::from_secs(2),
+        stats: StatFilter::default(),
+        qmp_sockets: vec![monitor.clone()],
+        qmp_interval: Duration::from_millis(200),
+        qmp_vcpus: true,
+    })
+    .unwrap();
+    let qvm = format!("vm=\"qvm-test\",pid=\"{}\"", q.id());
+    let page = page_when(&e, "both VMs on the page", |p| {
+        up(p, "a", a.pid())
+            && common::metric(p, "kvmscope_exporter_qemu_up", &[&qvm]) == Some(1.0)
+            && p.contains("qom_path=")
+    });
+    // One family holds both providers' VMs (promtool refuses a family split up).
+    common::check_with_promtool(&page);
+    assert!(
+        common::metric(&page, "kvmscope_kvm_vm_pages_4k", &[&qvm]).is_some(),
+        "{page}"
+    );
+    assert!(common::metric(&page, "kvmscope_kvm_vm_pages_4k", &["vm=\"a\""]).is_some());
+    let vcpus = common::metric(
+        &page,
+        "kvmscope_exporter_qemu_info",
+        &[&qvm, "vcpus_read=\"2\""],
+    );
+    assert_eq!(vcpus, Some(1.0), "{page}");
+    // QEMU going away shows as down, and the page goes on.
+    q.kill().unwrap();
+    q.wait().unwrap();
+    page_when(&e, "QEMU down", |p| {
+        common::metric(p, "kvmscope_exporter_qemu_up", &[&qvm]) == Some(0.0) && up(p, "a", a.pid())
+    });
 }

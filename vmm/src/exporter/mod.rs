@@ -10,6 +10,7 @@
 //! (`page`) on each scrape.
 
 pub mod page;
+pub mod qemu;
 pub mod targets;
 
 use std::net::SocketAddr;
@@ -103,6 +104,12 @@ pub struct ExporterConfig {
     pub attach_timeout: Duration,
     /// Which KVM stats go on the page.
     pub stats: StatFilter,
+    /// QEMU QMP monitors to read with `query-stats`.
+    pub qmp_sockets: Vec<PathBuf>,
+    /// How often each QEMU VM's figures are refreshed.
+    pub qmp_interval: Duration,
+    /// Also read QEMU's vCPU stats (each refresh kicks every vCPU).
+    pub qmp_vcpus: bool,
 }
 
 /// The running exporter; dropping it stops its threads and closes every fd.
@@ -113,6 +120,7 @@ pub struct Exporter {
     pub registry: Arc<Mutex<Registry>>,
     _server: http::Server,
     _watcher: Watcher,
+    _qemu: qemu::Pollers,
 }
 
 impl Exporter {
@@ -131,11 +139,20 @@ impl Exporter {
             registry.clone(),
         )
         .map_err(Error::Spawn)?;
+        let (qemu_vms, pollers) = qemu::poll(
+            &config.qmp_sockets,
+            config.qmp_interval,
+            config.qmp_vcpus,
+            config.attach_timeout,
+        )
+        .map_err(Error::Spawn)?;
         let reg = registry.clone();
         let filter = config.stats;
         let mut counters = page::Counters::default();
-        let render =
-            move || -> Arc<str> { page::render(&mut lock(&reg), &mut counters, &filter).into() };
+        let render = move || -> Arc<str> {
+            let qemu = lock(&qemu_vms).clone();
+            page::render(&mut lock(&reg), &qemu, &mut counters, &filter).into()
+        };
         let server = http::Server::start(
             config.listen,
             "exporter",
@@ -150,6 +167,7 @@ impl Exporter {
             registry,
             _server: server,
             _watcher: watcher,
+            _qemu: pollers,
         })
     }
 

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use kvm_stats::{Mapped, Sample, StatsFd};
 
+use super::qemu::QemuVm;
 use super::targets::Registry;
 use super::StatFilter;
 use crate::metrics::{label_value, write_sources};
@@ -31,7 +32,12 @@ pub struct Counters {
 
 /// Reads every attached VM's stats fds and renders the page. A VM whose fd
 /// cannot be read is dropped from the registry (and its fds closed).
-pub fn render(reg: &mut Registry, counters: &mut Counters, filter: &StatFilter) -> String {
+pub fn render(
+    reg: &mut Registry,
+    qemu: &[QemuVm],
+    counters: &mut Counters,
+    filter: &StatFilter,
+) -> String {
     let started = Instant::now();
     let mut failed = Vec::new();
     for (path, t) in reg.targets.iter_mut() {
@@ -55,7 +61,8 @@ pub fn render(reg: &mut Registry, counters: &mut Counters, filter: &StatFilter) 
     counters.scrapes += 1;
     let mut out = String::with_capacity(counters.last_len + 4096);
     write_vms(&mut out, reg);
-    write_kvm_stats(&mut out, reg, filter);
+    write_qemu_vms(&mut out, qemu);
+    write_kvm_stats(&mut out, reg, qemu, filter);
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", counters.scrapes);
     let _ = writeln!(out, "# HELP kvmscope_exporter_fds_read_total Stats fds read (one pread each) over all scrapes.\n# TYPE kvmscope_exporter_fds_read_total counter\nkvmscope_exporter_fds_read_total {}", counters.fds_read);
     let _ = writeln!(out, "# HELP kvmscope_exporter_read_errors_total Stats fd reads that failed.\n# TYPE kvmscope_exporter_read_errors_total counter\nkvmscope_exporter_read_errors_total {}", counters.read_errors);
@@ -123,9 +130,45 @@ fn write_vms(out: &mut String, reg: &Registry) {
     }
 }
 
+/// QEMU VMs: `up`, info (provider `qemu-qmp`), and how old their figures are.
+fn write_qemu_vms(out: &mut String, qemu: &[QemuVm]) {
+    if qemu.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_up 1 for a QEMU monitor whose last query-stats answered, else 0.\n# TYPE kvmscope_exporter_qemu_up gauge");
+    for q in qemu {
+        let up = u8::from(q.at.is_some() && q.error.is_none());
+        let _ = writeln!(
+            out,
+            "kvmscope_exporter_qemu_up{{{}}} {up}",
+            vm_labels(&q.name, q.pid, &q.socket)
+        );
+    }
+    let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_info A QEMU VM read over QMP query-stats (provider qemu-qmp): values are as old as kvmscope_exporter_qemu_age_seconds; vCPU stats only with --qmp-vcpus, each refresh of which kicks every vCPU.\n# TYPE kvmscope_exporter_qemu_info gauge");
+    for q in qemu.iter().filter(|q| q.at.is_some()) {
+        let _ = writeln!(
+            out,
+            "kvmscope_exporter_qemu_info{{{},provider=\"qemu-qmp\",vcpus_read=\"{}\"}} 1",
+            vm_labels(&q.name, q.pid, &q.socket),
+            q.vcpus.len()
+        );
+    }
+    let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_age_seconds Age of the QEMU VM's figures on this page.\n# TYPE kvmscope_exporter_qemu_age_seconds gauge");
+    for q in qemu {
+        if let Some(at) = q.at {
+            let _ = writeln!(
+                out,
+                "kvmscope_exporter_qemu_age_seconds{{{}}} {}",
+                vm_labels(&q.name, q.pid, &q.socket),
+                at.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
 /// Every KVM stat, grouped by stat across all VMs (the text format wants one
 /// family together), VM stats then vCPU stats.
-fn write_kvm_stats(out: &mut String, reg: &Registry, filter: &StatFilter) {
+fn write_kvm_stats(out: &mut String, reg: &Registry, qemu: &[QemuVm], filter: &StatFilter) {
     let mut vms: Vec<(&StatsFd, &Sample)> = Vec::new();
     let mut vm_labels_of = Vec::new();
     let mut vcpus: Vec<(&StatsFd, &Sample)> = Vec::new();
@@ -139,6 +182,21 @@ fn write_kvm_stats(out: &mut String, reg: &Registry, filter: &StatFilter) {
             vcpu_labels_of.push(format!("{labels},vcpu=\"{i}\""));
         }
     }
+    let read: Vec<&QemuVm> = qemu.iter().filter(|q| q.at.is_some()).collect();
+    let qemu_vms: Vec<(String, &[_])> = read
+        .iter()
+        .map(|q| (vm_labels(&q.name, q.pid, &q.socket), q.vm.as_slice()))
+        .collect();
+    let qemu_vcpus: Vec<(String, &[_])> = read
+        .iter()
+        .flat_map(|q| {
+            let labels = vm_labels(&q.name, q.pid, &q.socket);
+            q.vcpus.iter().enumerate().map(move |(i, (path, r))| {
+                let vcpu = format!("{labels},vcpu=\"{i}\",qom_path=\"{}\"", label_value(path));
+                (vcpu, r.as_slice())
+            })
+        })
+        .collect();
     let mut seen = HashSet::new();
     let keep = |name: &str| filter.matches(name);
     write_sources(
@@ -146,6 +204,7 @@ fn write_kvm_stats(out: &mut String, reg: &Registry, filter: &StatFilter) {
         &vms,
         "kvmscope_kvm_vm_",
         &vm_labels_of,
+        &qemu_vms,
         &mut seen,
         &keep,
     );
@@ -154,6 +213,7 @@ fn write_kvm_stats(out: &mut String, reg: &Registry, filter: &StatFilter) {
         &vcpus,
         "kvmscope_kvm_vcpu_",
         &vcpu_labels_of,
+        &qemu_vcpus,
         &mut seen,
         &keep,
     );

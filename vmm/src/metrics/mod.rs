@@ -204,23 +204,35 @@ impl Family {
     }
 }
 
+/// Stats that come as descriptors and values rather than through a stats fd
+/// (QEMU's `query-stats`), labelled like a source.
+pub(crate) type Readings<'a> = [(String, &'a [(Descriptor, Vec<u64>)])];
+
 /// Writes every stat of `sources`, grouped by stat (all sources of one stat
 /// together, as the text format requires), each source labelled by
-/// `labels[i]`. Only stats whose name `keep` accepts are written; families
-/// already in `seen` get no second `# HELP`/`# TYPE`.
+/// `labels[i]`, then the same stat from each of `extra`. Only stats whose name
+/// `keep` accepts are written; families already in `seen` get no second
+/// `# HELP`/`# TYPE`.
 pub(crate) fn write_sources(
     out: &mut String,
     sources: &[(&StatsFd, &Sample)],
     prefix: &str,
     labels: &[String],
+    extra: &Readings<'_>,
     seen: &mut HashSet<String>,
     keep: &dyn Fn(&str) -> bool,
 ) {
-    let Some((first, _)) = sources.first() else {
-        return;
-    };
     let vcpu = prefix.contains("vcpu");
-    for (first_id, d) in first.schema().iter().filter(|(_, d)| keep(&d.name)) {
+    // The stats, in the first source's order (from a stats fd, else from the
+    // first reading).
+    let stats: Vec<(Option<kvm_stats::StatId>, &Descriptor)> = match sources.first() {
+        Some((first, _)) => first.schema().iter().map(|(id, d)| (Some(id), d)).collect(),
+        None => extra
+            .first()
+            .map(|(_, r)| r.iter().map(|(d, _)| (None, d)).collect())
+            .unwrap_or_default(),
+    };
+    for (first_id, d) in stats.into_iter().filter(|(_, d)| keep(&d.name)) {
         let Some(family) = Family::of(prefix, d) else {
             continue;
         };
@@ -228,12 +240,17 @@ pub(crate) fn write_sources(
         for ((fd, sample), labels) in sources.iter().zip(labels) {
             // Sources of one kernel share one layout: try the same index first.
             let schema = fd.schema();
-            let id = match schema.get(first_id) {
-                Some(same) if same.name == d.name => Some(first_id),
+            let id = match first_id.and_then(|id| schema.get(id).map(|same| (id, same))) {
+                Some((id, same)) if same.name == d.name => Some(id),
                 _ => schema.find(&d.name),
             };
             if let Some(id) = id {
                 family.write_values(out, d, sample.values(id), labels);
+            }
+        }
+        for (labels, reading) in extra {
+            if let Some((qd, values)) = reading.iter().find(|(qd, _)| qd.name == d.name) {
+                family.write_values(out, qd, values, labels);
             }
         }
     }
@@ -292,6 +309,7 @@ pub fn render(samples: &Shared) -> String {
             vm_source,
             "kvmscope_kvm_vm_",
             std::slice::from_ref(&vm),
+            &[],
             &mut seen,
             &|_| true,
         );
@@ -303,6 +321,7 @@ pub fn render(samples: &Shared) -> String {
             vcpu_sources,
             "kvmscope_kvm_vcpu_",
             &vcpu_labels,
+            &[],
             &mut seen,
             &|_| true,
         );

@@ -1,0 +1,347 @@
+//! QEMU VMs as a second provider, read over QMP.
+//!
+//! Unmodified QEMU keeps no stats fd open, and `KVM_GET_STATS_FD` on a VM or
+//! vCPU fd taken from it fails with EIO, so its statistics come from QMP
+//! `query-stats`. That is a request to QEMU, so it is not made per scrape: one
+//! `exporter-qmp` thread per monitor refreshes the VM's figures every
+//! `--qmp-interval` and the page shows the latest, with their age. The `vm`
+//! target costs the guest nothing; the `vcpu` target (only with
+//! `--qmp-vcpus`) makes QEMU kick every vCPU out of the guest on each refresh.
+//!
+//! QEMU 7.2 returns log2 histogram buckets highest first; they are reversed
+//! here into the kernel's order (bucket 0 first), as the fd path reads them.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_stats::{Base, Descriptor, StatType, Unit};
+use serde_json::{json, Value};
+
+use super::targets::lock;
+
+/// A stat and its values as QEMU reported them, in the kernel's order.
+pub type Reading = Vec<(Descriptor, Vec<u64>)>;
+
+/// The latest figures of one QEMU VM.
+#[derive(Debug, Clone, Default)]
+pub struct QemuVm {
+    /// The monitor socket.
+    pub socket: PathBuf,
+    /// `query-name`, or the socket's file name.
+    pub name: String,
+    /// The QEMU process, from the socket's peer credentials.
+    pub pid: u32,
+    /// VM stats.
+    pub vm: Reading,
+    /// Each vCPU's stats, by `qom-path` (with `--qmp-vcpus`).
+    pub vcpus: Vec<(String, Reading)>,
+    /// When they were read; `None` before the first read.
+    pub at: Option<Instant>,
+    /// Why the last attempt failed, if it did.
+    pub error: Option<String>,
+}
+
+/// The refreshing threads; dropping this stops them.
+pub struct Pollers {
+    stop: Arc<Mutex<bool>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Pollers {
+    fn drop(&mut self) {
+        *lock(&self.stop) = true;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts one refreshing thread per monitor socket.
+///
+/// # Errors
+/// A thread could not be started.
+pub fn poll(
+    sockets: &[PathBuf],
+    interval: Duration,
+    vcpus: bool,
+    timeout: Duration,
+) -> std::io::Result<(Arc<Mutex<Vec<QemuVm>>>, Pollers)> {
+    let vms = Arc::new(Mutex::new(
+        sockets
+            .iter()
+            .map(|s| QemuVm {
+                socket: s.clone(),
+                name: file_name(s),
+                ..QemuVm::default()
+            })
+            .collect::<Vec<_>>(),
+    ));
+    let stop = Arc::new(Mutex::new(false));
+    let mut threads = Vec::new();
+    for (i, socket) in sockets.iter().enumerate() {
+        let (vms, stop, socket) = (vms.clone(), stop.clone(), socket.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name("exporter-qmp".into())
+                .spawn(move || refresh_loop(&socket, i, &vms, &stop, interval, vcpus, timeout))?,
+        );
+    }
+    Ok((vms, Pollers { stop, threads }))
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_stem().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    )
+}
+
+fn refresh_loop(
+    socket: &Path,
+    slot: usize,
+    vms: &Mutex<Vec<QemuVm>>,
+    stop: &Mutex<bool>,
+    interval: Duration,
+    vcpus: bool,
+    timeout: Duration,
+) {
+    let mut monitor: Option<Monitor> = None;
+    while !*lock(stop) {
+        let result = match monitor.as_mut() {
+            Some(m) => m.read(vcpus),
+            None => Monitor::open(socket, timeout).and_then(|mut m| {
+                let r = m.read(vcpus);
+                monitor = Some(m);
+                r
+            }),
+        };
+        let mut all = lock(vms);
+        let vm = &mut all[slot];
+        match result {
+            Ok((name, pid, vm_stats, vcpu_stats)) => {
+                vm.name = name;
+                vm.pid = pid;
+                vm.vm = vm_stats;
+                vm.vcpus = vcpu_stats;
+                vm.at = Some(Instant::now());
+                vm.error = None;
+            }
+            Err(e) => {
+                if vm.error.as_deref() != Some(e.as_str()) {
+                    log::warn!("exporter: QEMU monitor {}: {e}", socket.display());
+                }
+                vm.error = Some(e);
+                monitor = None;
+            }
+        }
+        drop(all);
+        let until = Instant::now() + interval;
+        while Instant::now() < until && !*lock(stop) {
+            std::thread::sleep(Duration::from_millis(50).min(interval));
+        }
+    }
+}
+
+/// A negotiated QMP connection to one QEMU, with its schemas.
+struct Monitor {
+    writer: UnixStream,
+    reader: BufReader<UnixStream>,
+    name: String,
+    pid: u32,
+    schemas: Vec<(String, Vec<Value>)>,
+}
+
+impl Monitor {
+    fn open(socket: &Path, timeout: Duration) -> Result<Monitor, String> {
+        let stream = UnixStream::connect(socket).map_err(|e| format!("connecting: {e}"))?;
+        let io = |e: std::io::Error| e.to_string();
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        stream.set_write_timeout(Some(timeout)).map_err(io)?;
+        let pid = rustix::net::sockopt::socket_peercred(&stream)
+            .map(|c| c.pid.as_raw_nonzero().get().unsigned_abs())
+            .unwrap_or(0);
+        let mut m = Monitor {
+            writer: stream.try_clone().map_err(io)?,
+            reader: BufReader::new(stream),
+            name: file_name(socket),
+            pid,
+            schemas: Vec::new(),
+        };
+        let greeting = m.line()?;
+        if greeting.get("QMP").is_none() {
+            return Err(format!("not a QMP monitor: {greeting}"));
+        }
+        m.call("qmp_capabilities", json!({}))?;
+        if let Ok(v) = m.call("query-name", json!({})) {
+            if let Some(n) = v["name"].as_str() {
+                m.name = n.to_string();
+            }
+        }
+        let schemas = m.call("query-stats-schemas", json!({"provider": "kvm"}))?;
+        m.schemas = schemas
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                let target = s["target"].as_str().unwrap_or_default().to_string();
+                (target, s["stats"].as_array().cloned().unwrap_or_default())
+            })
+            .collect();
+        Ok(m)
+    }
+
+    fn line(&mut self) -> Result<Value, String> {
+        loop {
+            let mut line = String::new();
+            match self.reader.read_line(&mut line) {
+                Ok(0) => return Err("QEMU closed the monitor".into()),
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            let v: Value = serde_json::from_str(&line).map_err(|e| format!("not JSON: {e}"))?;
+            if v.get("event").is_none() {
+                return Ok(v);
+            }
+        }
+    }
+
+    fn call(&mut self, command: &str, arguments: Value) -> Result<Value, String> {
+        let request = json!({"execute": command, "arguments": arguments}).to_string();
+        self.writer
+            .write_all(request.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let reply = self.line()?;
+        match reply.get("return") {
+            Some(r) => Ok(r.clone()),
+            None => Err(format!("{command}: {}", reply["error"])),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn read(
+        &mut self,
+        vcpus: bool,
+    ) -> Result<(String, u32, Reading, Vec<(String, Reading)>), String> {
+        let vm = self.call("query-stats", json!({"target": "vm"}))?;
+        let vm_stats = vm
+            .as_array()
+            .and_then(|a| a.first())
+            .map(|r| self.reading("vm", &r["stats"]))
+            .unwrap_or_default();
+        let mut vcpu_stats = Vec::new();
+        if vcpus {
+            let all = self.call("query-stats", json!({"target": "vcpu"}))?;
+            for r in all.as_array().into_iter().flatten() {
+                let path = r["qom-path"].as_str().unwrap_or_default().to_string();
+                vcpu_stats.push((path, self.reading("vcpu", &r["stats"])));
+            }
+        }
+        Ok((self.name.clone(), self.pid, vm_stats, vcpu_stats))
+    }
+
+    fn reading(&self, target: &str, stats: &Value) -> Reading {
+        let schema = self
+            .schemas
+            .iter()
+            .find(|(t, _)| t == target)
+            .map(|(_, s)| s);
+        reading(schema.map(Vec::as_slice), stats)
+    }
+}
+
+/// QEMU's `[{name, value}]` with the schema's type, unit, base and exponent,
+/// as descriptors and raw values in the kernel's order.
+fn reading(schema: Option<&[Value]>, stats: &Value) -> Reading {
+    stats
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| {
+            let name = s["name"].as_str()?;
+            let desc = schema?.iter().find(|d| d["name"] == name)?;
+            let kind = match desc["type"].as_str()? {
+                "cumulative" => StatType::Cumulative,
+                "instant" => StatType::Instant,
+                "peak" => StatType::Peak,
+                "linear-histogram" => StatType::LinearHistogram,
+                "log2-histogram" => StatType::Log2Histogram,
+                _ => return None,
+            };
+            let mut values: Vec<u64> = match &s["value"] {
+                Value::Bool(b) => vec![u64::from(*b)],
+                Value::Array(a) => a.iter().filter_map(Value::as_u64).collect(),
+                v => vec![v.as_u64()?],
+            };
+            if kind == StatType::Log2Histogram {
+                values.reverse();
+            }
+            let unit = match desc["unit"].as_str() {
+                Some("bytes") => Unit::Bytes,
+                Some("seconds") => Unit::Seconds,
+                Some("cycles") => Unit::Cycles,
+                Some("boolean") => Unit::Boolean,
+                _ => Unit::None,
+            };
+            let base = if desc["base"] == 2 {
+                Base::Pow2
+            } else {
+                Base::Pow10
+            };
+            let d = Descriptor {
+                name: name.to_string(),
+                flags: kind.to_flags() | unit.to_flags() | base.to_flags(),
+                kind,
+                unit,
+                base,
+                exponent: desc["exponent"]
+                    .as_i64()
+                    .and_then(|e| i16::try_from(e).ok())
+                    .unwrap_or(0),
+                size: u16::try_from(values.len()).unwrap_or(u16::MAX),
+                offset: 0,
+                bucket_size: desc["bucket-size"]
+                    .as_u64()
+                    .and_then(|b| u32::try_from(b).ok())
+                    .unwrap_or(0),
+            };
+            Some((d, values))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_readings_take_the_schema_and_log2_buckets_come_back_in_kernel_order() {
+        let schema: Vec<Value> = serde_json::from_str(
+            r#"[{"name": "exits", "type": "cumulative", "exponent": 0},
+                {"name": "guest_mode", "type": "instant", "unit": "boolean", "exponent": 0},
+                {"name": "halt_wait_hist", "type": "log2-histogram", "unit": "seconds", "base": 10, "exponent": -9}]"#,
+        )
+        .unwrap();
+        let stats = json!([
+            {"name": "exits", "value": 42},
+            {"name": "guest_mode", "value": true},
+            {"name": "halt_wait_hist", "value": [5, 0, 0, 1]},
+            {"name": "not_in_the_schema", "value": 7}
+        ]);
+        let r = reading(Some(&schema), &stats);
+        let names: Vec<&str> = r.iter().map(|(d, _)| d.name.as_str()).collect();
+        assert_eq!(names, ["exits", "guest_mode", "halt_wait_hist"]);
+        assert_eq!(r[0].1, [42]);
+        assert_eq!((r[1].0.unit, &r[1].1[..]), (Unit::Boolean, &[1][..]));
+        let (hist, values) = &r[2];
+        assert_eq!(
+            (hist.kind, hist.unit, hist.exponent, hist.size),
+            (StatType::Log2Histogram, Unit::Seconds, -9, 4)
+        );
+        // QEMU 7.2 sends the highest bucket first.
+        assert_eq!(values, &[1, 0, 0, 5]);
+    }
+}
