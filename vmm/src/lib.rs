@@ -9,7 +9,8 @@
 pub use kvmscope_guest_abi as abi;
 pub mod backend;
 pub mod boot;
-// Not yet documented item by item (issue 9): the clients and readiness.
+// Not yet documented item by item (issue 9): client/ (mod, demo, migrate,
+// readiness) and readiness/mod.rs.
 #[allow(missing_docs)]
 pub mod client;
 pub mod control;

@@ -1,6 +1,8 @@
 //! `kvmscope stats`: receive stats fds from a running VMM and read the kernel's
 //! statistics through them, printing a table or QMP-like JSON.
 
+#![warn(missing_docs)]
+
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -13,6 +15,7 @@ use crate::protocol::VcpuSelector;
 /// What `kvmscope stats` shows.
 #[derive(Debug, Clone)]
 pub struct StatsConfig {
+    /// The VMM's control socket.
     pub socket: PathBuf,
     /// The VM's stats.
     pub vm: bool,
@@ -20,6 +23,7 @@ pub struct StatsConfig {
     pub vcpus: Option<VcpuSelector>,
     /// Only these stats (all when `None`).
     pub names: Option<Vec<String>>,
+    /// Print QEMU `query-stats`-shaped JSON instead of tables.
     pub json: bool,
 }
 
@@ -27,6 +31,7 @@ pub struct StatsConfig {
 pub struct Received {
     /// The reply's entry: `{"target": "vm"|"vcpu", ["vcpu": N,] "id": ...}`.
     pub entry: Value,
+    /// The stats fd, its schema read.
     pub stats: StatsFd,
 }
 

@@ -1,6 +1,8 @@
 //! `kvmscope watch`: a live, top-like view of selected stats with per-second
 //! rates, read through stats fds received once.
 
+#![warn(missing_docs)]
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,13 +39,17 @@ pub const DEFAULT_NAMES: &[&str] = &[
 /// What `kvmscope watch` shows, and how often.
 #[derive(Debug, Clone)]
 pub struct WatchConfig {
+    /// The VMM's control socket.
     pub socket: PathBuf,
+    /// Time between refreshes.
     pub interval: Duration,
     /// Stats to show (`DEFAULT_NAMES` when `None`).
     pub names: Option<Vec<String>>,
     /// Stop after this many refreshes.
     pub count: Option<u64>,
+    /// Show the VM's stats.
     pub vm: bool,
+    /// Show these vCPUs' stats.
     pub vcpus: Option<VcpuSelector>,
     /// Clear the screen before each refresh (when writing to a terminal).
     pub clear: bool,
