@@ -67,8 +67,8 @@ struct ExporterArgs {
     listen: std::net::SocketAddr,
     /// A directory of VMs' control sockets: every socket in it is read, and VMs
     /// that appear or go are picked up within a second (inotify). Repeatable.
-    /// Put `run --incoming` sockets elsewhere: a migration listener takes the
-    /// first connection as its stream.
+    /// Better keep `run --incoming` sockets elsewhere (a source connecting
+    /// while the exporter tries one waits up to --attach-timeout).
     #[arg(long = "vm-sockets", value_name = "DIR")]
     dirs: Vec<PathBuf>,
     /// One VM's control socket, read as long as it answers. Repeatable.

@@ -234,3 +234,24 @@ fn truncated_flipped_and_wrong_version_streams_are_refused_with_their_error() {
         "{e}"
     );
 }
+
+#[test]
+fn peers_that_are_not_sources_do_not_end_the_destinations_wait() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let dest = Dest::start("mig-stray", |_, _| {});
+    let path = dest.uri.trim_start_matches("unix:").to_string();
+    // An HTTP health check, then an agent that connects, says nothing and
+    // leaves (as a control-socket client waiting for a greeting would).
+    let mut probe = UnixStream::connect(&path).unwrap();
+    probe.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    drop(probe);
+    drop(UnixStream::connect(&path).unwrap());
+    let src = ServedVm::start("mig-stray-src", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M");
+    let info = migrate(&src, &dest.uri, json!({}));
+    assert_eq!(info.status, Some(Status::Completed), "{info:?}");
+    let done = guest(&mut dest.client(), 0, "verify size=1M");
+    assert_eq!(done[0]["values"][2], 0, "no page differs: {done:?}");
+    dest.quit();
+}

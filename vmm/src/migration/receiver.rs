@@ -96,6 +96,22 @@ pub struct IncomingConfig {
     pub dirty_log: Option<DirtyMode>,
 }
 
+/// How long a peer that connected to `--incoming` has to send the stream header.
+const HEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether a failed stream start means the peer is no migration source at
+/// all (it sent nothing, or not our magic), rather than a source we refuse.
+fn not_a_source(e: &format::Error) -> bool {
+    match e {
+        format::Error::Truncated(_) | format::Error::Magic(_) => true,
+        format::Error::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        _ => false,
+    }
+}
+
 /// A source that connected and whose VM this VMM can take.
 pub struct Incoming {
     reader: Reader<Conn>,
@@ -180,11 +196,38 @@ impl Incoming {
         let listener = Listener::bind(&given.uri)?;
         m.set_incoming(&given.uri);
         log::info!("waiting for a migration stream on {}", given.uri);
-        let conn = listener.accept(stop)?;
+        let (mut reply, mut reader) = loop {
+            let conn = listener.accept(stop)?;
+            let reply = conn.try_clone().map_err(format::Error::Io)?;
+            // A source sends its stream header at once. A peer that does not
+            // (a health check, a port scan, an agent that took this socket for
+            // a control socket) is dropped, and the wait goes on.
+            let _ = conn.set_read_timeout(Some(HEADER_WAIT));
+            match Reader::start(conn) {
+                Ok(reader) => {
+                    let _ = reply.set_read_timeout(None);
+                    break (reply, reader);
+                }
+                Err(e) if not_a_source(&e) => {
+                    log::warn!(
+                        "{}: a peer that is not a migration source ({}); waiting on",
+                        given.uri,
+                        crate::error_chain(&e)
+                    );
+                }
+                Err(e) => {
+                    let mut reply = reply;
+                    let _ = format::write_reply(
+                        &mut reply,
+                        format::REPLY_REFUSED,
+                        &crate::error_chain(&e),
+                    );
+                    return Err(e.into());
+                }
+            }
+        };
         drop(listener);
-        let mut reply = conn.try_clone().map_err(format::Error::Io)?;
         let result = (|| {
-            let mut reader = Reader::start(conn)?;
             let (kind, len) = reader.section()?;
             if kind != Kind::Config {
                 return Err(Error::NoConfig(kind.name()));
