@@ -199,7 +199,11 @@ fn query_samples_returns_points_after_since() {
     let vm = ServedVm::start_with("samples", MEM, 1, with_sampler);
     guest(&vm, "touch size=1M");
     let mut c = vm.client();
-    let (all, _) = c.execute("query-samples", json!({})).unwrap();
+    // The sampler's first ticks may come after the touch on a busy host.
+    let all = common::wait_for("two sampler points", Duration::from_secs(20), || {
+        let (all, _) = c.execute("query-samples", json!({})).unwrap();
+        (all["last-seq"].as_u64() >= Some(2)).then_some(all)
+    });
     let samples = all["samples"].as_array().unwrap();
     assert!(!samples.is_empty());
     assert_eq!(all["header"]["kind"], "header");
