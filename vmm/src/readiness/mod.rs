@@ -23,10 +23,19 @@ pub struct Options {
     pub calc_time: Duration,
     /// Run the exact scan (pauses the guest while it reads RAM).
     pub scan: bool,
-    /// Link bandwidth for the prediction, bytes per second.
-    pub bandwidth: f64,
+    /// Link bandwidth for the prediction, bytes per second; `None`: unlimited
+    /// (the sender's own pace, `model::Costs::local_rate`).
+    pub bandwidth: Option<f64>,
     /// Longest acceptable downtime for the prediction.
     pub max_downtime: Duration,
+    /// Where the bandwidth came from: `request`, `migration-parameters` or
+    /// `default`, as the report names it (the downtime limit is the request's,
+    /// else the migration parameters' `downtime-limit`).
+    pub link_from: &'static str,
+    /// vCPUs (their state goes out in the stop).
+    pub vcpus: u64,
+    /// `x-max-rounds` (0: none).
+    pub max_rounds: u64,
 }
 
 impl Default for Options {
@@ -34,8 +43,11 @@ impl Default for Options {
         Options {
             calc_time: Duration::from_secs(1),
             scan: false,
-            bandwidth: 1.25e9,
+            bandwidth: Some(1.25e9),
             max_downtime: Duration::from_millis(300),
+            link_from: "default",
+            vcpus: 1,
+            max_rounds: 0,
         }
     }
 }
@@ -123,6 +135,7 @@ pub fn measure(
         scan,
         prediction: None,
         estimate_used: "",
+            link: report::Link::default(),
     };
     report.predict(options)?;
     Ok(report)

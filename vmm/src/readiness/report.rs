@@ -65,6 +65,19 @@ pub struct Report {
     pub prediction: Option<Prediction>,
     /// Which non-zero estimate the prediction used.
     pub estimate_used: &'static str,
+    /// The link and downtime limit the prediction is for.
+    pub link: Link,
+}
+
+/// The link a prediction is for, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Link {
+    /// Bytes per second; `None`: unlimited.
+    pub bandwidth: Option<f64>,
+    /// The downtime limit.
+    pub max_downtime: Duration,
+    /// `request`, `migration-parameters` or `default`.
+    pub from: &'static str,
 }
 
 /// A duration as people read it: microseconds below a millisecond, else milliseconds.
@@ -149,9 +162,17 @@ impl Report {
             working_set: None,
             bandwidth: options.bandwidth,
             max_downtime: options.max_downtime.as_secs_f64(),
+            vcpus: options.vcpus,
+            max_rounds: Some(options.max_rounds),
+            costs: model::Costs::default(),
         };
         self.prediction = Some(model::predict(&inputs)?);
         self.estimate_used = used;
+        self.link = Link {
+            bandwidth: options.bandwidth,
+            max_downtime: options.max_downtime,
+            from: options.link_from,
+        };
         Ok(())
     }
 
@@ -180,6 +201,7 @@ impl Report {
             })),
             "estimate_used": self.estimate_used,
             "prediction": self.prediction.as_ref().map(Prediction::to_json),
+            "link": { "bandwidth": self.link.bandwidth, "downtime-limit-ms": self.link.max_downtime.as_millis() as u64, "from": self.link.from },
         })
     }
 
@@ -266,13 +288,34 @@ impl Report {
 
     fn prediction_text(&self, s: &mut String) {
         let Some(p) = &self.prediction else { return };
-        let downtime = if p.converges {
-            format!("{:.1} ms", p.downtime * 1e3)
-        } else {
-            "-".into()
+        let ms = |v: f64| {
+            if v.is_finite() {
+                format!("{:.0} ms", v * 1e3)
+            } else {
+                "-".into()
+            }
         };
-        let (bytes, rounds) = (format_bytes(p.total_bytes), p.rounds.len());
-        let _ = writeln!(s, "pre-copy ({} estimate): {bytes} in {rounds} round(s) + stop-and-copy, {:.2} s total, downtime {downtime}", self.estimate_used, p.total_seconds);
+        let link = self
+            .link
+            .bandwidth
+            .map_or("unlimited".into(), |b| format!("{}/s", format_bytes(saturating_u64(b))));
+        let _ = writeln!(
+            s,
+            "pre-copy on a {link} link, downtime limit {} ms ({}), {} estimate:",
+            self.link.max_downtime.as_millis(),
+            self.link.from,
+            self.estimate_used
+        );
+        let _ = writeln!(
+            s,
+            "  transferred {}  duplicate {}  normal {}  dirty-sync-count {}  total-time {}  downtime {}",
+            format_bytes(p.total_bytes),
+            p.duplicate,
+            p.normal,
+            p.dirty_sync_count(),
+            ms(p.total_seconds),
+            ms(p.downtime)
+        );
         let verdict = if p.converges {
             "converges"
         } else {
@@ -319,6 +362,7 @@ mod tests {
             }),
             prediction: None,
             estimate_used: "",
+            link: Link::default(),
         }
     }
 
@@ -349,14 +393,14 @@ mod tests {
         assert_eq!(r.estimate_used, "scan");
         assert_eq!(
             r.prediction.as_ref().unwrap().rounds[0].bytes,
-            400 * model::FULL_PAGE_WIRE + 3696 * model::ZERO_PAGE_WIRE
+            model::pass0_bytes(4096, 400)
         );
         r.scan = None;
         r.predict(&Options::default()).unwrap();
         assert_eq!(r.estimate_used, "mapped");
         assert_eq!(
             r.prediction.unwrap().rounds[0].bytes,
-            812 * model::FULL_PAGE_WIRE + (4096 - 812) * model::ZERO_PAGE_WIRE
+            model::pass0_bytes(4096, 812)
         );
     }
 
