@@ -34,7 +34,7 @@ MIGRATION_FULL = [
     ("512M", 1, False, "nonzero", 0.25, "slow", "1Gbit", 300),
     ("512M", 4, False, "nonzero", 0.25, "slow", "10Gbit", 30),
     ("1G", 1, False, "nonzero", 0.25, "slow", "unlimited", 30),
-    ("256M", 1, False, "zero", 1.0, "slow", "1Gbit", 30),
+    ("256M", 1, False, "zero", 0.5, "slow", "1Gbit", 30),
     ("1G", 4, False, "nonzero", 0.5, "slow", "1Gbit", 300),
     ("512M", 1, False, "nonzero", 0.25, "near", "1Gbit", 300),
     ("512M", 4, True, "nonzero", 0.25, "near", "1Gbit", 30),

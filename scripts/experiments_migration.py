@@ -140,11 +140,12 @@ def workload(c, arena, ws, seconds):
     check = "verify" if c["write"] == "nonzero" else "verify-zero"
     dirty = {}
     if c["dirty"] != "0":
-        ws = min(ws, arena - size - 2 * MIB)
+        ws = max(min(ws, arena - size - 2 * MIB), 4 * MIB)
         rate = DIRTY_RATES[c["dirty"]]
         who = range(1, c["vcpus"]) if c["dirty"] == "above" and c["vcpus"] > 1 else [c["vcpus"] - 1]
         for v in who:
-            dirty[v] = "dirty offset=%d ws=%d rate=%d/s for=%ds seed=%d" % (size, ws, rate, seconds, v + 1)
+            pace = "%d/s" % rate if rate else "max"
+            dirty[v] = "dirty offset=%d ws=%d rate=%s for=%ds seed=%d" % (size, ws, pace, seconds, v + 1)
     return "%s size=%d" % (verb, size), "%s size=%d" % (check, size), dirty
 
 
@@ -162,13 +163,7 @@ def migration_cell(binary, c, ws, seconds):
                                               "x-max-rounds": MAX_ROUNDS})
         rep = src.readiness(scan=True, calc_time=CALC_TIME if dirty else 0.0)
         dst = Dest(binary)
-        src.call("migrate", uri=dst.uri)
-        deadline = time.monotonic() + 300
-        while True:
-            info = src.call("query-migrate")
-            if info.get("status") in ("completed", "failed", "cancelled") or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
+        info = migrate(src, dst.uri)
         if info.get("status") != "completed":
             raise RuntimeError("migration %s: %s" % (info.get("status"), info.get("error-desc")))
         dst.connect()
@@ -183,6 +178,25 @@ def migration_cell(binary, c, ws, seconds):
         if dst is not None:
             dst.close()
         src.close()
+
+
+def migrate(src, uri):
+    """Migrates to `uri`; the final `query-migrate`. The destination's socket
+    file exists from its bind, a moment before it listens: a refused connect
+    fails the migration at once (nothing sent, the guest never stopped), and
+    is tried again, bounded."""
+    for attempt in range(50):
+        src.call("migrate", uri=uri)
+        deadline = time.monotonic() + 300
+        while True:
+            info = src.call("query-migrate")
+            if info.get("status") in ("completed", "failed", "cancelled") or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if info.get("status") != "failed" or "Connection refused" not in info.get("error-desc", ""):
+            return info
+        time.sleep(0.02)
+    return info
 
 
 def band(rate, bandwidth):

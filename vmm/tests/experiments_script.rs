@@ -237,11 +237,20 @@ fn migration_cells_arrive_whole_and_idle_cells_are_predicted_page_for_page() {
         if row["dirty"] == "0" {
             // Nothing changes while it moves: the stream is the model's, page for page.
             for field in ["duplicate", "normal", "rounds"] {
-                let (p, a) = (Csv::num(row, &format!("pred_{field}")), Csv::num(row, field));
+                let (p, a) = (
+                    Csv::num(row, &format!("pred_{field}")),
+                    Csv::num(row, field),
+                );
                 assert_eq!(p, a, "{field}: {row:?}");
             }
-            let (p, a) = (Csv::num(row, "pred_transferred"), Csv::num(row, "transferred"));
-            assert!((p - a).abs() <= a * 0.01 + 4096.0, "transferred {p} vs {a}: {row:?}");
+            let (p, a) = (
+                Csv::num(row, "pred_transferred"),
+                Csv::num(row, "transferred"),
+            );
+            assert!(
+                (p - a).abs() <= a * 0.01 + 4096.0,
+                "transferred {p} vs {a}: {row:?}"
+            );
         }
     }
 }

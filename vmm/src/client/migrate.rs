@@ -113,14 +113,22 @@ fn progress_bar() -> indicatif::ProgressBar {
     bar
 }
 
-fn show(bar: &indicatif::ProgressBar, info: &MigrationInfo, predicted: Option<&super::predict::Predicted>) {
+fn show(
+    bar: &indicatif::ProgressBar,
+    info: &MigrationInfo,
+    predicted: Option<&super::predict::Predicted>,
+) {
     let status = info.status.map_or("none", Status::name);
     bar.set_prefix(status);
     if let Some(r) = &info.ram {
         bar.set_length(r.total.max(1));
         bar.set_position(r.total.saturating_sub(r.remaining));
         let of = |p: &super::predict::Predicted| {
-            format!(" (predicted {} passes, {})", p.dirty_sync_count, indicatif::HumanBytes(p.transferred))
+            format!(
+                " (predicted {} passes, {})",
+                p.dirty_sync_count,
+                indicatif::HumanBytes(p.transferred)
+            )
         };
         bar.set_message(format!(
             "| pass {} | {} on the wire{} | {:.0} Mbit/s{}",

@@ -35,7 +35,8 @@ pub struct Predicted {
 /// # Errors
 /// A transport failure, the VMM's error reply, or a reply without a prediction.
 pub fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Error> {
-    let line = json!({"execute": "query-readiness", "arguments": {"scan": true, "bandwidth": bandwidth}});
+    let line =
+        json!({"execute": "query-readiness", "arguments": {"scan": true, "bandwidth": bandwidth}});
     client.send_line(line.to_string().as_bytes())?;
     let reply = client.read_reply_after_events(|_| Ok(()))?.value;
     if let Some((class, desc)) = super::error_reply(&reply) {
@@ -87,7 +88,11 @@ pub fn rows(p: &Predicted, info: &MigrationInfo) -> Vec<(&'static str, Option<u6
         ("transferred", Some(p.transferred), Some(ram.transferred)),
         ("duplicate", Some(p.duplicate), Some(ram.duplicate)),
         ("normal", Some(p.normal), Some(ram.normal)),
-        ("dirty-sync-count", Some(p.dirty_sync_count), Some(ram.dirty_sync_count)),
+        (
+            "dirty-sync-count",
+            Some(p.dirty_sync_count),
+            Some(ram.dirty_sync_count),
+        ),
         ("total-time", p.total_time, info.total_time),
         ("downtime", p.downtime, info.downtime),
     ]
@@ -98,9 +103,13 @@ pub fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> String
     let mut s = String::from("predicted vs actual:\n");
     let cell = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     for (name, predicted, actual) in rows(p, info) {
-        let err = error_pct(predicted, actual)
-            .map_or("-".to_string(), |e| format!("{e:+.1} %"));
-        let _ = writeln!(s, "  {name:<17} {:>14} {:>14} {err:>10}", cell(predicted), cell(actual));
+        let err = error_pct(predicted, actual).map_or("-".to_string(), |e| format!("{e:+.1} %"));
+        let _ = writeln!(
+            s,
+            "  {name:<17} {:>14} {:>14} {err:>10}",
+            cell(predicted),
+            cell(actual)
+        );
     }
     let verdict = |c: bool| if c { "converges" } else { "does not converge" };
     let actual = converged(info, downtime_limit);
@@ -109,7 +118,11 @@ pub fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> String
         "  verdict           {:>14} {:>14} {:>10}",
         verdict(p.converges),
         verdict(actual),
-        if p.converges == actual { "right" } else { "WRONG" }
+        if p.converges == actual {
+            "right"
+        } else {
+            "WRONG"
+        }
     );
     s
 }
@@ -120,7 +133,10 @@ pub fn to_json(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> Valu
         .into_iter()
         .map(|(name, predicted, actual)| {
             let err = error_pct(predicted, actual).filter(|e| e.is_finite());
-            (name.to_string(), json!({ "predicted": predicted, "actual": actual, "error-percent": err }))
+            (
+                name.to_string(),
+                json!({ "predicted": predicted, "actual": actual, "error-percent": err }),
+            )
         })
         .collect();
     json!({
@@ -172,7 +188,11 @@ mod tests {
         assert!(t.contains("+10.0 %"), "{t}");
         assert!(t.contains("-4.0 %"), "{t}");
         assert!(t.contains("-50.0 %"), "{t}");
-        assert!(t.lines().any(|l| l.contains("downtime") && l.trim_end().ends_with('-')), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.contains("downtime") && l.trim_end().ends_with('-')),
+            "{t}"
+        );
         assert!(t.contains("right"), "{t}");
     }
 

@@ -234,7 +234,8 @@ fn query_readiness_takes_defaults_and_checks_ranges() {
         (a.scan, a.calc_time, a.bandwidth, a.max_downtime),
         (false, None, None, None)
     );
-    let a = check(json!({"scan": true, "calc-time": 0, "bandwidth": 1e6, "max-downtime": 0.03})).unwrap();
+    let a = check(json!({"scan": true, "calc-time": 0, "bandwidth": 1e6, "max-downtime": 0.03}))
+        .unwrap();
     assert!(a.scan && a.calc_time == Some(Duration::ZERO) && a.bandwidth == Some(1_000_000));
     assert_eq!(a.max_downtime, Some(Duration::from_millis(30)));
     let unlimited = check(json!({"bandwidth": 0})).unwrap();

@@ -135,7 +135,7 @@ pub fn measure(
         scan,
         prediction: None,
         estimate_used: "",
-            link: report::Link::default(),
+        link: report::Link::default(),
     };
     report.predict(options)?;
     Ok(report)
@@ -177,7 +177,12 @@ pub fn measure_vm(
 fn dirty_rate(d: &Arc<DirtyLog>, calc_time: Duration) -> Result<DirtyRate, Error> {
     let window = d.subscribe()?;
     let started = Instant::now();
-    std::thread::sleep(calc_time);
+    // Distinct pages at half time too (the window keeps accumulating): how
+    // much the second half added tells a rate from a working set it saturates.
+    std::thread::sleep(calc_time / 2);
+    let half = window.sync(|w| w.pages.count())?;
+    let half_at = started.elapsed();
+    std::thread::sleep(calc_time.saturating_sub(half_at));
     let (pages, per_vcpu) = window.sync(|w| (w.pages.count(), w.per_vcpu.clone()))?;
     let window = started.elapsed();
     let mode = match d.mode() {
@@ -191,6 +196,7 @@ fn dirty_rate(d: &Arc<DirtyLog>, calc_time: Duration) -> Result<DirtyRate, Error
         pages,
         pages_per_s: pages as f64 / window.as_secs_f64(),
         per_vcpu,
+        half: (half, half_at),
     })
 }
 
