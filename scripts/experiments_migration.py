@@ -219,6 +219,9 @@ def row_of(c, rep, info, checked, bad, bandwidth):
         "resident_pages": rep["resident"]["pages"],
         "written_pages": (rep.get("written_since_boot") or {}).get("pages", ""),
         "dirty_rate": round(rate, 1), "rate_x_link": round(band(rate, bandwidth), 3),
+        "half_window_pages": (rep.get("dirty_rate") or {}).get("half_window_pages", ""),
+        "model_rate": round((rep.get("dirty_rate") or {}).get("model_rate") or 0.0, 1),
+        "model_ws": (rep.get("dirty_rate") or {}).get("model_working_set") or "",
         "link_from": rep["link"]["from"],
         "pred_transferred": pm["ram"]["transferred"], "transferred": ram["transferred"],
         "pred_duplicate": pm["ram"]["duplicate"], "duplicate": ram["duplicate"],
@@ -237,7 +240,7 @@ def row_of(c, rep, info, checked, bad, bandwidth):
 
 COLUMNS = ["memory", "vcpus", "hugepages", "write", "fraction", "dirty", "link", "limit_ms",
            "ram_pages", "scan_nonzero", "mapped_pages", "resident_pages", "written_pages", "dirty_rate",
-           "rate_x_link", "link_from",
+           "rate_x_link", "half_window_pages", "model_rate", "model_ws", "link_from",
            "pred_transferred", "transferred", "pred_duplicate", "duplicate", "pred_normal", "normal",
            "pred_rounds", "rounds", "pred_downtime_ms", "downtime_ms", "pred_total_ms", "total_ms",
            "setup_ms", "expected_downtime_ms", "pred_verdict", "verdict",

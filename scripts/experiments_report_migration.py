@@ -38,6 +38,12 @@ def pct(x):
     return "∞" if math.isinf(x) else "%+.1f %%" % (x * 100)
 
 
+def mag(x):
+    if x is None:
+        return "–"
+    return "∞" if math.isinf(x) else "%.1f %%" % (abs(x) * 100)
+
+
 def quantile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)] if xs else None
@@ -51,11 +57,6 @@ def distribution(rows, pred, actual):
     mags = [e[0] for e in errs]
     worst = max(errs, key=lambda e: e[0])
     return quantile(mags, 0.5), quantile(mags, 0.9), worst[1], worst[2]
-
-
-def downtime_ok(p, a):
-    return p is not None and p != "" and a is not None and abs(p - a) <= max(5, a, p) and (
-        p <= 2 * max(a, 2.5) and a <= 2 * max(p, 2.5) or abs(p - a) <= 5)
 
 
 def block_cells(rows):
@@ -83,7 +84,7 @@ def block_errors(rows):
                 continue
             d = distribution(conv, key, f)
             if d:
-                out.append((name, model, pct(d[0]), pct(d[1]), pct(d[2]), d[3]))
+                out.append((name, model, mag(d[0]), mag(d[1]), pct(d[2]), d[3]))
     return table(["field (converging cells)", "model", "median |error|", "p90 |error|", "worst", "worst cell"], out)
 
 
@@ -124,7 +125,7 @@ def block_estimates(rows):
             p = r["pred_transferred"] + (k - r["scan_nonzero"]) * 4096
             errs.append(abs(rel(p, r["transferred"])))
         if errs:
-            out.append((est.split("_")[0], len(errs), pct(quantile(errs, 0.5)), pct(quantile(errs, 0.9)), pct(max(errs))))
+            out.append((est.split("_")[0], len(errs), mag(quantile(errs, 0.5)), mag(quantile(errs, 0.9)), mag(max(errs))))
     return table(["non-zero estimate", "cells", "median |error| of transferred", "p90", "worst"], out)
 
 
@@ -159,6 +160,6 @@ def block_migration(rows):
              block_cells(rows), "\nError distribution over the converging cells, this model and the old one:\n",
              block_errors(rows), "\nVerdicts:\n", block_confusion(rows), "\nThe seed's case:\n", block_booted(rows),
              "\nWhich estimate of non-zero pages predicts the transfer best (the scan costs a pause; see `cost`):\n",
-             block_estimates(rows), "\nGoals:\n", block_goals(rows)]
-    # The block must start with a table: the per-cell table goes first without its caption.
+             block_estimates(rows)]
+    # The block starts with a table (the goals), as every generated block does.
     return block_goals(rows) + "\n" + "".join(parts)

@@ -54,7 +54,9 @@ impl DirtyRate {
     /// `t` are `W·(1 − e^(−r·t/W))`. With `x = e^(−r·t½/W)` from the two
     /// counts (`p/p½ = 1 + x` when `t = 2·t½`), `W = p½/(1 − x)` and
     /// `r = −W·ln x / t½`. When the second half added as much as the first
-    /// (no saturation seen) the rate is the window's and the set unknown.
+    /// (no saturation seen) the rate is the window's and the set unknown; when
+    /// it added next to nothing (saturated by half time) `x` is taken as 0.05:
+    /// the set is what was seen, the rate at least `3·W / t½`.
     pub fn rate_and_working_set(&self) -> (f64, Option<u64>) {
         let (p_half, t_half) = (self.half.0 as f64, self.half.1.as_secs_f64());
         let (p, t) = (self.pages as f64, self.window.as_secs_f64());
@@ -63,9 +65,10 @@ impl DirtyRate {
             return linear;
         }
         let x = p / p_half - 1.0;
-        if !(0.05..0.9).contains(&x) {
+        if x >= 0.9 {
             return linear;
         }
+        let x = x.max(0.05);
         let w = p_half / (1.0 - x);
         (-w * x.ln() / t_half, Some(saturating_u64(w.round())))
     }
@@ -411,6 +414,13 @@ mod tests {
         let (rate, ws) = window(6321, 3935).rate_and_working_set();
         assert!((rate / 20_000.0 - 1.0).abs() < 0.01, "{rate}");
         assert!(ws.is_some_and(|w| w.abs_diff(10_000) < 100), "{ws:?}");
+    }
+
+    #[test]
+    fn a_window_saturated_by_half_time_gives_the_set_it_saw() {
+        let (rate, ws) = window(5000, 4990).rate_and_working_set();
+        assert!(ws.is_some_and(|w| w.abs_diff(5000) < 300), "{ws:?}");
+        assert!(rate > 3.0 * 5000.0 / 0.25 * 0.9, "{rate}");
     }
 
     #[test]
