@@ -237,9 +237,17 @@ impl Inputs {
     /// Pass 0's time: its bytes at the rate, or reading every backed page at
     /// the local rate when that is longer (zero-filled RAM is read, not sent).
     fn pass0(&self) -> Round {
-        let mut r = self.round(self.total_pages, pass0_bytes(self.total_pages, self.nonzero_pages));
-        let backed = self.backed_pages.unwrap_or(self.nonzero_pages).max(self.nonzero_pages);
-        r.seconds = r.seconds.max((backed * PAGE) as f64 / self.costs.local_rate);
+        let mut r = self.round(
+            self.total_pages,
+            pass0_bytes(self.total_pages, self.nonzero_pages),
+        );
+        let backed = self
+            .backed_pages
+            .unwrap_or(self.nonzero_pages)
+            .max(self.nonzero_pages);
+        r.seconds = r
+            .seconds
+            .max((backed * PAGE) as f64 / self.costs.local_rate);
         r
     }
 
@@ -495,7 +503,11 @@ mod tests {
         .unwrap();
         assert!(!p.converges);
         assert_eq!(p.dirty_sync_count(), 4);
-        assert!(p.reason.contains("stop shrinking at 898 pages"), "{}", p.reason);
+        assert!(
+            p.reason.contains("stop shrinking at 898 pages"),
+            "{}",
+            p.reason
+        );
         assert!(p.downtime.is_finite());
     }
 
@@ -509,7 +521,14 @@ mod tests {
         };
         assert_eq!(i.dirtied(1.0), 64);
         assert_eq!(i.dirtied(100.0), 100);
-        assert_eq!(Inputs { working_set: None, ..i }.dirtied(1.0), 100);
+        assert_eq!(
+            Inputs {
+                working_set: None,
+                ..i
+            }
+            .dirtied(1.0),
+            100
+        );
     }
 
     #[test]
@@ -526,7 +545,17 @@ mod tests {
             ..inputs()
         };
         assert!((i.pass0().seconds - 4.096).abs() < 1e-9);
-        assert!((Inputs { backed_pages: None, ..i }.pass0().seconds - 1.6384).abs() < 1e-9);
+        assert!(
+            (Inputs {
+                backed_pages: None,
+                ..i
+            }
+            .pass0()
+            .seconds
+                - 1.6384)
+                .abs()
+                < 1e-9
+        );
     }
 
     #[test]
