@@ -233,7 +233,7 @@ impl Report {
             })),
             "estimate_used": self.estimate_used,
             "prediction": self.prediction.as_ref().map(Prediction::to_json),
-            "link": { "bandwidth": self.link.bandwidth, "downtime-limit-ms": self.link.max_downtime.as_millis() as u64, "from": self.link.from },
+            "link": { "bandwidth": self.link.bandwidth, "downtime-limit-ms": u64::try_from(self.link.max_downtime.as_millis()).unwrap_or(u64::MAX), "from": self.link.from },
         })
     }
 
