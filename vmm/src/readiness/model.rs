@@ -533,7 +533,8 @@ mod tests {
 
     #[test]
     fn pass_zero_takes_the_time_to_read_every_backed_page() {
-        // 1000 backed pages (zero-filled but for 400) read at 1 MB/s: 4.096 s, over the wire's 0.16 s.
+        // 1000 backed pages (zero-filled but for 400) read at 1 MB/s: 4.096 s, over
+        // the 1 638 600 bytes' 1.6386 s (the local rate caps the 10 MB/s link).
         let costs = Costs {
             local_rate: 1e6,
             ..no_costs()
@@ -552,7 +553,7 @@ mod tests {
             }
             .pass0()
             .seconds
-                - 1.6384)
+                - 1.6386)
                 .abs()
                 < 1e-9
         );
@@ -572,6 +573,9 @@ mod tests {
 
     #[test]
     fn working_set_over_the_downtime_never_converges_when_dirtying_fast() {
+        // 150 writes/s over 50 pages: passes shrink as they get shorter (50, 39,
+        // 35, ...) to where a pass dirties as many pages as it sends, 31 (0.31 s
+        // on the wire, over 0.3 s).
         let p = predict(&Inputs {
             dirty_rate: 150.0,
             working_set: Some(50),
@@ -580,7 +584,7 @@ mod tests {
         .unwrap();
         assert!(!p.converges);
         assert!(
-            p.reason.contains("stop shrinking at 50 pages"),
+            p.reason.contains("stop shrinking at 31 pages"),
             "{}",
             p.reason
         );
