@@ -208,6 +208,7 @@ def charts(out):
     made += chart_dirtyrate(load(out, "dirtyrate"), out)
     made += chart_observer(load(out, "observer"), out)
     made += chart_misleads(load(out, "misleads"), out)
+    made += experiments_report_migration.chart(load(out, "migration"), out)
     return [p for p in made if os.path.exists(p)]
 
 

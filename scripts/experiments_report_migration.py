@@ -163,3 +163,25 @@ def block_migration(rows):
              block_estimates(rows)]
     # The block starts with a table (the goals), as every generated block does.
     return block_goals(rows) + "\n" + "".join(parts)
+
+
+def chart(rows, out):
+    """predicted ÷ actual per cell for transferred, dirty-sync-count and
+    downtime, this model and the old one (log scale): migration.svg."""
+    import os
+
+    from charts import Series, bar_chart
+    if not rows:
+        return []
+    ratio = lambda p, a: (p / a) if p not in ("", None) and a not in ("", None, 0) and p > 0 else None  # noqa: E731
+    labels = ["%s %dv\n%s %s\n%s %dms" % (r["memory"], r["vcpus"], r["write"][:4], r["dirty"], r["link"], r["limit_ms"])
+              for r in rows]
+    series = [Series("transferred, this model", [ratio(r["pred_transferred"], r["transferred"]) for r in rows]),
+              Series("transferred, old model", [ratio(r["old_transferred"], r["transferred"]) for r in rows]),
+              Series("downtime, this model", [ratio(r["pred_downtime_ms"], max(r["downtime_ms"] or 0, 1)) for r in rows]),
+              Series("total-time, this model", [ratio(r["pred_total_ms"], r["total_ms"]) for r in rows])]
+    path = os.path.join(out, "migration.svg")
+    bar_chart(path, "Predicted ÷ actual, per migration cell", "predicted ÷ actual", labels, series, ylog=True,
+              band=(0.9, 1.1, "within 10%"), hlines=[(1, "")], width=1500, height=560, dots=True,
+              xlabel="guest, vCPUs, written, dirty rate, link, downtime limit (downtime: actual 0 ms counted as 1)")
+    return [path]

@@ -266,6 +266,7 @@ fn charts_series_plots_and_the_doc_are_generated() {
         "dirtyrate",
         "observer",
         "misleads",
+        "migration",
         "series-bitmap",
         "series-ring",
     ] {
