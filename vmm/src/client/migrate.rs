@@ -58,13 +58,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     let (p, _) = client.execute("query-migrate-parameters", json!({}))?;
     let limit = p["downtime-limit"].as_u64().unwrap_or(300);
     let predicted = if config.predict {
-        let bandwidth = p["max-bandwidth"].as_u64().unwrap_or(0);
-        let predicted = super::predict::ask(&mut client, bandwidth)?;
-        if !config.json {
-            write!(out, "{}", predicted.text)?;
-            out.flush()?;
-        }
-        Some(predicted)
+        Some(predict_first(&mut client, &p, config.json, out)?)
     } else {
         None
     };
@@ -101,6 +95,23 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         }
     }
     Ok(info.status == Some(Status::Completed))
+}
+
+/// `--predict`: the readiness prediction for the link just set (its
+/// `max-bandwidth`, 0 unlimited), printed unless the output is JSON.
+fn predict_first(
+    client: &mut Client,
+    params: &Value,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<super::predict::Predicted, Error> {
+    let bandwidth = params["max-bandwidth"].as_u64().unwrap_or(0);
+    let predicted = super::predict::ask(client, bandwidth)?;
+    if !json {
+        write!(out, "{}", predicted.text)?;
+        out.flush()?;
+    }
+    Ok(predicted)
 }
 
 fn progress_bar() -> indicatif::ProgressBar {
