@@ -12,6 +12,8 @@ child (killed when the script ends, however it ends), driven with
   dirtyrate  measured dirty rate against what the guest generated, both modes
   observer   what measuring costs a guest that writes as fast as it can
   misleads   workloads where the mapped-page estimate is far off
+  migration  readiness predictions against real live migrations to a second
+             kvmscope (experiments_migration.py)
   (series)   two sampled runs drawn with `kvmscope plot`
 
     python3 scripts/experiments.py --docs               # full matrix into docs/experiments/, and the doc
@@ -128,7 +130,8 @@ def main():
     p.add_argument("--kvmscope", help="the kvmscope binary (default: target/release/kvmscope, built if missing)")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "experiments"), help="directory for CSV, charts and meta.json")
     p.add_argument("--small", action="store_true", help="the tiny CI matrix")
-    p.add_argument("--only", default=",".join(EXPERIMENTS), help="experiments to run, comma-separated (default: all)")
+    p.add_argument("--only", "--part", dest="only", default=",".join(EXPERIMENTS),
+                   help="experiments to run, comma-separated (default: all)")
     p.add_argument("--no-series", dest="series", action="store_false", help="skip the sampled runs drawn by `kvmscope plot`")
     p.add_argument("--replot", action="store_true", help="run nothing: charts (and --docs) from the CSVs in --out")
     p.add_argument("--docs", action="store_true", help="regenerate the generated parts of docs/EXPERIMENTS.md")

@@ -20,6 +20,35 @@ def mislead_cases(unit):
     ]
 
 
+# Migration cells: (memory, vCPUs, hugepages, write, fraction, dirty, link, downtime limit ms);
+# dirty is 0, slow, near (0.9x of a 1 Gbit/s link's page rate) or above (every vCPU
+# but the first at full speed); see experiments_migration.py.
+MIGRATION_FULL = [
+    ("256M", 1, False, "nonzero", 0.5, "0", "unlimited", 300),
+    ("256M", 1, True, "nonzero", 0.5, "0", "1Gbit", 300),
+    ("512M", 1, False, "zero", 0.5, "0", "1Gbit", 30),
+    ("1G", 1, False, "nonzero", 0.25, "0", "10Gbit", 300),
+    ("2G", 1, False, "nonzero", 0.1, "0", "unlimited", 30),
+    ("2G", 4, True, "nonzero", 0.25, "0", "10Gbit", 30),
+    ("16G", 1, False, "nonzero", 0.0, "0", "unlimited", 300),
+    ("512M", 1, False, "nonzero", 0.25, "slow", "1Gbit", 300),
+    ("512M", 4, False, "nonzero", 0.25, "slow", "10Gbit", 30),
+    ("1G", 1, False, "nonzero", 0.25, "slow", "unlimited", 30),
+    ("256M", 1, False, "zero", 0.5, "slow", "1Gbit", 30),
+    ("1G", 4, False, "nonzero", 0.5, "slow", "1Gbit", 300),
+    ("512M", 1, False, "nonzero", 0.25, "near", "1Gbit", 300),
+    ("512M", 4, True, "nonzero", 0.25, "near", "1Gbit", 30),
+    ("512M", 4, False, "nonzero", 0.25, "above", "1Gbit", 300),
+    ("512M", 4, False, "nonzero", 0.25, "above", "1Gbit", 30),
+]
+
+MIGRATION_SMALL = [
+    ("64M", 1, False, "nonzero", 0.25, "0", "unlimited", 300),
+    ("64M", 1, True, "zero", 0.5, "0", "1Gbit", 30),
+    ("128M", 2, False, "nonzero", 0.25, "slow", "1Gbit", 300),
+    ("1G", 1, False, "nonzero", 0.0, "0", "unlimited", 300),
+]
+
 FULL = {
     "sizes": ["256M", "1G", "4G"],
     "fractions": [0.01, 0.1, 0.5, 1.0],
@@ -39,6 +68,9 @@ FULL = {
     "series_seconds": 3.0,
     "misleads_memory": "512M",
     "cases": mislead_cases(64 * MIB),
+    "migration_cells": MIGRATION_FULL,
+    "migration_ws": 128 * MIB,
+    "migration_dirty_s": 6,
 }
 
 SMALL = {
@@ -60,6 +92,9 @@ SMALL = {
     "series_seconds": 1.5,
     "misleads_memory": "128M",
     "cases": mislead_cases(16 * MIB),
+    "migration_cells": MIGRATION_SMALL,
+    "migration_ws": 16 * MIB,
+    "migration_dirty_s": 3,
 }
 
 # Figures shared by estimates and misleads rows (see experiments.estimate_fields).
@@ -70,7 +105,10 @@ _ESTIMATE = [
     "mapped_us", "resident_us", "written_us", "scan_us",
 ]
 
+from experiments_migration import COLUMNS as _MIGRATION  # noqa: E402
+
 COLUMNS = {
+    "migration": _MIGRATION,
     "estimates": ["memory", "memory_bytes", "hugepages", "dirty_log", "write", "fraction", "arena_pages",
                   "touched_pages", "nonzero_written", "touch_s"] + _ESTIMATE,
     "cost": ["memory", "memory_bytes", "dirty_log", "touched", "fill", "touched_pages", "repeats", "mapped_us",

@@ -8,6 +8,7 @@ import os
 import re
 import statistics
 
+import experiments_report_migration
 from charts import Series, bar_chart, bytes_label, line_chart
 
 PAGE = 4096
@@ -207,6 +208,7 @@ def charts(out):
     made += chart_dirtyrate(load(out, "dirtyrate"), out)
     made += chart_observer(load(out, "observer"), out)
     made += chart_misleads(load(out, "misleads"), out)
+    made += experiments_report_migration.chart(load(out, "migration"), out)
     return [p for p in made if os.path.exists(p)]
 
 
@@ -388,7 +390,8 @@ def update_docs(out, path):
         meta = json.load(f)
     blocks = {"run": block_run(meta)}
     for name, make in (("estimates", block_estimates), ("cost", block_cost), ("dirtyrate", block_dirtyrate),
-                       ("observer", block_observer), ("misleads", block_misleads)):
+                       ("observer", block_observer), ("misleads", block_misleads),
+                       ("migration", experiments_report_migration.block_migration)):
         rows = load(out, name)
         blocks[name] = make(rows) if rows else "(not run)\n"
     text = open(path).read() if os.path.exists(path) else skeleton(blocks)

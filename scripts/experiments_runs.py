@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from experiments_migration import run_migration
 from experiments_vm import Vm
 
 MIB = 1 << 20
@@ -257,4 +258,4 @@ def run_series(binary, m, out):
 
 
 EXPERIMENTS = {"estimates": run_estimates, "cost": run_cost, "dirtyrate": run_dirtyrate,
-               "observer": run_observer, "misleads": run_misleads}
+               "observer": run_observer, "misleads": run_misleads, "migration": run_migration}

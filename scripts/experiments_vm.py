@@ -56,10 +56,12 @@ class Vm:
     """One `kvmscope run --socket` child, with a connection to it (and a
     second one, for commands sent while a reply is pending on the first)."""
 
-    def __init__(self, binary, memory, hugepages=False, dirty_log=None, samples_out=None, sample_interval="off"):
+    def __init__(self, binary, memory, hugepages=False, dirty_log=None, samples_out=None, sample_interval="off",
+                 vcpus=1):
         self.dir = tempfile.mkdtemp(prefix="kvmscope-exp-")
         self.socket = os.path.join(self.dir, "ctl.sock")
         args = [binary, "run", "--socket", self.socket, "--memory", memory, "--sample-interval", sample_interval]
+        args += ["--vcpus", str(vcpus)] if vcpus != 1 else []
         args += ["--hugepages"] if hugepages else []
         args += ["--dirty-log", dirty_log] if dirty_log else []
         args += ["--samples-out", samples_out] if samples_out else []

@@ -114,6 +114,10 @@ struct MigrateArgs {
     /// Stop and copy after N passes whatever is left (`x-max-rounds`); default no limit.
     #[arg(long, value_name = "N")]
     max_rounds: Option<u64>,
+    /// Ask the VMM for its readiness prediction first (exact scan, the VMM's
+    /// dirty-rate window), print it, and end with predicted vs actual per field.
+    #[arg(long)]
+    predict: bool,
     /// Print the final `query-migrate` as JSON.
     #[arg(long)]
     json: bool,
@@ -145,12 +149,14 @@ struct ReadinessArgs {
     calc_time: Option<Span>,
     /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB/s: bits
     /// (bit, kbit, Mbit, Gbit, Tbit) or bytes (KiB, MiB, GiB, TiB binary; KB, MB,
-    /// GB, TB decimal); a bare 10G is refused as ambiguous.
-    #[arg(long, default_value = "10Gbit", value_name = "RATE")]
-    bandwidth: Bandwidth,
-    /// Longest acceptable downtime for the prediction.
-    #[arg(long, default_value = "300ms", value_name = "DUR")]
-    max_downtime: Period,
+    /// GB, TB decimal); a bare 10G is refused as ambiguous; 0bit is unlimited.
+    /// Default: the VMM's `max-bandwidth` (unlimited unless set).
+    #[arg(long, value_name = "RATE")]
+    bandwidth: Option<Bandwidth>,
+    /// Longest acceptable downtime for the prediction. Default: the VMM's
+    /// `downtime-limit` (300ms unless set).
+    #[arg(long, value_name = "DUR")]
+    max_downtime: Option<Period>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -539,6 +545,7 @@ fn main() -> ExitCode {
                 bandwidth: a.bandwidth.map(|b| b.0 as u64),
                 max_downtime: a.max_downtime.map(|d| d.0),
                 max_rounds: a.max_rounds,
+                predict: a.predict,
                 json: a.json,
             };
             match client::migrate::migrate(&config, &mut std::io::stdout().lock()) {
@@ -553,8 +560,8 @@ fn main() -> ExitCode {
                 socket: a.socket,
                 scan: a.scan,
                 calc_time: a.calc_time.map(|s| s.0),
-                bandwidth: a.bandwidth.0,
-                max_downtime: a.max_downtime.0,
+                bandwidth: a.bandwidth.map(|b| b.0),
+                max_downtime: a.max_downtime.map(|d| d.0),
                 json: a.json,
             };
             client::readiness::readiness(&config, &mut std::io::stdout().lock())

@@ -34,6 +34,38 @@ fn guest(vm: &ServedVm, command: &str) {
 }
 
 #[test]
+fn query_readiness_predicts_for_the_migration_parameters_unless_asked_otherwise() {
+    require_kvm!();
+    let vm = ServedVm::start_with("ready-params", MEM, 1, with_dirty(DirtyMode::Bitmap));
+    let mut c = vm.client();
+    c.execute(
+        "migrate-set-parameters",
+        json!({"max-bandwidth": 125_000_000, "downtime-limit": 30}),
+    )
+    .unwrap();
+    let (r, _) = c
+        .execute("query-readiness", json!({"calc-time": 0}))
+        .unwrap();
+    assert_eq!(r["link"]["from"], "migration-parameters", "{r}");
+    assert_eq!(r["link"]["bandwidth"], 125_000_000.0, "{r}");
+    assert_eq!(r["link"]["downtime-limit-ms"], 30, "{r}");
+    let m = &r["prediction"]["migrate"];
+    assert_eq!(m["status"], "completed", "{r}");
+    assert_eq!(m["ram"]["dirty-sync-count"], 1, "{r}");
+    assert!(m["ram"]["transferred"].as_u64().unwrap() > 0, "{r}");
+    let (r, _) = c
+        .execute(
+            "query-readiness",
+            json!({"calc-time": 0, "bandwidth": 0, "max-downtime": 0.3}),
+        )
+        .unwrap();
+    assert_eq!(r["link"]["from"], "request", "{r}");
+    assert_eq!(r["link"]["bandwidth"], Value::Null, "{r}");
+    assert_eq!(r["link"]["downtime-limit-ms"], 300, "{r}");
+    vm.quit();
+}
+
+#[test]
 fn query_readiness_scan_finds_the_nonzero_pages_written() {
     require_kvm!();
     let vm = ServedVm::start_with("ready-scan", MEM, 1, with_dirty(DirtyMode::Bitmap));

@@ -206,6 +206,56 @@ fn a_run_inside_the_window_is_counted_to_within_a_few_pages() {
 }
 
 #[test]
+fn migration_cells_arrive_whole_and_idle_cells_are_predicted_page_for_page() {
+    require_kvm!();
+    let csv = Csv::read(small_run(), "migration");
+    assert_eq!(csv.rows.len(), 4, "rows of migration.csv");
+    csv.has_columns(&[
+        "pred_transferred",
+        "transferred",
+        "pred_duplicate",
+        "duplicate",
+        "pred_normal",
+        "normal",
+        "pred_rounds",
+        "rounds",
+        "pred_downtime_ms",
+        "downtime_ms",
+        "pred_total_ms",
+        "total_ms",
+        "pred_verdict",
+        "verdict",
+        "old_transferred",
+    ]);
+    for row in &csv.rows {
+        assert_eq!(row["verdict"], "converges", "{row:?}");
+        assert_eq!(row["pred_verdict"], "converges", "{row:?}");
+        if !row["verify_pages"].is_empty() {
+            assert_eq!(Csv::num(row, "verify_bad"), 0.0, "{row:?}");
+        }
+        assert_eq!(row["link_from"], "migration-parameters", "{row:?}");
+        if row["dirty"] == "0" {
+            // Nothing changes while it moves: the stream is the model's, page for page.
+            for field in ["duplicate", "normal", "rounds"] {
+                let (p, a) = (
+                    Csv::num(row, &format!("pred_{field}")),
+                    Csv::num(row, field),
+                );
+                assert_eq!(p, a, "{field}: {row:?}");
+            }
+            let (p, a) = (
+                Csv::num(row, "pred_transferred"),
+                Csv::num(row, "transferred"),
+            );
+            assert!(
+                (p - a).abs() <= a * 0.01 + 4096.0,
+                "transferred {p} vs {a}: {row:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn charts_series_plots_and_the_doc_are_generated() {
     require_kvm!();
     let out = small_run();
@@ -216,6 +266,7 @@ fn charts_series_plots_and_the_doc_are_generated() {
         "dirtyrate",
         "observer",
         "misleads",
+        "migration",
         "series-bitmap",
         "series-ring",
     ] {
@@ -246,6 +297,7 @@ fn charts_series_plots_and_the_doc_are_generated() {
         "dirtyrate",
         "observer",
         "misleads",
+        "migration",
     ] {
         let begin = format!("<!-- BEGIN generated:{block} -->\n");
         let at = text.find(&begin).map(|i| i + begin.len());

@@ -239,6 +239,7 @@ fn migration_step(
         bandwidth: Some(1_250_000_000),
         max_downtime: Some(Duration::from_millis(300)),
         max_rounds: None,
+        predict: false,
         json: false,
     };
     super::migrate::migrate(&migrate, &mut report)?;

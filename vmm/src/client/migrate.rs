@@ -29,6 +29,8 @@ pub struct MigrateConfig {
     pub max_downtime: Option<Duration>,
     /// `x-max-rounds`.
     pub max_rounds: Option<u64>,
+    /// Ask `query-readiness` first, and set the prediction against the outcome.
+    pub predict: bool,
     pub json: bool,
 }
 
@@ -53,13 +55,20 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         params["x-max-rounds"] = json!(r);
     }
     client.execute("migrate-set-parameters", params)?;
+    let (p, _) = client.execute("query-migrate-parameters", json!({}))?;
+    let limit = p["downtime-limit"].as_u64().unwrap_or(300);
+    let predicted = if config.predict {
+        Some(predict_first(&mut client, &p, config.json, out)?)
+    } else {
+        None
+    };
     client.execute("migrate", json!({ "uri": config.to }))?;
     let bar = std::io::stderr().is_terminal().then(progress_bar);
     let info = loop {
         let (v, _) = client.execute("query-migrate", json!({}))?;
         let info = parse_info(v)?;
         if let Some(bar) = &bar {
-            show(bar, &info);
+            show(bar, &info, predicted.as_ref());
         }
         if info.status.is_none_or(Status::is_final) {
             break info;
@@ -70,7 +79,10 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         bar.finish_and_clear();
     }
     if config.json {
-        let v = serde_json::to_value(&info).map_err(|e| Error::BadReply(e.to_string()))?;
+        let mut v = serde_json::to_value(&info).map_err(|e| Error::BadReply(e.to_string()))?;
+        if let Some(p) = &predicted {
+            v["x-predicted"] = super::predict::to_json(p, &info, limit);
+        }
         writeln!(
             out,
             "{}",
@@ -78,8 +90,28 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         )?;
     } else {
         write!(out, "{}", info_migrate(&info))?;
+        if let Some(p) = &predicted {
+            write!(out, "{}", super::predict::table(p, &info, limit))?;
+        }
     }
     Ok(info.status == Some(Status::Completed))
+}
+
+/// `--predict`: the readiness prediction for the link just set (its
+/// `max-bandwidth`, 0 unlimited), printed unless the output is JSON.
+fn predict_first(
+    client: &mut Client,
+    params: &Value,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<super::predict::Predicted, Error> {
+    let bandwidth = params["max-bandwidth"].as_u64().unwrap_or(0);
+    let predicted = super::predict::ask(client, bandwidth)?;
+    if !json {
+        write!(out, "{}", predicted.text)?;
+        out.flush()?;
+    }
+    Ok(predicted)
 }
 
 fn progress_bar() -> indicatif::ProgressBar {
@@ -92,16 +124,28 @@ fn progress_bar() -> indicatif::ProgressBar {
     bar
 }
 
-fn show(bar: &indicatif::ProgressBar, info: &MigrationInfo) {
+fn show(
+    bar: &indicatif::ProgressBar,
+    info: &MigrationInfo,
+    predicted: Option<&super::predict::Predicted>,
+) {
     let status = info.status.map_or("none", Status::name);
     bar.set_prefix(status);
     if let Some(r) = &info.ram {
         bar.set_length(r.total.max(1));
         bar.set_position(r.total.saturating_sub(r.remaining));
+        let of = |p: &super::predict::Predicted| {
+            format!(
+                " (predicted {} passes, {})",
+                p.dirty_sync_count,
+                indicatif::HumanBytes(p.transferred)
+            )
+        };
         bar.set_message(format!(
-            "| pass {} | {} on the wire | {:.0} Mbit/s{}",
+            "| pass {} | {} on the wire{} | {:.0} Mbit/s{}",
             r.dirty_sync_count,
             indicatif::HumanBytes(r.transferred),
+            predicted.map_or(String::new(), of),
             r.mbps,
             info.x_not_converging
                 .as_ref()

@@ -7,6 +7,7 @@
 
 pub mod demo;
 pub mod migrate;
+pub mod predict;
 pub mod readiness;
 pub mod stats;
 pub mod watch;

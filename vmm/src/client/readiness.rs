@@ -17,9 +17,11 @@ pub struct ReadinessConfig {
     pub scan: bool,
     /// Dirty-rate window; `None` leaves it to the VMM (1 s with dirty logging).
     pub calc_time: Option<Duration>,
-    /// Bytes per second.
-    pub bandwidth: f64,
-    pub max_downtime: Duration,
+    /// Bytes per second, 0 for unlimited; `None`: the VMM's migration
+    /// parameters (`max-bandwidth`, unlimited unless set).
+    pub bandwidth: Option<f64>,
+    /// `None`: the VMM's `downtime-limit`.
+    pub max_downtime: Option<Duration>,
     pub json: bool,
 }
 
@@ -46,9 +48,13 @@ fn progress_bar(done: u64, total: u64) -> String {
 /// A transport failure, or the VMM's error reply as `Remote`.
 pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
-    let mut args = json!({
-        "scan": config.scan, "bandwidth": config.bandwidth, "max-downtime": config.max_downtime.as_secs_f64(),
-    });
+    let mut args = json!({ "scan": config.scan });
+    if let Some(b) = config.bandwidth {
+        args["bandwidth"] = json!(b);
+    }
+    if let Some(d) = config.max_downtime {
+        args["max-downtime"] = json!(d.as_secs_f64());
+    }
     if let Some(t) = config.calc_time {
         args["calc-time"] = json!(t.as_secs_f64());
     }

@@ -70,6 +70,28 @@ struct Job {
     wake: Option<Arc<EventFd>>,
 }
 
+/// The link, downtime limit and round limit to predict for: the request's,
+/// else the migration parameters' (`max-bandwidth`, 0 = unlimited, as a
+/// migration started now would run; `downtime-limit`; `x-max-rounds`), else
+/// (a VMM without a migration handle) 10 Gbit/s and 300 ms.
+fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
+    let params = ctx.migration.as_ref().map(|(m, _)| m.parameters());
+    let (bandwidth, from) = match (args.bandwidth, &params) {
+        (Some(b), _) => (b, "request"),
+        (None, Some(p)) => (p.max_bandwidth, "migration-parameters"),
+        (None, None) => (1_250_000_000, "default"),
+    };
+    let limit = params.map_or(300, |p| p.downtime_limit);
+    Options {
+        bandwidth: (bandwidth > 0).then_some(bandwidth as f64),
+        max_downtime: args.max_downtime.unwrap_or(Duration::from_millis(limit)),
+        link_from: from,
+        vcpus: ctx.vcpus.len() as u64,
+        max_rounds: params.map_or(0, |p| p.x_max_rounds),
+        ..Options::default()
+    }
+}
+
 /// Starts a readiness measurement on its own thread. `busy` guards against
 /// two at once (they would share the dirty window).
 pub fn start_readiness(ctx: &Context, args: ReadinessArgs, busy: &Arc<AtomicBool>) -> Outcome {
@@ -106,8 +128,7 @@ pub fn start_readiness(ctx: &Context, args: ReadinessArgs, busy: &Arc<AtomicBool
     let options = Options {
         calc_time,
         scan: args.scan,
-        bandwidth: args.bandwidth as f64,
-        max_downtime: args.max_downtime,
+        ..link_options(ctx, args)
     };
     let wake = ctx.vcpus.first().and_then(|v| v.watcher.get().cloned());
     let job = Job {

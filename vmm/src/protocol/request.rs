@@ -205,10 +205,11 @@ pub struct ReadinessRequest {
     /// Seconds; absent: 1 when the VM has dirty logging, else none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calc_time: Option<f64>,
-    /// Bytes per second (default 1.25e9, 10 Gbit/s).
+    /// Bytes per second, 0 for unlimited (default: the migration parameters'
+    /// `max-bandwidth`, 0 unless set, as a migration started now would run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<f64>,
-    /// Seconds (default 0.3).
+    /// Seconds (default: the migration parameters' `downtime-limit`, 0.3 unless set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_downtime: Option<f64>,
 }
@@ -220,10 +221,11 @@ pub struct ReadinessArgs {
     pub scan: bool,
     /// `None`: 1 s when the VM has dirty logging, else no dirty-rate window.
     pub calc_time: Option<Duration>,
-    /// Bytes per second.
-    pub bandwidth: u64,
-    /// The downtime the prediction must fit, at most [`MAX_SECONDS`].
-    pub max_downtime: Duration,
+    /// Bytes per second, 0 for unlimited; `None`: the migration parameters'.
+    pub bandwidth: Option<u64>,
+    /// The downtime the prediction must fit, at most [`MAX_SECONDS`];
+    /// `None`: the migration parameters' `downtime-limit`.
+    pub max_downtime: Option<Duration>,
 }
 
 /// Longest dirty-rate window or downtime a request may ask for.
@@ -442,16 +444,26 @@ impl ReadinessRequest {
             .calc_time
             .map(|v| seconds("calc-time", v, true))
             .transpose()?;
-        let max_downtime = seconds("max-downtime", self.max_downtime.unwrap_or(0.3), false)?;
-        let bandwidth = self.bandwidth.unwrap_or(1.25e9);
-        if !(bandwidth.is_finite() && (1.0..=1e13).contains(&bandwidth)) {
-            return Err("parameter 'bandwidth' must be bytes per second, from 1 to 1e13".into());
-        }
+        let max_downtime = self
+            .max_downtime
+            .map(|v| seconds("max-downtime", v, false))
+            .transpose()?;
+        let bandwidth = match self.bandwidth {
+            Some(b) if b == 0.0 || (b.is_finite() && (1.0..=1e13).contains(&b)) => {
+                // In range: the conversion only drops the fraction.
+                Some(b as u64)
+            }
+            Some(_) => {
+                return Err(
+                    "parameter 'bandwidth' must be bytes per second, from 1 to 1e13, or 0 for unlimited".into(),
+                )
+            }
+            None => None,
+        };
         Ok(ReadinessArgs {
             scan: self.scan,
             calc_time,
-            // In range (checked above): the conversion only drops the fraction.
-            bandwidth: bandwidth as u64,
+            bandwidth,
             max_downtime,
         })
     }

@@ -232,15 +232,19 @@ fn query_readiness_takes_defaults_and_checks_ranges() {
     let a = check(json!({})).unwrap();
     assert_eq!(
         (a.scan, a.calc_time, a.bandwidth, a.max_downtime),
-        (false, None, 1_250_000_000, Duration::from_millis(300))
+        (false, None, None, None)
     );
-    let a = check(json!({"scan": true, "calc-time": 0, "bandwidth": 1e6})).unwrap();
-    assert!(a.scan && a.calc_time == Some(Duration::ZERO) && a.bandwidth == 1_000_000);
+    let a = check(json!({"scan": true, "calc-time": 0, "bandwidth": 1e6, "max-downtime": 0.03}))
+        .unwrap();
+    assert!(a.scan && a.calc_time == Some(Duration::ZERO) && a.bandwidth == Some(1_000_000));
+    assert_eq!(a.max_downtime, Some(Duration::from_millis(30)));
+    let unlimited = check(json!({"bandwidth": 0})).unwrap();
+    assert_eq!(unlimited.bandwidth, Some(0));
     for (args, key) in [
         (json!({"calc-time": -1}), "calc-time"),
         (json!({"calc-time": 1e9}), "calc-time"),
         (json!({"max-downtime": 0}), "max-downtime"),
-        (json!({"bandwidth": 0}), "bandwidth"),
+        (json!({"bandwidth": 0.5}), "bandwidth"),
         (json!({"bandwidth": "fast"}), "bandwidth"),
         (json!({"scan": "yes"}), "scan"),
     ] {

@@ -23,10 +23,19 @@ pub struct Options {
     pub calc_time: Duration,
     /// Run the exact scan (pauses the guest while it reads RAM).
     pub scan: bool,
-    /// Link bandwidth for the prediction, bytes per second.
-    pub bandwidth: f64,
+    /// Link bandwidth for the prediction, bytes per second; `None`: unlimited
+    /// (the sender's own pace, `model::Costs::local_rate`).
+    pub bandwidth: Option<f64>,
     /// Longest acceptable downtime for the prediction.
     pub max_downtime: Duration,
+    /// Where the bandwidth came from: `request`, `migration-parameters` or
+    /// `default`, as the report names it (the downtime limit is the request's,
+    /// else the migration parameters' `downtime-limit`).
+    pub link_from: &'static str,
+    /// vCPUs (their state goes out in the stop).
+    pub vcpus: u64,
+    /// `x-max-rounds` (0: none).
+    pub max_rounds: u64,
 }
 
 impl Default for Options {
@@ -34,8 +43,11 @@ impl Default for Options {
         Options {
             calc_time: Duration::from_secs(1),
             scan: false,
-            bandwidth: 1.25e9,
+            bandwidth: Some(1.25e9),
             max_downtime: Duration::from_millis(300),
+            link_from: "default",
+            vcpus: 1,
+            max_rounds: 0,
         }
     }
 }
@@ -123,6 +135,7 @@ pub fn measure(
         scan,
         prediction: None,
         estimate_used: "",
+        link: report::Link::default(),
     };
     report.predict(options)?;
     Ok(report)
@@ -164,7 +177,12 @@ pub fn measure_vm(
 fn dirty_rate(d: &Arc<DirtyLog>, calc_time: Duration) -> Result<DirtyRate, Error> {
     let window = d.subscribe()?;
     let started = Instant::now();
-    std::thread::sleep(calc_time);
+    // Distinct pages at half time too (the window keeps accumulating): how
+    // much the second half added tells a rate from a working set it saturates.
+    std::thread::sleep(calc_time / 2);
+    let half = window.sync(|w| w.pages.count())?;
+    let half_at = started.elapsed();
+    std::thread::sleep(calc_time.saturating_sub(half_at));
     let (pages, per_vcpu) = window.sync(|w| (w.pages.count(), w.per_vcpu.clone()))?;
     let window = started.elapsed();
     let mode = match d.mode() {
@@ -178,6 +196,7 @@ fn dirty_rate(d: &Arc<DirtyLog>, calc_time: Duration) -> Result<DirtyRate, Error
         pages,
         pages_per_s: pages as f64 / window.as_secs_f64(),
         per_vcpu,
+        half: (half, half_at),
     })
 }
 

@@ -1,12 +1,15 @@
 //! The pre-copy migration model: given what the guest's RAM holds and how fast
-//! the guest dirties it, what would a pre-copy live migration move, in how many
-//! rounds, and would it converge? docs/READINESS.md writes the model out.
+//! the guest dirties it, what would kvmscope's own pre-copy migration
+//! (`vmm/src/migration/sender.rs`) move, in how many passes, and would it
+//! converge? docs/READINESS.md writes the model out.
 //!
-//! Round 0 sends every page: non-zero pages in full, zero pages as a header
-//! only (QEMU's `duplicate`/zero-page count). While a round is on the wire the
-//! guest dirties `rate × time` pages, capped by its working set; the next round
-//! sends those in full. When a round fits `max_downtime`, the VM stops and that
-//! round is the downtime. If rounds stop shrinking, it never converges.
+//! It predicts the stream the sender writes, with `query-migrate`'s names:
+//! pass 0 sends every page, non-zero pages in full and zero pages as runs of
+//! one 16-byte header each (not a header per page); after every pass the
+//! dirty log is synced (`dirty-sync-count`), and when the dirty pages would
+//! go out within the downtime limit the guest stops and they go out with the
+//! vCPU state and the trailer (the downtime). If passes stop shrinking, it
+//! never converges; `x-max-rounds` then forces the stop.
 
 // Values here come from the kernel, a peer or the user: casts must not lose,
 // wrap or sign-flip them silently; and every public item says what it is.
@@ -22,61 +25,122 @@ use crate::units::saturating_u64;
 
 /// Bytes of a guest page.
 pub const PAGE: u64 = 4096;
-/// Per-page header on the wire (QEMU: a be64 of address and flags).
-pub const HEADER: u64 = 8;
-/// A zero page on the wire: the header and one fill byte.
-pub const ZERO_PAGE_WIRE: u64 = HEADER + 1;
-/// A full page on the wire.
-pub const FULL_PAGE_WIRE: u64 = HEADER + PAGE;
-/// Rounds tried before giving up (QEMU has no hard cap, but would throttle by then).
+/// A run of pages on the wire: `first` u64, `count` u32, `kind` u32. A zero
+/// run of any length costs only this; a normal run adds its pages' bytes.
+pub const RUN_HEADER: u64 = 16;
+/// A section header (`kind`, `reserved`, `len`).
+pub const SECTION_HEADER: u64 = 16;
+/// The sender closes a RAM section once its payload reaches this size.
+pub const SECTION_TARGET: u64 = 4 << 20;
+/// A dirty page in a later pass, as the sender's own estimate counts it: the
+/// page and a run header (dirty pages are scattered, so most start a run).
+pub const DIRTY_PAGE_WIRE: u64 = PAGE + RUN_HEADER;
+/// Stream header, config section and plan section, before pass 0's pages.
+pub const SETUP_BYTES: u64 = 16 + (SECTION_HEADER + 40) + (SECTION_HEADER + 16);
+/// The `Pass` record that ends every pass (the stop-and-copy one too).
+pub const PASS_BYTES: u64 = SECTION_HEADER + 16;
+/// The trailer.
+pub const END_BYTES: u64 = SECTION_HEADER + 16;
+/// One vCPU's state section's payload (registers, XSAVE, MSRs, the VMM's
+/// JSON), as measured on the streams (docs/EXPERIMENTS.md: `downtime-bytes`
+/// of idle guests, 6,382 bytes with its header for one vCPU, 25,096 for four).
+pub const VCPU_BYTES: u64 = 6_272;
+/// Passes tried before the model gives up (the sender has no cap unless
+/// `x-max-rounds` is set, but a guest this close to the link never settles).
 pub const MAX_ROUNDS: usize = 30;
+
+/// Costs on this side of the link that the wire bytes do not show, measured
+/// against real migrations (docs/EXPERIMENTS.md, migration part).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Costs {
+    /// Fastest the sender and receiver move bytes with no bandwidth limit
+    /// (reading, checking for zeros, copying through the socket), bytes/s.
+    pub local_rate: f64,
+    /// Setup: connecting, the destination building its VM, subscribing to
+    /// the dirty log, reading the page map; seconds.
+    pub setup: f64,
+    /// The stop beyond its bytes: pausing the vCPUs, reading their state, the
+    /// last sync, the destination loading the state and answering; seconds.
+    pub stop: f64,
+    /// Each vCPU's share of the stop, seconds.
+    pub stop_per_vcpu: f64,
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Costs {
+            local_rate: 1.0e9,
+            setup: 0.010,
+            stop: 0.004,
+            stop_per_vcpu: 0.000_5,
+        }
+    }
+}
 
 /// What the model needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Inputs {
     /// Guest RAM pages.
     pub total_pages: u64,
-    /// Pages that must go in full in round 0 (the rest go as zero-page headers).
+    /// Pages that must go in full in pass 0 (the rest go as zero runs).
     pub nonzero_pages: u64,
     /// Pages the guest dirties per second.
     pub dirty_rate: f64,
-    /// Most distinct pages the guest dirties in any window (its writable working
-    /// set); `None` when unknown, then `total_pages`.
+    /// The working set the guest's writes spread over: distinct pages after
+    /// `t` are `W·(1 − e^(−rate·t/W))` (uniform writes); `None` when unknown,
+    /// then `rate·t`, capped by `total_pages`.
     pub working_set: Option<u64>,
-    /// Link bandwidth, bytes per second.
-    pub bandwidth: f64,
-    /// Longest acceptable stop-and-copy, seconds.
+    /// Pages the host backs (the sender reads each of them in pass 0, zero or
+    /// not; `mincore`'s count); `None`: the non-zero pages.
+    pub backed_pages: Option<u64>,
+    /// Link bandwidth (`max-bandwidth`), bytes per second; `None`: unlimited,
+    /// the costs' local rate.
+    pub bandwidth: Option<f64>,
+    /// Longest acceptable stop-and-copy (`downtime-limit`), seconds.
     pub max_downtime: f64,
+    /// vCPUs, whose state goes out in the stop.
+    pub vcpus: u64,
+    /// `x-max-rounds`: the sender stops after this many passes whatever is
+    /// left (0 or `None`: no limit).
+    pub max_rounds: Option<u64>,
+    /// Costs beyond the wire.
+    pub costs: Costs,
 }
 
-/// One pre-copy round.
+/// One pre-copy pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Round {
-    /// Pages sent in the round.
+    /// Pages sent in the pass.
     pub pages: u64,
-    /// Bytes on the wire for them (zero pages cost a header only).
+    /// Bytes on the wire for them (zero runs cost a header only).
     pub bytes: u64,
-    /// Time to send them at the bandwidth.
+    /// Time to send them at the effective rate.
     pub seconds: f64,
 }
 
-/// The verdict and its numbers.
+/// The verdict and its numbers, named as `query-migrate` names them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
-    /// Rounds sent while the guest runs (round 0 first).
+    /// Passes sent while the guest runs (pass 0 first): `dirty-sync-count`.
     pub rounds: Vec<Round>,
-    /// The final stop-and-copy round, when it converges.
+    /// The stop-and-copy: the pages dirty at the stop, the vCPU state and the
+    /// trailer; forced by `x-max-rounds` when it does not converge.
     pub stop_and_copy: Option<Round>,
-    /// Whether a round fits the downtime limit before the model gives up.
+    /// Whether what is dirty after a pass fits the downtime limit before the
+    /// passes stop shrinking (or the model gives up).
     pub converges: bool,
     /// Why it converges or not, in words.
     pub reason: String,
-    /// Bytes of every round, stop-and-copy included.
+    /// `transferred`: bytes of every pass, setup and stop included.
     pub total_bytes: u64,
-    /// Seconds of every round, stop-and-copy included.
+    /// `total-time`, seconds: setup, every pass and the stop.
     pub total_seconds: f64,
-    /// Expected downtime (the stop-and-copy round), seconds.
+    /// `downtime`, seconds (infinite when it never stops).
     pub downtime: f64,
+    /// `duplicate`: zero pages sent (pass 0's).
+    pub duplicate: u64,
+    /// `normal`: pages sent in full, in every pass.
+    pub normal: u64,
 }
 
 /// Why the inputs cannot be modelled.
@@ -101,22 +165,33 @@ pub enum Error {
     },
 }
 
-fn round(pages: u64, wire_bytes: u64, bandwidth: f64) -> Round {
-    Round {
-        pages,
-        bytes: wire_bytes,
-        seconds: wire_bytes as f64 / bandwidth,
-    }
+/// Section headers for `payload` bytes of RAM runs.
+fn sections(payload: u64) -> u64 {
+    payload.div_ceil(SECTION_TARGET).max(1) * SECTION_HEADER
 }
 
-/// Runs the model.
-///
-/// # Errors
-/// Inputs that make no sense (non-positive bandwidth or downtime, negative or
-/// NaN rate, more non-zero pages than pages).
-pub fn predict(i: &Inputs) -> Result<Prediction, Error> {
-    if !(i.bandwidth.is_finite() && i.bandwidth > 0.0) {
-        return Err(Error::Bandwidth(i.bandwidth));
+/// Pass 0's bytes: setup records, every non-zero page in full, zero pages as
+/// runs. A section closes its runs, so each section holds about one normal
+/// and one zero run.
+pub fn pass0_bytes(total_pages: u64, nonzero_pages: u64) -> u64 {
+    let data = nonzero_pages * PAGE;
+    let n = data.div_ceil(SECTION_TARGET).max(1);
+    let zero_runs = u64::from(nonzero_pages < total_pages) * (n + 1);
+    let runs = u64::from(nonzero_pages > 0) * n + zero_runs;
+    SETUP_BYTES + data + runs * RUN_HEADER + sections(data) + PASS_BYTES
+}
+
+/// A later pass's bytes for `pages` dirty pages.
+pub fn dirty_pass_bytes(pages: u64) -> u64 {
+    if pages == 0 {
+        return PASS_BYTES;
+    }
+    pages * DIRTY_PAGE_WIRE + sections(pages * DIRTY_PAGE_WIRE) + PASS_BYTES
+}
+
+fn check(i: &Inputs) -> Result<(), Error> {
+    if let Some(b) = i.bandwidth.filter(|b| !(b.is_finite() && *b > 0.0)) {
+        return Err(Error::Bandwidth(b));
     }
     if !(i.max_downtime.is_finite() && i.max_downtime > 0.0) {
         return Err(Error::Downtime(i.max_downtime));
@@ -130,246 +205,182 @@ pub fn predict(i: &Inputs) -> Result<Prediction, Error> {
             total: i.total_pages,
         });
     }
-    let ws = i.working_set.unwrap_or(i.total_pages).min(i.total_pages);
-    let zero = i.total_pages - i.nonzero_pages;
-    let first = round(
-        i.total_pages,
-        i.nonzero_pages * FULL_PAGE_WIRE + zero * ZERO_PAGE_WIRE,
-        i.bandwidth,
-    );
-    let mut rounds = vec![first];
-    let mut last = first;
-    let (converges, reason, stop) = loop {
-        let dirtied = saturating_u64((i.dirty_rate * last.seconds).ceil()).min(ws);
-        let next = round(dirtied, dirtied * FULL_PAGE_WIRE, i.bandwidth);
-        if next.seconds <= i.max_downtime {
-            let why = format!("the last round ({} pages, {:.1} ms) fits the {:.0} ms downtime after {} pre-copy round(s)", next.pages, next.seconds * 1e3, i.max_downtime * 1e3, rounds.len());
-            break (true, why, Some(next));
+    Ok(())
+}
+
+impl Inputs {
+    /// Bytes per second the sender achieves: the limit, or the local rate
+    /// when that is slower or there is none.
+    pub fn rate(&self) -> f64 {
+        let local = self.costs.local_rate;
+        self.bandwidth.map_or(local, |b| b.min(local))
+    }
+
+    fn round(&self, pages: u64, bytes: u64) -> Round {
+        Round {
+            pages,
+            bytes,
+            seconds: bytes as f64 / self.rate(),
         }
-        let dirty_bytes = i.dirty_rate * FULL_PAGE_WIRE as f64;
-        if next.pages >= last.pages && rounds.len() > 1 || rounds.len() >= MAX_ROUNDS {
-            let why = if dirty_bytes >= i.bandwidth {
-                format!("the guest dirties {:.1} MiB/s, at least the {:.1} MiB/s link: rounds stop shrinking at {} pages ({:.0} ms, over the {:.0} ms downtime)", dirty_bytes / 1048576.0, i.bandwidth / 1048576.0, next.pages, next.seconds * 1e3, i.max_downtime * 1e3)
-            } else {
-                format!("after {MAX_ROUNDS} rounds {} pages are still dirty ({:.0} ms on the wire, over the {:.0} ms downtime): the guest dirties {:.1} MiB/s, too close to the {:.1} MiB/s link", next.pages, next.seconds * 1e3, i.max_downtime * 1e3, dirty_bytes / 1048576.0, i.bandwidth / 1048576.0)
-            };
-            break (false, why, None);
+    }
+
+    /// Pages dirty after `seconds` of the guest running.
+    fn dirtied(&self, seconds: f64) -> u64 {
+        let writes = self.dirty_rate * seconds;
+        let distinct = match self.working_set {
+            Some(w) if w > 0 => w as f64 * -(-writes / w as f64).exp_m1(),
+            _ => writes,
+        };
+        saturating_u64(distinct.ceil()).min(self.total_pages)
+    }
+
+    /// Pass 0's time: its bytes at the rate, or reading every backed page at
+    /// the local rate when that is longer (zero-filled RAM is read, not sent).
+    fn pass0(&self) -> Round {
+        let mut r = self.round(
+            self.total_pages,
+            pass0_bytes(self.total_pages, self.nonzero_pages),
+        );
+        let backed = self
+            .backed_pages
+            .unwrap_or(self.nonzero_pages)
+            .max(self.nonzero_pages);
+        r.seconds = r
+            .seconds
+            .max((backed * PAGE) as f64 / self.costs.local_rate);
+        r
+    }
+
+    /// The sender's stop test after a sync: the dirty pages, at the rate the
+    /// last pass achieved, fit the limit (in whole milliseconds, as it counts).
+    fn fits(&self, dirty: u64) -> bool {
+        let ms = (dirty as f64 * DIRTY_PAGE_WIRE as f64 / self.rate() * 1e3).ceil();
+        ms <= (self.max_downtime * 1e3).round()
+    }
+
+    /// The stop: the last dirty pages (as a pass), the vCPUs and the trailer.
+    fn stop(&self, dirty: u64) -> (Round, f64) {
+        let bytes =
+            dirty_pass_bytes(dirty) + self.vcpus * (SECTION_HEADER + VCPU_BYTES) + END_BYTES;
+        let r = self.round(dirty, bytes);
+        let c = &self.costs;
+        let downtime = r.seconds + c.stop + c.stop_per_vcpu * self.vcpus as f64;
+        (r, downtime)
+    }
+}
+
+/// Runs the model.
+///
+/// # Errors
+/// Inputs that make no sense (non-positive bandwidth or downtime, negative or
+/// NaN rate, more non-zero pages than pages).
+pub fn predict(i: &Inputs) -> Result<Prediction, Error> {
+    check(i)?;
+    let mut rounds = vec![i.pass0()];
+    let limit = i.max_rounds.filter(|&r| r > 0);
+    let mut dirty = i.dirtied(rounds[0].seconds);
+    let mut diverged: Option<String> = None;
+    let (converges, reason) = loop {
+        let done = rounds.len() as u64;
+        if i.fits(dirty) {
+            let why = format!(
+                "the last {} dirty page(s) fit the {:.0} ms downtime after {done} pass(es)",
+                dirty,
+                i.max_downtime * 1e3
+            );
+            break (true, why);
         }
+        let shrank = rounds.len() < 2 || dirty < rounds[rounds.len() - 1].pages;
+        if diverged.is_none() && (!shrank || rounds.len() >= MAX_ROUNDS) {
+            diverged = Some(not_converging(i, dirty, done));
+        }
+        // The sender goes on until the round limit forces the stop (or for ever).
+        match (diverged.take(), limit) {
+            (why, Some(l)) if done >= l => {
+                break (false, why.unwrap_or_else(|| not_converging(i, dirty, done)))
+            }
+            (Some(why), None) => break (false, why),
+            (why, _) => diverged = why,
+        }
+        let next = i.round(dirty, dirty_pass_bytes(dirty));
         rounds.push(next);
-        last = next;
+        dirty = i.dirtied(next.seconds);
     };
-    let total_bytes = rounds.iter().chain(stop.as_ref()).map(|r| r.bytes).sum();
-    let total_seconds = rounds.iter().chain(stop.as_ref()).map(|r| r.seconds).sum();
+    let forced = !converges && limit.is_some_and(|l| rounds.len() as u64 >= l);
+    let stop = (converges || forced).then(|| i.stop(dirty));
+    let pre_bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
+    let pre_seconds: f64 = rounds.iter().map(|r| r.seconds).sum();
+    let sent: u64 = rounds.iter().skip(1).map(|r| r.pages).sum();
+    let duplicate = i.total_pages - i.nonzero_pages;
     Ok(Prediction {
+        total_bytes: pre_bytes + stop.map_or(0, |s| s.0.bytes),
+        total_seconds: i.costs.setup + pre_seconds + stop.map_or(f64::INFINITY, |s| s.1),
+        downtime: stop.map_or(f64::INFINITY, |s| s.1),
+        normal: i.nonzero_pages + sent + stop.map_or(0, |s| s.0.pages),
+        duplicate,
+        stop_and_copy: stop.map(|s| s.0),
         rounds,
-        downtime: stop.map_or(f64::INFINITY, |r| r.seconds),
-        stop_and_copy: stop,
         converges,
         reason,
-        total_bytes,
-        total_seconds,
     })
 }
 
+/// Why the passes do not converge, in words.
+fn not_converging(i: &Inputs, dirty: u64, done: u64) -> String {
+    let mib = |b: f64| b / 1048576.0;
+    let dirty_bytes = i.dirty_rate * DIRTY_PAGE_WIRE as f64;
+    let ms = dirty as f64 * DIRTY_PAGE_WIRE as f64 / i.rate() * 1e3;
+    if dirty_bytes >= i.rate() {
+        format!("the guest dirties {:.1} MiB/s, at least the {:.1} MiB/s link: passes stop shrinking at {dirty} pages ({ms:.0} ms, over the {:.0} ms downtime)", mib(dirty_bytes), mib(i.rate()), i.max_downtime * 1e3)
+    } else {
+        format!("after {done} passes {dirty} pages are still dirty ({ms:.0} ms on the wire, over the {:.0} ms downtime): the guest dirties {:.1} MiB/s, too close to the {:.1} MiB/s link", i.max_downtime * 1e3, mib(dirty_bytes), mib(i.rate()))
+    }
+}
+
+/// Milliseconds, rounded, or null when infinite.
+fn ms(seconds: f64) -> serde_json::Value {
+    if seconds.is_finite() {
+        serde_json::json!(saturating_u64((seconds * 1e3).round()))
+    } else {
+        serde_json::Value::Null
+    }
+}
+
 impl Prediction {
-    /// The prediction as JSON.
+    /// `dirty-sync-count`: one sync after every pass sent while the guest runs.
+    pub fn dirty_sync_count(&self) -> u64 {
+        self.rounds.len() as u64
+    }
+
+    /// The prediction as JSON: the model's rounds, and `migrate` holding
+    /// the figures under `query-migrate`'s names (times in ms, as it gives them).
     pub fn to_json(&self) -> serde_json::Value {
         let r = |r: &Round| serde_json::json!({ "pages": r.pages, "bytes": r.bytes, "seconds": r.seconds });
+        let ends = self.stop_and_copy.is_some();
         serde_json::json!({
             "converges": self.converges, "reason": self.reason,
             "rounds": self.rounds.iter().map(r).collect::<Vec<_>>(),
             "stop_and_copy": self.stop_and_copy.as_ref().map(r),
-            "total_bytes": self.total_bytes, "total_seconds": self.total_seconds,
+            "total_bytes": self.total_bytes,
+            "total_seconds": if self.total_seconds.is_finite() { serde_json::json!(self.total_seconds) } else { serde_json::Value::Null },
             "downtime_seconds": if self.downtime.is_finite() { serde_json::json!(self.downtime) } else { serde_json::Value::Null },
+            "migrate": {
+                "status": if ends { "completed" } else { "active" },
+                "x-converges": self.converges,
+                "total-time": ms(self.total_seconds),
+                "downtime": ms(self.downtime),
+                "ram": {
+                    "transferred": self.total_bytes,
+                    "duplicate": self.duplicate,
+                    "normal": self.normal,
+                    "normal-bytes": self.normal * PAGE,
+                    "dirty-sync-count": self.dirty_sync_count(),
+                },
+            },
         })
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: f64 = 1048576.0;
-
-    fn inputs() -> Inputs {
-        Inputs {
-            total_pages: 1000,
-            nonzero_pages: 400,
-            dirty_rate: 0.0,
-            working_set: None,
-            bandwidth: 4104.0 * 100.0,
-            max_downtime: 0.3,
-        }
-    }
-
-    #[test]
-    fn idle_guest_sends_everything_once_and_converges_with_no_downtime_pages() {
-        // Round 0: 400 full pages (400 × 4104 B) + 600 zero pages (600 × 9 B) = 1 641 600 + 5 400 B
-        // at 410 400 B/s = 4.013 s; nothing is dirtied, so the stop-and-copy round is empty.
-        let p = predict(&inputs()).unwrap();
-        assert_eq!(p.rounds.len(), 1);
-        assert_eq!(p.rounds[0].bytes, 1_647_000);
-        assert!((p.rounds[0].seconds - 1_647_000.0 / 410_400.0).abs() < 1e-9);
-        assert_eq!(p.stop_and_copy.unwrap().pages, 0);
-        assert!(p.converges);
-        assert_eq!(p.total_bytes, 1_647_000);
-        assert_eq!(p.downtime, 0.0);
-    }
-
-    #[test]
-    fn slow_dirtier_converges_in_shrinking_rounds() {
-        // Bandwidth 100 pages/s, dirty 10 pages/s, downtime 0.3 s (30 pages).
-        // Round 0: 4.0132 s → 41 pages dirtied (ceil 40.13) → round 1: 0.41 s → 5 pages → 0.05 s ≤ 0.3 s: stop.
-        let p = predict(&Inputs {
-            dirty_rate: 10.0,
-            ..inputs()
-        })
-        .unwrap();
-        assert_eq!(
-            p.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
-            vec![1000, 41]
-        );
-        assert_eq!(p.stop_and_copy.unwrap().pages, 5);
-        assert!(p.converges);
-        assert!((p.downtime - 0.05).abs() < 1e-9);
-        assert_eq!(p.total_bytes, 1_647_000 + 46 * 4104);
-    }
-
-    #[test]
-    fn dirtying_faster_than_the_link_never_converges() {
-        // 150 pages/s dirtied on a 100 pages/s link: every round grows until the
-        // whole RAM is dirty, and 1000 pages take 10 s, far over 0.3 s.
-        let p = predict(&Inputs {
-            dirty_rate: 150.0,
-            ..inputs()
-        })
-        .unwrap();
-        assert!(!p.converges);
-        assert!(p.reason.contains("at least the"), "{}", p.reason);
-        assert_eq!(p.stop_and_copy, None);
-        assert!(p.downtime.is_infinite());
-        // Round 0 takes 4.013 s → 602 dirty pages (6.02 s) → 903: growing, so it stops there.
-        assert_eq!(
-            p.rounds.iter().map(|r| r.pages).collect::<Vec<_>>(),
-            vec![1000, 602]
-        );
-        assert!(
-            p.reason.contains("stop shrinking at 903 pages"),
-            "{}",
-            p.reason
-        );
-    }
-
-    #[test]
-    fn small_working_set_converges_even_when_dirtying_fast() {
-        // Dirtying faster than the link, but only 20 distinct pages (0.2 s): fits.
-        let p = predict(&Inputs {
-            dirty_rate: 150.0,
-            working_set: Some(20),
-            ..inputs()
-        })
-        .unwrap();
-        assert!(p.converges);
-        assert_eq!(p.stop_and_copy.unwrap().pages, 20);
-    }
-
-    #[test]
-    fn working_set_over_the_downtime_never_converges_when_dirtying_fast() {
-        // Faster than the link, 50 distinct pages (0.5 s > 0.3 s): every round is 50 pages.
-        let p = predict(&Inputs {
-            dirty_rate: 150.0,
-            working_set: Some(50),
-            ..inputs()
-        })
-        .unwrap();
-        assert!(!p.converges);
-        assert!(
-            p.reason.contains("stop shrinking at 50 pages"),
-            "{}",
-            p.reason
-        );
-    }
-
-    #[test]
-    fn slower_than_the_link_converges_geometrically() {
-        // 90 pages/s on a 100 pages/s link: each round is 0.9 of the last:
-        // 1000, 362, 326, ..., until a round fits 0.3 s (30 pages).
-        let p = predict(&Inputs {
-            dirty_rate: 90.0,
-            ..inputs()
-        })
-        .unwrap();
-        assert!(p.converges, "{}", p.reason);
-        let pages: Vec<u64> = p.rounds.iter().map(|r| r.pages).collect();
-        assert_eq!(&pages[..3], &[1000, 362, 326]);
-        assert!(pages.windows(2).skip(1).all(|w| w[1] < w[0]));
-        assert!(p.stop_and_copy.unwrap().pages <= 30);
-    }
-
-    #[test]
-    fn dirtying_just_below_the_link_gives_up_after_max_rounds() {
-        let p = predict(&Inputs {
-            dirty_rate: 99.0,
-            ..inputs()
-        })
-        .unwrap();
-        assert!(!p.converges);
-        assert_eq!(p.rounds.len(), MAX_ROUNDS);
-        assert!(p.reason.starts_with("after 30 rounds"), "{}", p.reason);
-    }
-
-    #[test]
-    fn realistic_guest_numbers() {
-        // 16 GiB guest, 4 GiB non-zero, 10 Gbit/s, dirtying 20 000 pages/s, 300 ms.
-        let total = 16 * 262_144;
-        let p = predict(&Inputs {
-            total_pages: total,
-            nonzero_pages: total / 4,
-            dirty_rate: 20_000.0,
-            working_set: None,
-            bandwidth: 1.25e9,
-            max_downtime: 0.3,
-        })
-        .unwrap();
-        assert!(p.converges, "{}", p.reason);
-        assert!(p.rounds[0].bytes < saturating_u64(4.1 * 1024.0 * MIB));
-    }
-
-    #[test]
-    fn rejects_nonsense_inputs() {
-        assert_eq!(
-            predict(&Inputs {
-                bandwidth: 0.0,
-                ..inputs()
-            })
-            .unwrap_err(),
-            Error::Bandwidth(0.0)
-        );
-        assert_eq!(
-            predict(&Inputs {
-                max_downtime: -1.0,
-                ..inputs()
-            })
-            .unwrap_err(),
-            Error::Downtime(-1.0)
-        );
-        assert!(matches!(
-            predict(&Inputs {
-                dirty_rate: f64::NAN,
-                ..inputs()
-            }),
-            Err(Error::DirtyRate(_))
-        ));
-        assert_eq!(
-            predict(&Inputs {
-                nonzero_pages: 1001,
-                ..inputs()
-            })
-            .unwrap_err(),
-            Error::Pages {
-                nonzero: 1001,
-                total: 1000
-            }
-        );
-    }
-}
+#[path = "model_tests.rs"]
+mod tests;

@@ -44,6 +44,34 @@ pub struct DirtyRate {
     pub pages_per_s: f64,
     /// Ring entries harvested per vCPU (ring mode).
     pub per_vcpu: Option<Vec<u64>>,
+    /// Distinct pages at about half the window, and when.
+    pub half: (u64, Duration),
+}
+
+impl DirtyRate {
+    /// The write rate and working set behind the window, for writes spread
+    /// uniformly over a working set `W` at `r` pages/s: distinct pages after
+    /// `t` are `W·(1 − e^(−r·t/W))`. With `x = e^(−r·t½/W)` from the two
+    /// counts (`p/p½ = 1 + x` when `t = 2·t½`), `W = p½/(1 − x)` and
+    /// `r = −W·ln x / t½`. When the second half added as much as the first
+    /// (no saturation seen) the rate is the window's and the set unknown; when
+    /// it added next to nothing (saturated by half time) `x` is taken as 0.05:
+    /// the set is what was seen, the rate at least `3·W / t½`.
+    pub fn rate_and_working_set(&self) -> (f64, Option<u64>) {
+        let (p_half, t_half) = (self.half.0 as f64, self.half.1.as_secs_f64());
+        let (p, t) = (self.pages as f64, self.window.as_secs_f64());
+        let linear = (self.pages_per_s, None);
+        if p_half < 64.0 || t_half <= 0.0 || (t / t_half - 2.0).abs() > 0.2 {
+            return linear;
+        }
+        let x = p / p_half - 1.0;
+        if x >= 0.9 {
+            return linear;
+        }
+        let x = x.max(0.05);
+        let w = p_half / (1.0 - x);
+        (-w * x.ln() / t_half, Some(saturating_u64(w.round())))
+    }
 }
 
 /// What the report holds.
@@ -65,6 +93,19 @@ pub struct Report {
     pub prediction: Option<Prediction>,
     /// Which non-zero estimate the prediction used.
     pub estimate_used: &'static str,
+    /// The link and downtime limit the prediction is for.
+    pub link: Link,
+}
+
+/// The link a prediction is for, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Link {
+    /// Bytes per second; `None`: unlimited.
+    pub bandwidth: Option<f64>,
+    /// The downtime limit.
+    pub max_downtime: Duration,
+    /// `request`, `migration-parameters` or `default`.
+    pub from: &'static str,
 }
 
 /// A duration as people read it: microseconds below a millisecond, else milliseconds.
@@ -139,19 +180,29 @@ impl Report {
             Some(s) => (s.value.nonzero_pages, "scan"),
             None => (self.mapped_pages().min(self.ram_pages), "mapped"),
         };
+        let (rate, working_set) = self
+            .dirty_rate
+            .as_ref()
+            .map_or((0.0, None), |d| d.value.rate_and_working_set());
         let inputs = Inputs {
             total_pages: self.ram_pages,
             nonzero_pages: nonzero,
-            dirty_rate: self
-                .dirty_rate
-                .as_ref()
-                .map_or(0.0, |d| d.value.pages_per_s),
-            working_set: None,
+            dirty_rate: rate,
+            working_set,
+            backed_pages: Some(self.resident.value),
             bandwidth: options.bandwidth,
             max_downtime: options.max_downtime.as_secs_f64(),
+            vcpus: options.vcpus,
+            max_rounds: Some(options.max_rounds),
+            costs: model::Costs::default(),
         };
         self.prediction = Some(model::predict(&inputs)?);
         self.estimate_used = used;
+        self.link = Link {
+            bandwidth: options.bandwidth,
+            max_downtime: options.max_downtime,
+            from: options.link_from,
+        };
         Ok(())
     }
 
@@ -173,6 +224,8 @@ impl Report {
                 "mode": d.value.mode, "window_s": d.value.window.as_secs_f64(), "pages": d.value.pages,
                 "pages_per_s": d.value.pages_per_s, "bytes_per_s": d.value.pages_per_s * 4096.0,
                 "per_vcpu": d.value.per_vcpu, "took_us": us(d.took),
+                "half_window_pages": d.value.half.0,
+                "model_rate": d.value.rate_and_working_set().0, "model_working_set": d.value.rate_and_working_set().1,
             })),
             "scan": self.scan.as_ref().map(|s| json!({
                 "zero_pages": s.value.zero_pages, "nonzero_pages": s.value.nonzero_pages, "unbacked_pages": s.value.unbacked_pages,
@@ -180,6 +233,7 @@ impl Report {
             })),
             "estimate_used": self.estimate_used,
             "prediction": self.prediction.as_ref().map(Prediction::to_json),
+            "link": { "bandwidth": self.link.bandwidth, "downtime-limit-ms": u64::try_from(self.link.max_downtime.as_millis()).unwrap_or(u64::MAX), "from": self.link.from },
         })
     }
 
@@ -266,13 +320,33 @@ impl Report {
 
     fn prediction_text(&self, s: &mut String) {
         let Some(p) = &self.prediction else { return };
-        let downtime = if p.converges {
-            format!("{:.1} ms", p.downtime * 1e3)
-        } else {
-            "-".into()
+        let ms = |v: f64| {
+            if v.is_finite() {
+                format!("{:.0} ms", v * 1e3)
+            } else {
+                "-".into()
+            }
         };
-        let (bytes, rounds) = (format_bytes(p.total_bytes), p.rounds.len());
-        let _ = writeln!(s, "pre-copy ({} estimate): {bytes} in {rounds} round(s) + stop-and-copy, {:.2} s total, downtime {downtime}", self.estimate_used, p.total_seconds);
+        let link = self.link.bandwidth.map_or("unlimited".into(), |b| {
+            format!("{}/s", format_bytes(saturating_u64(b)))
+        });
+        let _ = writeln!(
+            s,
+            "pre-copy on a {link} link, downtime limit {} ms ({}), {} estimate:",
+            self.link.max_downtime.as_millis(),
+            self.link.from,
+            self.estimate_used
+        );
+        let _ = writeln!(
+            s,
+            "  transferred {}  duplicate {}  normal {}  dirty-sync-count {}  total-time {}  downtime {}",
+            format_bytes(p.total_bytes),
+            p.duplicate,
+            p.normal,
+            p.dirty_sync_count(),
+            ms(p.total_seconds),
+            ms(p.downtime)
+        );
         let verdict = if p.converges {
             "converges"
         } else {
@@ -319,7 +393,40 @@ mod tests {
             }),
             prediction: None,
             estimate_used: "",
+            link: Link::default(),
         }
+    }
+
+    fn window(pages: u64, half: u64) -> DirtyRate {
+        DirtyRate {
+            mode: "dirty-bitmap",
+            window: Duration::from_millis(500),
+            pages,
+            pages_per_s: pages as f64 * 2.0,
+            per_vcpu: None,
+            half: (half, Duration::from_millis(250)),
+        }
+    }
+
+    #[test]
+    fn a_saturated_window_gives_the_write_rate_and_the_working_set() {
+        // 20 000 writes/s over 10 000 pages: 3 935 distinct at 0.25 s, 6 321 at 0.5 s.
+        let (rate, ws) = window(6321, 3935).rate_and_working_set();
+        assert!((rate / 20_000.0 - 1.0).abs() < 0.01, "{rate}");
+        assert!(ws.is_some_and(|w| w.abs_diff(10_000) < 100), "{ws:?}");
+    }
+
+    #[test]
+    fn a_window_saturated_by_half_time_gives_the_set_it_saw() {
+        let (rate, ws) = window(5000, 4990).rate_and_working_set();
+        assert!(ws.is_some_and(|w| w.abs_diff(5000) < 300), "{ws:?}");
+        assert!(rate > 3.0 * 5000.0 / 0.25 * 0.9, "{rate}");
+    }
+
+    #[test]
+    fn an_unsaturated_window_is_a_plain_rate() {
+        assert_eq!(window(2000, 1000).rate_and_working_set(), (4000.0, None));
+        assert_eq!(window(40, 20).rate_and_working_set(), (80.0, None));
     }
 
     #[test]
@@ -349,14 +456,14 @@ mod tests {
         assert_eq!(r.estimate_used, "scan");
         assert_eq!(
             r.prediction.as_ref().unwrap().rounds[0].bytes,
-            400 * model::FULL_PAGE_WIRE + 3696 * model::ZERO_PAGE_WIRE
+            model::pass0_bytes(4096, 400)
         );
         r.scan = None;
         r.predict(&Options::default()).unwrap();
         assert_eq!(r.estimate_used, "mapped");
         assert_eq!(
             r.prediction.unwrap().rounds[0].bytes,
-            812 * model::FULL_PAGE_WIRE + (4096 - 812) * model::ZERO_PAGE_WIRE
+            model::pass0_bytes(4096, 812)
         );
     }
 

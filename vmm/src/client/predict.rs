@@ -1,0 +1,215 @@
+//! `kvmscope migrate --predict`: the readiness prediction asked just before
+//! the migration starts, and the predicted figures set against the actual
+//! ones of `query-migrate`, field by field, with the error of each.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use super::{Client, Error};
+use crate::migration::{MigrationInfo, Status};
+
+/// The prediction's figures under `query-migrate`'s names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Predicted {
+    /// `transferred`, bytes.
+    pub transferred: u64,
+    pub duplicate: u64,
+    pub normal: u64,
+    pub dirty_sync_count: u64,
+    /// ms; `None` when it never ends.
+    pub total_time: Option<u64>,
+    /// ms; `None` when it never stops.
+    pub downtime: Option<u64>,
+    /// Whether the passes converge before the downtime limit.
+    pub converges: bool,
+    /// Why, in words.
+    pub reason: String,
+    /// The report's text, for people.
+    pub text: String,
+}
+
+/// Asks `query-readiness` (with the exact scan, and the VMM's dirty-rate
+/// window when it logs dirty pages) for the link `bandwidth` (0: unlimited).
+///
+/// # Errors
+/// A transport failure, the VMM's error reply, or a reply without a prediction.
+pub fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Error> {
+    let line =
+        json!({"execute": "query-readiness", "arguments": {"scan": true, "bandwidth": bandwidth}});
+    client.send_line(line.to_string().as_bytes())?;
+    let reply = client.read_reply_after_events(|_| Ok(()))?.value;
+    if let Some((class, desc)) = super::error_reply(&reply) {
+        return Err(Error::Remote { class, desc });
+    }
+    let r = &reply["return"];
+    let p = &r["prediction"];
+    let m = &p["migrate"];
+    let ram = &m["ram"];
+    let n = |v: &Value| v.as_u64().ok_or_else(|| Error::BadReply(reply.to_string()));
+    Ok(Predicted {
+        transferred: n(&ram["transferred"])?,
+        duplicate: n(&ram["duplicate"])?,
+        normal: n(&ram["normal"])?,
+        dirty_sync_count: n(&ram["dirty-sync-count"])?,
+        total_time: m["total-time"].as_u64(),
+        downtime: m["downtime"].as_u64(),
+        converges: p["converges"].as_bool().unwrap_or(false),
+        reason: p["reason"].as_str().unwrap_or_default().to_string(),
+        text: r["text"].as_str().unwrap_or_default().to_string(),
+    })
+}
+
+/// Whether a finished migration converged: it completed, and what was dirty
+/// at its last sync fitted the downtime limit (not forced by `x-max-rounds`).
+pub fn converged(info: &MigrationInfo, downtime_limit: u64) -> bool {
+    info.status == Some(Status::Completed)
+        && info.expected_downtime.is_some_and(|e| e <= downtime_limit)
+}
+
+/// `(actual - predicted) / actual`, as a percentage; `None` without both.
+fn error_pct(predicted: Option<u64>, actual: Option<u64>) -> Option<f64> {
+    let (p, a) = (predicted? as f64, actual? as f64);
+    Some(if a == 0.0 {
+        if p == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        (p - a) / a * 100.0
+    })
+}
+
+/// The rows of the comparison: (field, predicted, actual, error %).
+pub fn rows(p: &Predicted, info: &MigrationInfo) -> Vec<(&'static str, Option<u64>, Option<u64>)> {
+    let ram = info.ram.clone().unwrap_or_default();
+    vec![
+        ("transferred", Some(p.transferred), Some(ram.transferred)),
+        ("duplicate", Some(p.duplicate), Some(ram.duplicate)),
+        ("normal", Some(p.normal), Some(ram.normal)),
+        (
+            "dirty-sync-count",
+            Some(p.dirty_sync_count),
+            Some(ram.dirty_sync_count),
+        ),
+        ("total-time", p.total_time, info.total_time),
+        ("downtime", p.downtime, info.downtime),
+    ]
+}
+
+/// The comparison for people: one line per field, then the verdicts.
+pub fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> String {
+    let mut s = String::from("predicted vs actual:\n");
+    let cell = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    for (name, predicted, actual) in rows(p, info) {
+        let err = error_pct(predicted, actual).map_or("-".to_string(), |e| format!("{e:+.1} %"));
+        let _ = writeln!(
+            s,
+            "  {name:<17} {:>14} {:>14} {err:>10}",
+            cell(predicted),
+            cell(actual)
+        );
+    }
+    let verdict = |c: bool| if c { "converges" } else { "does not converge" };
+    let actual = converged(info, downtime_limit);
+    let _ = writeln!(
+        s,
+        "  verdict           {:>14} {:>14} {:>10}",
+        verdict(p.converges),
+        verdict(actual),
+        if p.converges == actual {
+            "right"
+        } else {
+            "WRONG"
+        }
+    );
+    s
+}
+
+/// The comparison as JSON (`x-predicted` next to `query-migrate`'s figures).
+pub fn to_json(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> Value {
+    let fields: serde_json::Map<String, Value> = rows(p, info)
+        .into_iter()
+        .map(|(name, predicted, actual)| {
+            let err = error_pct(predicted, actual).filter(|e| e.is_finite());
+            (
+                name.to_string(),
+                json!({ "predicted": predicted, "actual": actual, "error-percent": err }),
+            )
+        })
+        .collect();
+    json!({
+        "fields": fields,
+        "converges": { "predicted": p.converges, "actual": converged(info, downtime_limit) },
+        "reason": p.reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::migration::RamStats;
+
+    fn info(expected: u64) -> MigrationInfo {
+        MigrationInfo {
+            status: Some(Status::Completed),
+            total_time: Some(200),
+            downtime: Some(4),
+            expected_downtime: Some(expected),
+            ram: Some(RamStats {
+                transferred: 1_000_000,
+                duplicate: 60_000,
+                normal: 250,
+                dirty_sync_count: 2,
+                ..RamStats::default()
+            }),
+            ..MigrationInfo::default()
+        }
+    }
+
+    fn predicted() -> Predicted {
+        Predicted {
+            transferred: 1_100_000,
+            duplicate: 60_000,
+            normal: 240,
+            dirty_sync_count: 1,
+            total_time: Some(100),
+            downtime: None,
+            converges: true,
+            ..Predicted::default()
+        }
+    }
+
+    #[test]
+    fn the_table_gives_each_field_its_error_and_dashes_for_no_figure() {
+        let t = table(&predicted(), &info(1), 300);
+        assert!(t.contains("transferred"), "{t}");
+        assert!(t.contains("+10.0 %"), "{t}");
+        assert!(t.contains("-4.0 %"), "{t}");
+        assert!(t.contains("-50.0 %"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.contains("downtime") && l.trim_end().ends_with('-')),
+            "{t}"
+        );
+        assert!(t.contains("right"), "{t}");
+    }
+
+    #[test]
+    fn a_migration_stopped_by_the_round_limit_did_not_converge() {
+        assert!(!converged(&info(900), 300));
+        assert!(converged(&info(300), 300));
+        let t = table(&predicted(), &info(900), 300);
+        assert!(t.contains("WRONG"), "{t}");
+    }
+
+    #[test]
+    fn the_json_has_predicted_actual_and_error_per_field() {
+        let j = to_json(&predicted(), &info(1), 300);
+        assert_eq!(j["fields"]["normal"]["predicted"], 240);
+        assert_eq!(j["fields"]["normal"]["actual"], 250);
+        assert_eq!(j["fields"]["downtime"]["error-percent"], Value::Null);
+        assert_eq!(j["converges"]["actual"], true);
+    }
+}

@@ -1,0 +1,285 @@
+//! Unit tests of the pre-copy model, on hand-worked cases.
+use super::*;
+
+/// 100 dirty pages per second.
+const LINK: f64 = 411_200.0;
+
+fn no_costs() -> Costs {
+    Costs {
+        local_rate: 1e12,
+        setup: 0.0,
+        stop: 0.0,
+        stop_per_vcpu: 0.0,
+    }
+}
+
+fn inputs() -> Inputs {
+    Inputs {
+        total_pages: 1000,
+        nonzero_pages: 400,
+        dirty_rate: 0.0,
+        working_set: None,
+        backed_pages: None,
+        bandwidth: Some(LINK),
+        max_downtime: 0.3,
+        vcpus: 1,
+        max_rounds: None,
+        costs: no_costs(),
+    }
+}
+
+fn pages(p: &Prediction) -> Vec<u64> {
+    p.rounds.iter().map(|r| r.pages).collect()
+}
+
+#[test]
+fn pass_zero_costs_a_run_header_for_zero_pages_not_a_header_per_page() {
+    // 104 setup + 400 pages + 3 runs (normal, zero, zero) + 1 section header + pass record.
+    assert_eq!(pass0_bytes(1000, 400), 104 + 1_638_400 + 48 + 16 + 32);
+    // The seed's 16 GiB guest that only booted: 283 pages of data, 1.2 MB, not QEMU's 37 MB.
+    assert_eq!(pass0_bytes(4 << 20, 283), 104 + 283 * 4096 + 48 + 16 + 32);
+    assert_eq!(pass0_bytes(1000, 0), 104 + 2 * 16 + 16 + 32);
+}
+
+#[test]
+fn idle_guest_sends_everything_once_and_stops_with_only_the_device_state() {
+    let p = predict(&inputs()).unwrap();
+    assert_eq!(pages(&p), vec![1000]);
+    assert_eq!(p.dirty_sync_count(), 1);
+    assert!(p.converges);
+    let stop = p.stop_and_copy.unwrap();
+    assert_eq!((stop.pages, stop.bytes), (0, 32 + 16 + VCPU_BYTES + 32));
+    let stop_bytes = 32 + 16 + VCPU_BYTES + 32;
+    assert_eq!(p.total_bytes, 1_638_600 + stop_bytes);
+    assert_eq!((p.duplicate, p.normal), (600, 400));
+    assert!((p.downtime - stop_bytes as f64 / LINK).abs() < 1e-12);
+}
+
+#[test]
+fn slow_dirtier_converges_when_the_dirty_pages_fit_the_downtime() {
+    // Pass 0: 1 638 600 B at 411 200 B/s = 3.985 s → 40 dirty pages (12 > 0.3 s × 100):
+    // pass 1 sends them (164 528 B, 0.4001 s) → 5 dirty pages fit: stop.
+    let p = predict(&Inputs {
+        dirty_rate: 10.0,
+        ..inputs()
+    })
+    .unwrap();
+    assert_eq!(pages(&p), vec![1000, 40]);
+    assert_eq!(p.rounds[1].bytes, 40 * 4112 + 16 + 32);
+    assert_eq!(p.stop_and_copy.unwrap().pages, 5);
+    assert_eq!(p.dirty_sync_count(), 2);
+    assert_eq!(p.normal, 400 + 40 + 5);
+    assert!(p.converges, "{}", p.reason);
+}
+
+#[test]
+fn dirtying_faster_than_the_link_never_converges_and_never_stops() {
+    // 150 pages/s on a 100 pages/s link: 598 dirty after pass 0, then 898
+    // (pass 1 is 2 459 024 B, 5.98 s): growing.
+    let p = predict(&Inputs {
+        dirty_rate: 150.0,
+        ..inputs()
+    })
+    .unwrap();
+    assert!(!p.converges);
+    assert_eq!(pages(&p), vec![1000, 598]);
+    assert!(
+        p.reason.contains("stop shrinking at 898 pages"),
+        "{}",
+        p.reason
+    );
+    assert_eq!(p.stop_and_copy, None);
+    assert!(p.downtime.is_infinite() && p.total_seconds.is_infinite());
+    assert_eq!(p.to_json()["migrate"]["status"], "active");
+}
+
+#[test]
+fn max_rounds_forces_the_stop_of_a_guest_that_does_not_converge() {
+    let p = predict(&Inputs {
+        dirty_rate: 150.0,
+        max_rounds: Some(2),
+        ..inputs()
+    })
+    .unwrap();
+    assert!(!p.converges);
+    assert_eq!(p.dirty_sync_count(), 2);
+    assert_eq!(p.stop_and_copy.unwrap().pages, 898);
+    assert!((p.downtime - p.stop_and_copy.unwrap().seconds).abs() < 1e-12);
+    assert_eq!(p.to_json()["migrate"]["status"], "completed");
+    assert_eq!(p.to_json()["migrate"]["x-converges"], false);
+}
+
+#[test]
+fn a_diverging_guest_is_sent_pass_after_pass_until_the_round_limit() {
+    let p = predict(&Inputs {
+        dirty_rate: 150.0,
+        max_rounds: Some(4),
+        ..inputs()
+    })
+    .unwrap();
+    assert!(!p.converges);
+    assert_eq!(p.dirty_sync_count(), 4);
+    assert!(
+        p.reason.contains("stop shrinking at 898 pages"),
+        "{}",
+        p.reason
+    );
+    assert!(p.downtime.is_finite());
+}
+
+#[test]
+fn writes_over_a_working_set_saturate_it() {
+    // 100 pages/s over 100 pages for 1 s: 100·(1 − e^−1) = 63.2 distinct → 64.
+    let i = Inputs {
+        dirty_rate: 100.0,
+        working_set: Some(100),
+        ..inputs()
+    };
+    assert_eq!(i.dirtied(1.0), 64);
+    assert_eq!(i.dirtied(100.0), 100);
+    assert_eq!(
+        Inputs {
+            working_set: None,
+            ..i
+        }
+        .dirtied(1.0),
+        100
+    );
+}
+
+#[test]
+fn pass_zero_takes_the_time_to_read_every_backed_page() {
+    // 1000 backed pages (zero-filled but for 400) read at 1 MB/s: 4.096 s, over
+    // the 1 638 600 bytes' 1.6386 s (the local rate caps the 10 MB/s link).
+    let costs = Costs {
+        local_rate: 1e6,
+        ..no_costs()
+    };
+    let i = Inputs {
+        bandwidth: Some(1e7),
+        backed_pages: Some(1000),
+        costs,
+        ..inputs()
+    };
+    assert!((i.pass0().seconds - 4.096).abs() < 1e-9);
+    assert!(
+        (Inputs {
+            backed_pages: None,
+            ..i
+        }
+        .pass0()
+        .seconds
+            - 1.6386)
+            .abs()
+            < 1e-9
+    );
+}
+
+#[test]
+fn small_working_set_converges_even_when_dirtying_fast() {
+    let p = predict(&Inputs {
+        dirty_rate: 150.0,
+        working_set: Some(20),
+        ..inputs()
+    })
+    .unwrap();
+    assert!(p.converges);
+    assert_eq!(p.stop_and_copy.unwrap().pages, 20);
+}
+
+#[test]
+fn working_set_over_the_downtime_never_converges_when_dirtying_fast() {
+    // 150 writes/s over 50 pages: passes shrink as they get shorter (50, 39,
+    // 35, ...) to where a pass dirties as many pages as it sends, 31 (0.31 s
+    // on the wire, over 0.3 s).
+    let p = predict(&Inputs {
+        dirty_rate: 150.0,
+        working_set: Some(50),
+        ..inputs()
+    })
+    .unwrap();
+    assert!(!p.converges);
+    assert!(
+        p.reason.contains("stop shrinking at 31 pages"),
+        "{}",
+        p.reason
+    );
+}
+
+#[test]
+fn slower_than_the_link_converges_in_shrinking_passes() {
+    let p = predict(&Inputs {
+        dirty_rate: 90.0,
+        ..inputs()
+    })
+    .unwrap();
+    assert!(p.converges, "{}", p.reason);
+    assert!(pages(&p).windows(2).skip(1).all(|w| w[1] < w[0]));
+    assert!(p.stop_and_copy.unwrap().pages <= 30);
+}
+
+#[test]
+fn unlimited_link_runs_at_the_local_rate_and_costs_add_to_the_times() {
+    let costs = Costs {
+        local_rate: 1e9,
+        setup: 0.01,
+        stop: 0.002,
+        stop_per_vcpu: 0.001,
+    };
+    let p = predict(&Inputs {
+        bandwidth: None,
+        vcpus: 4,
+        costs,
+        ..inputs()
+    })
+    .unwrap();
+    let stop_bytes = 32 + 4 * (16 + VCPU_BYTES) + 32;
+    assert!((p.downtime - (stop_bytes as f64 / 1e9 + 0.006)).abs() < 1e-12);
+    let total = 0.01 + 1_638_600.0 / 1e9 + p.downtime;
+    assert!((p.total_seconds - total).abs() < 1e-12);
+    assert_eq!(p.to_json()["migrate"]["downtime"], 6);
+}
+
+#[test]
+fn the_stop_test_counts_whole_milliseconds_as_the_sender_does() {
+    // 30 pages at 100 pages/s are 300 ms: fits a 300 ms limit; 31 do not.
+    let i = inputs();
+    assert!(i.fits(30));
+    assert!(!i.fits(31));
+}
+
+#[test]
+fn rejects_nonsense_inputs() {
+    let bad = |i: Inputs| predict(&i).unwrap_err();
+    assert_eq!(
+        bad(Inputs {
+            bandwidth: Some(0.0),
+            ..inputs()
+        }),
+        Error::Bandwidth(0.0)
+    );
+    assert_eq!(
+        bad(Inputs {
+            max_downtime: -1.0,
+            ..inputs()
+        }),
+        Error::Downtime(-1.0)
+    );
+    assert!(matches!(
+        bad(Inputs {
+            dirty_rate: f64::NAN,
+            ..inputs()
+        }),
+        Error::DirtyRate(_)
+    ));
+    assert_eq!(
+        bad(Inputs {
+            nonzero_pages: 1001,
+            ..inputs()
+        }),
+        Error::Pages {
+            nonzero: 1001,
+            total: 1000
+        }
+    );
+}
