@@ -2,7 +2,15 @@
 //! bytes (zerocopy, so the sizes are this build's and are checked), the MSRs,
 //! and the VMM's part as JSON.
 
-#![warn(missing_docs)]
+// Values here come from the peer's stream or the kernel: casts must not
+// lose, wrap or sign-flip them silently.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -29,6 +37,9 @@ pub enum Error {
     /// The VMM's state could not be turned into JSON on the source (vCPU index given).
     #[error("vCPU {0}: encoding its VMM state")]
     Encode(usize, #[source] serde_json::Error),
+    /// A count does not fit its 32-bit field on the wire (vCPU index and what).
+    #[error("vCPU {0}: {1} does not fit the stream's 32-bit field")]
+    TooBig(usize, &'static str),
 }
 
 fn fixed_len() -> usize {
@@ -47,9 +58,10 @@ fn fixed_len() -> usize {
 pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
     let vmm = serde_json::to_vec(&s.vmm).map_err(|e| Error::Encode(s.index, e))?;
     let header = VcpuHeader {
-        index: s.index as u32,
-        msr_count: s.kvm.msrs.len() as u32,
-        vmm_len: vmm.len() as u32,
+        index: u32::try_from(s.index).map_err(|_| Error::TooBig(s.index, "its index"))?,
+        msr_count: u32::try_from(s.kvm.msrs.len())
+            .map_err(|_| Error::TooBig(s.index, "its MSR list"))?,
+        vmm_len: u32::try_from(vmm.len()).map_err(|_| Error::TooBig(s.index, "its VMM state"))?,
         tsc_khz: s.kvm.tsc_khz,
     };
     let k = &s.kvm;

@@ -3,7 +3,15 @@
 //! lengths are bounded before anything is allocated, and a CRC-32 trailer.
 //! docs/MIGRATION.md describes it for people.
 
-#![warn(missing_docs)]
+// Values here come from the peer's stream or the kernel: casts must not
+// lose, wrap or sign-flip them silently.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 use std::io::{Read, Write};
 
@@ -16,6 +24,9 @@ pub const MAGIC: [u8; 8] = *b"KVMSMIG\0";
 pub const VERSION: u32 = 1;
 /// Guest page size on the wire.
 pub const PAGE_SIZE: u64 = 4096;
+/// [`PAGE_SIZE`] as a buffer length.
+pub const PAGE_BYTES: usize = 4096;
+const _: () = assert!(PAGE_SIZE == 4096);
 /// Largest RAM section payload a receiver accepts.
 pub const MAX_RAM_SECTION: u64 = 64 << 20;
 /// Largest plan section payload a receiver accepts (256 Ki ranges).
@@ -551,6 +562,19 @@ impl<R: Read> Reader<R> {
     }
 }
 
+/// A section's payload length as a buffer size (already within its kind's
+/// [`Kind::max_len`], so this fails only where that does not fit memory).
+///
+/// # Errors
+/// `TooLong` when `len` does not fit this host's address space.
+pub fn payload_len(kind: Kind, len: u64) -> Result<usize, Error> {
+    usize::try_from(len).map_err(|_| Error::TooLong {
+        what: kind.name(),
+        len,
+        max: u64::try_from(usize::MAX).unwrap_or(u64::MAX),
+    })
+}
+
 /// Checks that a section is exactly `need` bytes.
 ///
 /// # Errors
@@ -576,7 +600,8 @@ pub fn write_reply(out: &mut impl Write, code: u32, message: &str) -> Result<(),
     let h = ReplyHeader {
         magic: REPLY_MAGIC,
         code,
-        len: bytes.len() as u32,
+        // At most MAX_MESSAGE (a u32) bytes, cut above.
+        len: u32::try_from(bytes.len()).unwrap_or(MAX_MESSAGE),
         reserved: 0,
     };
     out.write_all(h.as_bytes())?;
@@ -628,7 +653,7 @@ mod tests {
                 r.finish(len)?;
                 return Ok(r.sections);
             }
-            let mut buf = vec![0; len as usize];
+            let mut buf = vec![0; usize::try_from(len).unwrap()];
             r.read_exact(&mut buf, kind.name())?;
         }
     }

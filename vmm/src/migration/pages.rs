@@ -6,7 +6,15 @@
 //! zero-page ranges in one call per few thousand ranges; without it each
 //! page's `/proc/self/pagemap` entry has a present and a swapped bit.
 
-#![warn(missing_docs)]
+// Values here come from the peer's stream or the kernel: casts must not
+// lose, wrap or sign-flip them silently.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -178,7 +186,7 @@ fn scan(file: &File, base: u64, len: u64) -> Option<Vec<PageRegion>> {
         if n < 0 {
             return None;
         }
-        regions.extend_from_slice(buf.get(..n as usize)?);
+        regions.extend_from_slice(buf.get(..usize::try_from(n).ok()?)?);
         if arg.walk_end <= at {
             return None;
         }
@@ -190,15 +198,17 @@ fn scan(file: &File, base: u64, len: u64) -> Option<Vec<PageRegion>> {
 /// The fallback: one pagemap entry per page.
 fn read_entries(mut file: File, base: u64, len: u64) -> Result<Vec<(u64, u64, Backing)>, Error> {
     const CHUNK: u64 = 64 << 10;
+    const CHUNK_BYTES: usize = 8 * (64 << 10);
     let pages = len / 4096;
     let mut runs = Vec::new();
-    let mut buf = vec![0u8; (CHUNK * 8) as usize];
+    let mut buf = vec![0u8; CHUNK_BYTES];
     let mut done = 0;
     file.seek(SeekFrom::Start(base / 4096 * 8))
         .map_err(Error::Read)?;
     while done < pages {
         let n = (pages - done).min(CHUNK);
-        let bytes = &mut buf[..(n * 8) as usize];
+        // n <= CHUNK, so n * 8 fits the buffer.
+        let bytes = &mut buf[..usize::try_from(n * 8).unwrap_or(CHUNK_BYTES)];
         file.read_exact(bytes).map_err(Error::Read)?;
         for (i, e) in bytes.chunks_exact(8).enumerate() {
             let mut word = [0u8; 8];

@@ -8,7 +8,15 @@
 //! → `End` (trailer checked, state restored, `completed` sent). Anything
 //! else, at any point, is refused with the reason, and nothing runs here.
 
-#![warn(missing_docs)]
+// Values here come from the peer's stream or the kernel: casts must not
+// lose, wrap or sign-flip them silently.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -136,7 +144,7 @@ fn mode_name(m: Option<DirtyMode>) -> String {
 /// `Mismatch` naming the first difference and both values.
 pub fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Error> {
     let differ = |what, theirs: String, ours: String| Error::Mismatch { what, theirs, ours };
-    if c.page_size as u64 != format::PAGE_SIZE {
+    if u64::from(c.page_size) != format::PAGE_SIZE {
         return Err(differ("page size", c.page_size.to_string(), "4096".into()));
     }
     if c.guest_abi != crate::abi::ABI_VERSION {
@@ -349,12 +357,12 @@ impl Incoming {
     ) -> Result<(), Error> {
         match kind {
             Kind::Ram if l.snapshots.is_empty() => {
-                l.buf.resize(len as usize, 0);
+                l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "a RAM section")?;
                 load_ram(&l.buf, vm, &mut l.written, &mut l.ram)?;
             }
             Kind::Plan if l.prefetch.is_none() => {
-                l.buf.resize(len as usize, 0);
+                l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "the plan")?;
                 l.prefetch = Some(Prefetch::start(&vm.mem, plan(&l.buf, l.pages)?));
             }
@@ -368,7 +376,7 @@ impl Incoming {
                 if l.snapshots.is_empty() {
                     m.set_status(Status::Device);
                 }
-                l.buf.resize(len as usize, 0);
+                l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "a vCPU section")?;
                 l.snapshots.push(device::decode(&l.buf)?);
             }
@@ -401,7 +409,7 @@ impl Incoming {
         snapshots.sort_by_key(|s| s.index);
         for (i, s) in snapshots.iter().enumerate() {
             if s.index != i {
-                return Err(Error::VcpuIndex(s.index as u32));
+                return Err(Error::VcpuIndex(u32::try_from(s.index).unwrap_or(u32::MAX)));
             }
         }
         vm.restore_vcpus(&snapshots).map_err(Error::Restore)
@@ -434,11 +442,11 @@ pub fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, format:
         let data = match run.kind {
             format::RUN_ZERO => &b[..0],
             format::RUN_NORMAL => {
-                let bytes = u64::from(run.count) * format::PAGE_SIZE;
-                if bytes > b.len() as u64 {
-                    return Err(format::Error::Truncated("a normal run's pages"));
-                }
-                let (data, rest) = b.split_at(bytes as usize);
+                let bytes = usize::try_from(u64::from(run.count) * format::PAGE_SIZE)
+                    .ok()
+                    .filter(|&n| n <= b.len())
+                    .ok_or(format::Error::Truncated("a normal run's pages"))?;
+                let (data, rest) = b.split_at(bytes);
                 b = rest;
                 data
             }
@@ -457,7 +465,7 @@ fn load_ram(
     written: &mut Bitmap,
     ram: &mut RamStats,
 ) -> Result<(), Error> {
-    let zero = [0u8; format::PAGE_SIZE as usize];
+    let zero = [0u8; format::PAGE_BYTES];
     for (run, data) in runs(payload, vm.config.memory / format::PAGE_SIZE)? {
         let range = run.first..run.first + u64::from(run.count);
         if run.kind == format::RUN_ZERO {
@@ -552,11 +560,14 @@ fn populate(mem: &GuestMemory, page: u64, bytes: u64) {
     let Ok(host) = mem.get_host_address(GuestAddress(page * format::PAGE_SIZE)) else {
         return;
     };
+    let Ok(bytes) = usize::try_from(bytes) else {
+        return;
+    };
     // SAFETY: the range lies inside guest RAM (checked against its size by the
     // caller), a mapping `mem` keeps alive; populating only backs it with
     // zeroed pages, which a concurrent writer of the same pages may race with
     // harmlessly (the kernel serialises the faults).
-    let _ = unsafe { libc::madvise(host.cast(), bytes as usize, libc::MADV_POPULATE_WRITE) };
+    let _ = unsafe { libc::madvise(host.cast(), bytes, libc::MADV_POPULATE_WRITE) };
 }
 
 fn write_page(vm: &Vm, page: u64, bytes: &[u8]) -> Result<(), Error> {
