@@ -2,16 +2,6 @@
 //! hardware SVM (NPT or shadow), or a software backend such as PVM. It decides
 //! which statistics move, so it is reported with every result.
 
-// Values here come from the kernel, a peer or the user: casts must not lose,
-// wrap or sign-flip them silently; and every public item says what it is.
-#![warn(
-    missing_docs,
-    clippy::cast_lossless,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
-
 use std::fs;
 use std::path::Path;
 

@@ -1,8 +1,6 @@
 //! Loads the guest image and writes the boot structures the guest ABI promises:
 //! GDT, TSS, page tables and each vCPU's mailbox.
 
-#![warn(missing_docs)]
-
 use std::io::Cursor;
 
 use linux_loader::loader::{elf::Elf, KernelLoader};

@@ -4,8 +4,6 @@
 //!
 //! Kept free of KVM handles so that tests can feed it fabricated exits.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::abi;

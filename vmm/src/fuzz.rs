@@ -61,10 +61,10 @@ pub fn migration_stream(data: &[u8]) -> bool {
         }
         // A real receiver allocates up to the section limit; a fuzz input
         // that cannot hold the section need not.
-        if len > data.len() as u64 {
+        let Some(len) = usize::try_from(len).ok().filter(|&n| n <= data.len()) else {
             return false;
-        }
-        buf.resize(len as usize, 0);
+        };
+        buf.resize(len, 0);
         if r.read_exact(&mut buf, "a section").is_err() {
             return false;
         }

@@ -4,7 +4,17 @@
 //! engine is here. Threads: the main thread (`run`), one `vcpu<N>` thread per
 //! vCPU (`vcpu`), and a signal thread that turns SIGINT/SIGTERM into events.
 
-#![warn(missing_docs)]
+// Values here come from the kernel, a peer, a guest or the user: casts must
+// not lose, wrap or sign-flip them silently (conversions are checked, or go
+// through `units::saturating_u64` and friends); and every public item says
+// what it is.
+#![warn(
+    missing_docs,
+    clippy::cast_lossless,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 pub use kvmscope_guest_abi as abi;
 pub mod backend;

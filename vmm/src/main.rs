@@ -542,7 +542,7 @@ fn main() -> ExitCode {
             let config = client::migrate::MigrateConfig {
                 socket: a.socket,
                 to: a.to,
-                bandwidth: a.bandwidth.map(|b| b.0 as u64),
+                bandwidth: a.bandwidth.map(|b| kvmscope::units::saturating_u64(b.0)),
                 max_downtime: a.max_downtime.map(|d| d.0),
                 max_rounds: a.max_rounds,
                 predict: a.predict,

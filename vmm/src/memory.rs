@@ -1,7 +1,5 @@
 //! Guest RAM: one anonymous private mapping at guest address 0, through vm-memory.
 
-#![warn(missing_docs)]
-
 use vm_memory::{GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap, GuestMemoryRegion as _};
 
 use crate::abi;
@@ -99,7 +97,11 @@ pub fn create(size: u64, hugepages: bool) -> Result<GuestMemory, Error> {
 
 /// The host address and length of a region's mapping.
 pub fn host_range(region: &vm_memory::GuestRegionMmap<()>) -> (*mut u8, usize) {
-    (region.as_ptr(), region.len() as usize)
+    // A region maps its whole length into this process, so it fits a usize.
+    (
+        region.as_ptr(),
+        usize::try_from(region.len()).unwrap_or(usize::MAX),
+    )
 }
 
 /// Total bytes of guest RAM.

@@ -6,8 +6,6 @@
 //! The main loop (`run.rs`) owns the vCPU threads; everyone else asks it
 //! through these messages, so nothing but the main loop changes run state.
 
-#![warn(missing_docs)]
-
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 

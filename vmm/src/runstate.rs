@@ -1,8 +1,6 @@
 //! The VM's run state as the main loop sets it and the control plane reports
 //! it (`query-status`), named as QEMU names its `RunState`s.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use serde::{Deserialize, Serialize};

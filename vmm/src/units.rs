@@ -12,16 +12,6 @@
 //! bandwidth, where `10G` could mean bits or either kind of byte: it is
 //! refused with an error that names the three spellings.
 
-// Values here come from the kernel, a peer or the user: casts must not lose,
-// wrap or sign-flip them silently; and every public item says what it is.
-#![warn(
-    missing_docs,
-    clippy::cast_lossless,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
-
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -362,6 +352,11 @@ impl FromStr for VcpuChoice {
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 pub fn saturating_u64(v: f64) -> u64 {
     v as u64
+}
+
+/// Whole milliseconds of `d`, saturating at `u64::MAX` (585 million years).
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// As [`saturating_u64`], into a `usize`.

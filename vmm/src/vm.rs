@@ -1,8 +1,6 @@
 //! The VM: KVM handles, guest RAM, vCPU threads and their stats fds, and the
 //! orderly start and stop of it all.
 
-#![warn(missing_docs)]
-
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -407,7 +405,7 @@ impl Drop for Vm {
 
 fn register_memory(fd: &VmFd, mem: &GuestMemory, dirty_log: bool) -> Result<(), Error> {
     for (slot, region) in mem.iter().enumerate() {
-        let region = dirty::slot_region(slot as u32, region, dirty_log);
+        let region = dirty::slot_region(slot, region, dirty_log);
         // SAFETY: the region is a live mapping of `mem`; it is unmapped only when the
         // last `GuestMemory` clone goes, and every vCPU holds one, so no vCPU can run
         // on an unmapped slot.
@@ -422,7 +420,9 @@ fn open_kvm(vcpus: usize) -> Result<Kvm, Error> {
     if kvm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_BINARY_STATS_FD)) <= 0 {
         return Err(Error::NoBinaryStats);
     }
-    let max = kvm.get_max_vcpus().min(abi::MAX_VCPUS as usize);
+    let max = kvm
+        .get_max_vcpus()
+        .min(usize::try_from(abi::MAX_VCPUS).unwrap_or(usize::MAX));
     if vcpus == 0 || vcpus > max {
         return Err(Error::VcpuCount {
             requested: vcpus,

@@ -5,8 +5,6 @@
 //! index, a range `1-3` or a list `0,2`, and `COMMAND` is a name followed by
 //! `key=value` parameters, e.g. `touch size=64M; dirty rate=2000/s for=5s`.
 
-#![warn(missing_docs)]
-
 use std::fmt;
 use std::time::Duration;
 
@@ -376,7 +374,7 @@ fn parse_target(t: &str) -> Result<Target, SpecError> {
                     a.trim().parse().map_err(|_| bad())?,
                     b.trim().parse().map_err(|_| bad())?,
                 );
-                if a > b || b - a > abi::MAX_VCPUS as usize {
+                if a > b || b - a > usize::try_from(abi::MAX_VCPUS).unwrap_or(usize::MAX) {
                     return Err(bad());
                 }
                 out.extend(a..=b);

@@ -49,7 +49,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         params["max-bandwidth"] = json!(b);
     }
     if let Some(d) = config.max_downtime {
-        params["downtime-limit"] = json!(d.as_millis() as u64);
+        params["downtime-limit"] = json!(crate::units::millis(d));
     }
     if let Some(r) = config.max_rounds {
         params["x-max-rounds"] = json!(r);

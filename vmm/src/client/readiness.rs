@@ -33,7 +33,8 @@ fn progress_bar(done: u64, total: u64) -> String {
             .checked_div(total)
             .unwrap_or(scale)
     };
-    let filled = fraction(width as u64) as usize;
+    let filled =
+        usize::try_from(fraction(u64::try_from(width).unwrap_or(u64::MAX))).unwrap_or(width);
     format!(
         "\rscanning guest RAM [{}{}] {:>3}%",
         "#".repeat(filled),

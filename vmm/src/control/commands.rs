@@ -4,8 +4,6 @@
 //! stats fds opened once, results and states come from the vCPUs' shared
 //! parts, and run-state changes go to the main loop, which answers at once.
 
-#![warn(missing_docs)]
-
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError};
@@ -360,8 +358,8 @@ impl Handler {
         if let Value::Array(entries) = &mut results {
             entries.retain(|e| e["stats"].as_array().is_some_and(|s| !s.is_empty()));
             for e in entries.iter_mut() {
-                if let Some(i) = e["vcpu"].as_u64() {
-                    e["qom-path"] = json!(vcpu_qom_path(i as usize));
+                if let Some(i) = e["vcpu"].as_u64().and_then(|i| usize::try_from(i).ok()) {
+                    e["qom-path"] = json!(vcpu_qom_path(i));
                 }
             }
         }

@@ -9,8 +9,6 @@
 //! read cannot make the queue grow); events still queue, up to a cap past
 //! which the client is dropped.
 
-#![warn(missing_docs)]
-
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read};

@@ -12,8 +12,6 @@
 //!
 //! Each client closed for a deadline gets an error line saying which.
 
-#![warn(missing_docs)]
-
 use std::time::{Duration, Instant};
 
 use event_manager::EventOps;

@@ -5,8 +5,6 @@
 //! Both wake the control thread through the vCPUs' result watcher eventfd,
 //! so nothing polls.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;

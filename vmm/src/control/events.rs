@@ -1,8 +1,6 @@
 //! Event lines the server sends unasked, shaped like QMP's:
 //! `{"event": NAME, "data": {...}, "timestamp": {"seconds": s, "microseconds": us}}`.
 
-#![warn(missing_docs)]
-
 use serde_json::json;
 
 use crate::protocol::{Event, Message};

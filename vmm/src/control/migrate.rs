@@ -3,8 +3,6 @@
 //! `migrate_cancel` (wire types in `protocol::migration`); their events
 //! (`MIGRATION`, `MIGRATION_PASS`) go to every client past negotiation.
 
-#![warn(missing_docs)]
-
 use serde_json::json;
 
 use super::outcome::Outcome;

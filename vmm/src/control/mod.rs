@@ -14,8 +14,6 @@
 //!
 //! The protocol, with examples and limits, is in docs/PROTOCOL.md.
 
-#![warn(missing_docs)]
-
 pub mod commands;
 pub mod connection;
 pub mod deadlines;

@@ -2,8 +2,6 @@
 //! a reply that comes later. Shared by `commands` (which produces them) and
 //! `deferred` (which finishes the later ones), so neither imports the other.
 
-#![warn(missing_docs)]
-
 use std::fs::File;
 use std::sync::mpsc::Receiver;
 

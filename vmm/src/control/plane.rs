@@ -5,8 +5,6 @@
 //! One subscriber holds all of them because accepting a client means adding
 //! its fd, which a subscriber can do only for itself (`EventOps::add`).
 
-#![warn(missing_docs)]
-
 use std::collections::{HashMap, HashSet};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;

@@ -19,8 +19,6 @@
 //! error. Between the stale check and the rename another process could bind
 //! PATH; the rename then fails, so a live socket is still never replaced.
 
-#![warn(missing_docs)]
-
 use std::ffi::{CString, OsString};
 use std::fs;
 use std::io;

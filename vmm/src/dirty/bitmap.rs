@@ -1,7 +1,5 @@
 //! A set of guest pages, one bit each, with a running count.
 
-#![warn(missing_docs)]
-
 /// A set of guest pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bitmap {
@@ -13,7 +11,7 @@ impl Bitmap {
     /// An empty set for `pages` pages.
     pub fn new(pages: u64) -> Self {
         Bitmap {
-            words: vec![0; pages.div_ceil(64) as usize],
+            words: vec![0; usize::try_from(pages.div_ceil(64)).unwrap_or(usize::MAX)],
             count: 0,
         }
     }
@@ -95,7 +93,8 @@ impl Bitmap {
     /// The pages of the set within `[first, end)`, ascending; empty words are
     /// skipped 64 pages at a time.
     pub fn iter_range(&self, first: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
-        let (lo, hi) = ((first / 64) as usize, end.div_ceil(64) as usize);
+        let word = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let (lo, hi) = (word(first / 64), word(end.div_ceil(64)));
         let words = self.words.get(lo..hi.min(self.words.len())).unwrap_or(&[]);
         words
             .iter()

@@ -14,8 +14,6 @@
 //! Users: the VM (`vm.rs`) builds it, vCPU threads harvest a full ring,
 //! readiness and migration subscribe. It depends on nothing above it.
 
-#![warn(missing_docs)]
-
 pub mod bitmap;
 pub mod ring;
 
@@ -128,18 +126,19 @@ pub struct DirtyLog {
     state: Mutex<State>,
 }
 
-/// Slot `slot`'s registration for `region` of guest RAM.
+/// Slot `slot`'s registration for `region` of guest RAM (the slots are the
+/// regions' indexes: a handful, far below KVM's 16-bit slot numbers).
 pub fn slot_region(
-    slot: u32,
+    slot: usize,
     region: &vm_memory::GuestRegionMmap<()>,
     logging: bool,
 ) -> kvm_userspace_memory_region {
-    let (host, len) = memory::host_range(region);
+    let (host, _) = memory::host_range(region);
     kvm_userspace_memory_region {
-        slot,
+        slot: u32::try_from(slot).unwrap_or(u32::MAX),
         flags: if logging { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
         guest_phys_addr: region.start_addr().0,
-        memory_size: len as u64,
+        memory_size: region.len(),
         userspace_addr: host as u64,
     }
 }
@@ -318,7 +317,7 @@ impl DirtyLog {
     /// Re-registers slot 0 with logging on or off.
     fn set_logging(&self, on: bool) -> Result<(), Error> {
         for (slot, region) in self.mem.iter().enumerate() {
-            let region = slot_region(slot as u32, region, on);
+            let region = slot_region(slot, region, on);
             // SAFETY: the region is a live mapping of `self.mem`, which this
             // service keeps mapped for as long as it lives; only the flags change.
             unsafe { self.vm.set_user_memory_region(region) }

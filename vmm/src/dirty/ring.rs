@@ -1,8 +1,6 @@
 //! One vCPU's dirty ring (KVM_CAP_DIRTY_LOG_RING_ACQ_REL), mapped from its fd
 //! and harvested entry by entry.
 
-#![warn(missing_docs)]
-
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,16 +2,6 @@
 //! bytes (zerocopy, so the sizes are this build's and are checked), the MSRs,
 //! and the VMM's part as JSON.
 
-// Values here come from the peer's stream or the kernel: casts must not
-// lose, wrap or sign-flip them silently.
-#![warn(
-    missing_docs,
-    clippy::cast_lossless,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
-
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::format::{self, Kind, MsrRecord, VcpuHeader, MAX_MSRS};

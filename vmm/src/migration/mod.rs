@@ -13,8 +13,6 @@
 //!
 //! The stream, the states and what happens on failure are in docs/MIGRATION.md.
 
-#![warn(missing_docs)]
-
 pub mod device;
 pub mod format;
 pub mod pages;
@@ -169,7 +167,7 @@ impl Migration {
         let mut info = inner.info.clone();
         if let (Some(s), Some(t)) = (info.status, inner.started) {
             if !s.is_final() {
-                info.total_time = Some(t.elapsed().as_millis() as u64);
+                info.total_time = Some(crate::units::millis(t.elapsed()));
             }
         }
         info
@@ -239,7 +237,7 @@ impl Migration {
     pub(crate) fn elapsed_ms(&self) -> u64 {
         self.lock()
             .started
-            .map_or(0, |t| t.elapsed().as_millis() as u64)
+            .map_or(0, |t| crate::units::millis(t.elapsed()))
     }
 
     /// Moves to `status`, with the `MIGRATION` event.
@@ -286,7 +284,7 @@ pub fn ram_crc32(mem: &crate::memory::GuestMemory) -> u32 {
     let size = crate::memory::size(mem);
     let mut at = 0;
     while at < size {
-        let n = (size - at).min(buf.len() as u64) as usize;
+        let n = usize::try_from(size - at).map_or(buf.len(), |left| left.min(buf.len()));
         if mem
             .read_slice(&mut buf[..n], vm_memory::GuestAddress(at))
             .is_err()

@@ -8,16 +8,6 @@
 //! → `End` (trailer checked, state restored, `completed` sent). Anything
 //! else, at any point, is refused with the reason, and nothing runs here.
 
-// Values here come from the peer's stream or the kernel: casts must not
-// lose, wrap or sign-flip them silently.
-#![warn(
-    missing_docs,
-    clippy::cast_lossless,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 

@@ -11,8 +11,6 @@
 //! the stop, the hold is released and the guest runs on here; only the
 //! destination's `completed` reply moves the source to `postmigrate`.
 
-#![warn(missing_docs)]
-
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +26,7 @@ use super::{device, Migration, RamStats, Status};
 use crate::dirty::{self, Bitmap};
 use crate::memory::GuestMemory;
 use crate::messages::{RunRequest, RunStateError, VmEvent};
+use crate::units::saturating_u64;
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
 
 /// A RAM section is sent once its payload reaches this size.
@@ -269,9 +268,9 @@ impl<'a> Precopy<'a> {
         let r = &mut self.ram;
         r.dirty_sync_count += 1;
         r.remaining = dirty.count() * format::PAGE_SIZE;
-        r.dirty_pages_rate = (dirty.count() as f64 / secs) as u64;
+        r.dirty_pages_rate = saturating_u64(dirty.count() as f64 / secs);
         r.mbps = self.last_rate * 8.0 / 1e6;
-        r.pages_per_second = (sent as f64 / secs) as u64;
+        r.pages_per_second = saturating_u64(sent as f64 / secs);
         let expected = expected_ms(dirty.count(), self.last_rate);
         let note = self.convergence_note(dirty.count(), expected);
         self.prev_dirty = Some(dirty.count());
@@ -290,7 +289,8 @@ impl<'a> Precopy<'a> {
     /// can back them while the pages travel (at most the section's limit;
     /// the rest is backed as it arrives).
     fn send_plan(&mut self, runs: &[(u64, u64, Backing)]) -> Result<(), Error> {
-        let max = (format::MAX_PLAN_SECTION as usize) / size_of::<format::PlanRange>();
+        let max = format::payload_len(Kind::Plan, format::MAX_PLAN_SECTION)?
+            / size_of::<format::PlanRange>();
         let plan: Vec<u8> = runs
             .iter()
             .filter(|r| r.2 == Backing::Data)
@@ -379,7 +379,7 @@ impl<'a> Precopy<'a> {
         }
         self.expect_reply(format::REPLY_COMPLETED)?;
         step("destination completed");
-        let downtime = stopped.elapsed().as_millis() as u64;
+        let downtime = crate::units::millis(stopped.elapsed());
         let ram = self.ram.clone();
         self.m.update(|i| {
             i.downtime = Some(downtime);
@@ -459,14 +459,15 @@ impl<'a> Precopy<'a> {
                         self.open_run(first, format::RUN_ZERO);
                         continue;
                     }
-                    self.grow(more as u32);
+                    // At most u32::MAX - o.count, so it fits.
+                    self.grow(u32::try_from(more).unwrap_or(u32::MAX));
                     first += more;
                     left -= more;
                     continue;
                 }
                 _ => self.open_run(first, format::RUN_ZERO),
             }
-            self.grow(n as u32);
+            self.grow(u32::try_from(n).unwrap_or(u32::MAX));
             first += n;
             left -= n;
         }
@@ -482,7 +483,7 @@ impl<'a> Precopy<'a> {
             self.open_run(page, format::RUN_NORMAL);
         }
         let at = self.len;
-        let end = at + format::PAGE_SIZE as usize;
+        let end = at + format::PAGE_BYTES;
         self.reserve(end);
         self.len = end;
         self.src
@@ -613,7 +614,7 @@ fn expected_ms(pages: u64, rate: f64) -> u64 {
         return u64::MAX;
     }
     let bytes = pages as f64 * (format::PAGE_SIZE + 16) as f64;
-    (bytes / rate * 1e3).ceil() as u64
+    saturating_u64((bytes / rate * 1e3).ceil())
 }
 
 /// After a failed write: the destination's refusal, if it sent one before

@@ -2,8 +2,6 @@
 //! vCPUs' shared parts, the main loop's channel, KVM's MSR list and the
 //! config record that tells the destination what to build.
 
-#![warn(missing_docs)]
-
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
@@ -65,11 +63,12 @@ impl Source {
             config: ConfigRecord {
                 memory: c.memory,
                 tsc_khz,
-                vcpus: c.vcpus as u32,
+                // The VM was built with at most abi::MAX_VCPUS vCPUs.
+                vcpus: u32::try_from(c.vcpus).unwrap_or(u32::MAX),
                 hugepages: u32::from(c.hugepages),
                 dirty_mode,
                 ring_entries,
-                page_size: format::PAGE_SIZE as u32,
+                page_size: format::PAGE_SIZE_FIELD,
                 guest_abi: crate::abi::ABI_VERSION,
             },
         })

@@ -1,8 +1,6 @@
 //! Where a stream goes: `unix:PATH` or `tcp:HOST:PORT`, as QEMU's `-incoming`
 //! and `migrate` name them.
 
-#![warn(missing_docs)]
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -7,16 +7,6 @@
 //! that `png` encodes: `chart` draws the panels with the ranges and labels of
 //! `axes`, the phase changes `markers` finds and the key `legend` draws.
 
-// Values here come from the kernel, a peer or the user: casts must not lose,
-// wrap or sign-flip them silently; and every public item says what it is.
-#![warn(
-    missing_docs,
-    clippy::cast_lossless,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
-
 mod axes;
 mod chart;
 mod legend;

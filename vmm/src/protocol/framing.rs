@@ -15,8 +15,6 @@
 //! cannot resynchronise and is closed) and nest at most [`MAX_DEPTH`] deep
 //! (such a value is skipped with an error, and the stream goes on).
 
-#![warn(missing_docs)]
-
 /// Largest value a client may send, in bytes.
 pub const MAX_VALUE: usize = 64 << 10;
 /// Deepest nesting of objects and arrays in one value.

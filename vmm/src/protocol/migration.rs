@@ -3,8 +3,6 @@
 //! of `migrate-set-parameters` / `query-migrate-parameters`, and `migrate`'s
 //! arguments. Members QEMU does not have start with `x-`.
 
-#![warn(missing_docs)]
-
 use serde::{Deserialize, Serialize};
 
 /// `migrate`'s arguments.

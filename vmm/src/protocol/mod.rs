@@ -22,8 +22,6 @@
 //! would notice; additions (a new command, a new reply member) do not bump it.
 //! docs/PROTOCOL.md is the reference, with every difference from QEMU.
 
-#![warn(missing_docs)]
-
 pub mod framing;
 pub mod migration;
 pub mod reply;

@@ -1,8 +1,6 @@
 //! What the server sends: the greeting, replies, errors and events, as serde
 //! types that the server writes and the clients read.
 
-#![warn(missing_docs)]
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};

@@ -9,8 +9,6 @@
 //! `qapi/control.json`, `qapi/machine.json`); docs/PROTOCOL.md lists the
 //! additions.
 
-#![warn(missing_docs)]
-
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -451,7 +449,7 @@ impl ReadinessRequest {
         let bandwidth = match self.bandwidth {
             Some(b) if b == 0.0 || (b.is_finite() && (1.0..=1e13).contains(&b)) => {
                 // In range: the conversion only drops the fraction.
-                Some(b as u64)
+                Some(crate::units::saturating_u64(b))
             }
             Some(_) => {
                 return Err(

@@ -11,15 +11,7 @@
 //! vCPU state and the trailer (the downtime). If passes stop shrinking, it
 //! never converges; `x-max-rounds` then forces the stop.
 
-// Values here come from the kernel, a peer or the user: casts must not lose,
-// wrap or sign-flip them silently; and every public item says what it is.
-#![warn(
-    missing_docs,
-    clippy::cast_lossless,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
+#![warn(missing_docs)]
 
 use crate::units::saturating_u64;
 

@@ -1,15 +1,7 @@
 //! The readiness report: each figure with how long it took, the scan's error
 //! figures for each estimate, and the migration prediction.
 
-// Values here come from the kernel, a peer or the user: casts must not lose,
-// wrap or sign-flip them silently; and every public item says what it is.
-#![warn(
-    missing_docs,
-    clippy::cast_lossless,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
+#![warn(missing_docs)]
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -233,7 +225,7 @@ impl Report {
             })),
             "estimate_used": self.estimate_used,
             "prediction": self.prediction.as_ref().map(Prediction::to_json),
-            "link": { "bandwidth": self.link.bandwidth, "downtime-limit-ms": u64::try_from(self.link.max_downtime.as_millis()).unwrap_or(u64::MAX), "from": self.link.from },
+            "link": { "bandwidth": self.link.bandwidth, "downtime-limit-ms": crate::units::millis(self.link.max_downtime), "from": self.link.from },
         })
     }
 

@@ -6,8 +6,6 @@
 //! condition variable until a command, a pause or a stop arrives, so a waiting
 //! vCPU burns no host CPU.
 
-#![warn(missing_docs)]
-
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;

@@ -2,8 +2,6 @@
 //! boot-timeout reports. Only the thread that runs a vCPU may issue ioctls on
 //! its fd while it could be in KVM_RUN, so reports never read them from elsewhere.
 
-#![warn(missing_docs)]
-
 use std::fmt;
 
 use kvm_ioctls::VcpuFd;

@@ -1,8 +1,6 @@
 //! The part of a vCPU that other threads share: its inbox of commands and
 //! control requests, its state and results, its exit counters and phase.
 
-#![warn(missing_docs)]
-
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

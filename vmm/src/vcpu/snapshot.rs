@@ -7,8 +7,6 @@
 //! on the source while the thread is parked (it serves a [`SnapshotRequest`]),
 //! on the destination before the thread starts.
 
-#![warn(missing_docs)]
-
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 

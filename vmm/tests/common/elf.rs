@@ -68,7 +68,8 @@ impl ElfImage {
         out.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
         out.extend_from_slice(&0u32.to_le_bytes()); // e_flags
         for half in [EHDR, PHDR, self.segments.len(), 64, 0, 0] {
-            out.extend_from_slice(&(half as u16).to_le_bytes());
+            let half = u16::try_from(half).expect("ELF header fields fit 16 bits");
+            out.extend_from_slice(&half.to_le_bytes());
         }
         let mut offset = EHDR + PHDR * self.segments.len();
         for s in &self.segments {
