@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use kvmscope::migration::pages::{classify, Backing};
+use vm_memory::{Bytes, VolatileMemory};
 
 struct SwapFile(Option<PathBuf>);
 
@@ -71,33 +72,18 @@ fn a_swapped_out_page_is_classified_as_data_not_as_never_backed() {
         }
     };
     let len = 16 * 4096;
-    // SAFETY: a fresh private anonymous mapping, unmapped at the end.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    }
-    .cast::<u8>();
-    assert_ne!(p.cast(), libc::MAP_FAILED);
+    let region = vm_memory::MmapRegion::<()>::new(len).unwrap();
+    let ram = region.as_volatile_slice();
+    // A non-zero byte makes page 5 worth sending.
+    ram.write_obj(0x5au8, 5 * 4096).unwrap();
     // SAFETY: page 5 lies inside the mapping.
-    let page = unsafe { p.add(5 * 4096) };
-    // SAFETY: as above; a non-zero byte makes the page worth sending.
-    unsafe { page.write_volatile(0x5a) };
+    let page = unsafe { region.as_ptr().add(5 * 4096) };
     // SAFETY: advises on one page of our own mapping.
     let rc = unsafe { libc::madvise(page.cast(), 4096, libc::MADV_PAGEOUT) };
     let swapped = pagemap_entry(page as u64) & (1 << 62) != 0;
-    let runs = classify(p, len).unwrap();
-    // SAFETY: reads the page back (swapping it in) and unmaps the mapping.
-    let back = unsafe {
-        let v = page.read_volatile();
-        libc::munmap(p.cast(), len);
-        v
-    };
+    let runs = classify(region.as_ptr(), len).unwrap();
+    // Reading the page back swaps it in.
+    let back: u8 = ram.read_obj(5 * 4096).unwrap();
     if rc != 0 || !swapped {
         eprintln!("skipping: the kernel did not swap the page out (madvise rc {rc})");
         return;

@@ -270,25 +270,11 @@ mod tests {
 
     #[test]
     fn this_process_pages_classify_as_touched_or_not() {
+        use vm_memory::{Bytes, VolatileMemory};
         let len = 64 * 4096;
-        // SAFETY: a fresh private anonymous mapping, unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let p = p.cast::<u8>();
-        // SAFETY: page 3 lies inside the mapping.
-        unsafe { p.add(3 * 4096).write_volatile(7) };
-        let runs = classify(p, len).unwrap();
-        // SAFETY: unmaps the mapping made above.
-        unsafe { libc::munmap(p.cast(), len) };
+        let region = vm_memory::MmapRegion::<()>::new(len).unwrap();
+        region.as_volatile_slice().write_obj(7u8, 3 * 4096).unwrap();
+        let runs = classify(region.as_ptr(), len).unwrap();
         assert!(runs.contains(&(3, 1, Backing::Data)), "{runs:?}");
         assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), 64);
         assert_eq!(runs.first(), Some(&(0, 3, Backing::None)));

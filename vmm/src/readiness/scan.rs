@@ -174,27 +174,14 @@ mod tests {
 
     #[test]
     fn resident_sees_touched_pages_of_a_fresh_mapping() {
+        use vm_memory::{Bytes, VolatileMemory};
         let len = 16 * PAGE;
-        // SAFETY: a fresh private anonymous mapping, unmapped at the end of the test.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        let (_, before) = resident(ptr.cast(), len).unwrap();
-        // SAFETY: writes inside the mapping.
-        unsafe { std::ptr::write_volatile(ptr.cast::<u8>().add(3 * PAGE), 1) };
-        let (map, after) = resident(ptr.cast(), len).unwrap();
+        let region = vm_memory::MmapRegion::<()>::new(len).unwrap();
+        let (_, before) = resident(region.as_ptr(), len).unwrap();
+        region.as_volatile_slice().write_obj(1u8, 3 * PAGE).unwrap();
+        let (map, after) = resident(region.as_ptr(), len).unwrap();
         assert_eq!(before, 0);
         assert_eq!(after, 1);
         assert_eq!(map[3] & 1, 1);
-        // SAFETY: unmaps the mapping made above.
-        unsafe { libc::munmap(ptr, len) };
     }
 }
