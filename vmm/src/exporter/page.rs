@@ -72,7 +72,7 @@ pub fn render(
 }
 
 /// The labels of one VM: `vm`, `pid`, `socket`.
-fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
+pub(super) fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
     format!(
         "vm=\"{}\",pid=\"{pid}\",socket=\"{}\"",
         label_value(name),
@@ -85,11 +85,7 @@ fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
 fn write_vms(out: &mut String, reg: &Registry) {
     let _ = writeln!(out, "# HELP kvmscope_exporter_vm_up 1 for a VM whose stats fds this exporter reads, 0 for a socket it could not attach to (see the log).\n# TYPE kvmscope_exporter_vm_up gauge");
     for t in reg.targets.values() {
-        let _ = writeln!(
-            out,
-            "kvmscope_exporter_vm_up{{{}}} 1",
-            vm_labels(&t.name, t.pid, &t.socket)
-        );
+        let _ = writeln!(out, "kvmscope_exporter_vm_up{{{}}} 1", t.labels);
     }
     for path in reg.failures.iter().filter(|(_, f)| f.down).map(|(p, _)| p) {
         let _ = writeln!(
@@ -103,7 +99,7 @@ fn write_vms(out: &mut String, reg: &Registry) {
         let _ = writeln!(
             out,
             "kvmscope_exporter_vm_info{{{},provider=\"kvmscope\",backend=\"{}\",vcpus=\"{}\"}} 1",
-            vm_labels(&t.name, t.pid, &t.socket),
+            t.labels,
             label_value(&t.backend),
             t.vcpus.len()
         );
@@ -113,8 +109,7 @@ fn write_vms(out: &mut String, reg: &Registry) {
         let _ = writeln!(
             out,
             "kvmscope_exporter_guest_memory_bytes{{{}}} {}",
-            vm_labels(&t.name, t.pid, &t.socket),
-            t.memory
+            t.labels, t.memory
         );
     }
     let _ = writeln!(out, "# HELP kvmscope_exporter_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes): the non-zero RAM a migration would send, estimated without a scan.\n# TYPE kvmscope_exporter_mapped_bytes gauge");
@@ -124,7 +119,7 @@ fn write_vms(out: &mut String, reg: &Registry) {
         let _ = writeln!(
             out,
             "kvmscope_exporter_mapped_bytes{{{}}} {}",
-            vm_labels(&t.name, t.pid, &t.socket),
+            t.labels,
             mapped.bytes()
         );
     }
@@ -138,18 +133,14 @@ fn write_qemu_vms(out: &mut String, qemu: &[QemuVm]) {
     let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_up 1 for a QEMU monitor whose last query-stats answered, else 0.\n# TYPE kvmscope_exporter_qemu_up gauge");
     for q in qemu {
         let up = u8::from(q.at.is_some() && q.error.is_none());
-        let _ = writeln!(
-            out,
-            "kvmscope_exporter_qemu_up{{{}}} {up}",
-            vm_labels(&q.name, q.pid, &q.socket)
-        );
+        let _ = writeln!(out, "kvmscope_exporter_qemu_up{{{}}} {up}", q.labels);
     }
     let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_info A QEMU VM read over QMP query-stats (provider qemu-qmp): values are as old as kvmscope_exporter_qemu_age_seconds; vCPU stats only with --qmp-vcpus, each refresh of which kicks every vCPU.\n# TYPE kvmscope_exporter_qemu_info gauge");
     for q in qemu.iter().filter(|q| q.at.is_some()) {
         let _ = writeln!(
             out,
             "kvmscope_exporter_qemu_info{{{},provider=\"qemu-qmp\",vcpus_read=\"{}\"}} 1",
-            vm_labels(&q.name, q.pid, &q.socket),
+            q.labels,
             q.vcpus.len()
         );
     }
@@ -159,7 +150,7 @@ fn write_qemu_vms(out: &mut String, qemu: &[QemuVm]) {
             let _ = writeln!(
                 out,
                 "kvmscope_exporter_qemu_age_seconds{{{}}} {}",
-                vm_labels(&q.name, q.pid, &q.socket),
+                q.labels,
                 at.elapsed().as_secs_f64()
             );
         }
@@ -174,7 +165,7 @@ fn write_kvm_stats(out: &mut String, reg: &Registry, qemu: &[QemuVm], filter: &S
     let mut vcpus: Vec<(&StatsFd, &Sample)> = Vec::new();
     let mut vcpu_labels_of = Vec::new();
     for t in reg.targets.values() {
-        let labels = vm_labels(&t.name, t.pid, &t.socket);
+        let labels = &t.labels;
         vms.push((&t.vm.0, &t.vm.1));
         vm_labels_of.push(labels.clone());
         for (i, (fd, sample)) in t.vcpus.iter().enumerate() {
@@ -185,12 +176,12 @@ fn write_kvm_stats(out: &mut String, reg: &Registry, qemu: &[QemuVm], filter: &S
     let read: Vec<&QemuVm> = qemu.iter().filter(|q| q.at.is_some()).collect();
     let qemu_vms: Vec<(String, &[_])> = read
         .iter()
-        .map(|q| (vm_labels(&q.name, q.pid, &q.socket), q.vm.as_slice()))
+        .map(|q| (q.labels.clone(), q.vm.as_slice()))
         .collect();
     let qemu_vcpus: Vec<(String, &[_])> = read
         .iter()
         .flat_map(|q| {
-            let labels = vm_labels(&q.name, q.pid, &q.socket);
+            let labels = &q.labels;
             q.vcpus.iter().enumerate().map(move |(i, (path, r))| {
                 let vcpu = format!("{labels},vcpu=\"{i}\",qom_path=\"{}\"", label_value(path));
                 (vcpu, r.as_slice())

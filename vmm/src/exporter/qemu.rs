@@ -35,6 +35,8 @@ pub struct QemuVm {
     pub name: String,
     /// The QEMU process, from the socket's peer credentials.
     pub pid: u32,
+    /// Its page labels (`vm`, `pid`, `socket`), made when those are learnt.
+    pub labels: String,
     /// VM stats.
     pub vm: Reading,
     /// Each vCPU's stats, by `qom-path` (with `--qmp-vcpus`).
@@ -76,6 +78,7 @@ pub fn poll(
             .map(|s| QemuVm {
                 socket: s.clone(),
                 name: file_name(s),
+                labels: super::page::vm_labels(&file_name(s), 0, s),
                 ..QemuVm::default()
             })
             .collect::<Vec<_>>(),
@@ -123,6 +126,7 @@ fn refresh_loop(
         let vm = &mut all[slot];
         match result {
             Ok((name, pid, vm_stats, vcpu_stats)) => {
+                vm.labels = super::page::vm_labels(&name, pid, socket);
                 vm.name = name;
                 vm.pid = pid;
                 vm.vm = vm_stats;

@@ -45,6 +45,8 @@ pub struct Target {
     pub memory: u64,
     /// The KVM backend the VMM reported (`pvm`, `vmx`, `svm`).
     pub backend: String,
+    /// Its page labels (`vm`, `pid`, `socket`), made once.
+    pub labels: String,
     /// The VM stats fd and its latest sample.
     pub vm: (StatsFd, Sample),
     /// Each vCPU's stats fd and latest sample, by index.
@@ -338,6 +340,7 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, client::Error> {
         .next()
         .ok_or_else(|| client::Error::BadReply("get-stats-fd for the VM carried no fd".into()))?;
     Ok(Target {
+        labels: super::page::vm_labels(&vm.name, vm.pid, path),
         socket: path.to_path_buf(),
         name: vm.name,
         pid: vm.pid,
