@@ -173,37 +173,23 @@ impl Client {
     /// taken), `BadReply` for a line that is not JSON, or the read failure.
     pub fn take_events(&mut self) -> Result<Vec<Value>, Error> {
         self.stream.set_nonblocking(true)?;
-        let mut closed = false;
-        let mut failure = None;
-        loop {
-            let mut buf = vec![0u8; 16 << 10];
-            let mut fds = Vec::new();
-            match scm::recv_with_fds(&self.stream, &mut buf, &mut fds, MAX_FDS_PER_MESSAGE) {
-                Ok(0) => {
-                    closed = true;
-                    break;
-                }
-                Ok(n) => self.input.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
+        let received = loop {
             if self.input.len() > MAX_REPLY {
-                break;
+                break Ok(false);
             }
-        }
+            match self.receive() {
+                Ok(0) => break Ok(true),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
+                Err(e) => break Err(e),
+            }
+        };
         self.stream.set_nonblocking(false)?;
-        if let Some(e) = failure {
-            return Err(e.into());
-        }
+        let closed = received?;
         let mut events = Vec::new();
-        while let Some(nl) = self.input.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.input.drain(..=nl).collect();
-            let value = serde_json::from_slice(&line)
-                .map_err(|e| Error::BadReply(format!("{e}: {}", String::from_utf8_lossy(&line))))?;
-            events.push(value);
+        // Events carry no fds: any that came are closed with their line.
+        while let Some(line) = self.take_line() {
+            events.push(line?.value);
         }
         if closed && events.is_empty() {
             return Err(Error::Closed);
@@ -241,35 +227,50 @@ impl Client {
     /// long, or the read failure.
     pub fn read_reply(&mut self) -> Result<Reply, Error> {
         loop {
-            if let Some(nl) = self.input.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.input.drain(..=nl).collect();
-                let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fds)
-                    .into_iter()
-                    .partition(|(at, _)| *at <= nl);
-                self.fds = rest.into_iter().map(|(at, f)| (at - nl - 1, f)).collect();
-                let value = serde_json::from_slice(&line).map_err(|e| {
-                    Error::BadReply(format!("{e}: {}", String::from_utf8_lossy(&line)))
-                })?;
-                return Ok(Reply {
-                    value,
-                    fds: mine.into_iter().map(|(_, f)| f).collect(),
-                });
+            if let Some(line) = self.take_line() {
+                return line;
             }
             if self.input.len() > MAX_REPLY {
                 return Err(Error::BadReply(format!(
                     "a line longer than {MAX_REPLY} bytes"
                 )));
             }
-            let mut buf = vec![0u8; 64 << 10];
-            let mut fds = Vec::new();
-            let n = scm::recv_with_fds(&self.stream, &mut buf, &mut fds, MAX_FDS_PER_MESSAGE)?;
-            if n == 0 {
+            if self.receive()? == 0 {
                 return Err(Error::Closed);
             }
-            self.input.extend_from_slice(&buf[..n]);
-            let at = self.input.len() - 1;
+        }
+    }
+
+    /// Splits the next complete line off the input, with the fds that rode
+    /// on it; `None` while no line is complete.
+    fn take_line(&mut self) -> Option<Result<Reply, Error>> {
+        let nl = self.input.iter().position(|&b| b == b'\n')?;
+        let line: Vec<u8> = self.input.drain(..=nl).collect();
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fds)
+            .into_iter()
+            .partition(|(at, _)| *at <= nl);
+        self.fds = rest.into_iter().map(|(at, f)| (at - nl - 1, f)).collect();
+        Some(
+            serde_json::from_slice(&line)
+                .map(|value| Reply {
+                    value,
+                    fds: mine.into_iter().map(|(_, f)| f).collect(),
+                })
+                .map_err(|e| Error::BadReply(format!("{e}: {}", String::from_utf8_lossy(&line)))),
+        )
+    }
+
+    /// One `recvmsg` into the input, each fd tagged with the last byte that
+    /// came with it; `Ok(0)` at the end of the stream.
+    fn receive(&mut self) -> io::Result<usize> {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut fds = Vec::new();
+        let n = scm::recv_with_fds(&self.stream, &mut buf, &mut fds, MAX_FDS_PER_MESSAGE)?;
+        self.input.extend_from_slice(&buf[..n]);
+        if let Some(at) = self.input.len().checked_sub(1) {
             self.fds.extend(fds.into_iter().map(|f| (at, f)));
         }
+        Ok(n)
     }
 
     /// Reads lines up to the next reply, handing each event line before it
