@@ -51,6 +51,13 @@ pub mod vm;
 pub mod workload;
 pub mod x86_64;
 
+/// Locks `m`, taking over a lock a panicked thread left: the data behind
+/// every mutex here stays consistent between statements, and one thread's
+/// panic must not take the VMM's other threads down with it.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// An error with its sources, `a: b: c`, for one-line messages (replies,
 /// warnings) where the binary's `{:#}` chain printing is not at hand.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -207,7 +207,7 @@ impl DirtyLog {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.state)
     }
 
     /// A new consumer, whose window starts now (what KVM logged before is

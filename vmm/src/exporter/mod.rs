@@ -18,8 +18,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::lock;
 use crate::metrics::{http, CONTENT_TYPE};
-use targets::{lock, Registry, Sources, Watcher};
+use targets::{Registry, Sources, Watcher};
 
 /// Where VMs' control sockets live unless told otherwise: `kvmscope run
 /// --socket /run/kvmscope/NAME.sock` puts a VM where the exporter looks.

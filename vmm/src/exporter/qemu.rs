@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use kvm_stats::{Base, Descriptor, StatType, Unit};
 use serde_json::{json, Value};
 
-use super::targets::lock;
+use crate::lock;
 
 /// A stat and its values as QEMU reported them, in the kernel's order.
 pub type Reading = Vec<(Descriptor, Vec<u64>)>;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use rustix::fs::inotify;
 use serde_json::json;
 
 use crate::client::{self, Client};
+use crate::lock;
 
 /// Longest time between two scans of the socket directories.
 pub const RESCAN: Duration = Duration::from_millis(500);
@@ -100,11 +101,6 @@ impl Drop for Watcher {
             let _ = t.join();
         }
     }
-}
-
-/// Locks, taking over a lock a panicked thread left.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Starts discovery over `sources`, filling `registry`.

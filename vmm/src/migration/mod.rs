@@ -106,7 +106,7 @@ impl Migration {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.inner)
     }
 
     /// The eventfd to write when events are queued (the control thread's watcher).

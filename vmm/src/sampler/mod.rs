@@ -109,7 +109,7 @@ pub struct Shared {
 
 impl Shared {
     fn ring(&self) -> MutexGuard<'_, Ring> {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.ring)
     }
 
     /// Points with a sequence number above `since`, oldest first, and how many
@@ -140,7 +140,7 @@ impl Shared {
 
     /// Calls `f` with the latest raw samples (VM first, then vCPUs) and their sources.
     pub fn with_latest<T>(&self, f: impl FnOnce(&[StatsFd], &[Sample]) -> T) -> T {
-        let latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        let latest = crate::lock(&self.latest);
         f(&self.sources, &latest)
     }
 }
@@ -272,7 +272,7 @@ impl Sampler {
 
     /// Stops the thread; returns what ended it if it failed.
     pub fn stop(&mut self) -> Result<(), Error> {
-        *self.shared.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *crate::lock(&self.shared.stop) = true;
         self.shared.wake.notify_all();
         match self.thread.take().map(JoinHandle::join) {
             Some(Ok(result)) => result,
@@ -351,7 +351,7 @@ impl Worker {
 
     /// Sleeps until `deadline`; true if told to stop.
     fn sleep_until(&self, deadline: Instant) -> bool {
-        let stop = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
+        let stop = crate::lock(&self.shared.stop);
         let left = deadline.saturating_duration_since(Instant::now());
         let (stop, _) = self
             .shared
@@ -377,7 +377,7 @@ impl Worker {
         }
         // The raw samples before the point: a reader that sees the new point
         // (the metrics page caches per point) also sees the samples it came from.
-        let mut latest = self.shared.latest.lock().unwrap_or_else(|e| e.into_inner());
+        let mut latest = crate::lock(&self.shared.latest);
         for (dst, src) in latest.iter_mut().zip(&self.samples) {
             dst.copy_from(src);
         }

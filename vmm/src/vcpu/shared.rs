@@ -235,7 +235,7 @@ impl VcpuShared {
     pub(super) fn lock(&self) -> MutexGuard<'_, Inbox> {
         // A panic elsewhere while holding the lock leaves the inbox consistent
         // (every update is a single assignment), so poisoning is not fatal.
-        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.inbox)
     }
 
     /// Queues commands; returns the sequence number the first will get.
