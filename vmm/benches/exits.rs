@@ -72,7 +72,7 @@ fn kvmscope_loop(n: u64) -> Duration {
     );
     vm.start().expect("start");
     let result = loop {
-        if let Some(r) = vm.vcpus[0].shared.results().first().cloned() {
+        if let Some(r) = vm.vcpus()[0].shared.results().first().cloned() {
             break r;
         }
         vm.next_event(Duration::from_millis(100));

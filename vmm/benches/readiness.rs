@@ -31,7 +31,7 @@ fn vm(memory: u64, dirty: Option<DirtyMode>, spec: &str) -> Vm {
 }
 
 fn wait_results(vm: &Vm, n: usize) {
-    while vm.vcpus[0].shared.results().len() < n {
+    while vm.vcpus()[0].shared.results().len() < n {
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -41,11 +41,11 @@ fn estimate_cost() {
     for gib in [1, 4, 16] {
         let mut vm = vm(gib * GIB, None, "touch size=16M");
         wait_results(&vm, 1);
-        let mut sample = vm.vm_stats.new_sample();
+        let mut sample = vm.vm_stats().new_sample();
         let mut times = Vec::new();
         for _ in 0..10_000 {
             let t = Instant::now();
-            vm.vm_stats.read_sample(&mut sample).expect("read");
+            vm.vm_stats().read_sample(&mut sample).expect("read");
             times.push(t.elapsed().as_nanos() as f64);
         }
         println!("  {gib:>2} GiB guest: {:>7.2} us", median(&mut times) / 1e3);
@@ -137,7 +137,7 @@ fn dirty_slowdown(mode: DirtyMode) -> f64 {
             );
         }
         wait_results(&vm, 1);
-        let writes = vm.vcpus[0].shared.results()[0].values[0] as f64;
+        let writes = vm.vcpus()[0].shared.results()[0].values[0] as f64;
         vm.stop(Duration::from_secs(1));
         writes
     };

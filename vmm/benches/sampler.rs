@@ -21,11 +21,11 @@ fn sampler(vm: &Vm, interval: Duration) -> Sampler {
     Sampler::start(
         config,
         &vm.fd_file().expect("VM fd"),
-        &vm.vcpu_fds,
-        vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
+        vm.vcpu_fds(),
+        vm.vcpus().iter().map(|v| v.shared.clone()).collect(),
         kvmscope::sampler::SampledVm {
             name: "test-vm".into(),
-            memory: vm.config.memory,
+            memory: vm.config().memory,
         },
     )
     .expect("sampler")
@@ -68,7 +68,7 @@ fn workload(with_sampler: bool) -> (f64, f64) {
     );
     vm.start().expect("start");
     let results = loop {
-        let r = vm.vcpus[0].shared.results();
+        let r = vm.vcpus()[0].shared.results();
         if r.len() == 2 {
             break r;
         }

@@ -7,20 +7,20 @@ use std::path::Path;
 
 /// The KVM backend of this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backend {
+pub(crate) struct Backend {
     /// `vmx`, `svm`, `pvm` or `unknown`.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// Whether the MMU uses two-dimensional paging (EPT/NPT) instead of shadow page tables.
-    pub tdp: bool,
+    pub(crate) tdp: bool,
     /// KVM's `tdp_mmu` module parameter, when present.
-    pub tdp_mmu: Option<bool>,
+    pub(crate) tdp_mmu: Option<bool>,
     /// The kernel module that provides the backend.
-    pub module: &'static str,
+    pub(crate) module: &'static str,
 }
 
 /// Stats that do not count on a backend even when the event happens, so a 0
 /// there is not a measurement (found by experiment; see docs/GUEST_ABI.md).
-pub fn quiet_stats(backend: &Backend) -> &'static [&'static str] {
+pub(crate) fn quiet_stats(backend: &Backend) -> &'static [&'static str] {
     match backend.kind {
         "pvm" => &["io_exits"],
         _ => &[],
@@ -43,7 +43,7 @@ fn param(root: &Path, module: &str, name: &str) -> Option<bool> {
 }
 
 /// Detects the backend from `/sys` (`root` is normally `/sys`).
-pub fn detect_in(root: &Path) -> Backend {
+pub(crate) fn detect_in(root: &Path) -> Backend {
     let loaded = |m: &str| root.join("module").join(m).exists();
     let tdp_mmu = param(root, "kvm", "tdp_mmu");
     let (kind, module, tdp) = if loaded("kvm_intel") {
@@ -72,13 +72,13 @@ pub fn detect_in(root: &Path) -> Backend {
 }
 
 /// Detects this host's backend.
-pub fn detect() -> Backend {
+pub(crate) fn detect() -> Backend {
     detect_in(Path::new("/sys"))
 }
 
 impl Backend {
     /// A one-line description, e.g. `vmx with EPT (tdp_mmu=Y)`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let paging = match (self.kind, self.tdp) {
             ("vmx", true) => "EPT",
             ("svm", true) => "NPT",
@@ -98,7 +98,7 @@ impl Backend {
     }
 
     /// The backend as JSON.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "kind": self.kind, "module": self.module, "tdp": self.tdp, "tdp_mmu": self.tdp_mmu,
             "description": self.describe(), "quiet_stats": quiet_stats(self),
@@ -157,9 +157,9 @@ mod tests {
 
     /// A temporary directory removed on drop (std has none).
     mod tempdir {
-        pub struct Dir(std::path::PathBuf);
+        pub(crate) struct Dir(std::path::PathBuf);
         impl Dir {
-            pub fn new() -> Self {
+            pub(crate) fn new() -> Self {
                 static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                 let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let p = std::env::temp_dir()
@@ -167,7 +167,7 @@ mod tests {
                 std::fs::create_dir_all(&p).unwrap();
                 Dir(p)
             }
-            pub fn path(&self) -> &std::path::Path {
+            pub(crate) fn path(&self) -> &std::path::Path {
                 &self.0
             }
         }

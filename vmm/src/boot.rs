@@ -72,22 +72,22 @@ pub enum Error {
 
 /// ELF identification and header values this loader checks.
 mod elf_consts {
-    pub const MAGIC: &[u8; 4] = b"\x7fELF";
-    pub const EI_CLASS: usize = 4;
-    pub const ELFCLASS32: u8 = 1;
-    pub const ELFCLASS64: u8 = 2;
-    pub const EM_386: u16 = 3;
-    pub const EM_X86_64: u16 = 62;
-    pub const EM_AARCH64: u16 = 183;
-    pub const EM_RISCV: u16 = 243;
-    pub const ET_REL: u16 = 1;
-    pub const ET_EXEC: u16 = 2;
-    pub const ET_DYN: u16 = 3;
-    pub const ET_CORE: u16 = 4;
-    pub const PT_LOAD: u32 = 1;
+    pub(crate) const MAGIC: &[u8; 4] = b"\x7fELF";
+    pub(crate) const EI_CLASS: usize = 4;
+    pub(crate) const ELFCLASS32: u8 = 1;
+    pub(crate) const ELFCLASS64: u8 = 2;
+    pub(crate) const EM_386: u16 = 3;
+    pub(crate) const EM_X86_64: u16 = 62;
+    pub(crate) const EM_AARCH64: u16 = 183;
+    pub(crate) const EM_RISCV: u16 = 243;
+    pub(crate) const ET_REL: u16 = 1;
+    pub(crate) const ET_EXEC: u16 = 2;
+    pub(crate) const ET_DYN: u16 = 3;
+    pub(crate) const ET_CORE: u16 = 4;
+    pub(crate) const PT_LOAD: u32 = 1;
     /// Bytes of an ELF64 header and of one ELF64 program header.
-    pub const EHDR_SIZE: usize = 64;
-    pub const PHDR_SIZE: usize = 56;
+    pub(crate) const EHDR_SIZE: usize = 64;
+    pub(crate) const PHDR_SIZE: usize = 56;
 }
 use elf_consts as ec;
 
@@ -158,7 +158,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// # Errors
 /// `ElfClass`, `ElfMachine`, `ElfType`, `ProgramHeaders`,
 /// `SegmentPlacement`, `SegmentOverflow` or `EntryPlacement`.
-pub fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
+pub(crate) fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
     if image.len() < ec::EHDR_SIZE || !image.starts_with(ec::MAGIC) {
         return Ok(());
     }

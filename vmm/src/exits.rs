@@ -10,7 +10,7 @@ use crate::abi;
 
 /// A vCPU exit, copied out of `kvm_run` (kvm-ioctls' `VcpuExit` borrows the vCPU).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     /// `out` to `port` (the value zero-extended from the access size).
     IoOut {
         /// The I/O port.
@@ -69,9 +69,9 @@ macro_rules! counted_enum {
         pub enum $name { $($(#[$vm])* $variant),* }
         impl $name {
             /// Every value, in counter order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+            pub(crate) const ALL: &'static [$name] = &[$($name::$variant),*];
             /// The name used in summaries, JSON and metrics.
-            pub fn label(self) -> &'static str {
+            pub(crate) fn label(self) -> &'static str {
                 match self { $($name::$variant => $label),* }
             }
         }
@@ -176,7 +176,7 @@ pub enum Fault {
 
 /// What a KVM_EXIT_INTERNAL_ERROR suberror means (the kernel's
 /// `KVM_INTERNAL_ERROR_*` values).
-pub fn internal_error_name(suberror: u32) -> &'static str {
+pub(crate) fn internal_error_name(suberror: u32) -> &'static str {
     match suberror {
         kvm_bindings::KVM_INTERNAL_ERROR_EMULATION => "emulation failure",
         kvm_bindings::KVM_INTERNAL_ERROR_SIMUL_EX => "simultaneous exceptions",
@@ -188,7 +188,7 @@ pub fn internal_error_name(suberror: u32) -> &'static str {
 
 /// What the vCPU loop must do after an exit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Re-enter the guest.
     Resume,
     /// Check for kicks, then re-enter.
@@ -211,18 +211,18 @@ pub enum Action {
 
 /// Maps ports and guest addresses to devices.
 #[derive(Debug, Clone)]
-pub struct Bus {
+pub(crate) struct Bus {
     mmio_page: u64,
 }
 
 impl Bus {
     /// A bus for a guest whose MMIO test page is at `mmio_page`.
-    pub fn new(mmio_page: u64) -> Self {
+    pub(crate) fn new(mmio_page: u64) -> Self {
         Bus { mmio_page }
     }
 
     /// The device at `port`.
-    pub fn port(&self, port: u16) -> Device {
+    pub(crate) fn port(&self, port: u16) -> Device {
         match port {
             abi::PORT_CONSOLE => Device::Console,
             abi::PORT_READY => Device::Ready,
@@ -235,7 +235,7 @@ impl Bus {
     }
 
     /// The device at guest address `addr`.
-    pub fn mmio(&self, addr: u64) -> Device {
+    pub(crate) fn mmio(&self, addr: u64) -> Device {
         if addr.wrapping_sub(self.mmio_page) < abi::PAGE_SIZE {
             Device::MmioTest
         } else {
@@ -245,7 +245,7 @@ impl Bus {
 }
 
 /// Counters by label, as a migration carries them.
-pub type Labeled = Vec<(String, u64)>;
+pub(crate) type Labeled = Vec<(String, u64)>;
 
 /// One vCPU's exit counters. Only the vCPU's own thread writes them, so a
 /// relaxed load and store is enough (no locked add on the hot path); any thread
@@ -267,7 +267,7 @@ impl ExitCounters {
     }
 
     /// I/O exits counted for device `d`.
-    pub fn device(&self, d: Device) -> u64 {
+    pub(crate) fn device(&self, d: Device) -> u64 {
         self.devices[d as usize].load(Ordering::Relaxed)
     }
 
@@ -277,7 +277,7 @@ impl ExitCounters {
     }
 
     /// Every counter by label: reasons, then devices (for a migration's stream).
-    pub fn labeled(&self) -> (Labeled, Labeled) {
+    pub(crate) fn labeled(&self) -> (Labeled, Labeled) {
         let reasons = Reason::ALL
             .iter()
             .map(|&r| (r.label().to_string(), self.reason(r)))
@@ -291,7 +291,7 @@ impl ExitCounters {
 
     /// Sets counters from labels (a migration's destination goes on from the
     /// source's values); unknown labels are ignored. Call before the vCPU runs.
-    pub fn restore(&self, reasons: &[(String, u64)], devices: &[(String, u64)]) {
+    pub(crate) fn restore(&self, reasons: &[(String, u64)], devices: &[(String, u64)]) {
         for (label, v) in reasons {
             if let Some(&r) = Reason::ALL.iter().find(|r| r.label() == label) {
                 self.reasons[r as usize].store(*v, Ordering::Relaxed);
@@ -305,7 +305,7 @@ impl ExitCounters {
     }
 
     /// The counters as JSON: `{"reasons": {...}, "devices": {...}, "total": n}`.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let reasons: serde_json::Map<_, _> = Reason::ALL
             .iter()
             .map(|&r| (r.label().to_string(), self.reason(r).into()))
@@ -319,7 +319,7 @@ impl ExitCounters {
 }
 
 /// Decides what an exit means, counting it.
-pub fn dispatch(exit: &Exit, bus: &Bus, counters: &ExitCounters) -> Action {
+pub(crate) fn dispatch(exit: &Exit, bus: &Bus, counters: &ExitCounters) -> Action {
     let reason = match exit {
         Exit::IoOut { .. } => Reason::IoOut,
         Exit::IoIn { .. } => Reason::IoIn,

@@ -30,7 +30,7 @@ thread_local! {
 }
 
 /// The real-time signal used for kicks (the C runtime uses none of them).
-pub fn kick_signal() -> c_int {
+pub(crate) fn kick_signal() -> c_int {
     SIGRTMIN()
 }
 
@@ -50,7 +50,7 @@ extern "C" fn on_kick(_num: c_int, _info: *mut libc::siginfo_t, _ctx: *mut c_voi
 ///
 /// # Errors
 /// The sigaction failure.
-pub fn install() -> Result<(), vmm_sys_util::errno::Error> {
+pub(crate) fn install() -> Result<(), vmm_sys_util::errno::Error> {
     static ONCE: Once = Once::new();
     let mut result = Ok(());
     ONCE.call_once(|| result = register_signal_handler(kick_signal(), on_kick));
@@ -60,11 +60,11 @@ pub fn install() -> Result<(), vmm_sys_util::errno::Error> {
 /// This thread's kick handler pointed at a vCPU's `immediate_exit`, until the
 /// guard drops (unwinding included). Create it on the vCPU thread from its own
 /// kvm_run mapping, after the vCPU fd, so that it drops before the fd unmaps it.
-pub struct Armed(());
+pub(crate) struct Armed(());
 
 impl Armed {
     /// Points this thread's kick handler at `immediate_exit`.
-    pub fn new(immediate_exit: *mut u8) -> Armed {
+    pub(crate) fn new(immediate_exit: *mut u8) -> Armed {
         IMMEDIATE_EXIT.with(|p| p.set(immediate_exit));
         Armed(())
     }

@@ -1,12 +1,14 @@
 //! Guest RAM: one anonymous private mapping at guest address 0, through vm-memory.
 
-use vm_memory::{GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap, GuestMemoryRegion as _};
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap, GuestMemoryRegion as _, GuestRegionMmap,
+};
 
 use crate::abi;
 use crate::x86_64::paging;
 
 /// Guest RAM as the VMM sees it.
-pub type GuestMemory = GuestMemoryMmap<()>;
+pub(crate) type GuestMemory = GuestMemoryMmap<()>;
 
 /// Why guest RAM could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -39,13 +41,13 @@ pub enum Error {
 }
 
 /// Largest guest RAM: the page directories reserved cover RAM plus the 2 MiB MMIO page.
-pub const MAX_MEMORY: u64 = (abi::MAX_PD_PAGES << 30) - paging::PAGE_2M;
+pub(crate) const MAX_MEMORY: u64 = (abi::MAX_PD_PAGES << 30) - paging::PAGE_2M;
 
 /// Checks a RAM size against the guest ABI.
 ///
 /// # Errors
 /// `TooSmall`, `Unaligned` or `TooLarge`.
-pub fn check_size(size: u64) -> Result<(), Error> {
+pub(crate) fn check_size(size: u64) -> Result<(), Error> {
     if size < abi::MIN_MEMORY {
         return Err(Error::TooSmall {
             size,
@@ -84,10 +86,9 @@ pub fn create(size: u64, hugepages: bool) -> Result<GuestMemory, Error> {
         libc::MADV_NOHUGEPAGE
     };
     for region in mem.iter() {
-        let (ptr, len) = host_range(region);
         // SAFETY: the range is exactly one mapping vm-memory made and still owns;
         // madvise only changes how the kernel backs it.
-        let rc = unsafe { libc::madvise(ptr.cast(), len, advice) };
+        let rc = unsafe { libc::madvise(region.as_ptr().cast(), region.size(), advice) };
         if rc != 0 {
             return Err(Error::Madvise(std::io::Error::last_os_error()));
         }
@@ -95,17 +96,14 @@ pub fn create(size: u64, hugepages: bool) -> Result<GuestMemory, Error> {
     Ok(mem)
 }
 
-/// The host address and length of a region's mapping.
-pub fn host_range(region: &vm_memory::GuestRegionMmap<()>) -> (*mut u8, usize) {
-    // A region maps its whole length into this process, so it fits a usize.
-    (
-        region.as_ptr(),
-        usize::try_from(region.len()).unwrap_or(usize::MAX),
-    )
+/// Guest RAM's one region (see [`create`]): the host mapping that the
+/// readiness scan, `mincore` and the page map read.
+pub(crate) fn region(mem: &GuestMemory) -> Option<&GuestRegionMmap<()>> {
+    mem.iter().next()
 }
 
 /// Total bytes of guest RAM.
-pub fn size(mem: &GuestMemory) -> u64 {
+pub(crate) fn size(mem: &GuestMemory) -> u64 {
     mem.iter().map(|r| r.len()).sum()
 }
 

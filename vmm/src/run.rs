@@ -124,7 +124,7 @@ impl RunConfig {
     }
 
     /// The VM's name: `name`, else the socket's file stem, else `kvmscope-<pid>`.
-    pub fn vm_name(&self) -> String {
+    pub(crate) fn vm_name(&self) -> String {
         self.name
             .clone()
             .or_else(|| {
@@ -139,7 +139,7 @@ impl RunConfig {
 
 /// How long a guest has to check in unless told otherwise: start-up to the
 /// first port write takes a few milliseconds (docs/BENCHMARKS.md).
-pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Checks every workload against the VM (vCPU targets, arena ranges) before
 /// anything runs, and queues them.

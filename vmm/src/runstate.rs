@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 #[repr(u8)]
-pub enum RunState {
+pub(crate) enum RunState {
     /// Built, before the guest first runs.
     Prelaunch,
     /// The guest runs (QMP's `running: true`).
@@ -38,14 +38,14 @@ impl RunState {
     ];
 
     /// True when guest code may run.
-    pub fn is_running(self) -> bool {
+    pub(crate) fn is_running(self) -> bool {
         self == RunState::Running
     }
 }
 
 /// A run state shared between the main loop (which sets it) and readers.
 #[derive(Debug)]
-pub struct SharedRunState(AtomicU8);
+pub(crate) struct SharedRunState(AtomicU8);
 
 impl Default for SharedRunState {
     fn default() -> Self {
@@ -55,7 +55,7 @@ impl Default for SharedRunState {
 
 impl SharedRunState {
     /// The current state.
-    pub fn get(&self) -> RunState {
+    pub(crate) fn get(&self) -> RunState {
         let v = self.0.load(Ordering::Acquire);
         RunState::ALL
             .into_iter()
@@ -64,7 +64,7 @@ impl SharedRunState {
     }
 
     /// Sets the state.
-    pub fn set(&self, state: RunState) {
+    pub(crate) fn set(&self, state: RunState) {
         self.0.store(state as u8, Ordering::Release);
     }
 }

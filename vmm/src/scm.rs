@@ -17,7 +17,7 @@ use rustix::net::{
 };
 
 /// Most fds Linux carries in one message (`SCM_MAX_FD`); more fail with EINVAL.
-pub const MAX_FDS_PER_MESSAGE: usize = 253;
+pub(crate) const MAX_FDS_PER_MESSAGE: usize = 253;
 
 /// Room for one `SCM_RIGHTS` message of up to `max_fds` fds.
 fn control_space(max_fds: usize) -> Vec<MaybeUninit<u8>> {
@@ -32,7 +32,11 @@ fn control_space(max_fds: usize) -> Vec<MaybeUninit<u8>> {
 /// `InvalidInput` for too many fds, or the `sendmsg` failure (`WouldBlock` on
 /// a full non-blocking socket, when nothing was sent and the fds did not go
 /// either).
-pub fn send_with_fds(socket: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
+pub(crate) fn send_with_fds(
+    socket: impl AsFd,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<usize> {
     if fds.len() > MAX_FDS_PER_MESSAGE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -62,7 +66,7 @@ pub fn send_with_fds(socket: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) ->
 /// # Errors
 /// The `recvmsg` failure, or `InvalidData` when the kernel had to drop fds for
 /// lack of room or more than `max_fds` came (all of them are closed).
-pub fn recv_with_fds(
+pub(crate) fn recv_with_fds(
     socket: impl AsFd,
     buf: &mut [u8],
     fds: &mut Vec<File>,
@@ -98,7 +102,7 @@ pub fn recv_with_fds(
 ///
 /// # Errors
 /// The `getsockopt` failure.
-pub fn peer_uid(socket: impl AsFd) -> io::Result<u32> {
+pub(crate) fn peer_uid(socket: impl AsFd) -> io::Result<u32> {
     Ok(sockopt::socket_peercred(socket)?.uid.as_raw())
 }
 

@@ -32,7 +32,7 @@ pub fn block_termination() {
 
 /// Whether SIGINT or SIGTERM is pending (blocked and not yet taken), for
 /// waits that happen before the forwarding thread exists.
-pub fn termination_pending() -> bool {
+pub(crate) fn termination_pending() -> bool {
     // SAFETY: sigpending writes only the set we own; sigismember reads it.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -57,7 +57,7 @@ pub fn wait_for_termination() -> i32 {
 ///
 /// # Errors
 /// The thread could not be started.
-pub fn forward_termination(events: Sender<VmEvent>) -> std::io::Result<()> {
+pub(crate) fn forward_termination(events: Sender<VmEvent>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || loop {

@@ -29,17 +29,17 @@ pub struct VcpuSummary {
 #[derive(Debug, Clone)]
 pub struct Summary {
     /// The KVM backend that ran the guest.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// Guest RAM, bytes.
-    pub memory: u64,
+    pub(crate) memory: u64,
     /// Whether guest RAM asked for transparent huge pages.
-    pub hugepages: bool,
+    pub(crate) hugepages: bool,
     /// Wall time of the run.
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
     /// From process start to the first guest port write (the guest's first instruction is earlier still).
-    pub to_first_exit: Option<Duration>,
+    pub(crate) to_first_exit: Option<Duration>,
     /// From process start to the first command completed.
-    pub to_first_done: Option<Duration>,
+    pub(crate) to_first_done: Option<Duration>,
     /// Mapped guest memory before the vCPUs started.
     pub before: Mapped,
     /// Mapped guest memory at the end.
@@ -47,7 +47,7 @@ pub struct Summary {
     /// Each vCPU's part.
     pub vcpus: Vec<VcpuSummary>,
     /// A termination signal ended the run.
-    pub signal: Option<i32>,
+    pub(crate) signal: Option<i32>,
     /// vCPUs that did not stop in time.
     pub stuck: Vec<usize>,
     /// What went wrong besides the guest (e.g. the sampler's export failed).
@@ -100,7 +100,7 @@ impl BootTimeout {
 }
 
 /// Cumulative KVM stats that grew between two samples (`exits` always listed).
-pub fn kvm_growth(stats: &StatsFd, before: &Sample, after: &Sample) -> Vec<(String, u64)> {
+pub(crate) fn kvm_growth(stats: &StatsFd, before: &Sample, after: &Sample) -> Vec<(String, u64)> {
     stats
         .schema()
         .iter()
@@ -111,7 +111,7 @@ pub fn kvm_growth(stats: &StatsFd, before: &Sample, after: &Sample) -> Vec<(Stri
 }
 
 /// A short description of how a vCPU ended.
-pub fn describe_outcome(o: Option<&Outcome>) -> String {
+pub(crate) fn describe_outcome(o: Option<&Outcome>) -> String {
     match o {
         None => "still running".into(),
         Some(Outcome::Stopped) => "stopped".into(),
@@ -251,7 +251,7 @@ impl Summary {
 }
 
 /// One command result as JSON.
-pub fn result_json(r: &CommandResult) -> serde_json::Value {
+pub(crate) fn result_json(r: &CommandResult) -> serde_json::Value {
     serde_json::json!({
         "seq": r.seq, "command": r.command, "status": r.status, "values": r.values,
         "host_time_s": r.host_time.as_secs_f64(),

@@ -17,7 +17,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 /// What the text `--help` and the README show for sizes.
-pub const SIZE_UNITS: &str =
+pub(crate) const SIZE_UNITS: &str =
     "K, M, G, T or KiB, MiB, GiB, TiB (binary, 1G = 2^30 bytes); KB, MB, GB, TB (decimal, 1GB = 10^9 bytes)";
 
 /// A quantity that does not parse, with what would have.
@@ -133,7 +133,7 @@ impl fmt::Display for Size {
 }
 
 /// Parses a size (see [`Size`]); `None` if it does not parse.
-pub fn parse_size(text: &str) -> Option<u64> {
+pub(crate) fn parse_size(text: &str) -> Option<u64> {
     text.parse::<Size>().ok().map(|s| s.0)
 }
 
@@ -205,7 +205,7 @@ impl FromStr for Span {
 }
 
 /// Parses a duration (see [`Span`]); `None` if it does not parse.
-pub fn parse_duration(text: &str) -> Option<Duration> {
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     text.parse::<Span>().ok().map(|s| s.0)
 }
 
@@ -230,7 +230,7 @@ pub struct Interval(pub Option<Duration>);
 
 impl Interval {
     /// The shortest interval: one tick per millisecond.
-    pub const MIN: Duration = Duration::from_millis(1);
+    pub(crate) const MIN: Duration = Duration::from_millis(1);
 }
 
 impl FromStr for Interval {
@@ -304,7 +304,7 @@ pub enum DirtyLog {
 
 impl DirtyLog {
     /// Entries per vCPU ring when `ring` names none.
-    pub const DEFAULT_RING: u32 = 4096;
+    pub(crate) const DEFAULT_RING: u32 = 4096;
 }
 
 impl FromStr for DirtyLog {
@@ -355,18 +355,19 @@ pub fn saturating_u64(v: f64) -> u64 {
 }
 
 /// Whole milliseconds of `d`, saturating at `u64::MAX` (585 million years).
-pub fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// As [`saturating_u64`], into a `usize`.
+/// As [`saturating_u64`], into a `usize` (chart geometry).
+#[cfg(feature = "plot")]
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-pub fn saturating_usize(v: f64) -> usize {
+pub(crate) fn saturating_usize(v: f64) -> usize {
     v as usize
 }
 
 /// Formats a duration exactly, in the largest unit that divides it: `5s`, `250ms`, `1500us`.
-pub fn format_duration(d: Duration) -> String {
+pub(crate) fn format_duration(d: Duration) -> String {
     let ns = d.as_nanos();
     match ns {
         0 => "0s".to_string(),
@@ -378,7 +379,7 @@ pub fn format_duration(d: Duration) -> String {
 }
 
 /// Formats bytes with a binary unit, e.g. `64 MiB`, `1.50 GiB`.
-pub fn format_bytes(bytes: u64) -> String {
+pub(crate) fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     // Printed to two decimals, so f64's 53 bits of precision are plenty.
     let mut v = bytes as f64;

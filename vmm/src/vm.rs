@@ -143,7 +143,7 @@ pub struct VcpuHandle {
 
 impl VcpuHandle {
     /// Records a control request and kicks the thread out of KVM_RUN (see `kick`).
-    pub fn control(&self, c: Control) {
+    pub(crate) fn control(&self, c: Control) {
         self.shared.set_control(c);
         if let Some(t) = &self.thread {
             if self.outcome.is_none() {
@@ -162,41 +162,63 @@ impl VcpuHandle {
 /// A VM with its vCPUs (threads started by [`Vm::start`]).
 pub struct Vm {
     /// The host's KVM backend, detected when the VM was built.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// What the VM was built from.
-    pub config: VmConfig,
+    pub(crate) config: VmConfig,
     /// Guest RAM, mapped in this process.
-    pub mem: GuestMemory,
+    pub(crate) mem: GuestMemory,
     /// The VM's stats fd, opened once at build time.
-    pub vm_stats: StatsFd,
+    pub(crate) vm_stats: StatsFd,
     /// Each vCPU's stats fd, by index, opened once at build time.
-    pub vcpu_stats: Vec<StatsFd>,
+    pub(crate) vcpu_stats: Vec<StatsFd>,
     /// Duplicates of the vCPU fds (their threads own the originals), for making
     /// fresh stats fds; never handed out.
-    pub vcpu_fds: Vec<std::fs::File>,
+    pub(crate) vcpu_fds: Vec<std::fs::File>,
     /// The VMM's handle on each vCPU thread, by index.
-    pub vcpus: Vec<VcpuHandle>,
+    pub(crate) vcpus: Vec<VcpuHandle>,
     /// Dirty tracking: the mode configured at start, or bitmap logging turned
     /// on at run time while a consumer (a migration) holds it.
-    pub dirty: Arc<DirtyLog>,
-    /// When [`Vm::new`] began.
-    pub created: Instant,
+    pub(crate) dirty: Arc<DirtyLog>,
     unstarted: Vec<Vcpu>,
     events_tx: Sender<VmEvent>,
     events: Receiver<VmEvent>,
     /// The KVM VM fd, shared with the dirty-log service.
     // Dropped last: the VM fd outlives everything that refers to the VM.
-    pub fd: Arc<VmFd>,
+    pub(crate) fd: Arc<VmFd>,
     _kvm: Kvm,
 }
 
 impl Vm {
+    /// What the VM was built from.
+    pub fn config(&self) -> &VmConfig {
+        &self.config
+    }
+
+    /// The VM's stats fd, opened once at build time.
+    pub fn vm_stats(&self) -> &StatsFd {
+        &self.vm_stats
+    }
+
+    /// The vCPU fds' duplicates, by index, for making fresh stats fds.
+    pub fn vcpu_fds(&self) -> &[std::fs::File] {
+        &self.vcpu_fds
+    }
+
+    /// The VMM's handle on each vCPU thread, by index (empty until [`Vm::start`]).
+    pub fn vcpus(&self) -> &[VcpuHandle] {
+        &self.vcpus
+    }
+
+    /// The dirty-tracking service.
+    pub fn dirty(&self) -> &Arc<DirtyLog> {
+        &self.dirty
+    }
+
     /// Builds the VM and its vCPUs, ready to [`start`](Vm::start).
     ///
     /// # Errors
     /// The step that failed.
     pub fn new(config: VmConfig) -> Result<Vm, Error> {
-        let created = Instant::now();
         kick::install().map_err(Error::Signal)?;
         let kvm = open_kvm(config.vcpus)?;
         let fd = kvm.create_vm().map_err(Error::CreateVm)?;
@@ -251,7 +273,6 @@ impl Vm {
             vcpu_stats,
             vcpu_fds,
             vcpus,
-            created,
             unstarted,
             events_tx,
             events,
@@ -288,7 +309,7 @@ impl Vm {
     }
 
     /// A sender for events that do not come from vCPUs (signals, the control plane).
-    pub fn event_sender(&self) -> Sender<VmEvent> {
+    pub(crate) fn event_sender(&self) -> Sender<VmEvent> {
         self.events_tx.clone()
     }
 
@@ -366,7 +387,7 @@ impl Vm {
     ///
     /// # Errors
     /// `Restore` if the vCPUs have started or KVM refuses the state.
-    pub fn restore_vcpus(&mut self, snapshots: &[Snapshot]) -> Result<(), Error> {
+    pub(crate) fn restore_vcpus(&mut self, snapshots: &[Snapshot]) -> Result<(), Error> {
         if self.unstarted.len() != snapshots.len() {
             return Err(Error::Restore(format!(
                 "{} snapshots for {} unstarted vCPUs",
@@ -383,15 +404,6 @@ impl Vm {
             }
         }
         Ok(())
-    }
-
-    /// Host address and size of guest RAM (one region).
-    pub fn ram_host_range(&self) -> (*mut u8, usize) {
-        self.mem
-            .iter()
-            .next()
-            .map(memory::host_range)
-            .unwrap_or((std::ptr::null_mut(), 0))
     }
 }
 
@@ -434,7 +446,7 @@ fn open_kvm(vcpus: usize) -> Result<Kvm, Error> {
 
 /// Largest guest image file read (the image itself is at most 2 MiB; the
 /// rest allows for symbols and debug info).
-pub const MAX_GUEST_FILE: u64 = 64 << 20;
+pub(crate) const MAX_GUEST_FILE: u64 = 64 << 20;
 
 /// Loads the guest (`path`, or the built-in one); returns its entry point.
 fn load_image(mem: &GuestMemory, path: Option<&std::path::Path>) -> Result<u64, Error> {
@@ -529,7 +541,7 @@ impl VcpuSetup<'_> {
 }
 
 /// A close-on-exec duplicate of `fd`.
-pub fn dup_fd(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<std::fs::File> {
+pub(crate) fn dup_fd(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<std::fs::File> {
     // SAFETY: `fd` is a live descriptor, owned by the argument for this whole call.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd.as_raw_fd()) };
     Ok(std::fs::File::from(borrowed.try_clone_to_owned()?))

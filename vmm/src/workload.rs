@@ -99,17 +99,17 @@ const COMMANDS: [&str; 10] = [
 ];
 
 /// The pattern `touch` and `verify` use when none is given.
-pub const DEFAULT_PATTERN: u64 = 0x6b76_6d73_636f_7065;
+pub(crate) const DEFAULT_PATTERN: u64 = 0x6b76_6d73_636f_7065;
 
 /// A page range of the arena, as written in a spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
     /// Bytes from the start of the arena (page-aligned).
-    pub offset: u64,
+    pub(crate) offset: u64,
     /// Bytes to cover; `None` means to the end of the arena.
-    pub size: Option<u64>,
+    pub(crate) size: Option<u64>,
     /// Touch every `stride`th page.
-    pub stride: u64,
+    pub(crate) stride: u64,
 }
 
 /// One workload command.
@@ -173,16 +173,16 @@ pub enum Command {
 
 /// A command as the guest's mailbox takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GuestCommand {
+pub(crate) struct GuestCommand {
     /// The command code the guest dispatches on (docs/GUEST_ABI.md, "Commands").
-    pub code: u64,
+    pub(crate) code: u64,
     /// The command's arguments in mailbox order; unused ones are 0.
-    pub args: [u64; 6],
+    pub(crate) args: [u64; 6],
 }
 
 /// Which vCPUs a workload is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// Every vCPU (`all:`).
     All,
     /// These vCPU indexes, as an index, range or list gave them; a spec
@@ -194,14 +194,14 @@ pub enum Target {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
     /// The vCPUs that run the commands.
-    pub target: Target,
+    pub(crate) target: Target,
     /// The commands, run in order on each target vCPU.
-    pub commands: Vec<Command>,
+    pub(crate) commands: Vec<Command>,
 }
 
 impl Command {
     /// The command's name in specs.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Command::Touch { .. } => "touch",
             Command::TouchZero { .. } => "touch-zero",
@@ -223,7 +223,7 @@ impl Command {
     ///
     /// # Errors
     /// `OutsideArena` when a range does not fit the arena.
-    pub fn to_guest(&self, arena_size: u64) -> Result<Option<GuestCommand>, SpecError> {
+    pub(crate) fn to_guest(&self, arena_size: u64) -> Result<Option<GuestCommand>, SpecError> {
         let a = |code, args: [u64; 6]| Ok(Some(GuestCommand { code, args }));
         match *self {
             Command::Touch { span, pattern } => {
@@ -392,7 +392,7 @@ impl Target {
     ///
     /// # Errors
     /// `NoSuchVcpu` when an index is out of range.
-    pub fn resolve(&self, vcpus: usize) -> Result<Vec<usize>, SpecError> {
+    pub(crate) fn resolve(&self, vcpus: usize) -> Result<Vec<usize>, SpecError> {
         match self {
             Target::All => Ok((0..vcpus).collect()),
             Target::Some(list) => match list.iter().find(|&&i| i >= vcpus) {
@@ -428,7 +428,7 @@ pub fn parse_sequence(text: &str) -> Result<Vec<Command>, SpecError> {
 ///
 /// # Errors
 /// A `SpecError` naming the bad part.
-pub fn parse_command(text: &str) -> Result<Command, SpecError> {
+pub(crate) fn parse_command(text: &str) -> Result<Command, SpecError> {
     let mut words = text.split_whitespace();
     let name = words.next().ok_or(SpecError::Empty)?;
     let (command, known): (&'static str, &[&'static str]) = match name {

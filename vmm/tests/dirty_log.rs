@@ -13,7 +13,7 @@ const MEMORY: u64 = 64 << 20;
 fn run_and_wait(vm: &mut Vm, spec: &str, results: usize) {
     vm.push_commands(0, parse_sequence(spec).unwrap());
     common::wait_for(spec, Duration::from_secs(30), || {
-        (vm.vcpus[0].shared.results().len() >= results).then_some(())
+        (vm.vcpus()[0].shared.results().len() >= results).then_some(())
     });
 }
 
@@ -28,7 +28,7 @@ fn bitmap_logging_turned_on_at_run_time_sees_pages_written_after_it() {
     assert!(vm.dirty_configured().is_none());
     vm.start().unwrap();
     run_and_wait(&mut vm, "touch size=1M", 1);
-    let consumer = vm.dirty.subscribe().unwrap();
+    let consumer = vm.dirty().subscribe().unwrap();
     run_and_wait(&mut vm, "touch offset=2M size=2M", 2);
     let pages = consumer.take().unwrap();
     let arena = kvmscope::abi::ARENA_BASE / 4096;
@@ -42,7 +42,7 @@ fn bitmap_logging_turned_on_at_run_time_sees_pages_written_after_it() {
     );
     drop(consumer);
     // Logging went off with the last consumer; a new one turns it on again.
-    let again = vm.dirty.subscribe().unwrap();
+    let again = vm.dirty().subscribe().unwrap();
     run_and_wait(&mut vm, "touch offset=8M size=4K", 3);
     assert!(again.take().unwrap().contains(arena + 2048));
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
@@ -57,8 +57,8 @@ fn two_consumers_each_see_every_page_since_their_own_last_take() {
         ..VmConfig::default()
     })
     .unwrap();
-    let a = vm.dirty.subscribe().unwrap();
-    let b = vm.dirty.subscribe().unwrap();
+    let a = vm.dirty().subscribe().unwrap();
+    let b = vm.dirty().subscribe().unwrap();
     vm.start().unwrap();
     run_and_wait(&mut vm, "touch size=64K", 1);
     let first = a.take().unwrap();

@@ -35,15 +35,15 @@ fn exporter() -> Exporter {
         interval: Duration::from_millis(5),
         ..SamplerConfig::default()
     };
-    let vcpus = vm.vcpus.iter().map(|v| v.shared.clone()).collect();
+    let vcpus = vm.vcpus().iter().map(|v| v.shared.clone()).collect();
     let sampler = Sampler::start(
         config,
         &vm.fd_file().unwrap(),
-        &vm.vcpu_fds,
+        vm.vcpu_fds(),
         vcpus,
         kvmscope::sampler::SampledVm {
             name: "test-vm".into(),
-            memory: vm.config.memory,
+            memory: vm.config().memory,
         },
     )
     .unwrap();

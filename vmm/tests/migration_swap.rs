@@ -81,7 +81,7 @@ fn a_swapped_out_page_is_classified_as_data_not_as_never_backed() {
     // SAFETY: advises on one page of our own mapping.
     let rc = unsafe { libc::madvise(page.cast(), 4096, libc::MADV_PAGEOUT) };
     let swapped = pagemap_entry(page as u64) & (1 << 62) != 0;
-    let runs = classify(region.as_ptr(), len).unwrap();
+    let runs = classify(&region).unwrap();
     // Reading the page back swaps it in.
     let back: u8 = ram.read_obj(5 * 4096).unwrap();
     if rc != 0 || !swapped {

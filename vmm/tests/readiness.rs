@@ -31,7 +31,7 @@ fn readiness(vm: &Vm, options: &Options) -> Report {
 
 fn wait_done(vm: &Vm, n: usize) {
     common::wait_for("commands", Duration::from_secs(30), || {
-        (vm.vcpus[0].shared.results().len() >= n).then_some(())
+        (vm.vcpus()[0].shared.results().len() >= n).then_some(())
     });
 }
 
@@ -85,7 +85,7 @@ fn scan_resumes_the_guest_afterwards() {
     // The guest runs new work after the scan: it was resumed.
     vm.push_commands(0, parse_sequence("exits count=3").unwrap());
     wait_done(&vm, 2);
-    assert!(vm.vcpus[0]
+    assert!(vm.vcpus()[0]
         .shared
         .results()
         .iter()
@@ -103,7 +103,7 @@ fn measured_dirty_rate(mode: DirtyMode) -> (f64, f64) {
     let rate = 2000.0;
     let vm = boot(Some(mode), "dirty ws=32M rate=2000/s for=4s");
     common::wait_for("dirty to start", Duration::from_secs(10), || {
-        matches!(vm.vcpus[0].shared.state(), VcpuState::Running { .. }).then_some(())
+        matches!(vm.vcpus()[0].shared.state(), VcpuState::Running { .. }).then_some(())
     });
     std::thread::sleep(Duration::from_millis(200));
     let r = readiness(
@@ -151,13 +151,13 @@ fn ring_mode_attributes_pages_to_the_vcpu_that_wrote_them() {
     })
     .unwrap();
     vm.push_commands(1, parse_sequence("touch size=4M").unwrap());
-    let window = vm.dirty.subscribe().unwrap();
+    let window = vm.dirty().subscribe().unwrap();
     vm.start().unwrap();
     common::wait_for("touch", Duration::from_secs(30), || {
-        (!vm.vcpus[1].shared.results().is_empty()).then_some(())
+        (!vm.vcpus()[1].shared.results().is_empty()).then_some(())
     });
     // 1024 pages through a 256-entry ring: ring-full exits were harvested on the way.
-    let written = vm.dirty.written_since_boot().unwrap().unwrap();
+    let written = vm.dirty().written_since_boot().unwrap().unwrap();
     let per_vcpu = window.sync(|w| w.per_vcpu.clone()).unwrap();
     assert!(written >= 1024, "{written}");
     assert!(
@@ -165,7 +165,7 @@ fn ring_mode_attributes_pages_to_the_vcpu_that_wrote_them() {
         "ring entries per vCPU: {per_vcpu:?}"
     );
     assert!(
-        vm.vcpus[1]
+        vm.vcpus()[1]
             .shared
             .counters
             .reason(kvmscope::exits::Reason::DirtyRingFull)

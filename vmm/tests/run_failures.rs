@@ -81,7 +81,7 @@ fn a_failing_vcpu_stops_the_others() {
 
 fn wait_state(vm: &Vm, vcpu: usize, want: impl Fn(&VcpuState) -> bool) {
     common::wait_for("vCPU state", Duration::from_secs(10), || {
-        want(&vm.vcpus[vcpu].shared.state()).then_some(())
+        want(&vm.vcpus()[vcpu].shared.state()).then_some(())
     });
 }
 
@@ -100,7 +100,7 @@ fn stop_ends_running_and_waiting_vcpus_within_a_second() {
     let stuck = vm.stop(Duration::from_secs(1));
     assert!(stuck.is_empty(), "vCPUs {stuck:?} did not stop");
     assert!(vm
-        .vcpus
+        .vcpus()
         .iter()
         .all(|v| v.outcome() == Some(&Outcome::Stopped)));
 }
@@ -117,10 +117,10 @@ fn pause_parks_a_running_vcpu_and_resume_lets_it_finish() {
     wait_state(&vm, 0, |s| matches!(s, VcpuState::Running { .. }));
     vm.control_all(Control::Pause);
     wait_state(&vm, 0, |s| *s == VcpuState::Paused);
-    let exits = vm.vcpus[0].shared.counters.total();
+    let exits = vm.vcpus()[0].shared.counters.total();
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(
-        vm.vcpus[0].shared.counters.total(),
+        vm.vcpus()[0].shared.counters.total(),
         exits,
         "a paused vCPU does not run"
     );
@@ -128,9 +128,9 @@ fn pause_parks_a_running_vcpu_and_resume_lets_it_finish() {
     common::wait_for(
         "the dirty command to finish",
         Duration::from_secs(10),
-        || (!vm.vcpus[0].shared.results().is_empty()).then_some(()),
+        || (!vm.vcpus()[0].shared.results().is_empty()).then_some(()),
     );
-    assert_eq!(vm.vcpus[0].shared.results()[0].status, "ok");
+    assert_eq!(vm.vcpus()[0].shared.results()[0].status, "ok");
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
 }
 
@@ -141,9 +141,9 @@ fn wait_command_parks_the_vcpu_for_its_duration() {
     vm.push_commands(0, parse_sequence("wait for=100ms; exits count=1").unwrap());
     vm.start().unwrap();
     common::wait_for("both commands", Duration::from_secs(10), || {
-        (vm.vcpus[0].shared.results().len() == 2).then_some(())
+        (vm.vcpus()[0].shared.results().len() == 2).then_some(())
     });
-    let r = vm.vcpus[0].shared.results();
+    let r = vm.vcpus()[0].shared.results();
     assert!(r[0].host_time >= Duration::from_millis(100), "{:?}", r[0]);
     assert_eq!(r[1].status, "ok");
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
@@ -195,7 +195,7 @@ fn a_vcpu_paused_in_a_wait_sleeps_past_the_wait_deadline() {
     wait_state(&vm, 0, |s| *s == VcpuState::Waiting);
     vm.control_all(Control::Pause);
     wait_state(&vm, 0, |s| *s == VcpuState::Paused);
-    let tid = *vm.vcpus[0].shared.tid.get().unwrap();
+    let tid = *vm.vcpus()[0].shared.tid.get().unwrap();
     let before = context_switches(tid);
     // Past the wait's deadline: a parked thread must not wake over and over.
     std::thread::sleep(Duration::from_millis(300));
@@ -203,7 +203,7 @@ fn a_vcpu_paused_in_a_wait_sleeps_past_the_wait_deadline() {
     assert!(woke < 10, "the paused vCPU thread woke {woke} times");
     vm.control_all(Control::Run);
     common::wait_for("both commands", Duration::from_secs(10), || {
-        (vm.vcpus[0].shared.results().len() == 2).then_some(())
+        (vm.vcpus()[0].shared.results().len() == 2).then_some(())
     });
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
 }

@@ -35,11 +35,11 @@ fn start_sampler(vm: &Vm, interval_ms: u64, capacity: usize, out: Option<PathBuf
     Sampler::start(
         config,
         &vm.fd_file().unwrap(),
-        &vm.vcpu_fds,
-        vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
+        vm.vcpu_fds(),
+        vm.vcpus().iter().map(|v| v.shared.clone()).collect(),
         kvmscope::sampler::SampledVm {
             name: "test-vm".into(),
-            memory: vm.config.memory,
+            memory: vm.config().memory,
         },
     )
     .unwrap()
@@ -47,7 +47,7 @@ fn start_sampler(vm: &Vm, interval_ms: u64, capacity: usize, out: Option<PathBuf
 
 fn wait_results(vm: &Vm, vcpu: usize, n: usize) {
     common::wait_for("commands to finish", Duration::from_secs(30), || {
-        (vm.vcpus[vcpu].shared.results().len() >= n).then_some(())
+        (vm.vcpus()[vcpu].shared.results().len() >= n).then_some(())
     });
 }
 
@@ -184,7 +184,7 @@ fn bad_sampler_config_is_rejected() {
                 out: out.map(Into::into),
             },
             &vm.fd_file().unwrap(),
-            &vm.vcpu_fds,
+            vm.vcpu_fds(),
             vec![],
             kvmscope::sampler::SampledVm {
                 name: "test-vm".into(),

@@ -23,7 +23,9 @@ use kvm_stats::Mapped;
 pub struct DemoConfig {
     /// The `kvmscope` binary to start the VMM with (normally this one).
     pub exe: PathBuf,
+    /// Guest RAM of the demo VM, bytes.
     pub memory: u64,
+    /// Back guest RAM with transparent huge pages (`run --hugepages`).
     pub hugepages: bool,
     /// Bytes each memory phase covers.
     pub phase_size: u64,

@@ -31,6 +31,7 @@ pub struct MigrateConfig {
     pub max_rounds: Option<u64>,
     /// Ask `query-readiness` first, and set the prediction against the outcome.
     pub predict: bool,
+    /// Print the final `query-migrate` (and prediction) as JSON instead of text.
     pub json: bool,
 }
 
@@ -155,7 +156,7 @@ fn show(
 }
 
 /// The report, shaped like QEMU's `info migrate` (sizes in kbytes).
-pub fn info_migrate(info: &MigrationInfo) -> String {
+pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
     let mut s = String::new();
     let status = info.status.map_or("none", Status::name);
     let _ = writeln!(s, "Migration status: {status}");

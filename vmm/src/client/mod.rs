@@ -7,7 +7,7 @@
 
 pub mod demo;
 pub mod migrate;
-pub mod predict;
+pub(crate) mod predict;
 pub mod readiness;
 pub mod stats;
 pub mod watch;
@@ -25,7 +25,7 @@ use crate::protocol::{Command, ErrorClass, Greeting, Message};
 use crate::scm::{self, MAX_FDS_PER_MESSAGE};
 
 /// How long `stats`, `watch` and `demo` wait for a reply before giving up.
-pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest reply line a client accepts (a `query-stats` of 256 vCPUs is ~1 MiB).
 const MAX_REPLY: usize = 64 << 20;
@@ -33,24 +33,44 @@ const MAX_REPLY: usize = 64 << 20;
 /// Why a client command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `connect(2)` to the socket path failed.
     #[error("connecting to {0}")]
     Connect(PathBuf, #[source] io::Error),
+    /// Waiting for a VMM to start serving: nothing answered in time.
     #[error("no control socket answered at {0} within {1:?}")]
     NotReady(PathBuf, Duration),
+    /// Reading or writing the socket failed.
     #[error("talking to the VMM")]
     Io(#[from] io::Error),
+    /// The VMM hung up before the reply.
     #[error("the VMM closed the connection")]
     Closed,
+    /// A line that is not a QMP greeting, reply or event (the line is given).
     #[error("the VMM sent something that is not a reply: {0}")]
     BadReply(String),
+    /// The greeting was an error (e.g. every client slot taken).
     #[error("the VMM refused the connection ({class}): {desc}")]
-    Refused { class: ErrorClass, desc: String },
+    Refused {
+        /// QMP error class.
+        class: ErrorClass,
+        /// The VMM's description.
+        desc: String,
+    },
+    /// The command's reply was an error.
     #[error("the VMM answered {class}: {desc}")]
-    Remote { class: ErrorClass, desc: String },
+    Remote {
+        /// QMP error class.
+        class: ErrorClass,
+        /// The VMM's description.
+        desc: String,
+    },
+    /// A stats fd that came with a reply could not be read.
     #[error("reading a received stats fd")]
     Stats(#[from] kvm_stats::Error),
+    /// Starting or waiting for a child VMM (the demo) failed.
     #[error("the VMM process")]
     Child(#[source] io::Error),
+    /// A child VMM exited before it was done.
     #[error("the VMM exited early ({0})")]
     ChildExited(std::process::ExitStatus),
 }
@@ -58,8 +78,9 @@ pub enum Error {
 /// A reply line and the fds that came with it, in order.
 #[derive(Debug)]
 pub struct Reply {
+    /// The reply (`{"return": ...}`) or event line, parsed.
     pub value: Value,
-    pub fds: Vec<File>,
+    pub(crate) fds: Vec<File>,
 }
 
 /// A connection to a control socket, past its greeting.
@@ -91,7 +112,7 @@ impl Client {
     ///
     /// # Errors
     /// As [`Client::connect`].
-    pub fn connect_unnegotiated(path: &Path) -> Result<Client, Error> {
+    pub(crate) fn connect_unnegotiated(path: &Path) -> Result<Client, Error> {
         Client::open(path, None)
     }
 
@@ -103,7 +124,7 @@ impl Client {
     /// # Errors
     /// As [`Client::connect`]; a timeout is an `Io` error of kind `WouldBlock`
     /// or `TimedOut`.
-    pub fn connect_within(path: &Path, timeout: Duration) -> Result<Client, Error> {
+    pub(crate) fn connect_within(path: &Path, timeout: Duration) -> Result<Client, Error> {
         let mut client = Client::open(path, Some(timeout))?;
         client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
         Ok(client)
@@ -171,7 +192,7 @@ impl Client {
     /// # Errors
     /// `Closed` once the server has hung up (after the events before it were
     /// taken), `BadReply` for a line that is not JSON, or the read failure.
-    pub fn take_events(&mut self) -> Result<Vec<Value>, Error> {
+    pub(crate) fn take_events(&mut self) -> Result<Vec<Value>, Error> {
         self.stream.set_nonblocking(true)?;
         let received = loop {
             if self.input.len() > MAX_REPLY {
@@ -310,7 +331,7 @@ impl Client {
     ///
     /// # Errors
     /// As [`Client::execute`].
-    pub fn call(&mut self, command: &Command) -> Result<(Value, Vec<File>), Error> {
+    pub(crate) fn call(&mut self, command: &Command) -> Result<(Value, Vec<File>), Error> {
         self.stream.write_all(&request_line(command, None))?;
         self.read_return()
     }
@@ -330,7 +351,7 @@ impl Client {
 }
 
 /// The class and description of an error reply (`{"error": {...}}`), if it is one.
-pub fn error_reply(line: &Value) -> Option<(ErrorClass, String)> {
+pub(crate) fn error_reply(line: &Value) -> Option<(ErrorClass, String)> {
     match serde_json::from_value::<Message>(line.clone()) {
         Ok(Message::Error { error, .. }) => Some((error.class, error.desc)),
         _ => None,

@@ -11,22 +11,22 @@ use crate::migration::{MigrationInfo, Status};
 
 /// The prediction's figures under `query-migrate`'s names.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Predicted {
+pub(crate) struct Predicted {
     /// `transferred`, bytes.
-    pub transferred: u64,
-    pub duplicate: u64,
-    pub normal: u64,
-    pub dirty_sync_count: u64,
+    pub(crate) transferred: u64,
+    pub(crate) duplicate: u64,
+    pub(crate) normal: u64,
+    pub(crate) dirty_sync_count: u64,
     /// ms; `None` when it never ends.
-    pub total_time: Option<u64>,
+    pub(crate) total_time: Option<u64>,
     /// ms; `None` when it never stops.
-    pub downtime: Option<u64>,
+    pub(crate) downtime: Option<u64>,
     /// Whether the passes converge before the downtime limit.
-    pub converges: bool,
+    pub(crate) converges: bool,
     /// Why, in words.
-    pub reason: String,
+    pub(crate) reason: String,
     /// The report's text, for people.
-    pub text: String,
+    pub(crate) text: String,
 }
 
 /// Asks `query-readiness` (with the exact scan, and the VMM's dirty-rate
@@ -34,7 +34,7 @@ pub struct Predicted {
 ///
 /// # Errors
 /// A transport failure, the VMM's error reply, or a reply without a prediction.
-pub fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Error> {
+pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Error> {
     let line =
         json!({"execute": "query-readiness", "arguments": {"scan": true, "bandwidth": bandwidth}});
     client.send_line(line.to_string().as_bytes())?;
@@ -62,7 +62,7 @@ pub fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Error> {
 
 /// Whether a finished migration converged: it completed, and what was dirty
 /// at its last sync fitted the downtime limit (not forced by `x-max-rounds`).
-pub fn converged(info: &MigrationInfo, downtime_limit: u64) -> bool {
+pub(crate) fn converged(info: &MigrationInfo, downtime_limit: u64) -> bool {
     info.status == Some(Status::Completed)
         && info.expected_downtime.is_some_and(|e| e <= downtime_limit)
 }
@@ -82,7 +82,10 @@ fn error_pct(predicted: Option<u64>, actual: Option<u64>) -> Option<f64> {
 }
 
 /// The rows of the comparison: (field, predicted, actual, error %).
-pub fn rows(p: &Predicted, info: &MigrationInfo) -> Vec<(&'static str, Option<u64>, Option<u64>)> {
+pub(crate) fn rows(
+    p: &Predicted,
+    info: &MigrationInfo,
+) -> Vec<(&'static str, Option<u64>, Option<u64>)> {
     let ram = info.ram.clone().unwrap_or_default();
     vec![
         ("transferred", Some(p.transferred), Some(ram.transferred)),
@@ -99,7 +102,7 @@ pub fn rows(p: &Predicted, info: &MigrationInfo) -> Vec<(&'static str, Option<u6
 }
 
 /// The comparison for people: one line per field, then the verdicts.
-pub fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> String {
+pub(crate) fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> String {
     let mut s = String::from("predicted vs actual:\n");
     let cell = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     for (name, predicted, actual) in rows(p, info) {
@@ -128,7 +131,7 @@ pub fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> String
 }
 
 /// The comparison as JSON (`x-predicted` next to `query-migrate`'s figures).
-pub fn to_json(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> Value {
+pub(crate) fn to_json(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> Value {
     let fields: serde_json::Map<String, Value> = rows(p, info)
         .into_iter()
         .map(|(name, predicted, actual)| {

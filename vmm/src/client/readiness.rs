@@ -13,7 +13,9 @@ use super::{Client, Error};
 /// What `kvmscope readiness` asks for.
 #[derive(Debug, Clone)]
 pub struct ReadinessConfig {
+    /// The VMM's control socket.
     pub socket: PathBuf,
+    /// Also count non-zero pages exactly (pauses the guest for the scan).
     pub scan: bool,
     /// Dirty-rate window; `None` leaves it to the VMM (1 s with dirty logging).
     pub calc_time: Option<Duration>,
@@ -22,6 +24,7 @@ pub struct ReadinessConfig {
     pub bandwidth: Option<f64>,
     /// `None`: the VMM's `downtime-limit`.
     pub max_downtime: Option<Duration>,
+    /// Print the report as JSON instead of text.
     pub json: bool,
 }
 

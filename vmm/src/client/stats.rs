@@ -28,16 +28,16 @@ pub struct StatsConfig {
 }
 
 /// A stats fd received over the socket: how the VMM named it, and the fd.
-pub struct Received {
+pub(crate) struct Received {
     /// The reply's entry: `{"target": "vm"|"vcpu", ["vcpu": N,] "id": ...}`.
-    pub entry: Value,
+    pub(crate) entry: Value,
     /// The stats fd, its schema read.
-    pub stats: StatsFd,
+    pub(crate) stats: StatsFd,
 }
 
 impl Received {
     /// `vm` or `vcpu N`, for headings.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self.entry["vcpu"].as_u64() {
             Some(i) => format!("vcpu {i}"),
             None => "vm".to_string(),
@@ -51,7 +51,7 @@ impl Received {
 /// # Errors
 /// An error reply, a reply whose fds do not match the entries it names, or a
 /// received fd that is not a readable stats file.
-pub fn receive(
+pub(crate) fn receive(
     client: &mut Client,
     vm: bool,
     vcpus: Option<VcpuSelector>,
@@ -90,7 +90,7 @@ pub fn receive(
 ///
 /// # Errors
 /// A read failure.
-pub fn sample_all(received: &[Received]) -> Result<Vec<Sample>, Error> {
+pub(crate) fn sample_all(received: &[Received]) -> Result<Vec<Sample>, Error> {
     received
         .iter()
         .map(|r| {
@@ -102,7 +102,7 @@ pub fn sample_all(received: &[Received]) -> Result<Vec<Sample>, Error> {
 }
 
 /// Warns about names in `filter` that none of the received schemas has.
-pub fn warn_missing(received: &[Received], filter: &NameFilter) {
+pub(crate) fn warn_missing(received: &[Received], filter: &NameFilter) {
     let mut missing: Option<Vec<&str>> = None;
     for r in received {
         let here = filter.missing(r.stats.schema());

@@ -17,7 +17,7 @@ use crate::protocol::VcpuSelector;
 use crate::units::format_bytes;
 
 /// Shown when no `--names` are given: what the guest's workloads move.
-pub const DEFAULT_NAMES: &[&str] = &[
+pub(crate) const DEFAULT_NAMES: &[&str] = &[
     "pages_4k",
     "pages_2m",
     "pages_1g",

@@ -55,7 +55,7 @@ fn ret(value: Value) -> Outcome {
 }
 
 /// The control plane's view of the VM, with its own stats fds and samples.
-pub struct Handler {
+pub(crate) struct Handler {
     ctx: Context,
     vm_stats: StatsFd,
     vcpu_stats: Vec<StatsFd>,
@@ -72,7 +72,7 @@ impl Handler {
     ///
     /// # Errors
     /// A stats fd that cannot be opened, duplicated or read.
-    pub fn new(ctx: Context, stopping: Arc<AtomicBool>) -> Result<Handler, Error> {
+    pub(crate) fn new(ctx: Context, stopping: Arc<AtomicBool>) -> Result<Handler, Error> {
         let vm_stats = StatsFd::new(kvm_stats::ioctl::get_stats_fd(&ctx.vm_fd)?)?;
         let vcpu_stats = ctx
             .vcpu_stats
@@ -93,17 +93,17 @@ impl Handler {
     }
 
     /// Migration event lines queued since the last call, for every client.
-    pub fn migration_events(&self) -> Vec<Vec<u8>> {
+    pub(crate) fn migration_events(&self) -> Vec<Vec<u8>> {
         super::migrate::event_lines(&self.ctx)
     }
 
     /// The sampler's shared part, when it runs.
-    pub fn samples(&self) -> Option<Arc<crate::sampler::Shared>> {
+    pub(crate) fn samples(&self) -> Option<Arc<crate::sampler::Shared>> {
         self.ctx.samples.clone()
     }
 
     /// The line every client gets on connecting.
-    pub fn greeting(&self) -> Greeting {
+    pub(crate) fn greeting(&self) -> Greeting {
         Greeting {
             qmp: GreetingBody {
                 version: VersionInfo::ours(),
@@ -125,7 +125,7 @@ impl Handler {
     }
 
     /// Runs one command (capability negotiation is the plane's business).
-    pub fn execute(&mut self, command: Command) -> Outcome {
+    pub(crate) fn execute(&mut self, command: Command) -> Outcome {
         match command {
             Command::QmpCapabilities(a) => negotiate(&a),
             Command::QueryCommands(_) => Outcome::ret(
@@ -415,7 +415,7 @@ impl Handler {
     }
 
     /// Where a deferred reply stands: events to send now, and the reply once ready.
-    pub fn check_wait(&self, pending: &Pending) -> Progress {
+    pub(crate) fn check_wait(&self, pending: &Pending) -> Progress {
         match pending {
             Pending::Guest(w) => Progress {
                 events: Vec::new(),

@@ -34,7 +34,7 @@ struct Chunk {
 
 /// What reading from the client gave.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Input {
+pub(crate) enum Input {
     /// Some bytes (maybe a request, maybe part of one).
     Data,
     /// Nothing now.
@@ -44,31 +44,31 @@ pub enum Input {
 }
 
 /// A client connection.
-pub struct Connection {
+pub(crate) struct Connection {
     stream: UnixStream,
     framer: Framer,
     output: VecDeque<Chunk>,
     queued_bytes: usize,
     queued_fds: usize,
     /// The client has closed its sending side.
-    pub ended: bool,
+    pub(crate) ended: bool,
     /// A reply is deferred: further requests wait until it is sent.
-    pub busy: bool,
+    pub(crate) busy: bool,
     /// `qmp_capabilities` succeeded: commands are served.
-    pub negotiated: bool,
+    pub(crate) negotiated: bool,
     /// When the client last sent a byte or was last sent one.
-    pub last_active: Instant,
+    pub(crate) last_active: Instant,
     /// When the unfinished request now waiting started arriving.
-    pub partial_since: Option<Instant>,
+    pub(crate) partial_since: Option<Instant>,
     /// When the client connected.
-    pub connected: Instant,
+    pub(crate) connected: Instant,
     /// Requests were held back (a reply pending): look again once it is sent.
     held: bool,
 }
 
 impl Connection {
     /// Wraps an accepted, non-blocking stream.
-    pub fn new(stream: UnixStream) -> Connection {
+    pub(crate) fn new(stream: UnixStream) -> Connection {
         Connection {
             stream,
             framer: Framer::new(),
@@ -89,7 +89,7 @@ impl Connection {
     ///
     /// # Errors
     /// The read failure (the client is then dropped).
-    pub fn read(&mut self) -> io::Result<Input> {
+    pub(crate) fn read(&mut self) -> io::Result<Input> {
         let mut buf = [0u8; READ_CHUNK];
         let got = loop {
             match self.stream.read(&mut buf) {
@@ -115,7 +115,7 @@ impl Connection {
     /// The next complete request (or framing error), unless a reply is
     /// deferred or still being sent. At end of stream, a trailing scalar
     /// token is complete.
-    pub fn next_frame(&mut self) -> Option<Frame> {
+    pub(crate) fn next_frame(&mut self) -> Option<Frame> {
         if self.busy || self.replying() {
             self.held = true;
             return None;
@@ -131,24 +131,24 @@ impl Connection {
 
     /// True when the client's input should be read now: it may send more,
     /// and nothing it asked for is still pending or being sent.
-    pub fn wants_input(&self) -> bool {
+    pub(crate) fn wants_input(&self) -> bool {
         !self.busy && !self.ended && !self.replying()
     }
 
     /// True when output has waited since before `since` (the client does not read).
-    pub fn stalled_since(&self, since: Instant) -> bool {
+    pub(crate) fn stalled_since(&self, since: Instant) -> bool {
         self.has_output() && self.last_active < since
     }
 
     /// Forgets queued output (the client is gone, or is being closed).
-    pub fn discard_output(&mut self) {
+    pub(crate) fn discard_output(&mut self) {
         self.output.clear();
         self.queued_bytes = 0;
         self.queued_fds = 0;
     }
 
     /// True once requests held back behind a reply may run: the reply is sent.
-    pub fn take_ready_held(&mut self) -> bool {
+    pub(crate) fn take_ready_held(&mut self) -> bool {
         let ready = self.held && !self.busy && !self.replying();
         if ready {
             self.held = false;
@@ -164,12 +164,12 @@ impl Connection {
     /// Queues a reply line (`line` ends with a newline) with its fds. Past
     /// [`MAX_FDS_PER_MESSAGE`] fds, the line goes in several messages, each
     /// carrying one byte of it and the next batch of fds, the last the rest.
-    pub fn queue(&mut self, line: Vec<u8>, fds: Vec<File>) {
+    pub(crate) fn queue(&mut self, line: Vec<u8>, fds: Vec<File>) {
         self.push(line, fds, false);
     }
 
     /// Queues an event line.
-    pub fn queue_event(&mut self, line: Vec<u8>) {
+    pub(crate) fn queue_event(&mut self, line: Vec<u8>) {
         self.push(line, Vec::new(), true);
     }
 
@@ -198,7 +198,7 @@ impl Connection {
     /// True when the client has more output waiting than it may: one reply
     /// of any size may be in flight, but events piling up behind it (a
     /// subscriber that does not read) or fds not taken count against the cap.
-    pub fn over_limit(&self) -> bool {
+    pub(crate) fn over_limit(&self) -> bool {
         let reply: usize = self
             .output
             .iter()
@@ -209,7 +209,7 @@ impl Connection {
     }
 
     /// True while output is waiting for the client to read it.
-    pub fn has_output(&self) -> bool {
+    pub(crate) fn has_output(&self) -> bool {
         !self.output.is_empty()
     }
 
@@ -217,7 +217,7 @@ impl Connection {
     ///
     /// # Errors
     /// The send failure (EPIPE when the client went away: it is then dropped).
-    pub fn flush(&mut self) -> io::Result<()> {
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
         while let Some(chunk) = self.output.front_mut() {
             let fds: Vec<BorrowedFd<'_>> = chunk.fds.iter().map(AsFd::as_fd).collect();
             match scm::send_with_fds(&self.stream, &chunk.bytes[chunk.sent..], &fds) {
@@ -241,7 +241,7 @@ impl Connection {
     }
 
     /// The stream, for registering with epoll.
-    pub fn stream(&self) -> &UnixStream {
+    pub(crate) fn stream(&self) -> &UnixStream {
         &self.stream
     }
 }

@@ -20,7 +20,7 @@ use super::plane::Plane;
 
 /// A client must have been idle this long to be closed for a new one, so
 /// that a burst of clients connecting together do not close each other.
-pub const EVICT_MIN_IDLE: Duration = Duration::from_secs(1);
+pub(crate) const EVICT_MIN_IDLE: Duration = Duration::from_secs(1);
 
 impl Plane {
     /// Closes the clients past a deadline (called by the sweep timer).

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use kvm_stats::StatsFd;
 use serde_json::{json, Value};
-use vm_memory::GuestMemoryBackend as _;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::outcome::{Outcome, Pending, Progress, WorkerMsg};
@@ -27,7 +26,7 @@ use crate::vcpu::VcpuShared;
 const RUN_STATE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Drains a readiness worker's messages.
-pub fn poll_worker(rx: &Receiver<WorkerMsg>) -> Progress {
+pub(crate) fn poll_worker(rx: &Receiver<WorkerMsg>) -> Progress {
     let mut events = Vec::new();
     loop {
         match rx.try_recv() {
@@ -92,7 +91,11 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
 
 /// Starts a readiness measurement on its own thread. `busy` guards against
 /// two at once (they would share the dirty window).
-pub fn start_readiness(ctx: &Context, args: ReadinessArgs, busy: &Arc<AtomicBool>) -> Outcome {
+pub(crate) fn start_readiness(
+    ctx: &Context,
+    args: ReadinessArgs,
+    busy: &Arc<AtomicBool>,
+) -> Outcome {
     if busy.swap(true, Ordering::AcqRel) {
         return Outcome::Error(
             ErrorClass::GenericError,
@@ -175,8 +178,7 @@ impl Job {
     }
 
     fn measure(&self) -> Outcome {
-        let region = self.mem.iter().next().map(crate::memory::host_range);
-        let Some((ptr, len)) = region else {
+        let Some(ram) = crate::memory::region(&self.mem) else {
             return Outcome::Error(ErrorClass::GenericError, "the VM has no memory".into());
         };
         let main = self.main.clone();
@@ -192,11 +194,11 @@ impl Job {
         };
         let mut guest = Guest {
             vm_stats: &self.vm_stats,
-            ram: (ptr.cast_const(), len),
+            ram,
             dirty: self.dirty.as_ref(),
             vcpus: &self.vcpus,
             pause: &mut pause,
-            arena: crate::abi::ARENA_BASE / 4096..(len / 4096) as u64,
+            arena: crate::abi::ARENA_BASE / 4096..(ram.size() / 4096) as u64,
         };
         let tx = self.tx.clone();
         let wake = self.wake.clone();

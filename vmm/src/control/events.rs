@@ -9,7 +9,7 @@ use crate::sampler::Shared;
 /// `SAMPLE` events for the sampler's points after `since`, and the newest
 /// sequence number they cover. Points already dropped from the ring are
 /// reported as one `SAMPLES_DROPPED` event first.
-pub fn samples_after(samples: &Shared, since: u64) -> (Vec<Vec<u8>>, u64) {
+pub(crate) fn samples_after(samples: &Shared, since: u64) -> (Vec<Vec<u8>>, u64) {
     let (points, dropped) = samples.since(since);
     let mut lines = Vec::with_capacity(points.len() + 1);
     let line = |name: &str, data| Message::Event(Event::new(name, data)).to_line();

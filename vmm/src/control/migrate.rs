@@ -11,7 +11,7 @@ use crate::migration::Uri;
 use crate::protocol::{Command, ErrorClass, Event, Message};
 
 /// Runs a migration command (any other command is an internal error).
-pub fn execute(ctx: &Context, command: Command) -> Outcome {
+pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
     let Some((m, source)) = &ctx.migration else {
         return Outcome::generic("this VMM cannot migrate (no migration handle)");
     };
@@ -38,7 +38,7 @@ pub fn execute(ctx: &Context, command: Command) -> Outcome {
 }
 
 /// Event lines for every client: what the migration queued since the last call.
-pub fn event_lines(ctx: &Context) -> Vec<Vec<u8>> {
+pub(crate) fn event_lines(ctx: &Context) -> Vec<Vec<u8>> {
     let Some((m, _)) = &ctx.migration else {
         return Vec::new();
     };

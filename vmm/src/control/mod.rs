@@ -15,14 +15,14 @@
 //! The protocol, with examples and limits, is in docs/PROTOCOL.md.
 
 pub mod commands;
-pub mod connection;
-pub mod deadlines;
-pub mod deferred;
-pub mod events;
-pub mod migrate;
-pub mod outcome;
-pub mod plane;
-pub mod socket;
+pub(crate) mod connection;
+pub(crate) mod deadlines;
+pub(crate) mod deferred;
+pub(crate) mod events;
+pub(crate) mod migrate;
+pub(crate) mod outcome;
+pub(crate) mod plane;
+pub(crate) mod socket;
 
 use std::fs::File;
 use std::path::Path;
@@ -51,9 +51,9 @@ use socket::SocketFile;
 pub const MAX_CLIENTS: usize = 64;
 /// Event bytes (beyond the reply being sent) a client may leave unread
 /// before it is dropped.
-pub const MAX_QUEUED_BYTES: usize = 4 << 20;
+pub(crate) const MAX_QUEUED_BYTES: usize = 4 << 20;
 /// Fds a client may leave unreceived before it is dropped.
-pub const MAX_QUEUED_FDS: usize = 512;
+pub(crate) const MAX_QUEUED_FDS: usize = 512;
 
 /// The deadlines the control plane holds clients to (see `deadlines`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ impl Default for Limits {
 impl Limits {
     /// How often deadlines are checked: often enough to hold each within a
     /// quarter of itself, at most every 10 ms, at least every second.
-    pub fn sweep_period(&self) -> Duration {
+    pub(crate) fn sweep_period(&self) -> Duration {
         let shortest = self.handshake.min(self.request).min(self.send);
         (shortest / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
@@ -114,36 +114,36 @@ pub enum Error {
 
 /// What the control thread may reach of the VM: read-only handles, the vCPUs'
 /// shared parts, and a channel to the main loop for run-state changes.
-pub struct Context {
+pub(crate) struct Context {
     /// Duplicate of the VM fd, only for KVM_GET_STATS_FD.
-    pub vm_fd: File,
+    pub(crate) vm_fd: File,
     /// Duplicates of the vCPU stats files the VMM opened before the vCPUs first
     /// ran. The control plane hands out copies of these rather than issuing
     /// KVM_GET_STATS_FD on a vCPU fd, which takes the vCPU's mutex and so
     /// waits, for as long as the guest runs, until the vCPU leaves KVM_RUN.
-    pub vcpu_stats: Vec<File>,
+    pub(crate) vcpu_stats: Vec<File>,
     /// Each vCPU's shared part, by index: queues, results, counters, state.
-    pub vcpus: Vec<Arc<VcpuShared>>,
+    pub(crate) vcpus: Vec<Arc<VcpuShared>>,
     /// The host's KVM backend, for the greeting and `query-vm`.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// Guest RAM in bytes.
-    pub memory: u64,
+    pub(crate) memory: u64,
     /// Whether guest RAM is backed by huge pages.
-    pub hugepages: bool,
+    pub(crate) hugepages: bool,
     /// To the main loop: `VmEvent::Control` requests.
-    pub main: Sender<VmEvent>,
+    pub(crate) main: Sender<VmEvent>,
     /// The sampler's ring, when it runs (for `query-samples` / `subscribe-samples`).
-    pub samples: Option<Arc<crate::sampler::Shared>>,
+    pub(crate) samples: Option<Arc<crate::sampler::Shared>>,
     /// Guest RAM (a clone keeps the mapping alive while a readiness scan reads it).
-    pub mem: crate::memory::GuestMemory,
+    pub(crate) mem: crate::memory::GuestMemory,
     /// Dirty tracking, when the VM was started with a mode (for `query-readiness`).
-    pub dirty: Option<Arc<crate::dirty::DirtyLog>>,
+    pub(crate) dirty: Option<Arc<crate::dirty::DirtyLog>>,
     /// The VM's name (`query-name`, the greeting).
-    pub name: String,
+    pub(crate) name: String,
     /// The run state the main loop keeps (`query-status`).
-    pub run_state: Arc<SharedRunState>,
+    pub(crate) run_state: Arc<SharedRunState>,
     /// The migration handle and the VM's source side (for `migrate` and friends).
-    pub migration: Option<(Arc<crate::migration::Migration>, crate::migration::Source)>,
+    pub(crate) migration: Option<(Arc<crate::migration::Migration>, crate::migration::Source)>,
 }
 
 impl Context {
@@ -151,7 +151,7 @@ impl Context {
     ///
     /// # Errors
     /// `Dup` if an fd cannot be duplicated.
-    pub fn new(vm: &Vm) -> Result<Context, Error> {
+    pub(crate) fn new(vm: &Vm) -> Result<Context, Error> {
         let vcpu_stats = vm
             .vcpu_stats
             .iter()
@@ -177,12 +177,13 @@ impl Context {
 }
 
 /// The running control socket; dropping it stops the thread and removes the socket file.
-pub struct Server {
+pub(crate) struct Server {
     exit: EventFd,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-    // Dropped after the thread is joined: the file goes once nobody listens.
-    socket: SocketFile,
+    // Held for its Drop, after the thread is joined: the file goes once
+    // nobody listens.
+    _socket: SocketFile,
 }
 
 impl Server {
@@ -191,7 +192,7 @@ impl Server {
     /// # Errors
     /// The socket file cannot be set up (in use, not a socket, ...), or a stats
     /// fd, eventfd, epoll or thread cannot be had.
-    pub fn start(path: &Path, context: Context, limits: Limits) -> Result<Server, Error> {
+    pub(crate) fn start(path: &Path, context: Context, limits: Limits) -> Result<Server, Error> {
         let (socket, listener) = SocketFile::bind(path)?;
         listener.set_nonblocking(true).map_err(Error::EventFd)?;
         let new_eventfd = || EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd);
@@ -233,13 +234,8 @@ impl Server {
             exit,
             stopping,
             thread: Some(thread),
-            socket,
+            _socket: socket,
         })
-    }
-
-    /// Where clients connect.
-    pub fn path(&self) -> &Path {
-        self.socket.path()
     }
 }
 

@@ -11,18 +11,18 @@ use crate::protocol::ErrorClass;
 
 /// A `guest-command` whose reply waits for its commands to finish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GuestWait {
+pub(crate) struct GuestWait {
     /// The vCPU whose queue took the commands.
-    pub vcpu: usize,
+    pub(crate) vcpu: usize,
     /// Sequence number of the first command queued.
-    pub first: u64,
+    pub(crate) first: u64,
     /// Sequence number of the last; the reply goes once its result is in.
-    pub last: u64,
+    pub(crate) last: u64,
 }
 
 /// What a readiness worker tells the control thread.
 #[derive(Debug)]
-pub enum WorkerMsg {
+pub(crate) enum WorkerMsg {
     /// Scan progress, in pages.
     Progress(u64, u64),
     /// The report (or the error) to reply with; the worker is finished.
@@ -31,7 +31,7 @@ pub enum WorkerMsg {
 
 /// A reply that is not ready yet.
 #[derive(Debug)]
-pub enum Pending {
+pub(crate) enum Pending {
     /// `guest-command` with `wait`: until the last command's result is in.
     Guest(GuestWait),
     /// `query-readiness`: until its worker sends `Done`.
@@ -39,16 +39,16 @@ pub enum Pending {
 }
 
 /// What a pending reply has now: event lines to send, and the reply when ready.
-pub struct Progress {
+pub(crate) struct Progress {
     /// Events to send to this client first (such as `READINESS_PROGRESS`).
-    pub events: Vec<crate::protocol::Event>,
+    pub(crate) events: Vec<crate::protocol::Event>,
     /// The reply, once ready; `None`: keep waiting.
-    pub done: Option<Outcome>,
+    pub(crate) done: Option<Outcome>,
 }
 
 /// What a command produced.
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// `{"return": value}`, with fds riding on the line.
     Return(Value, Vec<File>),
     /// `{"error": {"class", "desc"}}`.
@@ -70,7 +70,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// A plain return value without fds.
-    pub fn ret(value: impl serde::Serialize) -> Outcome {
+    pub(crate) fn ret(value: impl serde::Serialize) -> Outcome {
         match serde_json::to_value(value) {
             Ok(v) => Outcome::Return(v, Vec::new()),
             Err(e) => Outcome::Error(ErrorClass::GenericError, format!("encoding the reply: {e}")),
@@ -78,7 +78,7 @@ impl Outcome {
     }
 
     /// A `GenericError`.
-    pub fn generic(desc: impl Into<String>) -> Outcome {
+    pub(crate) fn generic(desc: impl Into<String>) -> Outcome {
         Outcome::Error(ErrorClass::GenericError, desc.into())
     }
 }

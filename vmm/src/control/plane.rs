@@ -50,7 +50,7 @@ fn error_line(desc: &str) -> Vec<u8> {
 }
 
 /// The subscriber.
-pub struct Plane {
+pub(crate) struct Plane {
     listener: UnixListener,
     exit: EventFd,
     watcher: Arc<EventFd>,
@@ -73,19 +73,19 @@ pub struct Plane {
     next_token: u32,
     uid: u32,
     /// The exit eventfd fired: the thread ends after this round of events.
-    pub done: bool,
+    pub(crate) done: bool,
 }
 
 /// The fds a plane watches besides its clients.
-pub struct PlaneFds {
+pub(crate) struct PlaneFds {
     /// The control socket, listening.
-    pub listener: UnixListener,
+    pub(crate) listener: UnixListener,
     /// Written when the VMM stops: the thread ends after this round.
-    pub exit: EventFd,
+    pub(crate) exit: EventFd,
     /// Written by vCPU threads when a result is recorded (wakes `wait` replies).
-    pub watcher: Arc<EventFd>,
+    pub(crate) watcher: Arc<EventFd>,
     /// Written by the sampler after each tick (wakes `SAMPLE` subscribers).
-    pub ticks: Arc<EventFd>,
+    pub(crate) ticks: Arc<EventFd>,
 }
 
 impl Plane {
@@ -95,7 +95,7 @@ impl Plane {
     ///
     /// # Errors
     /// A timer or eventfd cannot be created.
-    pub fn new(fds: PlaneFds, handler: Handler, limits: Limits) -> std::io::Result<Plane> {
+    pub(crate) fn new(fds: PlaneFds, handler: Handler, limits: Limits) -> std::io::Result<Plane> {
         let timer = || TimerFd::new().map_err(|e| std::io::Error::from_raw_os_error(e.errno()));
         // SAFETY: geteuid has no preconditions and cannot fail.
         let uid = unsafe { libc::geteuid() };

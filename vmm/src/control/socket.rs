@@ -71,12 +71,12 @@ pub enum Error {
 /// at most this much.
 const TEMP_EXTRA: usize = ".kvmscope-XXXXXX/s".len();
 /// Longest path `bind` accepts.
-pub const MAX_PATH: usize = 107 - TEMP_EXTRA;
+pub(crate) const MAX_PATH: usize = 107 - TEMP_EXTRA;
 
 /// A listening socket and the file it is reachable at; dropping it removes the
 /// file, unless something else has been put at that path since.
 #[derive(Debug)]
-pub struct SocketFile {
+pub(crate) struct SocketFile {
     path: PathBuf,
     /// Device and inode of our file, to recognise it at removal.
     identity: (u64, u64),
@@ -88,7 +88,7 @@ impl SocketFile {
     /// # Errors
     /// `InUse` if a server answers at `path`, `NotASocket` if something else is
     /// there, or the step that failed.
-    pub fn bind(path: &Path) -> Result<(SocketFile, UnixListener), Error> {
+    pub(crate) fn bind(path: &Path) -> Result<(SocketFile, UnixListener), Error> {
         let len = path.as_os_str().len();
         if len > MAX_PATH {
             return Err(Error::TooLong {
@@ -125,7 +125,7 @@ impl SocketFile {
     }
 
     /// Where the socket is.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }

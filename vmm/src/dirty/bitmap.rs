@@ -9,27 +9,15 @@ pub struct Bitmap {
 
 impl Bitmap {
     /// An empty set for `pages` pages.
-    pub fn new(pages: u64) -> Self {
+    pub(crate) fn new(pages: u64) -> Self {
         Bitmap {
             words: vec![0; usize::try_from(pages.div_ceil(64)).unwrap_or(usize::MAX)],
             count: 0,
         }
     }
 
-    /// A set holding every page of `0..pages`.
-    pub fn full(pages: u64) -> Self {
-        let mut words = vec![u64::MAX; (pages / 64) as usize];
-        if pages % 64 != 0 {
-            words.push((1u64 << (pages % 64)) - 1);
-        }
-        Bitmap {
-            words,
-            count: pages,
-        }
-    }
-
     /// Adds a page; pages past the end are ignored.
-    pub fn set(&mut self, page: u64) {
+    pub(crate) fn set(&mut self, page: u64) {
         if let Some(w) = self.words.get_mut((page / 64) as usize) {
             let bit = 1u64 << (page % 64);
             if *w & bit == 0 {
@@ -40,7 +28,7 @@ impl Bitmap {
     }
 
     /// Adds every page set in `other` (a KVM bitmap, 64 pages a word).
-    pub fn or_words(&mut self, other: &[u64]) {
+    pub(crate) fn or_words(&mut self, other: &[u64]) {
         for (w, o) in self.words.iter_mut().zip(other) {
             self.count += u64::from((o & !*w).count_ones());
             *w |= o;
@@ -48,7 +36,7 @@ impl Bitmap {
     }
 
     /// Adds every page of `other` (a set of the same size).
-    pub fn or(&mut self, other: &Bitmap) {
+    pub(crate) fn or(&mut self, other: &Bitmap) {
         self.or_words(&other.words);
     }
 
@@ -69,14 +57,8 @@ impl Bitmap {
         (first..first + n).filter(|&p| self.contains(p)).count() as u64
     }
 
-    /// Empties the set.
-    pub fn clear(&mut self) {
-        self.words.iter_mut().for_each(|w| *w = 0);
-        self.count = 0;
-    }
-
     /// The pages in the set, in ascending order.
-    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         self.words.iter().enumerate().flat_map(|(i, &w)| {
             let mut w = w;
             std::iter::from_fn(move || {
@@ -92,7 +74,7 @@ impl Bitmap {
 
     /// The pages of the set within `[first, end)`, ascending; empty words are
     /// skipped 64 pages at a time.
-    pub fn iter_range(&self, first: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn iter_range(&self, first: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
         let word = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         let (lo, hi) = (word(first / 64), word(end.div_ceil(64)));
         let words = self.words.get(lo..hi.min(self.words.len())).unwrap_or(&[]);
@@ -110,7 +92,7 @@ impl Bitmap {
     }
 
     /// The set as runs of consecutive pages `(first, count)`, ascending.
-    pub fn runs(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn runs(&self) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for p in self.iter() {
             match runs.last_mut() {
@@ -156,6 +138,5 @@ mod tests {
         assert_eq!(b.runs(), vec![(3, 3), (63, 3), (200, 1)]);
         assert_eq!(b.iter_range(4, 65).collect::<Vec<_>>(), vec![4, 5, 63, 64]);
         assert_eq!(b.iter_range(201, 300).count(), 0);
-        assert_eq!(Bitmap::full(130).count(), 130);
     }
 }

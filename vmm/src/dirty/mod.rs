@@ -14,8 +14,8 @@
 //! Users: the VM (`vm.rs`) builds it, vCPU threads harvest a full ring,
 //! readiness and migration subscribe. It depends on nothing above it.
 
-pub mod bitmap;
-pub mod ring;
+pub(crate) mod bitmap;
+pub(crate) mod ring;
 
 use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,8 +26,8 @@ use vm_memory::{GuestMemoryBackend as _, GuestMemoryRegion as _};
 use vmm_sys_util::ioctl::ioctl;
 
 use crate::memory::{self, GuestMemory};
-pub use bitmap::Bitmap;
-pub use ring::{MAX_RING_ENTRIES, MIN_RING_ENTRIES};
+pub(crate) use bitmap::Bitmap;
+pub(crate) use ring::{MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 
 /// Which dirty tracking a VM uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +82,7 @@ use nr::KVM_RESET_DIRTY_RINGS;
 #[derive(Debug, Clone)]
 pub struct Window {
     /// Pages dirtied since the consumer's last [`Consumer::take`] (or since it subscribed).
-    pub pages: Bitmap,
+    pub(crate) pages: Bitmap,
     /// Ring entries harvested per vCPU in the same span (ring mode; zeros otherwise).
     pub per_vcpu: Vec<u64>,
 }
@@ -128,18 +128,17 @@ pub struct DirtyLog {
 
 /// Slot `slot`'s registration for `region` of guest RAM (the slots are the
 /// regions' indexes: a handful, far below KVM's 16-bit slot numbers).
-pub fn slot_region(
+pub(crate) fn slot_region(
     slot: usize,
     region: &vm_memory::GuestRegionMmap<()>,
     logging: bool,
 ) -> kvm_userspace_memory_region {
-    let (host, _) = memory::host_range(region);
     kvm_userspace_memory_region {
         slot: u32::try_from(slot).unwrap_or(u32::MAX),
         flags: if logging { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
         guest_phys_addr: region.start_addr().0,
         memory_size: region.len(),
-        userspace_addr: host as u64,
+        userspace_addr: region.as_ptr() as u64,
     }
 }
 
@@ -147,7 +146,7 @@ pub fn slot_region(
 ///
 /// # Errors
 /// A bad size, or KVM refuses.
-pub fn enable_ring(vm: &VmFd, entries: u32) -> Result<(), Error> {
+pub(crate) fn enable_ring(vm: &VmFd, entries: u32) -> Result<(), Error> {
     ring::enable(vm, entries)
 }
 
@@ -158,7 +157,7 @@ impl DirtyLog {
     ///
     /// # Errors
     /// A ring cannot be mapped.
-    pub fn new(
+    pub(crate) fn new(
         configured: Option<DirtyMode>,
         vm: Arc<VmFd>,
         mem: &GuestMemory,
@@ -192,18 +191,13 @@ impl DirtyLog {
     }
 
     /// The mode the VM was started with, if any.
-    pub fn configured(&self) -> Option<DirtyMode> {
+    pub(crate) fn configured(&self) -> Option<DirtyMode> {
         self.configured
     }
 
     /// The mode consumers get: the configured one, or the bitmap turned on at run time.
-    pub fn mode(&self) -> DirtyMode {
+    pub(crate) fn mode(&self) -> DirtyMode {
         self.configured.unwrap_or(DirtyMode::Bitmap)
-    }
-
-    /// Guest pages tracked (slot 0).
-    pub fn pages(&self) -> u64 {
-        self.pages
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -255,7 +249,7 @@ impl DirtyLog {
 
     /// Records a page the VMM itself wrote (KVM logs only the guest's
     /// writes), so that every consumer sends it again.
-    pub fn mark(&self, page: u64) {
+    pub(crate) fn mark(&self, page: u64) {
         let mut state = self.lock();
         if state.consumers.is_empty() {
             return;
@@ -272,7 +266,7 @@ impl DirtyLog {
     ///
     /// # Errors
     /// The reset ioctl failed.
-    pub fn harvest_vcpu(&self, vcpu: usize) -> Result<u64, Error> {
+    pub(crate) fn harvest_vcpu(&self, vcpu: usize) -> Result<u64, Error> {
         let mut state = self.lock();
         let State {
             rings,
@@ -394,11 +388,6 @@ impl Consumer {
         let pages = self.log.pages;
         let vcpus = self.log.vcpus;
         self.sync(|w| std::mem::replace(w, Window::new(pages, vcpus)).pages)
-    }
-
-    /// The mode this consumer's pages come from.
-    pub fn mode(&self) -> DirtyMode {
-        self.log.mode()
     }
 }
 

@@ -9,9 +9,9 @@
 //! the HTTP server of `crate::metrics::http`, which renders the page
 //! (`page`) on each scrape.
 
-pub mod page;
-pub mod qemu;
-pub mod targets;
+pub(crate) mod page;
+pub(crate) mod qemu;
+pub(crate) mod targets;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -67,7 +67,7 @@ impl StatFilter {
     }
 
     /// Whether the stat `name` goes on the page.
-    pub fn matches(&self, name: &str) -> bool {
+    pub(crate) fn matches(&self, name: &str) -> bool {
         self.patterns.is_empty() || self.patterns.iter().any(|p| glob(p, name))
     }
 }
@@ -118,7 +118,7 @@ pub struct Exporter {
     /// The address the page is served at (the real port when 0 was asked for).
     pub addr: SocketAddr,
     /// What discovery knows (for tests and tools).
-    pub registry: Arc<Mutex<Registry>>,
+    pub(crate) registry: Arc<Mutex<Registry>>,
     _server: http::Server,
     _watcher: Watcher,
     _qemu: qemu::Pollers,

@@ -19,20 +19,20 @@ use crate::metrics::{label_value, write_sources};
 
 /// Running totals the page reports about the exporter itself.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Scrapes served.
-    pub scrapes: u64,
+    pub(crate) scrapes: u64,
     /// Stats fds read, over all scrapes.
-    pub fds_read: u64,
+    pub(crate) fds_read: u64,
     /// Stats fd reads that failed (the VM is then dropped).
-    pub read_errors: u64,
+    pub(crate) read_errors: u64,
     /// The last page's length: the next one is allocated at that size.
-    pub last_len: usize,
+    pub(crate) last_len: usize,
 }
 
 /// Reads every attached VM's stats fds and renders the page. A VM whose fd
 /// cannot be read is dropped from the registry (and its fds closed).
-pub fn render(
+pub(crate) fn render(
     reg: &mut Registry,
     qemu: &[QemuVm],
     counters: &mut Counters,

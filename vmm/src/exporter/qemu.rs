@@ -24,31 +24,29 @@ use serde_json::{json, Value};
 use crate::lock;
 
 /// A stat and its values as QEMU reported them, in the kernel's order.
-pub type Reading = Vec<(Descriptor, Vec<u64>)>;
+pub(crate) type Reading = Vec<(Descriptor, Vec<u64>)>;
 
 /// The latest figures of one QEMU VM.
 #[derive(Debug, Clone, Default)]
-pub struct QemuVm {
-    /// The monitor socket.
-    pub socket: PathBuf,
+pub(crate) struct QemuVm {
     /// `query-name`, or the socket's file name.
-    pub name: String,
+    pub(crate) name: String,
     /// The QEMU process, from the socket's peer credentials.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Its page labels (`vm`, `pid`, `socket`), made when those are learnt.
-    pub labels: String,
+    pub(crate) labels: String,
     /// VM stats.
-    pub vm: Reading,
+    pub(crate) vm: Reading,
     /// Each vCPU's stats, by `qom-path` (with `--qmp-vcpus`).
-    pub vcpus: Vec<(String, Reading)>,
+    pub(crate) vcpus: Vec<(String, Reading)>,
     /// When they were read; `None` before the first read.
-    pub at: Option<Instant>,
+    pub(crate) at: Option<Instant>,
     /// Why the last attempt failed, if it did.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// The refreshing threads; dropping this stops them.
-pub struct Pollers {
+pub(crate) struct Pollers {
     stop: Arc<Mutex<bool>>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -66,7 +64,7 @@ impl Drop for Pollers {
 ///
 /// # Errors
 /// A thread could not be started.
-pub fn poll(
+pub(crate) fn poll(
     sockets: &[PathBuf],
     interval: Duration,
     vcpus: bool,
@@ -76,7 +74,6 @@ pub fn poll(
         sockets
             .iter()
             .map(|s| QemuVm {
-                socket: s.clone(),
                 name: file_name(s),
                 labels: super::page::vm_labels(&file_name(s), 0, s),
                 ..QemuVm::default()

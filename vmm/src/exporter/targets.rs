@@ -27,69 +27,67 @@ use crate::client::{self, Client};
 use crate::lock;
 
 /// Longest time between two scans of the socket directories.
-pub const RESCAN: Duration = Duration::from_millis(500);
+pub(crate) const RESCAN: Duration = Duration::from_millis(500);
 /// How long a socket that failed to attach is left alone.
-pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Why a VMM whose guest left it is not read (and not shown as down).
-pub const MIGRATED_AWAY: &str = "its guest migrated away (postmigrate)";
+pub(crate) const MIGRATED_AWAY: &str = "its guest migrated away (postmigrate)";
 
 /// One VM the exporter reads: its stats fds, parsed once, and their samples.
-pub struct Target {
-    /// The control socket it was found at.
-    pub socket: PathBuf,
+pub(crate) struct Target {
     /// The VM's name (`kvmscope run --name`), from the greeting.
-    pub name: String,
+    pub(crate) name: String,
     /// The VMM's pid, from the greeting.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Guest RAM, bytes.
-    pub memory: u64,
+    pub(crate) memory: u64,
     /// The KVM backend the VMM reported (`pvm`, `vmx`, `svm`).
-    pub backend: String,
+    pub(crate) backend: String,
     /// Its page labels (`vm`, `pid`, `socket`), made once.
-    pub labels: String,
+    pub(crate) labels: String,
     /// The VM stats fd and its latest sample.
-    pub vm: (StatsFd, Sample),
+    pub(crate) vm: (StatsFd, Sample),
     /// Each vCPU's stats fd and latest sample, by index.
-    pub vcpus: Vec<(StatsFd, Sample)>,
+    pub(crate) vcpus: Vec<(StatsFd, Sample)>,
     /// The control connection, kept open to learn when the VMM goes.
     client: Client,
 }
 
 /// A socket the exporter could not attach to, and why.
 #[derive(Debug, Clone)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// What went wrong, for the log.
-    pub reason: String,
+    pub(crate) reason: String,
     /// Whether the page shows it as a VM that is down (`up 0`): not for a
     /// VMM whose guest migrated away, which is nobody's VM any more.
-    pub down: bool,
+    pub(crate) down: bool,
     /// When it was last tried.
-    pub at: Instant,
+    pub(crate) at: Instant,
 }
 
 /// What discovery knows, shared with the page.
 #[derive(Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     /// Attached VMs, by socket path.
-    pub targets: BTreeMap<PathBuf, Target>,
+    pub(crate) targets: BTreeMap<PathBuf, Target>,
     /// Sockets that failed to attach, by path.
-    pub failures: BTreeMap<PathBuf, Failure>,
+    pub(crate) failures: BTreeMap<PathBuf, Failure>,
 }
 
 /// Where to look and how long to wait.
 #[derive(Debug, Clone)]
-pub struct Sources {
+pub(crate) struct Sources {
     /// Directories whose sockets are all VMs.
-    pub dirs: Vec<PathBuf>,
+    pub(crate) dirs: Vec<PathBuf>,
     /// Sockets named one by one.
-    pub sockets: Vec<PathBuf>,
+    pub(crate) sockets: Vec<PathBuf>,
     /// Longest time to connect, read the greeting and get the fds.
-    pub attach_timeout: Duration,
+    pub(crate) attach_timeout: Duration,
 }
 
 /// The running discovery thread; dropping it stops the thread.
-pub struct Watcher {
+pub(crate) struct Watcher {
     stop: Arc<Mutex<bool>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -107,7 +105,7 @@ impl Drop for Watcher {
 ///
 /// # Errors
 /// The thread could not be started.
-pub fn watch(sources: Sources, registry: Arc<Mutex<Registry>>) -> std::io::Result<Watcher> {
+pub(crate) fn watch(sources: Sources, registry: Arc<Mutex<Registry>>) -> std::io::Result<Watcher> {
     let stop = Arc::new(Mutex::new(false));
     let stopping = stop.clone();
     let thread = std::thread::Builder::new()
@@ -337,7 +335,6 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, client::Error> {
         .ok_or_else(|| client::Error::BadReply("get-stats-fd for the VM carried no fd".into()))?;
     Ok(Target {
         labels: super::page::vm_labels(&vm.name, vm.pid, path),
-        socket: path.to_path_buf(),
         name: vm.name,
         pid: vm.pid,
         memory: vm.memory,

@@ -34,9 +34,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 /// Most connections held at once; a new one beyond evicts the oldest.
 pub const MAX_CONNECTIONS: usize = 64;
 /// Time from accept to the end of the request head.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time to send the reply once the head is in.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time to wait for the peer to close after the reply, reading what it sends.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most bytes of request head (request line and header fields).
@@ -62,19 +62,19 @@ pub enum Error {
 }
 
 /// The page the server serves.
-pub struct Page {
+pub(crate) struct Page {
     /// Its path, e.g. `/metrics`.
-    pub path: &'static str,
+    pub(crate) path: &'static str,
     /// Its `Content-Type`.
-    pub content_type: &'static str,
+    pub(crate) content_type: &'static str,
     /// Renders the body, on the server thread, for each `GET` and `HEAD`.
-    pub render: Box<dyn FnMut() -> Arc<str> + Send>,
+    pub(crate) render: Box<dyn FnMut() -> Arc<str> + Send>,
 }
 
 /// The running server; dropping it stops the thread and closes every connection.
-pub struct Server {
+pub(crate) struct Server {
     /// The address bound (with the real port when 0 was asked for).
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     stop: EventFd,
     thread: Option<JoinHandle<()>>,
 }
@@ -84,7 +84,7 @@ impl Server {
     ///
     /// # Errors
     /// The address cannot be bound, or the thread not started.
-    pub fn start(addr: SocketAddr, name: &str, page: Page) -> Result<Server, Error> {
+    pub(crate) fn start(addr: SocketAddr, name: &str, page: Page) -> Result<Server, Error> {
         let listener = TcpListener::bind(addr).map_err(|e| Error::Bind(addr, e))?;
         let addr = listener.local_addr().map_err(|e| Error::Bind(addr, e))?;
         listener
@@ -123,7 +123,7 @@ impl Drop for Server {
 
 /// What a request gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// The page: `200`, with the body for `GET`, without for `HEAD`.
     Page {
         /// Whether the body goes too (`GET`), or only the head (`HEAD`).
@@ -145,7 +145,7 @@ pub enum Answer {
 
 /// Where the request head ends (the byte after its blank line), if it does.
 /// Blank lines before the request line are skipped (RFC 9112 section 2.2).
-pub fn head_end(buf: &[u8]) -> Option<usize> {
+pub(crate) fn head_end(buf: &[u8]) -> Option<usize> {
     let mut start = 0;
     let mut seen_line = false;
     while let Some(n) = buf[start..].iter().position(|&b| b == b'\n') {
@@ -175,7 +175,7 @@ fn target_path(target: &str) -> &str {
 }
 
 /// Decides what a complete request head gets, for a server of `path`.
-pub fn answer(head: &[u8], path: &str) -> Answer {
+pub(crate) fn answer(head: &[u8], path: &str) -> Answer {
     let Some(line) = head
         .split(|&b| b == b'\n')
         .map(trim_cr)

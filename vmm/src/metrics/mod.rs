@@ -21,10 +21,10 @@ use crate::exits::Reason;
 use crate::sampler::Shared;
 
 /// Why the metrics server could not start.
-pub use http::Error;
+pub(crate) use http::Error;
 
 /// The `Content-Type` of the Prometheus text format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The running metrics server; dropping it stops the thread.
 pub struct MetricsServer {
@@ -68,7 +68,7 @@ impl MetricsServer {
 
 /// A raw value in base units. Negative exponents divide by an exact power, so
 /// 3 ns prints as 0.000000003, not 0.0000000030000000000000004.
-pub fn in_base_units(raw: u64, d: &Descriptor) -> f64 {
+pub(crate) fn in_base_units(raw: u64, d: &Descriptor) -> f64 {
     let radix = f64::from(d.base.radix().unwrap_or(10));
     let exp = i32::from(d.exponent);
     if exp < 0 {
@@ -79,7 +79,7 @@ pub fn in_base_units(raw: u64, d: &Descriptor) -> f64 {
 }
 
 /// A KVM stat's Prometheus name (with its base unit).
-pub fn metric_name(prefix: &str, d: &Descriptor) -> String {
+pub(crate) fn metric_name(prefix: &str, d: &Descriptor) -> String {
     let name = match d.unit {
         Unit::Seconds => {
             let stem = ["_ns", "_us", "_ms", "_seconds", "_s"]
@@ -264,7 +264,7 @@ pub(crate) fn label_value(text: &str) -> String {
 }
 
 /// The page: our own gauges and counters, then every KVM stat of the VM and vCPUs.
-pub fn render(samples: &Shared) -> String {
+pub(crate) fn render(samples: &Shared) -> String {
     let mut out = String::new();
     let vm = format!("vm=\"{}\"", label_value(&samples.header.name));
     let (points, _) = samples.since(samples.last_seq().saturating_sub(1));

@@ -45,7 +45,7 @@ fn fixed_len() -> usize {
 ///
 /// # Errors
 /// The VMM part could not be encoded.
-pub fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
+pub(crate) fn encode(s: &Snapshot) -> Result<Vec<u8>, Error> {
     let vmm = serde_json::to_vec(&s.vmm).map_err(|e| Error::Encode(s.index, e))?;
     let header = VcpuHeader {
         index: u32::try_from(s.index).map_err(|_| Error::TooBig(s.index, "its index"))?,
@@ -90,7 +90,7 @@ fn take<T: FromBytes>(bytes: &mut &[u8]) -> Result<T, format::Error> {
 ///
 /// # Errors
 /// A length that does not add up, too many MSRs, or VMM JSON that does not parse.
-pub fn decode(payload: &[u8]) -> Result<Snapshot, Error> {
+pub(crate) fn decode(payload: &[u8]) -> Result<Snapshot, Error> {
     let mut b = payload;
     let h: VcpuHeader = take(&mut b)?;
     if h.msr_count > MAX_MSRS {

@@ -8,27 +8,27 @@ use std::io::{Read, Write};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 /// First bytes of every stream.
-pub const MAGIC: [u8; 8] = *b"KVMSMIG\0";
+pub(crate) const MAGIC: [u8; 8] = *b"KVMSMIG\0";
 /// The stream version. Bumped only for changes an older receiver would
 /// misread; a receiver refuses any other version, naming both.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 /// Guest page size on the wire.
-pub const PAGE_SIZE: u64 = 4096;
+pub(crate) const PAGE_SIZE: u64 = 4096;
 /// [`PAGE_SIZE`] as a buffer length.
-pub const PAGE_BYTES: usize = 4096;
+pub(crate) const PAGE_BYTES: usize = 4096;
 /// [`PAGE_SIZE`] as the config record's 32-bit field.
-pub const PAGE_SIZE_FIELD: u32 = 4096;
+pub(crate) const PAGE_SIZE_FIELD: u32 = 4096;
 const _: () = assert!(PAGE_SIZE == 4096);
 /// Largest RAM section payload a receiver accepts.
-pub const MAX_RAM_SECTION: u64 = 64 << 20;
+pub(crate) const MAX_RAM_SECTION: u64 = 64 << 20;
 /// Largest plan section payload a receiver accepts (256 Ki ranges).
-pub const MAX_PLAN_SECTION: u64 = 4 << 20;
+pub(crate) const MAX_PLAN_SECTION: u64 = 4 << 20;
 /// Largest vCPU section payload a receiver accepts.
-pub const MAX_VCPU_SECTION: u64 = 4 << 20;
+pub(crate) const MAX_VCPU_SECTION: u64 = 4 << 20;
 /// Longest message in a reply.
-pub const MAX_MESSAGE: u32 = 4096;
+pub(crate) const MAX_MESSAGE: u32 = 4096;
 /// Most MSRs a vCPU section may carry.
-pub const MAX_MSRS: u32 = 4096;
+pub(crate) const MAX_MSRS: u32 = 4096;
 
 /// Why the stream could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -122,13 +122,13 @@ pub enum Error {
 /// The stream's first 16 bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct StreamHeader {
+pub(crate) struct StreamHeader {
     /// Always [`MAGIC`].
-    pub magic: [u8; 8],
+    pub(crate) magic: [u8; 8],
     /// The stream version, [`VERSION`].
-    pub version: u32,
+    pub(crate) version: u32,
     /// No flags are defined: the sender writes 0 and the receiver ignores it.
-    pub flags: u32,
+    pub(crate) flags: u32,
 }
 
 /// What follows a section header.
@@ -156,7 +156,7 @@ impl Kind {
     ///
     /// # Errors
     /// `Kind` for an unknown value.
-    pub fn from_u32(v: u32) -> Result<Kind, Error> {
+    pub(crate) fn from_u32(v: u32) -> Result<Kind, Error> {
         Ok(match v {
             1 => Kind::Config,
             2 => Kind::Ram,
@@ -170,7 +170,7 @@ impl Kind {
     }
 
     /// The kind's name, for errors.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Config => "config",
             Kind::Ram => "RAM",
@@ -183,7 +183,7 @@ impl Kind {
     }
 
     /// Largest payload a receiver accepts for this kind.
-    pub fn max_len(self) -> u64 {
+    pub(crate) fn max_len(self) -> u64 {
         match self {
             Kind::Config => size_of::<ConfigRecord>() as u64,
             Kind::Ram => MAX_RAM_SECTION,
@@ -199,163 +199,163 @@ impl Kind {
 /// Every section starts with this.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct SectionHeader {
+pub(crate) struct SectionHeader {
     /// A [`Kind`] as its `u32` value.
-    pub kind: u32,
+    pub(crate) kind: u32,
     /// Written as 0, ignored on reading.
-    pub reserved: u32,
+    pub(crate) reserved: u32,
     /// Payload bytes that follow this header, bounded by [`Kind::max_len`].
-    pub len: u64,
+    pub(crate) len: u64,
 }
 
 /// Dirty-log mode codes in [`ConfigRecord`].
-pub const DIRTY_NONE: u32 = 0;
+pub(crate) const DIRTY_NONE: u32 = 0;
 /// The bitmap.
-pub const DIRTY_BITMAP: u32 = 1;
+pub(crate) const DIRTY_BITMAP: u32 = 1;
 /// The ring (`ring_entries` per vCPU).
-pub const DIRTY_RING: u32 = 2;
+pub(crate) const DIRTY_RING: u32 = 2;
 
 /// The VM the stream describes; the destination builds (or checks) its VM from it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct ConfigRecord {
+pub(crate) struct ConfigRecord {
     /// Guest RAM size in bytes.
-    pub memory: u64,
+    pub(crate) memory: u64,
     /// The TSC frequency in kHz that the source told its guest (vCPU 0's
     /// mailbox); 0 when it could not be read.
-    pub tsc_khz: u64,
+    pub(crate) tsc_khz: u64,
     /// Number of vCPUs.
-    pub vcpus: u32,
+    pub(crate) vcpus: u32,
     /// 1 when guest RAM is backed by huge pages, 0 otherwise.
-    pub hugepages: u32,
+    pub(crate) hugepages: u32,
     /// The source's dirty-log mode: [`DIRTY_NONE`], [`DIRTY_BITMAP`] or [`DIRTY_RING`].
-    pub dirty_mode: u32,
+    pub(crate) dirty_mode: u32,
     /// Dirty ring entries per vCPU with [`DIRTY_RING`], 0 otherwise.
-    pub ring_entries: u32,
+    pub(crate) ring_entries: u32,
     /// The page size pages travel in, [`PAGE_SIZE`].
-    pub page_size: u32,
+    pub(crate) page_size: u32,
     /// The guest ABI version of the source's guest program; it must equal ours.
-    pub guest_abi: u32,
+    pub(crate) guest_abi: u32,
 }
 
 /// A run of pages in a RAM section; `NORMAL` runs are followed by their bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct PageRun {
+pub(crate) struct PageRun {
     /// First guest page number (guest physical address / [`PAGE_SIZE`]).
-    pub first: u64,
+    pub(crate) first: u64,
     /// Pages in the run, above zero; the run must lie inside guest RAM.
-    pub count: u32,
+    pub(crate) count: u32,
     /// [`RUN_ZERO`] or [`RUN_NORMAL`].
-    pub kind: u32,
+    pub(crate) kind: u32,
 }
 
 /// A run of pages that are all zero: the header only (QEMU's `duplicate`).
-pub const RUN_ZERO: u32 = 1;
+pub(crate) const RUN_ZERO: u32 = 1;
 /// A run of pages sent in full (QEMU's `normal`).
 pub const RUN_NORMAL: u32 = 2;
 
 /// The end of a pre-copy pass.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct PassRecord {
+pub(crate) struct PassRecord {
     /// The pass number, from 0 (the pass that sends every page).
-    pub pass: u64,
+    pub(crate) pass: u64,
     /// Pages sent in this pass, zero and normal runs together.
-    pub pages: u64,
+    pub(crate) pages: u64,
 }
 
 /// A CRC-32 of all guest RAM at the source's stop (sent when the
 /// `x-check-ram` parameter asks for it); the destination compares its own.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct DigestRecord {
+pub(crate) struct DigestRecord {
     /// CRC-32 of all guest RAM, in guest physical order.
-    pub crc32: u32,
+    pub(crate) crc32: u32,
     /// Padding, written as 0.
-    pub reserved: u32,
+    pub(crate) reserved: u32,
 }
 
 /// A range of pages pass 0 will send with data (a plan entry): the
 /// destination backs them ahead, on a second thread, while it receives.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct PlanRange {
+pub(crate) struct PlanRange {
     /// First guest page number of the range.
-    pub first: u64,
+    pub(crate) first: u64,
     /// Pages in the range; the range must lie inside guest RAM.
-    pub count: u64,
+    pub(crate) count: u64,
 }
 
 /// The fixed part of a vCPU section; the KVM structs, MSRs and the VMM's
 /// JSON follow, each of a size fixed by this header.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct VcpuHeader {
+pub(crate) struct VcpuHeader {
     /// The vCPU's index, below the config's `vcpus`; each index comes once.
-    pub index: u32,
+    pub(crate) index: u32,
     /// [`MsrRecord`]s after the KVM structs, at most [`MAX_MSRS`].
-    pub msr_count: u32,
+    pub(crate) msr_count: u32,
     /// Bytes of the VMM's JSON after the MSRs.
-    pub vmm_len: u32,
+    pub(crate) vmm_len: u32,
     /// This vCPU's TSC frequency in kHz (0 when KVM could not say).
-    pub tsc_khz: u32,
+    pub(crate) tsc_khz: u32,
 }
 
 /// One MSR on the wire.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct MsrRecord {
+pub(crate) struct MsrRecord {
     /// The MSR's number, as in `KVM_GET_MSR_INDEX_LIST`.
-    pub index: u32,
+    pub(crate) index: u32,
     /// Padding, written as 0.
-    pub reserved: u32,
+    pub(crate) reserved: u32,
     /// The MSR's value.
-    pub value: u64,
+    pub(crate) value: u64,
 }
 
 /// The stream's last section: how many sections came before it and the
 /// CRC-32 of every byte before its section header.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct Trailer {
+pub(crate) struct Trailer {
     /// Sections before the trailer.
-    pub sections: u64,
+    pub(crate) sections: u64,
     /// CRC-32 of every stream byte before the trailer's section header.
-    pub crc32: u32,
+    pub(crate) crc32: u32,
     /// Padding, written as 0.
-    pub reserved: u32,
+    pub(crate) reserved: u32,
 }
 
 /// What the destination answers.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct ReplyHeader {
+pub(crate) struct ReplyHeader {
     /// Always [`REPLY_MAGIC`].
-    pub magic: [u8; 4],
+    pub(crate) magic: [u8; 4],
     /// [`REPLY_READY`], [`REPLY_COMPLETED`] or [`REPLY_REFUSED`].
-    pub code: u32,
+    pub(crate) code: u32,
     /// Bytes of UTF-8 message that follow, at most [`MAX_MESSAGE`].
-    pub len: u32,
+    pub(crate) len: u32,
     /// Padding, written as 0.
-    pub reserved: u32,
+    pub(crate) reserved: u32,
 }
 
 /// Reply magic.
-pub const REPLY_MAGIC: [u8; 4] = *b"KSMR";
+pub(crate) const REPLY_MAGIC: [u8; 4] = *b"KSMR";
 /// The configuration fits; send the rest.
 pub const REPLY_READY: u32 = 1;
 /// Everything arrived and checked out; the destination resumes the guest.
 pub const REPLY_COMPLETED: u32 = 2;
 /// The destination refuses the stream (the message says why).
-pub const REPLY_REFUSED: u32 = 3;
+pub(crate) const REPLY_REFUSED: u32 = 3;
 
 /// Writes a stream, counting bytes and sections and keeping the checksum.
-pub struct Writer<W: Write> {
+pub(crate) struct Writer<W: Write> {
     out: W,
     crc: crc32fast::Hasher,
     /// Bytes written so far.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     sections: u64,
 }
 
@@ -364,7 +364,7 @@ impl<W: Write> Writer<W> {
     ///
     /// # Errors
     /// The write failed.
-    pub fn start(out: W) -> Result<Self, Error> {
+    pub(crate) fn start(out: W) -> Result<Self, Error> {
         let mut w = Writer {
             out,
             crc: crc32fast::Hasher::new(),
@@ -391,7 +391,7 @@ impl<W: Write> Writer<W> {
     ///
     /// # Errors
     /// The write failed.
-    pub fn section(&mut self, kind: Kind, parts: &[&[u8]]) -> Result<(), Error> {
+    pub(crate) fn section(&mut self, kind: Kind, parts: &[&[u8]]) -> Result<(), Error> {
         let len = parts.iter().map(|p| p.len() as u64).sum();
         let header = SectionHeader {
             kind: kind as u32,
@@ -410,7 +410,7 @@ impl<W: Write> Writer<W> {
     ///
     /// # Errors
     /// The write failed.
-    pub fn finish(&mut self) -> Result<(), Error> {
+    pub(crate) fn finish(&mut self) -> Result<(), Error> {
         let trailer = Trailer {
             sections: self.sections,
             crc32: self.crc.clone().finalize(),
@@ -429,12 +429,12 @@ impl<W: Write> Writer<W> {
     }
 
     /// The underlying writer.
-    pub fn inner(&mut self) -> &mut W {
+    pub(crate) fn inner(&mut self) -> &mut W {
         &mut self.out
     }
 
     /// The underlying writer, shared.
-    pub fn get_ref(&self) -> &W {
+    pub(crate) fn get_ref(&self) -> &W {
         &self.out
     }
 }
@@ -444,9 +444,9 @@ pub struct Reader<R: Read> {
     input: R,
     crc: crc32fast::Hasher,
     /// Bytes read so far.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// Sections read so far (the trailer not counted).
-    pub sections: u64,
+    pub(crate) sections: u64,
 }
 
 impl<R: Read> Reader<R> {
@@ -492,7 +492,10 @@ impl<R: Read> Reader<R> {
     ///
     /// # Errors
     /// As [`read_exact`](Reader::read_exact).
-    pub fn read_obj<T: FromBytes + IntoBytes>(&mut self, what: &'static str) -> Result<T, Error> {
+    pub(crate) fn read_obj<T: FromBytes + IntoBytes>(
+        &mut self,
+        what: &'static str,
+    ) -> Result<T, Error> {
         let mut v = T::new_zeroed();
         self.read_exact(v.as_mut_bytes(), what)?;
         Ok(v)
@@ -559,7 +562,7 @@ impl<R: Read> Reader<R> {
 ///
 /// # Errors
 /// `TooLong` when `len` does not fit this host's address space.
-pub fn payload_len(kind: Kind, len: u64) -> Result<usize, Error> {
+pub(crate) fn payload_len(kind: Kind, len: u64) -> Result<usize, Error> {
     usize::try_from(len).map_err(|_| Error::TooLong {
         what: kind.name(),
         len,
@@ -571,7 +574,7 @@ pub fn payload_len(kind: Kind, len: u64) -> Result<usize, Error> {
 ///
 /// # Errors
 /// `Length` otherwise.
-pub fn expect_len(kind: Kind, len: u64, need: u64) -> Result<(), Error> {
+pub(crate) fn expect_len(kind: Kind, len: u64, need: u64) -> Result<(), Error> {
     if len != need {
         return Err(Error::Length {
             what: kind.name(),
@@ -606,7 +609,7 @@ pub fn write_reply(out: &mut impl Write, code: u32, message: &str) -> Result<(),
 ///
 /// # Errors
 /// A bad magic or length, or the read failed.
-pub fn read_reply(input: &mut impl Read) -> Result<(u32, String), Error> {
+pub(crate) fn read_reply(input: &mut impl Read) -> Result<(u32, String), Error> {
     let mut h = ReplyHeader::new_zeroed();
     input
         .read_exact(h.as_mut_bytes())

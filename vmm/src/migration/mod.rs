@@ -13,13 +13,13 @@
 //!
 //! The stream, the states and what happens on failure are in docs/MIGRATION.md.
 
-pub mod device;
+pub(crate) mod device;
 pub mod format;
 pub mod pages;
 pub mod receiver;
-pub mod sender;
-pub mod source;
-pub mod transport;
+pub(crate) mod sender;
+pub(crate) mod source;
+pub(crate) mod transport;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,13 +28,13 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 
-pub use sender::Source;
+pub(crate) use sender::Source;
 pub use transport::Uri;
 
 pub use crate::protocol::migration::{MigrationInfo, Parameters, RamStats, SetParameters, Status};
 
 /// Longest downtime limit accepted, ms (QEMU's limit).
-pub const MAX_DOWNTIME_LIMIT: u64 = 2_000_000;
+pub(crate) const MAX_DOWNTIME_LIMIT: u64 = 2_000_000;
 
 /// Why a migration could not start or a parameter was refused.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +57,7 @@ pub enum Error {
 }
 
 /// An event for the control socket's clients: a name and its data.
-pub type Event = (&'static str, serde_json::Value);
+pub(crate) type Event = (&'static str, serde_json::Value);
 
 struct Inner {
     info: MigrationInfo,
@@ -72,7 +72,7 @@ struct Inner {
 /// The migration of this VMM's guest: one at a time, driven by the control
 /// socket (`migrate`, `query-migrate`, `migrate_cancel`, ...), or the
 /// incoming side of `run --incoming`.
-pub struct Migration {
+pub(crate) struct Migration {
     inner: Mutex<Inner>,
     cancel: AtomicBool,
     /// Written when an event is queued, so the control thread wakes.
@@ -90,7 +90,7 @@ const MAX_EVENTS: usize = 1024;
 
 impl Migration {
     /// No migration yet, default parameters.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Migration {
             inner: Mutex::new(Inner {
                 info: MigrationInfo::default(),
@@ -110,7 +110,7 @@ impl Migration {
     }
 
     /// The eventfd to write when events are queued (the control thread's watcher).
-    pub fn set_wake(&self, fd: Arc<EventFd>) {
+    pub(crate) fn set_wake(&self, fd: Arc<EventFd>) {
         let _ = self.wake.set(fd);
     }
 
@@ -118,7 +118,7 @@ impl Migration {
     ///
     /// # Errors
     /// One is running or done, this is a destination, or no thread could start.
-    pub fn start(self: &Arc<Self>, uri: Uri, source: Source) -> Result<(), Error> {
+    pub(crate) fn start(self: &Arc<Self>, uri: Uri, source: Source) -> Result<(), Error> {
         {
             let mut inner = self.lock();
             if inner.incoming {
@@ -162,7 +162,7 @@ impl Migration {
     }
 
     /// `query-migrate`.
-    pub fn status(&self) -> MigrationInfo {
+    pub(crate) fn status(&self) -> MigrationInfo {
         let inner = self.lock();
         let mut info = inner.info.clone();
         if let (Some(s), Some(t)) = (info.status, inner.started) {
@@ -174,7 +174,7 @@ impl Migration {
     }
 
     /// `query-migrate-parameters`.
-    pub fn parameters(&self) -> Parameters {
+    pub(crate) fn parameters(&self) -> Parameters {
         self.lock().params
     }
 
@@ -182,7 +182,7 @@ impl Migration {
     ///
     /// # Errors
     /// A value out of range (nothing is changed then).
-    pub fn set_parameters(&self, p: SetParameters) -> Result<(), Error> {
+    pub(crate) fn set_parameters(&self, p: SetParameters) -> Result<(), Error> {
         if let Some(d) = p.downtime_limit.filter(|&d| d > MAX_DOWNTIME_LIMIT) {
             return Err(Error::DowntimeLimit(d));
         }
@@ -197,7 +197,7 @@ impl Migration {
 
     /// `migrate_cancel`: the migration stops at its next step (a blocked
     /// send is woken by shutting the connection) and the guest runs on.
-    pub fn cancel(&self) {
+    pub(crate) fn cancel(&self) {
         self.cancel.store(true, Ordering::Release);
         if let Some(c) = &self.lock().conn {
             c.shutdown();
@@ -205,17 +205,17 @@ impl Migration {
     }
 
     /// Whether a cancel was asked for.
-    pub fn cancelled(&self) -> bool {
+    pub(crate) fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Acquire)
     }
 
     /// Events queued since the last call, oldest first.
-    pub fn take_events(&self) -> Vec<Event> {
+    pub(crate) fn take_events(&self) -> Vec<Event> {
         self.lock().events.drain(..).collect()
     }
 
     /// Marks this VMM as a migration destination (`run --incoming`).
-    pub fn set_incoming(&self, uri: &Uri) {
+    pub(crate) fn set_incoming(&self, uri: &Uri) {
         let mut inner = self.lock();
         inner.incoming = true;
         inner.started = Some(Instant::now());
@@ -277,7 +277,7 @@ impl Migration {
 }
 
 /// CRC-32 of all of guest RAM, read 1 MiB at a time.
-pub fn ram_crc32(mem: &crate::memory::GuestMemory) -> u32 {
+pub(crate) fn ram_crc32(mem: &crate::memory::GuestMemory) -> u32 {
     use vm_memory::Bytes;
     let mut crc = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];

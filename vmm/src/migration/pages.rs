@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 
+use vm_memory::MmapRegion;
 use vmm_sys_util::ioctl::ioctl_with_mut_ref;
 
 /// Why the page map could not be read.
@@ -59,13 +60,13 @@ struct PmScanArg {
 /// One range `PAGEMAP_SCAN` returns.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
-pub struct PageRegion {
+pub(crate) struct PageRegion {
     /// First byte's host virtual address, page-aligned.
-    pub start: u64,
+    pub(crate) start: u64,
     /// One past the last byte's host virtual address, page-aligned.
-    pub end: u64,
+    pub(crate) end: u64,
     /// The kernel's `PAGE_IS_*` bits that hold for every page of the region.
-    pub categories: u64,
+    pub(crate) categories: u64,
 }
 
 /// The macro makes a `pub fn`; this module keeps the ioctl number out of the
@@ -77,7 +78,7 @@ mod nr {
 use nr::PAGEMAP_SCAN;
 
 /// The backing of one `/proc/self/pagemap` entry.
-pub fn entry_backing(entry: u64) -> Backing {
+pub(crate) fn entry_backing(entry: u64) -> Backing {
     if entry & (PM_PRESENT | PM_SWAP) != 0 {
         Backing::Data
     } else {
@@ -86,7 +87,7 @@ pub fn entry_backing(entry: u64) -> Backing {
 }
 
 /// The backing of a `PAGEMAP_SCAN` region's categories.
-pub fn region_backing(categories: u64) -> Backing {
+pub(crate) fn region_backing(categories: u64) -> Backing {
     if categories & PAGE_IS_SWAPPED != 0 {
         Backing::Data
     } else if categories & PAGE_IS_PFNZERO != 0 {
@@ -112,7 +113,11 @@ fn push(runs: &mut Vec<(u64, u64, Backing)>, first: u64, count: u64, b: Backing)
 /// Runs of pages `(first, count, backing)` covering `[base, base + len)`
 /// from `PAGEMAP_SCAN` regions (ascending, within the range); the gaps
 /// between regions were never backed.
-pub fn runs_from_regions(base: u64, len: u64, regions: &[PageRegion]) -> Vec<(u64, u64, Backing)> {
+pub(crate) fn runs_from_regions(
+    base: u64,
+    len: u64,
+    regions: &[PageRegion],
+) -> Vec<(u64, u64, Backing)> {
     let page = |addr: u64| (addr - base) / 4096;
     let mut runs = Vec::new();
     let mut at = base;
@@ -139,14 +144,14 @@ pub fn runs_from_regions(base: u64, len: u64, regions: &[PageRegion]) -> Vec<(u6
     runs
 }
 
-/// The backing of every page of the mapping `[ptr, ptr + len)` of this
-/// process, as runs `(first page, count, backing)`.
+/// The backing of every page of `region` (a mapping of this process), as runs `(first page, count, backing)`.
 ///
 /// # Errors
 /// The page map could not be opened or read.
-pub fn classify(ptr: *const u8, len: usize) -> Result<Vec<(u64, u64, Backing)>, Error> {
+pub fn classify(region: &MmapRegion<()>) -> Result<Vec<(u64, u64, Backing)>, Error> {
     let file = File::open("/proc/self/pagemap").map_err(Error::Open)?;
-    let base = ptr as u64;
+    let base = region.as_ptr() as u64;
+    let len = region.size();
     match scan(&file, base, len as u64) {
         Some(regions) => Ok(runs_from_regions(base, len as u64, &regions)),
         None => read_entries(file, base, len as u64),
@@ -216,7 +221,7 @@ fn read_entries(mut file: File, base: u64, len: u64) -> Result<Vec<(u64, u64, Ba
 }
 
 /// Whether a page (or any buffer) is all zero.
-pub fn is_zero(page: &[u8]) -> bool {
+pub(crate) fn is_zero(page: &[u8]) -> bool {
     let chunks = page.chunks_exact(16);
     let tail = chunks.remainder();
     chunks
@@ -274,7 +279,7 @@ mod tests {
         let len = 64 * 4096;
         let region = vm_memory::MmapRegion::<()>::new(len).unwrap();
         region.as_volatile_slice().write_obj(7u8, 3 * 4096).unwrap();
-        let runs = classify(region.as_ptr(), len).unwrap();
+        let runs = classify(&region).unwrap();
         assert!(runs.contains(&(3, 1, Backing::Data)), "{runs:?}");
         assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), 64);
         assert_eq!(runs.first(), Some(&(0, 3, Backing::None)));

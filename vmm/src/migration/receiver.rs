@@ -111,7 +111,7 @@ fn not_a_source(e: &format::Error) -> bool {
 }
 
 /// A source that connected and whose VM this VMM can take.
-pub struct Incoming {
+pub(crate) struct Incoming {
     reader: Reader<Conn>,
     config: ConfigRecord,
 }
@@ -132,7 +132,7 @@ fn mode_name(m: Option<DirtyMode>) -> String {
 ///
 /// # Errors
 /// `Mismatch` naming the first difference and both values.
-pub fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Error> {
+pub(crate) fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Error> {
     let differ = |what, theirs: String, ours: String| Error::Mismatch { what, theirs, ours };
     if u64::from(c.page_size) != format::PAGE_SIZE {
         return Err(differ("page size", c.page_size.to_string(), "4096".into()));
@@ -186,7 +186,7 @@ impl Incoming {
     ///
     /// # Errors
     /// The connection, the stream's start, or a mismatch.
-    pub fn accept(
+    pub(crate) fn accept(
         given: &IncomingConfig,
         m: &Migration,
         stop: &dyn Fn() -> bool,
@@ -242,7 +242,7 @@ impl Incoming {
     }
 
     /// The VM to build: `base` with the stream's size, vCPUs, huge pages and dirty mode.
-    pub fn vm_config(&self, base: &VmConfig) -> VmConfig {
+    pub(crate) fn vm_config(&self, base: &VmConfig) -> VmConfig {
         VmConfig {
             memory: self.config.memory,
             vcpus: self.config.vcpus as usize,
@@ -253,7 +253,7 @@ impl Incoming {
     }
 
     /// Tells the source why this VMM cannot take its guest.
-    pub fn refuse(mut self, why: &dyn std::error::Error) {
+    pub(crate) fn refuse(mut self, why: &dyn std::error::Error) {
         let _ = format::write_reply(
             self.reader.inner(),
             format::REPLY_REFUSED,
@@ -267,7 +267,7 @@ impl Incoming {
     ///
     /// # Errors
     /// A malformed or corrupt stream, or a state KVM refuses.
-    pub fn load(mut self, vm: &mut Vm, m: &Migration) -> Result<(), Error> {
+    pub(crate) fn load(mut self, vm: &mut Vm, m: &Migration) -> Result<(), Error> {
         let result = self.load_inner(vm, m);
         let (code, message) = match &result {
             Ok(()) => (format::REPLY_COMPLETED, String::new()),
@@ -411,7 +411,7 @@ impl Incoming {
 ///
 /// # Errors
 /// The first run that breaks a rule.
-pub fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, format::Error> {
+pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, format::Error> {
     let mut out = Vec::new();
     let mut b = payload;
     while !b.is_empty() {
@@ -481,7 +481,7 @@ fn load_ram(
 ///
 /// # Errors
 /// A length that is not a whole number of ranges, or a range outside RAM.
-pub fn plan(payload: &[u8], pages: u64) -> Result<Vec<format::PlanRange>, format::Error> {
+pub(crate) fn plan(payload: &[u8], pages: u64) -> Result<Vec<format::PlanRange>, format::Error> {
     let ranges =
         <[format::PlanRange]>::ref_from_bytes(payload).map_err(|_| format::Error::Length {
             what: "plan",

@@ -20,11 +20,10 @@ use zerocopy::IntoBytes;
 
 use super::format::{self, Kind, PageRun, PassRecord, Writer};
 use super::pages::{self, Backing};
-pub use super::source::Source;
+pub(crate) use super::source::Source;
 use super::transport::{self, Conn, Uri};
 use super::{device, Migration, RamStats, Status};
 use crate::dirty::{self, Bitmap};
-use crate::memory::GuestMemory;
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::units::saturating_u64;
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
@@ -81,7 +80,7 @@ pub enum Error {
 }
 
 /// The migration thread's body: migrate, then settle the source's state.
-pub fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
+pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     let mut p = Precopy::new(m, src);
     let result = p.migrate(uri);
     m.set_conn(None);
@@ -167,14 +166,6 @@ struct Precopy<'a> {
     pass_from: (u64, Instant, u64),
 }
 
-fn ram_range(mem: &GuestMemory) -> (*const u8, usize) {
-    use vm_memory::GuestMemoryBackend as _;
-    mem.iter().next().map_or((std::ptr::null(), 0), |r| {
-        let (p, l) = crate::memory::host_range(r);
-        (p.cast_const(), l)
-    })
-}
-
 impl<'a> Precopy<'a> {
     fn new(m: &'a Migration, src: &'a Source) -> Self {
         Precopy {
@@ -237,9 +228,9 @@ impl<'a> Precopy<'a> {
         let setup = self.m.elapsed_ms();
         self.m.update(|i| i.setup_time = Some(setup));
         self.m.set_status(Status::Active);
-        let runs = {
-            let (ptr, len) = ram_range(&self.src.mem);
-            pages::classify(ptr, len)?
+        let runs = match crate::memory::region(&self.src.mem) {
+            Some(ram) => pages::classify(ram)?,
+            None => Vec::new(),
         };
         self.send_plan(&runs)?;
         let mut dirty = self.pass_and_sync(&runs, &consumer)?;

@@ -16,19 +16,19 @@ use crate::vcpu::VcpuShared;
 
 /// What the source needs of its VM; cheap to clone.
 #[derive(Clone)]
-pub struct Source {
+pub(crate) struct Source {
     /// Guest RAM, read for every page sent.
-    pub mem: GuestMemory,
+    pub(crate) mem: GuestMemory,
     /// The VM's dirty-log service, subscribed to for the later passes.
-    pub dirty: Arc<DirtyLog>,
+    pub(crate) dirty: Arc<DirtyLog>,
     /// Each vCPU's shared part, by index: the way to ask a parked vCPU for its state.
-    pub vcpus: Vec<Arc<VcpuShared>>,
+    pub(crate) vcpus: Vec<Arc<VcpuShared>>,
     /// To the main loop, for holding the guest paused.
-    pub main: Sender<VmEvent>,
+    pub(crate) main: Sender<VmEvent>,
     /// The MSRs KVM lists as to-save (KVM_GET_MSR_INDEX_LIST).
-    pub msr_list: Arc<Vec<u32>>,
+    pub(crate) msr_list: Arc<Vec<u32>>,
     /// The VM as the stream's config section describes it.
-    pub config: ConfigRecord,
+    pub(crate) config: ConfigRecord,
 }
 
 impl Source {
@@ -36,7 +36,7 @@ impl Source {
     ///
     /// # Errors
     /// KVM's MSR list cannot be read.
-    pub fn from_vm(vm: &crate::vm::Vm) -> Result<Source, Error> {
+    pub(crate) fn from_vm(vm: &crate::vm::Vm) -> Result<Source, Error> {
         let msr_list = kvm_ioctls::Kvm::new()
             .and_then(|k| k.get_msr_index_list())
             .map_err(Error::MsrList)?
@@ -75,7 +75,7 @@ impl Source {
     }
 
     /// Bytes of guest RAM.
-    pub fn memory(&self) -> u64 {
+    pub(crate) fn memory(&self) -> u64 {
         self.config.memory
     }
 }

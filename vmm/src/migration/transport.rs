@@ -65,7 +65,7 @@ impl std::fmt::Display for Uri {
 
 /// One connection, either kind.
 #[derive(Debug)]
-pub enum Conn {
+pub(crate) enum Conn {
     /// Over a unix socket.
     Unix(UnixStream),
     /// Over TCP.
@@ -77,7 +77,7 @@ impl Conn {
     ///
     /// # Errors
     /// `Connect` with the cause.
-    pub fn connect(uri: &Uri) -> Result<Conn, Error> {
+    pub(crate) fn connect(uri: &Uri) -> Result<Conn, Error> {
         let failed = |e| Error::Connect(uri.to_string(), e);
         match uri {
             Uri::Unix(path) => UnixStream::connect(path).map(Conn::Unix).map_err(failed),
@@ -102,7 +102,7 @@ impl Conn {
     ///
     /// # Errors
     /// The fd could not be duplicated.
-    pub fn try_clone(&self) -> std::io::Result<Conn> {
+    pub(crate) fn try_clone(&self) -> std::io::Result<Conn> {
         Ok(match self {
             Conn::Unix(s) => Conn::Unix(s.try_clone()?),
             Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
@@ -110,7 +110,7 @@ impl Conn {
     }
 
     /// Ends the connection both ways, waking any thread blocked on it.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         let _ = match self {
             Conn::Unix(s) => s.shutdown(Shutdown::Both),
             Conn::Tcp(s) => s.shutdown(Shutdown::Both),
@@ -121,7 +121,7 @@ impl Conn {
     ///
     /// # Errors
     /// The socket option could not be set.
-    pub fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
         match self {
             Conn::Unix(s) => s.set_read_timeout(t),
             Conn::Tcp(s) => s.set_read_timeout(t),
@@ -152,7 +152,7 @@ impl Write for Conn {
 }
 
 /// A destination waiting for its one source.
-pub enum Listener {
+pub(crate) enum Listener {
     /// The socket file is removed when the listener goes.
     Unix(UnixListener, PathBuf),
     /// Listening on TCP.
@@ -164,7 +164,7 @@ impl Listener {
     ///
     /// # Errors
     /// `Listen` with the cause.
-    pub fn bind(uri: &Uri) -> Result<Listener, Error> {
+    pub(crate) fn bind(uri: &Uri) -> Result<Listener, Error> {
         let failed = |e| Error::Listen(uri.to_string(), e);
         match uri {
             Uri::Unix(path) => {
@@ -184,7 +184,7 @@ impl Listener {
     ///
     /// # Errors
     /// `Accept` with the cause, `Stopped` when `stop` said so.
-    pub fn accept(&self, stop: &dyn Fn() -> bool) -> Result<Conn, Error> {
+    pub(crate) fn accept(&self, stop: &dyn Fn() -> bool) -> Result<Conn, Error> {
         use std::os::fd::AsRawFd;
         let (fd, name) = match self {
             Listener::Unix(l, p) => (l.as_raw_fd(), format!("unix:{}", p.display())),

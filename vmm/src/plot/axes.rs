@@ -32,16 +32,16 @@ pub(super) fn time_range(t0: f64, t1: f64) -> Range<f64> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct ByteAxis {
     /// Bytes in one unit of the axis.
-    pub unit_bytes: f64,
+    pub(crate) unit_bytes: f64,
     /// The unit's name (`MiB`).
-    pub unit: &'static str,
+    pub(crate) unit: &'static str,
     /// The top of the axis, in units.
-    pub top: f64,
+    pub(crate) top: f64,
 }
 
 impl ByteAxis {
     /// An axis from zero to a little above `max` bytes (1 KiB when there is nothing).
-    pub fn new(max: f64) -> Self {
+    pub(crate) fn new(max: f64) -> Self {
         let max = if max.is_finite() && max >= 1.0 {
             max
         } else {
@@ -69,12 +69,12 @@ impl ByteAxis {
     }
 
     /// `bytes` in axis units, within the axis.
-    pub fn y(&self, bytes: f64) -> f64 {
+    pub(crate) fn y(&self, bytes: f64) -> f64 {
         clamp(bytes / self.unit_bytes, 0.0, self.top)
     }
 
     /// A tick's label: `30 MiB`, `0`.
-    pub fn label(&self, v: f64) -> String {
+    pub(crate) fn label(&self, v: f64) -> String {
         if v == 0.0 {
             "0".into()
         } else {
@@ -94,7 +94,7 @@ pub(super) enum RateAxis {
 
 impl RateAxis {
     /// A log axis up to the decade above `max`.
-    pub fn log(max: f64) -> Self {
+    pub(crate) fn log(max: f64) -> Self {
         let top = if max.is_finite() && max > 1.0 {
             max.log10().ceil().max(1.0)
         } else {
@@ -109,7 +109,7 @@ impl RateAxis {
     }
 
     /// A linear axis up to a little above `max`.
-    pub fn linear(max: f64) -> Self {
+    pub(crate) fn linear(max: f64) -> Self {
         // Capped so that the head room above it is still finite.
         let max = if max.is_finite() && max > 0.0 {
             max.min(1e300)
@@ -122,7 +122,7 @@ impl RateAxis {
     }
 
     /// The top of the axis, in axis values.
-    pub fn top(&self) -> f64 {
+    pub(crate) fn top(&self) -> f64 {
         match self {
             RateAxis::Log { top, .. } | RateAxis::Linear { top } => *top,
         }
@@ -130,7 +130,7 @@ impl RateAxis {
 
     /// `rate` as an axis value, within the axis. On the log axis, rates at or
     /// below 1/s (zero included) sit on the bottom.
-    pub fn y(&self, rate: f64) -> f64 {
+    pub(crate) fn y(&self, rate: f64) -> f64 {
         match self {
             RateAxis::Log { top, .. } if rate > 1.0 => clamp(rate.log10(), 0.0, *top),
             RateAxis::Log { .. } => 0.0,
@@ -139,7 +139,7 @@ impl RateAxis {
     }
 
     /// A tick's label: `≤1`, `100`, `10k` on the log axis; `80k` on the linear one.
-    pub fn label(&self, v: f64) -> String {
+    pub(crate) fn label(&self, v: f64) -> String {
         match self {
             RateAxis::Log { .. } if v == 0.0 => "≤1".into(),
             RateAxis::Log { .. } => si(10f64.powf(v)),

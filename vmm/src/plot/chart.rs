@@ -122,7 +122,7 @@ fn total_bytes(p: &Point) -> f64 {
 ///
 /// # Errors
 /// `PlotError::BadSize` outside `MIN_WIDTH`/`MIN_HEIGHT` to `MAX_SIDE`.
-pub fn check_size(opts: &ChartOptions) -> Result<(), PlotError> {
+pub(crate) fn check_size(opts: &ChartOptions) -> Result<(), PlotError> {
     let ok = (MIN_WIDTH..=MAX_SIDE).contains(&opts.width)
         && (MIN_HEIGHT..=MAX_SIDE).contains(&opts.height);
     if ok {
@@ -137,7 +137,7 @@ pub fn check_size(opts: &ChartOptions) -> Result<(), PlotError> {
 
 /// A series ready to draw: samples with a finite time, the vCPUs shown, and
 /// the axes derived from them.
-pub struct Chart<'a> {
+pub(crate) struct Chart<'a> {
     opts: &'a ChartOptions,
     header: &'a SeriesHeader,
     pub(super) points: Vec<&'a Point>,
@@ -158,7 +158,7 @@ impl<'a> Chart<'a> {
     ///
     /// # Errors
     /// A bad size, no sample with a finite time, or a `vcpu` the series lacks.
-    pub fn new(
+    pub(crate) fn new(
         header: &'a SeriesHeader,
         points: &'a [Point],
         opts: &'a ChartOptions,
@@ -210,13 +210,16 @@ impl<'a> Chart<'a> {
     }
 
     /// Leaves all text out (for a bitmap with no font to draw it with).
-    pub fn without_text(mut self) -> Self {
+    pub(crate) fn without_text(mut self) -> Self {
         self.text = false;
         self
     }
 
     /// Draws the chart on `root`, the whole image; returns the marker lines drawn.
-    pub fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Drawing<usize, DB> {
+    pub(crate) fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> Drawing<usize, DB> {
         root.fill(&WHITE)?;
         self.draw_title(root)?;
         let (w, h) = root.dim_in_pixel();

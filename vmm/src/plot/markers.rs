@@ -8,26 +8,26 @@ use crate::sampler::record::Point;
 
 /// A vCPU starting a command, as first seen by the sampler.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PhaseChange {
-    pub time_s: f64,
-    pub vcpu: usize,
-    pub seq: u64,
-    pub code: u64,
+pub(crate) struct PhaseChange {
+    pub(crate) time_s: f64,
+    pub(crate) vcpu: usize,
+    pub(crate) seq: u64,
+    pub(crate) code: u64,
 }
 
 /// Changes close enough on the chart to share one line and label.
 #[derive(Debug, Clone, PartialEq)]
-pub struct MarkerGroup {
-    pub time_s: f64,
+pub(crate) struct MarkerGroup {
+    pub(crate) time_s: f64,
     /// The command of the first change, which colours the line.
-    pub code: u64,
-    pub label: String,
+    pub(crate) code: u64,
+    pub(crate) label: String,
 }
 
-pub use crate::abi::command_name;
+pub(crate) use crate::abi::command_name;
 
 /// A colour per command, so a line says what started before it is read.
-pub fn command_color(code: u64) -> RGBColor {
+pub(crate) fn command_color(code: u64) -> RGBColor {
     match code {
         abi::CMD_TOUCH => RGBColor(0x1f, 0x77, 0xb4),
         abi::CMD_TOUCH_ZERO => RGBColor(0x17, 0xbe, 0xcf),
@@ -42,7 +42,7 @@ pub fn command_color(code: u64) -> RGBColor {
 
 /// Every tick where one of `vcpus` shows a phase marker other than the one
 /// before (0 counts as "before the first"), in time order.
-pub fn phase_changes(points: &[&Point], vcpus: &[usize]) -> Vec<PhaseChange> {
+pub(crate) fn phase_changes(points: &[&Point], vcpus: &[usize]) -> Vec<PhaseChange> {
     let mut changes = Vec::new();
     for &vcpu in vcpus {
         let mut last = 0;
@@ -65,7 +65,11 @@ pub fn phase_changes(points: &[&Point], vcpus: &[usize]) -> Vec<PhaseChange> {
 
 /// Merges changes whose x positions (`x_of`) lie within `min_px` of the
 /// group's first into one marker, so labels do not overprint.
-pub fn group(changes: &[PhaseChange], x_of: impl Fn(f64) -> f64, min_px: f64) -> Vec<MarkerGroup> {
+pub(crate) fn group(
+    changes: &[PhaseChange],
+    x_of: impl Fn(f64) -> f64,
+    min_px: f64,
+) -> Vec<MarkerGroup> {
     let mut groups: Vec<(f64, Vec<&PhaseChange>)> = Vec::new();
     for c in changes {
         let x = x_of(c.time_s);

@@ -29,11 +29,11 @@ pub const DEFAULT_WIDTH: u32 = 1200;
 /// Default chart height in pixels.
 pub const DEFAULT_HEIGHT: u32 = 700;
 /// Smallest width that leaves room for the axes and the legend.
-pub const MIN_WIDTH: u32 = 480;
+pub(crate) const MIN_WIDTH: u32 = 480;
 /// Smallest height that leaves room for two panels.
-pub const MIN_HEIGHT: u32 = 300;
+pub(crate) const MIN_HEIGHT: u32 = 300;
 /// Largest width or height.
-pub const MAX_SIDE: u32 = 10_000;
+pub(crate) const MAX_SIDE: u32 = 10_000;
 
 /// How the exit-rate panel scales its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,7 +59,7 @@ impl FromStr for RateScale {
 
 /// The image format, chosen by the output file's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// Scalable vector graphics (text drawn by the viewer).
     Svg,
     /// A bitmap (text drawn with a system font).
@@ -71,7 +71,7 @@ impl Format {
     ///
     /// # Errors
     /// The extension is missing or is neither `svg` nor `png`.
-    pub fn from_path(path: &Path) -> Result<Self, PlotError> {
+    pub(crate) fn from_path(path: &Path) -> Result<Self, PlotError> {
         let ext = path
             .extension()
             .ok_or_else(|| PlotError::NoOutputExtension {
@@ -134,7 +134,7 @@ pub struct Rendered {
     /// The SVG document.
     pub svg: String,
     /// Samples drawn.
-    pub points: usize,
+    pub(crate) points: usize,
     /// Phase-marker lines drawn (changes close together share one).
     pub markers: usize,
     /// vCPUs whose rates are drawn.
@@ -145,13 +145,13 @@ pub struct Rendered {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlotOutcome {
     /// The image format.
-    pub format: Format,
+    pub(crate) format: Format,
     /// Samples drawn.
     pub points: usize,
     /// Phase-marker lines drawn.
     pub markers: usize,
     /// vCPUs whose rates are drawn.
-    pub vcpus: usize,
+    pub(crate) vcpus: usize,
 }
 
 impl std::fmt::Display for PlotOutcome {
@@ -256,7 +256,7 @@ pub fn source_name(path: &Path) -> String {
 ///
 /// # Errors
 /// The file cannot be read or does not parse.
-pub fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), PlotError> {
+pub(crate) fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), PlotError> {
     let text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries {
         path: path.to_path_buf(),
         source,

@@ -18,11 +18,11 @@
 /// Largest value a client may send, in bytes.
 pub const MAX_VALUE: usize = 64 << 10;
 /// Deepest nesting of objects and arrays in one value.
-pub const MAX_DEPTH: u32 = 32;
+pub(crate) const MAX_DEPTH: u32 = 32;
 
 /// What the framer found next in the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Frame {
+pub(crate) enum Frame {
     /// A complete top-level value (or scalar token), for the parser.
     Value(Vec<u8>),
     /// Bytes that cannot start or be a value, skipped; the reason says why.
@@ -62,7 +62,7 @@ struct Scan {
 
 /// A client's input, split into values as they complete.
 #[derive(Debug, Default)]
-pub struct Framer {
+pub(crate) struct Framer {
     buf: Vec<u8>,
     /// Start of the value being scanned (bytes before it are consumed).
     start: usize,
@@ -75,12 +75,12 @@ pub struct Framer {
 
 impl Framer {
     /// An empty framer.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Appends what the client sent.
-    pub fn extend(&mut self, data: &[u8]) {
+    pub(crate) fn extend(&mut self, data: &[u8]) {
         if self.start > 0 && self.start >= self.buf.len() / 2 {
             self.buf.drain(..self.start);
             self.pos -= self.start;
@@ -91,7 +91,7 @@ impl Framer {
 
     /// True when bytes of an unfinished value are waiting (the client is
     /// mid-request).
-    pub fn partial(&self) -> bool {
+    pub(crate) fn partial(&self) -> bool {
         self.buf[self.start..]
             .iter()
             .any(|b| !b.is_ascii_whitespace())
@@ -100,7 +100,7 @@ impl Framer {
     /// The next frame, if one is complete. `ended`: the client will send no
     /// more, so a scalar token that runs to the end of the input is complete
     /// (an unfinished object or array is then dropped without a frame).
-    pub fn next_frame(&mut self, ended: bool) -> Option<Frame> {
+    pub(crate) fn next_frame(&mut self, ended: bool) -> Option<Frame> {
         if !self.open {
             self.skip_whitespace();
             let &first = self.buf.get(self.start)?;

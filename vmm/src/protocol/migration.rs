@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct MigrateArgs {
     /// `unix:PATH` or `tcp:HOST:PORT`.
-    pub uri: String,
+    pub(crate) uri: String,
     /// QEMU's; a migration always runs detached here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detach: Option<bool>,
+    pub(crate) detach: Option<bool>,
 }
 
 /// A migration's state, as QEMU's `MigrationStatus` names it.
@@ -46,7 +46,7 @@ impl Status {
     }
 
     /// The name on the wire.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Status::None => "none",
             Status::Setup => "setup",
@@ -64,31 +64,31 @@ impl Status {
 #[serde(rename_all = "kebab-case")]
 pub struct RamStats {
     /// Bytes put on the wire.
-    pub transferred: u64,
+    pub(crate) transferred: u64,
     /// Bytes of RAM still to send (dirty at the last sync and not sent yet).
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// Bytes of guest RAM.
-    pub total: u64,
+    pub(crate) total: u64,
     /// Zero pages, sent as a header only.
-    pub duplicate: u64,
+    pub(crate) duplicate: u64,
     /// Pages sent in full.
-    pub normal: u64,
+    pub(crate) normal: u64,
     /// Bytes of the pages sent in full (`normal` × page size).
-    pub normal_bytes: u64,
+    pub(crate) normal_bytes: u64,
     /// Dirty-log syncs (one per pass).
     pub dirty_sync_count: u64,
     /// Pages dirtied per second over the last pass.
-    pub dirty_pages_rate: u64,
+    pub(crate) dirty_pages_rate: u64,
     /// Send rate over the last pass, megabits per second.
-    pub mbps: f64,
+    pub(crate) mbps: f64,
     /// Pages sent per second over the last pass, zero and normal together.
-    pub pages_per_second: u64,
+    pub(crate) pages_per_second: u64,
     /// Bytes sent while the guest ran.
-    pub precopy_bytes: u64,
+    pub(crate) precopy_bytes: u64,
     /// Bytes sent while it was stopped.
-    pub downtime_bytes: u64,
+    pub(crate) downtime_bytes: u64,
     /// Bytes per page on the wire, 4096.
-    pub page_size: u64,
+    pub(crate) page_size: u64,
 }
 
 /// QEMU's `MigrationInfo`, as `query-migrate` returns it (times in ms).
@@ -103,24 +103,24 @@ pub struct MigrationInfo {
     pub ram: Option<RamStats>,
     /// ms since the migration started; frozen at its end.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub total_time: Option<u64>,
+    pub(crate) total_time: Option<u64>,
     /// ms from the start until pre-copy began (connect, the destination's
     /// config check, the dirty-log subscription).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub setup_time: Option<u64>,
+    pub(crate) setup_time: Option<u64>,
     /// ms the guest was held paused, from the hold request to the destination's reply.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub downtime: Option<u64>,
+    pub(crate) downtime: Option<u64>,
     /// ms the dirty pages left at the last sync would take on the wire at the
     /// last pass's rate (16 header bytes per page counted).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub expected_downtime: Option<u64>,
+    pub(crate) expected_downtime: Option<u64>,
     /// Why it failed, as an error chain, with `status` `failed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_desc: Option<String>,
     /// kvmscope: why the rounds are not converging, while they are not.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub x_not_converging: Option<String>,
+    pub(crate) x_not_converging: Option<String>,
     /// kvmscope: `postmigrate` on a source whose guest has left.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_vm_state: Option<String>,
@@ -130,7 +130,7 @@ pub struct MigrationInfo {
     pub x_ram_crc32: Option<u32>,
     /// kvmscope: where the stream goes (source) or comes from (destination).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub x_uri: Option<String>,
+    pub(crate) x_uri: Option<String>,
 }
 
 /// QEMU's `MigrationParameters`, the part kvmscope uses.
@@ -138,14 +138,14 @@ pub struct MigrationInfo {
 #[serde(rename_all = "kebab-case")]
 pub struct Parameters {
     /// Bytes per second; 0 sends as fast as the link goes.
-    pub max_bandwidth: u64,
+    pub(crate) max_bandwidth: u64,
     /// Longest acceptable downtime, ms.
-    pub downtime_limit: u64,
+    pub(crate) downtime_limit: u64,
     /// kvmscope: stop and copy after this many passes whatever is left; 0: no limit.
-    pub x_max_rounds: u64,
+    pub(crate) x_max_rounds: u64,
     /// kvmscope: send a CRC-32 of all RAM at the stop for the destination to
     /// check against its own (costs a read of all RAM on both sides, in the downtime).
-    pub x_check_ram: bool,
+    pub(crate) x_check_ram: bool,
 }
 
 impl Default for Parameters {
@@ -165,14 +165,14 @@ impl Default for Parameters {
 pub struct SetParameters {
     /// New [`Parameters::max_bandwidth`], bytes per second (0: unlimited).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_bandwidth: Option<u64>,
+    pub(crate) max_bandwidth: Option<u64>,
     /// New [`Parameters::downtime_limit`], ms, at most 2,000,000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub downtime_limit: Option<u64>,
+    pub(crate) downtime_limit: Option<u64>,
     /// New [`Parameters::x_max_rounds`] (0: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub x_max_rounds: Option<u64>,
+    pub(crate) x_max_rounds: Option<u64>,
     /// New [`Parameters::x_check_ram`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub x_check_ram: Option<bool>,
+    pub(crate) x_check_ram: Option<bool>,
 }

@@ -23,8 +23,8 @@
 //! docs/PROTOCOL.md is the reference, with every difference from QEMU.
 
 pub mod framing;
-pub mod migration;
-pub mod reply;
+pub(crate) mod migration;
+pub(crate) mod reply;
 pub mod request;
 
 pub use reply::{ErrorClass, Event, Greeting, Message, QmpError};
@@ -32,4 +32,4 @@ pub use request::{Command, Request, RequestError, StatsTarget, VcpuRef, VcpuSele
 
 /// Version of the protocol in the greeting. 2: QMP negotiation, QEMU's error
 /// classes and greeting, streamed JSON framing.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub(crate) const PROTOCOL_VERSION: u32 = 2;

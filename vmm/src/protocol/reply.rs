@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use crate::runstate::RunState;
+pub(crate) use crate::runstate::RunState;
 
 /// QMP error classes. kvmscope uses QEMU's: `GenericError` for everything
 /// but an unknown command (or one sent before negotiation), which is
@@ -39,23 +39,23 @@ impl std::fmt::Display for ErrorClass {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QmpError {
     /// The QMP error class.
-    pub class: ErrorClass,
+    pub(crate) class: ErrorClass,
     /// What went wrong, in plain words (QEMU's words where QEMU has them).
-    pub desc: String,
+    pub(crate) desc: String,
 }
 
 /// Seconds and microseconds since the epoch, as QMP stamps events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Timestamp {
+pub(crate) struct Timestamp {
     /// Whole seconds since the Unix epoch (wall clock).
-    pub seconds: u64,
+    pub(crate) seconds: u64,
     /// Microseconds past `seconds`, below 1,000,000.
-    pub microseconds: u32,
+    pub(crate) microseconds: u32,
 }
 
 impl Timestamp {
     /// The wall-clock time now.
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -70,17 +70,17 @@ impl Timestamp {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// The event's name, such as `SAMPLE` or `MIGRATION` (docs/PROTOCOL.md lists them).
-    pub event: String,
+    pub(crate) event: String,
     /// The event's data; `null` (omitted on the wire) for none.
     #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub data: Value,
+    pub(crate) data: Value,
     /// When the server made the event.
-    pub timestamp: Timestamp,
+    pub(crate) timestamp: Timestamp,
 }
 
 impl Event {
     /// An event stamped now.
-    pub fn new(name: &str, data: Value) -> Self {
+    pub(crate) fn new(name: &str, data: Value) -> Self {
         Event {
             event: name.to_string(),
             data,
@@ -91,28 +91,28 @@ impl Event {
 
 /// QEMU's `VersionTriple`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct VersionTriple {
+pub(crate) struct VersionTriple {
     /// kvmscope's major version.
-    pub major: u64,
+    pub(crate) major: u64,
     /// kvmscope's minor version.
-    pub minor: u64,
+    pub(crate) minor: u64,
     /// kvmscope's patch version.
-    pub micro: u64,
+    pub(crate) micro: u64,
 }
 
 /// QEMU's `VersionInfo` (`query-version`, and the greeting's `version`):
 /// `qemu` carries kvmscope's version, `package` names kvmscope.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct VersionInfo {
+pub(crate) struct VersionInfo {
     /// kvmscope's version in QEMU's member (QMP clients read it there).
-    pub qemu: VersionTriple,
+    pub(crate) qemu: VersionTriple,
     /// `kvmscope X.Y.Z`.
-    pub package: String,
+    pub(crate) package: String,
 }
 
 impl VersionInfo {
     /// This build's version.
-    pub fn ours() -> Self {
+    pub(crate) fn ours() -> Self {
         let part = |s: &str| s.parse().unwrap_or(0);
         VersionInfo {
             qemu: VersionTriple {
@@ -127,43 +127,43 @@ impl VersionInfo {
 
 /// kvmscope's part of the greeting: the protocol version and the VM.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct KvmscopeGreeting {
+pub(crate) struct KvmscopeGreeting {
     /// Bumped when a reply changes shape.
-    pub protocol: u32,
+    pub(crate) protocol: u32,
     /// Features beyond QMP: `stats-fd` (fds ride on replies).
-    pub features: Vec<String>,
+    pub(crate) features: Vec<String>,
     /// The VM this socket serves.
-    pub vm: GreetingVm,
+    pub(crate) vm: GreetingVm,
 }
 
 /// The VM, as the greeting names it.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct GreetingVm {
+pub(crate) struct GreetingVm {
     /// The VM's `--name`.
-    pub name: String,
+    pub(crate) name: String,
     /// The VMM's process id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Number of vCPUs.
-    pub vcpus: usize,
+    pub(crate) vcpus: usize,
     /// Guest RAM in bytes.
-    pub memory: u64,
+    pub(crate) memory: u64,
     /// The KVM backend: `vmx`, `svm`, `pvm` or `unknown`.
-    pub backend: String,
+    pub(crate) backend: String,
     /// The VM stats fd's id string: `kvm-` and the id of the thread that
     /// created the VM (the pid when that was the main thread).
     #[serde(rename = "stats-id")]
-    pub stats_id: String,
+    pub(crate) stats_id: String,
 }
 
 /// The greeting's `QMP` member.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct GreetingBody {
+pub(crate) struct GreetingBody {
     /// The server's version, as `query-version` returns it.
-    pub version: VersionInfo,
+    pub(crate) version: VersionInfo,
     /// Capabilities a client may enable with `qmp_capabilities` (none here).
-    pub capabilities: Vec<String>,
+    pub(crate) capabilities: Vec<String>,
     /// kvmscope's additions: protocol version, features, the VM.
-    pub kvmscope: KvmscopeGreeting,
+    pub(crate) kvmscope: KvmscopeGreeting,
 }
 
 /// The first line on every connection: `{"QMP": {...}}`.
@@ -171,7 +171,7 @@ pub struct GreetingBody {
 pub struct Greeting {
     /// The `QMP` member, the greeting's only one.
     #[serde(rename = "QMP")]
-    pub qmp: GreetingBody,
+    pub(crate) qmp: GreetingBody,
 }
 
 /// Any line the server sends.
@@ -203,12 +203,12 @@ pub enum Message {
 
 impl Message {
     /// The message as one line, newline included.
-    pub fn to_line(&self) -> Vec<u8> {
+    pub(crate) fn to_line(&self) -> Vec<u8> {
         to_line(self)
     }
 
     /// An error reply.
-    pub fn error(class: ErrorClass, desc: impl Into<String>, id: Option<Value>) -> Message {
+    pub(crate) fn error(class: ErrorClass, desc: impl Into<String>, id: Option<Value>) -> Message {
         Message::Error {
             error: QmpError {
                 class,
@@ -220,7 +220,7 @@ impl Message {
 }
 
 /// Any serializable value as one line, newline included.
-pub fn to_line<T: Serialize>(value: &T) -> Vec<u8> {
+pub(crate) fn to_line<T: Serialize>(value: &T) -> Vec<u8> {
     // Serializing these types cannot fail: maps have string keys, no floats are NaN-checked.
     let mut line = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     line.push(b'\n');
@@ -229,51 +229,51 @@ pub fn to_line<T: Serialize>(value: &T) -> Vec<u8> {
 
 /// QEMU's `StatusInfo` (`query-status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatusInfo {
+pub(crate) struct StatusInfo {
     /// True when `status` is `running`.
-    pub running: bool,
+    pub(crate) running: bool,
     /// Always false; QEMU 7.2 clients expect the member.
-    pub singlestep: bool,
+    pub(crate) singlestep: bool,
     /// The VM's run state.
-    pub status: RunState,
+    pub(crate) status: RunState,
 }
 
 /// QEMU's `CpuInfoFast` (`query-cpus-fast`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub struct CpuInfoFast {
+pub(crate) struct CpuInfoFast {
     /// The vCPU's index.
-    pub cpu_index: usize,
+    pub(crate) cpu_index: usize,
     /// Its QOM path ([`vcpu_qom_path`]), accepted wherever a vCPU is named.
-    pub qom_path: String,
+    pub(crate) qom_path: String,
     /// The vCPU thread's kernel id (0 before it started).
-    pub thread_id: i64,
+    pub(crate) thread_id: i64,
     /// The architecture, always `x86_64`.
-    pub target: String,
+    pub(crate) target: String,
 }
 
 /// QEMU's `NameInfo` (`query-name`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NameInfo {
+pub(crate) struct NameInfo {
     /// The VM's `--name`; kvmscope always sends it (QEMU's is optional).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 }
 
 /// QEMU's `CommandInfo` (`query-commands`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommandInfo {
+pub(crate) struct CommandInfo {
     /// The command's wire name.
-    pub name: String,
+    pub(crate) name: String,
 }
 
 /// The QOM path of vCPU `index`, as QEMU's x86 machines name CPUs.
-pub fn vcpu_qom_path(index: usize) -> String {
+pub(crate) fn vcpu_qom_path(index: usize) -> String {
     format!("/machine/unattached/device[{index}]")
 }
 
 /// The vCPU a QOM path names, if it is one of ours.
-pub fn vcpu_from_qom_path(path: &str) -> Option<usize> {
+pub(crate) fn vcpu_from_qom_path(path: &str) -> Option<usize> {
     let n = path
         .strip_prefix("/machine/unattached/device[")?
         .strip_suffix(']')?;

@@ -31,7 +31,7 @@ pub enum StatsTarget {
 /// Who provides statistics (QEMU's `StatsProvider`); kvmscope has only `kvm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum StatsProvider {
+pub(crate) enum StatsProvider {
     /// `"kvm"`: the KVM binary stats fds.
     Kvm,
     /// `"cryptodev"`: QEMU's; accepted, and provides nothing here.
@@ -41,12 +41,12 @@ pub enum StatsProvider {
 /// QEMU's `StatsRequest`: one provider, optionally only some stat names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StatsRequest {
+pub(crate) struct StatsRequest {
     /// The provider asked.
-    pub provider: StatsProvider,
+    pub(crate) provider: StatsProvider,
     /// Only these stats, by their KVM names; absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub names: Option<Vec<String>>,
+    pub(crate) names: Option<Vec<String>>,
 }
 
 /// A vCPU named by its index (kvmscope) or its QOM path (QEMU's way, as
@@ -105,7 +105,7 @@ pub struct NoArgs {}
 pub struct CapabilitiesArgs {
     /// Capabilities to turn on; any (such as `oob`) is refused, as none is offered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub enable: Vec<String>,
+    pub(crate) enable: Vec<String>,
 }
 
 /// `get-stats-fd`.
@@ -113,10 +113,10 @@ pub struct CapabilitiesArgs {
 #[serde(deny_unknown_fields)]
 pub struct GetStatsFdArgs {
     /// Whose stats fds: the VM's or the vCPUs'.
-    pub target: StatsTarget,
+    pub(crate) target: StatsTarget,
     /// vCPU target only; default `"all"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vcpu: Option<VcpuSelector>,
+    pub(crate) vcpu: Option<VcpuSelector>,
 }
 
 /// `query-stats`: QEMU's `StatsFilter`, plus kvmscope's `names` and vCPU indexes.
@@ -124,16 +124,16 @@ pub struct GetStatsFdArgs {
 #[serde(deny_unknown_fields)]
 pub struct QueryStatsArgs {
     /// Whose stats: the VM's or the vCPUs'.
-    pub target: StatsTarget,
+    pub(crate) target: StatsTarget,
     /// Providers and their stat names; absent: every provider, every stat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub providers: Option<Vec<StatsRequest>>,
+    pub(crate) providers: Option<Vec<StatsRequest>>,
     /// kvmscope: only these stats (QEMU puts names inside `providers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub names: Option<Vec<String>>,
+    pub(crate) names: Option<Vec<String>>,
     /// vCPU target only: indexes or QOM paths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vcpus: Option<Vec<VcpuRef>>,
+    pub(crate) vcpus: Option<Vec<VcpuRef>>,
 }
 
 /// `query-stats-schemas`.
@@ -142,10 +142,10 @@ pub struct QueryStatsArgs {
 pub struct SchemasArgs {
     /// Only this provider's schemas; absent: every provider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider: Option<StatsProvider>,
+    pub(crate) provider: Option<StatsProvider>,
     /// kvmscope: one target only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<StatsTarget>,
+    pub(crate) target: Option<StatsTarget>,
 }
 
 /// Commands about some vCPUs (all when `vcpus` is absent).
@@ -154,7 +154,7 @@ pub struct SchemasArgs {
 pub struct VcpusArgs {
     /// The vCPUs, by index or QOM path; absent: every vCPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vcpus: Option<Vec<VcpuRef>>,
+    pub(crate) vcpus: Option<Vec<VcpuRef>>,
 }
 
 /// `guest-command`.
@@ -162,12 +162,12 @@ pub struct VcpusArgs {
 #[serde(deny_unknown_fields)]
 pub struct GuestCommandArgs {
     /// Index of the vCPU whose queue takes the commands.
-    pub vcpu: usize,
+    pub(crate) vcpu: usize,
     /// Workload text (docs/GUEST_ABI.md), one or more commands.
-    pub command: String,
+    pub(crate) command: String,
     /// Reply only once every command finished, with the results.
     #[serde(default)]
-    pub wait: bool,
+    pub(crate) wait: bool,
 }
 
 /// `query-samples`: a page of the sampler's points after `since`.
@@ -176,10 +176,10 @@ pub struct GuestCommandArgs {
 pub struct QuerySamplesArgs {
     /// Points with a sequence number above this one (default 0: from the oldest kept).
     #[serde(default)]
-    pub since: u64,
+    pub(crate) since: u64,
     /// At most this many points, the newest (default and cap: the page size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max: Option<u64>,
+    pub(crate) max: Option<u64>,
 }
 
 /// `subscribe-samples`.
@@ -188,7 +188,7 @@ pub struct QuerySamplesArgs {
 pub struct SubscribeArgs {
     /// Start after this point (default: the newest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<u64>,
+    pub(crate) since: Option<u64>,
 }
 
 /// `query-readiness` as sent; [`ReadinessArgs`] once checked.
@@ -199,35 +199,35 @@ pub struct ReadinessRequest {
     /// the guest paused, counting zero pages; progress comes as
     /// `READINESS_PROGRESS` events before the reply.
     #[serde(default)]
-    pub scan: bool,
+    pub(crate) scan: bool,
     /// Seconds; absent: 1 when the VM has dirty logging, else none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub calc_time: Option<f64>,
+    pub(crate) calc_time: Option<f64>,
     /// Bytes per second, 0 for unlimited (default: the migration parameters'
     /// `max-bandwidth`, 0 unless set, as a migration started now would run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bandwidth: Option<f64>,
+    pub(crate) bandwidth: Option<f64>,
     /// Seconds (default: the migration parameters' `downtime-limit`, 0.3 unless set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_downtime: Option<f64>,
+    pub(crate) max_downtime: Option<f64>,
 }
 
 /// Checked arguments of `query-readiness`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadinessArgs {
+pub(crate) struct ReadinessArgs {
     /// Run the exact scan of every backed page (the guest paused meanwhile).
-    pub scan: bool,
+    pub(crate) scan: bool,
     /// `None`: 1 s when the VM has dirty logging, else no dirty-rate window.
-    pub calc_time: Option<Duration>,
+    pub(crate) calc_time: Option<Duration>,
     /// Bytes per second, 0 for unlimited; `None`: the migration parameters'.
-    pub bandwidth: Option<u64>,
+    pub(crate) bandwidth: Option<u64>,
     /// The downtime the prediction must fit, at most [`MAX_SECONDS`];
     /// `None`: the migration parameters' `downtime-limit`.
-    pub max_downtime: Option<Duration>,
+    pub(crate) max_downtime: Option<Duration>,
 }
 
 /// Longest dirty-rate window or downtime a request may ask for.
-pub const MAX_SECONDS: f64 = 600.0;
+pub(crate) const MAX_SECONDS: f64 = 600.0;
 
 /// Every command, with its arguments. The serde and strum names are the wire
 /// names; a unit test checks they agree.
@@ -299,7 +299,7 @@ pub enum Command {
 
 impl Command {
     /// The wire name.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         self.into()
     }
 
@@ -310,7 +310,7 @@ impl Command {
 
     /// True for commands that only read: their reply is all they do, so they
     /// are not run for a client that has already hung up.
-    pub fn is_query(&self) -> bool {
+    pub(crate) fn is_query(&self) -> bool {
         self.name().starts_with("query-")
     }
 }
@@ -319,20 +319,20 @@ impl Command {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// The client's `id`, any JSON value, echoed in the reply; absent when not sent.
-    pub id: Option<Value>,
+    pub(crate) id: Option<Value>,
     /// The command and its arguments.
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// A request that could not be parsed, with its `id` when one could be read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestError {
     /// The request's `id`, when the envelope could be read that far.
-    pub id: Option<Value>,
+    pub(crate) id: Option<Value>,
     /// QMP's error class for the reply.
-    pub class: ErrorClass,
+    pub(crate) class: ErrorClass,
     /// The reply's `desc`, in QEMU's words where QEMU has them.
-    pub desc: String,
+    pub(crate) desc: String,
 }
 
 /// Parses one request (a complete JSON value from the framer).
@@ -427,7 +427,7 @@ impl ReadinessRequest {
     ///
     /// # Errors
     /// A value out of range, named.
-    pub fn check(&self) -> Result<ReadinessArgs, String> {
+    pub(crate) fn check(&self) -> Result<ReadinessArgs, String> {
         let seconds = |key: &str, v: f64, zero_ok: bool| {
             let ok = v.is_finite() && v <= MAX_SECONDS && (v > 0.0 || (zero_ok && v == 0.0));
             match ok {
@@ -468,7 +468,7 @@ impl ReadinessRequest {
 }
 
 /// A request line for `command` (newline included), as a client sends it.
-pub fn request_line(command: &Command, id: Option<&Value>) -> Vec<u8> {
+pub(crate) fn request_line(command: &Command, id: Option<&Value>) -> Vec<u8> {
     let mut value = serde_json::to_value(command).unwrap_or(Value::Null);
     if let (Some(id), Value::Object(map)) = (id, &mut value) {
         map.insert("id".into(), id.clone());

@@ -2,14 +2,15 @@
 //! dirties it, estimated cheaply from stats and checked against ground truth,
 //! and what a pre-copy migration would do with it (docs/READINESS.md).
 
-pub mod model;
-pub mod report;
+pub(crate) mod model;
+pub(crate) mod report;
 pub mod scan;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvm_stats::StatsFd;
+use vm_memory::MmapRegion;
 
 use crate::dirty::{self, DirtyLog, DirtyMode};
 use crate::vcpu::VcpuShared;
@@ -55,34 +56,43 @@ impl Default for Options {
 /// Why a measurement failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The VM stats fd could not be read.
     #[error("reading the VM stats")]
     Stats(#[from] kvm_stats::Error),
+    /// `mincore` over guest RAM failed.
     #[error(transparent)]
     Residency(#[from] scan::Error),
+    /// Dirty tracking could not be turned on or harvested.
     #[error(transparent)]
     Dirty(#[from] dirty::Error),
+    /// The vCPUs could not be paused for the scan.
     #[error("pausing the guest for the scan")]
     Pause(#[source] crate::messages::RunStateError),
+    /// The vCPUs were asked to pause but did not in time.
     #[error("the vCPUs did not pause within {0:?}")]
     PauseTimeout(Duration),
+    /// The prediction could not be made from the figures.
     #[error(transparent)]
     Model(#[from] model::Error),
+    /// The VM has no guest RAM to measure.
+    #[error("the VM has no memory")]
+    NoMemory,
 }
 
 /// Pauses (`true`) or resumes (`false`) every vCPU.
-pub type PauseFn<'a> = dyn FnMut(bool) -> Result<(), crate::messages::RunStateError> + 'a;
+pub(crate) type PauseFn<'a> = dyn FnMut(bool) -> Result<(), crate::messages::RunStateError> + 'a;
 
 /// The guest being measured.
-pub struct Guest<'a> {
-    pub vm_stats: &'a StatsFd,
-    /// Host address and length of guest RAM (one mapping).
-    pub ram: (*const u8, usize),
+pub(crate) struct Guest<'a> {
+    pub(crate) vm_stats: &'a StatsFd,
+    /// Guest RAM's one region.
+    pub(crate) ram: &'a MmapRegion<()>,
     /// Dirty tracking, for a VM started with a mode (`--dirty-log`).
-    pub dirty: Option<&'a Arc<DirtyLog>>,
-    pub vcpus: &'a [Arc<VcpuShared>],
-    pub pause: &'a mut PauseFn<'a>,
+    pub(crate) dirty: Option<&'a Arc<DirtyLog>>,
+    pub(crate) vcpus: &'a [Arc<VcpuShared>],
+    pub(crate) pause: &'a mut PauseFn<'a>,
     /// Guest pages of the workload arena (for the arena's own counts).
-    pub arena: std::ops::Range<u64>,
+    pub(crate) arena: std::ops::Range<u64>,
 }
 
 fn timed<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<Figure<T>, Error> {
@@ -99,18 +109,18 @@ fn timed<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<Figure<T>, Error> {
 ///
 /// # Errors
 /// The first measurement that failed; the guest is resumed if it was paused.
-pub fn measure(
+pub(crate) fn measure(
     g: &mut Guest<'_>,
     options: &Options,
     progress: impl FnMut(u64, u64),
 ) -> Result<Report, Error> {
-    let ram_pages = (g.ram.1 / 4096) as u64;
+    let ram_pages = (g.ram.size() / 4096) as u64;
     let mapped = timed(|| {
         let mut sample = g.vm_stats.new_sample();
         g.vm_stats.read_sample(&mut sample)?;
         Ok(Mapped::from_sample(g.vm_stats.schema(), &sample))
     })?;
-    let resident = timed(|| Ok(scan::resident(g.ram.0, g.ram.1)?.1))?;
+    let resident = timed(|| Ok(scan::resident(g.ram)?.1))?;
     let written = g
         .dirty
         .map(|d| timed(|| Ok(d.written_since_boot()?.unwrap_or(0))))
@@ -161,10 +171,11 @@ pub fn measure_vm(
         });
         Ok(())
     };
-    let (ptr, len) = vm.ram_host_range();
+    let ram = crate::memory::region(&vm.mem).ok_or(Error::NoMemory)?;
+    let len = ram.size();
     let mut guest = Guest {
         vm_stats: &vm.vm_stats,
-        ram: (ptr.cast_const(), len),
+        ram,
         dirty: vm.dirty_configured(),
         vcpus: &vcpus,
         pause: &mut pause,
@@ -208,11 +219,10 @@ fn exact_scan(g: &mut Guest<'_>, progress: impl FnMut(u64, u64)) -> Result<scan:
         if !crate::vcpu::wait_parked(g.vcpus, PAUSE_LIMIT) {
             return Err(Error::PauseTimeout(PAUSE_LIMIT));
         }
-        let (residency, _) = scan::resident(g.ram.0, g.ram.1)?;
+        let (residency, _) = scan::resident(g.ram)?;
         // SAFETY: every vCPU is parked (checked just above) and stays so until
-        // the resume below; the mapping lives as long as the VM's memory, which
-        // outlives this call (the caller holds the VM).
-        let ram = unsafe { scan::Ram::paused(g.ram.0, g.ram.1) };
+        // the resume below.
+        let ram = unsafe { scan::Ram::paused(g.ram) };
         Ok(scan::scan(
             &ram,
             Some(&residency),

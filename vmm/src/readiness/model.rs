@@ -16,46 +16,46 @@
 use crate::units::saturating_u64;
 
 /// Bytes of a guest page.
-pub const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 /// A run of pages on the wire: `first` u64, `count` u32, `kind` u32. A zero
 /// run of any length costs only this; a normal run adds its pages' bytes.
-pub const RUN_HEADER: u64 = 16;
+pub(crate) const RUN_HEADER: u64 = 16;
 /// A section header (`kind`, `reserved`, `len`).
-pub const SECTION_HEADER: u64 = 16;
+pub(crate) const SECTION_HEADER: u64 = 16;
 /// The sender closes a RAM section once its payload reaches this size.
-pub const SECTION_TARGET: u64 = 4 << 20;
+pub(crate) const SECTION_TARGET: u64 = 4 << 20;
 /// A dirty page in a later pass, as the sender's own estimate counts it: the
 /// page and a run header (dirty pages are scattered, so most start a run).
-pub const DIRTY_PAGE_WIRE: u64 = PAGE + RUN_HEADER;
+pub(crate) const DIRTY_PAGE_WIRE: u64 = PAGE + RUN_HEADER;
 /// Stream header, config section and plan section, before pass 0's pages.
-pub const SETUP_BYTES: u64 = 16 + (SECTION_HEADER + 40) + (SECTION_HEADER + 16);
+pub(crate) const SETUP_BYTES: u64 = 16 + (SECTION_HEADER + 40) + (SECTION_HEADER + 16);
 /// The `Pass` record that ends every pass (the stop-and-copy one too).
-pub const PASS_BYTES: u64 = SECTION_HEADER + 16;
+pub(crate) const PASS_BYTES: u64 = SECTION_HEADER + 16;
 /// The trailer.
-pub const END_BYTES: u64 = SECTION_HEADER + 16;
+pub(crate) const END_BYTES: u64 = SECTION_HEADER + 16;
 /// One vCPU's state section's payload (registers, XSAVE, MSRs, the VMM's
 /// JSON), as measured on the streams (docs/EXPERIMENTS.md: `downtime-bytes`
 /// of idle guests, 6,382 bytes with its header for one vCPU, 25,096 for four).
-pub const VCPU_BYTES: u64 = 6_272;
+pub(crate) const VCPU_BYTES: u64 = 6_272;
 /// Passes tried before the model gives up (the sender has no cap unless
 /// `x-max-rounds` is set, but a guest this close to the link never settles).
-pub const MAX_ROUNDS: usize = 30;
+pub(crate) const MAX_ROUNDS: usize = 30;
 
 /// Costs on this side of the link that the wire bytes do not show, measured
 /// against real migrations (docs/EXPERIMENTS.md, migration part).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Costs {
+pub(crate) struct Costs {
     /// Fastest the sender and receiver move bytes with no bandwidth limit
     /// (reading, checking for zeros, copying through the socket), bytes/s.
-    pub local_rate: f64,
+    pub(crate) local_rate: f64,
     /// Setup: connecting, the destination building its VM, subscribing to
     /// the dirty log, reading the page map; seconds.
-    pub setup: f64,
+    pub(crate) setup: f64,
     /// The stop beyond its bytes: pausing the vCPUs, reading their state, the
     /// last sync, the destination loading the state and answering; seconds.
-    pub stop: f64,
+    pub(crate) stop: f64,
     /// Each vCPU's share of the stop, seconds.
-    pub stop_per_vcpu: f64,
+    pub(crate) stop_per_vcpu: f64,
 }
 
 impl Default for Costs {
@@ -71,68 +71,68 @@ impl Default for Costs {
 
 /// What the model needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Inputs {
+pub(crate) struct Inputs {
     /// Guest RAM pages.
-    pub total_pages: u64,
+    pub(crate) total_pages: u64,
     /// Pages that must go in full in pass 0 (the rest go as zero runs).
-    pub nonzero_pages: u64,
+    pub(crate) nonzero_pages: u64,
     /// Pages the guest dirties per second.
-    pub dirty_rate: f64,
+    pub(crate) dirty_rate: f64,
     /// The working set the guest's writes spread over: distinct pages after
     /// `t` are `W·(1 − e^(−rate·t/W))` (uniform writes); `None` when unknown,
     /// then `rate·t`, capped by `total_pages`.
-    pub working_set: Option<u64>,
+    pub(crate) working_set: Option<u64>,
     /// Pages the host backs (the sender reads each of them in pass 0, zero or
     /// not; `mincore`'s count); `None`: the non-zero pages.
-    pub backed_pages: Option<u64>,
+    pub(crate) backed_pages: Option<u64>,
     /// Link bandwidth (`max-bandwidth`), bytes per second; `None`: unlimited,
     /// the costs' local rate.
-    pub bandwidth: Option<f64>,
+    pub(crate) bandwidth: Option<f64>,
     /// Longest acceptable stop-and-copy (`downtime-limit`), seconds.
-    pub max_downtime: f64,
+    pub(crate) max_downtime: f64,
     /// vCPUs, whose state goes out in the stop.
-    pub vcpus: u64,
+    pub(crate) vcpus: u64,
     /// `x-max-rounds`: the sender stops after this many passes whatever is
     /// left (0 or `None`: no limit).
-    pub max_rounds: Option<u64>,
+    pub(crate) max_rounds: Option<u64>,
     /// Costs beyond the wire.
-    pub costs: Costs,
+    pub(crate) costs: Costs,
 }
 
 /// One pre-copy pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Round {
+pub(crate) struct Round {
     /// Pages sent in the pass.
-    pub pages: u64,
+    pub(crate) pages: u64,
     /// Bytes on the wire for them (zero runs cost a header only).
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// Time to send them at the effective rate.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
 }
 
 /// The verdict and its numbers, named as `query-migrate` names them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
     /// Passes sent while the guest runs (pass 0 first): `dirty-sync-count`.
-    pub rounds: Vec<Round>,
+    pub(crate) rounds: Vec<Round>,
     /// The stop-and-copy: the pages dirty at the stop, the vCPU state and the
     /// trailer; forced by `x-max-rounds` when it does not converge.
-    pub stop_and_copy: Option<Round>,
+    pub(crate) stop_and_copy: Option<Round>,
     /// Whether what is dirty after a pass fits the downtime limit before the
     /// passes stop shrinking (or the model gives up).
     pub converges: bool,
     /// Why it converges or not, in words.
-    pub reason: String,
+    pub(crate) reason: String,
     /// `transferred`: bytes of every pass, setup and stop included.
-    pub total_bytes: u64,
+    pub(crate) total_bytes: u64,
     /// `total-time`, seconds: setup, every pass and the stop.
-    pub total_seconds: f64,
+    pub(crate) total_seconds: f64,
     /// `downtime`, seconds (infinite when it never stops).
-    pub downtime: f64,
+    pub(crate) downtime: f64,
     /// `duplicate`: zero pages sent (pass 0's).
-    pub duplicate: u64,
+    pub(crate) duplicate: u64,
     /// `normal`: pages sent in full, in every pass.
-    pub normal: u64,
+    pub(crate) normal: u64,
 }
 
 /// Why the inputs cannot be modelled.
@@ -165,7 +165,7 @@ fn sections(payload: u64) -> u64 {
 /// Pass 0's bytes: setup records, every non-zero page in full, zero pages as
 /// runs. A section closes its runs, so each section holds about one normal
 /// and one zero run.
-pub fn pass0_bytes(total_pages: u64, nonzero_pages: u64) -> u64 {
+pub(crate) fn pass0_bytes(total_pages: u64, nonzero_pages: u64) -> u64 {
     let data = nonzero_pages * PAGE;
     let n = data.div_ceil(SECTION_TARGET).max(1);
     let zero_runs = u64::from(nonzero_pages < total_pages) * (n + 1);
@@ -174,7 +174,7 @@ pub fn pass0_bytes(total_pages: u64, nonzero_pages: u64) -> u64 {
 }
 
 /// A later pass's bytes for `pages` dirty pages.
-pub fn dirty_pass_bytes(pages: u64) -> u64 {
+pub(crate) fn dirty_pass_bytes(pages: u64) -> u64 {
     if pages == 0 {
         return PASS_BYTES;
     }
@@ -203,7 +203,7 @@ fn check(i: &Inputs) -> Result<(), Error> {
 impl Inputs {
     /// Bytes per second the sender achieves: the limit, or the local rate
     /// when that is slower or there is none.
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         let local = self.costs.local_rate;
         self.bandwidth.map_or(local, |b| b.min(local))
     }
@@ -266,7 +266,7 @@ impl Inputs {
 /// # Errors
 /// Inputs that make no sense (non-positive bandwidth or downtime, negative or
 /// NaN rate, more non-zero pages than pages).
-pub fn predict(i: &Inputs) -> Result<Prediction, Error> {
+pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
     check(i)?;
     let mut rounds = vec![i.pass0()];
     let limit = i.max_rounds.filter(|&r| r > 0);
@@ -340,13 +340,13 @@ fn ms(seconds: f64) -> serde_json::Value {
 
 impl Prediction {
     /// `dirty-sync-count`: one sync after every pass sent while the guest runs.
-    pub fn dirty_sync_count(&self) -> u64 {
+    pub(crate) fn dirty_sync_count(&self) -> u64 {
         self.rounds.len() as u64
     }
 
     /// The prediction as JSON: the model's rounds, and `migrate` holding
     /// the figures under `query-migrate`'s names (times in ms, as it gives them).
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let r = |r: &Round| serde_json::json!({ "pages": r.pages, "bytes": r.bytes, "seconds": r.seconds });
         let ends = self.stop_and_copy.is_some();
         serde_json::json!({

@@ -27,17 +27,17 @@ pub struct Figure<T> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DirtyRate {
     /// `dirty-bitmap` or `dirty-ring`, as QEMU names its calc-dirty-rate modes.
-    pub mode: &'static str,
+    pub(crate) mode: &'static str,
     /// How long the guest was watched.
     pub window: Duration,
     /// Distinct pages dirtied in the window.
-    pub pages: u64,
+    pub(crate) pages: u64,
     /// `pages` per second of the window.
     pub pages_per_s: f64,
     /// Ring entries harvested per vCPU (ring mode).
-    pub per_vcpu: Option<Vec<u64>>,
+    pub(crate) per_vcpu: Option<Vec<u64>>,
     /// Distinct pages at about half the window, and when.
-    pub half: (u64, Duration),
+    pub(crate) half: (u64, Duration),
 }
 
 impl DirtyRate {
@@ -49,7 +49,7 @@ impl DirtyRate {
     /// (no saturation seen) the rate is the window's and the set unknown; when
     /// it added next to nothing (saturated by half time) `x` is taken as 0.05:
     /// the set is what was seen, the rate at least `3·W / t½`.
-    pub fn rate_and_working_set(&self) -> (f64, Option<u64>) {
+    pub(crate) fn rate_and_working_set(&self) -> (f64, Option<u64>) {
         let (p_half, t_half) = (self.half.0 as f64, self.half.1.as_secs_f64());
         let (p, t) = (self.pages as f64, self.window.as_secs_f64());
         let linear = (self.pages_per_s, None);
@@ -70,11 +70,11 @@ impl DirtyRate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
     /// Pages of guest RAM.
-    pub ram_pages: u64,
+    pub(crate) ram_pages: u64,
     /// Guest memory KVM maps, by page size (the stats-only estimate).
-    pub mapped: Figure<Mapped>,
+    pub(crate) mapped: Figure<Mapped>,
     /// Host-resident pages of the guest-RAM mapping.
-    pub resident: Figure<u64>,
+    pub(crate) resident: Figure<u64>,
     /// Pages written since boot (dirty logging).
     pub written: Option<Figure<u64>>,
     /// The dirty rate, when a window was measured.
@@ -86,18 +86,18 @@ pub struct Report {
     /// Which non-zero estimate the prediction used.
     pub estimate_used: &'static str,
     /// The link and downtime limit the prediction is for.
-    pub link: Link,
+    pub(crate) link: Link,
 }
 
 /// The link a prediction is for, and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Link {
+pub(crate) struct Link {
     /// Bytes per second; `None`: unlimited.
-    pub bandwidth: Option<f64>,
+    pub(crate) bandwidth: Option<f64>,
     /// The downtime limit.
-    pub max_downtime: Duration,
+    pub(crate) max_downtime: Duration,
     /// `request`, `migration-parameters` or `default`.
-    pub from: &'static str,
+    pub(crate) from: &'static str,
 }
 
 /// A duration as people read it: microseconds below a millisecond, else milliseconds.
@@ -113,11 +113,11 @@ fn took(d: Duration) -> String {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScanFigures {
     /// Non-zero pages the estimate counts.
-    pub estimate_pages: u64,
+    pub(crate) estimate_pages: u64,
     /// The estimate minus the scan's count (positive: it counts too many).
-    pub error_pages: i64,
+    pub(crate) error_pages: i64,
     /// `error / truth` (infinite when the truth is 0 and the estimate is not).
-    pub relative: f64,
+    pub(crate) relative: f64,
 }
 
 fn error_of(estimate: u64, truth: u64) -> ScanFigures {
@@ -147,7 +147,7 @@ impl Report {
     }
 
     /// Each estimate against the scan: (name, figures).
-    pub fn errors(&self) -> Vec<(&'static str, ScanFigures)> {
+    pub(crate) fn errors(&self) -> Vec<(&'static str, ScanFigures)> {
         let Some(scan) = &self.scan else {
             return Vec::new();
         };
@@ -167,7 +167,7 @@ impl Report {
     ///
     /// # Errors
     /// Options the model rejects.
-    pub fn predict(&mut self, options: &Options) -> Result<(), Error> {
+    pub(crate) fn predict(&mut self, options: &Options) -> Result<(), Error> {
         let (nonzero, used) = match &self.scan {
             Some(s) => (s.value.nonzero_pages, "scan"),
             None => (self.mapped_pages().min(self.ram_pages), "mapped"),
@@ -199,7 +199,7 @@ impl Report {
     }
 
     /// The report as JSON.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         let pages = |p: u64| json!({ "pages": p, "bytes": p * 4096 });
         let errors: serde_json::Map<_, _> = self

@@ -6,6 +6,8 @@
 
 use std::time::{Duration, Instant};
 
+use vm_memory::MmapRegion;
+
 /// Bytes of a page.
 const PAGE: usize = 4096;
 
@@ -24,16 +26,17 @@ pub struct Ram<'a> {
 }
 
 impl<'a> Ram<'a> {
-    /// Views `len` bytes at `ptr` as guest RAM for reading.
+    /// Views a guest-RAM mapping as plain bytes, for reading at memory speed
+    /// (a volatile copy per page would halve the scan's rate).
     ///
     /// # Safety
-    /// `ptr..ptr + len` must be a live mapping for `'a`, and nothing may write
-    /// it meanwhile: every vCPU paused (KVM itself writes no guest memory for
-    /// this VMM: no kvmclock, no PV features), and the VMM's mailbox writes
-    /// happen only on vCPU threads.
-    pub unsafe fn paused(ptr: *const u8, len: usize) -> Ram<'a> {
-        // SAFETY: the caller guarantees a live, unwritten mapping of `len` bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+    /// Nothing may write the mapping while the `Ram` lives: every vCPU paused
+    /// (KVM itself writes no guest memory for this VMM: no kvmclock, no PV
+    /// features), and the VMM's mailbox writes happen only on vCPU threads.
+    pub(crate) unsafe fn paused(region: &'a MmapRegion<()>) -> Ram<'a> {
+        // SAFETY: `region` maps `size()` bytes for as long as it is borrowed,
+        // and the caller guarantees nothing writes them meanwhile.
+        let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), region.size()) };
         Ram { bytes }
     }
 
@@ -43,21 +46,22 @@ impl<'a> Ram<'a> {
     }
 
     /// Pages in the view.
-    pub fn pages(&self) -> u64 {
+    pub(crate) fn pages(&self) -> u64 {
         (self.bytes.len() / PAGE) as u64
     }
 }
 
-/// Which pages of `[ptr, ptr + len)` the host backs with memory (one byte per
-/// page, bit 0 set when resident), and how many.
+/// Which pages of `region` the host backs with memory (one byte per page, bit
+/// 0 set when resident), and how many.
 ///
 /// # Errors
-/// The mincore call failed (e.g. an unmapped range).
-pub fn resident(ptr: *const u8, len: usize) -> Result<(Vec<u8>, u64), Error> {
+/// The mincore call failed.
+pub(crate) fn resident(region: &MmapRegion<()>) -> Result<(Vec<u8>, u64), Error> {
+    let len = region.size();
     let mut map = vec![0u8; len.div_ceil(PAGE)];
-    // SAFETY: mincore only reads the process's page tables for the range and
+    // SAFETY: mincore only reads the process's page tables for the mapping and
     // writes one byte per page into `map`, which has exactly that many bytes.
-    let rc = unsafe { libc::mincore(ptr as *mut libc::c_void, len, map.as_mut_ptr()) };
+    let rc = unsafe { libc::mincore(region.as_ptr().cast(), len, map.as_mut_ptr()) };
     if rc != 0 {
         return Err(Error::Mincore(std::io::Error::last_os_error()));
     }
@@ -68,7 +72,7 @@ pub fn resident(ptr: *const u8, len: usize) -> Result<(Vec<u8>, u64), Error> {
 /// Whether a page holds only zeros. ORs 256-byte blocks together without a
 /// branch inside a block (so the loop vectorises) and stops at the first
 /// non-zero block.
-pub fn page_is_zero(page: &[u8]) -> bool {
+pub(crate) fn page_is_zero(page: &[u8]) -> bool {
     page.chunks(256)
         .all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }
@@ -77,15 +81,15 @@ pub fn page_is_zero(page: &[u8]) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scan {
     /// Pages that read as all zeros (never-backed ones included).
-    pub zero_pages: u64,
+    pub(crate) zero_pages: u64,
     /// Pages with a non-zero byte.
-    pub nonzero_pages: u64,
+    pub(crate) nonzero_pages: u64,
     /// Pages skipped because the host never backed them (counted as zero).
     pub unbacked_pages: u64,
     /// Non-zero pages within the range asked for (e.g. the arena).
     pub nonzero_in_range: u64,
     /// How long the scan took (the guest is paused meanwhile).
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
 }
 
 /// Counts zero and non-zero pages of `ram`, reading only pages whose
@@ -177,9 +181,9 @@ mod tests {
         use vm_memory::{Bytes, VolatileMemory};
         let len = 16 * PAGE;
         let region = vm_memory::MmapRegion::<()>::new(len).unwrap();
-        let (_, before) = resident(region.as_ptr(), len).unwrap();
+        let (_, before) = resident(&region).unwrap();
         region.as_volatile_slice().write_obj(1u8, 3 * PAGE).unwrap();
-        let (map, after) = resident(region.as_ptr(), len).unwrap();
+        let (map, after) = resident(&region).unwrap();
         assert_eq!(before, 0);
         assert_eq!(after, 1);
         assert_eq!(map[3] & 1, 1);

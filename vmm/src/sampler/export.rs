@@ -76,7 +76,7 @@ const FIRST_LINE_MAX: u64 = 1 << 20;
 ///
 /// # Errors
 /// `NotRegular`, `NotSamples`, or `Inspect` when it cannot be looked at.
-pub fn check_destination(dest: &Destination) -> Result<PathBuf, Error> {
+pub(crate) fn check_destination(dest: &Destination) -> Result<PathBuf, Error> {
     let path = &dest.path;
     let inspect = |e| Error::Inspect(path.clone(), e);
     let meta = match std::fs::metadata(path) {
@@ -106,7 +106,7 @@ pub fn check_destination(dest: &Destination) -> Result<PathBuf, Error> {
 /// A series written under a temporary name, until `commit` moves it into
 /// place. Dropped uncommitted, it removes the temporary file.
 #[derive(Debug)]
-pub struct Staged {
+pub(crate) struct Staged {
     temp: PathBuf,
     target: PathBuf,
     committed: bool,
@@ -117,18 +117,13 @@ impl Staged {
     ///
     /// # Errors
     /// The rename failed (the temporary file is then removed on drop).
-    pub fn commit(&mut self) -> Result<(), Error> {
+    pub(crate) fn commit(&mut self) -> Result<(), Error> {
         if !self.committed {
             std::fs::rename(&self.temp, &self.target)
                 .map_err(|e| Error::Commit(self.target.clone(), e))?;
             self.committed = true;
         }
         Ok(())
-    }
-
-    /// Where the series ends up.
-    pub fn target(&self) -> &Path {
-        &self.target
     }
 }
 
@@ -151,7 +146,7 @@ fn temp_path(target: &Path) -> PathBuf {
 
 /// File formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// One header row of column names, then one row per sample.
     Csv,
     /// A header object, then one JSON object per sample, one per line.
@@ -162,7 +157,7 @@ pub enum Format {
 ///
 /// # Errors
 /// `Extension` for anything else.
-pub fn format_of(path: &Path) -> Result<Format, Error> {
+pub(crate) fn format_of(path: &Path) -> Result<Format, Error> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("csv") => Ok(Format::Csv),
         Some("jsonl" | "json" | "ndjson") => Ok(Format::JsonLines),
@@ -171,7 +166,7 @@ pub fn format_of(path: &Path) -> Result<Format, Error> {
 }
 
 /// An open samples file.
-pub struct Writer {
+pub(crate) struct Writer {
     path: PathBuf,
     format: Format,
     out: BufWriter<File>,
@@ -185,7 +180,10 @@ impl Writer {
     /// # Errors
     /// A bad extension, a file that must not be replaced, or the temporary
     /// file cannot be created or written.
-    pub fn create(dest: &Destination, header: &SeriesHeader) -> Result<(Writer, Staged), Error> {
+    pub(crate) fn create(
+        dest: &Destination,
+        header: &SeriesHeader,
+    ) -> Result<(Writer, Staged), Error> {
         let format = format_of(&dest.path)?;
         let target = check_destination(dest)?;
         let temp = temp_path(&target);
@@ -221,7 +219,7 @@ impl Writer {
     ///
     /// # Errors
     /// The write failed.
-    pub fn write(&mut self, header: &SeriesHeader, point: &Point) -> Result<(), Error> {
+    pub(crate) fn write(&mut self, header: &SeriesHeader, point: &Point) -> Result<(), Error> {
         match self.format {
             Format::Csv => self
                 .out
@@ -236,7 +234,7 @@ impl Writer {
     ///
     /// # Errors
     /// The write failed.
-    pub fn flush(&mut self) -> Result<(), Error> {
+    pub(crate) fn flush(&mut self) -> Result<(), Error> {
         self.out
             .flush()
             .map_err(|e| Error::Write(self.path.clone(), e))

@@ -8,7 +8,7 @@
 
 pub mod export;
 pub mod record;
-pub mod ring;
+pub(crate) mod ring;
 
 use std::fs::File;
 use std::sync::atomic::Ordering;
@@ -21,15 +21,15 @@ use kvm_stats::{Sample, StatId, StatType, StatsFd};
 use crate::backend::{self, Backend};
 use crate::exits::Reason;
 use crate::vcpu::VcpuShared;
-pub use record::{Point, SeriesHeader, VcpuPoint};
-pub use ring::Ring;
+pub(crate) use record::{Point, SeriesHeader, VcpuPoint};
+pub(crate) use ring::Ring;
 
 /// Most points a ring may hold (about 64 B plus 8 B per counter each, so well
 /// under a GiB even with many vCPUs).
 pub const MAX_CAPACITY: usize = 1_000_000;
 
 /// Shortest interval between ticks (the smallest `--sample-interval` parses to).
-pub const MIN_INTERVAL: Duration = crate::units::Interval::MIN;
+pub(crate) const MIN_INTERVAL: Duration = crate::units::Interval::MIN;
 
 /// The VM a sampler records, as its series header names it.
 #[derive(Debug, Clone)]
@@ -88,21 +88,21 @@ pub enum Error {
 /// What the sampler shares with readers (the control socket, metrics, tests).
 pub struct Shared {
     /// What the series is about (written first to every export).
-    pub header: SeriesHeader,
+    pub(crate) header: SeriesHeader,
     /// The KVM backend, for readers that label the stats.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     ring: Mutex<Ring>,
     /// Signalled after every tick, and on stop.
-    pub ticked: Condvar,
+    pub(crate) ticked: Condvar,
     /// The latest raw samples, for the metrics page: VM first, then vCPUs.
     latest: Mutex<Vec<Sample>>,
     /// The stats schemas, in the same order as `latest`.
-    pub sources: Vec<StatsFd>,
+    pub(crate) sources: Vec<StatsFd>,
     stop: Mutex<bool>,
     wake: Condvar,
     /// Written after every tick when set: how the control thread learns of new
     /// points without polling (for `subscribe-samples`).
-    pub tick_fd: std::sync::OnceLock<Arc<vmm_sys_util::eventfd::EventFd>>,
+    pub(crate) tick_fd: std::sync::OnceLock<Arc<vmm_sys_util::eventfd::EventFd>>,
     /// Nanoseconds the most recent tick took (reads, point, export, ring).
     pub last_tick_ns: std::sync::atomic::AtomicU64,
 }
@@ -119,7 +119,7 @@ impl Shared {
     }
 
     /// A page of points after `since` (see [`ring::Ring::page`]).
-    pub fn page(&self, since: u64, max: usize, newest: bool) -> ring::Page {
+    pub(crate) fn page(&self, since: u64, max: usize, newest: bool) -> ring::Page {
         self.ring().page(since, max, newest)
     }
 
@@ -139,7 +139,7 @@ impl Shared {
     }
 
     /// Calls `f` with the latest raw samples (VM first, then vCPUs) and their sources.
-    pub fn with_latest<T>(&self, f: impl FnOnce(&[StatsFd], &[Sample]) -> T) -> T {
+    pub(crate) fn with_latest<T>(&self, f: impl FnOnce(&[StatsFd], &[Sample]) -> T) -> T {
         let latest = crate::lock(&self.latest);
         f(&self.sources, &latest)
     }

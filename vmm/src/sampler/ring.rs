@@ -7,29 +7,29 @@ use super::record::Point;
 
 /// A page of points (`Ring::page`).
 #[derive(Debug, Default)]
-pub struct Page {
+pub(crate) struct Page {
     /// The points, oldest first.
-    pub points: Vec<Point>,
+    pub(crate) points: Vec<Point>,
     /// Points after `since` that are not in the page and will not come:
     /// dropped from the ring, or skipped for the newest.
-    pub dropped: u64,
+    pub(crate) dropped: u64,
     /// More points follow this page: ask again from its last point.
-    pub more: bool,
+    pub(crate) more: bool,
 }
 
 /// The sampler's memory.
-pub struct Ring {
+pub(crate) struct Ring {
     points: VecDeque<Point>,
     capacity: usize,
     next_seq: u64,
     spare: Option<Point>,
     /// The sampler has stopped: no more points will come.
-    pub stopped: bool,
+    pub(crate) stopped: bool,
 }
 
 impl Ring {
     /// A ring holding at most `capacity` points.
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Ring {
             // Grows as points come, rather than reserving the bound up front.
             points: VecDeque::new(),
@@ -41,7 +41,7 @@ impl Ring {
     }
 
     /// A point to fill: the oldest one's buffers when the ring is full.
-    pub fn recycle(&mut self) -> Point {
+    pub(crate) fn recycle(&mut self) -> Point {
         let mut p = if self.points.len() == self.capacity {
             self.points.pop_front().unwrap_or_default()
         } else {
@@ -52,7 +52,7 @@ impl Ring {
     }
 
     /// Adds a point filled after `recycle`.
-    pub fn push(&mut self, point: Point) {
+    pub(crate) fn push(&mut self, point: Point) {
         self.next_seq = point.seq + 1;
         if self.points.len() == self.capacity {
             self.spare = self.points.pop_front();
@@ -61,7 +61,7 @@ impl Ring {
     }
 
     /// Points newer than `since`, and how many newer ones were already dropped.
-    pub fn since(&self, since: u64) -> (Vec<Point>, u64) {
+    pub(crate) fn since(&self, since: u64) -> (Vec<Point>, u64) {
         let oldest = self.points.front().map_or(self.next_seq, |p| p.seq);
         let dropped = oldest.saturating_sub(since.saturating_add(1));
         (
@@ -77,7 +77,7 @@ impl Ring {
     /// At most `max` points newer than `since`: the oldest of them, or with
     /// `newest` the newest (older ones then count as dropped). Only the page
     /// is copied.
-    pub fn page(&self, since: u64, max: usize, newest: bool) -> Page {
+    pub(crate) fn page(&self, since: u64, max: usize, newest: bool) -> Page {
         let oldest = self.points.front().map_or(self.next_seq, |p| p.seq);
         let mut dropped = oldest.saturating_sub(since.saturating_add(1));
         // Points are in sequence order without gaps, so the first one after
@@ -102,18 +102,8 @@ impl Ring {
     }
 
     /// Sequence number of the newest point (0 before any).
-    pub fn last_seq(&self) -> u64 {
+    pub(crate) fn last_seq(&self) -> u64 {
         self.next_seq - 1
-    }
-
-    /// Points held.
-    pub fn len(&self) -> usize {
-        self.points.len()
-    }
-
-    /// No point yet.
-    pub fn is_empty(&self) -> bool {
-        self.points.is_empty()
     }
 }
 
@@ -158,7 +148,7 @@ mod tests {
     fn keeps_at_most_capacity_points() {
         let mut r = Ring::new(4);
         fill(&mut r, 10);
-        assert_eq!(r.len(), 4);
+        assert_eq!(r.points.len(), 4);
         assert_eq!(r.last_seq(), 10);
         let (pts, dropped) = r.since(0);
         assert_eq!(
@@ -192,7 +182,7 @@ mod tests {
     #[test]
     fn empty_ring_reports_nothing() {
         let r = Ring::new(2);
-        assert!(r.is_empty());
+        assert!(r.points.is_empty());
         assert_eq!(r.last_seq(), 0);
         assert_eq!(r.since(0), (vec![], 0));
     }

@@ -24,28 +24,28 @@ use crate::workload::Command;
 
 mod registers;
 mod shared;
-pub mod snapshot;
+pub(crate) mod snapshot;
 
-pub use registers::{ControlRegisters, GeneralRegisters, Registers};
+pub use registers::{GeneralRegisters, Registers};
 pub use shared::*;
 use snapshot::Site;
 
 /// The part of a vCPU its thread owns.
-pub struct Vcpu {
+pub(crate) struct Vcpu {
     /// The KVM vCPU fd; only this thread issues ioctls on it.
-    pub fd: VcpuFd,
+    pub(crate) fd: VcpuFd,
     /// Guest RAM, for the vCPU's mailbox.
-    pub mem: GuestMemory,
+    pub(crate) mem: GuestMemory,
     /// The port and MMIO devices the vCPU's exits go to.
-    pub bus: Bus,
+    pub(crate) bus: Bus,
     /// Bytes of the guest's workload arena; commands are checked against it.
-    pub arena_size: u64,
+    pub(crate) arena_size: u64,
     /// The part other threads share.
-    pub shared: Arc<VcpuShared>,
+    pub(crate) shared: Arc<VcpuShared>,
     /// To the main loop: idle, command results, console lines and the thread's end.
-    pub events: Sender<VmEvent>,
+    pub(crate) events: Sender<VmEvent>,
     /// Dirty tracking (the ring needs harvesting on ring-full exits).
-    pub dirty: Option<Arc<crate::dirty::DirtyLog>>,
+    pub(crate) dirty: Option<Arc<crate::dirty::DirtyLog>>,
     /// The command the guest is running: sequence, spec, start time.
     current: Option<(u64, String, Instant)>,
     /// A VMM-side `wait` in progress: sequence, spec, start, deadline.
@@ -71,7 +71,7 @@ enum State {
 impl Vcpu {
     /// A vCPU ready to run on its own thread: its fd (set up by `regs::setup`),
     /// guest memory, device bus, arena size, shared part and event channel.
-    pub fn new(
+    pub(crate) fn new(
         fd: VcpuFd,
         mem: GuestMemory,
         bus: Bus,
@@ -94,7 +94,7 @@ impl Vcpu {
     }
 
     /// Runs the vCPU until it is stopped or the guest fails; call on its own thread.
-    pub fn run(mut self) -> Outcome {
+    pub(crate) fn run(mut self) -> Outcome {
         // Dropped before `self` (and so before the fd unmaps kvm_run), unwinding included.
         let _armed = kick::Armed::new(&mut self.fd.get_kvm_run().immediate_exit);
         // SAFETY: gettid has no preconditions and cannot fail.

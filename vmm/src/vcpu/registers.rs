@@ -12,38 +12,38 @@ pub struct GeneralRegisters {
     /// Instruction pointer: the guest code at fault (guest virtual address).
     pub rip: u64,
     /// Stack pointer (guest virtual address).
-    pub rsp: u64,
+    pub(crate) rsp: u64,
     /// Flags register.
-    pub rflags: u64,
+    pub(crate) rflags: u64,
     /// RAX; the guest passes a port exit's value in it.
-    pub rax: u64,
+    pub(crate) rax: u64,
     /// RBX.
-    pub rbx: u64,
+    pub(crate) rbx: u64,
     /// RCX.
-    pub rcx: u64,
+    pub(crate) rcx: u64,
     /// RDX.
-    pub rdx: u64,
+    pub(crate) rdx: u64,
     /// RSI.
-    pub rsi: u64,
+    pub(crate) rsi: u64,
     /// RDI.
-    pub rdi: u64,
+    pub(crate) rdi: u64,
 }
 
 /// The control registers, EFER and the code segment selector.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ControlRegisters {
+pub(crate) struct ControlRegisters {
     /// CR0: protection and paging enables.
-    pub cr0: u64,
+    pub(crate) cr0: u64,
     /// CR2: the linear address of the last page fault.
-    pub cr2: u64,
+    pub(crate) cr2: u64,
     /// CR3: the page-table root (guest physical address).
-    pub cr3: u64,
+    pub(crate) cr3: u64,
     /// CR4: extension enables (PAE, OSFXSR, ...).
-    pub cr4: u64,
+    pub(crate) cr4: u64,
     /// The EFER MSR (long mode enable and active, NX).
-    pub efer: u64,
+    pub(crate) efer: u64,
     /// The code segment selector; its low two bits are the privilege level.
-    pub cs: u16,
+    pub(crate) cs: u16,
 }
 
 /// What a vCPU's thread read of its registers; each half may have failed.
@@ -52,12 +52,12 @@ pub struct Registers {
     /// KVM_GET_REGS.
     pub general: Result<GeneralRegisters, kvm_ioctls::Error>,
     /// KVM_GET_SREGS.
-    pub control: Result<ControlRegisters, kvm_ioctls::Error>,
+    pub(crate) control: Result<ControlRegisters, kvm_ioctls::Error>,
 }
 
 impl Registers {
     /// Reads them; call on the thread that runs `fd`.
-    pub fn read(fd: &VcpuFd) -> Registers {
+    pub(crate) fn read(fd: &VcpuFd) -> Registers {
         let general = fd.get_regs().map(|r| GeneralRegisters {
             rip: r.rip,
             rsp: r.rsp,

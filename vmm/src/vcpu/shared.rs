@@ -14,7 +14,7 @@ use crate::exits::{ExitCounters, Fault};
 use crate::workload::Command;
 
 /// Results kept per vCPU for `query-guest` and summaries.
-pub const RESULTS_KEPT: usize = 256;
+pub(crate) const RESULTS_KEPT: usize = 256;
 
 /// What the VMM asks of a vCPU thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub enum VcpuState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandResult {
     /// The command's sequence number on this vCPU (what `guest-command` returned).
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// The command, as a spec.
     pub command: String,
     /// `ok`, or what went wrong.
@@ -143,21 +143,21 @@ pub(super) struct Inbox {
 /// The part of a vCPU other threads may touch.
 pub struct VcpuShared {
     /// The vCPU's index.
-    pub index: usize,
+    pub(crate) index: usize,
     /// Our own exit counters.
     pub counters: ExitCounters,
     /// Latest phase marker the guest reported.
-    pub phase: AtomicU64,
+    pub(crate) phase: AtomicU64,
     /// The kernel thread id of the vCPU's thread, once it runs (for /proc lookups).
     pub tid: OnceLock<i32>,
     /// When the guest first asked for a command (its first port write).
-    pub first_exit: OnceLock<Instant>,
+    pub(crate) first_exit: OnceLock<Instant>,
     /// The registers of a vCPU stopped before its guest checked in (no first
     /// exit), as its thread read them on the way out: for boot-timeout reports.
-    pub boot_registers: OnceLock<Registers>,
+    pub(crate) boot_registers: OnceLock<Registers>,
     /// Written when a result is recorded and when the thread ends, so that the
     /// control plane can wait for results in its event loop (set by it).
-    pub watcher: OnceLock<Arc<EventFd>>,
+    pub(crate) watcher: OnceLock<Arc<EventFd>>,
     pub(super) inbox: Mutex<Inbox>,
     pub(super) wake: Condvar,
     /// A control request (pause/stop) waits in the inbox.
@@ -166,7 +166,7 @@ pub struct VcpuShared {
 
 impl VcpuShared {
     /// The shared part of vCPU `index`: empty inbox, `Run`, `Booting`.
-    pub fn new(index: usize) -> Self {
+    pub(crate) fn new(index: usize) -> Self {
         let inbox = Inbox {
             queue: VecDeque::new(),
             control: Control::Run,
@@ -198,7 +198,7 @@ impl VcpuShared {
     }
 
     /// Records how the vCPU's thread ended and tells whoever waits on it.
-    pub fn mark_finished(&self, outcome: &Outcome) {
+    pub(crate) fn mark_finished(&self, outcome: &Outcome) {
         self.lock().state = VcpuState::Finished(outcome.clone());
         self.wake.notify_all();
         self.notify_watcher();
@@ -239,7 +239,7 @@ impl VcpuShared {
     }
 
     /// Queues commands; returns the sequence number the first will get.
-    pub fn push_commands(&self, commands: impl IntoIterator<Item = Command>) -> u64 {
+    pub(crate) fn push_commands(&self, commands: impl IntoIterator<Item = Command>) -> u64 {
         let mut inbox = self.lock();
         let first = inbox.next_seq + inbox.queue.len() as u64;
         inbox.queue.extend(commands);
@@ -248,7 +248,7 @@ impl VcpuShared {
     }
 
     /// Records a control request. The caller must then kick the thread.
-    pub fn set_control(&self, c: Control) {
+    pub(crate) fn set_control(&self, c: Control) {
         let mut inbox = self.lock();
         if inbox.control != Control::Stop {
             inbox.control = c;
@@ -259,7 +259,7 @@ impl VcpuShared {
 
     /// Asks the vCPU thread for its state; it answers on `request.reply`
     /// while parked (pause it first). A request already waiting is replaced.
-    pub fn request_snapshot(&self, request: super::snapshot::SnapshotRequest) {
+    pub(crate) fn request_snapshot(&self, request: super::snapshot::SnapshotRequest) {
         self.lock().snapshot = Some(request);
         self.wake.notify_all();
     }
@@ -270,7 +270,7 @@ impl VcpuShared {
     }
 
     /// Commands queued and not yet started.
-    pub fn queued(&self) -> usize {
+    pub(crate) fn queued(&self) -> usize {
         self.lock().queue.len()
     }
 
@@ -282,7 +282,7 @@ impl VcpuShared {
 
 /// Waits until no vCPU runs guest code (each paused or finished), for at most
 /// `timeout`; true if they all are. Request the pause first.
-pub fn wait_parked(vcpus: &[Arc<VcpuShared>], timeout: Duration) -> bool {
+pub(crate) fn wait_parked(vcpus: &[Arc<VcpuShared>], timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     for v in vcpus {
         let mut inbox = v.lock();

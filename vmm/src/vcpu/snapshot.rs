@@ -32,26 +32,26 @@ pub enum Error {
 
 /// MSR_IA32_TSC: written last on restore, so the guest's clock goes on from
 /// where it stopped.
-pub const MSR_IA32_TSC: u32 = 0x10;
+pub(crate) const MSR_IA32_TSC: u32 = 0x10;
 
 /// What KVM holds of one vCPU.
-pub struct KvmState {
+pub(crate) struct KvmState {
     /// General registers (`KVM_GET_REGS`).
-    pub regs: kvm_regs,
+    pub(crate) regs: kvm_regs,
     /// Segment, control and descriptor-table registers (`KVM_GET_SREGS`).
-    pub sregs: kvm_sregs,
+    pub(crate) sregs: kvm_sregs,
     /// FPU, SSE and AVX state (`KVM_GET_XSAVE`).
-    pub xsave: kvm_xsave,
+    pub(crate) xsave: kvm_xsave,
     /// Extended control registers (`KVM_GET_XCRS`).
-    pub xcrs: kvm_xcrs,
+    pub(crate) xcrs: kvm_xcrs,
     /// Debug registers (`KVM_GET_DEBUGREGS`).
-    pub debug: kvm_debugregs,
+    pub(crate) debug: kvm_debugregs,
     /// Pending exceptions, interrupt shadow, NMI state (`KVM_GET_VCPU_EVENTS`).
-    pub events: kvm_vcpu_events,
+    pub(crate) events: kvm_vcpu_events,
     /// `(index, value)` of every listed MSR KVM would read for this vCPU.
-    pub msrs: Vec<(u32, u64)>,
+    pub(crate) msrs: Vec<(u32, u64)>,
     /// The vCPU's TSC frequency in kHz (0 when KVM cannot tell).
-    pub tsc_khz: u32,
+    pub(crate) tsc_khz: u32,
 }
 
 impl std::fmt::Debug for KvmState {
@@ -69,7 +69,7 @@ impl std::fmt::Debug for KvmState {
 /// Where a vCPU stands in the VMM's command loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Site {
+pub(crate) enum Site {
     /// Guest code is running (or booting): enter the guest.
     Guest,
     /// The guest waits at a READY/DONE port exit for its next command.
@@ -83,70 +83,70 @@ pub enum Site {
 
 /// A command in progress: its sequence number, spec and time spent so far.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Current {
+pub(crate) struct Current {
     /// The command's sequence number on its vCPU (what `guest-command` returned).
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// The command, as a workload spec.
-    pub command: String,
+    pub(crate) command: String,
     /// Microseconds of host time it has run so far, on the source.
-    pub elapsed_us: u64,
+    pub(crate) elapsed_us: u64,
 }
 
 /// A recorded result, as it travels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResultRecord {
+pub(crate) struct ResultRecord {
     /// The command's sequence number on its vCPU.
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// The command, as a workload spec.
-    pub command: String,
+    pub(crate) command: String,
     /// `ok`, or what went wrong.
-    pub status: String,
+    pub(crate) status: String,
     /// The guest's result words (meaning per command: docs/GUEST_ABI.md).
-    pub values: [u64; 3],
+    pub(crate) values: [u64; 3],
     /// Host time from handing the command over to its completion, microseconds.
-    pub host_time_us: u64,
+    pub(crate) host_time_us: u64,
 }
 
 /// What the VMM holds of one vCPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VmmState {
+pub(crate) struct VmmState {
     /// Where the thread stood when it parked.
-    pub site: Site,
+    pub(crate) site: Site,
     /// The command the guest (or the VMM, for `wait`) is running.
-    pub current: Option<Current>,
+    pub(crate) current: Option<Current>,
     /// Commands queued and not started, as specs.
-    pub queue: Vec<String>,
+    pub(crate) queue: Vec<String>,
     /// The sequence number the next queued command gets.
-    pub next_seq: u64,
+    pub(crate) next_seq: u64,
     /// Recent results, oldest first (at most `RESULTS_KEPT`).
-    pub results: Vec<ResultRecord>,
+    pub(crate) results: Vec<ResultRecord>,
     /// The last phase marker the guest reported.
-    pub phase: u64,
+    pub(crate) phase: u64,
     /// The guest has asked for its first command.
-    pub booted: bool,
+    pub(crate) booted: bool,
     /// Our exit counters by label: reasons, then devices.
-    pub reasons: Vec<(String, u64)>,
+    pub(crate) reasons: Vec<(String, u64)>,
     /// Exit counts per device on the bus, by label.
-    pub devices: Vec<(String, u64)>,
+    pub(crate) devices: Vec<(String, u64)>,
 }
 
 /// One vCPU's whole state.
 #[derive(Debug)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The vCPU's index.
-    pub index: usize,
+    pub(crate) index: usize,
     /// What KVM holds.
-    pub kvm: KvmState,
+    pub(crate) kvm: KvmState,
     /// What the VMM holds; travels as JSON.
-    pub vmm: VmmState,
+    pub(crate) vmm: VmmState,
 }
 
 /// A request a parked vCPU thread serves: read its state and answer.
-pub struct SnapshotRequest {
+pub(crate) struct SnapshotRequest {
     /// MSR indexes to read (`KVM_GET_MSR_INDEX_LIST`).
-    pub msr_list: std::sync::Arc<Vec<u32>>,
+    pub(crate) msr_list: std::sync::Arc<Vec<u32>>,
     /// Where the thread sends its state, or why it could not read it.
-    pub reply: Sender<Result<Snapshot, String>>,
+    pub(crate) reply: Sender<Result<Snapshot, String>>,
 }
 
 /// Reads what KVM holds of vCPU `index`. Call on its thread, outside KVM_RUN,
@@ -154,7 +154,7 @@ pub struct SnapshotRequest {
 ///
 /// # Errors
 /// The KVM call that failed.
-pub fn capture(fd: &VcpuFd, index: usize, msr_list: &[u32]) -> Result<KvmState, Error> {
+pub(crate) fn capture(fd: &VcpuFd, index: usize, msr_list: &[u32]) -> Result<KvmState, Error> {
     let kvm = |what| move |e| Error::Kvm(what, index, e);
     Ok(KvmState {
         regs: fd.get_regs().map_err(kvm("KVM_GET_REGS"))?,
@@ -198,7 +198,7 @@ fn read_msrs(fd: &VcpuFd, index: usize, list: &[u32]) -> Result<Vec<(u32, u64)>,
 ///
 /// # Errors
 /// The KVM call that failed.
-pub fn restore(fd: &VcpuFd, index: usize, s: &KvmState) -> Result<Vec<u32>, Error> {
+pub(crate) fn restore(fd: &VcpuFd, index: usize, s: &KvmState) -> Result<Vec<u32>, Error> {
     let kvm = |what| move |e| Error::Kvm(what, index, e);
     if s.tsc_khz != 0 && fd.get_tsc_khz().ok() != Some(s.tsc_khz) {
         fd.set_tsc_khz(s.tsc_khz).map_err(kvm("KVM_SET_TSC_KHZ"))?;
@@ -245,7 +245,7 @@ fn write_msrs(fd: &VcpuFd, index: usize, list: &[&(u32, u64)]) -> Result<Vec<u32
 }
 
 /// Microseconds of a duration, saturating.
-pub fn micros(d: Duration) -> u64 {
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
@@ -336,7 +336,7 @@ impl super::Vcpu {
     ///
     /// # Errors
     /// A KVM call failed, or a queued command does not parse.
-    pub fn restore(&mut self, s: &Snapshot) -> Result<Vec<u32>, Error> {
+    pub(crate) fn restore(&mut self, s: &Snapshot) -> Result<Vec<u32>, Error> {
         let index = self.shared.index;
         let queue = s
             .vmm

@@ -5,35 +5,35 @@ use kvm_bindings::kvm_segment;
 
 /// A segment as both the GDT and KVM's `kvm_segment` describe it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
+pub(crate) struct Segment {
     /// Linear base address (ignored in 64-bit mode but for FS, GS and the TSS).
-    pub base: u64,
+    pub(crate) base: u64,
     /// Limit in units of the granularity (`g`): 0xfffff with g=1 is 4 GiB.
-    pub limit: u32,
+    pub(crate) limit: u32,
     /// The 4-bit type field (code/data access bits, or the system type).
-    pub type_: u8,
+    pub(crate) type_: u8,
     /// Code/data (true) or system (false) segment.
-    pub s: bool,
+    pub(crate) s: bool,
     /// Descriptor privilege level, 0 to 3.
-    pub dpl: u8,
+    pub(crate) dpl: u8,
     /// 64-bit code segment.
-    pub l: bool,
+    pub(crate) l: bool,
     /// Default operand size 32-bit (must be clear for 64-bit code).
-    pub db: bool,
+    pub(crate) db: bool,
     /// Limit counts 4 KiB units.
-    pub g: bool,
+    pub(crate) g: bool,
 }
 
 /// GDT slot of the 64-bit user code segment.
-pub const USER_CODE: u16 = 3;
+pub(crate) const USER_CODE: u16 = 3;
 /// GDT slot of the user data segment.
-pub const USER_DATA: u16 = 4;
+pub(crate) const USER_DATA: u16 = 4;
 /// GDT slot of the TSS (a 16-byte descriptor: slots 5 and 6).
-pub const TSS: u16 = 5;
+pub(crate) const TSS: u16 = 5;
 /// Entries in the table.
-pub const ENTRIES: usize = 7;
+pub(crate) const ENTRIES: usize = 7;
 /// The GDTR limit for [`ENTRIES`] descriptors: the table's last byte.
-pub const TABLE_LIMIT: u16 = 8 * 7 - 1;
+pub(crate) const TABLE_LIMIT: u16 = 8 * 7 - 1;
 const _: () = assert!(TABLE_LIMIT as usize == ENTRIES * 8 - 1);
 
 const fn flat(type_: u8, dpl: u8, l: bool) -> Segment {
@@ -50,31 +50,31 @@ const fn flat(type_: u8, dpl: u8, l: bool) -> Segment {
 }
 
 /// 64-bit code, execute/read, accessed.
-pub const fn code(dpl: u8) -> Segment {
+pub(crate) const fn code(dpl: u8) -> Segment {
     flat(0xb, dpl, true)
 }
 
 /// Data, read/write, accessed.
-pub const fn data(dpl: u8) -> Segment {
+pub(crate) const fn data(dpl: u8) -> Segment {
     flat(0x3, dpl, false)
 }
 
 /// Bytes of the 64-bit TSS proper; the I/O permission bitmap follows it.
-pub const TSS_CORE: u16 = 0x68;
+pub(crate) const TSS_CORE: u16 = 0x68;
 /// Offset of the I/O-map-base field in the TSS.
-pub const TSS_IOMAP_BASE_FIELD: usize = 0x66;
+pub(crate) const TSS_IOMAP_BASE_FIELD: usize = 0x66;
 /// Bytes of I/O permission bitmap: one bit per port below `abi::TSS_IO_PORTS`.
 const TSS_IO_BITMAP: u16 = 0x800 / 8;
 const _: () = assert!(TSS_IO_BITMAP as u64 == crate::abi::TSS_IO_PORTS / 8);
 
 /// Last byte of the TSS: core, a bitmap for `abi::TSS_IO_PORTS` ports, and the
 /// 0xff byte the architecture requires after the bitmap.
-pub const fn tss_limit() -> u32 {
+pub(crate) const fn tss_limit() -> u32 {
     TSS_CORE as u32 + TSS_IO_BITMAP as u32
 }
 
 /// A busy 64-bit TSS at `base`, with room for the I/O bitmap.
-pub const fn tss(base: u64) -> Segment {
+pub(crate) const fn tss(base: u64) -> Segment {
     Segment {
         base,
         limit: tss_limit(),
@@ -89,7 +89,7 @@ pub const fn tss(base: u64) -> Segment {
 
 /// The TSS contents: zeros, the I/O map base pointing just past the core, an
 /// all-zero bitmap (every port below `abi::TSS_IO_PORTS` allowed), then 0xff.
-pub fn tss_image() -> Vec<u8> {
+pub(crate) fn tss_image() -> Vec<u8> {
     let last = usize::from(TSS_CORE) + usize::from(TSS_IO_BITMAP);
     let mut t = vec![0u8; last + 1];
     let field = TSS_IOMAP_BASE_FIELD;
@@ -100,7 +100,7 @@ pub fn tss_image() -> Vec<u8> {
 
 impl Segment {
     /// The low 8 bytes of the segment's GDT descriptor.
-    pub fn descriptor(&self) -> u64 {
+    pub(crate) fn descriptor(&self) -> u64 {
         let base = self.base & 0xffff_ffff;
         let limit = u64::from(self.limit & 0xfffff);
         let access = u64::from(self.type_ & 0xf)
@@ -117,7 +117,7 @@ impl Segment {
     }
 
     /// The segment as KVM takes it, loaded from GDT slot `index` at privilege `rpl`.
-    pub fn kvm(&self, index: u16, rpl: u16) -> kvm_segment {
+    pub(crate) fn kvm(&self, index: u16, rpl: u16) -> kvm_segment {
         let limit = if self.g {
             (self.limit << 12) | 0xfff
         } else {
@@ -142,7 +142,7 @@ impl Segment {
 }
 
 /// The whole table, as little-endian 8-byte entries.
-pub fn table(tss_base: u64) -> [u64; ENTRIES] {
+pub(crate) fn table(tss_base: u64) -> [u64; ENTRIES] {
     let t = tss(tss_base);
     [
         0,

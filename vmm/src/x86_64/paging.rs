@@ -9,7 +9,7 @@ const USER: u64 = 1 << 2;
 const HUGE: u64 = 1 << 7;
 const TABLE: u64 = PRESENT | WRITABLE | USER;
 /// Bytes one 2 MiB page maps.
-pub const PAGE_2M: u64 = 2 << 20;
+pub(crate) const PAGE_2M: u64 = 2 << 20;
 const GIB: u64 = 1 << 30;
 
 /// Why page tables could not be built.
@@ -31,17 +31,17 @@ pub enum Error {
 }
 
 /// The page tables: one PML4, one PDPT and one page directory per GiB mapped.
-pub struct PageTables {
+pub(crate) struct PageTables {
     /// The top level; entry 0 points at the PDPT.
-    pub pml4: [u64; 512],
+    pub(crate) pml4: [u64; 512],
     /// One entry per GiB, each pointing at a page directory.
-    pub pdpt: [u64; 512],
+    pub(crate) pdpt: [u64; 512],
     /// Page directories of 2 MiB leaf entries, one per GiB.
-    pub pds: Vec<[u64; 512]>,
+    pub(crate) pds: Vec<[u64; 512]>,
 }
 
 /// Where the MMIO test page lies for `mem_size` bytes of RAM: the first 2 MiB after it.
-pub fn mmio_addr(mem_size: u64) -> u64 {
+pub(crate) fn mmio_addr(mem_size: u64) -> u64 {
     mem_size
 }
 
@@ -51,7 +51,7 @@ pub fn mmio_addr(mem_size: u64) -> u64 {
 /// # Errors
 /// `Unaligned` unless `mem_size` is a multiple of 2 MiB; `TooLarge` past the
 /// reserved page directories.
-pub fn build(mem_size: u64) -> Result<PageTables, Error> {
+pub(crate) fn build(mem_size: u64) -> Result<PageTables, Error> {
     if mem_size % PAGE_2M != 0 {
         return Err(Error::Unaligned(mem_size));
     }

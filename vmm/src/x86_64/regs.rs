@@ -44,7 +44,7 @@ pub enum Error {
 }
 
 /// Special registers for 64-bit mode at CPL3, starting from KVM's reset state.
-pub fn long_mode_sregs(mut s: kvm_sregs) -> kvm_sregs {
+pub(crate) fn long_mode_sregs(mut s: kvm_sregs) -> kvm_sregs {
     let cs = gdt::code(3).kvm(gdt::USER_CODE, 3);
     let ds = gdt::data(3).kvm(gdt::USER_DATA, 3);
     s.cs = cs;
@@ -63,7 +63,7 @@ pub fn long_mode_sregs(mut s: kvm_sregs) -> kvm_sregs {
 }
 
 /// General registers at entry: `rdi` = vCPU index, `rsi` = its mailbox, `rsp` = its stack.
-pub fn entry_regs(entry: u64, index: u64) -> kvm_regs {
+pub(crate) fn entry_regs(entry: u64, index: u64) -> kvm_regs {
     kvm_regs {
         rip: entry,
         rdi: index,
