@@ -58,6 +58,38 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Waits on `cv` until notified, or at most `timeout` when one is given,
+/// taking over a poisoned lock as [`lock`] does.
+pub(crate) fn wait<'a, T>(
+    cv: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+    timeout: Option<std::time::Duration>,
+) -> std::sync::MutexGuard<'a, T> {
+    match timeout {
+        Some(t) => {
+            cv.wait_timeout(guard, t)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0
+        }
+        None => cv
+            .wait(guard)
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    }
+}
+
+/// Waits on `cv` while `condition` holds, at most `timeout`, taking over a
+/// poisoned lock as [`lock`] does.
+pub(crate) fn wait_while<'a, T>(
+    cv: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+    condition: impl FnMut(&mut T) -> bool,
+) -> std::sync::MutexGuard<'a, T> {
+    cv.wait_timeout_while(guard, timeout, condition)
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .0
+}
+
 /// An error with its sources, `a: b: c`, for one-line messages (replies,
 /// warnings) where the binary's `{:#}` chain printing is not at hand.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -131,10 +131,9 @@ impl Shared {
     /// Waits until a point newer than `seq` exists, the sampler stops, or `timeout`.
     pub fn wait_after(&self, seq: u64, timeout: Duration) -> bool {
         let ring = self.ring();
-        let (ring, _) = self
-            .ticked
-            .wait_timeout_while(ring, timeout, |r| r.last_seq() <= seq && !r.stopped)
-            .unwrap_or_else(|e| e.into_inner());
+        let ring = crate::wait_while(&self.ticked, ring, timeout, |r| {
+            r.last_seq() <= seq && !r.stopped
+        });
         ring.last_seq() > seq
     }
 
@@ -353,11 +352,7 @@ impl Worker {
     fn sleep_until(&self, deadline: Instant) -> bool {
         let stop = crate::lock(&self.shared.stop);
         let left = deadline.saturating_duration_since(Instant::now());
-        let (stop, _) = self
-            .shared
-            .wake
-            .wait_timeout_while(stop, left, |s| !*s)
-            .unwrap_or_else(|e| e.into_inner());
+        let stop = crate::wait_while(&self.shared.wake, stop, left, |s| !*s);
         *stop
     }
 

@@ -410,7 +410,7 @@ impl Vcpu {
                 told_idle = true;
                 let _ = self.events.send(VmEvent::Idle(self.shared.index));
             }
-            inbox = shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+            inbox = crate::wait(&shared.wake, inbox, None);
         }
     }
 
@@ -438,16 +438,8 @@ impl Vcpu {
             if done {
                 return None;
             }
-            inbox = match deadline {
-                Some(d) => {
-                    shared
-                        .wake
-                        .wait_timeout(inbox, d.saturating_duration_since(Instant::now()))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-                None => shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner()),
-            };
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            inbox = crate::wait(&shared.wake, inbox, left);
         }
     }
 

@@ -226,7 +226,7 @@ impl VcpuShared {
                 inbox = self.lock();
                 continue;
             }
-            inbox = self.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+            inbox = crate::wait(&self.wake, inbox, None);
         }
         inbox.state = before;
         inbox
@@ -291,11 +291,7 @@ pub(crate) fn wait_parked(vcpus: &[Arc<VcpuShared>], timeout: Duration) -> bool 
             if left.is_zero() {
                 return false;
             }
-            inbox = v
-                .wake
-                .wait_timeout(inbox, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            inbox = crate::wait(&v.wake, inbox, Some(left));
         }
     }
     true
