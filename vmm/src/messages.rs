@@ -9,7 +9,7 @@
 use std::sync::mpsc::Sender;
 use std::time::Duration;
 
-use crate::vcpu::{CommandResult, Outcome};
+use crate::vcpu::{CommandResult, Outcome, Report};
 
 /// Why the main loop refused or never answered a run-state change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +48,18 @@ pub enum VmEvent {
     Signal(i32),
     /// The control plane asks the main loop to change the VM's run state.
     Control(RunRequest, Sender<Result<(), RunStateError>>),
+}
+
+impl VmEvent {
+    /// vCPU `index`'s report as the main loop's message.
+    pub(crate) fn from_vcpu(index: usize, report: Report) -> VmEvent {
+        match report {
+            Report::Idle => VmEvent::Idle(index),
+            Report::CommandDone(result) => VmEvent::CommandDone(index, result),
+            Report::Console(line) => VmEvent::Console(index, line),
+            Report::Finished(outcome) => VmEvent::Finished(index, outcome),
+        }
+    }
 }
 
 /// Run-state changes only the main loop (which owns the vCPU threads) may make.

@@ -22,7 +22,7 @@ use crate::kick;
 use crate::memory::{self, GuestMemory};
 use crate::messages::VmEvent;
 use crate::vcpu::snapshot::Snapshot;
-use crate::vcpu::{Control, Outcome, Vcpu, VcpuError, VcpuShared};
+use crate::vcpu::{Control, Outcome, Report, Reporter, Vcpu, VcpuError, VcpuShared};
 use crate::workload::Command;
 use crate::x86_64::{paging, regs};
 
@@ -288,7 +288,7 @@ impl Vm {
     pub fn start(&mut self) -> Result<(), Error> {
         for vcpu in std::mem::take(&mut self.unstarted) {
             let i = vcpu.shared.index;
-            let events = vcpu.events.clone();
+            let report = vcpu.report.clone();
             let shared = vcpu.shared.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("vcpu{i}"))
@@ -300,7 +300,7 @@ impl Vm {
                         shared.mark_finished(&outcome);
                         outcome
                     });
-                    let _ = events.send(VmEvent::Finished(i, outcome));
+                    report(Report::Finished(outcome));
                 })
                 .map_err(|e| Error::Spawn(i, e))?;
             self.vcpus[i].thread = Some(thread);
@@ -524,13 +524,18 @@ impl VcpuSetup<'_> {
         let fd_dup = dup_fd(&vfd).map_err(|e| Error::DupVcpu(i, e))?;
         let shared = Arc::new(VcpuShared::new(i));
         let bus = Bus::new(paging::mmio_addr(self.memory));
+        let events = self.events.clone();
+        let report: Reporter = Arc::new(move |r| {
+            // The main loop has gone only when the VM is being torn down.
+            let _ = events.send(VmEvent::from_vcpu(i, r));
+        });
         let vcpu = Vcpu::new(
             vfd,
             self.mem.clone(),
             bus,
             boot::arena_size(self.memory),
             shared,
-            self.events.clone(),
+            report,
         );
         Ok(BuiltVcpu {
             vcpu,

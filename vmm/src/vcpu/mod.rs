@@ -7,7 +7,6 @@
 //! vCPU burns no host CPU.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,6 @@ use crate::boot::mailbox_addr;
 use crate::exits::{dispatch, Action, Bus, Exit};
 use crate::kick;
 use crate::memory::GuestMemory;
-use crate::messages::VmEvent;
 use crate::workload::Command;
 
 mod registers;
@@ -42,8 +40,8 @@ pub(crate) struct Vcpu {
     pub(crate) arena_size: u64,
     /// The part other threads share.
     pub(crate) shared: Arc<VcpuShared>,
-    /// To the main loop: idle, command results, console lines and the thread's end.
-    pub(crate) events: Sender<VmEvent>,
+    /// Where its reports go (the VM turns them into main-loop messages).
+    pub(crate) report: Reporter,
     /// Dirty tracking (the ring needs harvesting on ring-full exits).
     pub(crate) dirty: Option<Arc<crate::dirty::DirtyLog>>,
     /// The command the guest is running: sequence, spec, start time.
@@ -53,6 +51,25 @@ pub(crate) struct Vcpu {
     /// Where a restored vCPU picks up (set on a migration's destination).
     resume: Option<Site>,
 }
+
+/// What a vCPU thread tells whoever runs the VM. The vCPU knows nothing of
+/// the main loop: the VM gives it a [`Reporter`] that turns each report into
+/// one of the main loop's messages.
+#[derive(Debug)]
+pub(crate) enum Report {
+    /// It ran out of commands and is waiting.
+    Idle,
+    /// A command finished.
+    CommandDone(CommandResult),
+    /// The guest printed a line.
+    Console(String),
+    /// Its thread ended.
+    Finished(Outcome),
+}
+
+/// Where a vCPU's reports go; shared with the code that spawned its thread,
+/// which reports the thread's end.
+pub(crate) type Reporter = Arc<dyn Fn(Report) + Send + Sync>;
 
 /// Where a parked vCPU thread stands, for its snapshot.
 #[derive(Clone, Copy)]
@@ -70,14 +87,14 @@ enum State {
 
 impl Vcpu {
     /// A vCPU ready to run on its own thread: its fd (set up by `regs::setup`),
-    /// guest memory, device bus, arena size, shared part and event channel.
+    /// guest memory, device bus, arena size, shared part and reporter.
     pub(crate) fn new(
         fd: VcpuFd,
         mem: GuestMemory,
         bus: Bus,
         arena_size: u64,
         shared: Arc<VcpuShared>,
-        events: Sender<VmEvent>,
+        report: Reporter,
     ) -> Self {
         Vcpu {
             fd,
@@ -85,7 +102,7 @@ impl Vcpu {
             bus,
             arena_size,
             shared,
-            events,
+            report,
             dirty: None,
             current: None,
             waiting: None,
@@ -242,7 +259,7 @@ impl Vcpu {
             Action::Console(len) => {
                 let text = self.read_text(len);
                 log::info!("vcpu{} console: {text}", self.shared.index);
-                let _ = self.events.send(VmEvent::Console(self.shared.index, text));
+                (self.report)(Report::Console(text));
                 None
             }
             Action::Ready => {
@@ -304,9 +321,7 @@ impl Vcpu {
         inbox.results.push_back(result.clone());
         drop(inbox);
         self.shared.notify_watcher();
-        let _ = self
-            .events
-            .send(VmEvent::CommandDone(self.shared.index, result));
+        (self.report)(Report::CommandDone(result));
     }
 
     /// Reads the guest's result for the current command.
@@ -408,7 +423,7 @@ impl Vcpu {
             inbox.state = VcpuState::Waiting;
             if !told_idle {
                 told_idle = true;
-                let _ = self.events.send(VmEvent::Idle(self.shared.index));
+                (self.report)(Report::Idle);
             }
             inbox = crate::wait(&shared.wake, inbox, None);
         }
@@ -424,7 +439,7 @@ impl Vcpu {
         if deadline.is_none() && inbox.queue.is_empty() {
             // Nothing else can come unless someone queues it: the vCPU is idle
             // (a run without a control socket then ends).
-            let _ = self.events.send(VmEvent::Idle(self.shared.index));
+            (self.report)(Report::Idle);
         }
         loop {
             inbox = shared.park(inbox, &mut |r| self.serve(r, Where::Wait));
