@@ -385,7 +385,10 @@ impl Services {
                 context.samples = sampler.as_ref().map(|s| s.shared.clone());
                 context.name = config.vm_name();
                 context.run_state = status.clone();
-                context.migration = Some((migration.clone(), migration::Source::from_vm(vm)?));
+                context.migration = Some((
+                    migration.clone(),
+                    migration::Source::from_vm(vm).map_err(migration::sender::Error::MsrList)?,
+                ));
                 Some(control::Server::start(
                     path,
                     context,

@@ -1,10 +1,11 @@
 //! The tree as the README describes it: no module of the kvmscope library
 //! imports one above it, and the code map names every module there is.
 //!
-//! Read from the sources, so a new upward `use crate::...`, a new module left
-//! out of the layers below, or a module the README does not name fails here.
+//! Read from the sources, so a new upward `use crate::...`, two files of a
+//! module folder that import each other, a new module left out of the layers
+//! below, or a module the README does not name fails here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -97,6 +98,11 @@ fn module_code(module: &str) -> Vec<(PathBuf, String)> {
 /// `crate::{x, y::z}` (over several lines too), with their line; comments
 /// left out.
 fn named_modules(code: &str, modules: &BTreeSet<String>) -> Vec<(usize, String)> {
+    named_after(code, "crate::", modules)
+}
+
+/// As [`named_modules`], for any path prefix (`super::`, `crate::control::`).
+fn named_after(code: &str, prefix: &str, modules: &BTreeSet<String>) -> Vec<(usize, String)> {
     let code: String = code
         .lines()
         .map(|l| l.split("//").next().unwrap_or(""))
@@ -114,8 +120,12 @@ fn named_modules(code: &str, modules: &BTreeSet<String>) -> Vec<(usize, String)>
             found.push((code[..at].matches('\n').count() + 1, name));
         }
     };
-    for (at, _) in code.match_indices("crate::") {
-        let rest = &code[at + "crate::".len()..];
+    for (at, _) in code.match_indices(prefix) {
+        // `crate::` inside `foo_crate::` or `super::` inside `a::super::` is not a path start.
+        if code[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[at + prefix.len()..];
         let Some(group) = rest.strip_prefix('{') else {
             push(at, ident(rest));
             continue;
@@ -209,6 +219,91 @@ fn the_check_sees_an_upward_import() {
             (4, "run".to_string()),
             (4, "units".to_string())
         ]
+    );
+}
+
+#[test]
+fn no_two_files_of_a_module_import_each_other() {
+    // Within a module folder, sibling files (`super::x`, `crate::m::x`) form
+    // no cycle: each has a place in an order of its own.
+    let mut cycles = Vec::new();
+    for module in modules().into_iter().filter(|m| src().join(m).is_dir()) {
+        let dir = src().join(&module);
+        let files: BTreeSet<String> = fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.unwrap().file_name().to_string_lossy().to_string();
+                let stem = name.strip_suffix(".rs")?.to_string();
+                (stem != "mod" && !stem.ends_with("_tests")).then_some(stem)
+            })
+            .collect();
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for file in &files {
+            let text = fs::read_to_string(dir.join(format!("{file}.rs"))).unwrap();
+            let code = text
+                .find("#[cfg(test)]\nmod tests")
+                .map_or(text.as_str(), |at| &text[..at]);
+            let own = format!("crate::{module}::");
+            for (_, named) in named_after(code, "super::", &files)
+                .into_iter()
+                .chain(named_after(code, &own, &files))
+            {
+                if named != *file {
+                    edges.entry(file.clone()).or_default().insert(named);
+                }
+            }
+        }
+        cycles.extend(find_cycle(&edges).map(|c| format!("{module}/: {}", c.join(" -> "))));
+    }
+    assert!(
+        cycles.is_empty(),
+        "files that import each other:\n{}",
+        cycles.join("\n")
+    );
+}
+
+/// One cycle of `edges`, if there is one, as the names along it.
+fn find_cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        at: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == at) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(at.to_string());
+            return Some(cycle);
+        }
+        if done.contains(at) {
+            return None;
+        }
+        path.push(at.to_string());
+        for next in edges.get(at).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(at.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges
+        .keys()
+        .find_map(|k| visit(k, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn a_cycle_between_two_files_is_found() {
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    edges.entry("a".into()).or_default().insert("b".into());
+    edges.entry("b".into()).or_default().insert("c".into());
+    assert_eq!(find_cycle(&edges), None);
+    edges.entry("c".into()).or_default().insert("b".into());
+    assert_eq!(
+        find_cycle(&edges),
+        Some(vec!["b".to_string(), "c".to_string(), "b".to_string()])
     );
 }
 

@@ -178,6 +178,15 @@ impl Exporter {
     }
 }
 
+/// The labels of one VM: `vm`, `pid`, `socket`.
+fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
+    format!(
+        "vm=\"{}\",pid=\"{pid}\",socket=\"{}\"",
+        crate::metrics::label_value(name),
+        crate::metrics::label_value(&socket.to_string_lossy())
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

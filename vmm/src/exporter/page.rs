@@ -71,15 +71,6 @@ pub(crate) fn render(
     out
 }
 
-/// The labels of one VM: `vm`, `pid`, `socket`.
-pub(super) fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
-    format!(
-        "vm=\"{}\",pid=\"{pid}\",socket=\"{}\"",
-        label_value(name),
-        label_value(&socket.to_string_lossy())
-    )
-}
-
 /// `up`, info, guest RAM and mapped memory per VM; `up 0` for sockets that
 /// failed to attach.
 fn write_vms(out: &mut String, reg: &Registry) {

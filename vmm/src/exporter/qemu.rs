@@ -75,7 +75,7 @@ pub(crate) fn poll(
             .iter()
             .map(|s| QemuVm {
                 name: file_name(s),
-                labels: super::page::vm_labels(&file_name(s), 0, s),
+                labels: super::vm_labels(&file_name(s), 0, s),
                 ..QemuVm::default()
             })
             .collect::<Vec<_>>(),
@@ -123,7 +123,7 @@ fn refresh_loop(
         let vm = &mut all[slot];
         match result {
             Ok((name, pid, vm_stats, vcpu_stats)) => {
-                vm.labels = super::page::vm_labels(&name, pid, socket);
+                vm.labels = super::vm_labels(&name, pid, socket);
                 vm.name = name;
                 vm.pid = pid;
                 vm.vm = vm_stats;

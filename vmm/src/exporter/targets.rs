@@ -334,7 +334,7 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, client::Error> {
         .next()
         .ok_or_else(|| client::Error::BadReply("get-stats-fd for the VM carried no fd".into()))?;
     Ok(Target {
-        labels: super::page::vm_labels(&vm.name, vm.pid, path),
+        labels: super::vm_labels(&vm.name, vm.pid, path),
         name: vm.name,
         pid: vm.pid,
         memory: vm.memory,

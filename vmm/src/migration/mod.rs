@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 
-pub(crate) use sender::Source;
+pub(crate) use source::Source;
 pub use transport::Uri;
 
 pub use crate::protocol::migration::{MigrationInfo, Parameters, RamStats, SetParameters, Status};

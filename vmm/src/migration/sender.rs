@@ -20,7 +20,7 @@ use zerocopy::IntoBytes;
 
 use super::format::{self, Kind, PageRun, PassRecord, Writer};
 use super::pages::{self, Backing};
-pub(crate) use super::source::Source;
+use super::source::Source;
 use super::transport::{self, Conn, Uri};
 use super::{device, Migration, RamStats, Status};
 use crate::dirty::{self, Bitmap};

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::format::{self, ConfigRecord};
-use super::sender::Error;
 use crate::dirty::{DirtyLog, DirtyMode};
 use crate::memory::GuestMemory;
 use crate::messages::VmEvent;
@@ -36,10 +35,9 @@ impl Source {
     ///
     /// # Errors
     /// KVM's MSR list cannot be read.
-    pub(crate) fn from_vm(vm: &crate::vm::Vm) -> Result<Source, Error> {
+    pub(crate) fn from_vm(vm: &crate::vm::Vm) -> Result<Source, kvm_ioctls::Error> {
         let msr_list = kvm_ioctls::Kvm::new()
-            .and_then(|k| k.get_msr_index_list())
-            .map_err(Error::MsrList)?
+            .and_then(|k| k.get_msr_index_list())?
             .as_slice()
             .to_vec();
         let tsc_khz: u64 = vm
