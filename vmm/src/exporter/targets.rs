@@ -31,8 +31,16 @@ pub(crate) const RESCAN: Duration = Duration::from_millis(500);
 /// How long a socket that failed to attach is left alone.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
 
-/// Why a VMM whose guest left it is not read (and not shown as down).
-pub(crate) const MIGRATED_AWAY: &str = "its guest migrated away (postmigrate)";
+/// Why a VMM could not be attached.
+#[derive(Debug, thiserror::Error)]
+enum AttachError {
+    /// Its guest has left it: not read, and not shown as down.
+    #[error("its guest migrated away (postmigrate)")]
+    MigratedAway,
+    /// Talking to it failed.
+    #[error(transparent)]
+    Client(#[from] client::Error),
+}
 
 /// One VM the exporter reads: its stats fds, parsed once, and their samples.
 pub(crate) struct Target {
@@ -117,7 +125,7 @@ pub(crate) fn watch(sources: Sources, registry: Arc<Mutex<Registry>>) -> std::io
     })
 }
 
-type Attached = (PathBuf, Result<Target, String>);
+type Attached = (PathBuf, Result<Target, AttachError>);
 
 struct Discovery {
     sources: Sources,
@@ -217,7 +225,7 @@ impl Discovery {
             let spawned = std::thread::Builder::new()
                 .name("exporter-attach".into())
                 .spawn(move || {
-                    let result = attach(&path, timeout).map_err(|e| crate::error_chain(&e));
+                    let result = attach(&path, timeout);
                     let _ = tx.send((path, result));
                 });
             if let Err(e) = spawned {
@@ -242,8 +250,9 @@ impl Discovery {
                     reg.failures.remove(&path);
                     reg.targets.insert(path, target);
                 }
-                Err(reason) => {
-                    let down = !reason.ends_with(MIGRATED_AWAY);
+                Err(e) => {
+                    let down = !matches!(e, AttachError::MigratedAway);
+                    let reason = crate::error_chain(&e);
                     if down && reg.failures.get(&path).is_none_or(|f| f.reason != reason) {
                         log::warn!("exporter: skipping {}: {reason}", path.display());
                     }
@@ -310,10 +319,10 @@ fn migrated_away(client: &mut Client) -> Result<bool, client::Error> {
 }
 
 /// Connects to one VMM, reads its greeting, and takes its stats fds.
-fn attach(path: &Path, timeout: Duration) -> Result<Target, client::Error> {
+fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     let mut client = Client::connect_within(path, timeout)?;
     if migrated_away(&mut client)? {
-        return Err(client::Error::BadReply(MIGRATED_AWAY.into()));
+        return Err(AttachError::MigratedAway);
     }
     let vm = client.greeting.qmp.kvmscope.vm.clone();
     let (_, vm_files) = client.execute("get-stats-fd", json!({"target": "vm"}))?;

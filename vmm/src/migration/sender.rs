@@ -65,9 +65,12 @@ pub enum Error {
     /// A parked vCPU thread did not send its state in time (index, limit).
     #[error("vCPU {0} did not give its state within {1:?}")]
     SnapshotTimeout(usize, Duration),
-    /// A vCPU thread could not read its state (index, its error as text).
-    #[error("reading vCPU {0}'s state: {1}")]
-    Snapshot(usize, String),
+    /// A vCPU thread could not read its state (index given).
+    #[error("reading vCPU {0}'s state")]
+    Snapshot(usize, #[source] crate::vcpu::snapshot::Error),
+    /// A vCPU thread had ended before its state was read (index, how it ended).
+    #[error("vCPU {0}'s thread ended ({1})")]
+    VcpuFinished(usize, Box<crate::vcpu::Outcome>),
     /// A vCPU's state could not be encoded for the wire.
     #[error(transparent)]
     Device(#[from] device::Error),
@@ -385,10 +388,7 @@ impl<'a> Precopy<'a> {
         let mut waiting = Vec::new();
         for v in &self.src.vcpus {
             if let crate::vcpu::VcpuState::Finished(how) = v.state() {
-                return Err(Error::Snapshot(
-                    v.index,
-                    format!("its thread ended ({how})"),
-                ));
+                return Err(Error::VcpuFinished(v.index, Box::new(how)));
             }
             let (tx, rx) = channel();
             v.request_snapshot(SnapshotRequest {

@@ -146,7 +146,7 @@ pub(crate) struct SnapshotRequest {
     /// MSR indexes to read (`KVM_GET_MSR_INDEX_LIST`).
     pub(crate) msr_list: std::sync::Arc<Vec<u32>>,
     /// Where the thread sends its state, or why it could not read it.
-    pub(crate) reply: Sender<Result<Snapshot, String>>,
+    pub(crate) reply: Sender<Result<Snapshot, Error>>,
 }
 
 /// Reads what KVM holds of vCPU `index`. Call on its thread, outside KVM_RUN,
@@ -254,13 +254,11 @@ impl super::Vcpu {
     pub(super) fn serve(&mut self, request: SnapshotRequest, at: super::Where) {
         self.complete_io();
         let index = self.shared.index;
-        let result = capture(&self.fd, index, &request.msr_list)
-            .map(|kvm| Snapshot {
-                index,
-                kvm,
-                vmm: self.vmm_state(at),
-            })
-            .map_err(|e| crate::error_chain(&e));
+        let result = capture(&self.fd, index, &request.msr_list).map(|kvm| Snapshot {
+            index,
+            kvm,
+            vmm: self.vmm_state(at),
+        });
         // The migration may have given up waiting; then nobody needs this.
         let _ = request.reply.send(result);
     }
