@@ -1,9 +1,12 @@
 //! The VM's run state as the main loop sets it and the control plane reports
-//! it (`query-status`), named as QEMU names its `RunState`s.
+//! it (`query-status`, and `STOP`/`RESUME` events when the guest stops or starts
+//! running), named as QEMU names its `RunState`s.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
+use vmm_sys_util::eventfd::EventFd;
 
 /// Where the VM stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,27 +48,67 @@ impl RunState {
 
 /// A run state shared between the main loop (which sets it) and readers.
 #[derive(Debug)]
-pub(crate) struct SharedRunState(AtomicU8);
+pub(crate) struct SharedRunState {
+    /// The state (low 8 bits) and how many times the guest has started or
+    /// stopped running (the rest): one word, so a reader sees both at once.
+    word: AtomicU64,
+    /// Written when the guest starts or stops running (the control thread's
+    /// watcher, which then sends `STOP`/`RESUME`).
+    wake: OnceLock<Arc<EventFd>>,
+}
 
 impl Default for SharedRunState {
     fn default() -> Self {
-        SharedRunState(AtomicU8::new(RunState::Prelaunch as u8))
+        SharedRunState {
+            word: AtomicU64::new(RunState::Prelaunch as u64),
+            wake: OnceLock::new(),
+        }
     }
+}
+
+/// The state in a packed word.
+fn state_of(word: u64) -> RunState {
+    RunState::ALL
+        .into_iter()
+        .find(|s| *s as u64 == word & 0xff)
+        .unwrap_or(RunState::InternalError)
 }
 
 impl SharedRunState {
     /// The current state.
     pub(crate) fn get(&self) -> RunState {
-        let v = self.0.load(Ordering::Acquire);
-        RunState::ALL
-            .into_iter()
-            .find(|s| *s as u8 == v)
-            .unwrap_or(RunState::InternalError)
+        state_of(self.word.load(Ordering::Acquire))
     }
 
-    /// Sets the state.
+    /// The current state and how many times the guest has started or stopped
+    /// running since the VMM began (each such change is one `STOP` or `RESUME`).
+    pub(crate) fn get_with_changes(&self) -> (RunState, u64) {
+        let word = self.word.load(Ordering::Acquire);
+        (state_of(word), word >> 8)
+    }
+
+    /// Sets the state; if the guest starts or stops running, counts the change
+    /// and writes the wake eventfd.
     pub(crate) fn set(&self, state: RunState) {
-        self.0.store(state as u8, Ordering::Release);
+        let mut changed = false;
+        let _ = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                changed = state_of(word).is_running() != state.is_running();
+                let changes = (word >> 8) + u64::from(changed);
+                Some(changes << 8 | state as u64)
+            });
+        if changed {
+            if let Some(w) = self.wake.get() {
+                let _ = w.write(1);
+            }
+        }
+    }
+
+    /// The eventfd [`set`](Self::set) writes when the guest starts or stops
+    /// running (the first one given is kept).
+    pub(crate) fn set_wake(&self, wake: Arc<EventFd>) {
+        let _ = self.wake.set(wake);
     }
 }
 
@@ -81,6 +124,23 @@ mod tests {
             s.set(state);
             assert_eq!(s.get(), state);
         }
+    }
+
+    #[test]
+    fn only_starting_or_stopping_to_run_counts_as_a_change() {
+        let s = SharedRunState::default();
+        let wake = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        s.set_wake(wake.clone());
+        s.set(RunState::Running);
+        s.set(RunState::Paused);
+        s.set(RunState::Postmigrate);
+        s.set(RunState::Shutdown);
+        assert_eq!(s.get_with_changes(), (RunState::Shutdown, 2));
+        assert_eq!(wake.read().unwrap(), 2, "one wake per change");
+        s.set(RunState::Running);
+        assert_eq!(s.get_with_changes(), (RunState::Running, 3));
+        s.set(RunState::Running);
+        assert_eq!(s.get_with_changes().1, 3, "running again is no change");
     }
 
     #[test]

@@ -133,6 +133,50 @@ fn query_status_follows_stop_and_cont() {
     assert_eq!(status(&mut c)["status"], "running");
 }
 
+/// The next two lines of `c`: the reply with `id` and the event `name`, in
+/// either order (the event goes out when the control thread next wakes).
+fn reply_and_event(c: &mut Raw, id: &str, name: &str) {
+    let lines = [c.line(), c.line()];
+    let reply = lines.iter().find(|l| l.get("return").is_some());
+    assert_eq!(reply, Some(&json!({"return": {}, "id": id})), "{lines:?}");
+    let event = lines.iter().find(|l| l.get("event").is_some());
+    let event = event.unwrap_or_else(|| panic!("no event in {lines:?}"));
+    assert_eq!(event["event"], name, "{lines:?}");
+    // As QEMU's: no data member, a timestamp.
+    assert!(event.get("data").is_none(), "{event}");
+    assert!(event["timestamp"]["seconds"].is_u64(), "{event}");
+}
+
+#[test]
+fn stop_and_cont_send_stop_and_resume_events_to_negotiated_clients() {
+    require_kvm!();
+    let vm = ServedVm::start("runevents", MEM, 1);
+    let negotiate = |c: &mut Raw| {
+        c.send(br#"{"execute":"qmp_capabilities"}"#);
+        assert_eq!(c.line(), json!({"return": {}}));
+    };
+    let mut a = Raw::connect(&vm);
+    negotiate(&mut a);
+    // Connected but not negotiated: events are not for it yet, as in QEMU.
+    let mut b = Raw::connect(&vm);
+    a.send(br#"{"execute":"stop","id":"s1"}"#);
+    reply_and_event(&mut a, "s1", "STOP");
+    // Already paused: no second STOP (the two lines after `cont` would show it).
+    a.send(br#"{"execute":"stop","id":"s2"}"#);
+    assert_eq!(a.line(), json!({"return": {}, "id": "s2"}));
+    a.send(br#"{"execute":"cont","id":"c1"}"#);
+    reply_and_event(&mut a, "c1", "RESUME");
+    a.send(br#"{"execute":"query-status","id":"q"}"#);
+    assert_eq!(a.line()["id"], "q");
+    negotiate(&mut b);
+    b.send(br#"{"execute":"query-status","id":"bq"}"#);
+    let first = b.line();
+    assert_eq!(
+        first["id"], "bq",
+        "events reached a client before it negotiated"
+    );
+}
+
 #[test]
 fn query_cpus_fast_names_each_vcpu_by_qom_path_and_thread() {
     require_kvm!();

@@ -67,6 +67,7 @@ fn qemu_qmp_library_negotiates_queries_and_receives_events() {
     assert_eq!(v["schemas"].as_array().unwrap().len(), 2);
     assert_eq!(v["error"]["class"], "CommandNotFound", "{v}");
     assert_eq!(v["events"], serde_json::json!(["SAMPLE", "SAMPLE"]));
+    assert_eq!(v["run_events"], serde_json::json!(["STOP", "RESUME"]));
     assert_eq!(v["legacy"]["status"], "running", "{v}");
 }
 

@@ -27,7 +27,8 @@ use crate::protocol::request::{
     CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, QueryStatsArgs, SchemasArgs, StatsProvider,
 };
 use crate::protocol::{
-    Command, ErrorClass, Greeting, StatsTarget, VcpuRef, VcpuSelector, PROTOCOL_VERSION,
+    Command, ErrorClass, Event, Greeting, Message, StatsTarget, VcpuRef, VcpuSelector,
+    PROTOCOL_VERSION,
 };
 use crate::summary::result_json;
 use crate::vcpu::VcpuState;
@@ -65,6 +66,9 @@ pub(crate) struct Handler {
     stopping: Arc<AtomicBool>,
     /// A `query-readiness` worker is running.
     readiness_busy: Arc<AtomicBool>,
+    /// Run-state changes told to clients so far, and whether the last one
+    /// told said the guest runs.
+    told: (u64, bool),
 }
 
 impl Handler {
@@ -81,7 +85,9 @@ impl Handler {
             .collect::<Result<Vec<_>, Error>>()?;
         let vm_sample = vm_stats.new_sample();
         let vcpu_samples = vcpu_stats.iter().map(StatsFd::new_sample).collect();
+        let (state, changes) = ctx.run_state.get_with_changes();
         Ok(Handler {
+            told: (changes, state.is_running()),
             ctx,
             vm_stats,
             vcpu_stats,
@@ -92,9 +98,23 @@ impl Handler {
         })
     }
 
-    /// Migration event lines queued since the last call, for every client.
-    pub(crate) fn migration_events(&self) -> Vec<Vec<u8>> {
-        super::migrate::event_lines(&self.ctx)
+    /// Event lines for every client since the last call: `STOP` and `RESUME`
+    /// when the guest stopped or started running (as QEMU sends them: a user's
+    /// `stop`/`cont`, a readiness scan's or a migration's hold, an incoming
+    /// migration's start), then what the migration queued.
+    pub(crate) fn broadcast_events(&mut self) -> Vec<Vec<u8>> {
+        let (_, changes) = self.ctx.run_state.get_with_changes();
+        let (told, mut running) = self.told;
+        let mut lines = Vec::new();
+        // Each change flips running, so the count alone says which were which.
+        for _ in told..changes {
+            running = !running;
+            let name = if running { "RESUME" } else { "STOP" };
+            lines.push(Message::Event(Event::new(name, Value::Null)).to_line());
+        }
+        self.told = (changes, running);
+        lines.extend(super::migrate::event_lines(&self.ctx));
+        lines
     }
 
     /// The sampler's shared part, when it runs.

@@ -209,6 +209,7 @@ impl Server {
         if let Some((m, _)) = &context.migration {
             m.set_wake(watcher.clone());
         }
+        context.run_state.set_wake(watcher.clone());
         // The sampler writes this after every tick, for `subscribe-samples`.
         let ticks = context
             .samples

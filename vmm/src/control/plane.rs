@@ -456,7 +456,7 @@ impl Plane {
     /// clients they held.
     fn on_watcher(&mut self, ops: &mut EventOps) {
         let _ = self.watcher.read();
-        let lines = self.handler.migration_events();
+        let lines = self.handler.broadcast_events();
         if !lines.is_empty() {
             let tokens: Vec<u32> = self.clients.keys().copied().collect();
             for token in tokens {

@@ -42,6 +42,14 @@ async def modern(path):
             if len(events) == 2:
                 break
     out["events"] = events
+    # Run-state events, as libvirt follows them: STOP after stop, RESUME after cont.
+    with qmp.listener(("STOP", "RESUME")) as listener:
+        run_events = []
+        for command in ("stop", "cont"):
+            await asyncio.wait_for(qmp.execute(command), 10)
+            event = await asyncio.wait_for(listener.get(), 10)
+            run_events.append(event["event"])
+    out["run_events"] = run_events
     await qmp.disconnect()
     return out
 
