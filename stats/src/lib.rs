@@ -5,7 +5,7 @@
 //! is read and checked once ([`Schema`]); each [`Sample`] is then one `pread` of the data
 //! block into a buffer the caller owns, with no allocation. On top of that: typed values
 //! ([`Value`]) scaled to seconds, bytes or cycles, deltas and rates between samples
-//! ([`delta()`]), checks on sampled values ([`check`]), a human table ([`format`]) and JSON
+//! ([`delta()`]), checks on sampled values ([`check`]), a human table ([`format`](mod@format)) and JSON
 //! shaped like QEMU's `query-stats` ([`json`]).
 //!
 //! ```no_run

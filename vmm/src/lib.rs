@@ -1,8 +1,11 @@
 //! kvmscope: a tiny VMM that shows the KVM binary statistics interface end to end.
 //!
 //! The binary (`main.rs`) only parses the command line into config structs; the
-//! engine is here. Threads: the main thread (`run`), one `vcpu<N>` thread per
-//! vCPU (`vcpu`), and a signal thread that turns SIGINT/SIGTERM into events.
+//! engine is here. Threads of `kvmscope run`: the main thread (`run`), one
+//! `vcpu<N>` thread per vCPU (`vcpu`), the `sampler`, the `control` plane with
+//! its `readiness` and `migration` workers, the `metrics` server, a signal
+//! thread that turns SIGINT/SIGTERM into events, and on a migration's
+//! destination a `prefetch` thread (README.md draws them).
 
 // Values here come from the kernel, a peer, a guest or the user: casts must
 // not lose, wrap or sign-flip them silently (conversions are checked, or go
@@ -32,7 +35,7 @@ pub mod exporter;
 pub mod fuzz;
 pub(crate) mod kick;
 pub mod memory;
-pub(crate) mod messages;
+pub mod messages;
 pub mod metrics;
 pub mod migration;
 #[cfg(feature = "plot")]

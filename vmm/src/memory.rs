@@ -1,7 +1,8 @@
 //! Guest RAM: one anonymous private mapping at guest address 0, through vm-memory.
 
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap, GuestMemoryRegion as _, GuestRegionMmap,
+    GuestAddress, GuestMemoryBackend as _, GuestMemoryMmap, GuestMemoryRegion as _,
+    GuestRegionMmap, MmapRegion,
 };
 
 use crate::abi;
@@ -102,6 +103,26 @@ pub(crate) fn region(mem: &GuestMemory) -> Option<&GuestRegionMmap<()>> {
     mem.iter().next()
 }
 
+/// Which pages of `region` the host backs with memory (`mincore`: one byte
+/// per 4 KiB page, bit 0 set when resident), and how many. A page never
+/// backed reads as zero without being read.
+///
+/// # Errors
+/// The mincore call failed.
+pub(crate) fn resident(region: &MmapRegion<()>) -> std::io::Result<(Vec<u8>, u64)> {
+    const PAGE: usize = 4096;
+    let len = region.size();
+    let mut map = vec![0u8; len.div_ceil(PAGE)];
+    // SAFETY: mincore only reads the process's page tables for the mapping and
+    // writes one byte per page into `map`, which has exactly that many bytes.
+    let rc = unsafe { libc::mincore(region.as_ptr().cast(), len, map.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let count = map.iter().filter(|b| *b & 1 != 0).count() as u64;
+    Ok((map, count))
+}
+
 /// Total bytes of guest RAM.
 pub(crate) fn size(mem: &GuestMemory) -> u64 {
     mem.iter().map(|r| r.len()).sum()
@@ -143,5 +164,18 @@ mod tests {
         assert_eq!(size(&mem), 32 << 20);
         let v: u64 = vm_memory::Bytes::read_obj(&mem, GuestAddress(abi::ARENA_BASE)).unwrap();
         assert_eq!(v, 0);
+    }
+
+    #[test]
+    fn resident_sees_touched_pages_of_a_fresh_mapping() {
+        use vm_memory::{Bytes, VolatileMemory};
+        let len = 16 * 4096;
+        let region = vm_memory::MmapRegion::<()>::new(len).unwrap();
+        let (_, before) = resident(&region).unwrap();
+        region.as_volatile_slice().write_obj(1u8, 3 * 4096).unwrap();
+        let (map, after) = resident(&region).unwrap();
+        assert_eq!(before, 0);
+        assert_eq!(after, 1);
+        assert_eq!(map[3] & 1, 1);
     }
 }

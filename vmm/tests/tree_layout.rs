@@ -376,6 +376,30 @@ fn the_readme_code_map_names_every_module_and_stats_file() {
 }
 
 #[test]
+fn integration_tests_are_named_area_topic() {
+    // README, "Tests": files in `<crate>/tests/` are `<area>_<topic>.rs`.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut bad = Vec::new();
+    for dir in [root.join("tests"), root.join("../stats/tests")] {
+        for e in fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let Some(stem) = path
+                .extension()
+                .is_some_and(|x| x == "rs")
+                .then(|| path.file_stem().unwrap().to_string_lossy().to_string())
+            else {
+                continue;
+            };
+            let parts: Vec<&str> = stem.splitn(2, '_').collect();
+            if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+                bad.push(path.display().to_string());
+            }
+        }
+    }
+    assert!(bad.is_empty(), "not named <area>_<topic>.rs: {bad:?}");
+}
+
+#[test]
 fn braces_in_the_code_map_expand() {
     assert_eq!(
         expand_braces("`stats/src/{header,schema}.rs`"),

@@ -1,8 +1,6 @@
 //! `kvmscope stats`: receive stats fds from a running VMM and read the kernel's
 //! statistics through them, printing a table or QMP-like JSON.
 
-#![warn(missing_docs)]
-
 use std::io::Write;
 use std::path::PathBuf;
 

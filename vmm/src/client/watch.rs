@@ -1,8 +1,6 @@
 //! `kvmscope watch`: a live, top-like view of selected stats with per-second
 //! rates, read through stats fds received once.
 
-#![warn(missing_docs)]
-
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;

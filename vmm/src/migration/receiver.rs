@@ -8,7 +8,7 @@
 //! → `End` (trailer checked, state restored, `completed` sent). Anything
 //! else, at any point, is refused with the reason, and nothing runs here.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use vm_memory::{Bytes, GuestAddress};
@@ -76,7 +76,10 @@ struct Loading {
     buf: Vec<u8>,
     /// Backs pass 0's planned ranges; stopped and joined when dropped.
     prefetch: Option<Prefetch>,
+    /// When the last pass section arrived (for the debug log of the stop).
     last_pass: std::time::Instant,
+    /// When the stream's RAM began (for the debug log of each pass).
+    started: std::time::Instant,
 }
 
 /// What `run --incoming` was given; `None` members come from the stream.
@@ -310,9 +313,21 @@ impl Incoming {
             buf: Vec::new(),
             prefetch: None,
             last_pass: std::time::Instant::now(),
+            started: std::time::Instant::now(),
         };
-        // What this VMM wrote at boot (below the arena) differs from zero.
-        (0..crate::abi::ARENA_BASE / format::PAGE_SIZE).for_each(|p| l.written.set(p));
+        // A zero run must clear what this VMM wrote before the stream (boot
+        // structures, mailboxes): the pages backed now. The rest read as zero
+        // already, and writing zeros there would only fault memory in (2,000
+        // faults in the stop's path for a 512 MiB guest). Without mincore,
+        // everything below the arena, where boot writes go.
+        let backed = crate::memory::region(&vm.mem).map(|r| crate::memory::resident(r));
+        match backed {
+            Some(Ok((map, _))) => (0u64..)
+                .zip(&map)
+                .filter(|(_, b)| *b & 1 != 0)
+                .for_each(|(p, _)| l.written.set(p)),
+            _ => (0..crate::abi::ARENA_BASE / format::PAGE_SIZE).for_each(|p| l.written.set(p)),
+        }
         loop {
             let (kind, len) = self.reader.section()?;
             if kind == Kind::End {
@@ -349,7 +364,10 @@ impl Incoming {
             Kind::Ram if l.snapshots.is_empty() => {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "a RAM section")?;
-                load_ram(&l.buf, vm, &mut l.written, &mut l.ram)?;
+                let end = load_ram(&l.buf, vm, &mut l.written, &mut l.ram)?;
+                if let Some(p) = &l.prefetch {
+                    p.loaded(end);
+                }
             }
             Kind::Plan if l.prefetch.is_none() => {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
@@ -359,8 +377,19 @@ impl Incoming {
             Kind::Pass => {
                 format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
                 let _: PassRecord = self.reader.read_obj("a pass section")?;
+                // Every planned page has arrived: what the prefetch has not
+                // backed yet came as zero runs, which need no memory; left
+                // running, it would only compete with the passes and the stop.
+                if let Some(p) = &l.prefetch {
+                    p.stop();
+                }
                 l.ram.dirty_sync_count += 1;
                 l.last_pass = std::time::Instant::now();
+                log::debug!(
+                    "migration: pass {} loaded {:?} after the stream began",
+                    l.ram.dirty_sync_count,
+                    l.started.elapsed()
+                );
             }
             Kind::Vcpu => {
                 if l.snapshots.is_empty() {
@@ -449,15 +478,18 @@ pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, 
 
 /// Writes one RAM section's runs into guest RAM. Zero runs write only pages
 /// that may hold something (`written`); RAM nothing wrote is zero already.
+/// Returns one past the section's last page.
 fn load_ram(
     payload: &[u8],
     vm: &Vm,
     written: &mut Bitmap,
     ram: &mut RamStats,
-) -> Result<(), Error> {
+) -> Result<u64, Error> {
     let zero = [0u8; format::PAGE_BYTES];
+    let mut end = 0;
     for (run, data) in runs(payload, vm.config.memory / format::PAGE_SIZE)? {
         let range = run.first..run.first + u64::from(run.count);
+        end = range.end;
         if run.kind == format::RUN_ZERO {
             let stale: Vec<u64> = written.iter_range(range.start, range.end).collect();
             for p in stale {
@@ -474,7 +506,7 @@ fn load_ram(
         ram.normal += u64::from(run.count);
         ram.normal_bytes += data.len() as u64;
     }
-    Ok(())
+    Ok(end)
 }
 
 /// The ranges of a plan section, each checked to lie inside `pages` pages.
@@ -501,42 +533,90 @@ pub(crate) fn plan(payload: &[u8], pages: u64) -> Result<Vec<format::PlanRange>,
     Ok(ranges.to_vec())
 }
 
-/// Backs the planned ranges of guest RAM on a `prefetch` thread while the
-/// pages travel, so that the kernel's zeroing of fresh memory overlaps the
-/// transfer; stopped and joined when dropped (whatever ends the load).
+/// How far the prefetch may run ahead of the pages that have arrived: 32 MiB,
+/// a few milliseconds of zeroing, ahead of a stream that moves at most a few
+/// GB/s. Further, it would back memory for pages that may yet come as zero
+/// runs (a guest that wrote zeros: backed on the source, so planned) and
+/// compete with the loading thread for the CPU up to the stop.
+const PREFETCH_AHEAD: u64 = 8192;
+
+/// Backs pass 0's planned ranges of guest RAM on a `prefetch` thread while the
+/// pages travel, at most [`PREFETCH_AHEAD`] pages ahead of the last one
+/// loaded, so that the kernel's zeroing of fresh memory overlaps the transfer;
+/// stopped at the end of pass 0, and joined when dropped (whatever ends the load).
 struct Prefetch {
-    stop: Arc<AtomicBool>,
+    shared: Arc<PrefetchShared>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the loading thread tells the prefetch thread.
+struct PrefetchShared {
+    stop: AtomicBool,
+    /// One past the last page pass 0 has loaded (it goes in ascending order).
+    loaded_to: AtomicU64,
 }
 
 impl Prefetch {
     fn start(mem: &GuestMemory, ranges: Vec<format::PlanRange>) -> Prefetch {
         const CHUNK: u64 = 512; // pages: 2 MiB per call
-        let stop = Arc::new(AtomicBool::new(false));
-        let (mem, flag) = (mem.clone(), stop.clone());
+        let shared = Arc::new(PrefetchShared {
+            stop: AtomicBool::new(false),
+            loaded_to: AtomicU64::new(0),
+        });
+        let (mem, ours) = (mem.clone(), shared.clone());
         let thread = std::thread::Builder::new()
             .name("prefetch".into())
             .spawn(move || {
                 for r in ranges {
+                    let end = r.first + r.count;
                     let mut at = r.first;
-                    while at < r.first + r.count {
-                        if flag.load(Ordering::Relaxed) {
+                    while at < end {
+                        if ours.stop.load(Ordering::Acquire) {
                             return;
                         }
-                        let n = CHUNK.min(r.first + r.count - at);
-                        populate(&mem, at, n * format::PAGE_SIZE);
-                        at += n;
+                        let loaded = ours.loaded_to.load(Ordering::Acquire);
+                        if at < loaded {
+                            // Arrived: normal runs were backed as they were
+                            // written, and zero runs need no memory.
+                            at = loaded.min(end);
+                        } else if at >= loaded.saturating_add(PREFETCH_AHEAD) {
+                            // Far enough ahead: wait for the stream (woken by
+                            // `loaded` or `stop`; the timeout only bounds a miss).
+                            std::thread::park_timeout(std::time::Duration::from_millis(50));
+                        } else {
+                            let n = CHUNK.min(end - at);
+                            populate(&mem, at, n * format::PAGE_SIZE);
+                            at += n;
+                        }
                     }
                 }
             })
             .ok();
-        Prefetch { stop, thread }
+        Prefetch { shared, thread }
+    }
+
+    /// Pass 0 has loaded every page below `page`.
+    fn loaded(&self, page: u64) {
+        self.shared.loaded_to.fetch_max(page, Ordering::AcqRel);
+        self.wake();
+    }
+
+    /// Tells the thread to stop after its current chunk (joined on drop).
+    fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
     }
 }
 
 impl Drop for Prefetch {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use kvm_stats::StatsFd;
 use vm_memory::MmapRegion;
 
+use crate::memory::resident;
+
 use crate::dirty::{self, DirtyLog, DirtyMode};
 use crate::vcpu::VcpuShared;
 use kvm_stats::Mapped;
@@ -60,8 +62,8 @@ pub enum Error {
     #[error("reading the VM stats")]
     Stats(#[from] kvm_stats::Error),
     /// `mincore` over guest RAM failed.
-    #[error(transparent)]
-    Residency(#[from] scan::Error),
+    #[error("mincore over guest RAM")]
+    Residency(#[source] std::io::Error),
     /// Dirty tracking could not be turned on or harvested.
     #[error(transparent)]
     Dirty(#[from] dirty::Error),
@@ -120,7 +122,7 @@ pub(crate) fn measure(
         g.vm_stats.read_sample(&mut sample)?;
         Ok(Mapped::from_sample(g.vm_stats.schema(), &sample))
     })?;
-    let resident = timed(|| Ok(scan::resident(g.ram)?.1))?;
+    let resident = timed(|| Ok(resident(g.ram).map_err(Error::Residency)?.1))?;
     let written = g
         .dirty
         .map(|d| timed(|| Ok(d.written_since_boot()?.unwrap_or(0))))
@@ -219,7 +221,7 @@ fn exact_scan(g: &mut Guest<'_>, progress: impl FnMut(u64, u64)) -> Result<scan:
         if !crate::vcpu::wait_parked(g.vcpus, PAUSE_LIMIT) {
             return Err(Error::PauseTimeout(PAUSE_LIMIT));
         }
-        let (residency, _) = scan::resident(g.ram)?;
+        let (residency, _) = resident(g.ram).map_err(Error::Residency)?;
         // SAFETY: every vCPU is parked (checked just above) and stays so until
         // the resume below.
         let ram = unsafe { scan::Ram::paused(g.ram) };

@@ -11,8 +11,6 @@
 //! vCPU state and the trailer (the downtime). If passes stop shrinking, it
 //! never converges; `x-max-rounds` then forces the stop.
 
-#![warn(missing_docs)]
-
 use crate::units::saturating_u64;
 
 /// Bytes of a guest page.

@@ -1,8 +1,6 @@
 //! The readiness report: each figure with how long it took, the scan's error
 //! figures for each estimate, and the migration prediction.
 
-#![warn(missing_docs)]
-
 use std::fmt::Write as _;
 use std::time::Duration;
 

@@ -2,22 +2,12 @@
 //! count of zero and non-zero pages by reading guest RAM, skipping pages the
 //! host never backed (they read as zero without being read).
 
-#![warn(missing_docs)]
-
 use std::time::{Duration, Instant};
 
 use vm_memory::MmapRegion;
 
 /// Bytes of a page.
 const PAGE: usize = 4096;
-
-/// Why the host mapping could not be inspected.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// `mincore(2)` over the guest-RAM mapping failed.
-    #[error("mincore over guest RAM")]
-    Mincore(#[source] std::io::Error),
-}
 
 /// Guest RAM as the scan sees it: a host mapping that no vCPU writes while a
 /// `Ram` exists (see [`Ram::paused`]).
@@ -49,24 +39,6 @@ impl<'a> Ram<'a> {
     pub(crate) fn pages(&self) -> u64 {
         (self.bytes.len() / PAGE) as u64
     }
-}
-
-/// Which pages of `region` the host backs with memory (one byte per page, bit
-/// 0 set when resident), and how many.
-///
-/// # Errors
-/// The mincore call failed.
-pub(crate) fn resident(region: &MmapRegion<()>) -> Result<(Vec<u8>, u64), Error> {
-    let len = region.size();
-    let mut map = vec![0u8; len.div_ceil(PAGE)];
-    // SAFETY: mincore only reads the process's page tables for the mapping and
-    // writes one byte per page into `map`, which has exactly that many bytes.
-    let rc = unsafe { libc::mincore(region.as_ptr().cast(), len, map.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(Error::Mincore(std::io::Error::last_os_error()));
-    }
-    let count = map.iter().filter(|b| *b & 1 != 0).count() as u64;
-    Ok((map, count))
 }
 
 /// Whether a page holds only zeros. ORs 256-byte blocks together without a
@@ -174,18 +146,5 @@ mod tests {
         let s = scan(&Ram::from_slice(&buf), Some(&residency), 0..4, |_, _| {});
         // Page 2 is "unbacked", so it is not read (and counts as zero).
         assert_eq!((s.zero_pages, s.nonzero_pages, s.unbacked_pages), (3, 1, 2));
-    }
-
-    #[test]
-    fn resident_sees_touched_pages_of_a_fresh_mapping() {
-        use vm_memory::{Bytes, VolatileMemory};
-        let len = 16 * PAGE;
-        let region = vm_memory::MmapRegion::<()>::new(len).unwrap();
-        let (_, before) = resident(&region).unwrap();
-        region.as_volatile_slice().write_obj(1u8, 3 * PAGE).unwrap();
-        let (map, after) = resident(&region).unwrap();
-        assert_eq!(before, 0);
-        assert_eq!(after, 1);
-        assert_eq!(map[3] & 1, 1);
     }
 }

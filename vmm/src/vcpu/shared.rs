@@ -114,7 +114,7 @@ pub enum VcpuError {
     /// Writing the next command into the guest's mailbox failed.
     #[error("writing the command to the mailbox")]
     WriteMailbox(#[source] Arc<vm_memory::GuestMemoryError>),
-    /// The thread panicked (found when it was joined).
+    /// The thread panicked (caught by `catch_unwind` around its run loop).
     #[error("the vCPU thread panicked")]
     Panicked,
 }
