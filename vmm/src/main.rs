@@ -104,7 +104,7 @@ struct MigrateArgs {
     socket: PathBuf,
     /// Where the destination listens: unix:PATH or tcp:HOST:PORT.
     #[arg(long, value_name = "URI")]
-    to: String,
+    to: kvmscope::migration::Uri,
     /// Cap the send rate (`max-bandwidth`), e.g. 1Gbit or 100MiB/s; default unlimited.
     #[arg(long, value_name = "RATE")]
     bandwidth: Option<Bandwidth>,
@@ -246,7 +246,7 @@ struct PlotArgs {
     #[arg(long, value_name = "N")]
     vcpu: Option<usize>,
     /// Scale of the exit-rate axis.
-    #[arg(long, value_name = "log|linear", default_value = "log")]
+    #[arg(long, value_enum, default_value_t)]
     rates: kvmscope::plot::RateScale,
 }
 
@@ -541,7 +541,7 @@ fn main() -> ExitCode {
         Cmd::Migrate(a) => {
             let config = client::migrate::MigrateConfig {
                 socket: a.socket,
-                to: a.to,
+                to: a.to.to_string(),
                 bandwidth: a.bandwidth.map(|b| kvmscope::units::saturating_u64(b.0)),
                 max_downtime: a.max_downtime.map(|d| d.0),
                 max_rounds: a.max_rounds,

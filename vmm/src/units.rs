@@ -16,7 +16,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-/// What the text `--help` and the README show for sizes.
+/// The size units, as the errors name them (the `--help` texts and the
+/// README say the same in their own words).
 pub(crate) const SIZE_UNITS: &str =
     "K, M, G, T or KiB, MiB, GiB, TiB (binary, 1G = 2^30 bytes); KB, MB, GB, TB (decimal, 1GB = 10^9 bytes)";
 

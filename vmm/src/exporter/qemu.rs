@@ -11,7 +11,7 @@
 //! QEMU 7.2 returns log2 histogram buckets highest first; they are reversed
 //! here into the kernel's order (bucket 0 first), as the fd path reads them.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read as _, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,6 +22,36 @@ use kvm_stats::{Base, Descriptor, StatType, Unit};
 use serde_json::{json, Value};
 
 use crate::lock;
+
+/// Longest line taken from a QEMU monitor (a `query-stats` of hundreds of
+/// vCPUs is a few MiB); a longer one fails the read instead of growing a buffer.
+const MAX_LINE: u64 = 64 << 20;
+
+/// Why a QEMU monitor could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MonitorError {
+    /// `connect(2)` to the monitor socket failed.
+    #[error("connecting")]
+    Connect(#[source] io::Error),
+    /// Reading, writing or setting up the socket failed (a timeout included).
+    #[error("talking to QEMU")]
+    Io(#[source] io::Error),
+    /// QEMU hung up.
+    #[error("QEMU closed the monitor")]
+    Closed,
+    /// A line longer than [`MAX_LINE`].
+    #[error("QEMU sent a line over {MAX_LINE} bytes")]
+    TooLong,
+    /// A line that is not JSON.
+    #[error("QEMU sent a line that is not JSON")]
+    NotJson(#[source] serde_json::Error),
+    /// The first line is not a QMP greeting (the line is given).
+    #[error("not a QMP monitor: {0}")]
+    NotQmp(String),
+    /// A command's reply was an error (command, QEMU's error object).
+    #[error("{0}: {1}")]
+    Refused(String, Value),
+}
 
 /// A stat and its values as QEMU reported them, in the kernel's order.
 pub(crate) type Reading = Vec<(Descriptor, Vec<u64>)>;
@@ -42,7 +72,7 @@ pub(crate) struct QemuVm {
     /// When they were read; `None` before the first read.
     pub(crate) at: Option<Instant>,
     /// Why the last attempt failed, if it did.
-    pub(crate) error: Option<String>,
+    pub(crate) error: Option<Arc<MonitorError>>,
 }
 
 /// The refreshing threads; dropping this stops them.
@@ -132,10 +162,15 @@ fn refresh_loop(
                 vm.error = None;
             }
             Err(e) => {
-                if vm.error.as_deref() != Some(e.as_str()) {
-                    log::warn!("exporter: QEMU monitor {}: {e}", socket.display());
+                let text = crate::error_chain(&e);
+                if vm
+                    .error
+                    .as_ref()
+                    .is_none_or(|old| crate::error_chain(old) != text)
+                {
+                    log::warn!("exporter: QEMU monitor {}: {text}", socket.display());
                 }
-                vm.error = Some(e);
+                vm.error = Some(Arc::new(e));
                 monitor = None;
             }
         }
@@ -157,9 +192,9 @@ struct Monitor {
 }
 
 impl Monitor {
-    fn open(socket: &Path, timeout: Duration) -> Result<Monitor, String> {
-        let stream = UnixStream::connect(socket).map_err(|e| format!("connecting: {e}"))?;
-        let io = |e: std::io::Error| e.to_string();
+    fn open(socket: &Path, timeout: Duration) -> Result<Monitor, MonitorError> {
+        let stream = UnixStream::connect(socket).map_err(MonitorError::Connect)?;
+        let io = MonitorError::Io;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
         let pid = rustix::net::sockopt::socket_peercred(&stream)
@@ -174,7 +209,7 @@ impl Monitor {
         };
         let greeting = m.line()?;
         if greeting.get("QMP").is_none() {
-            return Err(format!("not a QMP monitor: {greeting}"));
+            return Err(MonitorError::NotQmp(greeting.to_string()));
         }
         m.call("qmp_capabilities", json!({}))?;
         if let Ok(v) = m.call("query-name", json!({})) {
@@ -195,30 +230,23 @@ impl Monitor {
         Ok(m)
     }
 
-    fn line(&mut self) -> Result<Value, String> {
-        loop {
-            let mut line = String::new();
-            match self.reader.read_line(&mut line) {
-                Ok(0) => return Err("QEMU closed the monitor".into()),
-                Ok(_) => {}
-                Err(e) => return Err(e.to_string()),
-            }
-            let v: Value = serde_json::from_str(&line).map_err(|e| format!("not JSON: {e}"))?;
-            if v.get("event").is_none() {
-                return Ok(v);
-            }
-        }
+    /// The next line that is not an event, parsed.
+    fn line(&mut self) -> Result<Value, MonitorError> {
+        next_reply(&mut self.reader, MAX_LINE)
     }
 
-    fn call(&mut self, command: &str, arguments: Value) -> Result<Value, String> {
+    fn call(&mut self, command: &str, arguments: Value) -> Result<Value, MonitorError> {
         let request = json!({"execute": command, "arguments": arguments}).to_string();
         self.writer
             .write_all(request.as_bytes())
-            .map_err(|e| e.to_string())?;
+            .map_err(MonitorError::Io)?;
         let reply = self.line()?;
         match reply.get("return") {
             Some(r) => Ok(r.clone()),
-            None => Err(format!("{command}: {}", reply["error"])),
+            None => Err(MonitorError::Refused(
+                command.to_string(),
+                reply["error"].clone(),
+            )),
         }
     }
 
@@ -226,7 +254,7 @@ impl Monitor {
     fn read(
         &mut self,
         vcpus: bool,
-    ) -> Result<(String, u32, Reading, Vec<(String, Reading)>), String> {
+    ) -> Result<(String, u32, Reading, Vec<(String, Reading)>), MonitorError> {
         let vm = self.call("query-stats", json!({"target": "vm"}))?;
         let vm_stats = vm
             .as_array()
@@ -251,6 +279,32 @@ impl Monitor {
             .find(|(t, _)| t == target)
             .map(|(_, s)| s);
         reading(schema.map(Vec::as_slice), stats)
+    }
+}
+
+/// The next line of `reader` that is not an event, parsed; a line is at most
+/// `max` bytes.
+fn next_reply(reader: &mut impl BufRead, max: u64) -> Result<Value, MonitorError> {
+    loop {
+        let mut line = Vec::new();
+        let n = reader
+            .take(max)
+            .read_until(b'\n', &mut line)
+            .map_err(MonitorError::Io)?;
+        if n == 0 {
+            return Err(MonitorError::Closed);
+        }
+        if line.last() != Some(&b'\n') {
+            return Err(if n as u64 >= max {
+                MonitorError::TooLong
+            } else {
+                MonitorError::Closed
+            });
+        }
+        let v: Value = serde_json::from_slice(&line).map_err(MonitorError::NotJson)?;
+        if v.get("event").is_none() {
+            return Ok(v);
+        }
     }
 }
 
@@ -317,6 +371,23 @@ fn reading(schema: Option<&[Value]>, stats: &Value) -> Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn monitor_lines_skip_events_and_bad_ones_are_named() {
+        let mut r = io::Cursor::new(&b"{\"event\":\"STOP\"}\n{\"return\":{}}\n"[..]);
+        assert_eq!(next_reply(&mut r, 64).unwrap(), json!({"return": {}}));
+        assert!(matches!(next_reply(&mut r, 64), Err(MonitorError::Closed)));
+        let long = format!("{{\"return\":\"{}\"}}\n", "x".repeat(100));
+        let mut r = io::Cursor::new(long.as_bytes());
+        assert!(matches!(next_reply(&mut r, 64), Err(MonitorError::TooLong)));
+        let mut r = io::Cursor::new(&b"{\"return\":"[..]);
+        assert!(matches!(next_reply(&mut r, 64), Err(MonitorError::Closed)));
+        let mut r = io::Cursor::new(&b"garbage\n"[..]);
+        assert!(matches!(
+            next_reply(&mut r, 64),
+            Err(MonitorError::NotJson(_))
+        ));
+    }
 
     #[test]
     fn qemu_readings_take_the_schema_and_log2_buckets_come_back_in_kernel_order() {

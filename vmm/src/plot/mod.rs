@@ -15,7 +15,6 @@ mod png;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use plotters::prelude::{IntoDrawingArea, SVGBackend};
 
@@ -36,25 +35,13 @@ pub(crate) const MIN_HEIGHT: u32 = 300;
 pub(crate) const MAX_SIDE: u32 = 10_000;
 
 /// How the exit-rate panel scales its values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum RateScale {
     /// Decades from 1/s up; idle (zero) and bursty rates both stay readable.
     #[default]
     Log,
     /// From zero, for comparing rates of one size.
     Linear,
-}
-
-impl FromStr for RateScale {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "log" => Ok(RateScale::Log),
-            "linear" => Ok(RateScale::Linear),
-            _ => Err(format!("'{s}' is not a rate scale: use log or linear")),
-        }
-    }
 }
 
 /// The image format, chosen by the output file's extension.
@@ -387,8 +374,9 @@ mod tests {
 
     #[test]
     fn rate_scale_parses_its_two_names() {
-        assert_eq!("log".parse(), Ok(RateScale::Log));
-        assert_eq!("linear".parse(), Ok(RateScale::Linear));
-        assert!("ln".parse::<RateScale>().is_err());
+        use clap::ValueEnum;
+        assert_eq!(RateScale::from_str("log", false), Ok(RateScale::Log));
+        assert_eq!(RateScale::from_str("linear", false), Ok(RateScale::Linear));
+        assert!(RateScale::from_str("ln", false).is_err());
     }
 }
