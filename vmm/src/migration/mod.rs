@@ -16,6 +16,7 @@
 pub(crate) mod device;
 pub mod format;
 pub mod pages;
+pub(crate) mod prefetch;
 pub mod receiver;
 pub(crate) mod sender;
 pub(crate) mod source;

@@ -8,17 +8,14 @@
 //! → `End` (trailer checked, state restored, `completed` sent). Anything
 //! else, at any point, is refused with the reason, and nothing runs here.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-
 use vm_memory::{Bytes, GuestAddress};
 use zerocopy::FromBytes;
 
 use super::format::{self, ConfigRecord, Kind, PageRun, PassRecord, Reader};
+use super::prefetch::{populate, Prefetch};
 use super::transport::{self, Conn, Listener, Uri};
 use super::{device, Migration, RamStats, Status};
 use crate::dirty::{Bitmap, DirtyMode};
-use crate::memory::GuestMemory;
 use crate::vcpu::snapshot::Snapshot;
 use crate::vm::{Vm, VmConfig};
 
@@ -533,113 +530,6 @@ pub(crate) fn plan(payload: &[u8], pages: u64) -> Result<Vec<format::PlanRange>,
     Ok(ranges.to_vec())
 }
 
-/// How far the prefetch may run ahead of the pages that have arrived: 32 MiB,
-/// a few milliseconds of zeroing, ahead of a stream that moves at most a few
-/// GB/s. Further, it would back memory for pages that may yet come as zero
-/// runs (a guest that wrote zeros: backed on the source, so planned) and
-/// compete with the loading thread for the CPU up to the stop.
-const PREFETCH_AHEAD: u64 = 8192;
-
-/// Backs pass 0's planned ranges of guest RAM on a `prefetch` thread while the
-/// pages travel, at most [`PREFETCH_AHEAD`] pages ahead of the last one
-/// loaded, so that the kernel's zeroing of fresh memory overlaps the transfer;
-/// stopped at the end of pass 0, and joined when dropped (whatever ends the load).
-struct Prefetch {
-    shared: Arc<PrefetchShared>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// What the loading thread tells the prefetch thread.
-struct PrefetchShared {
-    stop: AtomicBool,
-    /// One past the last page pass 0 has loaded (it goes in ascending order).
-    loaded_to: AtomicU64,
-}
-
-impl Prefetch {
-    fn start(mem: &GuestMemory, ranges: Vec<format::PlanRange>) -> Prefetch {
-        const CHUNK: u64 = 512; // pages: 2 MiB per call
-        let shared = Arc::new(PrefetchShared {
-            stop: AtomicBool::new(false),
-            loaded_to: AtomicU64::new(0),
-        });
-        let (mem, ours) = (mem.clone(), shared.clone());
-        let thread = std::thread::Builder::new()
-            .name("prefetch".into())
-            .spawn(move || {
-                for r in ranges {
-                    let end = r.first + r.count;
-                    let mut at = r.first;
-                    while at < end {
-                        if ours.stop.load(Ordering::Acquire) {
-                            return;
-                        }
-                        let loaded = ours.loaded_to.load(Ordering::Acquire);
-                        if at < loaded {
-                            // Arrived: normal runs were backed as they were
-                            // written, and zero runs need no memory.
-                            at = loaded.min(end);
-                        } else if at >= loaded.saturating_add(PREFETCH_AHEAD) {
-                            // Far enough ahead: wait for the stream (woken by
-                            // `loaded` or `stop`; the timeout only bounds a miss).
-                            std::thread::park_timeout(std::time::Duration::from_millis(50));
-                        } else {
-                            let n = CHUNK.min(end - at);
-                            populate(&mem, at, n * format::PAGE_SIZE);
-                            at += n;
-                        }
-                    }
-                }
-            })
-            .ok();
-        Prefetch { shared, thread }
-    }
-
-    /// Pass 0 has loaded every page below `page`.
-    fn loaded(&self, page: u64) {
-        self.shared.loaded_to.fetch_max(page, Ordering::AcqRel);
-        self.wake();
-    }
-
-    /// Tells the thread to stop after its current chunk (joined on drop).
-    fn stop(&self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.wake();
-    }
-
-    fn wake(&self) {
-        if let Some(t) = &self.thread {
-            t.thread().unpark();
-        }
-    }
-}
-
-impl Drop for Prefetch {
-    fn drop(&mut self) {
-        self.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Backs `bytes` of guest RAM from `page` in one call (MADV_POPULATE_WRITE)
-/// rather than one page fault per page as they are written; best effort.
-fn populate(mem: &GuestMemory, page: u64, bytes: u64) {
-    use vm_memory::GuestMemoryBackend as _;
-    let Ok(host) = mem.get_host_address(GuestAddress(page * format::PAGE_SIZE)) else {
-        return;
-    };
-    let Ok(bytes) = usize::try_from(bytes) else {
-        return;
-    };
-    // SAFETY: the range lies inside guest RAM (checked against its size by the
-    // caller), a mapping `mem` keeps alive; populating only backs it with
-    // zeroed pages, which a concurrent writer of the same pages may race with
-    // harmlessly (the kernel serialises the faults).
-    let _ = unsafe { libc::madvise(host.cast(), bytes, libc::MADV_POPULATE_WRITE) };
-}
-
 fn write_page(vm: &Vm, page: u64, bytes: &[u8]) -> Result<(), Error> {
     vm.mem
         .write_slice(bytes, GuestAddress(page * format::PAGE_SIZE))
@@ -647,81 +537,5 @@ fn write_page(vm: &Vm, page: u64, bytes: &[u8]) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config() -> ConfigRecord {
-        ConfigRecord {
-            memory: 64 << 20,
-            tsc_khz: 1,
-            vcpus: 2,
-            hugepages: 0,
-            dirty_mode: format::DIRTY_NONE,
-            ring_entries: 0,
-            page_size: 4096,
-            guest_abi: crate::abi::ABI_VERSION,
-        }
-    }
-
-    fn given() -> IncomingConfig {
-        IncomingConfig {
-            uri: Uri::Unix("/nonexistent".into()),
-            memory: None,
-            vcpus: None,
-            hugepages: None,
-            dirty_log: None,
-        }
-    }
-
-    #[test]
-    fn unset_options_come_from_the_stream() {
-        assert!(check(&config(), &given()).is_ok());
-    }
-
-    #[test]
-    fn a_memory_mismatch_names_both_sizes() {
-        let e = check(
-            &config(),
-            &IncomingConfig {
-                memory: Some(128 << 20),
-                ..given()
-            },
-        )
-        .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "the stream's VM has memory of 67108864 bytes, but this VMM was given --memory 134217728 bytes"
-        );
-    }
-
-    #[test]
-    fn vcpu_hugepage_and_dirty_mismatches_name_both_values() {
-        let cases = [
-            (
-                IncomingConfig {
-                    vcpus: Some(4),
-                    ..given()
-                },
-                "vCPUs: 2, but this VMM was given --vcpus 4",
-            ),
-            (
-                IncomingConfig {
-                    hugepages: Some(true),
-                    ..given()
-                },
-                "RAM without huge pages, but this VMM was given --hugepages",
-            ),
-            (
-                IncomingConfig {
-                    dirty_log: Some(DirtyMode::Bitmap),
-                    ..given()
-                },
-                "dirty tracking: no dirty log, but this VMM was given --dirty-log bitmap",
-            ),
-        ];
-        for (g, text) in cases {
-            let e = check(&config(), &g).unwrap_err().to_string();
-            assert!(e.ends_with(text), "{e}");
-        }
-    }
-}
+#[path = "receiver_tests.rs"]
+mod tests;
