@@ -7,6 +7,7 @@ use std::time::Duration;
 use kvm_stats::{Mapped, Sample, StatType, StatsFd};
 
 use crate::backend::Backend;
+use crate::protocol::guest::CommandResultReply;
 use crate::units::format_bytes;
 use crate::vcpu::{CommandResult, Outcome, Registers};
 
@@ -252,8 +253,16 @@ impl Summary {
 
 /// One command result as JSON.
 pub(crate) fn result_json(r: &CommandResult) -> serde_json::Value {
-    serde_json::json!({
-        "seq": r.seq, "command": r.command, "status": r.status, "values": r.values,
-        "host_time_s": r.host_time.as_secs_f64(),
-    })
+    serde_json::to_value(result_reply(r)).unwrap_or_default()
+}
+
+/// A command result as the protocol carries it.
+pub(crate) fn result_reply(r: &CommandResult) -> CommandResultReply {
+    CommandResultReply {
+        seq: r.seq,
+        command: r.command.clone(),
+        status: r.status.clone(),
+        values: r.values,
+        host_time_s: r.host_time.as_secs_f64(),
+    }
 }

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::stats::{receive, sample_all, Received};
 use super::{Client, Error};
+use crate::protocol::guest::GuestCommandReply;
 use crate::protocol::VcpuSelector;
 use crate::units::format_bytes;
 use kvm_stats::Mapped;
@@ -193,7 +194,7 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
 fn readiness_step(client: &mut Client, size: u64, out: &mut dyn Write) -> Result<(), Error> {
     writeln!(out, "readiness: while the guest dirties {} at 2000 pages/s, ask the VMM for estimates, an exact scan and a pre-copy prediction (10 Gbit/s, 300 ms)", format_bytes(size))?;
     let dirty = format!("dirty ws={size} rate=2000/s for=2s");
-    client.execute("guest-command", json!({"vcpu": 0, "command": dirty}))?;
+    client.guest_command(0, &dirty, false)?;
     let args = json!({"scan": true, "calc-time": 0.5, "bandwidth": 1.25e9, "max-downtime": 0.3});
     let (report, _) = client.execute("query-readiness", args)?;
     for line in report["text"].as_str().unwrap_or_default().lines() {
@@ -227,12 +228,9 @@ fn migration_step(
         ],
     )?;
     let fresh = format!("touch offset={} size={size} pattern=0xd5", 2 * size);
-    client.execute(
-        "guest-command",
-        json!({"vcpu": 0, "command": fresh, "wait": true}),
-    )?;
+    client.guest_command(0, &fresh, true)?;
     let dirty = format!("dirty ws={size} rate=2000/s for=1s");
-    client.execute("guest-command", json!({"vcpu": 0, "command": dirty}))?;
+    client.guest_command(0, &dirty, false)?;
     wait_listening(&mut dst, &incoming, config.startup_timeout)?;
     let mut report = Vec::new();
     let migrate = super::migrate::MigrateConfig {
@@ -294,17 +292,12 @@ fn verify_on(
         "verify offset={} size={size} pattern=0xd5; verify-zero offset={size} size={size}",
         2 * size
     );
-    let (done, _) = d.execute(
-        "guest-command",
-        json!({"vcpu": 0, "command": check, "wait": true}),
-    )?;
-    for r in done["results"].as_array().into_iter().flatten() {
+    let done = d.guest_command(0, &check, true)?;
+    for r in done.results.iter().flatten() {
         writeln!(
             out,
             "  on the destination, {}: {} pages checked, {} differ",
-            r["command"].as_str().unwrap_or("?"),
-            r["values"][0],
-            r["values"][2]
+            r.command, r.values[0], r.values[2]
         )?;
     }
     d.execute("quit", json!({}))?;
@@ -320,8 +313,7 @@ fn run_phase(
 ) -> Result<(), Error> {
     let before = sample_all(received)?;
     let ours_before = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
-    let args = json!({"vcpu": 0, "command": command, "wait": true});
-    let (done, _) = client.execute("guest-command", args)?;
+    let done = client.guest_command(0, command, true)?;
     let after = sample_all(received)?;
     let ours_after = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
     writeln!(out, "  {command}: {}", describe_results(&done))?;
@@ -331,16 +323,16 @@ fn run_phase(
     Ok(())
 }
 
-fn describe_results(done: &Value) -> String {
-    let results = done["results"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    results
+fn describe_results(done: &GuestCommandReply) -> String {
+    done.results
         .iter()
+        .flatten()
         .map(|r| {
             format!(
                 "{} in {:.1} ms (guest values {})",
-                r["status"].as_str().unwrap_or("?"),
-                r["host_time_s"].as_f64().unwrap_or(0.0) * 1e3,
-                r["values"]
+                r.status,
+                r.host_time_s * 1e3,
+                json!(r.values)
             )
         })
         .collect::<Vec<_>>()

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::protocol::request::{request_line, CapabilitiesArgs};
+use crate::protocol::guest::GuestCommandReply;
+use crate::protocol::request::{request_line, CapabilitiesArgs, GuestCommandArgs};
 use crate::protocol::{Command, ErrorClass, Greeting, Message};
 use crate::scm::{self, MAX_FDS_PER_MESSAGE};
 
@@ -334,6 +335,25 @@ impl Client {
     pub(crate) fn call(&mut self, command: &Command) -> Result<(Value, Vec<File>), Error> {
         self.stream.write_all(&request_line(command, None))?;
         self.read_return()
+    }
+
+    /// Queues workload text on a vCPU (`guest-command`); with `wait`, replies
+    /// once every command finished, with the results.
+    ///
+    /// # Errors
+    /// As [`Client::execute`], or `BadReply` for a return of another shape.
+    pub fn guest_command(
+        &mut self,
+        vcpu: usize,
+        command: &str,
+        wait: bool,
+    ) -> Result<GuestCommandReply, Error> {
+        let (value, _) = self.call(&Command::GuestCommand(GuestCommandArgs {
+            vcpu,
+            command: command.to_string(),
+            wait,
+        }))?;
+        serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(value.to_string()))
     }
 
     /// Reads up to the next reply (skipping events): its value and fds.

@@ -19,6 +19,7 @@ use super::{Context, Error};
 use crate::abi;
 use crate::boot;
 use crate::messages::{RunRequest, VmEvent};
+use crate::protocol::guest::GuestCommandReply;
 use crate::protocol::reply::{
     vcpu_from_qom_path, vcpu_qom_path, CommandInfo, CpuInfoFast, GreetingBody, GreetingVm,
     KvmscopeGreeting, NameInfo, StatusInfo, VersionInfo,
@@ -30,7 +31,7 @@ use crate::protocol::{
     Command, ErrorClass, Event, Greeting, Message, StatsTarget, VcpuRef, VcpuSelector,
     PROTOCOL_VERSION,
 };
-use crate::summary::result_json;
+use crate::summary::{result_json, result_reply};
 use crate::vcpu::VcpuState;
 use crate::workload::parse_sequence;
 use crate::x86_64::paging;
@@ -431,7 +432,12 @@ impl Handler {
         if wait {
             return Outcome::Wait(Pending::Guest(GuestWait { vcpu, first, last }));
         }
-        ret(json!({"vcpu": vcpu, "first-seq": first, "last-seq": last}))
+        Outcome::ret(&GuestCommandReply {
+            vcpu,
+            first_seq: first,
+            last_seq: last,
+            results: None,
+        })
     }
 
     /// Where a deferred reply stands: events to send now, and the reply once ready.
@@ -474,14 +480,17 @@ impl Handler {
         let shared = &self.ctx.vcpus[w.vcpu];
         let results = shared.results();
         if results.last().is_some_and(|r| r.seq >= w.last) {
-            let mine: Vec<Value> = results
+            let mine = results
                 .iter()
                 .filter(|r| (w.first..=w.last).contains(&r.seq))
-                .map(result_json)
+                .map(result_reply)
                 .collect();
-            return Some(ret(
-                json!({"vcpu": w.vcpu, "first-seq": w.first, "last-seq": w.last, "results": mine}),
-            ));
+            return Some(Outcome::ret(&GuestCommandReply {
+                vcpu: w.vcpu,
+                first_seq: w.first,
+                last_seq: w.last,
+                results: Some(mine),
+            }));
         }
         match shared.state() {
             VcpuState::Finished(how) => Some(fail(

@@ -23,6 +23,7 @@
 //! docs/PROTOCOL.md is the reference, with every difference from QEMU.
 
 pub mod framing;
+pub mod guest;
 pub(crate) mod migration;
 pub(crate) mod reply;
 pub mod request;
