@@ -420,12 +420,20 @@ impl Services {
     /// point of the final state. What went wrong comes back as warnings, so
     /// that the run's results are not lost to a full disk.
     fn stop(mut self) -> Vec<String> {
-        drop(self.server.take());
         let mut warnings = Vec::new();
+        if let Some(Err(e)) = self.server.take().map(control::Server::shutdown) {
+            warnings.push(crate::error_chain(&e));
+        }
         if let Some(Err(e)) = self.sampler.as_mut().map(Sampler::stop) {
             warnings.push(format!("the sampler failed: {}", crate::error_chain(&e)));
         }
-        drop(self.metrics.take());
+        if let Some(Err(e)) = self
+            .metrics
+            .take()
+            .map(crate::metrics::MetricsServer::shutdown)
+        {
+            warnings.push(crate::error_chain(&e));
+        }
         warnings
     }
 }

@@ -34,11 +34,19 @@ pub(crate) fn poll_worker(rx: &Receiver<WorkerMsg>) -> Progress {
                 "READINESS_PROGRESS",
                 json!({"done": done, "total": total}),
             )),
-            Ok(WorkerMsg::Done(outcome)) => {
+            Ok(WorkerMsg::Done(result)) => {
+                let outcome = match *result {
+                    Ok(report) => {
+                        let mut value = report.to_json();
+                        value["text"] = Value::String(report.to_text());
+                        Outcome::Return(value, Vec::new())
+                    }
+                    Err(e) => Outcome::Error(ErrorClass::GenericError, crate::error_chain(&e)),
+                };
                 return Progress {
                     events,
                     done: Some(outcome),
-                }
+                };
             }
             Err(TryRecvError::Empty) => return Progress { events, done: None },
             Err(TryRecvError::Disconnected) => {
@@ -172,15 +180,13 @@ impl Job {
     /// Measures, then frees the readiness slot *before* replying, so a client
     /// that asks again as soon as it has its reply is not told "already running".
     fn run(self, busy: &AtomicBool) {
-        let outcome = self.measure();
+        let result = self.measure();
         busy.store(false, Ordering::Release);
-        self.send(WorkerMsg::Done(outcome));
+        self.send(WorkerMsg::Done(Box::new(result)));
     }
 
-    fn measure(&self) -> Outcome {
-        let Some(ram) = crate::memory::region(&self.mem) else {
-            return Outcome::Error(ErrorClass::GenericError, "the VM has no memory".into());
-        };
+    fn measure(&self) -> Result<readiness::Report, readiness::Error> {
+        let ram = crate::memory::region(&self.mem).ok_or(readiness::Error::NoMemory)?;
         let main = self.main.clone();
         // A hold, not a user pause: a user's `resume` cannot release the guest
         // mid-scan, and the scan's release does not resume a guest a user paused.
@@ -208,14 +214,7 @@ impl Job {
                 let _ = w.write(1);
             }
         };
-        match readiness::measure(&mut guest, &self.options, progress) {
-            Ok(report) => {
-                let mut value = report.to_json();
-                value["text"] = Value::String(report.to_text());
-                Outcome::Return(value, Vec::new())
-            }
-            Err(e) => Outcome::Error(ErrorClass::GenericError, crate::error_chain(&e)),
-        }
+        readiness::measure(&mut guest, &self.options, progress)
     }
 }
 

@@ -110,6 +110,15 @@ pub enum Error {
     /// The `control` thread could not be spawned.
     #[error("starting the control thread")]
     Spawn(#[source] std::io::Error),
+    /// The control thread's epoll loop failed: the socket stopped serving.
+    #[error("the control socket stopped serving")]
+    Serve(#[source] event_manager::Error),
+    /// The control thread panicked.
+    #[error("the control thread panicked")]
+    Panicked,
+    /// The control thread could not be told to stop (it is left running).
+    #[error("signalling the control thread to stop")]
+    Signal(#[source] std::io::Error),
 }
 
 /// What the control thread may reach of the VM: read-only handles, the vCPUs'
@@ -180,7 +189,7 @@ impl Context {
 pub(crate) struct Server {
     exit: EventFd,
     stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<Result<(), Error>>>,
     // Held for its Drop, after the thread is joined: the file goes once
     // nobody listens.
     _socket: SocketFile,
@@ -240,31 +249,44 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Stops the thread and says whether it had served to the end: an epoll
+    /// failure or a panic on the way is the error (the run reports it).
+    ///
+    /// # Errors
+    /// `Serve`, `Panicked`, or `Signal` if the thread could not be told.
+    pub(crate) fn shutdown(mut self) -> Result<(), Error> {
+        self.stop_thread()
+    }
+
+    fn stop_thread(&mut self) -> Result<(), Error> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        self.stopping.store(true, Ordering::Release);
+        self.exit.write(1).map_err(Error::Signal)?;
+        thread.join().map_err(|_| Error::Panicked)?
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
-        self.stopping.store(true, Ordering::Release);
-        if let Err(e) = self.exit.write(1) {
-            log::error!("control: cannot signal the control thread to stop ({e}); leaving it");
-            return;
-        }
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                log::error!("control: the control thread panicked");
-            }
+        if let Err(e) = self.stop_thread() {
+            log::error!("control: {}", crate::error_chain(&e));
         }
     }
 }
 
 /// The `control` thread: dispatch events until the exit eventfd fires.
-fn serve(mut manager: EventManager<Plane>, id: SubscriberId) {
+fn serve(mut manager: EventManager<Plane>, id: SubscriberId) -> Result<(), Error> {
     loop {
         if let Err(e) = manager.run() {
             log::error!("control: epoll failed ({e}); the control socket stops serving");
-            return;
+            return Err(Error::Serve(e));
         }
         match manager.subscriber_mut(id) {
             Ok(plane) if !plane.done => {}
-            _ => return,
+            _ => return Ok(()),
         }
     }
 }

@@ -25,8 +25,9 @@ pub(crate) struct GuestWait {
 pub(crate) enum WorkerMsg {
     /// Scan progress, in pages.
     Progress(u64, u64),
-    /// The report (or the error) to reply with; the worker is finished.
-    Done(Outcome),
+    /// The report, or why there is none; the worker is finished. The
+    /// control thread turns it into the reply.
+    Done(Box<Result<crate::readiness::Report, crate::readiness::Error>>),
 }
 
 /// A reply that is not ready yet.

@@ -59,6 +59,12 @@ pub enum Error {
     /// The server thread could not start.
     #[error("starting the metrics thread")]
     Spawn(#[source] std::io::Error),
+    /// The server's poll loop failed: the page stopped being served.
+    #[error("the metrics server stopped serving")]
+    Poll(#[source] std::io::Error),
+    /// The server thread panicked.
+    #[error("the metrics thread panicked")]
+    Panicked,
 }
 
 /// The page the server serves.
@@ -76,7 +82,7 @@ pub(crate) struct Server {
     /// The address bound (with the real port when 0 was asked for).
     pub(crate) addr: SocketAddr,
     stop: EventFd,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<Result<(), Error>>>,
 }
 
 impl Server {
@@ -111,12 +117,29 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
+impl Server {
+    /// Stops the thread and says whether it had served to the end.
+    ///
+    /// # Errors
+    /// `Poll` if its loop had failed, `Panicked` if it panicked.
+    pub(crate) fn shutdown(mut self) -> Result<(), Error> {
+        self.stop_thread()
+    }
+
+    fn stop_thread(&mut self) -> Result<(), Error> {
         // Fails only when the counter would overflow, which means it is already set.
         let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| Error::Panicked)?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop_thread() {
+            log::error!("{}", crate::error_chain(&e));
         }
     }
 }
@@ -425,7 +448,7 @@ fn pollfd(fd: &impl AsRawFd, events: libc::c_short) -> libc::pollfd {
 }
 
 impl Loop {
-    fn run(mut self) {
+    fn run(mut self) -> Result<(), Error> {
         let mut fds = Vec::with_capacity(MAX_CONNECTIONS + 2);
         loop {
             let now = Instant::now();
@@ -450,10 +473,10 @@ impl Loop {
                     continue;
                 }
                 log::warn!("metrics: poll failed, serving stops: {e}");
-                return;
+                return Err(Error::Poll(e));
             }
             if fds[0].revents != 0 {
-                return;
+                return Ok(());
             }
             let now = Instant::now();
             self.serve_connections(&fds[2..], now);

@@ -131,3 +131,26 @@ fn not_found_names_the_path_and_method_not_allowed_says_allow() {
         "{t}"
     );
 }
+
+#[test]
+fn a_server_that_served_to_the_end_shuts_down_clean_and_a_panicked_one_says_so() {
+    use std::io::{Read, Write};
+    let any = "127.0.0.1:0".parse().unwrap();
+    let server = Server::start(any, "metrics-test", page()).unwrap();
+    assert!(server.shutdown().is_ok());
+
+    let panicking = Page {
+        path: "/metrics",
+        content_type: "text/plain",
+        render: Box::new(|| panic!("render failed")),
+    };
+    let server = Server::start(any, "metrics-test", panicking).unwrap();
+    let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    // The thread panics while rendering: the connection closes unanswered.
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    assert!(reply.is_empty());
+    assert!(matches!(server.shutdown(), Err(Error::Panicked)));
+}

@@ -30,7 +30,7 @@ pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8"
 pub struct MetricsServer {
     /// The address bound (with the real port when 0 was asked for).
     pub addr: SocketAddr,
-    _server: http::Server,
+    server: http::Server,
 }
 
 impl MetricsServer {
@@ -61,8 +61,17 @@ impl MetricsServer {
         let server = http::Server::start(addr, "metrics", page)?;
         Ok(MetricsServer {
             addr: server.addr,
-            _server: server,
+            server,
         })
+    }
+
+    /// Stops the server and says whether it had served to the end (dropping
+    /// it stops it too, logging a failure instead).
+    ///
+    /// # Errors
+    /// The server's loop failed or its thread panicked.
+    pub fn shutdown(self) -> Result<(), Error> {
+        self.server.shutdown()
     }
 }
 
