@@ -185,27 +185,26 @@ impl Listener {
     /// # Errors
     /// `Accept` with the cause, `Stopped` when `stop` said so.
     pub(crate) fn accept(&self, stop: &dyn Fn() -> bool) -> Result<Conn, Error> {
-        use std::os::fd::AsRawFd;
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        use std::os::fd::AsFd;
         let (fd, name) = match self {
-            Listener::Unix(l, p) => (l.as_raw_fd(), format!("unix:{}", p.display())),
-            Listener::Tcp(l) => (l.as_raw_fd(), "tcp".to_string()),
+            Listener::Unix(l, p) => (l.as_fd(), format!("unix:{}", p.display())),
+            Listener::Tcp(l) => (l.as_fd(), "tcp".to_string()),
+        };
+        // Woken every 100 ms to look at `stop`.
+        let tick = Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
         };
         loop {
             if stop() {
                 return Err(Error::Stopped(name));
             }
-            let mut pfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one pollfd of a listening socket this listener owns.
-            let n = unsafe { libc::poll(&mut pfd, 1, 100) };
-            if n > 0 {
-                break;
-            }
-            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::Accept(name, std::io::Error::last_os_error()));
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            match poll(&mut fds, Some(&tick)) {
+                Ok(0) | Err(rustix::io::Errno::INTR) => {}
+                Ok(_) => break,
+                Err(e) => return Err(Error::Accept(name, e.into())),
             }
         }
         match self {
