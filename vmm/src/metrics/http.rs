@@ -24,12 +24,12 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
 /// Most connections held at once; a new one beyond evicts the oldest.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -81,7 +81,7 @@ pub(crate) struct Page {
 pub(crate) struct Server {
     /// The address bound (with the real port when 0 was asked for).
     pub(crate) addr: SocketAddr,
-    stop: EventFd,
+    stop: OwnedFd,
     thread: Option<JoinHandle<Result<(), Error>>>,
 }
 
@@ -96,7 +96,8 @@ impl Server {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::Bind(addr, e))?;
-        let stop = EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(Error::EventFd)?;
+        let stop = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)
+            .map_err(|e| Error::EventFd(e.into()))?;
         let stop_clone = stop.try_clone().map_err(Error::EventFd)?;
         let worker = Loop {
             listener,
@@ -128,7 +129,7 @@ impl Server {
 
     fn stop_thread(&mut self) -> Result<(), Error> {
         // Fails only when the counter would overflow, which means it is already set.
-        let _ = self.stop.write(1);
+        let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
         match self.thread.take() {
             Some(t) => t.join().map_err(|_| Error::Panicked)?,
             None => Ok(()),
@@ -323,16 +324,16 @@ fn would_block(e: &std::io::Error) -> bool {
 }
 
 impl Conn {
-    fn events(&self) -> libc::c_short {
+    fn events(&self) -> PollFlags {
         match self.state {
-            State::Writing { .. } => libc::POLLOUT,
-            State::Reading(_) | State::Draining { .. } => libc::POLLIN,
+            State::Writing { .. } => PollFlags::OUT,
+            State::Reading(_) | State::Draining { .. } => PollFlags::IN,
         }
     }
 
     /// Does what the connection is ready for (`revents` from poll).
-    fn serve(&mut self, revents: libc::c_short, page: &mut Page, now: Instant) -> Step {
-        if revents == 0 {
+    fn serve(&mut self, revents: PollFlags, page: &mut Page, now: Instant) -> Step {
+        if revents.is_empty() {
             return Step::Keep;
         }
         match self.state {
@@ -433,83 +434,85 @@ impl Conn {
 /// The server thread's state.
 struct Loop {
     listener: TcpListener,
-    stop: EventFd,
+    stop: OwnedFd,
     page: Page,
     conns: Vec<Conn>,
     accept_paused_until: Option<Instant>,
 }
 
-fn pollfd(fd: &impl AsRawFd, events: libc::c_short) -> libc::pollfd {
-    libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events,
-        revents: 0,
-    }
-}
-
 impl Loop {
     fn run(mut self) -> Result<(), Error> {
-        let mut fds = Vec::with_capacity(MAX_CONNECTIONS + 2);
+        // What poll found for the stop eventfd, the listener, then each connection.
+        let mut ready: Vec<PollFlags> = Vec::with_capacity(MAX_CONNECTIONS + 2);
         loop {
             let now = Instant::now();
             if self.accept_paused_until.is_some_and(|t| t <= now) {
                 self.accept_paused_until = None;
             }
             let accepting = self.accept_paused_until.is_none();
-            fds.clear();
-            fds.push(pollfd(&self.stop, libc::POLLIN));
-            fds.push(pollfd(
-                &self.listener,
-                if accepting { libc::POLLIN } else { 0 },
-            ));
-            fds.extend(self.conns.iter().map(|c| pollfd(&c.stream, c.events())));
             let timeout = self.poll_timeout(now);
-            // SAFETY: `fds` is a live, initialised array of `fds.len()` pollfds,
-            // which poll only writes `revents` of; its length fits nfds_t.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-            if rc < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == ErrorKind::Interrupted {
-                    continue;
+            let mut fds = Vec::with_capacity(self.conns.len() + 2);
+            fds.push(PollFd::new(&self.stop, PollFlags::IN));
+            let listening = if accepting {
+                PollFlags::IN
+            } else {
+                PollFlags::empty()
+            };
+            fds.push(PollFd::new(&self.listener, listening));
+            fds.extend(
+                self.conns
+                    .iter()
+                    .map(|c| PollFd::new(&c.stream, c.events())),
+            );
+            match poll(&mut fds, timeout.as_ref()) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    log::warn!("metrics: poll failed, serving stops: {e}");
+                    return Err(Error::Poll(e.into()));
                 }
-                log::warn!("metrics: poll failed, serving stops: {e}");
-                return Err(Error::Poll(e));
             }
-            if fds[0].revents != 0 {
+            ready.clear();
+            ready.extend(fds.iter().map(PollFd::revents));
+            drop(fds);
+            if !ready[0].is_empty() {
                 return Ok(());
             }
             let now = Instant::now();
-            self.serve_connections(&fds[2..], now);
-            if fds[1].revents != 0 {
+            self.serve_connections(&ready[2..], now);
+            if !ready[1].is_empty() {
                 self.accept_all(now);
             }
         }
     }
 
-    /// Milliseconds until the next deadline (rounded up), or -1 for none.
-    fn poll_timeout(&self, now: Instant) -> libc::c_int {
+    /// Time until the next deadline (rounded up to a millisecond, as poll
+    /// takes it), or `None` for none.
+    fn poll_timeout(&self, now: Instant) -> Option<Timespec> {
         let next = self
             .conns
             .iter()
             .map(|c| c.deadline)
             .chain(self.accept_paused_until)
-            .min();
-        match next {
-            None => -1,
-            Some(t) => {
-                let ms = t.saturating_duration_since(now).as_micros().div_ceil(1000);
-                libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
-            }
-        }
+            .min()?;
+        let ms = next
+            .saturating_duration_since(now)
+            .as_micros()
+            .div_ceil(1000);
+        let ms = i64::try_from(ms).unwrap_or(i64::MAX / 1_000_000);
+        Some(Timespec {
+            tv_sec: ms / 1000,
+            tv_nsec: (ms % 1000) * 1_000_000,
+        })
     }
 
     /// Serves each connection poll found ready, and drops those past their
     /// deadline. `ready[i]` belongs to `conns[i]`.
-    fn serve_connections(&mut self, ready: &[libc::pollfd], now: Instant) {
+    fn serve_connections(&mut self, ready: &[PollFlags], now: Instant) {
         let page = &mut self.page;
         let mut i = 0;
         self.conns.retain_mut(|c| {
-            let revents = ready.get(i).map_or(0, |p| p.revents);
+            let revents = ready.get(i).copied().unwrap_or(PollFlags::empty());
             i += 1;
             if c.serve(revents, page, now) == Step::Close {
                 return false;
