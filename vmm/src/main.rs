@@ -220,8 +220,8 @@ struct DemoArgs {
     /// Back guest RAM with transparent huge pages.
     #[arg(long)]
     hugepages: bool,
-    /// Bytes each memory phase touches.
-    #[arg(long, default_value = "4M")]
+    /// Bytes each memory phase touches (same units as --memory).
+    #[arg(long, value_name = "SIZE", default_value = "4M")]
     phase_size: Size,
 }
 
