@@ -1,5 +1,5 @@
 //! Fuzz bodies for the VMM's parsers of outside input: control-socket request
-//! lines, workload specs and migration streams. The cargo-fuzz targets in `fuzz/` call these, and
+//! lines, workload specs, migration streams and HTTP requests to `/metrics`. The cargo-fuzz targets in `fuzz/` call these, and
 //! `vmm/tests/fuzz_corpus.rs` runs them over the seed corpus in `cargo test`.
 //! Errors are the expected outcome for bad input; a panic is a bug.
 
@@ -88,4 +88,16 @@ pub fn migration_stream(data: &[u8]) -> bool {
             return false;
         }
     }
+}
+
+/// An HTTP request to a `/metrics` server, as its connections read one: where
+/// the head ends (blank lines first skipped, CRLF or bare LF), and what that
+/// head gets. Returns whether it gets the page.
+pub fn http_request(data: &[u8]) -> bool {
+    use crate::metrics::http::{answer, head_end, Answer};
+    let Some(end) = head_end(data) else {
+        return false;
+    };
+    assert!(end <= data.len(), "the head ends past the input");
+    matches!(answer(&data[..end], "/metrics"), Answer::Page { .. })
 }

@@ -189,6 +189,17 @@ fn the_source_sends_migration_events_and_ends_postmigrate() {
         .collect();
     assert_eq!(statuses, ["setup", "active", "device", "completed"]);
     assert!(events.iter().any(|e| e["event"] == "MIGRATION_PASS"));
+    // The guest stops running (STOP, as QEMU sends it) between the passes
+    // and the device state, whenever the control thread woke to tell it.
+    let order: Vec<String> = events
+        .iter()
+        .filter(|e| e["event"] != "MIGRATION_PASS")
+        .map(|e| match e["data"]["status"].as_str() {
+            Some(s) => s.to_string(),
+            None => e["event"].as_str().unwrap_or("?").to_string(),
+        })
+        .collect();
+    assert_eq!(order, ["setup", "active", "STOP", "device", "completed"]);
     dest.quit();
 }
 

@@ -104,17 +104,28 @@ impl Handler {
     /// `stop`/`cont`, a readiness scan's or a migration's hold, an incoming
     /// migration's start), then what the migration queued.
     pub(crate) fn broadcast_events(&mut self) -> Vec<Vec<u8>> {
+        // Migration events first: every stamp is then at most the count read next.
+        let migration = super::migrate::event_lines(&self.ctx);
         let (_, changes) = self.ctx.run_state.get_with_changes();
-        let (told, mut running) = self.told;
+        let (mut told, mut running) = self.told;
         let mut lines = Vec::new();
-        // Each change flips running, so the count alone says which were which.
-        for _ in told..changes {
-            running = !running;
-            let name = if running { "RESUME" } else { "STOP" };
-            lines.push(Message::Event(Event::new(name, Value::Null)).to_line());
+        // The run-state changes before `upto`, as events. Each change flips
+        // running, so the count alone says which were which.
+        let mut changes_to = |upto: u64, lines: &mut Vec<Vec<u8>>| {
+            while told < upto.min(changes) {
+                told += 1;
+                running = !running;
+                let name = if running { "RESUME" } else { "STOP" };
+                lines.push(Message::Event(Event::new(name, Value::Null)).to_line());
+            }
+        };
+        // A migration event follows the changes that came before it was queued.
+        for (stamp, line) in migration {
+            changes_to(stamp, &mut lines);
+            lines.push(line);
         }
-        self.told = (changes, running);
-        lines.extend(super::migrate::event_lines(&self.ctx));
+        changes_to(changes, &mut lines);
+        self.told = (told, running);
         lines
     }
 

@@ -37,14 +37,15 @@ pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
     }
 }
 
-/// Event lines for every client: what the migration queued since the last call.
-pub(crate) fn event_lines(ctx: &Context) -> Vec<Vec<u8>> {
+/// Event lines for every client: what the migration queued since the last
+/// call, each with the run state's change count when it was queued.
+pub(crate) fn event_lines(ctx: &Context) -> Vec<(u64, Vec<u8>)> {
     let Some((m, _)) = &ctx.migration else {
         return Vec::new();
     };
     m.take_events()
         .into_iter()
-        .map(|(name, data)| Message::Event(Event::new(name, data)).to_line())
+        .map(|(stamp, (name, data))| (stamp, Message::Event(Event::new(name, data)).to_line()))
         .collect()
 }
 

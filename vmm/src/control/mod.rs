@@ -217,6 +217,7 @@ impl Server {
         }
         if let Some((m, _)) = &context.migration {
             m.set_wake(watcher.clone());
+            m.set_run_state(context.run_state.clone());
         }
         context.run_state.set_wake(watcher.clone());
         // The sampler writes this after every tick, for `subscribe-samples`.

@@ -462,7 +462,7 @@ impl Plane {
             for token in tokens {
                 // Events go to clients past capability negotiation, as in QEMU.
                 if let Some(c) = self.clients.get_mut(&token).filter(|c| c.negotiated) {
-                    lines.iter().for_each(|l| c.queue(l.clone(), Vec::new()));
+                    lines.iter().for_each(|l| c.queue_event(l.clone()));
                 }
                 self.settle(token, ops);
             }

@@ -63,7 +63,9 @@ pub(crate) type Event = (&'static str, serde_json::Value);
 struct Inner {
     info: MigrationInfo,
     params: Parameters,
-    events: VecDeque<Event>,
+    /// Each event with the run state's change count when it was queued, so
+    /// the control plane can put `STOP`/`RESUME` in order around it.
+    events: VecDeque<(u64, Event)>,
     started: Option<Instant>,
     incoming: bool,
     /// A handle on the stream, to shut it down on cancel.
@@ -78,6 +80,8 @@ pub(crate) struct Migration {
     cancel: AtomicBool,
     /// Written when an event is queued, so the control thread wakes.
     wake: std::sync::OnceLock<Arc<EventFd>>,
+    /// The VM's run state, whose change count stamps each event.
+    run_state: std::sync::OnceLock<Arc<crate::runstate::SharedRunState>>,
 }
 
 impl Default for Migration {
@@ -103,6 +107,7 @@ impl Migration {
             }),
             cancel: AtomicBool::new(false),
             wake: std::sync::OnceLock::new(),
+            run_state: std::sync::OnceLock::new(),
         }
     }
 
@@ -113,6 +118,11 @@ impl Migration {
     /// The eventfd to write when events are queued (the control thread's watcher).
     pub(crate) fn set_wake(&self, fd: Arc<EventFd>) {
         let _ = self.wake.set(fd);
+    }
+
+    /// The run state whose change count stamps each event from now on.
+    pub(crate) fn set_run_state(&self, run_state: Arc<crate::runstate::SharedRunState>) {
+        let _ = self.run_state.set(run_state);
     }
 
     /// Starts migrating `source`'s guest to `uri` on a `migration` thread.
@@ -210,8 +220,9 @@ impl Migration {
         self.cancel.load(Ordering::Acquire)
     }
 
-    /// Events queued since the last call, oldest first.
-    pub(crate) fn take_events(&self) -> Vec<Event> {
+    /// Events queued since the last call, oldest first, each with how many
+    /// times the guest had started or stopped running when it was queued.
+    pub(crate) fn take_events(&self) -> Vec<(u64, Event)> {
         self.lock().events.drain(..).collect()
     }
 
@@ -245,8 +256,10 @@ impl Migration {
     pub(crate) fn set_status(&self, status: Status) {
         let mut inner = self.lock();
         inner.info.status = Some(status);
+        let stamp = self.changes();
         Self::queue(
             &mut inner,
+            stamp,
             "MIGRATION",
             serde_json::json!({ "status": status.name() }),
         );
@@ -254,11 +267,16 @@ impl Migration {
         self.wake();
     }
 
-    fn queue(inner: &mut Inner, name: &'static str, data: serde_json::Value) {
+    /// The run state's change count now (0 before the control plane set it).
+    fn changes(&self) -> u64 {
+        self.run_state.get().map_or(0, |r| r.get_with_changes().1)
+    }
+
+    fn queue(inner: &mut Inner, stamp: u64, name: &'static str, data: serde_json::Value) {
         if inner.events.len() == MAX_EVENTS {
             inner.events.pop_front();
         }
-        inner.events.push_back((name, data));
+        inner.events.push_back((stamp, (name, data)));
     }
 
     fn wake(&self) {
@@ -272,7 +290,8 @@ impl Migration {
     }
 
     pub(crate) fn event(&self, name: &'static str, data: serde_json::Value) {
-        Self::queue(&mut self.lock(), name, data);
+        let stamp = self.changes();
+        Self::queue(&mut self.lock(), stamp, name, data);
         self.wake();
     }
 }
