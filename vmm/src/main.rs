@@ -290,8 +290,10 @@ struct RunArgs {
     sample_buffer: Count<2, { kvmscope::sampler::MAX_CAPACITY }>,
     /// Write every sample to FILE as it is taken: CSV if it ends in .csv, else
     /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick. FILE appears (or
-    /// is replaced) only once start-up has passed; an existing FILE that is not
-    /// a kvmscope samples file is refused unless --force is given.
+    /// is replaced) only once start-up has passed, written until then as
+    /// .FILE.PID.tmp beside it (such files of processes that are gone are
+    /// removed); an existing FILE that is not a kvmscope samples file is
+    /// refused unless --force is given.
     #[arg(long, value_name = "FILE")]
     samples_out: Option<PathBuf>,
     /// Let --samples-out replace an existing file that is not a samples file.

@@ -144,6 +144,43 @@ fn temp_path(target: &Path) -> PathBuf {
     target.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
+/// Removes the temporary files of earlier runs for `target` whose process is
+/// gone (killed before it could commit or clean up: SIGKILL, a crash). A file
+/// of a live process is left alone. Best effort.
+fn remove_stale_temps(target: &Path) {
+    let (Some(dir), Some(name)) = (target.parent(), target.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    }) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix(".tmp"))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let gone = !Path::new("/proc").join(pid.to_string()).exists();
+        if gone && e.file_type().is_ok_and(|t| t.is_file()) {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => log::info!(
+                    "removed {}, left by process {pid}, which is gone",
+                    e.path().display()
+                ),
+                Err(err) => log::warn!("cannot remove {}: {err}", e.path().display()),
+            }
+        }
+    }
+}
+
 /// File formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Format {
@@ -186,6 +223,7 @@ impl Writer {
     ) -> Result<(Writer, Staged), Error> {
         let format = format_of(&dest.path)?;
         let target = check_destination(dest)?;
+        remove_stale_temps(&target);
         let temp = temp_path(&target);
         let file = OpenOptions::new()
             .write(true)
@@ -370,6 +408,28 @@ mod tests {
                 .unwrap()
         ));
         assert_eq!(names(&d), ["series.csv"], "no temporary file left");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn temporaries_of_gone_processes_are_removed_and_a_live_ones_kept() {
+        let d = dir("stale");
+        let path = d.join("series.csv");
+        // No process has a pid this high (pid_max is at most 2^22).
+        let stale = d.join(".series.csv.4294967295.tmp");
+        // pid 1 is always alive.
+        let live = d.join(".series.csv.1.tmp");
+        let other = d.join(".other.csv.4294967295.tmp");
+        for f in [&stale, &live, &other] {
+            std::fs::write(f, "x").unwrap();
+        }
+        let created = Writer::create(&path.clone().into(), &header()).unwrap();
+        drop(created);
+        assert_eq!(
+            names(&d),
+            [".other.csv.4294967295.tmp", ".series.csv.1.tmp"],
+            "only the stale temporary of this target went"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 
