@@ -5,6 +5,23 @@
 use std::fs;
 use std::path::Path;
 
+/// The backend as `query-vm`, the summary and the samples header carry it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BackendInfo {
+    /// `vmx`, `svm`, `pvm` or `unknown`.
+    pub kind: String,
+    /// The kernel module that provides it.
+    pub module: String,
+    /// Two-dimensional paging (EPT/NPT) rather than shadow page tables.
+    pub tdp: bool,
+    /// KVM's `tdp_mmu` module parameter, when present.
+    pub tdp_mmu: Option<bool>,
+    /// In words, e.g. `pvm (software, shadow paging, tdp_mmu=N)`.
+    pub description: String,
+    /// Stats that stay 0 on this backend even when the event happens.
+    pub quiet_stats: Vec<String>,
+}
+
 /// The KVM backend of this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Backend {
@@ -97,12 +114,21 @@ impl Backend {
         format!("{} ({soft}{paging}{mmu})", self.kind)
     }
 
-    /// The backend as JSON.
+    /// The backend as the wire and the reports show it.
+    pub(crate) fn info(&self) -> BackendInfo {
+        BackendInfo {
+            kind: self.kind.to_string(),
+            module: self.module.to_string(),
+            tdp: self.tdp,
+            tdp_mmu: self.tdp_mmu,
+            description: self.describe(),
+            quiet_stats: quiet_stats(self).iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    /// The backend as JSON ([`BackendInfo`]).
     pub(crate) fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "kind": self.kind, "module": self.module, "tdp": self.tdp, "tdp_mmu": self.tdp_mmu,
-            "description": self.describe(), "quiet_stats": quiet_stats(self),
-        })
+        serde_json::to_value(self.info()).unwrap_or_default()
     }
 }
 

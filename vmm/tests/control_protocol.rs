@@ -67,6 +67,12 @@ fn query_vm_reports_pid_backend_vcpus_memory_layout_and_abi() {
         .unwrap();
     assert_eq!(arena["start"], kvmscope::abi::ARENA_BASE);
     assert_eq!(arena["size"], kvmscope::boot::arena_size(MEM));
+    // The same reply, decoded into the protocol's type as the Rust client does.
+    let info = vm.client().query_vm().unwrap();
+    assert_eq!(serde_json::to_value(&info).unwrap(), v);
+    assert_eq!(info.stats_ids.vcpus.len(), 2);
+    let arena = info.region("arena").unwrap();
+    assert_eq!(arena.size, kvmscope::boot::arena_size(MEM));
 }
 
 #[test]

@@ -145,22 +145,22 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client =
         Client::connect_when_ready(&socket, config.startup_timeout, || vmm.check_running())?;
     client.set_timeout(Some(super::REPLY_TIMEOUT))?;
-    let (vm, _) = client.execute("query-vm", json!({}))?;
+    let vm = client.query_vm()?;
     writeln!(
         out,
         "VM {:?}, VMM pid {} serving {} ({:.0} ms to start): {} vCPU, {} guest RAM{}, backend {}",
         client.greeting.qmp.kvmscope.vm.name,
-        vm["pid"],
+        vm.pid,
         socket.display(),
         started.elapsed().as_secs_f64() * 1e3,
-        vm["vcpus"],
+        vm.vcpus,
         format_bytes(config.memory),
         if config.hugepages {
             " (huge pages)"
         } else {
             ""
         },
-        vm["backend"]["description"].as_str().unwrap_or("?"),
+        vm.backend.description,
     )?;
     let received = receive(&mut client, true, Some(VcpuSelector::All))?;
     let ids: Vec<&str> = received.iter().map(|r| r.stats.schema().id()).collect();

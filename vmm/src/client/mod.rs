@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::protocol::guest::GuestCommandReply;
-use crate::protocol::request::{request_line, CapabilitiesArgs, GuestCommandArgs};
+use crate::protocol::request::{request_line, CapabilitiesArgs, GuestCommandArgs, NoArgs};
+use crate::protocol::vm::VmInfo;
 use crate::protocol::{Command, ErrorClass, Greeting, Message};
 use crate::scm::{self, MAX_FDS_PER_MESSAGE};
 
@@ -353,6 +354,15 @@ impl Client {
             command: command.to_string(),
             wait,
         }))?;
+        serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(value.to_string()))
+    }
+
+    /// The VM: its backend, vCPUs, memory map and stats ids (`query-vm`).
+    ///
+    /// # Errors
+    /// As [`Client::execute`], or `BadReply` for a return of another shape.
+    pub fn query_vm(&mut self) -> Result<VmInfo, Error> {
+        let (value, _) = self.call(&Command::QueryVm(NoArgs::default()))?;
         serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(value.to_string()))
     }
 

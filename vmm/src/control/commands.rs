@@ -27,6 +27,7 @@ use crate::protocol::reply::{
 use crate::protocol::request::{
     CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, QueryStatsArgs, SchemasArgs, StatsProvider,
 };
+use crate::protocol::vm::{MemoryInfo, RegionInfo, StatsIds, VmInfo};
 use crate::protocol::{
     Command, ErrorClass, Event, Greeting, Message, StatsTarget, VcpuRef, VcpuSelector,
     PROTOCOL_VERSION,
@@ -181,7 +182,7 @@ impl Handler {
                 name: Some(self.ctx.name.clone()),
             }),
             Command::QueryCpusFast(_) => Outcome::ret(self.cpus_fast()),
-            Command::QueryVm(_) => ret(self.query_vm()),
+            Command::QueryVm(_) => Outcome::ret(self.query_vm()),
             Command::GetStatsFd(a) => self.get_stats_fd(&a),
             Command::QueryStats(a) => self.query_stats(a),
             Command::QueryStatsSchemas(a) => self.query_schemas(&a),
@@ -281,13 +282,16 @@ impl Handler {
         }
     }
 
-    fn query_vm(&self) -> Value {
+    fn query_vm(&self) -> VmInfo {
         let n = self.ctx.vcpus.len() as u64;
         let size = self.ctx.memory;
         let page = abi::PAGE_SIZE;
-        let region =
-            |name: &str, start: u64, len: u64| json!({"name": name, "start": start, "size": len});
-        let layout = [
+        let region = |name: &str, start: u64, size: u64| RegionInfo {
+            name: name.to_string(),
+            start,
+            size,
+        };
+        let layout = vec![
             region("gdt", abi::GDT_ADDR, page),
             region("tss", abi::TSS_ADDR, page),
             region(
@@ -301,17 +305,25 @@ impl Handler {
             region("arena", abi::ARENA_BASE, boot::arena_size(size)),
             region("mmio-test-page", paging::mmio_addr(size), page),
         ];
-        json!({
-            "pid": std::process::id(),
-            "backend": self.ctx.backend.to_json(),
-            "vcpus": n,
-            "memory": {"size": size, "hugepages": self.ctx.hugepages, "layout": layout},
-            "guest-abi": abi::ABI_VERSION,
-            "stats-ids": {
-                "vm": self.vm_stats.schema().id(),
-                "vcpus": self.vcpu_stats.iter().map(|s| s.schema().id()).collect::<Vec<_>>(),
+        VmInfo {
+            pid: std::process::id(),
+            backend: self.ctx.backend.info(),
+            vcpus: n,
+            memory: MemoryInfo {
+                size,
+                hugepages: self.ctx.hugepages,
+                layout,
             },
-        })
+            guest_abi: abi::ABI_VERSION,
+            stats_ids: StatsIds {
+                vm: self.vm_stats.schema().id().to_string(),
+                vcpus: self
+                    .vcpu_stats
+                    .iter()
+                    .map(|s| s.schema().id().to_string())
+                    .collect(),
+            },
+        }
     }
 
     /// A fresh VM stats fd (KVM_GET_STATS_FD on the VM fd does not wait for

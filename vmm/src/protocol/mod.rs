@@ -27,6 +27,7 @@ pub mod guest;
 pub(crate) mod migration;
 pub(crate) mod reply;
 pub mod request;
+pub mod vm;
 
 pub use reply::{ErrorClass, Event, Greeting, Message, QmpError};
 pub use request::{Command, Request, RequestError, StatsTarget, VcpuRef, VcpuSelector};
