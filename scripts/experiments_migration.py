@@ -14,12 +14,11 @@ inputs, so that both errors come from one run."""
 
 import math
 import os
-import shutil
 import subprocess
 import tempfile
 import time
 
-from experiments_vm import LIVE, Vm, call, die_with_parent
+from experiments_vm import LIVE, Vm, call, die_with_parent, shut_down
 from kvmscope_client import Connection
 
 MIB = 1 << 20
@@ -78,19 +77,7 @@ class Dest:
         return call(self.conn, "guest-command", {"vcpu": vcpu, "command": command, "wait": True})["results"]
 
     def close(self):
-        LIVE.discard(self)
-        if self.conn is not None:
-            try:
-                call(self.conn, "quit", {})
-            except (OSError, RuntimeError, ValueError):
-                pass
-            self.conn.sock.close()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        shut_down(self, self.conn)
 
 
 def old_model(n, k, rate, bandwidth, downtime):

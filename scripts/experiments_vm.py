@@ -52,6 +52,26 @@ def reply_of(conn, execute):
     return reply["return"]
 
 
+def shut_down(child, conn, *others):
+    """Ends a `kvmscope run` child: `quit` on `conn`, every connection closed,
+    the process waited for (killed after 20 s), its directory removed."""
+    LIVE.discard(child)
+    if conn is not None:
+        try:
+            call(conn, "quit", {})
+        except (OSError, RuntimeError, ValueError):
+            pass
+    for c in (conn, *others):
+        if c is not None:
+            c.sock.close()
+    try:
+        child.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        child.proc.kill()
+        child.proc.wait()
+    shutil.rmtree(child.dir, ignore_errors=True)
+
+
 class Vm:
     """One `kvmscope run --socket` child, with a connection to it (and a
     second one, for commands sent while a reply is pending on the first)."""
@@ -164,21 +184,7 @@ class Vm:
 
     def close(self):
         """Quits the VMM (killing it if it does not end) and removes its directory."""
-        LIVE.discard(self)
-        if getattr(self, "conn", None) is not None:
-            try:
-                call(self.conn, "quit", {})
-            except (OSError, RuntimeError, ValueError):
-                pass
-        for conn in (getattr(self, "conn", None), self.side_conn):
-            if conn is not None:
-                conn.sock.close()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        shut_down(self, getattr(self, "conn", None), self.side_conn)
 
     def __enter__(self):
         return self

@@ -35,10 +35,6 @@ pub struct MigrateConfig {
     pub json: bool,
 }
 
-fn parse_info(v: Value) -> Result<MigrationInfo, Error> {
-    serde_json::from_value(v.clone()).map_err(|_| Error::BadReply(v.to_string()))
-}
-
 /// Runs the migration to its end. Returns whether it completed.
 ///
 /// # Errors
@@ -67,7 +63,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     let bar = std::io::stderr().is_terminal().then(progress_bar);
     let info = loop {
         let (v, _) = client.execute("query-migrate", json!({}))?;
-        let info = parse_info(v)?;
+        let info: MigrationInfo = super::decode(v)?;
         if let Some(bar) = &bar {
             show(bar, &info, predicted.as_ref());
         }

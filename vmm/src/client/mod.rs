@@ -354,7 +354,7 @@ impl Client {
             command: command.to_string(),
             wait,
         }))?;
-        serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(value.to_string()))
+        decode(value)
     }
 
     /// The VM: its backend, vCPUs, memory map and stats ids (`query-vm`).
@@ -363,7 +363,7 @@ impl Client {
     /// As [`Client::execute`], or `BadReply` for a return of another shape.
     pub fn query_vm(&mut self) -> Result<VmInfo, Error> {
         let (value, _) = self.call(&Command::QueryVm(NoArgs::default()))?;
-        serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(value.to_string()))
+        decode(value)
     }
 
     /// Reads up to the next reply (skipping events): its value and fds.
@@ -378,6 +378,14 @@ impl Client {
             None => Err(Error::BadReply(value.to_string())),
         }
     }
+}
+
+/// A command's return as the protocol type it should be.
+///
+/// # Errors
+/// `BadReply` with the value, when it is not of that shape.
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, Error> {
+    serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(value.to_string()))
 }
 
 /// The class and description of an error reply (`{"error": {...}}`), if it is one.
