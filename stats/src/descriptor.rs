@@ -5,67 +5,9 @@
 
 use std::ops::Range;
 
+use crate::error::StatError;
 use crate::flags::{Base, StatType, Unit};
 use crate::header::{DESC_FIXED_LEN, MAX_DATA_SIZE};
-
-/// What is wrong with one descriptor (wrapped in [`crate::Error::Stat`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StatError {
-    /// The name has no NUL within `name_size` bytes.
-    #[error("name has no NUL terminator within name_size bytes")]
-    NameNotTerminated,
-    /// The name is empty.
-    #[error("name is empty")]
-    NameEmpty,
-    /// The name is not UTF-8.
-    #[error("name is not UTF-8")]
-    NameNotUtf8,
-    /// `size` is 0.
-    #[error("field size is 0")]
-    ZeroSize,
-    /// `offset` is not a multiple of 8.
-    #[error("field {field} is {value}, not a multiple of 8")]
-    Misaligned {
-        /// Always "offset".
-        field: &'static str,
-        /// Its value.
-        value: u32,
-    },
-    /// `bucket_size` is 0 for a linear histogram, or non-zero for another type.
-    #[error("field bucket_size is {value}, which a {kind} cannot have")]
-    BucketSize {
-        /// The stat's type.
-        kind: StatType,
-        /// Its `bucket_size`.
-        value: u32,
-    },
-    /// The exponent's sign does not fit the unit (none/bytes/cycles >= 0, seconds <= 0,
-    /// boolean == 0).
-    #[error("field exponent is {exponent}, which unit {unit} cannot have")]
-    ExponentSign {
-        /// The stat's unit.
-        unit: Unit,
-        /// Its exponent.
-        exponent: i16,
-    },
-    /// A boolean stat declared as a log2 histogram.
-    #[error("a boolean stat cannot be a log2 histogram")]
-    BooleanLog2Histogram,
-    /// A boolean linear histogram without exactly two buckets.
-    #[error("field size is {size}, but a boolean linear histogram has 2 buckets")]
-    BooleanBuckets {
-        /// Its `size`.
-        size: u16,
-    },
-    /// The values end past the largest data block accepted.
-    #[error("values end at byte {end} of the data block, past the limit of {limit}")]
-    OutsideData {
-        /// `offset + size * 8`.
-        end: u64,
-        /// [`MAX_DATA_SIZE`].
-        limit: u64,
-    },
-}
 
 /// One stat, as its descriptor declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]

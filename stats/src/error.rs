@@ -3,14 +3,16 @@
 //! Every malformed-input error names the field and the value that broke a rule, so a bad
 //! file can be diagnosed from the message alone. Problems inside one descriptor are
 //! [`StatError`]s wrapped in [`Error::Stat`] with the descriptor's index and name.
+//! What a schema uses that this library does not know is a [`Warning`], not an
+//! error unless the caller asks for strictness (`crate::strict`). Every error type of
+//! the crate lives here, below the modules that raise them.
 
 #![forbid(unsafe_code)]
 
 use std::io;
 use std::ops::Range;
 
-use crate::descriptor::StatError;
-use crate::strict::Warning;
+use crate::flags::{StatType, Unit};
 
 /// Why a stats file could not be read or did not follow the format.
 #[derive(Debug, thiserror::Error)]
@@ -142,3 +144,107 @@ pub enum Error {
 
 /// Result of this crate's reading functions.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// What is wrong with one descriptor (wrapped in [`crate::Error::Stat`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StatError {
+    /// The name has no NUL within `name_size` bytes.
+    #[error("name has no NUL terminator within name_size bytes")]
+    NameNotTerminated,
+    /// The name is empty.
+    #[error("name is empty")]
+    NameEmpty,
+    /// The name is not UTF-8.
+    #[error("name is not UTF-8")]
+    NameNotUtf8,
+    /// `size` is 0.
+    #[error("field size is 0")]
+    ZeroSize,
+    /// `offset` is not a multiple of 8.
+    #[error("field {field} is {value}, not a multiple of 8")]
+    Misaligned {
+        /// Always "offset".
+        field: &'static str,
+        /// Its value.
+        value: u32,
+    },
+    /// `bucket_size` is 0 for a linear histogram, or non-zero for another type.
+    #[error("field bucket_size is {value}, which a {kind} cannot have")]
+    BucketSize {
+        /// The stat's type.
+        kind: StatType,
+        /// Its `bucket_size`.
+        value: u32,
+    },
+    /// The exponent's sign does not fit the unit (none/bytes/cycles >= 0, seconds <= 0,
+    /// boolean == 0).
+    #[error("field exponent is {exponent}, which unit {unit} cannot have")]
+    ExponentSign {
+        /// The stat's unit.
+        unit: Unit,
+        /// Its exponent.
+        exponent: i16,
+    },
+    /// A boolean stat declared as a log2 histogram.
+    #[error("a boolean stat cannot be a log2 histogram")]
+    BooleanLog2Histogram,
+    /// A boolean linear histogram without exactly two buckets.
+    #[error("field size is {size}, but a boolean linear histogram has 2 buckets")]
+    BooleanBuckets {
+        /// Its `size`.
+        size: u16,
+    },
+    /// The values end past the largest data block accepted.
+    #[error("values end at byte {end} of the data block, past the limit of {limit}")]
+    OutsideData {
+        /// `offset + size * 8`.
+        end: u64,
+        /// [`crate::MAX_DATA_SIZE`].
+        limit: u64,
+    },
+}
+
+/// Something a stat uses that this library does not know; not an error by default.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Warning {
+    /// The type field is not one of the five known types.
+    #[error("stat {stat:?} has unknown type {value}")]
+    UnknownType {
+        /// Stat name.
+        stat: String,
+        /// Raw type field.
+        value: u32,
+    },
+    /// The unit field is not one of the five known units.
+    #[error("stat {stat:?} has unknown unit {value:#x}")]
+    UnknownUnit {
+        /// Stat name.
+        stat: String,
+        /// Raw unit field, in place in `flags` (e.g. 0x50).
+        value: u32,
+    },
+    /// The base field is neither 10 nor 2.
+    #[error("stat {stat:?} has unknown base {value:#x}")]
+    UnknownBase {
+        /// Stat name.
+        stat: String,
+        /// Raw base field, in place in `flags` (e.g. 0x200).
+        value: u32,
+    },
+    /// `flags` has bits set above bit 11.
+    #[error("stat {stat:?} sets unknown flag bits {bits:#x}")]
+    UnknownFlagBits {
+        /// Stat name.
+        stat: String,
+        /// The unknown bits.
+        bits: u32,
+    },
+    /// A scalar type (cumulative, instant, peak) with more than one value: the format says 1.
+    #[error("stat {stat:?} is a scalar with {size} values")]
+    ScalarArray {
+        /// Stat name.
+        stat: String,
+        /// Its `size`.
+        size: u16,
+    },
+}

@@ -58,8 +58,8 @@ pub mod strict;
 mod value;
 
 pub use delta::{delta, Change, Delta};
-pub use descriptor::{Descriptor, StatError};
-pub use error::{Error, Result};
+pub use descriptor::Descriptor;
+pub use error::{Error, Result, StatError, Warning};
 pub use fd::StatsFd;
 pub use filter::NameFilter;
 pub use flags::{Base, StatType, Unit};
@@ -68,5 +68,4 @@ pub use mapped::Mapped;
 pub use read_at::ReadAt;
 pub use sample::Sample;
 pub use schema::{Schema, StatId, Target};
-pub use strict::Warning;
 pub use value::{Bucket, Value};

@@ -277,7 +277,7 @@ fn read_chunk(
     })
 }
 
-fn stat_error(index: usize, name: &str, source: crate::descriptor::StatError) -> Error {
+fn stat_error(index: usize, name: &str, source: crate::error::StatError) -> Error {
     Error::Stat {
         index,
         name: name.to_owned(),

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::builder::{every_kind, StatsFileBuilder};
-use crate::descriptor::StatError;
+use crate::error::StatError;
 use crate::flags::{Base, StatType, Unit};
 use crate::header::{MAX_DATA_SIZE, MAX_NAME_SIZE, MAX_NUM_DESC};
 

@@ -10,52 +10,8 @@
 #![forbid(unsafe_code)]
 
 use crate::descriptor::Descriptor;
+pub use crate::error::Warning;
 use crate::flags::{Base, StatType, Unit, UNKNOWN_BITS};
-
-/// Something a stat uses that this library does not know; not an error by default.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Warning {
-    /// The type field is not one of the five known types.
-    #[error("stat {stat:?} has unknown type {value}")]
-    UnknownType {
-        /// Stat name.
-        stat: String,
-        /// Raw type field.
-        value: u32,
-    },
-    /// The unit field is not one of the five known units.
-    #[error("stat {stat:?} has unknown unit {value:#x}")]
-    UnknownUnit {
-        /// Stat name.
-        stat: String,
-        /// Raw unit field, in place in `flags` (e.g. 0x50).
-        value: u32,
-    },
-    /// The base field is neither 10 nor 2.
-    #[error("stat {stat:?} has unknown base {value:#x}")]
-    UnknownBase {
-        /// Stat name.
-        stat: String,
-        /// Raw base field, in place in `flags` (e.g. 0x200).
-        value: u32,
-    },
-    /// `flags` has bits set above bit 11.
-    #[error("stat {stat:?} sets unknown flag bits {bits:#x}")]
-    UnknownFlagBits {
-        /// Stat name.
-        stat: String,
-        /// The unknown bits.
-        bits: u32,
-    },
-    /// A scalar type (cumulative, instant, peak) with more than one value: the format says 1.
-    #[error("stat {stat:?} is a scalar with {size} values")]
-    ScalarArray {
-        /// Stat name.
-        stat: String,
-        /// Its `size`.
-        size: u16,
-    },
-}
 
 /// Lists the warnings of every descriptor, in descriptor order.
 pub fn warnings(stats: &[Descriptor]) -> Vec<Warning> {
