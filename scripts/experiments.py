@@ -38,8 +38,8 @@ sys.path.insert(0, HERE)
 
 import experiments_report  # noqa: E402
 from experiments_matrix import COLUMNS, FULL, SMALL  # noqa: E402
-from experiments_runs import EXPERIMENTS, log, run_series  # noqa: E402
-from experiments_vm import Vm, kill_all  # noqa: E402
+from experiments_runs import EXPERIMENTS, run_series  # noqa: E402
+from experiments_vm import Vm, kill_all, log  # noqa: E402
 
 
 def cell(v):

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 
-from experiments_vm import LIVE, Vm, call, die_with_parent, shut_down
+from experiments_vm import LIVE, Vm, call, die_with_parent, log, shut_down
 from kvmscope_client import Connection
 
 MIB = 1 << 20
@@ -31,11 +31,6 @@ MAX_ROUNDS = 4
 # every vCPU but the first.
 DIRTY_RATES = {"0": 0, "slow": 2000, "near": 27000, "above": 0}
 CALC_TIME = 0.5
-
-
-def log(msg):
-    from experiments_runs import log as run_log
-    run_log(msg)
 
 
 class Dest:

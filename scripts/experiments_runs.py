@@ -4,19 +4,13 @@ on fresh VMs and returns CSV rows (dicts keyed by the matrix's COLUMNS)."""
 import os
 import statistics
 import subprocess
-import sys
 import time
 
 from experiments_migration import run_migration
-from experiments_vm import Vm
+from experiments_vm import Vm, log
 
 MIB = 1 << 20
 PAGE = 4096
-START = time.monotonic()
-
-
-def log(msg):
-    print("[%7.1fs] %s" % (time.monotonic() - START, msg), file=sys.stderr, flush=True)
 
 
 def touch_size(arena_bytes, fraction):

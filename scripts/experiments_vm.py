@@ -9,12 +9,19 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
 from kvmscope_client import Connection
 
 LIVE = set()  # VMs not yet closed
+START = time.monotonic()
+
+
+def log(msg):
+    """A progress line on stderr, stamped with the seconds since the experiments began."""
+    print("[%7.1fs] %s" % (time.monotonic() - START, msg), file=sys.stderr, flush=True)
 
 
 def die_with_parent():
