@@ -15,6 +15,7 @@
 //! readiness and migration subscribe. It depends on nothing above it.
 
 pub(crate) mod bitmap;
+mod error;
 pub(crate) mod ring;
 
 use std::fs::File;
@@ -27,7 +28,7 @@ use vmm_sys_util::ioctl::ioctl;
 
 use crate::memory::{self, GuestMemory};
 pub(crate) use bitmap::Bitmap;
-pub(crate) use ring::{MAX_RING_ENTRIES, MIN_RING_ENTRIES};
+pub use error::Error;
 
 /// Which dirty tracking a VM uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,30 +46,6 @@ impl std::fmt::Display for DirtyMode {
             DirtyMode::Ring(n) => write!(f, "ring ({n} entries)"),
         }
     }
-}
-
-/// Why dirty tracking failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A ring size that is not a power of two in the accepted range (given).
-    #[error("the dirty ring needs a power-of-two entry count from {min} to {max}, not {0}", min = MIN_RING_ENTRIES, max = MAX_RING_ENTRIES)]
-    RingSize(u32),
-    /// KVM refused `KVM_CAP_DIRTY_LOG_RING_ACQ_REL` with this entry count.
-    #[error("enabling the dirty ring ({0} entries) on the VM")]
-    EnableRing(u32, #[source] kvm_ioctls::Error),
-    /// Mapping a vCPU's ring pages from its fd failed (vCPU index given).
-    #[error("mapping vCPU {0}'s dirty ring")]
-    MapRing(usize, #[source] std::io::Error),
-    /// Fetching and clearing the dirty bitmap failed.
-    #[error("KVM_GET_DIRTY_LOG")]
-    GetLog(#[source] kvm_ioctls::Error),
-    /// Handing harvested ring entries back to KVM failed.
-    #[error("KVM_RESET_DIRTY_RINGS")]
-    ResetRings(#[source] std::io::Error),
-    /// Re-registering the memory slot with or without `KVM_MEM_LOG_DIRTY_PAGES`
-    /// failed (true: turning it on).
-    #[error("turning dirty logging {} on the memory slot", if *.0 { "on" } else { "off" })]
-    SetLogging(bool, #[source] kvm_ioctls::Error),
 }
 
 /// The macro makes a `pub fn`; this module keeps the ioctl number out of the

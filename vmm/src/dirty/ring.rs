@@ -8,7 +8,7 @@ use kvm_bindings::{kvm_enable_cap, KVM_CAP_DIRTY_LOG_RING_ACQ_REL, KVM_DIRTY_LOG
 use kvm_ioctls::VmFd;
 use vm_memory::{Bytes as _, FileOffset, MmapRegion, VolatileMemory as _};
 
-use super::Error;
+use super::error::Error;
 
 /// Smallest ring KVM takes: one page of entries.
 pub(crate) const MIN_RING_ENTRIES: u32 = 256;
@@ -25,7 +25,11 @@ const GFN_BYTES: usize = 16;
 /// A bad size, or KVM refuses.
 pub(crate) fn enable(vm: &VmFd, entries: u32) -> Result<(), Error> {
     if !entries.is_power_of_two() || !(MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&entries) {
-        return Err(Error::RingSize(entries));
+        return Err(Error::RingSize {
+            entries,
+            min: MIN_RING_ENTRIES,
+            max: MAX_RING_ENTRIES,
+        });
     }
     let mut cap = kvm_enable_cap {
         cap: KVM_CAP_DIRTY_LOG_RING_ACQ_REL,

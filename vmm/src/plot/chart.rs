@@ -13,8 +13,9 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::axes::{self, ByteAxis, RateAxis};
+use super::error::PlotError;
 use super::markers::{self, PhaseChange};
-use super::{ChartOptions, PlotError, RateScale, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH};
+use super::options::{ChartOptions, RateScale, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH};
 use crate::sampler::record::{Point, SeriesHeader, VcpuPoint};
 use crate::units::{format_bytes, saturating_usize};
 

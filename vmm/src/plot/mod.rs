@@ -9,8 +9,10 @@
 
 mod axes;
 mod chart;
+mod error;
 mod legend;
 mod markers;
+mod options;
 mod png;
 
 use std::fs;
@@ -18,31 +20,12 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::{IntoDrawingArea, SVGBackend};
 
-use crate::sampler::record::{self, ParseError, Point, SeriesHeader};
+use crate::sampler::record::{self, Point, SeriesHeader};
 
 pub use chart::{rate_color, Rate, TOTAL_COLOR};
+pub use error::PlotError;
+pub use options::{ChartOptions, RateScale, DEFAULT_HEIGHT, DEFAULT_WIDTH};
 pub use plotters::style::RGBColor;
-
-/// Default chart width in pixels.
-pub const DEFAULT_WIDTH: u32 = 1200;
-/// Default chart height in pixels.
-pub const DEFAULT_HEIGHT: u32 = 700;
-/// Smallest width that leaves room for the axes and the legend.
-pub(crate) const MIN_WIDTH: u32 = 480;
-/// Smallest height that leaves room for two panels.
-pub(crate) const MIN_HEIGHT: u32 = 300;
-/// Largest width or height.
-pub(crate) const MAX_SIDE: u32 = 10_000;
-
-/// How the exit-rate panel scales its values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum RateScale {
-    /// Decades from 1/s up; idle (zero) and bursty rates both stay readable.
-    #[default]
-    Log,
-    /// From zero, for comparing rates of one size.
-    Linear,
-}
 
 /// The image format, chosen by the output file's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,36 +68,6 @@ pub struct PlotConfig {
     pub chart: ChartOptions,
 }
 
-/// How the chart looks.
-#[derive(Debug, Clone)]
-pub struct ChartOptions {
-    /// The title; `None` uses `source`.
-    pub title: Option<String>,
-    /// Where the series came from (usually its file name), for the title and errors.
-    pub source: String,
-    /// Width in pixels.
-    pub width: u32,
-    /// Height in pixels.
-    pub height: u32,
-    /// Draw only this vCPU's rates and phases.
-    pub vcpu: Option<usize>,
-    /// How the exit-rate panel scales its values.
-    pub rates: RateScale,
-}
-
-impl Default for ChartOptions {
-    fn default() -> Self {
-        ChartOptions {
-            title: None,
-            source: String::new(),
-            width: DEFAULT_WIDTH,
-            height: DEFAULT_HEIGHT,
-            vcpu: None,
-            rates: RateScale::Log,
-        }
-    }
-}
-
 /// A chart written as SVG, with what it holds.
 #[derive(Debug, Clone)]
 pub struct Rendered {
@@ -149,86 +102,6 @@ impl std::fmt::Display for PlotOutcome {
             self.points, self.vcpus, self.markers
         )
     }
-}
-
-/// A plot that could not be made.
-#[derive(Debug, thiserror::Error)]
-pub enum PlotError {
-    /// The output file name has no extension to pick a format by.
-    #[error("output '{}' has no extension: name it .svg or .png", path.display())]
-    NoOutputExtension {
-        /// The output file.
-        path: PathBuf,
-    },
-    /// The output file's extension names no format we write.
-    #[error("unsupported output extension '.{ext}': use .svg or .png")]
-    UnsupportedExtension {
-        /// The extension, without its dot.
-        ext: String,
-    },
-    /// The chart would be too small for its axes and legend, or too large.
-    #[error("chart size {width}x{height} is out of range: width {MIN_WIDTH} to {MAX_SIDE}, height {MIN_HEIGHT} to {MAX_SIDE}")]
-    BadSize {
-        /// Width asked for.
-        width: u32,
-        /// Height asked for.
-        height: u32,
-    },
-    /// The series file could not be read.
-    #[error("cannot read series {}", path.display())]
-    ReadSeries {
-        /// The series file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The series file is not a sampler series.
-    #[error("series {} is not a sampler series", path.display())]
-    ParseSeries {
-        /// The series file.
-        path: PathBuf,
-        /// The line and what is wrong with it.
-        #[source]
-        source: ParseError,
-    },
-    /// No sample has a finite time.
-    #[error("series {name} has no samples to plot (none with a finite time)")]
-    EmptySeries {
-        /// The series' name (its file name).
-        name: String,
-    },
-    /// `--vcpu` names a vCPU the series does not have.
-    #[error("vCPU {vcpu} is not in the series (it has {vcpus})")]
-    NoSuchVcpu {
-        /// The vCPU asked for.
-        vcpu: usize,
-        /// vCPUs in the series.
-        vcpus: usize,
-    },
-    /// The image buffer would not fit in memory.
-    #[error("cannot allocate a {width}x{height} image")]
-    AllocateImage {
-        /// Width asked for.
-        width: u32,
-        /// Height asked for.
-        height: u32,
-    },
-    /// plotters could not draw the chart.
-    #[error("cannot draw the chart")]
-    Draw(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The PNG encoder failed.
-    #[error("cannot encode the PNG")]
-    EncodePng(#[source] ::png::EncodingError),
-    /// The image could not be written.
-    #[error("cannot write {}", path.display())]
-    WriteOutput {
-        /// The output file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// The name a series goes by in titles and errors: its file name.

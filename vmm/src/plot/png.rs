@@ -10,7 +10,7 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
 use super::chart::Chart;
-use super::PlotError;
+use super::error::PlotError;
 
 /// Families tried before fontconfig's own choice for `sans-serif`, so charts
 /// look the same wherever one of them is installed.

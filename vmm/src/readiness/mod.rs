@@ -2,7 +2,9 @@
 //! dirties it, estimated cheaply from stats and checked against ground truth,
 //! and what a pre-copy migration would do with it (docs/READINESS.md).
 
+mod error;
 pub(crate) mod model;
+mod options;
 pub(crate) mod report;
 pub mod scan;
 
@@ -14,72 +16,12 @@ use vm_memory::MmapRegion;
 
 use crate::memory::resident;
 
-use crate::dirty::{self, DirtyLog, DirtyMode};
+use crate::dirty::{DirtyLog, DirtyMode};
 use crate::vcpu::VcpuShared;
+pub use error::Error;
 use kvm_stats::Mapped;
+pub use options::Options;
 pub use report::{DirtyRate, Figure, Report, ScanFigures};
-
-/// What to measure and the link to predict for.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Window for the dirty rate (zero: no dirty-rate measurement).
-    pub calc_time: Duration,
-    /// Run the exact scan (pauses the guest while it reads RAM).
-    pub scan: bool,
-    /// Link bandwidth for the prediction, bytes per second; `None`: unlimited
-    /// (the sender's own pace, `model::Costs::local_rate`).
-    pub bandwidth: Option<f64>,
-    /// Longest acceptable downtime for the prediction.
-    pub max_downtime: Duration,
-    /// Where the bandwidth came from: `request`, `migration-parameters` or
-    /// `default`, as the report names it (the downtime limit is the request's,
-    /// else the migration parameters' `downtime-limit`).
-    pub link_from: &'static str,
-    /// vCPUs (their state goes out in the stop).
-    pub vcpus: u64,
-    /// `x-max-rounds` (0: none).
-    pub max_rounds: u64,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            calc_time: Duration::from_secs(1),
-            scan: false,
-            bandwidth: Some(1.25e9),
-            max_downtime: Duration::from_millis(300),
-            link_from: "default",
-            vcpus: 1,
-            max_rounds: 0,
-        }
-    }
-}
-
-/// Why a measurement failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The VM stats fd could not be read.
-    #[error("reading the VM stats")]
-    Stats(#[from] kvm_stats::Error),
-    /// `mincore` over guest RAM failed.
-    #[error("mincore over guest RAM")]
-    Residency(#[source] std::io::Error),
-    /// Dirty tracking could not be turned on or harvested.
-    #[error(transparent)]
-    Dirty(#[from] dirty::Error),
-    /// The vCPUs could not be paused for the scan.
-    #[error("pausing the guest for the scan")]
-    Pause(#[source] crate::messages::RunStateError),
-    /// The vCPUs were asked to pause but did not in time.
-    #[error("the vCPUs did not pause within {0:?}")]
-    PauseTimeout(Duration),
-    /// The prediction could not be made from the figures.
-    #[error(transparent)]
-    Model(#[from] model::Error),
-    /// The VM has no guest RAM to measure.
-    #[error("the VM has no memory")]
-    NoMemory,
-}
 
 /// Pauses (`true`) or resumes (`false`) every vCPU.
 pub(crate) type PauseFn<'a> = dyn FnMut(bool) -> Result<(), crate::messages::RunStateError> + 'a;

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::error::Error;
 use super::model::{self, Inputs, Prediction};
+use super::options::Options;
 use super::scan::Scan;
-use super::{Error, Options};
 use crate::units::{format_bytes, saturating_u64};
 use kvm_stats::Mapped;
 

@@ -20,13 +20,15 @@ use crate::kick;
 use crate::memory::GuestMemory;
 use crate::workload::Command;
 
+mod parked;
 mod registers;
 mod shared;
 pub(crate) mod snapshot;
 
+use parked::{Running, Waiting, Where};
 pub use registers::{GeneralRegisters, Registers};
 pub use shared::*;
-use snapshot::Site;
+use snapshot::{Site, Snapshot, SnapshotRequest};
 
 /// The part of a vCPU its thread owns.
 pub(crate) struct Vcpu {
@@ -45,9 +47,9 @@ pub(crate) struct Vcpu {
     /// Dirty tracking (the ring needs harvesting on ring-full exits).
     pub(crate) dirty: Option<Arc<crate::dirty::DirtyLog>>,
     /// The command the guest is running: sequence, spec, start time.
-    current: Option<(u64, String, Instant)>,
+    current: Option<Running>,
     /// A VMM-side `wait` in progress: sequence, spec, start, deadline.
-    waiting: Option<(u64, String, Instant, Option<Instant>)>,
+    waiting: Option<Waiting>,
     /// Where a restored vCPU picks up (set on a migration's destination).
     resume: Option<Site>,
 }
@@ -70,14 +72,6 @@ pub(crate) enum Report {
 /// Where a vCPU's reports go; shared with the code that spawned its thread,
 /// which reports the thread's end.
 pub(crate) type Reporter = Arc<dyn Fn(Report) + Send + Sync>;
-
-/// Where a parked vCPU thread stands, for its snapshot.
-#[derive(Clone, Copy)]
-enum Where {
-    Guest,
-    NextCommand,
-    Wait,
-}
 
 enum State {
     Running,
@@ -157,6 +151,53 @@ impl Vcpu {
             Some(Site::Wait { remaining_us }) => self.resume_wait(remaining_us),
         };
         step.unwrap_or(State::Running)
+    }
+
+    /// Answers a snapshot request while parked at `at`.
+    fn serve(&mut self, request: SnapshotRequest, at: Where) {
+        self.complete_io();
+        let index = self.shared.index;
+        let result = snapshot::capture(&self.fd, index, &request.msr_list).map(|kvm| Snapshot {
+            index,
+            kvm,
+            vmm: parked::vmm_state(
+                at,
+                self.current.as_ref(),
+                self.waiting.as_ref(),
+                &self.shared,
+            ),
+        });
+        // The migration may have given up waiting; then nobody needs this.
+        let _ = request.reply.send(result);
+    }
+
+    /// Completes a port or MMIO exit KVM still holds (its instruction retires
+    /// on the next KVM_RUN): KVM_RUN with `immediate_exit` set finishes it and
+    /// returns EINTR without entering the guest, so the registers read next
+    /// are the whole state (KVM's documented way before saving state).
+    fn complete_io(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        match self.fd.run() {
+            Err(e) if e.errno() == libc::EINTR => {}
+            other => log::warn!(
+                "vcpu{}: completing pending I/O before a snapshot: {other:?}",
+                self.shared.index
+            ),
+        }
+        self.fd.set_kvm_immediate_exit(0);
+    }
+
+    /// Loads a snapshot into this vCPU before its thread starts (a
+    /// migration's destination). Returns the MSRs KVM refused.
+    ///
+    /// # Errors
+    /// A KVM call failed, or a queued command does not parse.
+    pub(crate) fn restore(&mut self, s: &Snapshot) -> Result<Vec<u32>, snapshot::Error> {
+        let resumed = parked::resume(&self.fd, &self.shared, s)?;
+        self.current = resumed.current;
+        self.waiting = resumed.waiting;
+        self.resume = Some(resumed.site);
+        Ok(resumed.refused)
     }
 
     /// Finishes a `wait` the source's thread was in, then takes the next command.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::EventFd;
 
-use super::Registers;
+use super::registers::Registers;
 use crate::exits::{ExitCounters, Fault};
 use crate::workload::Command;
 

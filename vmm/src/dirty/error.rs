@@ -1,0 +1,33 @@
+//! Why dirty tracking failed: one error type for the service and its rings,
+//! below both (`ring.rs` raises some of it, `mod.rs` the rest).
+
+/// Why dirty tracking failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A ring size that is not a power of two in the accepted range.
+    #[error("the dirty ring needs a power-of-two entry count from {min} to {max}, not {entries}")]
+    RingSize {
+        /// The entry count asked for.
+        entries: u32,
+        /// The smallest count accepted.
+        min: u32,
+        /// The largest count accepted.
+        max: u32,
+    },
+    /// KVM refused `KVM_CAP_DIRTY_LOG_RING_ACQ_REL` with this entry count.
+    #[error("enabling the dirty ring ({0} entries) on the VM")]
+    EnableRing(u32, #[source] kvm_ioctls::Error),
+    /// Mapping a vCPU's ring pages from its fd failed (vCPU index given).
+    #[error("mapping vCPU {0}'s dirty ring")]
+    MapRing(usize, #[source] std::io::Error),
+    /// Fetching and clearing the dirty bitmap failed.
+    #[error("KVM_GET_DIRTY_LOG")]
+    GetLog(#[source] kvm_ioctls::Error),
+    /// Handing harvested ring entries back to KVM failed.
+    #[error("KVM_RESET_DIRTY_RINGS")]
+    ResetRings(#[source] std::io::Error),
+    /// Re-registering the memory slot with or without `KVM_MEM_LOG_DIRTY_PAGES`
+    /// failed (true: turning it on).
+    #[error("turning dirty logging {} on the memory slot", if *.0 { "on" } else { "off" })]
+    SetLogging(bool, #[source] kvm_ioctls::Error),
+}

@@ -1,0 +1,39 @@
+//! What a readiness measurement measures, and the link it predicts for.
+
+use std::time::Duration;
+
+/// What to measure and the link to predict for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Window for the dirty rate (zero: no dirty-rate measurement).
+    pub calc_time: Duration,
+    /// Run the exact scan (pauses the guest while it reads RAM).
+    pub scan: bool,
+    /// Link bandwidth for the prediction, bytes per second; `None`: unlimited
+    /// (the sender's own pace, `model::Costs::local_rate`).
+    pub bandwidth: Option<f64>,
+    /// Longest acceptable downtime for the prediction.
+    pub max_downtime: Duration,
+    /// Where the bandwidth came from: `request`, `migration-parameters` or
+    /// `default`, as the report names it (the downtime limit is the request's,
+    /// else the migration parameters' `downtime-limit`).
+    pub link_from: &'static str,
+    /// vCPUs (their state goes out in the stop).
+    pub vcpus: u64,
+    /// `x-max-rounds` (0: none).
+    pub max_rounds: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            calc_time: Duration::from_secs(1),
+            scan: false,
+            bandwidth: Some(1.25e9),
+            max_downtime: Duration::from_millis(300),
+            link_from: "default",
+            vcpus: 1,
+            max_rounds: 0,
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! A parked vCPU thread's side of a snapshot: where its command loop stands,
+//! turned into the VMM state that travels ([`VmmState`]) on the source, and
+//! that state turned back into the loop's position and the shared inbox on
+//! the destination. The KVM side is `snapshot`'s; the thread calls both.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::VcpuFd;
+
+use super::shared::{CommandResult, VcpuShared, VcpuState};
+use super::snapshot::{self, micros, Current, Error, ResultRecord, Site, Snapshot, VmmState};
+
+/// Where a parked vCPU thread stands, for its snapshot.
+#[derive(Clone, Copy)]
+pub(super) enum Where {
+    Guest,
+    NextCommand,
+    Wait,
+}
+
+/// The command the guest runs: sequence, spec, start time.
+pub(super) type Running = (u64, String, Instant);
+/// A VMM-side `wait`: sequence, spec, start, deadline.
+pub(super) type Waiting = (u64, String, Instant, Option<Instant>);
+
+/// The VMM's state of a vCPU parked at `at`, running `current` or in
+/// `waiting`.
+pub(super) fn vmm_state(
+    at: Where,
+    current: Option<&Running>,
+    waiting: Option<&Waiting>,
+    shared: &VcpuShared,
+) -> VmmState {
+    let now = Instant::now();
+    let (site, current) = match (at, waiting) {
+        (Where::Wait, Some((seq, command, started, deadline))) => (
+            Site::Wait {
+                remaining_us: deadline.map(|d| micros(d.saturating_duration_since(now))),
+            },
+            Some(Current {
+                seq: *seq,
+                command: command.clone(),
+                elapsed_us: micros(now.saturating_duration_since(*started)),
+            }),
+        ),
+        (Where::Wait | Where::NextCommand, _) => (Site::NextCommand, None),
+        (Where::Guest, _) => (
+            Site::Guest,
+            current.map(|(seq, command, started)| Current {
+                seq: *seq,
+                command: command.clone(),
+                elapsed_us: micros(now.saturating_duration_since(*started)),
+            }),
+        ),
+    };
+    let (reasons, devices) = shared.counters.labeled();
+    let inbox = shared.lock();
+    VmmState {
+        site,
+        current,
+        queue: inbox.queue.iter().map(ToString::to_string).collect(),
+        next_seq: inbox.next_seq,
+        results: inbox
+            .results
+            .iter()
+            .map(|r| ResultRecord {
+                seq: r.seq,
+                command: r.command.clone(),
+                status: r.status.clone(),
+                values: r.values,
+                host_time_us: micros(r.host_time),
+            })
+            .collect(),
+        phase: shared.phase.load(Ordering::Relaxed),
+        booted: shared.first_exit.get().is_some(),
+        reasons,
+        devices,
+    }
+}
+
+/// Where a restored vCPU's loop picks up.
+pub(super) struct Resumed {
+    /// The command the guest was running.
+    pub(super) current: Option<Running>,
+    /// The `wait` the source's thread was in.
+    pub(super) waiting: Option<Waiting>,
+    /// Where the source's thread stood.
+    pub(super) site: Site,
+    /// The MSRs KVM refused.
+    pub(super) refused: Vec<u32>,
+}
+
+/// Loads a snapshot into a vCPU whose thread has not started (a migration's
+/// destination): KVM's state into `fd`, the VMM's into `shared`.
+///
+/// # Errors
+/// A KVM call failed, or a queued command does not parse.
+pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<Resumed, Error> {
+    let index = shared.index;
+    let queue = s
+        .vmm
+        .queue
+        .iter()
+        .map(|spec| {
+            crate::workload::parse_sequence(spec)
+                .map_err(|e| Error::Queue(index, spec.clone(), e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let refused = snapshot::restore(fd, index, &s.kvm)?;
+    let now = Instant::now();
+    let started = |c: &Current| {
+        now.checked_sub(Duration::from_micros(c.elapsed_us))
+            .unwrap_or(now)
+    };
+    let v = &s.vmm;
+    let mut resumed = Resumed {
+        current: None,
+        waiting: None,
+        site: v.site,
+        refused,
+    };
+    match (v.site, &v.current) {
+        (Site::Guest, Some(c)) => {
+            resumed.current = Some((c.seq, c.command.clone(), started(c)));
+        }
+        (Site::Wait { remaining_us }, Some(c)) => {
+            let deadline = remaining_us.map(|us| now + Duration::from_micros(us));
+            resumed.waiting = Some((c.seq, c.command.clone(), started(c), deadline));
+        }
+        _ => {}
+    }
+    shared.counters.restore(&v.reasons, &v.devices);
+    shared.phase.store(v.phase, Ordering::Relaxed);
+    if v.booted {
+        let _ = shared.first_exit.set(now);
+    }
+    let mut inbox = shared.lock();
+    inbox.queue = queue.into_iter().flatten().collect();
+    inbox.next_seq = v.next_seq;
+    inbox.results = v
+        .results
+        .iter()
+        .map(|r| CommandResult {
+            seq: r.seq,
+            command: r.command.clone(),
+            status: r.status.clone(),
+            values: r.values,
+            host_time: Duration::from_micros(r.host_time_us),
+        })
+        .collect();
+    inbox.state = match (v.site, &v.current) {
+        (Site::Guest, Some(c)) => VcpuState::Running {
+            seq: c.seq,
+            command: c.command.clone(),
+        },
+        (Site::Guest, None) => VcpuState::Booting,
+        _ => VcpuState::Waiting,
+    };
+    Ok(resumed)
+}
