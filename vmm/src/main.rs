@@ -291,7 +291,7 @@ struct RunArgs {
     /// Write every sample to FILE as it is taken: CSV if it ends in .csv, else
     /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick. FILE appears (or
     /// is replaced) only once start-up has passed, written until then as
-    /// .FILE.PID.tmp beside it (such files of processes that are gone are
+    /// .FILE.PID.XXXXXX.tmp beside it (such files of processes that are gone are
     /// removed); an existing FILE that is not a kvmscope samples file is
     /// refused unless --force is given.
     #[arg(long, value_name = "FILE")]

@@ -2,7 +2,7 @@
 //! figures (`query-readiness`) and prints the report, with a progress bar for
 //! the scan when stderr is a terminal.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -28,22 +28,14 @@ pub struct ReadinessConfig {
     pub json: bool,
 }
 
-fn progress_bar(done: u64, total: u64) -> String {
-    let width = 40;
-    let fraction = |scale: u64| {
-        done.min(total)
-            .saturating_mul(scale)
-            .checked_div(total)
-            .unwrap_or(scale)
-    };
-    let filled =
-        usize::try_from(fraction(u64::try_from(width).unwrap_or(u64::MAX))).unwrap_or(width);
-    format!(
-        "\rscanning guest RAM [{}{}] {:>3}%",
-        "#".repeat(filled),
-        " ".repeat(width - filled),
-        fraction(100)
-    )
+/// The scan's progress bar; indicatif draws it only when stderr is a terminal.
+fn scan_bar() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    let style =
+        indicatif::ProgressStyle::with_template("scanning guest RAM [{bar:40}] {percent:>3}%")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style.progress_chars("## "));
+    bar
 }
 
 /// Runs the query and prints the report (text, or JSON with `json`).
@@ -67,18 +59,20 @@ pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Er
             .to_string()
             .as_bytes(),
     )?;
-    let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<indicatif::ProgressBar> = None;
     let reply = client
         .read_reply_after_events(|event| {
-            if tty && event["event"] == "READINESS_PROGRESS" {
+            if event["event"] == "READINESS_PROGRESS" {
                 let n = |k: &str| event["data"][k].as_u64().unwrap_or(0);
-                eprint!("{}", progress_bar(n("done"), n("total")));
+                let bar = bar.get_or_insert_with(scan_bar);
+                bar.set_length(n("total"));
+                bar.set_position(n("done"));
             }
             Ok(())
         })?
         .value;
-    if tty && config.scan {
-        eprintln!();
+    if let Some(bar) = bar {
+        bar.finish();
     }
     if let Some((class, desc)) = super::error_reply(&reply) {
         return Err(Error::Remote { class, desc });
@@ -100,21 +94,4 @@ pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Er
         write!(out, "{}", report["text"].as_str().unwrap_or_default())?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn progress_bar_fills_with_the_fraction_done() {
-        assert!(progress_bar(0, 100).contains("[                                        ]   0%"));
-        assert!(progress_bar(50, 100).contains(&format!(
-            "[{}{}]  50%",
-            "#".repeat(20),
-            " ".repeat(20)
-        )));
-        assert!(progress_bar(100, 100).ends_with("100%"));
-        assert!(progress_bar(0, 0).ends_with("100%"));
-    }
 }

@@ -8,7 +8,7 @@
 //! was. An existing file is replaced only if it is empty or a kvmscope series
 //! (its first line is a series header), unless the caller forces it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -103,45 +103,46 @@ pub(crate) fn check_destination(dest: &Destination) -> Result<PathBuf, Error> {
     }
 }
 
-/// A series written under a temporary name, until `commit` moves it into
-/// place. Dropped uncommitted, it removes the temporary file.
+/// A series written under a temporary name (`tempfile`'s, created with
+/// `O_EXCL` next to the target), until `commit` moves it into place. Dropped
+/// uncommitted, the temporary file is removed.
 #[derive(Debug)]
 pub(crate) struct Staged {
-    temp: PathBuf,
+    temp: Option<tempfile::TempPath>,
     target: PathBuf,
-    committed: bool,
 }
 
 impl Staged {
     /// Moves the series into place, replacing any old file (one rename).
     ///
     /// # Errors
-    /// The rename failed (the temporary file is then removed on drop).
+    /// The rename failed (the temporary file is then removed).
     pub(crate) fn commit(&mut self) -> Result<(), Error> {
-        if !self.committed {
-            std::fs::rename(&self.temp, &self.target)
-                .map_err(|e| Error::Commit(self.target.clone(), e))?;
-            self.committed = true;
+        if let Some(temp) = self.temp.take() {
+            temp.persist(&self.target)
+                .map_err(|e| Error::Commit(self.target.clone(), e.error))?;
         }
         Ok(())
     }
 }
 
-impl Drop for Staged {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.temp);
-        }
-    }
-}
-
-/// `dir/.NAME.PID.tmp`, next to `target` so that the rename stays on one filesystem.
-fn temp_path(target: &Path) -> PathBuf {
+/// Creates `dir/.NAME.PID.XXXXXX.tmp` next to `target` (so that the rename
+/// stays on one filesystem). The pid in the name lets a later run tell a
+/// temporary left by a killed process from a live one's.
+fn create_temp(target: &Path) -> Result<tempfile::NamedTempFile, Error> {
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    target.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}.{}.", std::process::id()))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| Error::Create(dir.join(format!(".{name}.*.tmp")), e))
 }
 
 /// Removes the temporary files of earlier runs for `target` whose process is
@@ -161,9 +162,11 @@ fn remove_stale_temps(target: &Path) {
     };
     for e in entries.flatten() {
         let file = e.file_name().to_string_lossy().into_owned();
+        // `PID.XXXXXX` (or `PID` alone, as older runs named them).
         let Some(pid) = file
             .strip_prefix(&prefix)
             .and_then(|rest| rest.strip_suffix(".tmp"))
+            .and_then(|rest| rest.split('.').next())
             .and_then(|pid| pid.parse::<u32>().ok())
         else {
             continue;
@@ -224,16 +227,10 @@ impl Writer {
         let format = format_of(&dest.path)?;
         let target = check_destination(dest)?;
         remove_stale_temps(&target);
-        let temp = temp_path(&target);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .map_err(|e| Error::Create(temp.clone(), e))?;
+        let (file, temp) = create_temp(&target)?.into_parts();
         let staged = Staged {
-            temp: temp.clone(),
+            temp: Some(temp),
             target,
-            committed: false,
         };
         let mut w = Writer {
             path: dest.path.clone(),
@@ -417,10 +414,11 @@ mod tests {
         let path = d.join("series.csv");
         // No process has a pid this high (pid_max is at most 2^22).
         let stale = d.join(".series.csv.4294967295.tmp");
+        let stale_named = d.join(".series.csv.4294967295.x7Kq2p.tmp");
         // pid 1 is always alive.
         let live = d.join(".series.csv.1.tmp");
         let other = d.join(".other.csv.4294967295.tmp");
-        for f in [&stale, &live, &other] {
+        for f in [&stale, &stale_named, &live, &other] {
             std::fs::write(f, "x").unwrap();
         }
         let created = Writer::create(&path.clone().into(), &header()).unwrap();
@@ -428,7 +426,7 @@ mod tests {
         assert_eq!(
             names(&d),
             [".other.csv.4294967295.tmp", ".series.csv.1.tmp"],
-            "only the stale temporary of this target went"
+            "only the stale temporaries of this target went"
         );
         std::fs::remove_dir_all(&d).unwrap();
     }

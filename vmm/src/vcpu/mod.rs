@@ -108,8 +108,10 @@ impl Vcpu {
     pub(crate) fn run(mut self) -> Outcome {
         // Dropped before `self` (and so before the fd unmaps kvm_run), unwinding included.
         let _armed = kick::Armed::new(&mut self.fd.get_kvm_run().immediate_exit);
-        // SAFETY: gettid has no preconditions and cannot fail.
-        let _ = self.shared.tid.set(unsafe { libc::gettid() });
+        let _ = self
+            .shared
+            .tid
+            .set(rustix::thread::gettid().as_raw_nonzero().get());
         let mut state = self.first_state();
         let outcome = loop {
             state = match state {
