@@ -225,7 +225,8 @@ impl Vm {
         let mem = memory::create(config.memory, config.hugepages)?;
         let entry = load_image(&mem, config.guest.as_deref())?;
         boot::write_boot_structures(&mem)?;
-        register_memory(&fd, &mem, config.dirty_log.is_some())?;
+        // Only a bitmap VM logs from boot; a ring VM logs while observed.
+        register_memory(&fd, &mem, config.dirty_log == Some(DirtyMode::Bitmap))?;
         if let Some(DirtyMode::Ring(entries)) = config.dirty_log {
             // Before any vCPU exists, as KVM requires.
             dirty::enable_ring(&fd, entries)?;

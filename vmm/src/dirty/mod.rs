@@ -5,10 +5,15 @@
 //! A consumer ([`Consumer`], from [`DirtyLog::subscribe`]) sees every page
 //! dirtied since its own last look, whatever the others do: a readiness
 //! window and a migration can run at once. A VM uses the mode it was started
-//! with; one started without any turns bitmap logging on for its memory slot
-//! while a consumer holds it (re-registering the slot with
-//! `KVM_MEM_LOG_DIRTY_PAGES`), and off again when the last one goes. KVM
-//! refuses the bitmap once the ring is on (this kernel has no
+//! with. Logging itself is a flag of the memory slot
+//! (`KVM_MEM_LOG_DIRTY_PAGES`), set by re-registering the slot: a bitmap VM
+//! sets it at boot (a page costs one write-protection fault until the first
+//! harvest, nothing after, and "written since boot" is known); a ring VM, and
+//! one started without a mode (which gets the bitmap), set it only while a
+//! consumer holds the log and clear it when the last one goes, so that a VM
+//! nobody observes pays nothing. The ring capability stays enabled for the
+//! VM's life (KVM allows it only before vCPUs exist); KVM refuses the bitmap
+//! once the ring is on (this kernel has no
 //! `KVM_CAP_DIRTY_LOG_RING_WITH_BITMAP`), so a ring VM always uses its ring.
 //!
 //! Users: the VM (`vm.rs`) builds it, vCPU threads harvest a full ring,
@@ -86,8 +91,9 @@ struct State {
     since_start: Bitmap,
     consumers: Vec<(u64, Window)>,
     next_id: u64,
-    /// Consumers that asked for bitmap logging turned on at run time.
-    runtime_users: u32,
+    /// Consumers holding logging on (every consumer, unless the VM logs from
+    /// boot: the bitmap mode).
+    holders: u32,
     /// The slot is registered with KVM_MEM_LOG_DIRTY_PAGES.
     logging: bool,
 }
@@ -154,7 +160,7 @@ impl DirtyLog {
             since_start: Bitmap::new(pages),
             consumers: Vec::new(),
             next_id: 0,
-            runtime_users: 0,
+            holders: 0,
             logging: configured == Some(DirtyMode::Bitmap),
         };
         Ok(Arc::new(DirtyLog {
@@ -181,23 +187,31 @@ impl DirtyLog {
         crate::lock(&self.state)
     }
 
+    /// Whether the slot is logged from boot whoever looks: only in bitmap
+    /// mode, where a page costs one write-protection fault until the first
+    /// harvest and nothing after. A ring VM logs only while a consumer holds
+    /// the log, since a ring must be reset as it fills, which write-protects
+    /// again every page written since: it would pay all the time.
+    pub(crate) fn logs_from_boot(&self) -> bool {
+        self.configured == Some(DirtyMode::Bitmap)
+    }
+
     /// A new consumer, whose window starts now (what KVM logged before is
-    /// folded into the others first). Turns bitmap logging on if the VM was
-    /// started without a mode.
+    /// folded into the others first). Turns logging on if nobody held it
+    /// (a ring VM, or a VM started without a mode, which gets the bitmap).
     ///
     /// # Errors
     /// The KVM call that failed.
     pub fn subscribe(self: &Arc<Self>) -> Result<Consumer, Error> {
         let mut state = self.lock();
-        let runtime = self.configured.is_none();
-        if runtime && state.runtime_users == 0 {
+        let holds = !self.logs_from_boot();
+        self.fold(&mut state)?;
+        if holds && state.holders == 0 {
             self.set_logging(true)?;
             state.logging = true;
-        } else {
-            self.fold(&mut state)?;
         }
-        if runtime {
-            state.runtime_users += 1;
+        if holds {
+            state.holders += 1;
         }
         let id = state.next_id;
         state.next_id += 1;
@@ -207,16 +221,17 @@ impl DirtyLog {
         Ok(Consumer {
             log: self.clone(),
             id,
-            runtime,
+            holds,
         })
     }
 
-    /// Pages written since boot, for a VM started with a mode; `None` otherwise.
+    /// Pages written since boot, for a VM that logs from boot (the bitmap
+    /// mode); `None` otherwise.
     ///
     /// # Errors
     /// The KVM call failed.
     pub fn written_since_boot(&self) -> Result<Option<u64>, Error> {
-        if self.configured.is_none() {
+        if !self.logs_from_boot() {
             return Ok(None);
         }
         let mut state = self.lock();
@@ -306,12 +321,14 @@ impl DirtyLog {
         Ok(())
     }
 
-    fn unsubscribe(&self, id: u64, runtime: bool) -> Result<(), Error> {
+    fn unsubscribe(&self, id: u64, holds: bool) -> Result<(), Error> {
         let mut state = self.lock();
         state.consumers.retain(|(i, _)| *i != id);
-        if runtime {
-            state.runtime_users = state.runtime_users.saturating_sub(1);
-            if state.runtime_users == 0 && state.logging {
+        if holds {
+            state.holders = state.holders.saturating_sub(1);
+            if state.holders == 0 && state.logging {
+                // What the ring still holds goes to `since_start` only.
+                self.fold(&mut state)?;
                 state.logging = false;
                 self.set_logging(false)?;
             }
@@ -329,11 +346,12 @@ fn record(since_start: &mut Bitmap, consumers: &mut [(u64, Window)], vcpu: usize
 
 /// One reader of the dirty log: it sees every page dirtied since its own last
 /// [`take`](Consumer::take). Dropping it ends its subscription (and turns
-/// run-time bitmap logging off when it was the last).
+/// logging off when it was the last to hold it).
 pub struct Consumer {
     log: Arc<DirtyLog>,
     id: u64,
-    runtime: bool,
+    /// It holds logging on (the VM does not log from boot).
+    holds: bool,
 }
 
 impl Consumer {
@@ -370,7 +388,7 @@ impl Consumer {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        if let Err(e) = self.log.unsubscribe(self.id, self.runtime) {
+        if let Err(e) = self.log.unsubscribe(self.id, self.holds) {
             log::warn!("dirty log: {}", crate::error_chain(&e));
         }
     }

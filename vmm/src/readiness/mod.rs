@@ -65,10 +65,12 @@ pub(crate) fn measure(
         Ok(Mapped::from_sample(g.vm_stats.schema(), &sample))
     })?;
     let resident = timed(|| Ok(resident(g.ram).map_err(Error::Residency)?.1))?;
-    let written = g
-        .dirty
-        .map(|d| timed(|| Ok(d.written_since_boot()?.unwrap_or(0))))
-        .transpose()?;
+    // Known only where the slot is logged from boot (a bitmap VM): a ring VM
+    // logs only while observed, so that nobody pays for it otherwise.
+    let written = match g.dirty {
+        Some(d) if d.logs_from_boot() => Some(timed(|| Ok(d.written_since_boot()?.unwrap_or(0)))?),
+        _ => None,
+    };
     let dirty_rate = match g.dirty {
         Some(d) if !options.calc_time.is_zero() => {
             Some(timed(|| dirty_rate(d, options.calc_time))?)

@@ -263,7 +263,7 @@ impl Report {
             ),
             None => writeln!(
                 s,
-                "written since boot                 -   (start the VMM with --dirty-log)"
+                "written since boot                 -   (needs --dirty-log bitmap, which logs from boot)"
             ),
         };
     }
