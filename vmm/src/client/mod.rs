@@ -568,3 +568,35 @@ pub fn ctl(socket: &Path, line: &str, out: &mut dyn Write) -> Result<bool, Error
     }
     Ok(reply.value.get("return").is_some())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::events::MigrationChange;
+    use crate::protocol::migration::Status;
+
+    fn line(message: &Message) -> Value {
+        serde_json::from_slice(&message.to_line()).unwrap()
+    }
+
+    #[test]
+    fn event_lines_from_the_server_decode_typed() {
+        let progress = EventKind::ReadinessProgress(ScanProgress { done: 7, total: 9 });
+        let sent = line(&Message::Event(Event::of(&progress)));
+        assert_eq!(event_of(&sent).unwrap(), Some(progress));
+        let migration = EventKind::Migration(MigrationChange {
+            status: Status::Completed,
+        });
+        let sent = line(&Message::Event(Event::of(&migration)));
+        assert_eq!(event_of(&sent).unwrap(), Some(migration));
+    }
+
+    #[test]
+    fn unknown_events_are_skipped_and_malformed_ones_refused() {
+        let newer = line(&Message::Event(Event::new("GUEST_PANICKED", Value::Null)));
+        assert_eq!(event_of(&newer).unwrap(), None);
+        let data = serde_json::from_str(r#"{"status": "sideways"}"#).unwrap();
+        let bad = line(&Message::Event(Event::new("MIGRATION", data)));
+        assert!(matches!(event_of(&bad), Err(Error::BadReply(_))));
+    }
+}
