@@ -19,8 +19,9 @@ const LAYERS: &[&[&str]] = &[
     ],
     // Guest RAM; workload specs; the wire format.
     &["memory", "workload", "protocol"],
-    // Boot images and dirty tracking, on guest RAM.
-    &["boot", "dirty"],
+    // Boot images and dirty tracking, on guest RAM; the clients, which speak
+    // only the wire format.
+    &["boot", "dirty", "client"],
     // A vCPU: it reports through a callback, knowing nothing of the main loop.
     &["vcpu"],
     // The main loop's messages; what is read from vCPUs.
@@ -29,8 +30,8 @@ const LAYERS: &[&[&str]] = &[
     &["vm", "signals", "metrics", "plot"],
     // What works on a running VM.
     &["readiness", "migration"],
-    // Who talks to a VMM: the control server, the clients, the fuzz entry points.
-    &["control", "client", "fuzz"],
+    // Who serves a VMM: the control server, the fuzz entry points.
+    &["control", "fuzz"],
     // Top: `kvmscope run` and the host-wide exporter.
     &["run", "exporter"],
 ];

@@ -10,12 +10,14 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvm_stats::{Change, Sample};
-use serde_json::{json, Value};
 
 use super::stats::{receive, sample_all, Received};
 use super::{Client, Error};
 use crate::protocol::guest::GuestCommandReply;
-use crate::protocol::VcpuSelector;
+use crate::protocol::migration::Parameters;
+use crate::protocol::request::ReadinessRequest;
+use crate::protocol::vm::VcpuExits;
+use crate::protocol::{StatsTarget, VcpuRef, VcpuSelector};
 use crate::units::format_bytes;
 use kvm_stats::Mapped;
 
@@ -108,6 +110,10 @@ impl Drop for Vmm {
     }
 }
 
+/// The downtime limit the demo predicts and migrates with: the migration
+/// parameters' default.
+const DEMO_DOWNTIME: Duration = Duration::from_millis(Parameters::DEFAULT_DOWNTIME_LIMIT_MS);
+
 /// The VM's name on both sides of the migration step: the `vm` label and
 /// `query-name` stay the same when the guest moves.
 const DEMO_NAME: &str = "kvmscope-demo";
@@ -176,7 +182,7 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
     }
     readiness_step(&mut client, config.phase_size, out)?;
     migration_step(config, &socket, &mut client, out)?;
-    client.execute("quit", json!({}))?;
+    client.quit()?;
     drop(client);
     let (status, summary) = vmm.finish()?;
     writeln!(
@@ -192,12 +198,17 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
 /// The question the stats are for: is this guest ready to migrate? The guest
 /// dirties memory in the background while the VMM estimates, scans and predicts.
 fn readiness_step(client: &mut Client, size: u64, out: &mut dyn Write) -> Result<(), Error> {
-    writeln!(out, "readiness: while the guest dirties {} at 2000 pages/s, ask the VMM for estimates, an exact scan and a pre-copy prediction (10 Gbit/s, 300 ms)", format_bytes(size))?;
+    writeln!(out, "readiness: while the guest dirties {} at 2000 pages/s, ask the VMM for estimates, an exact scan and a pre-copy prediction (10 Gbit/s, {} ms)", format_bytes(size), DEMO_DOWNTIME.as_millis())?;
     let dirty = format!("dirty ws={size} rate=2000/s for=2s");
     client.guest_command(0, &dirty, false)?;
-    let args = json!({"scan": true, "calc-time": 0.5, "bandwidth": 1.25e9, "max-downtime": 0.3});
-    let (report, _) = client.execute("query-readiness", args)?;
-    for line in report["text"].as_str().unwrap_or_default().lines() {
+    let args = ReadinessRequest {
+        scan: true,
+        calc_time: Some(0.5),
+        bandwidth: Some(1.25e9),
+        max_downtime: Some(DEMO_DOWNTIME.as_secs_f64()),
+    };
+    let report = client.query_readiness(args, |_| {})?;
+    for line in report.text.lines() {
         writeln!(out, "  {line}")?;
     }
     writeln!(out)?;
@@ -216,7 +227,7 @@ fn migration_step(
     let tmp = |suffix: &str| socket.with_extension(suffix);
     let (incoming, dst_socket) = (tmp("in.sock"), tmp("dst.sock"));
     let uri = format!("unix:{}", incoming.display());
-    writeln!(out, "migration: start a second kvmscope with --incoming {uri}, write {} more, and move the guest there while it dirties memory (10 Gbit/s, 300 ms)", format_bytes(size))?;
+    writeln!(out, "migration: start a second kvmscope with --incoming {uri}, write {} more, and move the guest there while it dirties memory (10 Gbit/s, {} ms)", format_bytes(size), DEMO_DOWNTIME.as_millis())?;
     let mut dst = Vmm::spawn_run(
         &config.exe,
         &dst_socket,
@@ -237,7 +248,7 @@ fn migration_step(
         socket: socket.to_path_buf(),
         to: uri,
         bandwidth: Some(1_250_000_000),
-        max_downtime: Some(Duration::from_millis(300)),
+        max_downtime: Some(DEMO_DOWNTIME),
         max_rounds: None,
         predict: false,
         json: false,
@@ -300,7 +311,7 @@ fn verify_on(
             r.command, r.values[0], r.values[2]
         )?;
     }
-    d.execute("quit", json!({}))?;
+    d.quit()?;
     Ok(())
 }
 
@@ -312,13 +323,17 @@ fn run_phase(
     out: &mut dyn Write,
 ) -> Result<(), Error> {
     let before = sample_all(received)?;
-    let ours_before = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
+    let vcpu0 = || Some(vec![VcpuRef::Index(0)]);
+    let ours_before = client.query_exits(vcpu0())?;
     let done = client.guest_command(0, command, true)?;
     let after = sample_all(received)?;
-    let ours_after = client.execute("query-exits", json!({"vcpus": [0]}))?.0;
+    let ours_after = client.query_exits(vcpu0())?;
     writeln!(out, "  {command}: {}", describe_results(&done))?;
     write!(out, "{}", report(received, &before, &after))?;
-    let ours = counter_growth(&ours_before[0], &ours_after[0]);
+    let ours = match (ours_before.first(), ours_after.first()) {
+        (Some(before), Some(after)) => counter_growth(before, after),
+        _ => return Err(Error::BadReply("query-exits named no vCPU 0".into())),
+    };
     writeln!(out, "  our counters: {ours}\n")?;
     Ok(())
 }
@@ -329,10 +344,10 @@ fn describe_results(done: &GuestCommandReply) -> String {
         .flatten()
         .map(|r| {
             format!(
-                "{} in {:.1} ms (guest values {})",
+                "{} in {:.1} ms (guest values [{}])",
                 r.status,
                 r.host_time_s * 1e3,
-                json!(r.values)
+                r.values.map(|v| v.to_string()).join(",")
             )
         })
         .collect::<Vec<_>>()
@@ -345,7 +360,7 @@ fn report(received: &[Received], before: &[Sample], after: &[Sample]) -> String 
     let mut text = String::new();
     for ((r, old), new) in received.iter().zip(before).zip(after) {
         let schema = r.stats.schema();
-        if r.entry["target"] == "vm" {
+        if r.entry.target == StatsTarget::Vm {
             let (a, b) = (
                 Mapped::from_sample(r.stats.schema(), old),
                 Mapped::from_sample(r.stats.schema(), new),
@@ -386,27 +401,11 @@ fn report(received: &[Received], before: &[Sample], after: &[Sample]) -> String 
 }
 
 /// Our counters (`query-exits` entries) that grew, as `name+delta`.
-fn counter_growth(before: &Value, after: &Value) -> String {
-    let mut parts = vec![format!(
-        "total+{}",
-        after["total"]
-            .as_u64()
-            .unwrap_or(0)
-            .saturating_sub(before["total"].as_u64().unwrap_or(0))
-    )];
-    for group in ["reasons", "devices"] {
-        let Some(map) = after[group].as_object() else {
-            continue;
-        };
-        for (name, v) in map {
-            let grew = v
-                .as_u64()
-                .unwrap_or(0)
-                .saturating_sub(before[group][name].as_u64().unwrap_or(0));
-            if grew > 0 {
-                parts.push(format!("{name}+{grew}"));
-            }
-        }
-    }
-    parts.join(" ")
+fn counter_growth(before: &VcpuExits, after: &VcpuExits) -> String {
+    after
+        .growth(before)
+        .into_iter()
+        .map(|(name, grew)| format!("{name}+{grew}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }

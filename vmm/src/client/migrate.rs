@@ -8,10 +8,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use super::{Client, Error};
-use crate::migration::{MigrationInfo, Status};
+use crate::protocol::migration::{MigrationInfo, Parameters, SetParameters, Status};
 
 /// How often the progress is polled.
 const POLL: Duration = Duration::from_millis(100);
@@ -41,29 +39,23 @@ pub struct MigrateConfig {
 /// A transport failure, or the VMM's error reply as `Remote`.
 pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Error> {
     let mut client = Client::connect(&config.socket)?;
-    let mut params = json!({});
-    if let Some(b) = config.bandwidth {
-        params["max-bandwidth"] = json!(b);
-    }
-    if let Some(d) = config.max_downtime {
-        params["downtime-limit"] = json!(crate::units::millis(d));
-    }
-    if let Some(r) = config.max_rounds {
-        params["x-max-rounds"] = json!(r);
-    }
-    client.execute("migrate-set-parameters", params)?;
-    let (p, _) = client.execute("query-migrate-parameters", json!({}))?;
-    let limit = p["downtime-limit"].as_u64().unwrap_or(300);
+    client.migrate_set_parameters(SetParameters {
+        max_bandwidth: config.bandwidth,
+        downtime_limit: config.max_downtime.map(crate::units::millis),
+        x_max_rounds: config.max_rounds,
+        x_check_ram: None,
+    })?;
+    let params = client.query_migrate_parameters()?;
+    let limit = params.downtime_limit;
     let predicted = if config.predict {
-        Some(predict_first(&mut client, &p, config.json, out)?)
+        Some(predict_first(&mut client, &params, config.json, out)?)
     } else {
         None
     };
-    client.execute("migrate", json!({ "uri": config.to }))?;
+    client.migrate(&config.to)?;
     let bar = std::io::stderr().is_terminal().then(progress_bar);
     let info = loop {
-        let (v, _) = client.execute("query-migrate", json!({}))?;
-        let info: MigrationInfo = super::decode(v)?;
+        let info = client.query_migrate()?;
         if let Some(bar) = &bar {
             show(bar, &info, predicted.as_ref());
         }
@@ -98,12 +90,11 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
 /// `max-bandwidth`, 0 unlimited), printed unless the output is JSON.
 fn predict_first(
     client: &mut Client,
-    params: &Value,
+    params: &Parameters,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<super::predict::Predicted, Error> {
-    let bandwidth = params["max-bandwidth"].as_u64().unwrap_or(0);
-    let predicted = super::predict::ask(client, bandwidth)?;
+    let predicted = super::predict::ask(client, params.max_bandwidth)?;
     if !json {
         write!(out, "{}", predicted.text)?;
         out.flush()?;
@@ -197,7 +188,7 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::migration::RamStats;
+    use crate::protocol::migration::RamStats;
 
     #[test]
     fn the_report_reads_like_info_migrate() {

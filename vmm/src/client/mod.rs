@@ -20,10 +20,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::protocol::events::{EventKind, ScanProgress};
 use crate::protocol::guest::GuestCommandReply;
-use crate::protocol::request::{request_line, CapabilitiesArgs, GuestCommandArgs, NoArgs};
-use crate::protocol::vm::VmInfo;
-use crate::protocol::{Command, ErrorClass, Greeting, Message};
+use crate::protocol::migration::{MigrateArgs, MigrationInfo, Parameters, SetParameters};
+use crate::protocol::readiness::ReadinessReport;
+use crate::protocol::request::{
+    request_line, CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, NoArgs, QuerySamplesArgs,
+    ReadinessRequest, VcpusArgs,
+};
+use crate::protocol::samples::SamplesPage;
+use crate::protocol::vm::{StatsFdEntry, StatsFds, VcpuExits, VmInfo};
+use crate::protocol::{
+    Command, ErrorClass, Event, Greeting, Message, StatsTarget, VcpuRef, VcpuSelector,
+};
 use crate::scm::{self, MAX_FDS_PER_MESSAGE};
 
 /// How long `stats`, `watch` and `demo` wait for a reply before giving up.
@@ -366,6 +375,142 @@ impl Client {
         decode(value)
     }
 
+    /// Sends `command`, hands each event line before its reply to
+    /// `on_event`, typed (events this build does not know are skipped), and
+    /// returns the reply's value and fds.
+    ///
+    /// # Errors
+    /// As [`Client::execute`], `BadReply` for an event of the wrong shape, or
+    /// what `on_event` returns.
+    pub(crate) fn call_with_events(
+        &mut self,
+        command: &Command,
+        mut on_event: impl FnMut(EventKind) -> Result<(), Error>,
+    ) -> Result<(Value, Vec<File>), Error> {
+        self.stream.write_all(&request_line(command, None))?;
+        let Reply { value, fds } = self.read_reply_after_events(|line| match event_of(line)? {
+            Some(kind) => on_event(kind),
+            None => Ok(()),
+        })?;
+        match decode::<Message>(value)? {
+            Message::Return { value, .. } => Ok((value, fds)),
+            Message::Error { error, .. } => Err(Error::Remote {
+                class: error.class,
+                desc: error.desc,
+            }),
+            other => Err(Error::BadReply(format!("{other:?}"))),
+        }
+    }
+
+    /// The migration-readiness report (`query-readiness`); each scan
+    /// progress event before it goes to `on_progress`.
+    ///
+    /// # Errors
+    /// As [`Client::call_with_events`], or `BadReply` for a report of another shape.
+    pub fn query_readiness(
+        &mut self,
+        args: ReadinessRequest,
+        mut on_progress: impl FnMut(ScanProgress),
+    ) -> Result<ReadinessReport, Error> {
+        let command = Command::QueryReadiness(args);
+        let (value, _) = self.call_with_events(&command, |event| {
+            if let EventKind::ReadinessProgress(p) = event {
+                on_progress(p);
+            }
+            Ok(())
+        })?;
+        decode(value)
+    }
+
+    /// A page of the sampler's points after `since` (`query-samples`); with
+    /// `max`, the newest `max` of them.
+    ///
+    /// # Errors
+    /// As [`Client::execute`] (a VMM without a sampler answers `Remote`), or
+    /// `BadReply` for a page of another shape.
+    pub fn query_samples(&mut self, since: u64, max: Option<u64>) -> Result<SamplesPage, Error> {
+        let (value, _) = self.call(&Command::QuerySamples(QuerySamplesArgs { since, max }))?;
+        decode(value)
+    }
+
+    /// The VMM's own exit counters of some vCPUs (all when `None`), `query-exits`.
+    ///
+    /// # Errors
+    /// As [`Client::execute`], or `BadReply` for counters of another shape.
+    pub fn query_exits(&mut self, vcpus: Option<Vec<VcpuRef>>) -> Result<Vec<VcpuExits>, Error> {
+        let (value, _) = self.call(&Command::QueryExits(VcpusArgs { vcpus }))?;
+        decode(value)
+    }
+
+    /// Stats fds of the VM or some vCPUs (`get-stats-fd`): the reply's
+    /// entries and the fds, one per entry, in order.
+    ///
+    /// # Errors
+    /// As [`Client::execute`], or `BadReply` for a reply of another shape or
+    /// one whose fds do not match its entries.
+    pub fn get_stats_fd(
+        &mut self,
+        target: StatsTarget,
+        vcpu: Option<VcpuSelector>,
+    ) -> Result<Vec<(StatsFdEntry, File)>, Error> {
+        let (value, fds) = self.call(&Command::GetStatsFd(GetStatsFdArgs { target, vcpu }))?;
+        let reply: StatsFds = decode(value)?;
+        if reply.fds.len() != fds.len() {
+            return Err(Error::BadReply(format!(
+                "the reply names {} fds but carried {}",
+                reply.fds.len(),
+                fds.len()
+            )));
+        }
+        Ok(reply.fds.into_iter().zip(fds).collect())
+    }
+
+    /// Changes the migration parameters given (`migrate-set-parameters`).
+    ///
+    /// # Errors
+    /// As [`Client::execute`].
+    pub fn migrate_set_parameters(&mut self, params: SetParameters) -> Result<(), Error> {
+        self.call(&Command::MigrateSetParameters(params)).map(drop)
+    }
+
+    /// The migration parameters in force (`query-migrate-parameters`).
+    ///
+    /// # Errors
+    /// As [`Client::execute`], or `BadReply` for parameters of another shape.
+    pub fn query_migrate_parameters(&mut self) -> Result<Parameters, Error> {
+        let (value, _) = self.call(&Command::QueryMigrateParameters(NoArgs {}))?;
+        decode(value)
+    }
+
+    /// Starts a migration to `uri` (`unix:PATH` or `tcp:HOST:PORT`).
+    ///
+    /// # Errors
+    /// As [`Client::execute`].
+    pub fn migrate(&mut self, uri: &str) -> Result<(), Error> {
+        let args = MigrateArgs {
+            uri: uri.to_string(),
+            detach: None,
+        };
+        self.call(&Command::Migrate(args)).map(drop)
+    }
+
+    /// The migration's status and counters (`query-migrate`).
+    ///
+    /// # Errors
+    /// As [`Client::execute`], or `BadReply` for a status of another shape.
+    pub fn query_migrate(&mut self) -> Result<MigrationInfo, Error> {
+        let (value, _) = self.call(&Command::QueryMigrate(NoArgs {}))?;
+        decode(value)
+    }
+
+    /// Stops the VMM (`quit`); it closes the connection after the reply.
+    ///
+    /// # Errors
+    /// As [`Client::execute`].
+    pub fn quit(&mut self) -> Result<(), Error> {
+        self.call(&Command::Quit(NoArgs {})).map(drop)
+    }
+
     /// Reads up to the next reply (skipping events): its value and fds.
     fn read_return(&mut self) -> Result<(Value, Vec<File>), Error> {
         // Like a QMP client, skip event lines (progress, subscribed samples).
@@ -386,6 +531,16 @@ impl Client {
 /// `BadReply` with the value, when it is not of that shape.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, Error> {
     serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(value.to_string()))
+}
+
+/// An event line, typed; `None` for an event this build does not know.
+///
+/// # Errors
+/// `BadReply` for a line that is not an event, or a known event of another shape.
+pub(crate) fn event_of(line: &Value) -> Result<Option<EventKind>, Error> {
+    decode::<Event>(line.clone())?
+        .kind()
+        .map_err(|_| Error::BadReply(line.to_string()))
 }
 
 /// The class and description of an error reply (`{"error": {...}}`), if it is one.
@@ -412,4 +567,36 @@ pub fn ctl(socket: &Path, line: &str, out: &mut dyn Write) -> Result<bool, Error
         log::info!("the reply carried {} fds", reply.fds.len());
     }
     Ok(reply.value.get("return").is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::events::MigrationChange;
+    use crate::protocol::migration::Status;
+
+    fn line(message: &Message) -> Value {
+        serde_json::from_slice(&message.to_line()).unwrap()
+    }
+
+    #[test]
+    fn event_lines_from_the_server_decode_typed() {
+        let progress = EventKind::ReadinessProgress(ScanProgress { done: 7, total: 9 });
+        let sent = line(&Message::Event(Event::of(&progress)));
+        assert_eq!(event_of(&sent).unwrap(), Some(progress));
+        let migration = EventKind::Migration(MigrationChange {
+            status: Status::Completed,
+        });
+        let sent = line(&Message::Event(Event::of(&migration)));
+        assert_eq!(event_of(&sent).unwrap(), Some(migration));
+    }
+
+    #[test]
+    fn unknown_events_are_skipped_and_malformed_ones_refused() {
+        let newer = line(&Message::Event(Event::new("GUEST_PANICKED", Value::Null)));
+        assert_eq!(event_of(&newer).unwrap(), None);
+        let data = serde_json::from_str(r#"{"status": "sideways"}"#).unwrap();
+        let bad = line(&Message::Event(Event::new("MIGRATION", data)));
+        assert!(matches!(event_of(&bad), Err(Error::BadReply(_))));
+    }
 }

@@ -2,12 +2,15 @@
 //! the migration starts, and the predicted figures set against the actual
 //! ones of `query-migrate`, field by field, with the error of each.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::{Client, Error};
-use crate::migration::{MigrationInfo, Status};
+use crate::protocol::migration::{MigrationInfo, Status};
+use crate::protocol::request::ReadinessRequest;
 
 /// The prediction's figures under `query-migrate`'s names.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -35,28 +38,28 @@ pub(crate) struct Predicted {
 /// # Errors
 /// A transport failure, the VMM's error reply, or a reply without a prediction.
 pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Error> {
-    let line =
-        json!({"execute": "query-readiness", "arguments": {"scan": true, "bandwidth": bandwidth}});
-    client.send_line(line.to_string().as_bytes())?;
-    let reply = client.read_reply_after_events(|_| Ok(()))?.value;
-    if let Some((class, desc)) = super::error_reply(&reply) {
-        return Err(Error::Remote { class, desc });
-    }
-    let r = &reply["return"];
-    let p = &r["prediction"];
-    let m = &p["migrate"];
-    let ram = &m["ram"];
-    let n = |v: &Value| v.as_u64().ok_or_else(|| Error::BadReply(reply.to_string()));
+    let args = ReadinessRequest {
+        scan: true,
+        bandwidth: Some(bandwidth as f64),
+        ..ReadinessRequest::default()
+    };
+    let report = client.query_readiness(args, |_| {})?;
+    let Some(p) = report.prediction else {
+        return Err(Error::BadReply(
+            "the readiness report has no prediction".into(),
+        ));
+    };
+    let ram = p.migrate.ram;
     Ok(Predicted {
-        transferred: n(&ram["transferred"])?,
-        duplicate: n(&ram["duplicate"])?,
-        normal: n(&ram["normal"])?,
-        dirty_sync_count: n(&ram["dirty-sync-count"])?,
-        total_time: m["total-time"].as_u64(),
-        downtime: m["downtime"].as_u64(),
-        converges: p["converges"].as_bool().unwrap_or(false),
-        reason: p["reason"].as_str().unwrap_or_default().to_string(),
-        text: r["text"].as_str().unwrap_or_default().to_string(),
+        transferred: ram.transferred,
+        duplicate: ram.duplicate,
+        normal: ram.normal,
+        dirty_sync_count: ram.dirty_sync_count,
+        total_time: p.migrate.total_time,
+        downtime: p.migrate.downtime,
+        converges: p.converges,
+        reason: p.reason,
+        text: report.text,
     })
 }
 
@@ -130,29 +133,59 @@ pub(crate) fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) ->
     s
 }
 
+/// One field of the comparison, as `--json` prints it.
+#[derive(Serialize)]
+struct FieldFigures {
+    predicted: Option<u64>,
+    actual: Option<u64>,
+    /// Absent figures, or an actual 0 against a predicted one, give null.
+    #[serde(rename = "error-percent")]
+    error_percent: Option<f64>,
+}
+
+/// The predicted and the actual verdict.
+#[derive(Serialize)]
+struct Verdicts {
+    predicted: bool,
+    actual: bool,
+}
+
+/// `x-predicted`: each field's figures, the verdicts and the model's reason.
+#[derive(Serialize)]
+struct Comparison {
+    fields: BTreeMap<&'static str, FieldFigures>,
+    converges: Verdicts,
+    reason: String,
+}
+
 /// The comparison as JSON (`x-predicted` next to `query-migrate`'s figures).
 pub(crate) fn to_json(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> Value {
-    let fields: serde_json::Map<String, Value> = rows(p, info)
+    let fields = rows(p, info)
         .into_iter()
         .map(|(name, predicted, actual)| {
-            let err = error_pct(predicted, actual).filter(|e| e.is_finite());
-            (
-                name.to_string(),
-                json!({ "predicted": predicted, "actual": actual, "error-percent": err }),
-            )
+            let figures = FieldFigures {
+                predicted,
+                actual,
+                error_percent: error_pct(predicted, actual).filter(|e| e.is_finite()),
+            };
+            (name, figures)
         })
         .collect();
-    json!({
-        "fields": fields,
-        "converges": { "predicted": p.converges, "actual": converged(info, downtime_limit) },
-        "reason": p.reason,
-    })
+    let comparison = Comparison {
+        fields,
+        converges: Verdicts {
+            predicted: p.converges,
+            actual: converged(info, downtime_limit),
+        },
+        reason: p.reason.clone(),
+    };
+    serde_json::to_value(comparison).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::migration::RamStats;
+    use crate::protocol::migration::RamStats;
 
     fn info(expected: u64) -> MigrationInfo {
         MigrationInfo {

@@ -6,9 +6,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::json;
-
 use super::{Client, Error};
+use crate::protocol::request::ReadinessRequest;
 
 /// What `kvmscope readiness` asks for.
 #[derive(Debug, Clone)]
@@ -44,54 +43,35 @@ fn scan_bar() -> indicatif::ProgressBar {
 /// A transport failure, or the VMM's error reply as `Remote`.
 pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
-    let mut args = json!({ "scan": config.scan });
-    if let Some(b) = config.bandwidth {
-        args["bandwidth"] = json!(b);
-    }
-    if let Some(d) = config.max_downtime {
-        args["max-downtime"] = json!(d.as_secs_f64());
-    }
-    if let Some(t) = config.calc_time {
-        args["calc-time"] = json!(t.as_secs_f64());
-    }
-    client.send_line(
-        json!({"execute": "query-readiness", "arguments": args})
-            .to_string()
-            .as_bytes(),
-    )?;
+    let args = ReadinessRequest {
+        scan: config.scan,
+        calc_time: config.calc_time.map(|t| t.as_secs_f64()),
+        bandwidth: config.bandwidth,
+        max_downtime: config.max_downtime.map(|d| d.as_secs_f64()),
+    };
     let mut bar: Option<indicatif::ProgressBar> = None;
-    let reply = client
-        .read_reply_after_events(|event| {
-            if event["event"] == "READINESS_PROGRESS" {
-                let n = |k: &str| event["data"][k].as_u64().unwrap_or(0);
-                let bar = bar.get_or_insert_with(scan_bar);
-                bar.set_length(n("total"));
-                bar.set_position(n("done"));
-            }
-            Ok(())
-        })?
-        .value;
+    let report = client.query_readiness(args, |progress| {
+        let bar = bar.get_or_insert_with(scan_bar);
+        bar.set_length(progress.total);
+        bar.set_position(progress.done);
+    })?;
     if let Some(bar) = bar {
         bar.finish();
     }
-    if let Some((class, desc)) = super::error_reply(&reply) {
-        return Err(Error::Remote { class, desc });
-    }
-    let mut report = reply
-        .get("return")
-        .cloned()
-        .ok_or_else(|| Error::BadReply(reply.to_string()))?;
     if config.json {
-        if let Some(obj) = report.as_object_mut() {
+        // The figures without the text, members in the wire's (sorted) order.
+        let mut value =
+            serde_json::to_value(&report).map_err(|e| Error::BadReply(e.to_string()))?;
+        if let Some(obj) = value.as_object_mut() {
             obj.remove("text");
         }
         writeln!(
             out,
             "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
+            serde_json::to_string_pretty(&value).unwrap_or_default()
         )?;
     } else {
-        write!(out, "{}", report["text"].as_str().unwrap_or_default())?;
+        write!(out, "{}", report.text)?;
     }
     Ok(())
 }

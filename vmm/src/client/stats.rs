@@ -5,10 +5,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use kvm_stats::{NameFilter, Sample, StatsFd};
-use serde_json::{json, Value};
 
 use super::{Client, Error, REPLY_TIMEOUT};
-use crate::protocol::VcpuSelector;
+use crate::protocol::vm::StatsFdEntry;
+use crate::protocol::{Message, StatsTarget, VcpuSelector};
 
 /// What `kvmscope stats` shows.
 #[derive(Debug, Clone)]
@@ -27,8 +27,8 @@ pub struct StatsConfig {
 
 /// A stats fd received over the socket: how the VMM named it, and the fd.
 pub(crate) struct Received {
-    /// The reply's entry: `{"target": "vm"|"vcpu", ["vcpu": N,] "id": ...}`.
-    pub(crate) entry: Value,
+    /// The reply's entry: its target, vCPU and id.
+    pub(crate) entry: StatsFdEntry,
     /// The stats fd, its schema read.
     pub(crate) stats: StatsFd,
 }
@@ -36,7 +36,7 @@ pub(crate) struct Received {
 impl Received {
     /// `vm` or `vcpu N`, for headings.
     pub(crate) fn label(&self) -> String {
-        match self.entry["vcpu"].as_u64() {
+        match self.entry.vcpu {
             Some(i) => format!("vcpu {i}"),
             None => "vm".to_string(),
         }
@@ -56,25 +56,14 @@ pub(crate) fn receive(
 ) -> Result<Vec<Received>, Error> {
     let mut requests = Vec::new();
     if vm {
-        requests.push(json!({"target": "vm"}));
+        requests.push((StatsTarget::Vm, None));
     }
-    match vcpus {
-        Some(VcpuSelector::One(i)) => requests.push(json!({"target": "vcpu", "vcpu": i})),
-        Some(VcpuSelector::All) => requests.push(json!({"target": "vcpu", "vcpu": "all"})),
-        None => {}
+    if let Some(selector) = vcpus {
+        requests.push((StatsTarget::Vcpu, Some(selector)));
     }
     let mut out = Vec::new();
-    for args in requests {
-        let (value, fds) = client.execute("get-stats-fd", args)?;
-        let entries = value["fds"].as_array().cloned().unwrap_or_default();
-        if entries.len() != fds.len() {
-            return Err(Error::BadReply(format!(
-                "the reply names {} fds but carried {}",
-                entries.len(),
-                fds.len()
-            )));
-        }
-        for (entry, file) in entries.into_iter().zip(fds) {
+    for (target, vcpu) in requests {
+        for (entry, file) in client.get_stats_fd(target, vcpu)? {
             out.push(Received {
                 entry,
                 stats: StatsFd::new(file)?,
@@ -135,11 +124,12 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
             .iter()
             .zip(&samples)
             .map(|(r, s)| (r.stats.schema(), s));
-        writeln!(
-            out,
-            "{}",
-            json!({ "return": kvm_stats::json::query_stats(sources, &filter) })
-        )?;
+        // Shaped as QEMU's `query-stats` reply.
+        let reply = Message::Return {
+            value: kvm_stats::json::query_stats(sources, &filter),
+            id: None,
+        };
+        writeln!(out, "{}", serde_json::to_string(&reply).unwrap_or_default())?;
         return Ok(());
     }
     for (r, s) in received.iter().zip(&samples) {

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kvm_stats::NameFilter;
-use serde_json::{json, Value};
 
 use super::stats::{receive, sample_all, warn_missing};
 use super::{Client, Error, REPLY_TIMEOUT};
@@ -123,36 +122,24 @@ struct Derived {
 impl Derived {
     /// Keeps the connection if the VMM runs a sampler.
     fn probe(mut client: Client) -> Option<Derived> {
-        let (r, _) = client.execute("query-samples", json!({"max": 1})).ok()?;
-        let h = &r["header"];
-        let quiet = h["quiet_stats"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let page = client.query_samples(0, Some(1)).ok()?;
+        let header = page.header.header;
         Some(Derived {
             client,
             last: 0,
-            backend: h["backend"]["description"]
-                .as_str()
-                .unwrap_or("?")
-                .to_string(),
-            quiet,
+            backend: header
+                .backend_info()
+                .map_or_else(|| "?".to_string(), |b| b.description),
+            quiet: header.quiet_stats,
         })
     }
 
     fn show(&mut self, out: &mut dyn Write) -> Result<(), Error> {
-        let (r, _) = self
-            .client
-            .execute("query-samples", json!({"since": self.last, "max": 1}))?;
-        let Some(p) = r["samples"].as_array().and_then(|a| a.last()).cloned() else {
+        let page = self.client.query_samples(self.last, Some(1))?;
+        let Some(p) = page.samples.last() else {
             return Ok(());
         };
-        self.last = p["seq"].as_u64().unwrap_or(self.last);
-        let n = |v: &Value| v.as_u64().unwrap_or(0);
+        self.last = p.seq;
         writeln!(
             out,
             "== sampler (tick {}, backend {}) ==",
@@ -161,23 +148,24 @@ impl Derived {
         writeln!(
             out,
             "mapped          {:>12}   4k={} 2m={} 1g={}",
-            format_bytes(n(&p["mapped_bytes"])),
-            n(&p["pages_4k"]),
-            n(&p["pages_2m"]),
-            n(&p["pages_1g"])
+            format_bytes(p.mapped_bytes),
+            p.pages_4k,
+            p.pages_2m,
+            p.pages_1g
         )?;
-        for (i, v) in p["vcpus"].as_array().into_iter().flatten().enumerate() {
-            let (seq, code) = abi::phase_parts(n(&v["phase"]));
+        for (i, v) in p.vcpus.iter().enumerate() {
+            let (seq, code) = abi::phase_parts(v.phase);
             let phase = match abi::command_name(code) {
                 Some(name) => format!("#{seq} {name}"),
                 None => "-".to_string(),
             };
-            let rate = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            // A rate the sampler could not take (null) shows as 0.
+            let rate = |r: f64| if r.is_nan() { 0.0 } else { r };
             writeln!(
                 out,
                 "vcpu{i:<3}         phase {phase:<14} KVM exits {:>10.1}/s   our exits {:>10.1}/s",
-                rate("exits_per_s"),
-                rate("our_exits_per_s")
+                rate(v.exits_per_s),
+                rate(v.our_exits_per_s)
             )?;
         }
         if !self.quiet.is_empty() {

@@ -19,6 +19,7 @@ use super::{Context, Error};
 use crate::abi;
 use crate::boot;
 use crate::messages::{RunRequest, VmEvent};
+use crate::protocol::events::EventKind;
 use crate::protocol::guest::GuestCommandReply;
 use crate::protocol::reply::{
     vcpu_from_qom_path, vcpu_qom_path, CommandInfo, CpuInfoFast, GreetingBody, GreetingVm,
@@ -27,7 +28,9 @@ use crate::protocol::reply::{
 use crate::protocol::request::{
     CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, QueryStatsArgs, SchemasArgs, StatsProvider,
 };
-use crate::protocol::vm::{MemoryInfo, RegionInfo, StatsIds, VmInfo};
+use crate::protocol::vm::{
+    MemoryInfo, RegionInfo, StatsFdEntry, StatsFds, StatsIds, VcpuExits, VmInfo,
+};
 use crate::protocol::{
     Command, ErrorClass, Event, Greeting, Message, StatsTarget, VcpuRef, VcpuSelector,
     PROTOCOL_VERSION,
@@ -116,8 +119,12 @@ impl Handler {
             while told < upto.min(changes) {
                 told += 1;
                 running = !running;
-                let name = if running { "RESUME" } else { "STOP" };
-                lines.push(Message::Event(Event::new(name, Value::Null)).to_line());
+                let kind = if running {
+                    EventKind::Resume
+                } else {
+                    EventKind::Stop
+                };
+                lines.push(Message::Event(Event::of(&kind)).to_line());
             }
         };
         // A migration event follows the changes that came before it was queued.
@@ -187,9 +194,7 @@ impl Handler {
             Command::QueryStats(a) => self.query_stats(a),
             Command::QueryStatsSchemas(a) => self.query_schemas(&a),
             Command::QueryExits(a) => self.per_vcpu(a.vcpus, |h, i| {
-                let mut counters = h.ctx.vcpus[i].counters.to_json();
-                counters["vcpu"] = json!(i);
-                counters
+                serde_json::to_value(VcpuExits::of(i, &h.ctx.vcpus[i].counters)).unwrap_or_default()
             }),
             Command::GuestCommand(a) => self.guest_command(&a),
             Command::QueryGuest(a) => self.per_vcpu(a.vcpus, Handler::guest_state),
@@ -199,7 +204,7 @@ impl Handler {
                     let since = a.since.unwrap_or_else(|| s.last_seq());
                     Outcome::Subscribe {
                         since,
-                        reply: json!({"since": since, "header": s.header.to_json()}),
+                        reply: s.subscribed(since),
                     }
                 }
                 None => no_sampler(),
@@ -331,23 +336,32 @@ impl Handler {
     /// first ran (KVM_GET_STATS_FD on a vCPU fd waits for the vCPU to leave
     /// KVM_RUN, which may take seconds; see docs/PROTOCOL.md).
     fn get_stats_fd(&self, args: &GetStatsFdArgs) -> Outcome {
-        let open = |i: usize| -> Result<(Value, File), Outcome> {
+        let open = |i: usize| -> Result<(StatsFdEntry, File), Outcome> {
             let file = self.ctx.vcpu_stats[i]
                 .try_clone()
                 .map_err(|e| Outcome::generic(format!("duplicating the vCPU {i} stats fd: {e}")))?;
             Ok((
-                json!({"target": "vcpu", "vcpu": i, "qom-path": vcpu_qom_path(i),
-                       "id": self.vcpu_stats[i].schema().id()}),
+                StatsFdEntry {
+                    target: StatsTarget::Vcpu,
+                    vcpu: Some(i),
+                    qom_path: Some(vcpu_qom_path(i)),
+                    id: self.vcpu_stats[i].schema().id().to_string(),
+                },
                 file,
             ))
         };
-        let got: Result<Vec<(Value, File)>, Outcome> = match (args.target, args.vcpu) {
+        let got: Result<Vec<(StatsFdEntry, File)>, Outcome> = match (args.target, args.vcpu) {
             (StatsTarget::Cryptodev, _) => Err(Outcome::generic(
                 "this VMM has no cryptodev stats; targets are vm and vcpu",
             )),
             (StatsTarget::Vm, _) => match kvm_stats::ioctl::get_stats_fd(&self.ctx.vm_fd) {
                 Ok(file) => Ok(vec![(
-                    json!({"target": "vm", "id": self.vm_stats.schema().id()}),
+                    StatsFdEntry {
+                        target: StatsTarget::Vm,
+                        vcpu: None,
+                        qom_path: None,
+                        id: self.vm_stats.schema().id().to_string(),
+                    },
                     file,
                 )]),
                 Err(e) => Err(Outcome::generic(crate::error_chain(&e))),
@@ -359,8 +373,9 @@ impl Handler {
         };
         match got {
             Ok(pairs) => {
-                let (names, files): (Vec<Value>, Vec<File>) = pairs.into_iter().unzip();
-                Outcome::Return(json!({ "fds": names }), files)
+                let (fds, files): (Vec<StatsFdEntry>, Vec<File>) = pairs.into_iter().unzip();
+                let reply = serde_json::to_value(StatsFds { fds }).unwrap_or_default();
+                Outcome::Return(reply, files)
             }
             Err(e) => e,
         }
@@ -487,14 +502,7 @@ impl Handler {
             usize::try_from(m).unwrap_or(usize::MAX).min(SAMPLES_PAGE)
         });
         let page = s.page(since, max, newest);
-        let samples: Vec<Value> = page.points.iter().map(|p| p.to_json(&s.header)).collect();
-        ret(json!({
-            "header": s.header.to_json(),
-            "samples": samples,
-            "dropped": page.dropped,
-            "more": page.more,
-            "last-seq": s.last_seq(),
-        }))
+        Outcome::ret(s.page_reply(page))
     }
 
     /// The reply to a waiting `guest-command`, once its last command finished

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvm_stats::StatsFd;
-use serde_json::{json, Value};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::outcome::{Outcome, Pending, Progress, WorkerMsg};
 use super::Context;
 use crate::messages::{RunRequest, RunStateError, VmEvent};
+use crate::protocol::events::{EventKind, ScanProgress};
 use crate::protocol::request::ReadinessArgs;
 use crate::protocol::{ErrorClass, Event};
 use crate::readiness::{self, Guest, Options};
@@ -30,17 +30,15 @@ pub(crate) fn poll_worker(rx: &Receiver<WorkerMsg>) -> Progress {
     let mut events = Vec::new();
     loop {
         match rx.try_recv() {
-            Ok(WorkerMsg::Progress(done, total)) => events.push(Event::new(
-                "READINESS_PROGRESS",
-                json!({"done": done, "total": total}),
-            )),
+            Ok(WorkerMsg::Progress(done, total)) => {
+                events.push(Event::of(&EventKind::ReadinessProgress(ScanProgress {
+                    done,
+                    total,
+                })))
+            }
             Ok(WorkerMsg::Done(result)) => {
                 let outcome = match *result {
-                    Ok(report) => {
-                        let mut value = report.to_json();
-                        value["text"] = Value::String(report.to_text());
-                        Outcome::Return(value, Vec::new())
-                    }
+                    Ok(report) => Outcome::ret(report.to_reply()),
                     Err(e) => Outcome::Error(ErrorClass::GenericError, crate::error_chain(&e)),
                 };
                 return Progress {
@@ -86,7 +84,7 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
         (None, Some(p)) => (p.max_bandwidth, "migration-parameters"),
         (None, None) => (1_250_000_000, "default"),
     };
-    let limit = params.map_or(300, |p| p.downtime_limit);
+    let limit = params.unwrap_or_default().downtime_limit;
     Options {
         bandwidth: (bandwidth > 0).then_some(bandwidth as f64),
         max_downtime: args.max_downtime.unwrap_or(Duration::from_millis(limit)),

@@ -1,8 +1,7 @@
 //! Event lines the server sends unasked, shaped like QMP's:
 //! `{"event": NAME, "data": {...}, "timestamp": {"seconds": s, "microseconds": us}}`.
 
-use serde_json::json;
-
+use crate::protocol::events::{EventKind, SamplesDropped};
 use crate::protocol::{Event, Message};
 use crate::sampler::Shared;
 
@@ -12,15 +11,17 @@ use crate::sampler::Shared;
 pub(crate) fn samples_after(samples: &Shared, since: u64) -> (Vec<Vec<u8>>, u64) {
     let (points, dropped) = samples.since(since);
     let mut lines = Vec::with_capacity(points.len() + 1);
-    let line = |name: &str, data| Message::Event(Event::new(name, data)).to_line();
+    let line = |kind: &EventKind| Message::Event(Event::of(kind)).to_line();
     if dropped > 0 {
-        lines.push(line("SAMPLES_DROPPED", json!({"count": dropped})));
+        lines.push(line(&EventKind::SamplesDropped(SamplesDropped {
+            count: dropped,
+        })));
     }
     let last = points.last().map_or(since, |p| p.seq);
     lines.extend(
         points
             .iter()
-            .map(|p| line("SAMPLE", p.to_json(&samples.header))),
+            .map(|p| line(&EventKind::Sample(p.to_record(&samples.header)))),
     );
     (lines, last)
 }

@@ -148,11 +148,19 @@ pub struct Parameters {
     pub(crate) x_check_ram: bool,
 }
 
+impl Parameters {
+    /// The default `downtime-limit`, ms (QEMU's): the one place it is
+    /// written; [`Parameters::default`] and every other default take it.
+    pub(crate) const DEFAULT_DOWNTIME_LIMIT_MS: u64 = 300;
+}
+
 impl Default for Parameters {
+    /// QEMU's defaults: no bandwidth limit, a 300 ms downtime limit, no
+    /// round limit, no RAM check.
     fn default() -> Self {
         Parameters {
             max_bandwidth: 0,
-            downtime_limit: 300,
+            downtime_limit: Parameters::DEFAULT_DOWNTIME_LIMIT_MS,
             x_max_rounds: 0,
             x_check_ram: false,
         }

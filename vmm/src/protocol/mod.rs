@@ -22,11 +22,14 @@
 //! would notice; additions (a new command, a new reply member) do not bump it.
 //! docs/PROTOCOL.md is the reference, with every difference from QEMU.
 
+pub mod events;
 pub mod framing;
 pub mod guest;
 pub(crate) mod migration;
+pub mod readiness;
 pub(crate) mod reply;
 pub mod request;
+pub mod samples;
 pub mod vm;
 
 pub use reply::{ErrorClass, Event, Greeting, Message, QmpError};

@@ -11,6 +11,8 @@
 //! vCPU state and the trailer (the downtime). If passes stop shrinking, it
 //! never converges; `x-max-rounds` then forces the stop.
 
+use crate::protocol::migration::Status;
+use crate::protocol::readiness::{PredictedMigration, PredictedRam, PredictionReply, RoundFigure};
 use crate::units::saturating_u64;
 
 /// Bytes of a guest page.
@@ -327,13 +329,11 @@ fn not_converging(i: &Inputs, dirty: u64, done: u64) -> String {
     }
 }
 
-/// Milliseconds, rounded, or null when infinite.
-fn ms(seconds: f64) -> serde_json::Value {
-    if seconds.is_finite() {
-        serde_json::json!(saturating_u64((seconds * 1e3).round()))
-    } else {
-        serde_json::Value::Null
-    }
+/// Milliseconds, rounded; `None` when infinite.
+fn ms(seconds: f64) -> Option<u64> {
+    seconds
+        .is_finite()
+        .then(|| saturating_u64((seconds * 1e3).round()))
 }
 
 impl Prediction {
@@ -342,32 +342,43 @@ impl Prediction {
         self.rounds.len() as u64
     }
 
-    /// The prediction as JSON: the model's rounds, and `migrate` holding
-    /// the figures under `query-migrate`'s names (times in ms, as it gives them).
-    pub(crate) fn to_json(&self) -> serde_json::Value {
-        let r = |r: &Round| serde_json::json!({ "pages": r.pages, "bytes": r.bytes, "seconds": r.seconds });
+    /// The prediction as the report carries it: the model's rounds, and
+    /// `migrate` holding the figures under `query-migrate`'s names (times in
+    /// ms, as it gives them).
+    pub(crate) fn to_reply(&self) -> PredictionReply {
+        let r = |r: &Round| RoundFigure {
+            pages: r.pages,
+            bytes: r.bytes,
+            seconds: r.seconds,
+        };
+        let finite = |v: f64| Some(v).filter(|v| v.is_finite());
         let ends = self.stop_and_copy.is_some();
-        serde_json::json!({
-            "converges": self.converges, "reason": self.reason,
-            "rounds": self.rounds.iter().map(r).collect::<Vec<_>>(),
-            "stop_and_copy": self.stop_and_copy.as_ref().map(r),
-            "total_bytes": self.total_bytes,
-            "total_seconds": if self.total_seconds.is_finite() { serde_json::json!(self.total_seconds) } else { serde_json::Value::Null },
-            "downtime_seconds": if self.downtime.is_finite() { serde_json::json!(self.downtime) } else { serde_json::Value::Null },
-            "migrate": {
-                "status": if ends { "completed" } else { "active" },
-                "x-converges": self.converges,
-                "total-time": ms(self.total_seconds),
-                "downtime": ms(self.downtime),
-                "ram": {
-                    "transferred": self.total_bytes,
-                    "duplicate": self.duplicate,
-                    "normal": self.normal,
-                    "normal-bytes": self.normal * PAGE,
-                    "dirty-sync-count": self.dirty_sync_count(),
+        PredictionReply {
+            converges: self.converges,
+            reason: self.reason.clone(),
+            rounds: self.rounds.iter().map(r).collect(),
+            stop_and_copy: self.stop_and_copy.as_ref().map(r),
+            total_bytes: self.total_bytes,
+            total_seconds: finite(self.total_seconds),
+            downtime_seconds: finite(self.downtime),
+            migrate: PredictedMigration {
+                status: if ends {
+                    Status::Completed
+                } else {
+                    Status::Active
+                },
+                x_converges: self.converges,
+                total_time: ms(self.total_seconds),
+                downtime: ms(self.downtime),
+                ram: PredictedRam {
+                    transferred: self.total_bytes,
+                    duplicate: self.duplicate,
+                    normal: self.normal,
+                    normal_bytes: self.normal * PAGE,
+                    dirty_sync_count: self.dirty_sync_count(),
                 },
             },
-        })
+        }
     }
 }
 

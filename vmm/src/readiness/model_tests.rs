@@ -90,7 +90,7 @@ fn dirtying_faster_than_the_link_never_converges_and_never_stops() {
     );
     assert_eq!(p.stop_and_copy, None);
     assert!(p.downtime.is_infinite() && p.total_seconds.is_infinite());
-    assert_eq!(p.to_json()["migrate"]["status"], "active");
+    assert_eq!(p.to_reply().migrate.status, Status::Active);
 }
 
 #[test]
@@ -105,8 +105,8 @@ fn max_rounds_forces_the_stop_of_a_guest_that_does_not_converge() {
     assert_eq!(p.dirty_sync_count(), 2);
     assert_eq!(p.stop_and_copy.unwrap().pages, 898);
     assert!((p.downtime - p.stop_and_copy.unwrap().seconds).abs() < 1e-12);
-    assert_eq!(p.to_json()["migrate"]["status"], "completed");
-    assert_eq!(p.to_json()["migrate"]["x-converges"], false);
+    assert_eq!(p.to_reply().migrate.status, Status::Completed);
+    assert!(!p.to_reply().migrate.x_converges);
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn unlimited_link_runs_at_the_local_rate_and_costs_add_to_the_times() {
     assert!((p.downtime - (stop_bytes as f64 / 1e9 + 0.006)).abs() < 1e-12);
     let total = 0.01 + 1_638_600.0 / 1e9 + p.downtime;
     assert!((p.total_seconds - total).abs() < 1e-12);
-    assert_eq!(p.to_json()["migrate"]["downtime"], 6);
+    assert_eq!(p.to_reply().migrate.downtime, Some(6));
 }
 
 #[test]

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::protocol::migration::Parameters;
+
 /// What to measure and the link to predict for.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -12,7 +14,8 @@ pub struct Options {
     /// Link bandwidth for the prediction, bytes per second; `None`: unlimited
     /// (the sender's own pace, `model::Costs::local_rate`).
     pub bandwidth: Option<f64>,
-    /// Longest acceptable downtime for the prediction.
+    /// Longest acceptable downtime for the prediction (default: the
+    /// migration parameters' `downtime-limit` default).
     pub max_downtime: Duration,
     /// Where the bandwidth came from: `request`, `migration-parameters` or
     /// `default`, as the report names it (the downtime limit is the request's,
@@ -30,7 +33,7 @@ impl Default for Options {
             calc_time: Duration::from_secs(1),
             scan: false,
             bandwidth: Some(1.25e9),
-            max_downtime: Duration::from_millis(300),
+            max_downtime: Duration::from_millis(Parameters::default().downtime_limit),
             link_from: "default",
             vcpus: 1,
             max_rounds: 0,

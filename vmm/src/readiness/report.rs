@@ -4,12 +4,14 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use super::error::Error;
 use super::model::{self, Inputs, Prediction};
 use super::options::Options;
 use super::scan::Scan;
+use crate::protocol::readiness::{
+    DirtyRateFigure, EstimateError, LinkFigure, MappedFigure, Pages, ReadinessReport, ScanFigure,
+    TimedPages,
+};
 use crate::units::{format_bytes, saturating_u64};
 use kvm_stats::Mapped;
 
@@ -197,35 +199,77 @@ impl Report {
         Ok(())
     }
 
-    /// The report as JSON.
-    pub(crate) fn to_json(&self) -> Value {
+    /// The report as `query-readiness` returns it, its text included.
+    pub(crate) fn to_reply(&self) -> ReadinessReport {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
-        let pages = |p: u64| json!({ "pages": p, "bytes": p * 4096 });
-        let errors: serde_json::Map<_, _> = self
+        let timed = |f: &Figure<u64>| TimedPages {
+            pages: f.value,
+            bytes: f.value * 4096,
+            took_us: us(f.took),
+        };
+        let m = &self.mapped.value;
+        ReadinessReport {
+            ram: Pages {
+                pages: self.ram_pages,
+                bytes: self.ram_pages * 4096,
+            },
+            mapped: MappedFigure {
+                pages_4k: m.pages_4k,
+                pages_2m: m.pages_2m,
+                pages_1g: m.pages_1g,
+                bytes: m.bytes(),
+                took_us: us(self.mapped.took),
+            },
+            resident: timed(&self.resident),
+            written_since_boot: self.written.as_ref().map(timed),
+            dirty_rate: self.dirty_rate.as_ref().map(|d| {
+                let (rate, working_set) = d.value.rate_and_working_set();
+                DirtyRateFigure {
+                    mode: d.value.mode.to_string(),
+                    window_s: d.value.window.as_secs_f64(),
+                    pages: d.value.pages,
+                    pages_per_s: d.value.pages_per_s,
+                    bytes_per_s: d.value.pages_per_s * 4096.0,
+                    per_vcpu: d.value.per_vcpu.clone(),
+                    took_us: us(d.took),
+                    half_window_pages: d.value.half.0,
+                    model_rate: Some(rate).filter(|r| r.is_finite()),
+                    model_working_set: working_set,
+                }
+            }),
+            scan: self.scan.as_ref().map(|s| self.scan_figure(s, us(s.took))),
+            estimate_used: self.estimate_used.to_string(),
+            prediction: self.prediction.as_ref().map(Prediction::to_reply),
+            link: LinkFigure {
+                bandwidth: self.link.bandwidth,
+                downtime_limit_ms: crate::units::millis(self.link.max_downtime),
+                from: self.link.from.to_string(),
+            },
+            text: self.to_text(),
+        }
+    }
+
+    fn scan_figure(&self, s: &Figure<Scan>, took_us: f64) -> ScanFigure {
+        let errors = self
             .errors()
             .into_iter()
-            .map(|(n, e)| (n.to_string(), json!({ "estimate_pages": e.estimate_pages, "error_pages": e.error_pages, "relative": if e.relative.is_finite() { json!(e.relative) } else { Value::Null } })))
+            .map(|(n, e)| {
+                let error = EstimateError {
+                    estimate_pages: e.estimate_pages,
+                    error_pages: e.error_pages,
+                    relative: Some(e.relative).filter(|r| r.is_finite()),
+                };
+                (n.to_string(), error)
+            })
             .collect();
-        json!({
-            "ram": pages(self.ram_pages),
-            "mapped": { "pages_4k": self.mapped.value.pages_4k, "pages_2m": self.mapped.value.pages_2m, "pages_1g": self.mapped.value.pages_1g, "bytes": self.mapped.value.bytes(), "took_us": us(self.mapped.took) },
-            "resident": { "pages": self.resident.value, "bytes": self.resident.value * 4096, "took_us": us(self.resident.took) },
-            "written_since_boot": self.written.as_ref().map(|w| json!({ "pages": w.value, "bytes": w.value * 4096, "took_us": us(w.took) })),
-            "dirty_rate": self.dirty_rate.as_ref().map(|d| json!({
-                "mode": d.value.mode, "window_s": d.value.window.as_secs_f64(), "pages": d.value.pages,
-                "pages_per_s": d.value.pages_per_s, "bytes_per_s": d.value.pages_per_s * 4096.0,
-                "per_vcpu": d.value.per_vcpu, "took_us": us(d.took),
-                "half_window_pages": d.value.half.0,
-                "model_rate": d.value.rate_and_working_set().0, "model_working_set": d.value.rate_and_working_set().1,
-            })),
-            "scan": self.scan.as_ref().map(|s| json!({
-                "zero_pages": s.value.zero_pages, "nonzero_pages": s.value.nonzero_pages, "unbacked_pages": s.value.unbacked_pages,
-                "nonzero_in_arena": s.value.nonzero_in_range, "took_us": us(s.took), "errors": errors,
-            })),
-            "estimate_used": self.estimate_used,
-            "prediction": self.prediction.as_ref().map(Prediction::to_json),
-            "link": { "bandwidth": self.link.bandwidth, "downtime-limit-ms": crate::units::millis(self.link.max_downtime), "from": self.link.from },
-        })
+        ScanFigure {
+            zero_pages: s.value.zero_pages,
+            nonzero_pages: s.value.nonzero_pages,
+            unbacked_pages: s.value.unbacked_pages,
+            nonzero_in_arena: s.value.nonzero_in_range,
+            took_us,
+            errors,
+        }
     }
 
     /// The report for people.
@@ -465,6 +509,116 @@ mod tests {
         assert_eq!(error_of(0, 0).relative, 0.0);
         let mut r = report();
         r.scan.as_mut().unwrap().value.nonzero_pages = 0;
-        assert!(r.to_json()["scan"]["errors"]["mapped"]["relative"].is_null());
+        let reply = r.to_reply();
+        let errors = &reply.scan.as_ref().unwrap().errors;
+        assert_eq!(errors["mapped"].relative, None);
+        let wire = serde_json::to_value(&reply).unwrap();
+        assert!(wire["scan"]["errors"]["mapped"]["relative"].is_null());
+    }
+
+    fn keys(v: &serde_json::Value) -> Vec<&str> {
+        v.as_object().unwrap().keys().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn the_reply_decodes_back_as_sent_with_the_wire_names() {
+        let mut r = report();
+        r.dirty_rate = Some(Figure {
+            value: DirtyRate {
+                per_vcpu: Some(vec![3, 4]),
+                ..window(6321, 3935)
+            },
+            took: Duration::from_millis(500),
+        });
+        r.predict(&Options::default()).unwrap();
+        let reply = r.to_reply();
+        let line = serde_json::to_string(&reply).unwrap();
+        let back: ReadinessReport = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, reply);
+        let wire: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            keys(&wire),
+            [
+                "dirty_rate",
+                "estimate_used",
+                "link",
+                "mapped",
+                "prediction",
+                "ram",
+                "resident",
+                "scan",
+                "text",
+                "written_since_boot"
+            ]
+        );
+        assert_eq!(
+            keys(&wire["link"]),
+            ["bandwidth", "downtime-limit-ms", "from"]
+        );
+        assert_eq!(wire["link"]["downtime-limit-ms"], 300);
+        assert_eq!(
+            keys(&wire["dirty_rate"]),
+            [
+                "bytes_per_s",
+                "half_window_pages",
+                "mode",
+                "model_rate",
+                "model_working_set",
+                "pages",
+                "pages_per_s",
+                "per_vcpu",
+                "took_us",
+                "window_s"
+            ]
+        );
+        assert_eq!(
+            keys(&wire["scan"]["errors"]["written"]),
+            ["error_pages", "estimate_pages", "relative"]
+        );
+        let p = &wire["prediction"];
+        assert_eq!(
+            keys(p),
+            [
+                "converges",
+                "downtime_seconds",
+                "migrate",
+                "reason",
+                "rounds",
+                "stop_and_copy",
+                "total_bytes",
+                "total_seconds"
+            ]
+        );
+        assert_eq!(
+            keys(&p["migrate"]),
+            ["downtime", "ram", "status", "total-time", "x-converges"]
+        );
+        assert_eq!(
+            keys(&p["migrate"]["ram"]),
+            [
+                "dirty-sync-count",
+                "duplicate",
+                "normal",
+                "normal-bytes",
+                "transferred"
+            ]
+        );
+        assert_eq!(p["migrate"]["status"], "completed");
+        assert!(back.text.starts_with("guest RAM"), "{}", back.text);
+    }
+
+    #[test]
+    fn absent_figures_are_null_not_missing() {
+        let mut r = report();
+        r.written = None;
+        r.scan = None;
+        let wire = serde_json::to_value(r.to_reply()).unwrap();
+        for key in ["written_since_boot", "dirty_rate", "scan", "prediction"] {
+            assert!(
+                wire.get(key).is_some_and(serde_json::Value::is_null),
+                "{key}"
+            );
+        }
+        assert!(wire["link"]["bandwidth"].is_null());
     }
 }

@@ -20,6 +20,7 @@ use kvm_stats::{Sample, StatId, StatType, StatsFd};
 
 use crate::backend::{self, Backend};
 use crate::exits::Reason;
+use crate::protocol::samples::{SamplesPage, Subscribed};
 use crate::vcpu::VcpuShared;
 pub(crate) use record::{Point, SeriesHeader, VcpuPoint};
 pub(crate) use ring::Ring;
@@ -121,6 +122,30 @@ impl Shared {
     /// A page of points after `since` (see [`ring::Ring::page`]).
     pub(crate) fn page(&self, since: u64, max: usize, newest: bool) -> ring::Page {
         self.ring().page(since, max, newest)
+    }
+
+    /// `query-samples`' return for `page`.
+    pub(crate) fn page_reply(&self, page: ring::Page) -> SamplesPage {
+        SamplesPage {
+            header: self.header.to_record(),
+            samples: page
+                .points
+                .iter()
+                .map(|p| p.to_record(&self.header))
+                .collect(),
+            dropped: page.dropped,
+            more: page.more,
+            last_seq: self.last_seq(),
+        }
+    }
+
+    /// `subscribe-samples`' return ([`Subscribed`]) for events after `since`, serialized.
+    pub(crate) fn subscribed(&self, since: u64) -> serde_json::Value {
+        let reply = Subscribed {
+            since,
+            header: self.header.to_record(),
+        };
+        serde_json::to_value(reply).unwrap_or_default()
     }
 
     /// The newest point's sequence number (0 before the first tick).

@@ -6,36 +6,11 @@
 //! `"kind": "sample"` object per tick. CSV: a header row, then one row per
 //! (tick, vCPU), VM-wide columns repeated on each row of a tick.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::exits::Reason;
-
-/// What a series is about; the first record of every export.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SeriesHeader {
-    /// Format version of the series (1).
-    pub version: u32,
-    /// The VM's name (`kvmscope run --name`); empty in series written before
-    /// names existed, and in CSV, which has no header record.
-    #[serde(default)]
-    pub name: String,
-    /// `Backend::to_json()`.
-    pub backend: Value,
-    /// Stats that do not move on this backend even when the event happens.
-    pub quiet_stats: Vec<String>,
-    /// vCPUs of the VM.
-    pub vcpus: usize,
-    /// Guest RAM, bytes.
-    pub memory: u64,
-    /// Time between ticks, milliseconds.
-    #[serde(deserialize_with = "nullable_f64")]
-    pub interval_ms: f64,
-    /// Cumulative KVM vCPU stats recorded, in column order.
-    pub kvm_stats: Vec<String>,
-}
+pub use crate::protocol::samples::SeriesHeader;
+use crate::protocol::samples::{HeaderRecord, Record, SampleRecord, VcpuRecord};
 
 /// One vCPU in one tick.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -104,13 +79,17 @@ pub fn our_names() -> Vec<&'static str> {
 }
 
 impl SeriesHeader {
-    /// The header as a JSON-lines record.
-    pub fn to_json(&self) -> Value {
-        serde_json::to_value(Record::Header(HeaderRecord {
+    /// The header as a record, with our counters' names.
+    pub(crate) fn to_record(&self) -> HeaderRecord {
+        HeaderRecord {
             header: self.clone(),
             our_counters: our_names().iter().map(|s| s.to_string()).collect(),
-        }))
-        .unwrap_or(Value::Null)
+        }
+    }
+
+    /// The header as a JSON-lines record.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self.to_record()).unwrap_or(Value::Null)
     }
 
     /// The CSV header row.
@@ -137,9 +116,14 @@ impl SeriesHeader {
 }
 
 impl Point {
+    /// The tick as a record, its stats named by `header`.
+    pub(crate) fn to_record(&self, header: &SeriesHeader) -> SampleRecord {
+        sample_record(self, header)
+    }
+
     /// The tick as a JSON-lines record.
     pub fn to_json(&self, header: &SeriesHeader) -> Value {
-        serde_json::to_value(Record::Sample(SampleRecord::of(self, header))).unwrap_or(Value::Null)
+        serde_json::to_value(self.to_record(header)).unwrap_or(Value::Null)
     }
 
     /// The tick as CSV rows, one per vCPU, each ending in a newline.
@@ -166,128 +150,78 @@ impl Point {
     }
 }
 
-/// One line of a JSON-lines series, as written and as read back.
-#[derive(Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-enum Record {
-    Header(HeaderRecord),
-    Sample(SampleRecord),
+/// A point as its record, the vCPUs' stats and counters named.
+fn sample_record(p: &Point, header: &SeriesHeader) -> SampleRecord {
+    let ours = our_names();
+    let vcpus = p
+        .vcpus
+        .iter()
+        .map(|v| VcpuRecord {
+            phase: v.phase,
+            kvm: header
+                .kvm_stats
+                .iter()
+                .cloned()
+                .zip(v.kvm.iter().copied())
+                .collect(),
+            ours: ours
+                .iter()
+                .map(|s| s.to_string())
+                .zip(v.ours.iter().copied())
+                .collect(),
+            exits_per_s: v.exits_per_s,
+            our_exits_per_s: v.our_exits_per_s,
+        })
+        .collect();
+    SampleRecord {
+        seq: p.seq,
+        time_s: p.time_s,
+        pages_4k: p.pages_4k,
+        pages_2m: p.pages_2m,
+        pages_1g: p.pages_1g,
+        mapped_bytes: p.mapped_bytes(),
+        vcpus,
+    }
 }
 
-#[derive(Serialize, Deserialize)]
-struct HeaderRecord {
-    #[serde(flatten)]
-    header: SeriesHeader,
-    /// Our counters' names, in column order (informative: a reader takes
-    /// counters by name from each sample).
-    #[serde(default)]
-    our_counters: Vec<String>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SampleRecord {
-    seq: u64,
-    #[serde(deserialize_with = "nullable_f64")]
-    time_s: f64,
-    pages_4k: u64,
-    pages_2m: u64,
-    pages_1g: u64,
-    /// Derived from the page counts; written for readers of the file, ignored
-    /// when read back.
-    #[serde(default)]
-    mapped_bytes: u64,
-    vcpus: Vec<VcpuRecord>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct VcpuRecord {
-    phase: u64,
-    kvm: BTreeMap<String, u64>,
-    ours: BTreeMap<String, u64>,
-    #[serde(deserialize_with = "nullable_f64")]
-    exits_per_s: f64,
-    #[serde(deserialize_with = "nullable_f64")]
-    our_exits_per_s: f64,
-}
-
-/// JSON has no NaN: serde_json writes a non-finite number as null, read back as NaN.
-fn nullable_f64<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
-}
-
-impl SampleRecord {
-    fn of(p: &Point, header: &SeriesHeader) -> SampleRecord {
-        let ours = our_names();
-        let vcpus = p
-            .vcpus
-            .iter()
-            .map(|v| VcpuRecord {
+/// A record as its point, its vCPUs' KVM stats in `header`'s column order.
+fn into_point(r: SampleRecord, header: &SeriesHeader, line: usize) -> Result<Point, ParseError> {
+    let vcpus = r
+        .vcpus
+        .into_iter()
+        .map(|v| {
+            let kvm = header
+                .kvm_stats
+                .iter()
+                .map(|n| {
+                    v.kvm.get(n).copied().ok_or_else(|| ParseError::Bad {
+                        line,
+                        what: format!("a vCPU lacks the KVM stat '{n}' the header names"),
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            // A counter this version has but an older series lacks reads as 0.
+            let ours = our_names()
+                .iter()
+                .map(|n| v.ours.get(*n).copied().unwrap_or(0))
+                .collect();
+            Ok(VcpuPoint {
                 phase: v.phase,
-                kvm: header
-                    .kvm_stats
-                    .iter()
-                    .cloned()
-                    .zip(v.kvm.iter().copied())
-                    .collect(),
-                ours: ours
-                    .iter()
-                    .map(|s| s.to_string())
-                    .zip(v.ours.iter().copied())
-                    .collect(),
+                kvm,
+                ours,
                 exits_per_s: v.exits_per_s,
                 our_exits_per_s: v.our_exits_per_s,
             })
-            .collect();
-        SampleRecord {
-            seq: p.seq,
-            time_s: p.time_s,
-            pages_4k: p.pages_4k,
-            pages_2m: p.pages_2m,
-            pages_1g: p.pages_1g,
-            mapped_bytes: p.mapped_bytes(),
-            vcpus,
-        }
-    }
-
-    /// The point, its vCPUs' KVM stats in `header`'s column order.
-    fn into_point(self, header: &SeriesHeader, line: usize) -> Result<Point, ParseError> {
-        let vcpus = self
-            .vcpus
-            .into_iter()
-            .map(|v| {
-                let kvm = header
-                    .kvm_stats
-                    .iter()
-                    .map(|n| {
-                        v.kvm.get(n).copied().ok_or_else(|| ParseError::Bad {
-                            line,
-                            what: format!("a vCPU lacks the KVM stat '{n}' the header names"),
-                        })
-                    })
-                    .collect::<Result<_, _>>()?;
-                // A counter this version has but an older series lacks reads as 0.
-                let ours = our_names()
-                    .iter()
-                    .map(|n| v.ours.get(*n).copied().unwrap_or(0))
-                    .collect();
-                Ok(VcpuPoint {
-                    phase: v.phase,
-                    kvm,
-                    ours,
-                    exits_per_s: v.exits_per_s,
-                    our_exits_per_s: v.our_exits_per_s,
-                })
-            })
-            .collect::<Result<_, ParseError>>()?;
-        Ok(Point {
-            seq: self.seq,
-            time_s: self.time_s,
-            pages_4k: self.pages_4k,
-            pages_2m: self.pages_2m,
-            pages_1g: self.pages_1g,
-            vcpus,
         })
-    }
+        .collect::<Result<_, ParseError>>()?;
+    Ok(Point {
+        seq: r.seq,
+        time_s: r.time_s,
+        pages_4k: r.pages_4k,
+        pages_2m: r.pages_2m,
+        pages_1g: r.pages_1g,
+        vcpus,
+    })
 }
 
 /// Reads a JSON-lines series back.
@@ -309,7 +243,7 @@ pub fn parse_jsonl(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError>
         })?;
         match (record, &header) {
             (Record::Header(h), None) => header = Some(h.header),
-            (Record::Sample(s), Some(h)) => points.push(s.into_point(h, line)?),
+            (Record::Sample(s), Some(h)) => points.push(into_point(s, h, line)?),
             (Record::Sample(_), None) => return Err(ParseError::NoHeader),
             (Record::Header(_), Some(_)) => {
                 return Err(ParseError::Bad {
@@ -567,5 +501,27 @@ mod tests {
             parse_jsonl("not json"),
             Err(ParseError::Bad { line: 1, .. })
         ));
+    }
+
+    #[test]
+    fn a_samples_page_carries_the_series_records_and_decodes_back() {
+        use crate::protocol::samples::SamplesPage;
+        let (h, pts) = sample_series();
+        let page = SamplesPage {
+            header: h.to_record(),
+            samples: pts.iter().map(|p| p.to_record(&h)).collect(),
+            dropped: 3,
+            more: false,
+            last_seq: 2,
+        };
+        let wire = serde_json::to_value(&page).unwrap();
+        // The same records as --samples-out writes.
+        assert_eq!(wire["header"], h.to_json());
+        assert_eq!(wire["samples"][1], pts[1].to_json(&h));
+        assert_eq!(wire["last-seq"], 2);
+        let back: SamplesPage = serde_json::from_value(wire).unwrap();
+        assert_eq!(back, page);
+        assert_eq!(back.header.header, h);
+        assert_eq!(back.samples[0].vcpus[1].kvm["pf_fixed"], 2);
     }
 }

@@ -1,0 +1,201 @@
+//! `query-readiness`'s return, shared by the server (`readiness/report.rs`
+//! builds it from its measurements) and the clients (`kvmscope readiness`,
+//! `migrate --predict`, the demo). Member names are those of the report's
+//! JSON since its first version: snake_case, except the prediction's
+//! `migrate` part, which uses `query-migrate`'s names. Figures that can be
+//! infinite or unknown are `null`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::migration::Status;
+
+/// A number of guest pages and their bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pages {
+    /// 4 KiB pages.
+    pub pages: u64,
+    /// `pages` × 4096.
+    pub bytes: u64,
+}
+
+/// A page count, and how long getting it took.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TimedPages {
+    /// 4 KiB pages.
+    pub pages: u64,
+    /// `pages` × 4096.
+    pub bytes: u64,
+    /// Microseconds it took.
+    pub took_us: f64,
+}
+
+/// The memory KVM maps, by page size (the VM's `pages_*` stats).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MappedFigure {
+    /// Pages mapped with 4 KiB.
+    pub pages_4k: u64,
+    /// With 2 MiB.
+    pub pages_2m: u64,
+    /// With 1 GiB.
+    pub pages_1g: u64,
+    /// The bytes they map.
+    pub bytes: u64,
+    /// Microseconds it took.
+    pub took_us: f64,
+}
+
+/// The dirty rate over a window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DirtyRateFigure {
+    /// `dirty-bitmap` or `dirty-ring`.
+    pub mode: String,
+    /// Seconds watched.
+    pub window_s: f64,
+    /// Distinct pages dirtied in the window.
+    pub pages: u64,
+    /// `pages` per second.
+    pub pages_per_s: f64,
+    /// `pages_per_s` × 4096.
+    pub bytes_per_s: f64,
+    /// Ring entries harvested per vCPU (ring mode).
+    pub per_vcpu: Option<Vec<u64>>,
+    /// Microseconds it took.
+    pub took_us: f64,
+    /// Distinct pages at about half the window.
+    pub half_window_pages: u64,
+    /// The write rate behind the window, pages per second (docs/READINESS.md).
+    pub model_rate: Option<f64>,
+    /// The working set the writes spread over, when the window saturated.
+    pub model_working_set: Option<u64>,
+}
+
+/// How far one estimate of non-zero pages is from the scan's count.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EstimateError {
+    /// Non-zero pages the estimate counts.
+    pub estimate_pages: u64,
+    /// The estimate minus the scan's count.
+    pub error_pages: i64,
+    /// `error / truth`; null when the truth is 0 and the estimate is not.
+    pub relative: Option<f64>,
+}
+
+/// The exact zero-page scan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScanFigure {
+    /// Backed pages that hold only zeros, and pages never backed.
+    pub zero_pages: u64,
+    /// Pages holding a non-zero byte.
+    pub nonzero_pages: u64,
+    /// Pages the host never backed (counted as zero, not read).
+    pub unbacked_pages: u64,
+    /// Non-zero pages in the guest's arena.
+    pub nonzero_in_arena: u64,
+    /// Microseconds it took.
+    pub took_us: f64,
+    /// Each estimate (`mapped`, `resident`, `written`) against the scan.
+    pub errors: BTreeMap<String, EstimateError>,
+}
+
+/// One pre-copy pass of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RoundFigure {
+    /// Pages sent.
+    pub pages: u64,
+    /// Bytes on the wire.
+    pub bytes: u64,
+    /// Seconds at the effective rate.
+    pub seconds: f64,
+}
+
+/// The prediction's RAM figures, under `query-migrate`'s names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PredictedRam {
+    /// Bytes on the wire.
+    pub transferred: u64,
+    /// Zero pages sent.
+    pub duplicate: u64,
+    /// Pages sent in full.
+    pub normal: u64,
+    /// Their bytes.
+    pub normal_bytes: u64,
+    /// Passes sent while the guest runs.
+    pub dirty_sync_count: u64,
+}
+
+/// The prediction as `query-migrate` would report the migration (ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PredictedMigration {
+    /// `completed` when it stops, `active` when it would run for ever.
+    pub status: Status,
+    /// Whether the passes converge.
+    pub x_converges: bool,
+    /// ms; null when it never ends.
+    pub total_time: Option<u64>,
+    /// ms; null when it never stops.
+    pub downtime: Option<u64>,
+    /// The RAM figures.
+    pub ram: PredictedRam,
+}
+
+/// The pre-copy prediction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictionReply {
+    /// Whether what is dirty after a pass fits the downtime limit.
+    pub converges: bool,
+    /// Why, in words.
+    pub reason: String,
+    /// The passes sent while the guest runs, pass 0 first.
+    pub rounds: Vec<RoundFigure>,
+    /// The stop-and-copy, when there is one.
+    pub stop_and_copy: Option<RoundFigure>,
+    /// Bytes of every pass, setup and stop included.
+    pub total_bytes: u64,
+    /// Seconds; null when it never ends.
+    pub total_seconds: Option<f64>,
+    /// Seconds; null when it never stops.
+    pub downtime_seconds: Option<f64>,
+    /// The figures under `query-migrate`'s names.
+    pub migrate: PredictedMigration,
+}
+
+/// The link a prediction is for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkFigure {
+    /// Bytes per second; null: unlimited.
+    pub bandwidth: Option<f64>,
+    /// The downtime limit, ms.
+    #[serde(rename = "downtime-limit-ms")]
+    pub downtime_limit_ms: u64,
+    /// `request`, `migration-parameters` or `default`.
+    pub from: String,
+}
+
+/// `query-readiness`' return.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadinessReport {
+    /// Guest RAM.
+    pub ram: Pages,
+    /// What KVM maps (the stats-only estimate).
+    pub mapped: MappedFigure,
+    /// Host-resident pages of guest RAM.
+    pub resident: TimedPages,
+    /// Pages written since boot (with dirty logging).
+    pub written_since_boot: Option<TimedPages>,
+    /// The dirty rate, when a window was measured.
+    pub dirty_rate: Option<DirtyRateFigure>,
+    /// The exact scan, when asked for.
+    pub scan: Option<ScanFigure>,
+    /// Which non-zero estimate the prediction used (`scan` or `mapped`).
+    pub estimate_used: String,
+    /// The prediction, when the inputs allow one.
+    pub prediction: Option<PredictionReply>,
+    /// The link and downtime limit the prediction is for.
+    pub link: LinkFigure,
+    /// The report for people.
+    pub text: String,
+}
