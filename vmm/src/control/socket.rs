@@ -5,8 +5,8 @@
 //! How the mode is made safe: `bind` creates the file with `0777 & ~umask`, and
 //! changing the umask around it would change it for every thread of the
 //! process (and two threads doing so at once can leave it changed for good).
-//! So we bind in a fresh private directory instead: `mkdtemp` makes a 0700
-//! directory next to PATH (same filesystem), the socket is bound inside it and
+//! So we bind in a fresh private directory instead: `tempfile` makes a 0700
+//! directory with a random name next to PATH (same filesystem), the socket is bound inside it and
 //! `chmod`ed to 0600 while no other user can reach it, and only then
 //! `renameat2(RENAME_NOREPLACE)` moves it to PATH. The file appears at PATH
 //! already 0600, and the rename fails, rather than replaces, if anything
@@ -19,10 +19,8 @@
 //! error. Between the stale check and the rename another process could bind
 //! PATH; the rename then fails, so a live socket is still never replaced.
 
-use std::ffi::{CString, OsString};
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -39,7 +37,8 @@ pub enum Error {
     /// `lstat` of the path, or the test connect to it, failed in an unexpected way.
     #[error("checking what is at {0}")]
     Probe(PathBuf, #[source] io::Error),
-    /// `mkdtemp` beside the path failed (no such directory, no permission).
+    /// Making the private directory beside the path failed (no such
+    /// directory, no permission).
     #[error("creating a private directory next to {0}")]
     TempDir(PathBuf, #[source] io::Error),
     /// `bind` or `listen` in the private directory failed.
@@ -98,8 +97,8 @@ impl SocketFile {
             });
         }
         let stale = probe(path)?;
-        let dir = PrivateDir::new(path)?;
-        let temp = dir.0.join("s");
+        let dir = private_dir(path)?;
+        let temp = dir.path().join("s");
         let listener = UnixListener::bind(&temp).map_err(|e| Error::Bind(path.to_path_buf(), e))?;
         fs::set_permissions(&temp, fs::Permissions::from_mode(0o600)).map_err(Error::Chmod)?;
         if stale {
@@ -162,40 +161,19 @@ fn probe(path: &Path) -> Result<bool, Error> {
     }
 }
 
-/// A 0700 directory beside the target path, removed (with its content) on drop.
-struct PrivateDir(PathBuf);
-
-impl PrivateDir {
-    fn new(target: &Path) -> Result<PrivateDir, Error> {
-        let parent = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        let template = parent.join(".kvmscope-XXXXXX");
-        let fail = |e| Error::TempDir(target.to_path_buf(), e);
-        let mut bytes = CString::new(template.into_os_string().into_vec())
-            .map_err(|_| {
-                fail(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "the path contains a NUL byte",
-                ))
-            })?
-            .into_bytes_with_nul();
-        // SAFETY: `bytes` is a NUL-terminated template we own; mkdtemp rewrites
-        // its trailing XXXXXX in place and creates the directory with mode 0700.
-        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
-        if made.is_null() {
-            return Err(fail(io::Error::last_os_error()));
-        }
-        bytes.pop();
-        Ok(PrivateDir(PathBuf::from(OsString::from_vec(bytes))))
-    }
-}
-
-impl Drop for PrivateDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+/// A 0700 directory (`tempfile`'s: random name, created exclusively) beside the
+/// target path, so that the rename into place stays on one filesystem;
+/// removed with its content on drop.
+fn private_dir(target: &Path) -> Result<tempfile::TempDir, Error> {
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    tempfile::Builder::new()
+        .prefix(".kvmscope-")
+        .permissions(fs::Permissions::from_mode(0o700))
+        .tempdir_in(parent)
+        .map_err(|e| Error::TempDir(target.to_path_buf(), e))
 }
 
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
