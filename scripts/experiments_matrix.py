@@ -52,7 +52,7 @@ MIGRATION_SMALL = [
 FULL = {
     "sizes": ["256M", "1G", "4G"],
     "fractions": [0.01, 0.1, 0.5, 1.0],
-    "dirty_logs": [None, "ring"],
+    "dirty_logs": [None, "bitmap"],  # only a bitmap VM keeps a log from boot
     "cost_sizes": ["256M", "1G", "4G", "16G"],
     "cost_touched": ["64M", "25%"],
     "cost_repeats": 5,
@@ -76,7 +76,7 @@ FULL = {
 SMALL = {
     "sizes": ["64M"],
     "fractions": [0.25, 1.0],
-    "dirty_logs": [None, "ring"],
+    "dirty_logs": [None, "bitmap"],  # only a bitmap VM keeps a log from boot
     "cost_sizes": ["64M", "256M"],
     "cost_touched": ["16M"],
     "cost_repeats": 2,

@@ -69,14 +69,23 @@ def size_ticks(lo, hi):
 
 # ---- charts -------------------------------------------------------------------------
 
-EST_SERIES = [  # (estimate, hugepages, dirty log, legend)
-    ("mapped", 0, "off", "mapped, 4K pages"),
-    ("mapped", 1, "off", "mapped, --hugepages"),
-    ("mapped", 1, "ring", "mapped, --hugepages + dirty ring"),
-    ("resident", 0, "off", "resident (mincore), 4K"),
-    ("resident", 1, "off", "resident (mincore), --hugepages"),
-    ("written", 0, "ring", "written since boot (dirty ring)"),
-]
+def logged_mode(rows):
+    """The dirty-log mode the rows' written-since-boot figures come from: the
+    bitmap (the only mode that logs from boot); CSVs written before a ring VM
+    logged only while observed hold ring rows instead."""
+    return "bitmap" if pick(rows, dirty_log="bitmap") else "ring"
+
+
+def est_series(rows):  # (estimate, hugepages, dirty log, legend)
+    dl = logged_mode(rows)
+    return [
+        ("mapped", 0, "off", "mapped, 4K pages"),
+        ("mapped", 1, "off", "mapped, --hugepages"),
+        ("mapped", 1, dl, "mapped, --hugepages + dirty %s" % dl),
+        ("resident", 0, "off", "resident (mincore), 4K"),
+        ("resident", 1, "off", "resident (mincore), --hugepages"),
+        ("written", 0, dl, "written since boot (dirty %s)" % dl),
+    ]
 
 
 def chart_estimates(rows, out):
@@ -86,7 +95,7 @@ def chart_estimates(rows, out):
     xs = [r["touched_pages"] * PAGE for r in rows]
     ticks = size_ticks(min(xs), max(xs))
     series = []
-    for est, hp, dl, name in EST_SERIES:
+    for est, hp, dl, name in est_series(rows):
         pts = [(r["touched_pages"] * PAGE, r[est + "_ratio"]) for r in pick(rows, write="nonzero", hugepages=hp, dirty_log=dl)]
         if any(y is not None for _, y in pts):
             series.append(Series(name, pts))
@@ -96,7 +105,7 @@ def chart_estimates(rows, out):
                yfmt=lambda v: "%g" % v)
     made.append(path)
     series = []
-    for est, hp, dl, name in EST_SERIES:
+    for est, hp, dl, name in est_series(rows):
         pts = [(r["touched_pages"] * PAGE, (r[est + "_pages"] - r["scan_nonzero"]) * PAGE)
                for r in pick(rows, write="zero", hugepages=hp, dirty_log=dl) if r[est + "_pages"] is not None]
         if pts:
@@ -121,9 +130,9 @@ def chart_cost(rows, out):
         for fill, label in (("nonzero", "non-zero"), ("zero", "zeros")):
             series.append(Series("scan, %s %s written" % (t, label), per(lambda r: r["scan_us"], touched=t, fill=fill)))
     t = touched[0]
-    for dl in ("bitmap", "ring"):
-        series.append(Series("%s sync after %s written" % (dl, t), per(lambda r: r["sync_first_us"], touched=t, dirty_log=dl),
-                             dashed=True))
+    # A ring VM logs only while observed: only the bitmap VM has a log from boot to sync.
+    series.append(Series("bitmap sync after %s written" % t, per(lambda r: r["sync_first_us"], touched=t, dirty_log="bitmap"),
+                         dashed=True))
     series.append(Series("bitmap sync, nothing new", per(lambda r: r["sync_idle_us"], dirty_log="bitmap"), dashed=True))
     path = os.path.join(out, "cost.svg")
     line_chart(path, "What each figure costs as the guest grows", "guest RAM", "time (log)", series,
@@ -185,7 +194,8 @@ def chart_misleads(rows, out):
         return []
     cases = list(dict.fromkeys(r["case"] for r in rows))
     combos = [("mapped", 0, "off", "mapped, 4K pages"), ("mapped", 1, "off", "mapped, --hugepages"),
-              ("resident", 1, "off", "resident, --hugepages"), ("written", 0, "ring", "written (dirty ring)")]
+              ("resident", 1, "off", "resident, --hugepages"),
+              ("written", 0, logged_mode(rows), "written (dirty %s)" % logged_mode(rows))]
     series = [Series(name, [excess_mib(one(rows, case=c, hugepages=hp, dirty_log=dl), est) for c in cases])
               for est, hp, dl, name in combos]
     path = os.path.join(out, "misleads.svg")
@@ -259,6 +269,7 @@ def block_run(meta):
 
 
 def block_estimates(rows):
+    dl = logged_mode(rows)
     keys = list(dict.fromkeys((r["memory"], r["fraction"], r["write"]) for r in rows))
     out = []
     for mem, frac, write in keys:
@@ -266,10 +277,10 @@ def block_estimates(rows):
         ratio = lambda est, hp, dl: fmt_ratio(v(one(rows, memory=mem, fraction=frac, write=write, hugepages=hp, dirty_log=dl), est + "_ratio"))  # noqa: E731,E501
         out.append((mem, "%g%% (%s)" % (frac * 100, bytes_label(base["touched_pages"] * PAGE)), write,
                     fmt_int(base["scan_nonzero"]), ratio("mapped", 0, "off"), ratio("mapped", 1, "off"),
-                    ratio("mapped", 1, "ring"), ratio("resident", 0, "off"), ratio("resident", 1, "off"),
-                    ratio("written", 0, "ring"), fmt_us(base["scan_us"])))
+                    ratio("mapped", 1, dl), ratio("resident", 0, "off"), ratio("resident", 1, "off"),
+                    ratio("written", 0, dl), fmt_us(base["scan_us"])))
     header = ["guest", "arena written", "writes", "scan: non-zero pages", "mapped ÷ scan, 4K", "mapped, THP",
-              "mapped, THP + ring", "resident ÷ scan, 4K", "resident, THP", "written ÷ scan (ring)", "scan took"]
+              "mapped, THP + %s" % dl, "resident ÷ scan, 4K", "resident, THP", "written ÷ scan (%s)" % dl, "scan took"]
     return table(header, out)
 
 
@@ -283,15 +294,14 @@ def block_cost(rows):
         for t in touched:
             for fill in ("nonzero", "zero"):
                 cells.append(fmt_us(median(r["scan_us"] for r in pick(g, touched=t, fill=fill))))
-        for dl in ("bitmap", "ring"):
-            for t in touched:
-                cells.append(fmt_us(median(r["sync_first_us"] for r in pick(g, touched=t, dirty_log=dl))))
-        cells.append("%s / %s" % tuple(fmt_us(median(r["sync_idle_us"] for r in pick(g, dirty_log=dl))) for dl in ("bitmap", "ring")))
+        for t in touched:
+            cells.append(fmt_us(median(r["sync_first_us"] for r in pick(g, touched=t, dirty_log="bitmap"))))
+        cells.append(fmt_us(median(r["sync_idle_us"] for r in pick(g, dirty_log="bitmap"))))
         out.append(cells)
     header = ["guest", "mapped (pread)", "mincore"]
     header += ["scan, %s %s" % (t, "non-zero" if f == "nonzero" else "zeros") for t in touched for f in ("nonzero", "zero")]
-    header += ["%s sync after %s" % (dl, t) for dl in ("bitmap", "ring") for t in touched]
-    header += ["sync, nothing new (bitmap / ring)"]
+    header += ["bitmap sync after %s" % t for t in touched]
+    header += ["bitmap sync, nothing new"]
     return table(header, out)
 
 
@@ -361,17 +371,18 @@ def compact_rate(x):
 
 
 def block_misleads(rows):
+    dl = logged_mode(rows)
     out = []
     for case in dict.fromkeys(r["case"] for r in rows):
         get = lambda hp, dl: one(rows, case=case, hugepages=hp, dirty_log=dl)  # noqa: E731
         base, thp = get(0, "off"), get(1, "off")
         cell = lambda row, est: fmt_ratio(v(row, est + "_ratio"))  # noqa: E731
         out.append(("`%s`" % case, base["what"], fmt_int(base["nonzero_written"]), fmt_int(base["scan_nonzero"]),
-                    cell(base, "mapped"), cell(thp, "mapped"), cell(get(1, "ring"), "mapped"), cell(base, "resident"),
-                    cell(thp, "resident"), cell(get(0, "ring"), "written"),
+                    cell(base, "mapped"), cell(thp, "mapped"), cell(get(1, dl), "mapped"), cell(base, "resident"),
+                    cell(thp, "resident"), cell(get(0, dl), "written"),
                     "%.1f / %.1f" % (round(excess_mib(base, "mapped"), 1) + 0.0, round(excess_mib(thp, "mapped"), 1) + 0.0)))
     header = ["case", "workload", "pages left non-zero", "scan: non-zero (all RAM)", "mapped ÷ scan, 4K", "mapped, THP",
-              "mapped, THP + ring", "resident ÷ scan, 4K", "resident, THP", "written ÷ scan (ring)",
+              "mapped, THP + %s" % dl, "resident ÷ scan, 4K", "resident, THP", "written ÷ scan (%s)" % dl,
               "mapped − scan, MiB (4K / THP)"]
     return table(header, out)
 

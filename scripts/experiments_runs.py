@@ -78,6 +78,12 @@ def run_cost(binary, m):
     return rows
 
 
+def sync_us(rep):
+    """What syncing the written-since-boot log took, None where the VM keeps none."""
+    written = rep["written_since_boot"]
+    return round(written["took_us"], 2) if written else None
+
+
 def cost_cell(binary, m, mem, dl, touched, fill):
     with Vm(binary, mem, dirty_log=dl) as vm:
         if touched.endswith("%"):
@@ -94,13 +100,14 @@ def cost_cell(binary, m, mem, dl, touched, fill):
            "mincore_us": med(lambda r: r["resident"]["took_us"]),
            "scan_us": med(lambda r: r["scan"]["took_us"]),
            "scan_first_us": round(first["scan"]["took_us"], 2),
-           "sync_first_us": round(first["written_since_boot"]["took_us"], 2),
-           "sync_idle_us": med(lambda r: r["written_since_boot"]["took_us"]),
+           # Only a bitmap VM keeps a log from boot; a ring VM logs only while
+           # observed, so it has no written-since-boot figure to sync.
+           "sync_first_us": sync_us(first), "sync_idle_us": med(sync_us) if sync_us(first) is not None else None,
            "resident_pages": first["resident"]["pages"], "scan_nonzero": first["scan"]["nonzero_pages"]}
     row["scan_gb_per_s"] = round(row["resident_pages"] * PAGE / (row["scan_us"] * 1e3), 3)
-    log("cost %s %s %s %s: mapped %.1f us, mincore %.0f us, scan %.0f us, sync %.0f/%.0f us"
-        % (mem, dl, touched, fill, row["mapped_us"], row["mincore_us"], row["scan_us"], row["sync_first_us"],
-           row["sync_idle_us"]))
+    sync = "-" if row["sync_first_us"] is None else "%.0f/%.0f us" % (row["sync_first_us"], row["sync_idle_us"])
+    log("cost %s %s %s %s: mapped %.1f us, mincore %.0f us, scan %.0f us, sync %s"
+        % (mem, dl, touched, fill, row["mapped_us"], row["mincore_us"], row["scan_us"], sync))
     return row
 
 

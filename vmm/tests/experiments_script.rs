@@ -104,7 +104,7 @@ fn thp_available() -> bool {
 fn small_matrix_writes_every_csv_with_its_rows() {
     require_kvm!();
     let out = small_run();
-    // 1 size x hugepages on/off x dirty log off/ring x zero/non-zero x 2 fractions.
+    // 1 size x hugepages on/off x dirty log off/bitmap x zero/non-zero x 2 fractions.
     for (name, rows) in [
         ("estimates", 16),
         ("cost", 8),
