@@ -30,16 +30,19 @@ pub fn block_termination() {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
-/// Whether SIGINT or SIGTERM is pending (blocked and not yet taken), for
+/// SIGINT or SIGTERM, if one is pending (blocked and not yet taken), for
 /// waits that happen before the forwarding thread exists.
-pub(crate) fn termination_pending() -> bool {
+pub(crate) fn pending_termination() -> Option<i32> {
     // SAFETY: sigpending writes only the set we own; sigismember reads it.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigpending(&mut set) == 0
-            && (libc::sigismember(&set, libc::SIGINT) == 1
-                || libc::sigismember(&set, libc::SIGTERM) == 1)
+        if libc::sigpending(&mut set) != 0 {
+            return None;
+        }
+        [libc::SIGTERM, libc::SIGINT]
+            .into_iter()
+            .find(|&sig| libc::sigismember(&set, sig) == 1)
     }
 }
 
