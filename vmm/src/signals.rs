@@ -4,8 +4,10 @@
 //!
 //! A run stopped this way is an orderly stop and exits 0, as QEMU does on
 //! SIGTERM (a service manager stopping a VM is not a failure); the summary
-//! says `stopped by signal N`. `kvmscope run --help` and the README list the
-//! exit codes.
+//! says `stopped by signal N`. The exception is a destination whose guest is
+//! still arriving (`run --incoming`): the signal stops the incoming migration,
+//! which fails (exit 1), and the source keeps its guest. `kvmscope run --help`
+//! and the README list the exit codes.
 
 use std::sync::mpsc::Sender;
 

@@ -150,9 +150,14 @@ impl Waiting {
         self.peers.front().map(|p| p.since + HEADER_WAIT)
     }
 
-    /// Takes every connection waiting at the listener.
+    /// Takes the connections waiting at the listener, at most
+    /// [`MAX_PENDING`] per round, so that a flood cannot keep the wait from
+    /// reading the peers it has.
     fn accept_all(&mut self, listener: &Listener) -> Result<(), Error> {
-        while let Some(conn) = listener.try_accept()? {
+        for _ in 0..MAX_PENDING {
+            let Some(conn) = listener.try_accept()? else {
+                break;
+            };
             if self.peers.len() == MAX_PENDING {
                 self.drop_peer(0, "more peers than the destination waits on");
             }
@@ -318,6 +323,56 @@ mod tests {
         let mut h = HeaderBuf::default();
         h.push(b"KVMSX");
         assert_eq!(h.verdict(), Verdict::NotASource);
+    }
+
+    /// A listener on a unix socket of its own (the file goes with the listener).
+    fn listener(test: &str) -> (Listener, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!(
+            "kvmscope-handshake-{}-{test}.sock",
+            std::process::id()
+        ));
+        let l = Listener::bind(&transport::Uri::Unix(path.clone())).unwrap();
+        (l, path)
+    }
+
+    #[test]
+    fn a_source_behind_more_idle_peers_than_the_bound_is_taken_at_once() {
+        use std::io::Write;
+        use std::os::unix::net::UnixStream;
+        let (l, path) = listener("idle");
+        let idle: Vec<UnixStream> = (0..MAX_PENDING + 10)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        let mut dribbler = UnixStream::connect(&path).unwrap();
+        dribbler.write_all(&header(format::VERSION)[..5]).unwrap();
+        let mut source = UnixStream::connect(&path).unwrap();
+        source.write_all(&header(format::VERSION)).unwrap();
+        source.write_all(b"config").unwrap();
+        let never: Stop = std::sync::Arc::new(|| None);
+        let started = Instant::now();
+        let (mut conn, h) = wait(&l, "unix:test", &never).unwrap();
+        assert!(
+            started.elapsed() < HEADER_WAIT,
+            "no peer's deadline was waited out"
+        );
+        assert_eq!(h.bytes(), &header(format::VERSION)[..]);
+        conn.set_nonblocking(false).unwrap();
+        let mut rest = [0u8; 6];
+        conn.read_exact(&mut rest).unwrap();
+        assert_eq!(&rest, b"config", "nothing past the header was read");
+        drop(idle);
+    }
+
+    #[test]
+    fn a_stop_ends_the_wait_naming_who_asked() {
+        let (l, path) = listener("stop");
+        let _idle = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let stop: Stop = std::sync::Arc::new(|| Some("signal 15".to_string()));
+        let e = wait(&l, "unix:test", &stop).map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "stopped by signal 15 while waiting for the source on unix:test"
+        );
     }
 
     #[test]
