@@ -95,7 +95,7 @@ class Dest:
 
     def error(self):
         self.stderr.seek(0)
-        lines = [l.strip() for l in self.stderr if l.startswith("Error")]
+        lines = [l.strip() for l in self.stderr if l.startswith("kvmscope: ")]
         return lines[-1] if lines else ""
 
     def close(self):
