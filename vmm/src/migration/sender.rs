@@ -675,14 +675,5 @@ fn read_refusal(conn: &mut Conn) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn expected_downtime_counts_pages_and_headers() {
-        assert_eq!(expected_ms(0, 0.0), 0);
-        assert_eq!(expected_ms(1, 0.0), u64::MAX);
-        // 1000 pages of 4112 bytes at 4.112 MB/s: one second.
-        assert_eq!(expected_ms(1000, 4_112_000.0), 1000);
-    }
-}
+#[path = "sender_tests.rs"]
+mod tests;
