@@ -294,6 +294,7 @@ pub(crate) fn wait(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn header(version: u32) -> Vec<u8> {
         let mut h = format::MAGIC.to_vec();
@@ -373,6 +374,33 @@ mod tests {
             e.to_string(),
             "stopped by signal 15 while waiting for the source on unix:test"
         );
+    }
+
+    proptest! {
+        #[test]
+        fn pieces_of_any_size_get_the_verdict_of_the_whole(
+            data in proptest::collection::vec(any::<u8>(), 0..40),
+            magic_prefix in 0usize..=8,
+            step in 1usize..=16,
+        ) {
+            // Often a source's magic, then anything.
+            let mut bytes = format::MAGIC[..magic_prefix].to_vec();
+            bytes.extend_from_slice(&data);
+            let mut h = HeaderBuf::default();
+            for piece in bytes.chunks(step) {
+                h.push(piece);
+                if h.verdict() != Verdict::More {
+                    break;
+                }
+            }
+            let mut whole = HeaderBuf::default();
+            whole.push(&bytes[..h.bytes().len()]);
+            prop_assert_eq!(whole.verdict(), h.verdict());
+            prop_assert_eq!(
+                h.verdict() == Verdict::Source,
+                format::Reader::start(h.bytes()).is_ok()
+            );
+        }
     }
 
     #[test]
