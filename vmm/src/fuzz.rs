@@ -76,6 +76,7 @@ pub fn migration_stream(data: &[u8]) -> bool {
                     vcpus: None,
                     hugepages: None,
                     dirty_log: None,
+                    idle_timeout: receiver::DEFAULT_IDLE_TIMEOUT,
                 };
                 receiver::check(&c, &given).is_ok()
             }),
@@ -88,6 +89,46 @@ pub fn migration_stream(data: &[u8]) -> bool {
             return false;
         }
     }
+}
+
+/// A peer's first bytes at `run --incoming`, as the destination's wait
+/// reads them (`migration::handshake`): the first input byte picks the size
+/// of the pieces (1 to 16) the rest arrives in, the way a peer may dribble
+/// its header; each piece is pushed until a verdict. That verdict must be the
+/// one the same bytes get whole, and a source's header must be one
+/// `format::Reader::start` accepts. Returns whether the peer is taken as a source.
+pub fn migration_handshake(data: &[u8]) -> bool {
+    use crate::migration::handshake::{HeaderBuf, Verdict, HEADER_LEN};
+    let Some((&step, rest)) = data.split_first() else {
+        return false;
+    };
+    let step = usize::from(step % 16) + 1;
+    let mut header = HeaderBuf::default();
+    let mut verdict = header.verdict();
+    for piece in rest.chunks(step) {
+        let taken = header.push(piece);
+        assert!(taken <= piece.len() && header.bytes().len() <= HEADER_LEN);
+        verdict = header.verdict();
+        if verdict != Verdict::More {
+            break;
+        }
+    }
+    let mut whole = HeaderBuf::default();
+    whole.push(&rest[..rest.len().min(header.bytes().len())]);
+    assert_eq!(
+        whole.verdict(),
+        verdict,
+        "pieces of {step} disagree with the whole"
+    );
+    let started = Reader::start(header.bytes());
+    match verdict {
+        Verdict::Source => assert!(started.is_ok(), "a source's header is refused"),
+        Verdict::NotASource | Verdict::Version(_) => {
+            assert!(started.is_err(), "a refused header starts a stream")
+        }
+        Verdict::More => assert!(header.bytes().len() < HEADER_LEN),
+    }
+    verdict == Verdict::Source
 }
 
 /// An HTTP request to a `/metrics` server, as its connections read one: where

@@ -128,7 +128,9 @@ const RUN_EXIT_STATUS: &str = "Exit status:
   0  the run ended in order: its workloads finished, a client sent `quit`, or
      SIGINT/SIGTERM stopped it (an orderly stop on a signal is a success, as
      for QEMU; the summary says `stopped by signal N`)
-  1  start-up failed (bad configuration, KVM, a port, socket or file)
+  1  start-up failed (bad configuration, KVM, a port, socket or file), or
+     an incoming migration failed, went silent or was stopped (SIGINT,
+     SIGTERM or `quit` while the guest is still arriving)
   2  the guest failed (panic, fault, KVM error), or the command line is wrong
   3  vCPUs did not stop within a second of being told to
   4  the run ended, but something besides the guest failed (e.g. --samples-out)
@@ -314,6 +316,12 @@ struct RunArgs {
     /// and dirty tracking come from the stream; any given must match it.
     #[arg(long, value_name = "URI", conflicts_with_all = ["workload", "guest"])]
     incoming: Option<kvmscope::migration::Uri>,
+    /// With --incoming: fail the migration (exit status 1) when the source,
+    /// once it has sent its stream header, sends nothing for this long. Every
+    /// peer has 5s for its header and the source 5s more for its config;
+    /// SIGINT/SIGTERM or `quit` stop an incoming migration at any point.
+    #[arg(long, default_value = "30s", value_name = "DUR", requires = "incoming")]
+    incoming_idle_timeout: Period,
     /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
     /// samples files (default: the --socket file's name without extension,
     /// else kvmscope-PID).
@@ -395,6 +403,7 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             vcpus: args.vcpus,
             hugepages: args.hugepages.then_some(true),
             dirty_log: args.dirty_log.map(dirty_mode),
+            idle_timeout: args.incoming_idle_timeout.0,
         });
     let config = RunConfig {
         vm: VmConfig {

@@ -23,6 +23,9 @@ pub enum RunStateError {
     /// The main loop has stopped taking requests.
     #[error("the VMM is shutting down")]
     ShuttingDown,
+    /// The guest is still arriving (`inmigrate`): it has no run state to change yet.
+    #[error("the guest is still arriving (inmigrate); only quit is taken until it has")]
+    Inmigrate,
     /// The asker gave up waiting for the main loop's answer.
     #[error("the main loop did not answer {request:?} within {limit:?}")]
     NoAnswer {
@@ -48,6 +51,8 @@ pub enum VmEvent {
     Signal(i32),
     /// The control plane asks the main loop to change the VM's run state.
     Control(RunRequest, Sender<Result<(), RunStateError>>),
+    /// The `migration-in` thread has ended (loaded, failed or stopped).
+    Loaded,
 }
 
 impl VmEvent {

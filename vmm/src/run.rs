@@ -303,7 +303,7 @@ fn wait_until_done(
             Some(VmEvent::Control(request, reply)) => {
                 let _ = reply.send(pause.apply(vm, request));
             }
-            Some(VmEvent::Console(..)) | None => {}
+            Some(VmEvent::Console(..) | VmEvent::Loaded) | None => {}
         }
         if let Some(late) = boot.late(vm, pause.paused(), Instant::now()) {
             watch.not_checked_in = Some(late);
@@ -458,13 +458,27 @@ pub fn run_incoming(config: RunConfig, incoming: IncomingConfig) -> Result<Summa
     run_vm(config, Some(incoming))
 }
 
+/// What stops an incoming migration: `quit`, a signal taken by the signal
+/// thread, `migrate_cancel` (all through the migration handle), or before
+/// that thread exists, a pending SIGINT/SIGTERM.
+fn incoming_stop(config: &RunConfig, m: &Arc<Migration>) -> migration::transport::Stop {
+    let (m, signals) = (m.clone(), config.handle_signals);
+    Arc::new(move || {
+        m.incoming_stop().or_else(|| {
+            signals
+                .then(crate::signals::pending_termination)
+                .flatten()
+                .map(|sig| format!("signal {sig}"))
+        })
+    })
+}
+
 fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary, Error> {
     let migration = Arc::new(Migration::new());
     let (mut vm, stream) = match &incoming {
         None => (Vm::new(config.vm.clone())?, None),
         Some(given) => {
-            let signalled = || config.handle_signals && crate::signals::termination_pending();
-            let stream = Incoming::accept(given, &migration, &signalled)?;
+            let stream = Incoming::accept(given, &migration, &incoming_stop(&config, &migration))?;
             match Vm::new(stream.vm_config(&config.vm)) {
                 Ok(vm) => (vm, Some(stream)),
                 Err(e) => {
@@ -482,7 +496,7 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     let services = Services::start(&config, &vm, &migration)?;
     if let Some(stream) = stream {
         services.status.set(RunState::Inmigrate);
-        stream.load(&mut vm, &migration)?;
+        migration::watch::load(stream, &mut vm, &migration)?;
     }
     let started = Instant::now();
     vm.start()?;

@@ -4,8 +4,10 @@
 //!
 //! A run stopped this way is an orderly stop and exits 0, as QEMU does on
 //! SIGTERM (a service manager stopping a VM is not a failure); the summary
-//! says `stopped by signal N`. `kvmscope run --help` and the README list the
-//! exit codes.
+//! says `stopped by signal N`. The exception is a destination whose guest is
+//! still arriving (`run --incoming`): the signal stops the incoming migration,
+//! which fails (exit 1), and the source keeps its guest. `kvmscope run --help`
+//! and the README list the exit codes.
 
 use std::sync::mpsc::Sender;
 
@@ -30,16 +32,19 @@ pub fn block_termination() {
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
-/// Whether SIGINT or SIGTERM is pending (blocked and not yet taken), for
+/// SIGINT or SIGTERM, if one is pending (blocked and not yet taken), for
 /// waits that happen before the forwarding thread exists.
-pub(crate) fn termination_pending() -> bool {
+pub(crate) fn pending_termination() -> Option<i32> {
     // SAFETY: sigpending writes only the set we own; sigismember reads it.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigpending(&mut set) == 0
-            && (libc::sigismember(&set, libc::SIGINT) == 1
-                || libc::sigismember(&set, libc::SIGTERM) == 1)
+        if libc::sigpending(&mut set) != 0 {
+            return None;
+        }
+        [libc::SIGTERM, libc::SIGINT]
+            .into_iter()
+            .find(|&sig| libc::sigismember(&set, sig) == 1)
     }
 }
 

@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use kvmscope::fuzz::{control_line, http_request, migration_stream, workload_spec};
+use kvmscope::fuzz::{
+    control_line, http_request, migration_handshake, migration_stream, workload_spec,
+};
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -65,5 +67,16 @@ fn migration_stream_seeds_load_or_fail_as_named() {
 fn http_request_seeds_get_the_page_or_not_as_named() {
     for (name, data) in seeds("http_request") {
         assert_eq!(http_request(&data), name.starts_with("ok-"), "{name}");
+    }
+}
+
+#[test]
+fn migration_handshake_seeds_are_taken_or_dropped_as_named() {
+    for (name, data) in seeds("migration_handshake") {
+        assert_eq!(
+            migration_handshake(&data),
+            name.starts_with("ok-"),
+            "{name}"
+        );
     }
 }

@@ -43,6 +43,8 @@ enum Plan {
     DieAtDeviceState,
     /// Take the whole stream, answer `completed`, and return its bytes.
     Record,
+    /// Take the whole stream, never answer, and hang up once the source does.
+    SilentAtEnd,
 }
 
 /// A destination that follows the protocol until its plan says otherwise.
@@ -67,9 +69,14 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
             let dies = match plan {
                 Plan::DieInPass(p) => kind == Kind::Ram && passes == p,
                 Plan::DieAtDeviceState => kind == Kind::Vcpu,
-                Plan::Record => false,
+                Plan::Record | Plan::SilentAtEnd => false,
             };
             if dies {
+                return Vec::new();
+            }
+            if kind == Kind::End && plan == Plan::SilentAtEnd {
+                r.finish(len).unwrap();
+                let _ = r.inner().inner.read_to_end(&mut Vec::new());
                 return Vec::new();
             }
             if kind == Kind::End {
@@ -140,6 +147,23 @@ fn a_destination_that_dies_after_the_vcpus_stopped_leaves_the_source_running() {
     let (uri, fake) = fake_destination("mig-die-dev-dst", Plan::DieAtDeviceState);
     let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
     fake.join().unwrap();
+    assert_source_runs_on(&src, &info);
+}
+
+#[test]
+fn a_destination_silent_after_the_trailer_fails_the_migration_naming_it() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-silent", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M");
+    let (uri, fake) = fake_destination("mig-silent-dst", Plan::SilentAtEnd);
+    let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
+    fake.join().unwrap();
+    let why = info.error_desc.clone().unwrap_or_default();
+    assert!(
+        why.contains("the destination did not answer for 5s"),
+        "{why}"
+    );
     assert_source_runs_on(&src, &info);
 }
 

@@ -2,11 +2,14 @@
 //! TCP socket, counted with QEMU's names (`query-migrate`).
 //!
 //! - [`format`](mod@format): the versioned stream (headers, sections, trailer);
-//! - [`transport`]: `unix:PATH` and `tcp:HOST:PORT`;
+//! - [`transport`]: `unix:PATH` and `tcp:HOST:PORT`, and the destination's
+//!   watched reads (idle deadline, stop);
 //! - [`pages`]: which pages the host ever backed (page map), zero checks;
 //! - [`sender`]: the source's pre-copy rounds, stop-and-copy and recovery;
 //! - [`source`]: what the source needs of its VM;
+//! - [`handshake`]: the destination's wait for its source (every peer's header at once);
 //! - [`receiver`]: the destination's state machine;
+//! - [`watch`]: the destination's main thread while the stream loads;
 //! - [`device`]: vCPU state on the wire;
 //! - this file: the [`Migration`] handle the control socket drives, its
 //!   parameters, status and events.
@@ -15,12 +18,14 @@
 
 pub(crate) mod device;
 pub mod format;
+pub mod handshake;
 pub mod pages;
 pub(crate) mod prefetch;
 pub mod receiver;
 pub(crate) mod sender;
 pub(crate) mod source;
 pub(crate) mod transport;
+pub(crate) mod watch;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,6 +75,8 @@ struct Inner {
     incoming: bool,
     /// A handle on the stream, to shut it down on cancel.
     conn: Option<transport::Conn>,
+    /// Who told an incoming migration to stop (`signal 15`, `quit`).
+    stopped_by: Option<String>,
 }
 
 /// The migration of this VMM's guest: one at a time, driven by the control
@@ -104,6 +111,7 @@ impl Migration {
                 started: None,
                 incoming: false,
                 conn: None,
+                stopped_by: None,
             }),
             cancel: AtomicBool::new(false),
             wake: std::sync::OnceLock::new(),
@@ -213,6 +221,27 @@ impl Migration {
         if let Some(c) = &self.lock().conn {
             c.shutdown();
         }
+    }
+
+    /// Stops an incoming migration (its reads look every [`transport::TICK`]);
+    /// `why` names who asked (`signal 15`, `quit`), the first one kept.
+    pub(crate) fn stop_incoming(&self, why: String) {
+        self.lock().stopped_by.get_or_insert(why);
+        self.cancel();
+    }
+
+    /// Why an incoming migration must stop: [`stop_incoming`](Migration::stop_incoming)'s
+    /// reason, or `migrate_cancel`; `None` to go on.
+    pub(crate) fn incoming_stop(&self) -> Option<String> {
+        if !self.cancelled() {
+            return None;
+        }
+        Some(
+            self.lock()
+                .stopped_by
+                .clone()
+                .unwrap_or_else(|| "migrate_cancel".into()),
+        )
     }
 
     /// Whether a cancel was asked for.

@@ -8,24 +8,37 @@
 //! → `End` (trailer checked, state restored, `completed` sent). Anything
 //! else, at any point, is refused with the reason, and nothing runs here.
 
+use std::time::{Duration, Instant};
+
 use vm_memory::{Bytes, GuestAddress};
 use zerocopy::FromBytes;
 
 use super::format::{self, ConfigRecord, Kind, PageRun, PassRecord, Reader};
+use super::handshake::{self, HEADER_WAIT};
 use super::pages::Backing;
 use super::prefetch::{populate, Prefetch};
-use super::transport::{self, Conn, Listener, Uri};
+use super::transport::{self, halt_of, Halt, Listener, Stop, Uri, Watched};
 use super::{device, Migration, RamStats, Status};
 use crate::dirty::{Bitmap, DirtyMode};
+use crate::memory::GuestMemory;
 use crate::vcpu::snapshot::Snapshot;
 use crate::vm::{Vm, VmConfig};
 
 /// Why an incoming migration failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Listening on or accepting from the URI failed.
+    /// Listening on the URI failed.
     #[error(transparent)]
     Transport(#[from] transport::Error),
+    /// No source came: the wait failed, was stopped, or a source's header was refused.
+    #[error(transparent)]
+    Handshake(#[from] handshake::Error),
+    /// The source went silent, or the destination was told to stop.
+    #[error(transparent)]
+    Halted(Halt),
+    /// The `migration-in` thread could not be started.
+    #[error("starting the migration-in thread")]
+    Spawn(#[source] std::io::Error),
     /// The stream is malformed, truncated or corrupt, or the connection failed.
     #[error("reading the stream")]
     Stream(#[from] format::Error),
@@ -93,27 +106,31 @@ pub struct IncomingConfig {
     pub hugepages: Option<bool>,
     /// `--dirty-log`, if given: the stream's mode must match.
     pub dirty_log: Option<DirtyMode>,
+    /// `--incoming-idle-timeout`: the source that sends nothing this long,
+    /// once it has sent its header, is dropped and the migration fails.
+    pub idle_timeout: Duration,
 }
 
-/// How long a peer that connected to `--incoming` has to send the stream header.
-const HEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// `--incoming-idle-timeout`'s default: far above any pause of a live
+/// source (its stop-and-copy, a slow pass), short enough that a dead one is
+/// noticed.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Whether a failed stream start means the peer is no migration source at
-/// all (it sent nothing, or not our magic), rather than a source we refuse.
-fn not_a_source(e: &format::Error) -> bool {
+/// The error a failed read carries, if a [`Watched`] read gave up: as
+/// [`Error::Halted`].
+fn explain(e: Error) -> Error {
     match e {
-        format::Error::Truncated(_) | format::Error::Magic(_) => true,
-        format::Error::Io(io) => matches!(
-            io.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        ),
-        _ => false,
+        Error::Stream(format::Error::Io(io)) => match halt_of(&io) {
+            Some(halt) => Error::Halted(halt.clone()),
+            None => Error::Stream(format::Error::Io(io)),
+        },
+        other => other,
     }
 }
 
 /// A source that connected and whose VM this VMM can take.
 pub(crate) struct Incoming {
-    reader: Reader<Conn>,
+    reader: Reader<Watched>,
     config: ConfigRecord,
 }
 
@@ -180,66 +197,60 @@ pub(crate) fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Erro
     })
 }
 
+/// The config section, which must come first, checked against `given`.
+fn read_config(
+    reader: &mut Reader<Watched>,
+    given: &IncomingConfig,
+) -> Result<ConfigRecord, Error> {
+    let (kind, len) = reader.section()?;
+    if kind != Kind::Config {
+        return Err(Error::NoConfig(kind.name()));
+    }
+    format::expect_len(kind, len, size_of::<ConfigRecord>() as u64)?;
+    let config: ConfigRecord = reader.read_obj("the config section")?;
+    check(&config, given)?;
+    Ok(config)
+}
+
 impl Incoming {
-    /// Listens at the URI, takes one source, reads and checks its VM. A
-    /// mismatch is told to the source and returned. `stop` ends the wait
-    /// (a termination signal).
+    /// Listens at the URI, takes one source ([`handshake`]), reads and
+    /// checks its VM: the config must follow the header within
+    /// [`HEADER_WAIT`]. A mismatch is told to the source and returned.
+    /// `stop` ends the wait (a termination signal).
     ///
     /// # Errors
-    /// The connection, the stream's start, or a mismatch.
+    /// The connection, the stream's start, a mismatch, or `stop`.
     pub(crate) fn accept(
         given: &IncomingConfig,
         m: &Migration,
-        stop: &dyn Fn() -> bool,
+        stop: &Stop,
     ) -> Result<Incoming, Error> {
         let listener = Listener::bind(&given.uri)?;
         m.set_incoming(&given.uri);
         log::info!("waiting for a migration stream on {}", given.uri);
-        let (mut reply, mut reader) = loop {
-            let conn = listener.accept(stop)?;
-            let reply = conn.try_clone().map_err(format::Error::Io)?;
-            // A source sends its stream header at once. A peer that does not
-            // (a health check, a port scan, an agent that took this socket for
-            // a control socket) is dropped, and the wait goes on.
-            let _ = conn.set_read_timeout(Some(HEADER_WAIT));
-            match Reader::start(conn) {
-                Ok(reader) => {
-                    let _ = reply.set_read_timeout(None);
-                    break (reply, reader);
-                }
-                Err(e) if not_a_source(&e) => {
-                    log::warn!(
-                        "{}: a peer that is not a migration source ({}); waiting on",
-                        given.uri,
-                        crate::error_chain(&e)
-                    );
-                }
-                Err(e) => {
-                    let mut reply = reply;
-                    let _ = format::write_reply(
-                        &mut reply,
-                        format::REPLY_REFUSED,
-                        &crate::error_chain(&e),
-                    );
-                    return Err(e.into());
-                }
-            }
-        };
+        let (conn, header) = handshake::wait(&listener, &given.uri.to_string(), stop)?;
         drop(listener);
-        let result = (|| {
-            let (kind, len) = reader.section()?;
-            if kind != Kind::Config {
-                return Err(Error::NoConfig(kind.name()));
+        let watched = Watched::new(conn, header.bytes(), given.idle_timeout, stop.clone())
+            .map_err(format::Error::Io)?;
+        let mut reader = Reader::start(watched)?;
+        reader
+            .inner()
+            .set_deadline(Instant::now(), HEADER_WAIT, "its config");
+        match read_config(&mut reader, given) {
+            Ok(config) => {
+                reader.inner().clear_deadline();
+                Ok(Incoming { reader, config })
             }
-            format::expect_len(kind, len, size_of::<ConfigRecord>() as u64)?;
-            let config: ConfigRecord = reader.read_obj("the config section")?;
-            check(&config, given)?;
-            Ok(Incoming { reader, config })
-        })();
-        if let Err(e) = &result {
-            let _ = format::write_reply(&mut reply, format::REPLY_REFUSED, &crate::error_chain(e));
+            Err(e) => {
+                let e = explain(e);
+                let _ = format::write_reply(
+                    reader.inner(),
+                    format::REPLY_REFUSED,
+                    &crate::error_chain(&e),
+                );
+                Err(e)
+            }
         }
-        result
     }
 
     /// The VM to build: `base` with the stream's size, vCPUs, huge pages and dirty mode.
@@ -262,14 +273,38 @@ impl Incoming {
         );
     }
 
-    /// Loads the stream into `vm` (built from [`vm_config`](Incoming::vm_config),
-    /// not started) and tells the source it is done. On an error the source
-    /// is told why and nothing of `vm` must run.
+    /// Reads the stream into `mem` (the RAM of a VM built from
+    /// [`vm_config`](Incoming::vm_config), not started): the vCPUs' states,
+    /// for [`finish`](Incoming::finish). Runs on the `migration-in` thread
+    /// ([`watch::load`](super::watch::load)).
     ///
     /// # Errors
-    /// A malformed or corrupt stream, or a state KVM refuses.
-    pub(crate) fn load(mut self, vm: &mut Vm, m: &Migration) -> Result<(), Error> {
-        let result = self.load_inner(vm, m);
+    /// A malformed or corrupt stream, a silent source, or a stop.
+    pub(crate) fn receive(
+        &mut self,
+        mem: &GuestMemory,
+        m: &Migration,
+    ) -> Result<Vec<Snapshot>, Error> {
+        self.receive_inner(mem, m).map_err(explain)
+    }
+
+    /// Puts the received state in `vm`'s vCPUs and tells the source it is
+    /// done; on an error (or a stop asked for meanwhile) the source is told
+    /// why, keeps its guest, and nothing of `vm` must run.
+    ///
+    /// # Errors
+    /// What [`receive`](Incoming::receive) returned, a state KVM refuses, or a stop.
+    pub(crate) fn finish(
+        mut self,
+        vm: &mut Vm,
+        m: &Migration,
+        received: Result<Vec<Snapshot>, Error>,
+    ) -> Result<(), Error> {
+        let result = match (received, m.incoming_stop()) {
+            (_, Some(why)) => Err(Error::Halted(Halt::Stopped(why))),
+            (Ok(snapshots), None) => self.restore(vm, snapshots),
+            (Err(e), None) => Err(e),
+        };
         let (code, message) = match &result {
             Ok(()) => (format::REPLY_COMPLETED, String::new()),
             Err(e) => (format::REPLY_REFUSED, crate::error_chain(e)),
@@ -282,20 +317,18 @@ impl Incoming {
                 m.set_status(Status::Completed);
                 Ok(())
             }
-            (Ok(()), Err(e)) | (Err(Error::Stream(e)), _) => {
-                m.update(|i| i.error_desc = Some(crate::error_chain(&e)));
-                m.set_status(Status::Failed);
-                Err(Error::Stream(e))
-            }
-            (Err(e), _) => {
-                m.update(|i| i.error_desc = Some(crate::error_chain(&e)));
-                m.set_status(Status::Failed);
-                Err(e)
-            }
+            (Ok(()), Err(e)) => Err(Self::failed(m, Error::Stream(e))),
+            (Err(e), _) => Err(Self::failed(m, e)),
         }
     }
 
-    fn load_inner(&mut self, vm: &mut Vm, m: &Migration) -> Result<(), Error> {
+    fn failed(m: &Migration, e: Error) -> Error {
+        m.update(|i| i.error_desc = Some(crate::error_chain(&e)));
+        m.set_status(Status::Failed);
+        e
+    }
+
+    fn receive_inner(&mut self, mem: &GuestMemory, m: &Migration) -> Result<Vec<Snapshot>, Error> {
         format::write_reply(self.reader.inner(), format::REPLY_READY, "")?;
         m.set_status(Status::Active);
         let pages = self.config.memory / format::PAGE_SIZE;
@@ -310,8 +343,8 @@ impl Incoming {
             snapshots: Vec::new(),
             buf: Vec::new(),
             prefetch: None,
-            last_pass: std::time::Instant::now(),
-            started: std::time::Instant::now(),
+            last_pass: Instant::now(),
+            started: Instant::now(),
         };
         // A zero run must clear what this VMM wrote before the stream (boot
         // structures, mailboxes): the pages backed now, present or swapped out
@@ -320,7 +353,7 @@ impl Incoming {
         // would only fault memory in (2,000 faults in the stop's path for a
         // 512 MiB guest). Without the page map, everything below the arena,
         // where boot writes go.
-        match crate::memory::region(&vm.mem).map(|r| super::pages::classify(r)) {
+        match crate::memory::region(mem).map(|r| super::pages::classify(r)) {
             Some(Ok(runs)) => runs
                 .iter()
                 .filter(|(_, _, b)| *b == Backing::Data)
@@ -335,7 +368,7 @@ impl Incoming {
                 self.reader.finish(len)?;
                 break;
             }
-            self.load_section(kind, len, vm, m, &mut l)?;
+            self.load_section(kind, len, mem, m, &mut l)?;
             l.ram.transferred = self.reader.bytes;
             let r = l.ram.clone();
             m.update(|i| i.ram = Some(r));
@@ -344,12 +377,7 @@ impl Incoming {
             "migration: trailer checked {:?} after the last pass",
             l.last_pass.elapsed()
         );
-        let restored = self.restore(vm, std::mem::take(&mut l.snapshots));
-        log::debug!(
-            "migration: vCPU state loaded {:?} after the last pass",
-            l.last_pass.elapsed()
-        );
-        restored
+        Ok(std::mem::take(&mut l.snapshots))
     }
 
     /// One section of the `Ram` and `Device` states (module docs).
@@ -357,7 +385,7 @@ impl Incoming {
         &mut self,
         kind: Kind,
         len: u64,
-        vm: &Vm,
+        mem: &GuestMemory,
         m: &Migration,
         l: &mut Loading,
     ) -> Result<(), Error> {
@@ -365,7 +393,7 @@ impl Incoming {
             Kind::Ram if l.snapshots.is_empty() => {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "a RAM section")?;
-                let end = load_ram(&l.buf, vm, &mut l.written, &mut l.ram)?;
+                let end = load_ram(&l.buf, mem, l.pages, &mut l.written, &mut l.ram)?;
                 if let Some(p) = &l.prefetch {
                     p.loaded(end);
                 }
@@ -373,7 +401,7 @@ impl Incoming {
             Kind::Plan if l.prefetch.is_none() => {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "the plan")?;
-                l.prefetch = Some(Prefetch::start(&vm.mem, plan(&l.buf, l.pages)?));
+                l.prefetch = Some(Prefetch::start(mem, plan(&l.buf, l.pages)?));
             }
             Kind::Pass => {
                 format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
@@ -403,7 +431,7 @@ impl Incoming {
             Kind::Digest => {
                 format::expect_len(kind, len, size_of::<format::DigestRecord>() as u64)?;
                 let d: format::DigestRecord = self.reader.read_obj("the RAM digest")?;
-                let ours = super::ram_crc32(&vm.mem);
+                let ours = super::ram_crc32(mem);
                 m.update(|i| i.x_ram_crc32 = Some(ours));
                 if ours != d.crc32 {
                     let e = format::Error::Digest {
@@ -419,6 +447,7 @@ impl Incoming {
     }
 
     fn restore(&self, vm: &mut Vm, mut snapshots: Vec<Snapshot>) -> Result<(), Error> {
+        let started = Instant::now();
         let want = vm.config.vcpus;
         if snapshots.len() != want {
             return Err(Error::VcpuCount {
@@ -432,7 +461,9 @@ impl Incoming {
                 return Err(Error::VcpuIndex(u32::try_from(s.index).unwrap_or(u32::MAX)));
             }
         }
-        vm.restore_vcpus(&snapshots).map_err(Error::Restore)
+        let restored = vm.restore_vcpus(&snapshots).map_err(Error::Restore);
+        log::debug!("migration: vCPU state loaded in {:?}", started.elapsed());
+        restored
     }
 }
 
@@ -482,26 +513,26 @@ pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, 
 /// Returns one past the section's last page.
 fn load_ram(
     payload: &[u8],
-    vm: &Vm,
+    mem: &GuestMemory,
+    pages: u64,
     written: &mut Bitmap,
     ram: &mut RamStats,
 ) -> Result<u64, Error> {
     let zero = [0u8; format::PAGE_BYTES];
     let mut end = 0;
-    for (run, data) in runs(payload, vm.config.memory / format::PAGE_SIZE)? {
+    for (run, data) in runs(payload, pages)? {
         let range = run.first..run.first + u64::from(run.count);
         end = range.end;
         if run.kind == format::RUN_ZERO {
             let stale: Vec<u64> = written.iter_range(range.start, range.end).collect();
             for p in stale {
-                write_page(vm, p, &zero)?;
+                write_page(mem, p, &zero)?;
             }
             ram.duplicate += u64::from(run.count);
             continue;
         }
-        populate(&vm.mem, run.first, data.len() as u64);
-        vm.mem
-            .write_slice(data, GuestAddress(run.first * format::PAGE_SIZE))
+        populate(mem, run.first, data.len() as u64);
+        mem.write_slice(data, GuestAddress(run.first * format::PAGE_SIZE))
             .map_err(|e| Error::Write(run.first, e))?;
         range.for_each(|p| written.set(p));
         ram.normal += u64::from(run.count);
@@ -534,9 +565,8 @@ pub(crate) fn plan(payload: &[u8], pages: u64) -> Result<Vec<format::PlanRange>,
     Ok(ranges.to_vec())
 }
 
-fn write_page(vm: &Vm, page: u64, bytes: &[u8]) -> Result<(), Error> {
-    vm.mem
-        .write_slice(bytes, GuestAddress(page * format::PAGE_SIZE))
+fn write_page(mem: &GuestMemory, page: u64, bytes: &[u8]) -> Result<(), Error> {
+    mem.write_slice(bytes, GuestAddress(page * format::PAGE_SIZE))
         .map_err(|e| Error::Write(page, e))
 }
 

@@ -22,6 +22,7 @@ fn given() -> IncomingConfig {
         vcpus: None,
         hugepages: None,
         dirty_log: None,
+        idle_timeout: super::DEFAULT_IDLE_TIMEOUT,
     }
 }
 

@@ -32,8 +32,28 @@ use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
 const SECTION_TARGET: usize = 4 << 20;
 /// How long the main loop and the vCPUs get to pause, and each vCPU to give its state.
 const PAUSE_LIMIT: Duration = Duration::from_secs(5);
-/// How long the destination gets to answer after the trailer.
-const REPLY_LIMIT: Duration = Duration::from_secs(30);
+/// While the guest runs (pre-copy): how long the destination may go without
+/// reading any of the stream, or without answering READY.
+const PRECOPY_STALL: Duration = Duration::from_secs(30);
+/// While the guest is held paused: the least time the destination may go
+/// without reading or answering (see [`stop_stall`]).
+const STOP_STALL_FLOOR: Duration = Duration::from_secs(5);
+/// Guest RAM the destination checksums per second, at least, when
+/// `x-check-ram` asks it to before it answers.
+const CHECK_RAM_RATE: u64 = 1 << 30;
+
+/// How long the destination may go without reading the stream or answering
+/// while the guest is held paused: ten times `downtime-limit`, at least
+/// [`STOP_STALL_FLOOR`], plus a second per GiB of RAM with `x-check-ram`.
+pub(crate) fn stop_stall(p: &super::Parameters, memory: u64) -> Duration {
+    let limit = Duration::from_millis(p.downtime_limit.saturating_mul(10)).max(STOP_STALL_FLOOR);
+    let check = if p.x_check_ram {
+        Duration::from_secs(memory.div_ceil(CHECK_RAM_RATE))
+    } else {
+        Duration::ZERO
+    };
+    limit + check
+}
 
 /// Why a migration failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +97,9 @@ pub enum Error {
     /// `migrate_cancel` stopped it.
     #[error("cancelled")]
     Cancelled,
+    /// The destination made no progress for too long (what it did not do, how long).
+    #[error("the destination did not {0} for {limit}", limit = crate::units::format_duration(*.1))]
+    Unresponsive(&'static str, Duration),
     /// KVM's list of MSRs to save could not be read.
     #[error("reading KVM's MSR list")]
     MsrList(#[source] kvm_ioctls::Error),
@@ -161,6 +184,9 @@ struct Precopy<'a> {
     pass: u64,
     /// Wire bytes per second over the last pass.
     last_rate: f64,
+    /// How long a write or the reply may wait now, and whether a reply is awaited.
+    stall: Duration,
+    awaiting_reply: bool,
     /// Dirty pages at the previous sync, to see whether passes shrink.
     prev_dirty: Option<u64>,
     /// The pass in progress: pages it sends, pages sent before it, its
@@ -188,6 +214,8 @@ impl<'a> Precopy<'a> {
             held: false,
             pass: 0,
             last_rate: 0.0,
+            stall: PRECOPY_STALL,
+            awaiting_reply: false,
             prev_dirty: None,
             pass_pages: 0,
             pass_from: (0, Instant::now(), 0),
@@ -210,6 +238,19 @@ impl<'a> Precopy<'a> {
     /// explained by the destination's refusal when it sent one.
     fn migrate(&mut self, uri: &Uri) -> Result<(), Error> {
         match self.stream(uri) {
+            Err(Error::Stream(format::Error::Io(e)))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && !self.m.cancelled() =>
+            {
+                let what = if self.awaiting_reply {
+                    "answer"
+                } else {
+                    "read the stream"
+                };
+                Err(Error::Unresponsive(what, self.stall))
+            }
             Err(Error::Stream(format::Error::Io(e))) if !self.m.cancelled() => {
                 match self.w.as_mut().map(|w| read_refusal(w.inner())) {
                     Some(Some(why)) => Err(Error::Refused(why)),
@@ -222,6 +263,7 @@ impl<'a> Precopy<'a> {
 
     fn stream(&mut self, uri: &Uri) -> Result<(), Error> {
         let conn = Conn::connect(uri)?;
+        self.set_stall(&conn, PRECOPY_STALL)?;
         self.m.set_conn(conn.try_clone().ok());
         let mut w = Writer::start(conn)?;
         w.section(Kind::Config, &[self.src.config.as_bytes()])?;
@@ -338,6 +380,12 @@ impl<'a> Precopy<'a> {
         let step = |what: &str| log::debug!("migration: {what} at {:?}", stopped.elapsed());
         run_state(&self.src.main, RunRequest::Hold).map_err(Error::Pause)?;
         self.held = true;
+        let stall = stop_stall(&self.m.parameters(), self.src.memory());
+        if let Some(w) = self.w.take() {
+            let set = self.set_stall(w.get_ref(), stall);
+            self.w = Some(w);
+            set?;
+        }
         if !crate::vcpu::wait_parked(&self.src.vcpus, PAUSE_LIMIT) {
             return Err(Error::PauseTimeout(PAUSE_LIMIT));
         }
@@ -368,9 +416,6 @@ impl<'a> Precopy<'a> {
         self.ram.downtime_bytes = self.wire_bytes() - self.ram.precopy_bytes;
         self.ram.transferred = self.wire_bytes();
         self.ram.remaining = 0;
-        if let Some(w) = &self.w {
-            let _ = w.get_ref().set_read_timeout(Some(REPLY_LIMIT));
-        }
         self.expect_reply(format::REPLY_COMPLETED)?;
         step("destination completed");
         let downtime = crate::units::millis(stopped.elapsed());
@@ -407,9 +452,20 @@ impl<'a> Precopy<'a> {
             .collect()
     }
 
+    /// Bounds how long a write or a reply may wait on the destination.
+    fn set_stall(&mut self, conn: &Conn, stall: Duration) -> Result<(), Error> {
+        self.stall = stall;
+        conn.set_write_timeout(Some(stall))
+            .and_then(|()| conn.set_read_timeout(Some(stall)))
+            .map_err(|e| Error::Stream(format::Error::Io(e)))
+    }
+
     fn expect_reply(&mut self, code: u32) -> Result<(), Error> {
+        self.awaiting_reply = true;
         let w = self.writer()?;
-        match format::read_reply(w.inner())? {
+        let reply = format::read_reply(w.inner());
+        self.awaiting_reply = reply.is_err();
+        match reply? {
             (c, _) if c == code => Ok(()),
             (format::REPLY_REFUSED, why) => Err(Error::Refused(why)),
             (c, why) => Err(Error::Refused(format!("unexpected reply {c}: {why}"))),
@@ -619,14 +675,5 @@ fn read_refusal(conn: &mut Conn) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn expected_downtime_counts_pages_and_headers() {
-        assert_eq!(expected_ms(0, 0.0), 0);
-        assert_eq!(expected_ms(1, 0.0), u64::MAX);
-        // 1000 pages of 4112 bytes at 4.112 MB/s: one second.
-        assert_eq!(expected_ms(1000, 4_112_000.0), 1000);
-    }
-}
+#[path = "sender_tests.rs"]
+mod tests;

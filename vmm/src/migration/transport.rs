@@ -1,11 +1,17 @@
 //! Where a stream goes: `unix:PATH` or `tcp:HOST:PORT`, as QEMU's `-incoming`
-//! and `migrate` name them.
+//! and `migrate` name them; and the destination's end of a connection
+//! ([`Watched`]), whose reads give up when the source has sent nothing for
+//! the idle deadline or when the destination is told to stop.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::units::format_duration;
 
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -22,9 +28,6 @@ pub enum Error {
     /// The source could not connect to the destination (URI given).
     #[error("connecting to {0}")]
     Connect(String, #[source] std::io::Error),
-    /// The destination was told to stop before a source connected (URI given).
-    #[error("stopped while waiting for the source on {0}")]
-    Stopped(String),
 }
 
 /// A migration endpoint.
@@ -127,6 +130,37 @@ impl Conn {
             Conn::Tcp(s) => s.set_read_timeout(t),
         }
     }
+
+    /// Limits how long a write may block without progress.
+    ///
+    /// # Errors
+    /// The socket option could not be set.
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Conn::Unix(s) => s.set_write_timeout(t),
+            Conn::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// Makes reads and writes return `WouldBlock` instead of waiting (or wait again).
+    ///
+    /// # Errors
+    /// The flag could not be set.
+    pub(crate) fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        match self {
+            Conn::Unix(s) => s.set_nonblocking(on),
+            Conn::Tcp(s) => s.set_nonblocking(on),
+        }
+    }
+}
+
+impl AsFd for Conn {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Conn::Unix(s) => s.as_fd(),
+            Conn::Tcp(s) => s.as_fd(),
+        }
+    }
 }
 
 impl Read for Conn {
@@ -144,6 +178,136 @@ impl Write for Conn {
             Conn::Unix(s) => s.write(buf),
             Conn::Tcp(s) => s.write(buf),
         }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How often a destination waiting on a peer looks at its stop condition.
+pub(crate) const TICK: Duration = Duration::from_millis(100);
+
+/// Says why the destination must stop (`signal 15`, `quit`), or `None` to go on.
+pub(crate) type Stop = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Why a watched read gave up, carried inside the `io::Error` it returns.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Halt {
+    /// No byte came for the idle deadline.
+    #[error("the source sent nothing for {} (the idle deadline, --incoming-idle-timeout)", format_duration(*.0))]
+    Idle(Duration),
+    /// The part of the stream with a whole deadline (what, limit) did not arrive in time.
+    #[error("the source did not send {0} within {limit} of its header", limit = format_duration(*.1))]
+    Late(&'static str, Duration),
+    /// The destination was told to stop (by whom).
+    #[error("stopped by {0}")]
+    Stopped(String),
+}
+
+/// The halt inside an I/O error from a [`Watched`] read, if it is one.
+pub(crate) fn halt_of(e: &std::io::Error) -> Option<&Halt> {
+    e.get_ref().and_then(|inner| inner.downcast_ref::<Halt>())
+}
+
+/// The destination's end of the stream: bytes the handshake already read
+/// come first; then reads from the connection that give up as [`Halt`] says.
+pub(crate) struct Watched {
+    conn: Conn,
+    early: Vec<u8>,
+    idle: Duration,
+    /// A whole deadline for what is read now (the config), with its name.
+    deadline: Option<(Instant, &'static str, Duration)>,
+    stop: Stop,
+}
+
+impl Watched {
+    /// Watches `conn` (blocking reads are set to wake every [`TICK`]); `early`
+    /// is what was read from it before.
+    ///
+    /// # Errors
+    /// The socket options could not be set.
+    pub(crate) fn new(
+        conn: Conn,
+        early: &[u8],
+        idle: Duration,
+        stop: Stop,
+    ) -> std::io::Result<Self> {
+        conn.set_nonblocking(false)?;
+        conn.set_read_timeout(Some(TICK))?;
+        // Replies are a few bytes; a source that reads none for this long is gone.
+        conn.set_write_timeout(Some(idle))?;
+        Ok(Watched {
+            conn,
+            early: early.to_vec(),
+            idle,
+            deadline: None,
+            stop,
+        })
+    }
+
+    /// Until cleared, reads fail once `limit` from `since` has passed
+    /// ([`Halt::Late`], naming `what`).
+    pub(crate) fn set_deadline(&mut self, since: Instant, limit: Duration, what: &'static str) {
+        self.deadline = Some((since + limit, what, limit));
+    }
+
+    /// Ends the whole deadline: from now on only the idle one applies.
+    pub(crate) fn clear_deadline(&mut self) {
+        self.deadline = None;
+    }
+
+    fn check(&self, waiting_since: Instant) -> Option<Halt> {
+        if let Some(why) = (self.stop)() {
+            return Some(Halt::Stopped(why));
+        }
+        let now = Instant::now();
+        if let Some((at, what, limit)) = self.deadline {
+            if now >= at {
+                return Some(Halt::Late(what, limit));
+            }
+        }
+        (now.duration_since(waiting_since) >= self.idle).then_some(Halt::Idle(self.idle))
+    }
+}
+
+impl Read for Watched {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !self.early.is_empty() {
+            let n = buf.len().min(self.early.len());
+            buf[..n].copy_from_slice(&self.early[..n]);
+            self.early.drain(..n);
+            return Ok(n);
+        }
+        let since = Instant::now();
+        loop {
+            match self.conn.read(buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    if let Some(halt) = self.check(since) {
+                        // Not `Interrupted`: `read_exact` would retry that.
+                        let kind = match halt {
+                            Halt::Stopped(_) => std::io::ErrorKind::Other,
+                            _ => std::io::ErrorKind::TimedOut,
+                        };
+                        return Err(std::io::Error::new(kind, halt));
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Write for Watched {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.conn.write(buf)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -180,45 +344,66 @@ impl Listener {
         }
     }
 
-    /// Waits for the source, looking at `stop` every 100 ms.
+    /// The URI as error messages name it.
+    fn name(&self) -> String {
+        match self {
+            Listener::Unix(_, p) => format!("unix:{}", p.display()),
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map_or_else(|_| "tcp".to_string(), |a| format!("tcp:{a}")),
+        }
+    }
+
+    /// Makes [`try_accept`](Listener::try_accept) return at once when no peer waits.
     ///
     /// # Errors
-    /// `Accept` with the cause, `Stopped` when `stop` said so.
-    pub(crate) fn accept(&self, stop: &dyn Fn() -> bool) -> Result<Conn, Error> {
-        use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        use std::os::fd::AsFd;
-        let (fd, name) = match self {
-            Listener::Unix(l, p) => (l.as_fd(), format!("unix:{}", p.display())),
-            Listener::Tcp(l) => (l.as_fd(), "tcp".to_string()),
-        };
-        // Woken every 100 ms to look at `stop`.
-        let tick = Timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000_000,
-        };
-        loop {
-            if stop() {
-                return Err(Error::Stopped(name));
-            }
-            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-            match poll(&mut fds, Some(&tick)) {
-                Ok(0) | Err(rustix::io::Errno::INTR) => {}
-                Ok(_) => break,
-                Err(e) => return Err(Error::Accept(name, e.into())),
-            }
-        }
+    /// `Listen` when the flag could not be set.
+    pub(crate) fn set_nonblocking(&self) -> Result<(), Error> {
         match self {
-            Listener::Unix(l, path) => l
-                .accept()
-                .map(|(s, _)| Conn::Unix(s))
-                .map_err(|e| Error::Accept(format!("unix:{}", path.display()), e)),
-            Listener::Tcp(l) => l
-                .accept()
-                .map(|(s, _)| {
-                    let _ = s.set_nodelay(true);
-                    Conn::Tcp(s)
-                })
-                .map_err(|e| Error::Accept("tcp".into(), e)),
+            Listener::Unix(l, _) => l.set_nonblocking(true),
+            Listener::Tcp(l) => l.set_nonblocking(true),
+        }
+        .map_err(|e| Error::Listen(self.name(), e))
+    }
+
+    /// Takes one waiting connection, nonblocking; `None` when none waits (or
+    /// the peer left before it was taken).
+    ///
+    /// # Errors
+    /// `Accept` when accepting failed for another reason (out of fds).
+    pub(crate) fn try_accept(&self) -> Result<Option<Conn>, Error> {
+        let accepted = match self {
+            Listener::Unix(l, _) => l.accept().map(|(s, _)| Conn::Unix(s)),
+            Listener::Tcp(l) => l.accept().map(|(s, _)| {
+                let _ = s.set_nodelay(true);
+                Conn::Tcp(s)
+            }),
+        };
+        match accepted {
+            Ok(conn) => conn
+                .set_nonblocking(true)
+                .map(|()| Some(conn))
+                .map_err(|e| Error::Accept(self.name(), e)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::Interrupted
+                        | std::io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(Error::Accept(self.name(), e)),
+        }
+    }
+}
+
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Listener::Unix(l, _) => l.as_fd(),
+            Listener::Tcp(l) => l.as_fd(),
         }
     }
 }

@@ -63,6 +63,7 @@ impl Dest {
             vcpus: None,
             hugepages: None,
             dirty_log: None,
+            idle_timeout: kvmscope::migration::receiver::DEFAULT_IDLE_TIMEOUT,
         };
         let mut config = RunConfig {
             workloads: Vec::new(),

@@ -1,0 +1,34 @@
+//! Unit tests of `sender.rs`.
+
+use super::*;
+
+#[test]
+fn the_paused_stall_limit_follows_downtime_limit_above_its_floor() {
+    let p = |downtime_limit, x_check_ram| crate::migration::Parameters {
+        downtime_limit,
+        x_check_ram,
+        ..crate::migration::Parameters::default()
+    };
+    assert_eq!(stop_stall(&p(300, false), 1 << 30), STOP_STALL_FLOOR);
+    assert_eq!(
+        stop_stall(&p(2000, false), 1 << 30),
+        Duration::from_secs(20)
+    );
+    assert_eq!(
+        stop_stall(&p(300, true), 3 << 30),
+        STOP_STALL_FLOOR + Duration::from_secs(3),
+        "a second per GiB the destination checksums"
+    );
+    assert_eq!(
+        stop_stall(&p(crate::migration::MAX_DOWNTIME_LIMIT, false), 0),
+        Duration::from_secs(20_000)
+    );
+}
+
+#[test]
+fn expected_downtime_counts_pages_and_headers() {
+    assert_eq!(expected_ms(0, 0.0), 0);
+    assert_eq!(expected_ms(1, 0.0), u64::MAX);
+    // 1000 pages of 4112 bytes at 4.112 MB/s: one second.
+    assert_eq!(expected_ms(1000, 4_112_000.0), 1000);
+}

@@ -1,0 +1,258 @@
+//! A migration destination (`kvmscope run --incoming`) faced with peers that
+//! misbehave, run as a process of the real binary so that signals reach it:
+//! a source that stalls mid-page (a signal, `quit` and the idle deadline each
+//! end it, non-zero), a source that stalls before its config, a peer that
+//! dribbles its header past the header deadline, and a real source behind
+//! fifty idle peers.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use kvmscope::client::Client;
+use serde_json::json;
+
+/// A destination process: its control socket, where it listens, its stderr file.
+struct DestProcess {
+    child: Child,
+    socket: PathBuf,
+    listen: PathBuf,
+    stderr: PathBuf,
+}
+
+impl DestProcess {
+    /// Starts `kvmscope run --incoming unix:DIR/incoming.sock --socket DIR/ctl.sock`
+    /// with `extra` options, and waits until it listens.
+    fn start(test: &str, extra: &[&str]) -> DestProcess {
+        let socket = common::socket_path(test);
+        let dir = socket.parent().expect("a test directory").to_path_buf();
+        let listen = dir.join("incoming.sock");
+        let stderr = dir.join("stderr");
+        let child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args(["run", "--sample-interval", "off", "--incoming"])
+            .arg(format!("unix:{}", listen.display()))
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).expect("a stderr file"))
+            .spawn()
+            .expect("starting kvmscope");
+        let d = DestProcess {
+            child,
+            socket,
+            listen,
+            stderr,
+        };
+        common::wait_for("the destination to listen", Duration::from_secs(20), || {
+            d.listen.exists().then_some(())
+        });
+        d
+    }
+
+    fn connect(&self) -> UnixStream {
+        UnixStream::connect(&self.listen).expect("connecting to the destination")
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = i32::try_from(self.child.id()).expect("a pid");
+        // SAFETY: kill only sends a signal to the process this test started.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    /// Its exit status once it has ended, or `None` after `limit`.
+    fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting on kvmscope") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Asserts it ended within `limit` with a non-zero status and an error
+    /// that contains `says`.
+    fn assert_failed(&mut self, limit: Duration, says: &str) {
+        let status = self.wait_exit(limit);
+        let stderr = self.stderr();
+        let Some(status) = status else {
+            panic!("still running {limit:?} later; stderr: {stderr}");
+        };
+        assert!(!status.success(), "exit status {status}; stderr: {stderr}");
+        assert!(
+            stderr.contains(says),
+            "stderr does not say '{says}': {stderr}"
+        );
+    }
+}
+
+impl Drop for DestProcess {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if let Some(dir) = self.socket.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// The stream header and config section of a 64 MiB, one-vCPU guest: the
+/// config-only seed of the stream's fuzz corpus, less its trailer.
+fn header_and_config() -> Vec<u8> {
+    let seed = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus/migration_stream/ok-config-only");
+    let bytes = std::fs::read(seed).expect("the config-only seed");
+    // 16 (stream header) + 16 (section header) + 40 (config record).
+    bytes[..72].to_vec()
+}
+
+/// Reads one reply from the destination and returns its code.
+fn read_reply_code(s: &mut UnixStream, limit: Duration) -> u32 {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).expect("a reply within the limit");
+    assert_eq!(&head[..4], b"KSMR", "a reply");
+    u32::from_le_bytes(head[4..8].try_into().unwrap())
+}
+
+/// A fake source: sends the header and config, takes READY, then starts a
+/// RAM section and stops in the middle of its first page, connection open.
+fn stall_mid_page(dest: &DestProcess) -> UnixStream {
+    let mut s = dest.connect();
+    s.write_all(&header_and_config()).unwrap();
+    assert_eq!(
+        read_reply_code(&mut s, Duration::from_secs(30)),
+        kvmscope::migration::format::REPLY_READY
+    );
+    let mut ram = Vec::new();
+    ram.extend_from_slice(&2u32.to_le_bytes()); // a RAM section
+    ram.extend_from_slice(&0u32.to_le_bytes());
+    ram.extend_from_slice(&(16u64 + 4096).to_le_bytes());
+    ram.extend_from_slice(&0u64.to_le_bytes()); // one normal run at page 0
+    ram.extend_from_slice(&1u32.to_le_bytes());
+    ram.extend_from_slice(&kvmscope::migration::format::RUN_NORMAL.to_le_bytes());
+    ram.extend_from_slice(&[0xab; 100]); // 100 of its 4096 bytes
+    s.write_all(&ram).unwrap();
+    s
+}
+
+/// How long a stopped destination may take to end: the issue wants a second;
+/// the rest is slack for a loaded machine.
+const STOP_LIMIT: Duration = Duration::from_secs(5);
+
+#[test]
+fn sigterm_ends_an_incoming_migration_stalled_mid_page() {
+    require_kvm!();
+    let mut dest = DestProcess::start("in-stall-term", &[]);
+    let _source = stall_mid_page(&dest);
+    dest.signal(libc::SIGTERM);
+    dest.assert_failed(STOP_LIMIT, "stopped by signal 15");
+}
+
+#[test]
+fn quit_ends_an_incoming_migration_stalled_mid_page() {
+    require_kvm!();
+    let mut dest = DestProcess::start("in-stall-quit", &[]);
+    let _source = stall_mid_page(&dest);
+    let mut c = Client::connect(&dest.socket).expect("the control socket");
+    c.set_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.execute("quit", json!({})).expect("quit is answered");
+    dest.assert_failed(STOP_LIMIT, "stopped by quit");
+}
+
+#[test]
+fn a_run_state_change_while_inmigrate_is_refused_at_once() {
+    require_kvm!();
+    let dest = DestProcess::start("in-stall-pause", &[]);
+    let _source = stall_mid_page(&dest);
+    let mut c = Client::connect(&dest.socket).expect("the control socket");
+    c.set_timeout(Some(Duration::from_secs(10))).unwrap();
+    let e = c.execute("stop", json!({})).expect_err("stop is refused");
+    assert!(
+        kvmscope::error_chain(&e).contains("inmigrate"),
+        "{}",
+        kvmscope::error_chain(&e)
+    );
+}
+
+#[test]
+fn a_stream_silent_past_the_idle_timeout_fails_naming_it() {
+    require_kvm!();
+    let mut dest = DestProcess::start("in-stall-idle", &["--incoming-idle-timeout", "2s"]);
+    let _source = stall_mid_page(&dest);
+    dest.assert_failed(
+        Duration::from_secs(2) + STOP_LIMIT,
+        "the source sent nothing for 2s",
+    );
+}
+
+#[test]
+fn sigterm_ends_a_destination_waiting_for_the_config() {
+    require_kvm!();
+    let mut dest = DestProcess::start("in-no-config", &[]);
+    let mut s = dest.connect();
+    s.write_all(&header_and_config()[..16]).unwrap();
+    // The header alone is a source's: the destination waits on for the config.
+    dest.signal(libc::SIGTERM);
+    dest.assert_failed(STOP_LIMIT, "stopped by signal 15");
+}
+
+/// How long a peer has for its whole header (the destination's constant).
+const HEADER_WAIT: Duration = Duration::from_secs(5);
+
+#[test]
+fn a_header_dribbled_past_the_header_deadline_is_dropped() {
+    require_kvm!();
+    let dest = DestProcess::start("in-dribble", &[]);
+    let mut s = dest.connect();
+    let header = header_and_config();
+    let started = Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
+    let mut dropped = None;
+    // A byte every 700 ms: 16 bytes take 11 s, past the header deadline. The
+    // destination hangs up on a peer it drops: the read sees the end.
+    for &b in &header[..16] {
+        let closed = s.write_all(&[b]).is_err() || s.read(&mut [0u8; 64]).is_ok_and(|n| n == 0);
+        if closed {
+            dropped = Some(started.elapsed());
+            break;
+        }
+    }
+    let dropped =
+        dropped.expect("the destination dropped the dribbler before its header was whole");
+    assert!(
+        dropped < HEADER_WAIT + Duration::from_secs(3),
+        "dropped after {dropped:?}"
+    );
+}
+
+#[test]
+fn a_source_behind_fifty_idle_peers_is_answered_within_the_header_deadline() {
+    require_kvm!();
+    let dest = DestProcess::start("in-idle-peers", &[]);
+    let idle: Vec<UnixStream> = (0..50).map(|_| dest.connect()).collect();
+    let mut s = dest.connect();
+    s.write_all(&header_and_config()).unwrap();
+    // READY comes once the VM is built: within the header deadline of the
+    // source's connection, plus slack for building the VM on a loaded machine.
+    assert_eq!(
+        read_reply_code(&mut s, HEADER_WAIT + Duration::from_secs(10)),
+        kvmscope::migration::format::REPLY_READY
+    );
+    drop(idle);
+}
