@@ -21,6 +21,7 @@ pub mod receiver;
 pub(crate) mod sender;
 pub(crate) mod source;
 pub(crate) mod transport;
+pub(crate) mod writer;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
