@@ -17,14 +17,16 @@ use std::time::{Duration, Instant};
 
 use zerocopy::IntoBytes;
 
+use super::device;
 use super::format::{self, Kind, PassRecord, Writer};
+use super::handle::Migration;
 use super::pages::{self, Backing};
 use super::source::Source;
 use super::transport::{self, Conn, Uri};
 use super::writer::{self, Control, Counts, PageWriter};
-use super::{device, Migration, RamStats, Status};
 use crate::dirty::{self, Bitmap};
 use crate::messages::{RunRequest, RunStateError, VmEvent};
+use crate::protocol::migration::{RamStats, Status};
 use crate::units::saturating_u64;
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
 
@@ -354,7 +356,7 @@ impl<'a> Precopy<'a> {
         self.end_pass(pages0)?;
         step("last pages sent");
         if self.m.parameters().x_check_ram {
-            let crc32 = super::ram_crc32(&self.src.mem);
+            let crc32 = super::digest::ram_crc32(&self.src.mem);
             self.m.update(|i| i.x_ram_crc32 = Some(crc32));
             let record = format::DigestRecord { crc32, reserved: 0 };
             self.writer()?.section(Kind::Digest, &[record.as_bytes()])?;
