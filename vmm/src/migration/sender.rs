@@ -1,5 +1,7 @@
-//! The source: pre-copy passes while the guest runs, then stop-and-copy, on
-//! the `migration` thread.
+//! The source's pre-copy policy: passes while the guest runs, then
+//! stop-and-copy, on the `migration` thread. Which pages each pass sends and
+//! when to stop are decided here; the [`PageWriter`] (`writer.rs`) puts them
+//! on the stream (runs, sections, zero pages, counters, pacing).
 //!
 //! Pass 0 sends every page: pages the host never backed (or that map the
 //! zero page) as zero runs without reading them, the rest read and sent as
