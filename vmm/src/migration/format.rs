@@ -12,13 +12,19 @@ pub(crate) const MAGIC: [u8; 8] = *b"KVMSMIG\0";
 /// The stream version. Bumped only for changes an older receiver would
 /// misread; a receiver refuses any other version, naming both.
 pub(crate) const VERSION: u32 = 1;
-/// Guest page size on the wire.
+/// Guest page size on the wire, the one definition: page N of a run or a
+/// plan is guest physical address N × `PAGE_SIZE`, the dirty log counts in
+/// it, and a normal run carries `PAGE_SIZE` bytes per page.
 pub(crate) const PAGE_SIZE: u64 = 4096;
-/// [`PAGE_SIZE`] as a buffer length.
-pub(crate) const PAGE_BYTES: usize = 4096;
-/// [`PAGE_SIZE`] as the config record's 32-bit field.
-pub(crate) const PAGE_SIZE_FIELD: u32 = 4096;
-const _: () = assert!(PAGE_SIZE == 4096);
+/// [`PAGE_SIZE`] as a buffer length (the same number, another type).
+#[allow(clippy::cast_possible_truncation)] // exact: checked below
+pub(crate) const PAGE_BYTES: usize = PAGE_SIZE as usize;
+/// What the config record's 32-bit `page_size` field carries: the sender's
+/// [`PAGE_SIZE`], which a receiver compares with its own.
+#[allow(clippy::cast_possible_truncation)] // exact: checked below
+pub(crate) const PAGE_SIZE_FIELD: u32 = PAGE_SIZE as u32;
+// Both conversions of PAGE_SIZE above are exact, or the build fails here.
+const _: () = assert!(PAGE_BYTES as u64 == PAGE_SIZE && PAGE_SIZE_FIELD as u64 == PAGE_SIZE);
 /// Largest RAM section payload a receiver accepts.
 pub(crate) const MAX_RAM_SECTION: u64 = 64 << 20;
 /// Largest plan section payload a receiver accepts (256 Ki ranges).

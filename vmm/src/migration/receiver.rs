@@ -13,14 +13,16 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 use zerocopy::FromBytes;
 
+use super::device;
 use super::format::{self, ConfigRecord, Kind, PageRun, PassRecord, Reader};
+use super::handle::Migration;
 use super::handshake::{self, HEADER_WAIT};
 use super::pages::Backing;
 use super::prefetch::{populate, Prefetch};
 use super::transport::{self, halt_of, Halt, Listener, Stop, Uri, Watched};
-use super::{device, Migration, RamStats, Status};
 use crate::dirty::{Bitmap, DirtyMode};
 use crate::memory::GuestMemory;
+use crate::protocol::migration::{RamStats, Status};
 use crate::vcpu::snapshot::Snapshot;
 use crate::vm::{Vm, VmConfig};
 
@@ -153,7 +155,11 @@ fn mode_name(m: Option<DirtyMode>) -> String {
 pub(crate) fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Error> {
     let differ = |what, theirs: String, ours: String| Error::Mismatch { what, theirs, ours };
     if u64::from(c.page_size) != format::PAGE_SIZE {
-        return Err(differ("page size", c.page_size.to_string(), "4096".into()));
+        return Err(differ(
+            "page size",
+            c.page_size.to_string(),
+            format::PAGE_SIZE.to_string(),
+        ));
     }
     if c.guest_abi != crate::abi::ABI_VERSION {
         return Err(differ(
@@ -431,7 +437,7 @@ impl Incoming {
             Kind::Digest => {
                 format::expect_len(kind, len, size_of::<format::DigestRecord>() as u64)?;
                 let d: format::DigestRecord = self.reader.read_obj("the RAM digest")?;
-                let ours = super::ram_crc32(mem);
+                let ours = super::digest::ram_crc32(mem);
                 m.update(|i| i.x_ram_crc32 = Some(ours));
                 if ours != d.crc32 {
                     let e = format::Error::Digest {

@@ -1,5 +1,7 @@
-//! The source: pre-copy passes while the guest runs, then stop-and-copy, on
-//! the `migration` thread.
+//! The source's pre-copy policy: passes while the guest runs, then
+//! stop-and-copy, on the `migration` thread. Which pages each pass sends and
+//! when to stop are decided here; the [`PageWriter`] (`writer.rs`) puts them
+//! on the stream (runs, sections, zero pages, counters, pacing).
 //!
 //! Pass 0 sends every page: pages the host never backed (or that map the
 //! zero page) as zero runs without reading them, the rest read and sent as
@@ -15,21 +17,21 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vm_memory::{Bytes, GuestAddress};
 use zerocopy::IntoBytes;
 
-use super::format::{self, Kind, PageRun, PassRecord, Writer};
+use super::device;
+use super::format::{self, Kind, PassRecord, Writer};
+use super::handle::Migration;
 use super::pages::{self, Backing};
 use super::source::Source;
 use super::transport::{self, Conn, Uri};
-use super::{device, Migration, RamStats, Status};
+use super::writer::{self, Control, Counts, PageWriter};
 use crate::dirty::{self, Bitmap};
 use crate::messages::{RunRequest, RunStateError, VmEvent};
+use crate::protocol::migration::{RamStats, Status};
 use crate::units::saturating_u64;
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
 
-/// A RAM section is sent once its payload reaches this size.
-const SECTION_TARGET: usize = 4 << 20;
 /// How long the main loop and the vCPUs get to pause, and each vCPU to give its state.
 const PAUSE_LIMIT: Duration = Duration::from_secs(5);
 /// While the guest runs (pre-copy): how long the destination may go without
@@ -45,7 +47,7 @@ const CHECK_RAM_RATE: u64 = 1 << 30;
 /// How long the destination may go without reading the stream or answering
 /// while the guest is held paused: ten times `downtime-limit`, at least
 /// [`STOP_STALL_FLOOR`], plus a second per GiB of RAM with `x-check-ram`.
-pub(crate) fn stop_stall(p: &super::Parameters, memory: u64) -> Duration {
+pub(crate) fn stop_stall(p: &crate::protocol::migration::Parameters, memory: u64) -> Duration {
     let limit = Duration::from_millis(p.downtime_limit.saturating_mul(10)).max(STOP_STALL_FLOOR);
     let check = if p.x_check_ram {
         Duration::from_secs(memory.div_ceil(CHECK_RAM_RATE))
@@ -105,6 +107,16 @@ pub enum Error {
     MsrList(#[source] kvm_ioctls::Error),
 }
 
+impl From<writer::Error> for Error {
+    fn from(e: writer::Error) -> Self {
+        match e {
+            writer::Error::Stream(e) => Error::Stream(e),
+            writer::Error::Read(page, e) => Error::Read(page, e),
+            writer::Error::Cancelled => Error::Cancelled,
+        }
+    }
+}
+
 /// The migration thread's body: migrate, then settle the source's state.
 pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     let mut p = Precopy::new(m, src);
@@ -157,28 +169,15 @@ fn run_state(main: &Sender<VmEvent>, request: RunRequest) -> Result<(), RunState
         })?
 }
 
-/// The run being built in a RAM section's payload: its header's offset.
-#[derive(Clone, Copy)]
-struct OpenRun {
-    at: usize,
-    first: u64,
-    count: u32,
-    kind: u32,
-}
-
+/// The pre-copy policy: which pages each pass sends, when to stop, and
+/// the hold of the guest; the [`PageWriter`] puts the pages on the stream.
 struct Precopy<'a> {
     m: &'a Migration,
     src: &'a Source,
-    w: Option<Writer<Conn>>,
+    w: Option<PageWriter<'a, Conn>>,
+    /// What `query-migrate` shows; the page counts are the writer's, copied
+    /// in as each section goes out.
     ram: RamStats,
-    /// The RAM section being built: `buf[..len]` (allocated and zeroed once,
-    /// so a page is read into it without zero-filling it first).
-    buf: Vec<u8>,
-    len: usize,
-    open: Option<OpenRun>,
-    /// Token bucket: bytes that may go now, and when it was last filled.
-    tokens: f64,
-    filled: Instant,
     /// The guest is held paused (the hold must be released on failure).
     held: bool,
     pass: u64,
@@ -189,10 +188,16 @@ struct Precopy<'a> {
     awaiting_reply: bool,
     /// Dirty pages at the previous sync, to see whether passes shrink.
     prev_dirty: Option<u64>,
-    /// The pass in progress: pages it sends, pages sent before it, its
-    /// start and the wire bytes before it (for live `remaining` and `mbps`).
-    pass_pages: u64,
-    pass_from: (u64, Instant, u64),
+    /// The pass in progress, for live `remaining` and `mbps`.
+    live: PassProgress,
+}
+
+/// The pass in progress: pages it sends, and the pages sent before it, its
+/// start and the wire bytes before it.
+#[derive(Clone, Copy)]
+struct PassProgress {
+    pages: u64,
+    from: (u64, Instant, u64),
 }
 
 impl<'a> Precopy<'a> {
@@ -206,32 +211,29 @@ impl<'a> Precopy<'a> {
                 page_size: format::PAGE_SIZE,
                 ..RamStats::default()
             },
-            buf: vec![0; SECTION_TARGET + (1 << 20)],
-            len: 0,
-            open: None,
-            tokens: 0.0,
-            filled: Instant::now(),
             held: false,
             pass: 0,
             last_rate: 0.0,
             stall: PRECOPY_STALL,
             awaiting_reply: false,
             prev_dirty: None,
-            pass_pages: 0,
-            pass_from: (0, Instant::now(), 0),
+            live: PassProgress {
+                pages: 0,
+                from: (0, Instant::now(), 0),
+            },
         }
     }
 
-    fn writer(&mut self) -> Result<&mut Writer<Conn>, Error> {
+    fn writer(&mut self) -> Result<&mut PageWriter<'a, Conn>, Error> {
         self.w.as_mut().ok_or(Error::Cancelled)
     }
 
     fn wire_bytes(&self) -> u64 {
-        self.w.as_ref().map_or(0, |w| w.bytes)
+        self.w.as_ref().map_or(0, PageWriter::bytes)
     }
 
     fn pages_sent(&self) -> u64 {
-        self.ram.normal + self.ram.duplicate
+        self.w.as_ref().map_or(0, |w| w.counts().pages())
     }
 
     /// Migrates; a write that fails because the destination hung up is
@@ -265,7 +267,7 @@ impl<'a> Precopy<'a> {
         let conn = Conn::connect(uri)?;
         self.set_stall(&conn, PRECOPY_STALL)?;
         self.m.set_conn(conn.try_clone().ok());
-        let mut w = Writer::start(conn)?;
+        let mut w = PageWriter::new(Writer::start(conn)?, &self.src.mem);
         w.section(Kind::Config, &[self.src.config.as_bytes()])?;
         self.w = Some(w);
         self.expect_reply(format::REPLY_READY)?;
@@ -292,8 +294,10 @@ impl<'a> Precopy<'a> {
         consumer: &dirty::Consumer,
     ) -> Result<Bitmap, Error> {
         let (t0, bytes0, pages0) = (Instant::now(), self.wire_bytes(), self.pages_sent());
-        self.pass_pages = runs.iter().map(|r| r.1).sum();
-        self.pass_from = (pages0, t0, bytes0);
+        self.live = PassProgress {
+            pages: runs.iter().map(|r| r.1).sum(),
+            from: (pages0, t0, bytes0),
+        };
         self.send_runs(runs)?;
         self.end_pass(pages0)?;
         let dirty = consumer.take()?;
@@ -402,7 +406,7 @@ impl<'a> Precopy<'a> {
         self.end_pass(pages0)?;
         step("last pages sent");
         if self.m.parameters().x_check_ram {
-            let crc32 = super::ram_crc32(&self.src.mem);
+            let crc32 = super::digest::ram_crc32(&self.src.mem);
             self.m.update(|i| i.x_ram_crc32 = Some(crc32));
             let record = format::DigestRecord { crc32, reserved: 0 };
             self.writer()?.section(Kind::Digest, &[record.as_bytes()])?;
@@ -472,174 +476,49 @@ impl<'a> Precopy<'a> {
         }
     }
 
-    /// Sends runs of pages: never-backed and zero-page runs as zero runs,
-    /// data runs read page by page and sent as zero or normal.
+    /// Sends runs of pages through the writer, publishing the counters
+    /// after each section.
     fn send_runs(&mut self, runs: &[(u64, u64, Backing)]) -> Result<(), Error> {
-        for &(first, count, backing) in runs {
-            match backing {
-                Backing::None | Backing::ZeroPage => self.add_zero(first, count),
-                Backing::Data => {
-                    for page in first..first + count {
-                        self.add_page(page)?;
-                        if self.len >= SECTION_TARGET {
-                            self.flush()?;
-                        }
-                    }
-                }
-            }
-            if self.len >= SECTION_TARGET {
-                self.flush()?;
-            }
-        }
-        self.flush()
-    }
-
-    fn add_zero(&mut self, first: u64, count: u64) {
-        self.ram.duplicate += count;
-        let (mut first, mut left) = (first, count);
-        while left > 0 {
-            let n = left.min(u64::from(u32::MAX));
-            match self.open {
-                Some(o) if o.kind == format::RUN_ZERO && o.first + u64::from(o.count) == first => {
-                    let more = n.min(u64::from(u32::MAX - o.count));
-                    if more == 0 {
-                        self.open_run(first, format::RUN_ZERO);
-                        continue;
-                    }
-                    // At most u32::MAX - o.count, so it fits.
-                    self.grow(u32::try_from(more).unwrap_or(u32::MAX));
-                    first += more;
-                    left -= more;
-                    continue;
-                }
-                _ => self.open_run(first, format::RUN_ZERO),
-            }
-            self.grow(u32::try_from(n).unwrap_or(u32::MAX));
-            first += n;
-            left -= n;
-        }
-    }
-
-    /// Appends one page: its bytes after a normal run's header, or, when it
-    /// reads as zero, a zero run.
-    fn add_page(&mut self, page: u64) -> Result<(), Error> {
-        let before = (self.len, self.open);
-        let continues = matches!(self.open, Some(o) if o.kind == format::RUN_NORMAL
-            && o.first + u64::from(o.count) == page && o.count < u32::MAX);
-        if !continues {
-            self.open_run(page, format::RUN_NORMAL);
-        }
-        let at = self.len;
-        let end = at + format::PAGE_BYTES;
-        self.reserve(end);
-        self.len = end;
-        self.src
-            .mem
-            .read_slice(
-                &mut self.buf[at..end],
-                GuestAddress(page * format::PAGE_SIZE),
-            )
-            .map_err(|e| Error::Read(page, e))?;
-        if pages::is_zero(&self.buf[at..end]) {
-            self.len = before.0;
-            self.open = before.1;
-            self.add_zero(page, 1);
-            return Ok(());
-        }
-        self.grow(1);
-        self.ram.normal += 1;
-        self.ram.normal_bytes += format::PAGE_SIZE;
-        Ok(())
-    }
-
-    fn open_run(&mut self, first: u64, kind: u32) {
-        let at = self.len;
-        let run = PageRun {
-            first,
-            count: 0,
-            kind,
-        };
-        let end = at + size_of::<PageRun>();
-        self.reserve(end);
-        self.buf[at..end].copy_from_slice(run.as_bytes());
-        self.len = end;
-        self.open = Some(OpenRun {
-            at,
-            first,
-            count: 0,
-            kind,
-        });
-    }
-
-    /// Makes the batch buffer at least `end` bytes long.
-    fn reserve(&mut self, end: usize) {
-        if self.buf.len() < end {
-            self.buf.resize(end.max(self.buf.len() * 2), 0);
-        }
-    }
-
-    /// Adds `n` pages to the open run, rewriting its header.
-    fn grow(&mut self, n: u32) {
-        if let Some(o) = &mut self.open {
-            o.count += n;
-            let run = PageRun {
-                first: o.first,
-                count: o.count,
-                kind: o.kind,
-            };
-            self.buf[o.at..o.at + size_of::<PageRun>()].copy_from_slice(run.as_bytes());
-        }
-    }
-
-    /// Sends the RAM section built so far, paced by the bandwidth limit.
-    fn flush(&mut self) -> Result<(), Error> {
-        self.open = None;
-        if self.len == 0 {
-            return Ok(());
-        }
-        if self.m.cancelled() {
-            return Err(Error::Cancelled);
-        }
         let w = self.w.as_mut().ok_or(Error::Cancelled)?;
-        w.section(Kind::Ram, &[&self.buf[..self.len]])?;
-        let n = self.len as u64;
-        self.len = 0;
-        self.pace(n)?;
-        self.ram.transferred = self.wire_bytes();
-        if self.m.status().status == Some(Status::Active) {
-            let (pages0, t0, bytes0) = self.pass_from;
-            let done = self.pages_sent() - pages0;
-            self.ram.remaining = self.pass_pages.saturating_sub(done) * format::PAGE_SIZE;
-            let secs = t0.elapsed().as_secs_f64().max(1e-6);
-            self.ram.mbps = (self.wire_bytes() - bytes0) as f64 * 8.0 / secs / 1e6;
-        }
-        let ram = self.ram.clone();
-        self.m.update(|i| i.ram = Some(ram));
-        Ok(())
+        let mut ctl = Live {
+            m: self.m,
+            ram: &mut self.ram,
+            pass: self.live,
+        };
+        Ok(w.send_runs(runs, &mut ctl)?)
+    }
+}
+
+/// What the writer asks of the migration between sections: cancel,
+/// `max-bandwidth`, and the counters `query-migrate` shows as sections go.
+struct Live<'p> {
+    m: &'p Migration,
+    ram: &'p mut RamStats,
+    pass: PassProgress,
+}
+
+impl Control for Live<'_> {
+    fn cancelled(&self) -> bool {
+        self.m.cancelled()
     }
 
-    /// Token bucket: waits until `n` bytes fit `max-bandwidth`.
-    fn pace(&mut self, n: u64) -> Result<(), Error> {
-        let rate = self.m.parameters().max_bandwidth as f64;
-        if rate <= 0.0 {
-            self.tokens = 0.0;
-            self.filled = Instant::now();
-            return Ok(());
+    fn max_bandwidth(&self) -> u64 {
+        self.m.parameters().max_bandwidth
+    }
+
+    fn section_sent(&mut self, c: &Counts) {
+        let r = &mut *self.ram;
+        (r.normal, r.duplicate, r.normal_bytes) = (c.normal, c.duplicate, c.normal_bytes);
+        r.transferred = c.bytes;
+        if self.m.status().status == Some(Status::Active) {
+            let (pages0, t0, bytes0) = self.pass.from;
+            let done = c.pages() - pages0;
+            r.remaining = self.pass.pages.saturating_sub(done) * format::PAGE_SIZE;
+            let secs = t0.elapsed().as_secs_f64().max(1e-6);
+            r.mbps = (c.bytes - bytes0) as f64 * 8.0 / secs / 1e6;
         }
-        let burst = (rate * 0.02).max(SECTION_TARGET as f64);
-        self.tokens = (self.tokens + self.filled.elapsed().as_secs_f64() * rate).min(burst);
-        self.filled = Instant::now();
-        self.tokens -= n as f64;
-        while self.tokens < 0.0 {
-            if self.m.cancelled() {
-                return Err(Error::Cancelled);
-            }
-            let wait = (-self.tokens / rate).min(0.05);
-            std::thread::sleep(Duration::from_secs_f64(wait));
-            self.tokens += self.filled.elapsed().as_secs_f64() * rate;
-            self.filled = Instant::now();
-        }
-        Ok(())
+        let ram = r.clone();
+        self.m.update(|i| i.ram = Some(ram));
     }
 }
 

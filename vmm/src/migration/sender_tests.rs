@@ -20,7 +20,7 @@ fn the_paused_stall_limit_follows_downtime_limit_above_its_floor() {
         "a second per GiB the destination checksums"
     );
     assert_eq!(
-        stop_stall(&p(crate::migration::MAX_DOWNTIME_LIMIT, false), 0),
+        stop_stall(&p(crate::migration::handle::MAX_DOWNTIME_LIMIT, false), 0),
         Duration::from_secs(20_000)
     );
 }

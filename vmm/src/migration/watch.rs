@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::handle::Migration;
 use super::receiver::{Error, Incoming};
-use super::Migration;
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::vm::Vm;
 

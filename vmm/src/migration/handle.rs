@@ -1,0 +1,321 @@
+//! The [`Migration`] handle the control socket drives: one migration at a
+//! time, its parameters, its `query-migrate` record and its events. The
+//! sender and the receiver update it; `Migration::start`, which spawns the
+//! sender, is in mod.rs so that this file names neither.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::format;
+use super::transport::{self, Uri};
+use crate::protocol::migration::{MigrationInfo, Parameters, RamStats, SetParameters, Status};
+
+/// Longest downtime limit accepted, ms (QEMU's limit).
+pub(crate) const MAX_DOWNTIME_LIMIT: u64 = 2_000_000;
+
+/// Why a migration could not start or a parameter was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A migration is in progress (its status given).
+    #[error("a migration is already {0}")]
+    Busy(&'static str),
+    /// An earlier migration completed: the guest lives on the destination.
+    #[error("the guest has migrated away (postmigrate); quit this VMM")]
+    Postmigrate,
+    /// This VMM is loading an incoming stream and cannot send one.
+    #[error("this VMM is a migration destination")]
+    Incoming,
+    /// `downtime-limit` is over [`MAX_DOWNTIME_LIMIT`] ms (the value given).
+    #[error("downtime-limit must be from 0 to {MAX_DOWNTIME_LIMIT} ms, not {0}")]
+    DowntimeLimit(u64),
+    /// The `migration` thread could not be spawned.
+    #[error("starting the migration thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// An event for the control socket's clients: a name and its data.
+pub(crate) type Event = (&'static str, serde_json::Value);
+
+struct Inner {
+    info: MigrationInfo,
+    params: Parameters,
+    /// Each event with the run state's change count when it was queued, so
+    /// the control plane can put `STOP`/`RESUME` in order around it.
+    events: VecDeque<(u64, Event)>,
+    started: Option<Instant>,
+    incoming: bool,
+    /// A handle on the stream, to shut it down on cancel.
+    conn: Option<transport::Conn>,
+    /// Who told an incoming migration to stop (`signal 15`, `quit`).
+    stopped_by: Option<String>,
+}
+
+/// The migration of this VMM's guest: one at a time, driven by the control
+/// socket (`migrate`, `query-migrate`, `migrate_cancel`, ...), or the
+/// incoming side of `run --incoming`.
+pub(crate) struct Migration {
+    inner: Mutex<Inner>,
+    cancel: AtomicBool,
+    /// Written when an event is queued, so the control thread wakes.
+    wake: std::sync::OnceLock<Arc<EventFd>>,
+    /// The VM's run state, whose change count stamps each event.
+    run_state: std::sync::OnceLock<Arc<crate::runstate::SharedRunState>>,
+}
+
+impl Default for Migration {
+    fn default() -> Self {
+        Migration::new()
+    }
+}
+
+/// Events kept for the control plane at most (older ones are dropped).
+const MAX_EVENTS: usize = 1024;
+
+impl Migration {
+    /// No migration yet, default parameters.
+    pub(crate) fn new() -> Self {
+        Migration {
+            inner: Mutex::new(Inner {
+                info: MigrationInfo::default(),
+                params: Parameters::default(),
+                events: VecDeque::new(),
+                started: None,
+                incoming: false,
+                conn: None,
+                stopped_by: None,
+            }),
+            cancel: AtomicBool::new(false),
+            wake: std::sync::OnceLock::new(),
+            run_state: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        crate::lock(&self.inner)
+    }
+
+    /// The eventfd to write when events are queued (the control thread's watcher).
+    pub(crate) fn set_wake(&self, fd: Arc<EventFd>) {
+        let _ = self.wake.set(fd);
+    }
+
+    /// The run state whose change count stamps each event from now on.
+    pub(crate) fn set_run_state(&self, run_state: Arc<crate::runstate::SharedRunState>) {
+        let _ = self.run_state.set(run_state);
+    }
+
+    /// Resets the record for a new outgoing migration of `total` bytes to
+    /// `uri`, in `setup`, with its `MIGRATION` event; the caller then starts
+    /// the thread that sends (`Migration::start` in mod.rs).
+    ///
+    /// # Errors
+    /// One is running or done, or this is a destination still loading.
+    pub(super) fn begin(&self, uri: &Uri, total: u64) -> Result<(), Error> {
+        {
+            let mut inner = self.lock();
+            if inner.incoming {
+                // A destination may send its guest on once it has it.
+                if inner.info.status != Some(Status::Completed) {
+                    return Err(Error::Incoming);
+                }
+                inner.incoming = false;
+                inner.info.status = None;
+            }
+            match inner.info.status {
+                Some(Status::Completed) => return Err(Error::Postmigrate),
+                Some(s) if !s.is_final() => return Err(Error::Busy(s.name())),
+                _ => {}
+            }
+            inner.info = MigrationInfo {
+                status: Some(Status::Setup),
+                ram: Some(RamStats {
+                    total,
+                    remaining: total,
+                    page_size: format::PAGE_SIZE,
+                    ..RamStats::default()
+                }),
+                x_uri: Some(uri.to_string()),
+                ..MigrationInfo::default()
+            };
+            inner.started = Some(Instant::now());
+            self.cancel.store(false, Ordering::Release);
+        }
+        self.event_status(Status::Setup);
+        Ok(())
+    }
+
+    /// `query-migrate`.
+    pub(crate) fn status(&self) -> MigrationInfo {
+        let inner = self.lock();
+        let mut info = inner.info.clone();
+        if let (Some(s), Some(t)) = (info.status, inner.started) {
+            if !s.is_final() {
+                info.total_time = Some(crate::units::millis(t.elapsed()));
+            }
+        }
+        info
+    }
+
+    /// `query-migrate-parameters`.
+    pub(crate) fn parameters(&self) -> Parameters {
+        self.lock().params
+    }
+
+    /// `migrate-set-parameters`; a running migration picks them up at its next batch.
+    ///
+    /// # Errors
+    /// A value out of range (nothing is changed then).
+    pub(crate) fn set_parameters(&self, p: SetParameters) -> Result<(), Error> {
+        if let Some(d) = p.downtime_limit.filter(|&d| d > MAX_DOWNTIME_LIMIT) {
+            return Err(Error::DowntimeLimit(d));
+        }
+        let mut inner = self.lock();
+        let params = &mut inner.params;
+        params.max_bandwidth = p.max_bandwidth.unwrap_or(params.max_bandwidth);
+        params.downtime_limit = p.downtime_limit.unwrap_or(params.downtime_limit);
+        params.x_max_rounds = p.x_max_rounds.unwrap_or(params.x_max_rounds);
+        params.x_check_ram = p.x_check_ram.unwrap_or(params.x_check_ram);
+        Ok(())
+    }
+
+    /// `migrate_cancel`: the migration stops at its next step (a blocked
+    /// send is woken by shutting the connection) and the guest runs on.
+    pub(crate) fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+        if let Some(c) = &self.lock().conn {
+            c.shutdown();
+        }
+    }
+
+    /// Stops an incoming migration (its reads look every [`transport::TICK`]);
+    /// `why` names who asked (`signal 15`, `quit`), the first one kept.
+    pub(crate) fn stop_incoming(&self, why: String) {
+        self.lock().stopped_by.get_or_insert(why);
+        self.cancel();
+    }
+
+    /// Why an incoming migration must stop: [`stop_incoming`](Migration::stop_incoming)'s
+    /// reason, or `migrate_cancel`; `None` to go on.
+    pub(crate) fn incoming_stop(&self) -> Option<String> {
+        if !self.cancelled() {
+            return None;
+        }
+        Some(
+            self.lock()
+                .stopped_by
+                .clone()
+                .unwrap_or_else(|| "migrate_cancel".into()),
+        )
+    }
+
+    /// Whether a cancel was asked for.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire)
+    }
+
+    /// Events queued since the last call, oldest first, each with how many
+    /// times the guest had started or stopped running when it was queued.
+    pub(crate) fn take_events(&self) -> Vec<(u64, Event)> {
+        self.lock().events.drain(..).collect()
+    }
+
+    /// Marks this VMM as a migration destination (`run --incoming`).
+    pub(crate) fn set_incoming(&self, uri: &Uri) {
+        let mut inner = self.lock();
+        inner.incoming = true;
+        inner.started = Some(Instant::now());
+        inner.info = MigrationInfo {
+            status: Some(Status::Setup),
+            x_uri: Some(uri.to_string()),
+            ..MigrationInfo::default()
+        };
+    }
+
+    pub(crate) fn update(&self, f: impl FnOnce(&mut MigrationInfo)) {
+        f(&mut self.lock().info);
+    }
+
+    pub(crate) fn set_conn(&self, conn: Option<transport::Conn>) {
+        self.lock().conn = conn;
+    }
+
+    pub(crate) fn elapsed_ms(&self) -> u64 {
+        self.lock()
+            .started
+            .map_or(0, |t| crate::units::millis(t.elapsed()))
+    }
+
+    /// Moves to `status`, with the `MIGRATION` event.
+    pub(crate) fn set_status(&self, status: Status) {
+        let mut inner = self.lock();
+        inner.info.status = Some(status);
+        let stamp = self.changes();
+        Self::queue(
+            &mut inner,
+            stamp,
+            "MIGRATION",
+            serde_json::json!({ "status": status.name() }),
+        );
+        drop(inner);
+        self.wake();
+    }
+
+    /// The run state's change count now (0 before the control plane set it).
+    fn changes(&self) -> u64 {
+        self.run_state.get().map_or(0, |r| r.get_with_changes().1)
+    }
+
+    fn queue(inner: &mut Inner, stamp: u64, name: &'static str, data: serde_json::Value) {
+        if inner.events.len() == MAX_EVENTS {
+            inner.events.pop_front();
+        }
+        inner.events.push_back((stamp, (name, data)));
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.wake.get() {
+            let _ = w.write(1);
+        }
+    }
+
+    fn event_status(&self, status: Status) {
+        self.event("MIGRATION", serde_json::json!({ "status": status.name() }));
+    }
+
+    pub(crate) fn event(&self, name: &'static str, data: serde_json::Value) {
+        let stamp = self.changes();
+        Self::queue(&mut self.lock(), stamp, name, data);
+        self.wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_refuse_a_downtime_limit_over_qemus() {
+        let m = Migration::new();
+        let bad = SetParameters {
+            downtime_limit: Some(MAX_DOWNTIME_LIMIT + 1),
+            max_bandwidth: Some(5),
+            ..SetParameters::default()
+        };
+        assert!(matches!(
+            m.set_parameters(bad),
+            Err(Error::DowntimeLimit(_))
+        ));
+        assert_eq!(m.parameters(), Parameters::default(), "nothing changed");
+        m.set_parameters(SetParameters {
+            max_bandwidth: Some(125_000_000),
+            ..SetParameters::default()
+        })
+        .unwrap();
+        assert_eq!(m.parameters().max_bandwidth, 125_000_000);
+        assert_eq!(m.parameters().downtime_limit, 300);
+    }
+}
