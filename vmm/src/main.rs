@@ -412,6 +412,7 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             hugepages: args.hugepages,
             dirty_log: args.dirty_log.map(dirty_mode),
             guest: args.guest,
+            dirty_manual_protect: true,
         },
         workloads,
         process_start,

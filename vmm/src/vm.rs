@@ -39,6 +39,10 @@ pub struct VmConfig {
     pub dirty_log: Option<DirtyMode>,
     /// An ELF to boot instead of the built-in guest.
     pub guest: Option<PathBuf>,
+    /// Use `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` for the dirty bitmap where the
+    /// kernel offers it (the default); `false` keeps the fallback, whole-slot
+    /// protection, so that tests and benchmarks can compare the two.
+    pub dirty_manual_protect: bool,
 }
 
 impl Default for VmConfig {
@@ -49,6 +53,7 @@ impl Default for VmConfig {
             hugepages: false,
             dirty_log: None,
             guest: None,
+            dirty_manual_protect: true,
         }
     }
 }
@@ -225,6 +230,12 @@ impl Vm {
         let mem = memory::create(config.memory, config.hugepages)?;
         let entry = load_image(&mem, config.guest.as_deref())?;
         boot::write_boot_structures(&mem)?;
+        // Manual protect is for the bitmap, and must precede the slot so that
+        // its bitmap starts all set rather than the slot write-protected.
+        let protection = match config.dirty_log {
+            Some(DirtyMode::Ring(_)) => dirty::Protection::Whole,
+            _ => dirty::protect::enable(&fd, config.dirty_manual_protect),
+        };
         // Only a bitmap VM logs from boot; a ring VM logs while observed.
         register_memory(&fd, &mem, config.dirty_log == Some(DirtyMode::Bitmap))?;
         if let Some(DirtyMode::Ring(entries)) = config.dirty_log {
@@ -253,7 +264,7 @@ impl Vm {
             parts.push((b.vcpu, b.stats));
         }
         let fd = Arc::new(fd);
-        let dirty = DirtyLog::new(config.dirty_log, fd.clone(), &mem, &vcpu_fds)?;
+        let dirty = DirtyLog::new(config.dirty_log, protection, fd.clone(), &mem, &vcpu_fds)?;
         let (mut unstarted, mut vcpus, mut vcpu_stats) = (Vec::new(), Vec::new(), Vec::new());
         for (mut vcpu, stats) in parts {
             vcpu.dirty = Some(dirty.clone());

@@ -1,6 +1,8 @@
 //! Dirty tracking as a VMM service, on real KVM: bitmap logging turned on at
 //! run time for a VM started without a mode, a ring VM that logs only while
-//! observed, and several consumers at once.
+//! observed, and several consumers at once. The bitmap cases run on both
+//! re-protection paths: manual protect where the kernel offers it, and the
+//! whole-slot fallback (`dirty_manual_protect: false`).
 
 mod common;
 
@@ -24,8 +26,15 @@ fn run_and_wait(vm: &mut Vm, spec: &str, results: usize) {
 #[test]
 fn bitmap_logging_turned_on_at_run_time_sees_pages_written_after_it() {
     require_kvm!();
+    for manual in [true, false] {
+        logging_at_run_time_sees_pages_written_after_it(manual);
+    }
+}
+
+fn logging_at_run_time_sees_pages_written_after_it(manual: bool) {
     let mut vm = Vm::new(VmConfig {
         memory: MEMORY,
+        dirty_manual_protect: manual,
         ..VmConfig::default()
     })
     .unwrap();
@@ -55,9 +64,16 @@ fn bitmap_logging_turned_on_at_run_time_sees_pages_written_after_it() {
 #[test]
 fn two_consumers_each_see_every_page_since_their_own_last_take() {
     require_kvm!();
+    for manual in [true, false] {
+        two_consumers_each_see_their_own_pages(manual);
+    }
+}
+
+fn two_consumers_each_see_their_own_pages(manual: bool) {
     let mut vm = Vm::new(VmConfig {
         memory: MEMORY,
         dirty_log: Some(kvmscope::dirty::DirtyMode::Bitmap),
+        dirty_manual_protect: manual,
         ..VmConfig::default()
     })
     .unwrap();

@@ -23,6 +23,10 @@ pub enum Error {
     /// Fetching and clearing the dirty bitmap failed.
     #[error("KVM_GET_DIRTY_LOG")]
     GetLog(#[source] kvm_ioctls::Error),
+    /// Handing folded bitmap bits back to KVM (manual protect) failed; the
+    /// first page of the chunk is given.
+    #[error("KVM_CLEAR_DIRTY_LOG from page {0}")]
+    ClearLog(u64, #[source] std::io::Error),
     /// Handing harvested ring entries back to KVM failed.
     #[error("KVM_RESET_DIRTY_RINGS")]
     ResetRings(#[source] std::io::Error),

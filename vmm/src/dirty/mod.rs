@@ -21,6 +21,7 @@
 
 pub(crate) mod bitmap;
 mod error;
+pub mod protect;
 pub(crate) mod ring;
 
 use std::fs::File;
@@ -34,6 +35,7 @@ use vmm_sys_util::ioctl::ioctl;
 use crate::memory::{self, GuestMemory};
 pub(crate) use bitmap::Bitmap;
 pub use error::Error;
+pub use protect::Protection;
 
 /// Which dirty tracking a VM uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +103,10 @@ struct State {
 /// A VM's dirty tracking, shared by the vCPU threads (ring-full exits) and consumers.
 pub struct DirtyLog {
     configured: Option<DirtyMode>,
+    /// How the bitmap is re-protected (a ring VM has no bitmap).
+    protection: Protection,
+    /// The `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` flags the kernel offers.
+    offered: u32,
     vm: Arc<VmFd>,
     /// Guest RAM, kept mapped for as long as the slot may be re-registered.
     mem: GuestMemory,
@@ -135,13 +141,17 @@ pub(crate) fn enable_ring(vm: &VmFd, entries: u32) -> Result<(), Error> {
 
 impl DirtyLog {
     /// Tracking for a VM whose RAM (`mem`, one slot) is already registered
-    /// with KVM, with logging on if `configured` is the bitmap; `vcpu_fds` are
-    /// needed in ring mode.
+    /// with KVM, with logging on if `configured` is the bitmap, and with
+    /// `protection` enabled ([`protect::enable`], before registering);
+    /// `vcpu_fds` are needed in ring mode. Call before any vCPU runs: a
+    /// bitmap VM's initially-set bits are cleared here, so that "written
+    /// since boot" counts from here.
     ///
     /// # Errors
-    /// A ring cannot be mapped.
+    /// A ring cannot be mapped, or the initial clear failed.
     pub(crate) fn new(
         configured: Option<DirtyMode>,
+        protection: Protection,
         vm: Arc<VmFd>,
         mem: &GuestMemory,
         vcpu_fds: &[File],
@@ -163,14 +173,54 @@ impl DirtyLog {
             holders: 0,
             logging: configured == Some(DirtyMode::Bitmap),
         };
-        Ok(Arc::new(DirtyLog {
+        let offered = protect::offered(&vm);
+        let log = DirtyLog {
             configured,
+            protection,
+            offered,
             vm,
             mem: mem.clone(),
             pages,
             vcpus: vcpu_fds.len(),
             state: Mutex::new(state),
-        }))
+        };
+        if log.logs_from_boot() {
+            log.arm()?;
+        }
+        match configured {
+            Some(DirtyMode::Ring(_)) => log::info!("dirty log: {}", log.mode()),
+            _ => log::info!(
+                "dirty log: bitmap{}, {protection} (kernel offers manual-protect flags {offered:#x})",
+                if log.logs_from_boot() { " from boot" } else { " while observed" },
+            ),
+        }
+        Ok(Arc::new(log))
+    }
+
+    /// How the bitmap is re-protected after a read; `None` for a ring VM.
+    pub fn protection(&self) -> Option<Protection> {
+        (!matches!(self.configured, Some(DirtyMode::Ring(_)))).then_some(self.protection)
+    }
+
+    /// The `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` flags the kernel offers on
+    /// this VM (`KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE` 1,
+    /// `KVM_DIRTY_LOG_INITIALLY_SET` 2), whether or not they are used.
+    pub fn offered(&self) -> u32 {
+        self.offered
+    }
+
+    /// Clears the bits `INITIALLY_SET` set when logging was turned on (they
+    /// are not writes), chunk by chunk; each chunk's pages are protected, and
+    /// logged, from its clear on. A no-op without initially-set.
+    fn arm(&self) -> Result<(), Error> {
+        if self.protection
+            == (Protection::Manual {
+                initially_set: true,
+            })
+        {
+            protect::clear_all(&self.vm, 0, self.pages)?;
+        }
+        Ok(())
     }
 
     /// The mode the VM was started with, if any.
@@ -209,6 +259,14 @@ impl DirtyLog {
         if holds && state.holders == 0 {
             self.set_logging(true)?;
             state.logging = true;
+            if let Err(e) = self.arm() {
+                // Nobody holds the log: let it go rather than log for no one.
+                state.logging = false;
+                if let Err(off) = self.set_logging(false) {
+                    log::warn!("dirty log: {}", crate::error_chain(&off));
+                }
+                return Err(e);
+            }
         }
         if holds {
             state.holders += 1;
@@ -295,6 +353,11 @@ impl DirtyLog {
             since_start.or_words(&words);
             for (_, w) in consumers.iter_mut() {
                 w.pages.or_words(&words);
+            }
+            if matches!(self.protection, Protection::Manual { .. }) {
+                // Folded everywhere: hand back exactly those bits, which
+                // write-protects their pages again.
+                protect::clear(&self.vm, 0, &words, self.pages)?;
             }
         }
         Ok(())
