@@ -510,7 +510,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Cmd::Run(_) | Cmd::Exporter(_) = cli.command {
         // Before any thread exists; clients keep the default actions (Ctrl-C ends them).
-        kvmscope::signals::block_termination();
+        if let Err(e) = kvmscope::signals::take_termination() {
+            eprintln!("kvmscope: taking SIGINT/SIGTERM: {e}");
+            return ExitCode::from(1);
+        }
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let result = match cli.command {

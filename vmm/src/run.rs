@@ -43,7 +43,7 @@ pub struct RunConfig {
     /// How long to wait for vCPUs to stop.
     pub stop_timeout: Duration,
     /// Turn SIGINT/SIGTERM into an orderly stop (the binary; the caller must have
-    /// called `signals::block_termination` before starting any thread).
+    /// called `signals::take_termination` before starting any thread).
     pub handle_signals: bool,
     /// Serve the control socket at this path; the VM then runs until `quit` or a signal.
     pub socket: Option<std::path::PathBuf>,
@@ -80,9 +80,6 @@ pub enum Error {
     /// The control socket could not be served.
     #[error("starting the control socket")]
     Control(#[from] control::Error),
-    /// The signal-forwarding thread could not start.
-    #[error("starting the signal thread")]
-    Signals(#[source] std::io::Error),
     /// A workload does not fit its vCPU (e.g. a range outside the arena).
     #[error("workload for vCPU {vcpu}")]
     Workload {
@@ -491,7 +488,7 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     queue_workloads(&vm, &config.workloads)?;
     let before = Baseline::read(&vm)?;
     if config.handle_signals {
-        crate::signals::forward_termination(vm.event_sender()).map_err(Error::Signals)?;
+        crate::signals::forward_termination(vm.event_sender());
     }
     let services = Services::start(&config, &vm, &migration)?;
     if let Some(stream) = stream {

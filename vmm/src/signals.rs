@@ -1,6 +1,11 @@
-//! SIGINT and SIGTERM become `VmEvent::Signal` on the main loop's channel: the
-//! signals are blocked in every thread and taken by one thread with `sigwait`,
-//! so no work happens in a signal handler and no thread is interrupted.
+//! SIGINT and SIGTERM become `VmEvent::Signal` on the main loop's channel.
+//!
+//! [`take_termination`] runs first thing in `main`, before any other thread
+//! exists: it blocks both signals in the main thread (so in every thread
+//! started afterwards) and starts one `signals` thread, the only one that
+//! leaves them unblocked, where signal-hook's handler runs and its iterator
+//! hands each signal over. So no work happens in a signal handler and no
+//! other thread (a vCPU inside `KVM_RUN`, a `poll`) is ever interrupted.
 //!
 //! A run stopped this way is an orderly stop and exits 0, as QEMU does on
 //! SIGTERM (a service manager stopping a VM is not a failure); the summary
@@ -10,69 +15,97 @@
 //! and the README list the exit codes.
 
 use std::sync::mpsc::Sender;
+use std::sync::{Condvar, Mutex};
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use vmm_sys_util::signal::{block_signal, unblock_signal, Error as MaskError};
 
 use crate::messages::VmEvent;
 
-fn termination_set() -> libc::sigset_t {
-    // SAFETY: sigemptyset/sigaddset only write the set we own.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        set
-    }
+/// The signals that stop kvmscope.
+const TERMINATION: [i32; 2] = [SIGINT, SIGTERM];
+
+/// What the `signals` thread took, and where it forwards it.
+struct Taken {
+    /// The first termination signal taken, if any.
+    first: Option<i32>,
+    /// The main loop's channel, once the VM exists.
+    forward: Option<Sender<VmEvent>>,
 }
 
-/// Blocks SIGINT/SIGTERM in the calling thread (and so in threads it starts
-/// afterwards). Call first thing in `main`, before any thread exists.
-pub fn block_termination() {
-    let set = termination_set();
-    // SAFETY: changes only this thread's signal mask.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-}
+static TAKEN: Mutex<Taken> = Mutex::new(Taken {
+    first: None,
+    forward: None,
+});
+static ARRIVED: Condvar = Condvar::new();
 
-/// SIGINT or SIGTERM, if one is pending (blocked and not yet taken), for
-/// waits that happen before the forwarding thread exists.
-pub(crate) fn pending_termination() -> Option<i32> {
-    // SAFETY: sigpending writes only the set we own; sigismember reads it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        if libc::sigpending(&mut set) != 0 {
-            return None;
-        }
-        [libc::SIGTERM, libc::SIGINT]
-            .into_iter()
-            .find(|&sig| libc::sigismember(&set, sig) == 1)
-    }
-}
-
-/// Waits in the calling thread for SIGINT or SIGTERM (blocked beforehand with
-/// [`block_termination`]) and returns its number.
-pub fn wait_for_termination() -> i32 {
-    let set = termination_set();
-    let mut sig = 0;
-    // SAFETY: sigwait writes the signal number into `sig`.
-    while unsafe { libc::sigwait(&set, &mut sig) } != 0 {}
-    sig
-}
-
-/// Starts the thread that forwards termination signals to `events`.
+/// Blocks SIGINT/SIGTERM in the calling thread (and so in the threads it
+/// starts afterwards) and starts the `signals` thread that takes them. Call
+/// first thing in `main`, before any other thread exists.
 ///
 /// # Errors
-/// The thread could not be started.
-pub(crate) fn forward_termination(events: Sender<VmEvent>) -> std::io::Result<()> {
+/// The mask could not be changed, the handler installed or the thread started.
+pub fn take_termination() -> std::io::Result<()> {
+    for sig in TERMINATION {
+        match block_signal(sig) {
+            Ok(()) | Err(MaskError::SignalAlreadyBlocked(_)) => {}
+            Err(e) => return Err(std::io::Error::other(format!("blocking signal {sig}: {e}"))),
+        }
+    }
+    let mut signals = Signals::new(TERMINATION)?;
     std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || loop {
-            let set = termination_set();
-            let mut sig = 0;
-            // SAFETY: sigwait writes the signal number into `sig`.
-            let rc = unsafe { libc::sigwait(&set, &mut sig) };
-            if rc == 0 && events.send(VmEvent::Signal(sig)).is_err() {
-                return;
+        .spawn(move || {
+            for sig in TERMINATION {
+                if let Err(e) = unblock_signal(sig) {
+                    log::error!("signals: unblocking signal {sig}: {e}");
+                }
+            }
+            for sig in signals.forever() {
+                took(sig);
             }
         })?;
     Ok(())
+}
+
+/// Records a signal the `signals` thread took and forwards it.
+fn took(sig: i32) {
+    let mut taken = crate::lock(&TAKEN);
+    taken.first.get_or_insert(sig);
+    if let Some(events) = &taken.forward {
+        if events.send(VmEvent::Signal(sig)).is_err() {
+            taken.forward = None;
+        }
+    }
+    ARRIVED.notify_all();
+}
+
+/// SIGINT or SIGTERM, if one was taken (for waits that happen before the
+/// main loop's channel exists).
+pub(crate) fn pending_termination() -> Option<i32> {
+    crate::lock(&TAKEN).first
+}
+
+/// Waits for SIGINT or SIGTERM ([`take_termination`] must have run) and
+/// returns the first one's number.
+pub fn wait_for_termination() -> i32 {
+    let mut taken = crate::lock(&TAKEN);
+    loop {
+        if let Some(sig) = taken.first {
+            return sig;
+        }
+        taken = crate::wait(&ARRIVED, taken, None);
+    }
+}
+
+/// Forwards termination signals to `events` from now on; one taken before
+/// is forwarded at once.
+pub(crate) fn forward_termination(events: Sender<VmEvent>) {
+    let mut taken = crate::lock(&TAKEN);
+    if let Some(sig) = taken.first {
+        // The receiver outlives this call; a send fails only once it is gone.
+        let _ = events.send(VmEvent::Signal(sig));
+    }
+    taken.forward = Some(events);
 }
