@@ -228,7 +228,7 @@ fn first_page_data(bytes: &[u8]) -> usize {
             // before any zero run carries on past it.
             while run < body + len {
                 let normal = u32::from_le_bytes(bytes[run + 12..run + 16].try_into().unwrap())
-                    == format::RUN_NORMAL;
+                    == format::RunKind::Normal as u32;
                 if normal {
                     return run + 16;
                 }

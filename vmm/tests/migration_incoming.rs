@@ -144,7 +144,7 @@ fn stall_mid_page(dest: &DestProcess) -> UnixStream {
     ram.extend_from_slice(&(16u64 + 4096).to_le_bytes());
     ram.extend_from_slice(&0u64.to_le_bytes()); // one normal run at page 0
     ram.extend_from_slice(&1u32.to_le_bytes());
-    ram.extend_from_slice(&kvmscope::migration::format::RUN_NORMAL.to_le_bytes());
+    ram.extend_from_slice(&(kvmscope::migration::format::RunKind::Normal as u32).to_le_bytes());
     ram.extend_from_slice(&[0xab; 100]); // 100 of its 4096 bytes
     s.write_all(&ram).unwrap();
     s

@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 
-use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, TryFromBytes};
 
 /// First bytes of every stream.
 pub(crate) const MAGIC: [u8; 8] = *b"KVMSMIG\0";
@@ -90,7 +90,7 @@ pub enum Error {
         /// Guest RAM size in pages.
         pages: u64,
     },
-    /// A page run's `kind` is neither [`RUN_ZERO`] nor [`RUN_NORMAL`].
+    /// A page run's `kind` is no [`RunKind`].
     #[error("page run of kind {0} is neither zero nor normal")]
     RunKind(u32),
     /// The trailer's CRC-32 differs from that of the bytes that arrived.
@@ -137,8 +137,9 @@ pub(crate) struct StreamHeader {
     pub(crate) flags: u32,
 }
 
-/// What follows a section header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What follows a section header: on the wire its `u32` value, read with
+/// zerocopy's validity check (an unknown value is refused, never transmuted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, TryFromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(u32)]
 pub enum Kind {
     /// One [`ConfigRecord`], the stream's first section.
@@ -158,23 +159,6 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The kind a header names.
-    ///
-    /// # Errors
-    /// `Kind` for an unknown value.
-    pub(crate) fn from_u32(v: u32) -> Result<Kind, Error> {
-        Ok(match v {
-            1 => Kind::Config,
-            2 => Kind::Ram,
-            3 => Kind::Pass,
-            4 => Kind::Vcpu,
-            5 => Kind::End,
-            6 => Kind::Digest,
-            7 => Kind::Plan,
-            other => return Err(Error::Kind(other)),
-        })
-    }
-
     /// The kind's name, for errors.
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -204,10 +188,10 @@ impl Kind {
 
 /// Every section starts with this.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Clone, Copy, TryFromBytes, IntoBytes, Immutable, KnownLayout)]
 pub(crate) struct SectionHeader {
-    /// A [`Kind`] as its `u32` value.
-    pub(crate) kind: u32,
+    /// What follows, a [`Kind`] (its `u32` value on the wire).
+    pub(crate) kind: Kind,
     /// Written as 0, ignored on reading.
     pub(crate) reserved: u32,
     /// Payload bytes that follow this header, bounded by [`Kind::max_len`].
@@ -244,22 +228,28 @@ pub(crate) struct ConfigRecord {
     pub(crate) guest_abi: u32,
 }
 
-/// A run of pages in a RAM section; `NORMAL` runs are followed by their bytes.
+/// A run of pages in a RAM section; normal runs are followed by their bytes.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[derive(Debug, Clone, Copy, TryFromBytes, IntoBytes, Immutable, KnownLayout)]
 pub(crate) struct PageRun {
     /// First guest page number (guest physical address / [`PAGE_SIZE`]).
     pub(crate) first: u64,
     /// Pages in the run, above zero; the run must lie inside guest RAM.
     pub(crate) count: u32,
-    /// [`RUN_ZERO`] or [`RUN_NORMAL`].
-    pub(crate) kind: u32,
+    /// Zero or normal (a `u32` on the wire).
+    pub(crate) kind: RunKind,
 }
 
-/// A run of pages that are all zero: the header only (QEMU's `duplicate`).
-pub(crate) const RUN_ZERO: u32 = 1;
-/// A run of pages sent in full (QEMU's `normal`).
-pub const RUN_NORMAL: u32 = 2;
+/// What a [`PageRun`] holds; on the wire its `u32` value, read with
+/// zerocopy's validity check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, TryFromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(u32)]
+pub enum RunKind {
+    /// Pages that are all zero: the header only (QEMU's `duplicate`).
+    Zero = 1,
+    /// Pages sent in full after the header (QEMU's `normal`).
+    Normal = 2,
+}
 
 /// The end of a pre-copy pass.
 #[repr(C)]
@@ -400,7 +390,7 @@ impl<W: Write> Writer<W> {
     pub(crate) fn section(&mut self, kind: Kind, parts: &[&[u8]]) -> Result<(), Error> {
         let len = parts.iter().map(|p| p.len() as u64).sum();
         let header = SectionHeader {
-            kind: kind as u32,
+            kind,
             reserved: 0,
             len,
         };
@@ -423,7 +413,7 @@ impl<W: Write> Writer<W> {
             reserved: 0,
         };
         let header = SectionHeader {
-            kind: Kind::End as u32,
+            kind: Kind::End,
             reserved: 0,
             len: size_of::<Trailer>() as u64,
         };
@@ -518,8 +508,13 @@ impl<R: Read> Reader<R> {
     /// An unknown kind, a length over the limit, or the read failed.
     pub fn section(&mut self) -> Result<(Kind, u64), Error> {
         let crc_before = self.crc.clone();
-        let h: SectionHeader = self.read_obj("a section header")?;
-        let kind = Kind::from_u32(h.kind)?;
+        let mut raw = [0u8; size_of::<SectionHeader>()];
+        self.read_exact(&mut raw, "a section header")?;
+        let h = SectionHeader::try_read_from_bytes(&raw[..]).map_err(|_| {
+            // The kind is the one field a header can hold wrong.
+            Error::Kind(u32::from_ne_bytes([raw[0], raw[1], raw[2], raw[3]]))
+        })?;
+        let kind = h.kind;
         if h.len > kind.max_len() {
             return Err(Error::TooLong {
                 what: kind.name(),

@@ -66,7 +66,7 @@ fn another_version_is_refused_naming_both() {
 fn an_oversized_section_is_refused_before_allocating() {
     let mut w = Writer::start(Vec::new()).unwrap();
     let h = SectionHeader {
-        kind: Kind::Ram as u32,
+        kind: Kind::Ram,
         reserved: 0,
         len: u64::MAX,
     };
@@ -83,4 +83,14 @@ fn replies_round_trip() {
         read_reply(&mut &buf[..]).unwrap(),
         (REPLY_REFUSED, "memory differs".to_string())
     );
+}
+
+#[test]
+fn a_section_of_an_unknown_kind_is_refused_by_its_value() {
+    let mut w = Writer::start(Vec::new()).unwrap();
+    let mut raw = 9u32.to_ne_bytes().to_vec();
+    raw.extend_from_slice(&[0; 12]);
+    w.inner().extend_from_slice(&raw);
+    let e = read_all(w.inner()).unwrap_err();
+    assert!(matches!(e, Error::Kind(9)), "{e}");
 }

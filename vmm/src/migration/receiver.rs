@@ -11,10 +11,10 @@
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
-use zerocopy::FromBytes;
+use zerocopy::{FromBytes, TryFromBytes};
 
 use super::device;
-use super::format::{self, ConfigRecord, Kind, PageRun, PassRecord, Reader};
+use super::format::{self, ConfigRecord, Kind, PageRun, PassRecord, Reader, RunKind};
 use super::handle::Migration;
 use super::handshake::{self, HEADER_WAIT};
 use super::pages::Backing;
@@ -482,11 +482,18 @@ pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, 
     let mut out = Vec::new();
     let mut b = payload;
     while !b.is_empty() {
-        let (run, rest) = PageRun::read_from_prefix(b).map_err(|_| format::Error::Length {
-            what: "RAM",
-            len: payload.len() as u64,
-            need: payload.len() as u64 + size_of::<PageRun>() as u64,
+        let Some(head) = b.get(..size_of::<PageRun>()) else {
+            return Err(format::Error::Length {
+                what: "RAM",
+                len: payload.len() as u64,
+                need: payload.len() as u64 + size_of::<PageRun>() as u64,
+            });
+        };
+        // A run's header is whole here: only its kind can be invalid.
+        let run = PageRun::try_read_from_bytes(head).map_err(|_| {
+            format::Error::RunKind(u32::from_ne_bytes([head[12], head[13], head[14], head[15]]))
         })?;
+        let rest = &b[size_of::<PageRun>()..];
         b = rest;
         let end = run.first.checked_add(u64::from(run.count));
         if run.count == 0 || end.is_none_or(|e| e > pages) {
@@ -497,8 +504,8 @@ pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, 
             });
         }
         let data = match run.kind {
-            format::RUN_ZERO => &b[..0],
-            format::RUN_NORMAL => {
+            RunKind::Zero => &b[..0],
+            RunKind::Normal => {
                 let bytes = usize::try_from(u64::from(run.count) * format::PAGE_SIZE)
                     .ok()
                     .filter(|&n| n <= b.len())
@@ -507,7 +514,6 @@ pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, 
                 b = rest;
                 data
             }
-            other => return Err(format::Error::RunKind(other)),
         };
         out.push((run, data));
     }
@@ -529,7 +535,7 @@ fn load_ram(
     for (run, data) in runs(payload, pages)? {
         let range = run.first..run.first + u64::from(run.count);
         end = range.end;
-        if run.kind == format::RUN_ZERO {
+        if run.kind == RunKind::Zero {
             let stale: Vec<u64> = written.iter_range(range.start, range.end).collect();
             for p in stale {
                 write_page(mem, p, &zero)?;

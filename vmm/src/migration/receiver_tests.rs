@@ -77,3 +77,19 @@ fn vcpu_hugepage_and_dirty_mismatches_name_both_values() {
         assert!(e.ends_with(text), "{e}");
     }
 }
+
+#[test]
+fn a_page_run_of_an_unknown_kind_is_refused_by_its_value() {
+    let good = PageRun {
+        first: 0,
+        count: 1,
+        kind: RunKind::Zero,
+    };
+    let mut payload = zerocopy::IntoBytes::as_bytes(&good).to_vec();
+    assert_eq!(runs(&payload, 4).unwrap().len(), 1, "a zero run is read");
+    payload[12..16].copy_from_slice(&3u32.to_ne_bytes());
+    let e = runs(&payload, 4).unwrap_err();
+    assert!(matches!(e, format::Error::RunKind(3)), "{e}");
+    let e = runs(&payload[..15], 4).unwrap_err();
+    assert!(matches!(e, format::Error::Length { .. }), "{e}");
+}

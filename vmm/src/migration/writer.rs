@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 use zerocopy::IntoBytes;
 
-use super::format::{self, Kind, PageRun, Writer};
+use super::format::{self, Kind, PageRun, RunKind, Writer};
 use super::pages::{self, Backing};
 use crate::memory::GuestMemory;
 
@@ -76,7 +76,7 @@ struct OpenRun {
     at: usize,
     first: u64,
     count: u32,
-    kind: u32,
+    kind: RunKind,
 }
 
 /// Writes guest pages, batched, zero-detected, counted and paced, and any
@@ -186,10 +186,10 @@ impl<'m, W: Write> PageWriter<'m, W> {
         while left > 0 {
             let n = left.min(u64::from(u32::MAX));
             match self.open {
-                Some(o) if o.kind == format::RUN_ZERO && o.first + u64::from(o.count) == first => {
+                Some(o) if o.kind == RunKind::Zero && o.first + u64::from(o.count) == first => {
                     let more = n.min(u64::from(u32::MAX - o.count));
                     if more == 0 {
-                        self.open_run(first, format::RUN_ZERO);
+                        self.open_run(first, RunKind::Zero);
                         continue;
                     }
                     // At most u32::MAX - o.count, so it fits.
@@ -198,7 +198,7 @@ impl<'m, W: Write> PageWriter<'m, W> {
                     left -= more;
                     continue;
                 }
-                _ => self.open_run(first, format::RUN_ZERO),
+                _ => self.open_run(first, RunKind::Zero),
             }
             self.grow(u32::try_from(n).unwrap_or(u32::MAX));
             first += n;
@@ -210,10 +210,10 @@ impl<'m, W: Write> PageWriter<'m, W> {
     /// reads as zero, a zero run.
     fn add_page(&mut self, page: u64) -> Result<(), Error> {
         let before = (self.len, self.open);
-        let continues = matches!(self.open, Some(o) if o.kind == format::RUN_NORMAL
+        let continues = matches!(self.open, Some(o) if o.kind == RunKind::Normal
             && o.first + u64::from(o.count) == page && o.count < u32::MAX);
         if !continues {
-            self.open_run(page, format::RUN_NORMAL);
+            self.open_run(page, RunKind::Normal);
         }
         let at = self.len;
         let end = at + format::PAGE_BYTES;
@@ -237,7 +237,7 @@ impl<'m, W: Write> PageWriter<'m, W> {
         Ok(())
     }
 
-    fn open_run(&mut self, first: u64, kind: u32) {
+    fn open_run(&mut self, first: u64, kind: RunKind) {
         let at = self.len;
         let run = PageRun {
             first,

@@ -40,7 +40,7 @@ fn fill(mem: &GuestMemory, p: u64) {
 }
 
 /// A run as (first, count, kind), its pages' bytes.
-type Run = ((u64, u32, u32), Vec<u8>);
+type Run = ((u64, u32, format::RunKind), Vec<u8>);
 
 /// Each RAM section's runs, read back from a whole stream.
 fn ram_sections(stream: &[u8], pages: u64) -> Vec<Vec<Run>> {
@@ -95,7 +95,7 @@ fn zero_pages_become_zero_runs_merged_with_neighbours() {
     let sections = ram_sections(&stream, 32);
     assert_eq!(sections.len(), 1, "all of it fits one section");
     let shape: Vec<_> = sections[0].iter().map(|r| r.0).collect();
-    let (n, z) = (format::RUN_NORMAL, format::RUN_ZERO);
+    let (n, z) = (format::RunKind::Normal, format::RunKind::Zero);
     assert_eq!(
         shape,
         vec![(0, 1, n), (1, 2, z), (3, 1, n), (4, 16, z), (20, 1, n)],
@@ -122,7 +122,7 @@ fn the_stream_decodes_to_the_same_pages() {
             let p = usize::try_from(first + i).unwrap();
             assert!(!seen[p], "page {p} sent twice");
             seen[p] = true;
-            if kind == format::RUN_NORMAL {
+            if kind == format::RunKind::Normal {
                 let at = usize::try_from(i * PAGE).unwrap();
                 image[p * 4096..(p + 1) * 4096].copy_from_slice(&data[at..at + 4096]);
             }
