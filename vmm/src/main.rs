@@ -91,8 +91,9 @@ struct ExporterArgs {
     /// How often each QEMU VM's figures are refreshed (the page shows their age).
     #[arg(long, default_value = "5s", value_name = "DUR")]
     qmp_interval: Period,
-    /// Also read QEMU's vCPU stats. Each refresh then kicks every vCPU of
-    /// the VM out of the guest (QEMU reads vCPU stats on the vCPU threads).
+    /// Also read QEMU's vCPU stats. With QEMU before 8.1 each refresh then
+    /// kicks every vCPU of the VM out of the guest (it reads vCPU stats on the
+    /// vCPU threads); 8.1 and later read them with `pread`, no kick.
     #[arg(long)]
     qmp_vcpus: bool,
 }
