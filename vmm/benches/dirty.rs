@@ -76,7 +76,7 @@ fn stall(memory: u64, manual: bool) -> f64 {
         .map(|_| {
             let mut vm = vm(memory, manual);
             run(&mut vm, TOUCH);
-            let segments = vec![SEGMENT; 8].join("; ");
+            let segments = [SEGMENT; 8].join("; ");
             let base = vm.vcpus()[0].shared.results().len();
             vm.push_commands(0, parse_sequence(&segments).expect("spec"));
             wait_results(&vm, base + 5);

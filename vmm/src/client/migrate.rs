@@ -182,13 +182,22 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
     if let Some(n) = &info.x_not_converging {
         let _ = writeln!(s, "not converging: {n}");
     }
+    if let Some(g) = &info.x_guest_stall {
+        let per: Vec<String> = g.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
+        let _ = writeln!(
+            s,
+            "guest stall (dirty tracking): {:.0} ms (per vCPU ms: {})",
+            g.total_ms,
+            per.join(", ")
+        );
+    }
     s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::migration::RamStats;
+    use crate::protocol::migration::{GuestStall, RamStats, VcpuStall};
 
     #[test]
     fn the_report_reads_like_info_migrate() {
@@ -203,9 +212,23 @@ mod tests {
                 page_size: 4096,
                 ..RamStats::default()
             }),
+            x_guest_stall: Some(GuestStall {
+                total_ms: 52.0,
+                vcpus: vec![
+                    VcpuStall {
+                        cpu_index: 0,
+                        ms: 40.0,
+                    },
+                    VcpuStall {
+                        cpu_index: 1,
+                        ms: 12.0,
+                    },
+                ],
+            }),
             ..MigrationInfo::default()
         };
         let text = info_migrate(&info);
+        assert!(text.contains("guest stall (dirty tracking): 52 ms (per vCPU ms: 40, 12)\n"));
         assert!(text.starts_with("Migration status: completed\ntotal time: 120 ms\n"));
         assert!(text.contains("downtime: 3 ms\n"));
         assert!(text.contains("duplicate: 4198330 pages\nnormal: 283 pages\n"));

@@ -28,8 +28,10 @@ use super::transport::{self, Conn, Uri};
 use super::writer::{self, Control, Counts, PageWriter};
 use crate::dirty::{self, Bitmap};
 use crate::messages::{RunRequest, RunStateError, VmEvent};
+use crate::protocol::migration::{GuestStall, VcpuStall};
 use crate::protocol::migration::{RamStats, Status};
 use crate::units::saturating_u64;
+use crate::vcpu::cputime::{Baseline, Period, Stall};
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
 
 /// How long the main loop and the vCPUs get to pause, and each vCPU to give its state.
@@ -119,10 +121,14 @@ impl From<writer::Error> for Error {
 
 /// The migration thread's body: migrate, then settle the source's state.
 pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
-    let mut p = Precopy::new(m, src);
+    let mut p = Precopy::new(m, src, Baseline::start(&src.vcpus));
     let result = p.migrate(uri);
     m.set_conn(None);
     let held = p.held;
+    if let Some(observed) = &p.observed {
+        let stall = guest_stall(&observed.stall());
+        m.update(|i| i.x_guest_stall = Some(stall));
+    }
     drop(p);
     match result {
         Ok(()) => {
@@ -190,6 +196,10 @@ struct Precopy<'a> {
     prev_dirty: Option<u64>,
     /// The pass in progress, for live `remaining` and `mbps`.
     live: PassProgress,
+    /// The vCPUs' time outside the guest before the dirty log is taken.
+    baseline: Option<Baseline>,
+    /// What the migration has cost the guest since it took the dirty log.
+    observed: Option<Period>,
 }
 
 /// The pass in progress: pages it sends, and the pages sent before it, its
@@ -201,7 +211,7 @@ struct PassProgress {
 }
 
 impl<'a> Precopy<'a> {
-    fn new(m: &'a Migration, src: &'a Source) -> Self {
+    fn new(m: &'a Migration, src: &'a Source, baseline: Baseline) -> Self {
         Precopy {
             m,
             src,
@@ -221,6 +231,8 @@ impl<'a> Precopy<'a> {
                 pages: 0,
                 from: (0, Instant::now(), 0),
             },
+            baseline: Some(baseline),
+            observed: None,
         }
     }
 
@@ -271,6 +283,7 @@ impl<'a> Precopy<'a> {
         w.section(Kind::Config, &[self.src.config.as_bytes()])?;
         self.w = Some(w);
         self.expect_reply(format::REPLY_READY)?;
+        self.observed = self.baseline.take().map(Baseline::begin);
         let consumer = self.src.dirty.subscribe()?;
         let setup = self.m.elapsed_ms();
         self.m.update(|i| i.setup_time = Some(setup));
@@ -315,10 +328,12 @@ impl<'a> Precopy<'a> {
         let note = self.convergence_note(dirty.count(), expected);
         self.prev_dirty = Some(dirty.count());
         let ram = self.ram.clone();
+        let stall = self.observed.as_ref().map(|o| guest_stall(&o.stall()));
         self.m.update(|i| {
             i.ram = Some(ram);
             i.expected_downtime = Some(expected);
             i.x_not_converging = note;
+            i.x_guest_stall = stall;
         });
         self.m
             .event("MIGRATION_PASS", serde_json::json!({ "pass": self.pass }));
@@ -519,6 +534,23 @@ impl Control for Live<'_> {
         }
         let ram = r.clone();
         self.m.update(|i| i.ram = Some(ram));
+    }
+}
+
+/// A stall as `query-migrate` reports it.
+fn guest_stall(stall: &Stall) -> GuestStall {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    GuestStall {
+        total_ms: ms(stall.total()),
+        vcpus: stall
+            .vcpus
+            .iter()
+            .enumerate()
+            .map(|(cpu_index, d)| VcpuStall {
+                cpu_index,
+                ms: ms(*d),
+            })
+            .collect(),
     }
 }
 

@@ -131,6 +131,31 @@ pub struct MigrationInfo {
     /// kvmscope: where the stream goes (source) or comes from (destination).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) x_uri: Option<String>,
+    /// kvmscope: the vCPU time the guest has lost to dirty tracking since
+    /// the migration started, measured (docs/MIGRATION.md); on a source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_guest_stall: Option<GuestStall>,
+}
+
+/// The vCPU time a guest lost to dirty tracking over a period, as
+/// `query-migrate` reports it (`x-guest-stall`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct GuestStall {
+    /// All vCPUs' stall added up, ms.
+    pub total_ms: f64,
+    /// Each vCPU's.
+    pub vcpus: Vec<VcpuStall>,
+}
+
+/// One vCPU's stall.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct VcpuStall {
+    /// The vCPU's index, as `query-cpus-fast` names it.
+    pub cpu_index: usize,
+    /// Its stall, ms.
+    pub ms: f64,
 }
 
 /// QEMU's `MigrationParameters`, the part kvmscope uses.

@@ -71,6 +71,32 @@ pub struct DirtyRateFigure {
     pub model_working_set: Option<u64>,
 }
 
+/// The vCPU time the guest lost to dirty tracking over a dirty-rate window:
+/// its vCPU threads' CPU time outside the guest beyond their rate before it
+/// (docs/READINESS.md, "What tracking costs the guest").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StallFigure {
+    /// All vCPUs' stall added up, ms.
+    pub total_ms: f64,
+    /// `total_ms` as a share of the window's vCPU time (window × vCPUs).
+    pub share: f64,
+    /// Seconds the stall was measured over.
+    pub period_s: f64,
+    /// Each vCPU figure is good to about this, ms (one clock tick).
+    pub resolution_ms: f64,
+    /// Each vCPU's stall.
+    pub vcpus: Vec<VcpuStallFigure>,
+}
+
+/// One vCPU's stall in a readiness report.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct VcpuStallFigure {
+    /// The vCPU's index.
+    pub cpu_index: usize,
+    /// Its stall, ms.
+    pub ms: f64,
+}
+
 /// How far one estimate of non-zero pages is from the scan's count.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EstimateError {
@@ -188,6 +214,8 @@ pub struct ReadinessReport {
     pub written_since_boot: Option<TimedPages>,
     /// The dirty rate, when a window was measured.
     pub dirty_rate: Option<DirtyRateFigure>,
+    /// What the window cost the guest, measured over it.
+    pub guest_stall: Option<StallFigure>,
     /// The exact scan, when asked for.
     pub scan: Option<ScanFigure>,
     /// Which non-zero estimate the prediction used (`scan` or `mapped`).

@@ -17,6 +17,7 @@ use vm_memory::MmapRegion;
 use crate::memory::resident;
 
 use crate::dirty::{DirtyLog, DirtyMode};
+use crate::vcpu::cputime::Baseline;
 use crate::vcpu::VcpuShared;
 pub use error::Error;
 use kvm_stats::Mapped;
@@ -73,7 +74,7 @@ pub(crate) fn measure(
     };
     let dirty_rate = match g.dirty {
         Some(d) if !options.calc_time.is_zero() => {
-            Some(timed(|| dirty_rate(d, options.calc_time))?)
+            Some(timed(|| dirty_rate(d, g.vcpus, options.calc_time))?)
         }
         _ => None,
     };
@@ -130,8 +131,20 @@ pub fn measure_vm(
     measure(&mut guest, options, progress)
 }
 
-/// Distinct pages written during a window of `calc_time`.
-fn dirty_rate(d: &Arc<DirtyLog>, calc_time: Duration) -> Result<DirtyRate, Error> {
+/// How long before a dirty-rate window the vCPUs' time outside their guest
+/// is read, for the rate they spend so without tracking.
+const BASELINE: Duration = Duration::from_millis(200);
+
+/// Distinct pages written during a window of `calc_time`, and what the
+/// window cost the guest (from before the log is taken until it is let go).
+fn dirty_rate(
+    d: &Arc<DirtyLog>,
+    vcpus: &[Arc<VcpuShared>],
+    calc_time: Duration,
+) -> Result<DirtyRate, Error> {
+    let baseline = Baseline::start(vcpus);
+    std::thread::sleep(BASELINE);
+    let period = baseline.begin();
     let window = d.subscribe()?;
     let started = Instant::now();
     // Distinct pages at half time too (the window keeps accumulating): how
@@ -141,6 +154,8 @@ fn dirty_rate(d: &Arc<DirtyLog>, calc_time: Duration) -> Result<DirtyRate, Error
     let half_at = started.elapsed();
     std::thread::sleep(calc_time.saturating_sub(half_at));
     let (pages, per_vcpu) = window.sync(|w| (w.pages.count(), w.per_vcpu.clone()))?;
+    drop(window);
+    let stall = period.stall();
     let window = started.elapsed();
     let mode = match d.mode() {
         DirtyMode::Bitmap => "dirty-bitmap",
@@ -154,6 +169,7 @@ fn dirty_rate(d: &Arc<DirtyLog>, calc_time: Duration) -> Result<DirtyRate, Error
         pages_per_s: pages as f64 / window.as_secs_f64(),
         per_vcpu,
         half: (half, half_at),
+        stall,
     })
 }
 

@@ -10,9 +10,10 @@ use super::options::Options;
 use super::scan::Scan;
 use crate::protocol::readiness::{
     DirtyRateFigure, EstimateError, LinkFigure, MappedFigure, Pages, ReadinessReport, ScanFigure,
-    TimedPages,
+    StallFigure, TimedPages, VcpuStallFigure,
 };
 use crate::units::{format_bytes, saturating_u64};
+use crate::vcpu::cputime::Stall;
 use kvm_stats::Mapped;
 
 /// A figure and the time it took to get.
@@ -39,6 +40,8 @@ pub struct DirtyRate {
     pub(crate) per_vcpu: Option<Vec<u64>>,
     /// Distinct pages at about half the window, and when.
     pub(crate) half: (u64, Duration),
+    /// What the window cost the guest.
+    pub stall: Stall,
 }
 
 impl DirtyRate {
@@ -237,6 +240,10 @@ impl Report {
                     model_working_set: working_set,
                 }
             }),
+            guest_stall: self
+                .dirty_rate
+                .as_ref()
+                .map(|d| stall_figure(&d.value.stall)),
             scan: self.scan.as_ref().map(|s| self.scan_figure(s, us(s.took))),
             estimate_used: self.estimate_used.to_string(),
             prediction: self.prediction.as_ref().map(Prediction::to_reply),
@@ -329,6 +336,15 @@ impl Report {
         if let Some(per) = &d.per_vcpu {
             let _ = writeln!(s, "  per vCPU (ring entries): {per:?}");
         }
+        let f = stall_figure(&d.stall);
+        let per: Vec<String> = f.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
+        let _ = writeln!(
+            s,
+            "guest stall (tracking)    {:>9.0} ms   {:.1} % of the window's vCPU time; per vCPU ms: [{}]",
+            f.total_ms,
+            f.share * 100.0,
+            per.join(", ")
+        );
     }
 
     fn scan_text(&self, s: &mut String) {
@@ -391,6 +407,31 @@ impl Report {
     }
 }
 
+/// A stall as the readiness report shows it.
+pub(crate) fn stall_figure(stall: &Stall) -> StallFigure {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let vcpu_time = stall.period.as_secs_f64() * stall.vcpus.len() as f64;
+    StallFigure {
+        total_ms: ms(stall.total()),
+        share: if vcpu_time > 0.0 {
+            stall.total().as_secs_f64() / vcpu_time
+        } else {
+            0.0
+        },
+        period_s: stall.period.as_secs_f64(),
+        resolution_ms: ms(Stall::resolution()),
+        vcpus: stall
+            .vcpus
+            .iter()
+            .enumerate()
+            .map(|(cpu_index, d)| VcpuStallFigure {
+                cpu_index,
+                ms: ms(*d),
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,6 +481,10 @@ mod tests {
             pages_per_s: pages as f64 * 2.0,
             per_vcpu: None,
             half: (half, Duration::from_millis(250)),
+            stall: Stall {
+                period: Duration::from_millis(500),
+                vcpus: vec![Duration::from_millis(40), Duration::from_millis(10)],
+            },
         }
     }
 
@@ -541,6 +586,7 @@ mod tests {
             [
                 "dirty_rate",
                 "estimate_used",
+                "guest_stall",
                 "link",
                 "mapped",
                 "prediction",
@@ -555,6 +601,14 @@ mod tests {
             keys(&wire["link"]),
             ["bandwidth", "downtime-limit-ms", "from"]
         );
+        assert_eq!(
+            keys(&wire["guest_stall"]),
+            ["period_s", "resolution_ms", "share", "total_ms", "vcpus"]
+        );
+        assert_eq!(wire["guest_stall"]["total_ms"], 50.0);
+        assert_eq!(wire["guest_stall"]["share"], 0.05, "50 ms of 2 x 0.5 s");
+        assert_eq!(wire["guest_stall"]["vcpus"][1]["cpu_index"], 1);
+        assert_eq!(wire["guest_stall"]["vcpus"][1]["ms"], 10.0);
         assert_eq!(wire["link"]["downtime-limit-ms"], 300);
         assert_eq!(
             keys(&wire["dirty_rate"]),
