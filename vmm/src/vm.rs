@@ -273,6 +273,16 @@ impl Vm {
                 thread: None,
                 outcome: None,
             });
+            // A second fd on the same stats, read for the guest's stall.
+            if let Some(counter) = stats
+                .file()
+                .try_clone()
+                .ok()
+                .and_then(|f| StatsFd::new(f).ok())
+                .and_then(crate::vcpu::stall::FaultCounter::new)
+            {
+                let _ = vcpu.shared.faults.set(counter);
+            }
             vcpu_stats.push(stats);
             unstarted.push(vcpu);
         }

@@ -24,6 +24,9 @@ pub(crate) struct Predicted {
     pub(crate) total_time: Option<u64>,
     /// ms; `None` when it never stops.
     pub(crate) downtime: Option<u64>,
+    /// The guest's stall, ms (`x-guest-stall`'s `total-ms`); `None` without
+    /// a dirty-rate window, or when it never stops.
+    pub(crate) guest_stall: Option<u64>,
     /// Whether the passes converge before the downtime limit.
     pub(crate) converges: bool,
     /// Why, in words.
@@ -57,6 +60,7 @@ pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Erro
         dirty_sync_count: ram.dirty_sync_count,
         total_time: p.migrate.total_time,
         downtime: p.migrate.downtime,
+        guest_stall: p.migrate.x_guest_stall_ms,
         converges: p.converges,
         reason: p.reason,
         text: report.text,
@@ -101,6 +105,13 @@ pub(crate) fn rows(
         ),
         ("total-time", p.total_time, info.total_time),
         ("downtime", p.downtime, info.downtime),
+        (
+            "x-guest-stall",
+            p.guest_stall,
+            info.x_guest_stall
+                .as_ref()
+                .map(|g| crate::units::saturating_u64(g.total_ms.round())),
+        ),
     ]
 }
 

@@ -31,8 +31,8 @@ use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::protocol::migration::{GuestStall, VcpuStall};
 use crate::protocol::migration::{RamStats, Status};
 use crate::units::saturating_u64;
-use crate::vcpu::cputime::{Baseline, Period, Stall};
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
+use crate::vcpu::stall::{Baseline, Period, Stall};
 
 /// How long the main loop and the vCPUs get to pause, and each vCPU to give its state.
 const PAUSE_LIMIT: Duration = Duration::from_secs(5);

@@ -72,8 +72,9 @@ pub struct DirtyRateFigure {
 }
 
 /// The vCPU time the guest lost to dirty tracking over a dirty-rate window:
-/// its vCPU threads' CPU time outside the guest beyond their rate before it
-/// (docs/READINESS.md, "What tracking costs the guest").
+/// its write-protection faults beyond its rate before the window at a
+/// measured cost each, and its time in ring-full exits (docs/READINESS.md,
+/// "What tracking costs the guest").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StallFigure {
     /// All vCPUs' stall added up, ms.
@@ -82,8 +83,8 @@ pub struct StallFigure {
     pub share: f64,
     /// Seconds the stall was measured over.
     pub period_s: f64,
-    /// Each vCPU figure is good to about this, ms (one clock tick).
-    pub resolution_ms: f64,
+    /// What one fault costs the guest, microseconds.
+    pub fault_cost_us: f64,
     /// Each vCPU's stall.
     pub vcpus: Vec<VcpuStallFigure>,
 }
@@ -95,6 +96,8 @@ pub struct VcpuStallFigure {
     pub cpu_index: usize,
     /// Its stall, ms.
     pub ms: f64,
+    /// Its write-protection faults beyond its rate before the window.
+    pub faults: u64,
 }
 
 /// How far one estimate of non-zero pages is from the scan's count.
@@ -164,6 +167,11 @@ pub struct PredictedMigration {
     pub total_time: Option<u64>,
     /// ms; null when it never stops.
     pub downtime: Option<u64>,
+    /// The vCPU time the guest would lose to dirty tracking, ms (its
+    /// `x-guest-stall` `total-ms`); null without a measured window, or when
+    /// it never stops.
+    #[serde(default)]
+    pub x_guest_stall_ms: Option<u64>,
     /// The RAM figures.
     pub ram: PredictedRam,
 }
@@ -185,6 +193,10 @@ pub struct PredictionReply {
     pub total_seconds: Option<f64>,
     /// Seconds; null when it never stops.
     pub downtime_seconds: Option<f64>,
+    /// The vCPU time the guest would lose to dirty tracking, seconds; null
+    /// without a measured window, or when it never stops.
+    #[serde(default)]
+    pub guest_stall_seconds: Option<f64>,
     /// The figures under `query-migrate`'s names.
     pub migrate: PredictedMigration,
 }

@@ -17,7 +17,7 @@ use vm_memory::MmapRegion;
 use crate::memory::resident;
 
 use crate::dirty::{DirtyLog, DirtyMode};
-use crate::vcpu::cputime::Baseline;
+use crate::vcpu::stall::Baseline;
 use crate::vcpu::VcpuShared;
 pub use error::Error;
 use kvm_stats::Mapped;
@@ -66,16 +66,19 @@ pub(crate) fn measure(
         Ok(Mapped::from_sample(g.vm_stats.schema(), &sample))
     })?;
     let resident = timed(|| Ok(resident(g.ram).map_err(Error::Residency)?.1))?;
-    // Known only where the slot is logged from boot (a bitmap VM): a ring VM
-    // logs only while observed, so that nobody pays for it otherwise.
-    let written = match g.dirty {
-        Some(d) if d.logs_from_boot() => Some(timed(|| Ok(d.written_since_boot()?.unwrap_or(0)))?),
-        _ => None,
-    };
+    // The window first: syncing the log for "written since boot" protects
+    // again what it harvests, and the faults that follow would fall in the
+    // rate before the window that its stall is measured against.
     let dirty_rate = match g.dirty {
         Some(d) if !options.calc_time.is_zero() => {
             Some(timed(|| dirty_rate(d, g.vcpus, options.calc_time))?)
         }
+        _ => None,
+    };
+    // Known only where the slot is logged from boot (a bitmap VM): a ring VM
+    // logs only while observed, so that nobody pays for it otherwise.
+    let written = match g.dirty {
+        Some(d) if d.logs_from_boot() => Some(timed(|| Ok(d.written_since_boot()?.unwrap_or(0)))?),
         _ => None,
     };
     let scan = if options.scan {

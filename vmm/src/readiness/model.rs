@@ -95,6 +95,10 @@ pub(crate) struct Inputs {
     /// `x-max-rounds`: the sender stops after this many passes whatever is
     /// left (0 or `None`: no limit).
     pub(crate) max_rounds: Option<u64>,
+    /// vCPU time the guest loses per page it writes after the page was
+    /// protected (a write-protection fault, its share of ring-full exits),
+    /// seconds, as a dirty-rate window measured it; `None`: not measured.
+    pub(crate) stall_per_page: Option<f64>,
     /// Costs beyond the wire.
     pub(crate) costs: Costs,
 }
@@ -133,6 +137,11 @@ pub struct Prediction {
     pub(crate) duplicate: u64,
     /// `normal`: pages sent in full, in every pass.
     pub(crate) normal: u64,
+    /// The vCPU time the guest would lose to dirty tracking, seconds: each
+    /// page it dirties in a pass was protected at the sync before and faults
+    /// once (the pages of every later pass and of the stop), at the measured
+    /// cost per page. `None` without a measured cost; infinite when it never stops.
+    pub(crate) stall: Option<f64>,
 }
 
 /// Why the inputs cannot be modelled.
@@ -304,7 +313,16 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
     let pre_seconds: f64 = rounds.iter().map(|r| r.seconds).sum();
     let sent: u64 = rounds.iter().skip(1).map(|r| r.pages).sum();
     let duplicate = i.total_pages - i.nonzero_pages;
+    let faults = sent + stop.map_or(0, |s| s.0.pages);
+    let stall = i.stall_per_page.map(|c| {
+        if stop.is_some() {
+            c * faults as f64
+        } else {
+            f64::INFINITY
+        }
+    });
     Ok(Prediction {
+        stall,
         total_bytes: pre_bytes + stop.map_or(0, |s| s.0.bytes),
         total_seconds: i.costs.setup + pre_seconds + stop.map_or(f64::INFINITY, |s| s.1),
         downtime: stop.map_or(f64::INFINITY, |s| s.1),
@@ -361,6 +379,7 @@ impl Prediction {
             total_bytes: self.total_bytes,
             total_seconds: finite(self.total_seconds),
             downtime_seconds: finite(self.downtime),
+            guest_stall_seconds: self.stall.and_then(finite),
             migrate: PredictedMigration {
                 status: if ends {
                     Status::Completed
@@ -370,6 +389,7 @@ impl Prediction {
                 x_converges: self.converges,
                 total_time: ms(self.total_seconds),
                 downtime: ms(self.downtime),
+                x_guest_stall_ms: self.stall.and_then(ms),
                 ram: PredictedRam {
                     transferred: self.total_bytes,
                     duplicate: self.duplicate,

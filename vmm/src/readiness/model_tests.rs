@@ -24,6 +24,7 @@ fn inputs() -> Inputs {
         max_downtime: 0.3,
         vcpus: 1,
         max_rounds: None,
+        stall_per_page: None,
         costs: no_costs(),
     }
 }
@@ -282,4 +283,45 @@ fn rejects_nonsense_inputs() {
             total: 1000
         }
     );
+}
+
+#[test]
+fn the_stall_is_one_fault_per_page_dirtied_in_each_pass_at_the_measured_cost() {
+    // As slow_dirtier_...: 40 pages dirtied during pass 0, 5 during pass 1
+    // (sent in the stop); 3 us each.
+    let p = predict(&Inputs {
+        dirty_rate: 10.0,
+        stall_per_page: Some(3e-6),
+        ..inputs()
+    })
+    .unwrap();
+    let stall = p.stall.unwrap();
+    assert!((stall - 45.0 * 3e-6).abs() < 1e-12, "{stall}");
+    assert_eq!(p.to_reply().guest_stall_seconds, Some(stall));
+    assert_eq!(p.to_reply().migrate.x_guest_stall_ms, Some(0));
+    // Not measured: none; never stopping: no finite figure.
+    assert_eq!(
+        predict(&Inputs {
+            dirty_rate: 10.0,
+            ..inputs()
+        })
+        .unwrap()
+        .stall,
+        None
+    );
+    let never = predict(&Inputs {
+        dirty_rate: 150.0,
+        stall_per_page: Some(3e-6),
+        ..inputs()
+    })
+    .unwrap();
+    assert!(never.stall.unwrap().is_infinite());
+    assert_eq!(never.to_reply().guest_stall_seconds, None);
+    // An idle guest dirties nothing and loses nothing.
+    let idle = predict(&Inputs {
+        stall_per_page: Some(3e-6),
+        ..inputs()
+    })
+    .unwrap();
+    assert_eq!(idle.stall, Some(0.0));
 }

@@ -13,7 +13,7 @@ use crate::protocol::readiness::{
     StallFigure, TimedPages, VcpuStallFigure,
 };
 use crate::units::{format_bytes, saturating_u64};
-use crate::vcpu::cputime::Stall;
+use crate::vcpu::stall::{Stall, FAULT_COST};
 use kvm_stats::Mapped;
 
 /// A figure and the time it took to get.
@@ -45,6 +45,18 @@ pub struct DirtyRate {
 }
 
 impl DirtyRate {
+    /// vCPU time lost per page written after it was protected, seconds: the
+    /// window's stall over the faults it caused (each distinct page once with
+    /// the bitmap; each ring entry with the ring, whose resets protect again
+    /// within the window). `None` when the window saw no write.
+    pub(crate) fn stall_per_page(&self) -> Option<f64> {
+        let faults = match &self.per_vcpu {
+            Some(entries) => entries.iter().sum::<u64>(),
+            None => self.pages,
+        };
+        (faults > 0).then(|| self.stall.total().as_secs_f64() / faults as f64)
+    }
+
     /// The write rate and working set behind the window, for writes spread
     /// uniformly over a working set `W` at `r` pages/s: distinct pages after
     /// `t` are `W·(1 − e^(−r·t/W))`. With `x = e^(−r·t½/W)` from the two
@@ -190,6 +202,10 @@ impl Report {
             max_downtime: options.max_downtime.as_secs_f64(),
             vcpus: options.vcpus,
             max_rounds: Some(options.max_rounds),
+            stall_per_page: self
+                .dirty_rate
+                .as_ref()
+                .and_then(|d| d.value.stall_per_page()),
             costs: model::Costs::default(),
         };
         self.prediction = Some(model::predict(&inputs)?);
@@ -398,6 +414,9 @@ impl Report {
             ms(p.total_seconds),
             ms(p.downtime)
         );
+        if let Some(stall) = p.stall {
+            let _ = writeln!(s, "  guest stall (dirty tracking) {}", ms(stall));
+        }
         let verdict = if p.converges {
             "converges"
         } else {
@@ -419,14 +438,16 @@ pub(crate) fn stall_figure(stall: &Stall) -> StallFigure {
             0.0
         },
         period_s: stall.period.as_secs_f64(),
-        resolution_ms: ms(Stall::resolution()),
+        fault_cost_us: FAULT_COST.as_secs_f64() * 1e6,
         vcpus: stall
             .vcpus
             .iter()
+            .zip(&stall.faults)
             .enumerate()
-            .map(|(cpu_index, d)| VcpuStallFigure {
+            .map(|(cpu_index, (d, &faults))| VcpuStallFigure {
                 cpu_index,
                 ms: ms(*d),
+                faults,
             })
             .collect(),
     }
@@ -484,6 +505,7 @@ mod tests {
             stall: Stall {
                 period: Duration::from_millis(500),
                 vcpus: vec![Duration::from_millis(40), Duration::from_millis(10)],
+                faults: vec![15_000, 3_000],
             },
         }
     }
@@ -603,12 +625,13 @@ mod tests {
         );
         assert_eq!(
             keys(&wire["guest_stall"]),
-            ["period_s", "resolution_ms", "share", "total_ms", "vcpus"]
+            ["fault_cost_us", "period_s", "share", "total_ms", "vcpus"]
         );
         assert_eq!(wire["guest_stall"]["total_ms"], 50.0);
         assert_eq!(wire["guest_stall"]["share"], 0.05, "50 ms of 2 x 0.5 s");
         assert_eq!(wire["guest_stall"]["vcpus"][1]["cpu_index"], 1);
         assert_eq!(wire["guest_stall"]["vcpus"][1]["ms"], 10.0);
+        assert_eq!(wire["guest_stall"]["vcpus"][1]["faults"], 3000);
         assert_eq!(wire["link"]["downtime-limit-ms"], 300);
         assert_eq!(
             keys(&wire["dirty_rate"]),
@@ -635,6 +658,7 @@ mod tests {
             [
                 "converges",
                 "downtime_seconds",
+                "guest_stall_seconds",
                 "migrate",
                 "reason",
                 "rounds",
@@ -645,7 +669,14 @@ mod tests {
         );
         assert_eq!(
             keys(&p["migrate"]),
-            ["downtime", "ram", "status", "total-time", "x-converges"]
+            [
+                "downtime",
+                "ram",
+                "status",
+                "total-time",
+                "x-converges",
+                "x-guest-stall-ms"
+            ]
         );
         assert_eq!(
             keys(&p["migrate"]["ram"]),

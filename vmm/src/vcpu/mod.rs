@@ -20,11 +20,11 @@ use crate::kick;
 use crate::memory::GuestMemory;
 use crate::workload::Command;
 
-pub(crate) mod cputime;
 mod parked;
 mod registers;
 mod shared;
 pub(crate) mod snapshot;
+pub(crate) mod stall;
 
 use parked::{Running, Waiting, Where};
 pub use registers::{GeneralRegisters, Registers};
@@ -331,11 +331,15 @@ impl Vcpu {
 
     /// KVM_EXIT_DIRTY_RING_FULL: empties this vCPU's ring into the tracker.
     fn harvest_dirty_ring(&self) -> Option<State> {
-        let error = match self
+        let t = Instant::now();
+        let harvested = self
             .dirty
             .as_ref()
-            .map(|d| d.harvest_vcpu(self.shared.index))
-        {
+            .map(|d| d.harvest_vcpu(self.shared.index));
+        // The guest waits for this: its stall (`stall.rs`).
+        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.shared.ring_full_ns.fetch_add(ns, Ordering::Relaxed);
+        let error = match harvested {
             Some(Ok(_)) => return None,
             Some(Err(e)) => VcpuError::HarvestDirtyRing(Arc::new(e)),
             None => VcpuError::NoDirtyRing,

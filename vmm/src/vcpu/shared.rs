@@ -162,6 +162,14 @@ pub struct VcpuShared {
     pub(super) wake: Condvar,
     /// A control request (pause/stop) waits in the inbox.
     pub(super) pending: AtomicBool,
+    /// The vCPU's `pf_taken`, read for the guest's stall ([`super::stall`]);
+    /// set by the VM once its stats fd is open.
+    pub(crate) faults: OnceLock<super::stall::FaultCounter>,
+    /// Nanoseconds the vCPU thread has spent harvesting its full dirty ring
+    /// while the guest waited.
+    pub(crate) ring_full_ns: AtomicU64,
+    /// When the last observation of the guest (a window, a migration) ended.
+    pub(crate) observed_until: Mutex<Option<Instant>>,
 }
 
 impl VcpuShared {
@@ -182,6 +190,9 @@ impl VcpuShared {
             first_exit: OnceLock::new(),
             boot_registers: OnceLock::new(),
             tid: OnceLock::new(),
+            faults: OnceLock::new(),
+            ring_full_ns: AtomicU64::new(0),
+            observed_until: Mutex::new(None),
             watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
             wake: Condvar::new(),
