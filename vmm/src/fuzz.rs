@@ -142,3 +142,41 @@ pub fn http_request(data: &[u8]) -> bool {
     assert!(end <= data.len(), "the head ends past the input");
     matches!(answer(&data[..end], "/metrics"), Answer::Page { .. })
 }
+
+/// What a VMM sends a client such as the exporter, arriving in pieces: the
+/// first byte of `data` sets the piece size (1-64), the rest is the bytes.
+/// The client reads the greeting with the exporter's line limit and then
+/// every line after it; each line is decoded as a greeting, reply or event.
+/// Returns whether the greeting was taken. A line is never searched twice
+/// (the client keeps where it stopped), which the pieces exercise.
+pub fn client_lines(data: &[u8]) -> bool {
+    use crate::client::{Bounds, Client};
+    let Some((&piece, bytes)) = data.split_first() else {
+        return false;
+    };
+    let piece = usize::from(piece % 64) + 1;
+    let Ok((ours, theirs)) = std::os::unix::net::UnixStream::pair() else {
+        return false;
+    };
+    let bytes = bytes.to_vec();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut theirs = theirs;
+        for chunk in bytes.chunks(piece) {
+            if theirs.write_all(chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let bounds = Bounds {
+        request: std::time::Duration::from_secs(5),
+        line_max: 4096,
+    };
+    let taken = Client::from_stream(ours, bounds).map(|mut c| {
+        while let Ok(reply) = c.read_reply() {
+            let _ = crate::client::event_of(&reply.value);
+        }
+    });
+    let _ = writer.join();
+    taken.is_ok()
+}

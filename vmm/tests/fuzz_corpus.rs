@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use kvmscope::fuzz::{
-    control_line, http_request, migration_handshake, migration_stream, workload_spec,
+    client_lines, control_line, http_request, migration_handshake, migration_stream, workload_spec,
 };
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
@@ -78,5 +78,12 @@ fn migration_handshake_seeds_are_taken_or_dropped_as_named() {
             name.starts_with("ok-"),
             "{name}"
         );
+    }
+}
+
+#[test]
+fn client_lines_seeds_are_greeted_or_refused_as_named() {
+    for (name, data) in seeds("client_lines") {
+        assert_eq!(client_lines(&data), name.starts_with("ok-"), "{name}");
     }
 }

@@ -94,10 +94,30 @@ pub struct Reply {
     pub(crate) fds: Vec<File>,
 }
 
+/// What a client allows a server: for agents (the exporter) that must not be
+/// held by a VMM that answers slowly, never, or without end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// The whole of each request, from its first byte sent to the last of
+    /// its reply read, however the server dribbles it (the greeting and
+    /// negotiation together count as one request).
+    pub(crate) request: Duration,
+    /// Longest line accepted, bytes.
+    pub(crate) line_max: usize,
+}
+
 /// A connection to a control socket, past its greeting.
 pub struct Client {
     stream: UnixStream,
     input: Vec<u8>,
+    /// Bytes at the start of `input` already searched for a newline.
+    scanned: usize,
+    /// Longest line accepted.
+    line_max: usize,
+    /// Each request's whole deadline, when bounded.
+    request_limit: Option<Duration>,
+    /// When the request under way must be done by.
+    deadline: Option<Instant>,
     /// Received fds, each tagged with the index in `input` of the last byte of
     /// the read that brought it: it belongs to the line holding that byte.
     fds: Vec<(usize, File)>,
@@ -124,39 +144,77 @@ impl Client {
     /// # Errors
     /// As [`Client::connect`].
     pub(crate) fn connect_unnegotiated(path: &Path) -> Result<Client, Error> {
-        Client::open(path, None)
+        Client::open(path)
     }
 
-    /// Connects and negotiates like [`Client::connect`], but no read or write
-    /// blocks longer than `timeout` (the greeting included), and the bound
-    /// stays on the connection: for agents that must not hang on a VMM that
-    /// accepts and never answers.
+    /// Connects and negotiates within `bounds.request` all told (however the
+    /// server dribbles its greeting), then holds every later request to the
+    /// same whole deadline, and every line to `bounds.line_max`.
     ///
     /// # Errors
-    /// As [`Client::connect`]; a timeout is an `Io` error of kind `WouldBlock`
-    /// or `TimedOut`.
-    pub(crate) fn connect_within(path: &Path, timeout: Duration) -> Result<Client, Error> {
-        let mut client = Client::open(path, Some(timeout))?;
+    /// As [`Client::connect`]; past the deadline an `Io` error of kind
+    /// `TimedOut`; a longer line `BadReply`.
+    pub(crate) fn connect_bounded(path: &Path, bounds: Bounds) -> Result<Client, Error> {
+        let deadline = Instant::now() + bounds.request;
+        let stream =
+            UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
+        let mut client = Client::new(stream);
+        client.line_max = bounds.line_max;
+        client.deadline = Some(deadline);
+        client.read_greeting()?;
         client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
         Ok(client)
     }
 
-    fn open(path: &Path, timeout: Option<Duration>) -> Result<Client, Error> {
-        let stream =
-            UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
-        stream.set_read_timeout(timeout)?;
-        stream.set_write_timeout(timeout)?;
-        let mut input = Client {
+    /// Gives each request from now on its own whole deadline of `limit`;
+    /// until this is called, a bounded client's requests share the deadline
+    /// its connection began with (an attach that is one deadline all told).
+    pub(crate) fn bound_each_request(&mut self, limit: Duration) {
+        self.request_limit = Some(limit);
+    }
+
+    /// A bounded client on a connected stream, past its greeting (for the
+    /// fuzz body: what a peer sends, without a socket file).
+    ///
+    /// # Errors
+    /// As [`Client::connect_bounded`], without the negotiation.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn from_stream(stream: UnixStream, bounds: Bounds) -> Result<Client, Error> {
+        let mut client = Client::new(stream);
+        client.line_max = bounds.line_max;
+        client.deadline = Some(Instant::now() + bounds.request);
+        client.read_greeting()?;
+        Ok(client)
+    }
+
+    fn new(stream: UnixStream) -> Client {
+        Client {
             stream,
             input: Vec::new(),
+            scanned: 0,
+            line_max: MAX_REPLY,
+            request_limit: None,
+            deadline: None,
             fds: Vec::new(),
             greeting: Greeting::default(),
-        };
+        }
+    }
+
+    fn open(path: &Path) -> Result<Client, Error> {
+        let stream =
+            UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
+        let mut client = Client::new(stream);
+        client.read_greeting()?;
+        Ok(client)
+    }
+
+    fn read_greeting(&mut self) -> Result<(), Error> {
+        let input = self;
         let first = input.read_reply()?.value;
         match serde_json::from_value::<Message>(first.clone()) {
             Ok(Message::Greeting(g)) => {
                 input.greeting = g;
-                Ok(input)
+                Ok(())
             }
             Ok(Message::Error { error, .. }) => Err(Error::Refused {
                 class: error.class,
@@ -206,7 +264,7 @@ impl Client {
     pub(crate) fn take_events(&mut self) -> Result<Vec<Value>, Error> {
         self.stream.set_nonblocking(true)?;
         let received = loop {
-            if self.input.len() > MAX_REPLY {
+            if self.input.len() > self.line_max {
                 break Ok(false);
             }
             match self.receive() {
@@ -248,7 +306,45 @@ impl Client {
         if buf.last() != Some(&b'\n') {
             buf.push(b'\n');
         }
-        self.stream.write_all(&buf)?;
+        self.start_request();
+        self.write(&buf)
+    }
+
+    /// A bounded client's request starts now: its whole deadline with it.
+    fn start_request(&mut self) {
+        if let Some(limit) = self.request_limit {
+            self.deadline = Some(Instant::now() + limit);
+        }
+    }
+
+    /// What is left of the request's deadline, set as the socket's timeout
+    /// for the next read or write; `TimedOut` once it has passed.
+    fn arm_deadline(&self) -> io::Result<()> {
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the VMM did not complete its answer within the deadline",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.set_write_timeout(Some(left))
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            self.arm_deadline()?;
+            match self.stream.write(rest) {
+                Ok(0) => return Err(Error::Closed),
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         Ok(())
     }
 
@@ -262,9 +358,10 @@ impl Client {
             if let Some(line) = self.take_line() {
                 return line;
             }
-            if self.input.len() > MAX_REPLY {
+            if self.input.len() > self.line_max {
                 return Err(Error::BadReply(format!(
-                    "a line longer than {MAX_REPLY} bytes"
+                    "a line longer than {} bytes",
+                    self.line_max
                 )));
             }
             if self.receive()? == 0 {
@@ -276,7 +373,14 @@ impl Client {
     /// Splits the next complete line off the input, with the fds that rode
     /// on it; `None` while no line is complete.
     fn take_line(&mut self) -> Option<Result<Reply, Error>> {
-        let nl = self.input.iter().position(|&b| b == b'\n')?;
+        // Only the bytes that came since the last look: a line is searched
+        // once, however many reads it takes to arrive.
+        let Some(found) = self.input[self.scanned..].iter().position(|&b| b == b'\n') else {
+            self.scanned = self.input.len();
+            return None;
+        };
+        let nl = self.scanned + found;
+        self.scanned = 0;
         let line: Vec<u8> = self.input.drain(..=nl).collect();
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fds)
             .into_iter()
@@ -295,6 +399,7 @@ impl Client {
     /// One `recvmsg` into the input, each fd tagged with the last byte that
     /// came with it; `Ok(0)` at the end of the stream.
     fn receive(&mut self) -> io::Result<usize> {
+        self.arm_deadline()?;
         let mut buf = vec![0u8; 64 << 10];
         let mut fds = Vec::new();
         let n = scm::recv_with_fds(&self.stream, &mut buf, &mut fds, MAX_FDS_PER_MESSAGE)?;
@@ -343,7 +448,8 @@ impl Client {
     /// # Errors
     /// As [`Client::execute`].
     pub(crate) fn call(&mut self, command: &Command) -> Result<(Value, Vec<File>), Error> {
-        self.stream.write_all(&request_line(command, None))?;
+        self.start_request();
+        self.write(&request_line(command, None))?;
         self.read_return()
     }
 
@@ -387,7 +493,8 @@ impl Client {
         command: &Command,
         mut on_event: impl FnMut(EventKind) -> Result<(), Error>,
     ) -> Result<(Value, Vec<File>), Error> {
-        self.stream.write_all(&request_line(command, None))?;
+        self.start_request();
+        self.write(&request_line(command, None))?;
         let Reply { value, fds } = self.read_reply_after_events(|line| match event_of(line)? {
             Some(kind) => on_event(kind),
             None => Ok(()),

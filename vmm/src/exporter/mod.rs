@@ -130,6 +130,7 @@ impl Exporter {
     /// # Errors
     /// The address cannot be bound, or a thread cannot start.
     pub fn start(config: ExporterConfig) -> Result<Exporter, Error> {
+        targets::raise_fd_limit();
         let registry = Arc::new(Mutex::new(Registry::default()));
         let watcher = targets::watch(
             Sources {

@@ -65,6 +65,8 @@ pub(crate) fn render(
     write_kvm_stats(&mut out, reg, qemu, filter);
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", counters.scrapes);
     let _ = writeln!(out, "# HELP kvmscope_exporter_fds_read_total Stats fds read (one pread each) over all scrapes.\n# TYPE kvmscope_exporter_fds_read_total counter\nkvmscope_exporter_fds_read_total {}", counters.fds_read);
+    let _ = writeln!(out, "# HELP kvmscope_exporter_open_fds Fds the exporter has open (stats fds, control connections and the rest).\n# TYPE kvmscope_exporter_open_fds gauge\nkvmscope_exporter_open_fds {}", super::targets::open_fds());
+    let _ = writeln!(out, "# HELP kvmscope_exporter_fd_limit The exporter's soft limit on open files; a VM whose stats fds would leave fewer than 64 free is not attached (up 0, see the log).\n# TYPE kvmscope_exporter_fd_limit gauge\nkvmscope_exporter_fd_limit {}", super::targets::fd_limit());
     let _ = writeln!(out, "# HELP kvmscope_exporter_read_errors_total Stats fd reads that failed.\n# TYPE kvmscope_exporter_read_errors_total counter\nkvmscope_exporter_read_errors_total {}", counters.read_errors);
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrape_duration_seconds Time this scrape took to read every fd and render the page.\n# TYPE kvmscope_exporter_scrape_duration_seconds gauge\nkvmscope_exporter_scrape_duration_seconds {}", started.elapsed().as_secs_f64());
     counters.last_len = out.len();

@@ -19,12 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_stats::{Sample, StatsFd};
+use kvm_stats::{Header, Sample, StatsFd};
 use rustix::fs::inotify;
 use serde_json::json;
 
 use crate::client::{self, Client};
 use crate::lock;
+use crate::protocol::events::EventKind;
+use crate::protocol::migration::Status;
 
 /// Longest time between two scans of the socket directories.
 pub(crate) const RESCAN: Duration = Duration::from_millis(500);
@@ -40,6 +42,25 @@ enum AttachError {
     /// Talking to it failed.
     #[error(transparent)]
     Client(#[from] client::Error),
+    /// An fd it handed out is not a KVM stats fd of that kind.
+    #[error("an fd it sent as {0} is not one (it is {1:?})")]
+    NotStats(String, String),
+    /// A stats fd it handed out is open for writing.
+    #[error("a {0} fd it sent is open for writing")]
+    Writable(String),
+    /// Taking its stats fds would leave fewer than [`FD_RESERVE`] free.
+    #[error("the exporter's open-file budget is spent: {need} more fds with {open} of {limit} open (raise the hard RLIMIT_NOFILE)")]
+    FdBudget {
+        /// Stats fds the VM has.
+        need: u64,
+        /// Fds open now.
+        open: u64,
+        /// The soft limit.
+        limit: u64,
+    },
+    /// Its stats fds' schemas and data are larger than the exporter keeps per VM.
+    #[error("its stats need more than the {0} bytes the exporter keeps per VM")]
+    OverBudget(u64),
 }
 
 /// One VM the exporter reads: its stats fds, parsed once, and their samples.
@@ -58,8 +79,11 @@ pub(crate) struct Target {
     pub(crate) vm: (StatsFd, Sample),
     /// Each vCPU's stats fd and latest sample, by index.
     pub(crate) vcpus: Vec<(StatsFd, Sample)>,
-    /// The control connection, kept open to learn when the VMM goes.
-    client: Client,
+    /// The socket file's device and inode when attached.
+    socket: Option<(u64, u64)>,
+    /// The control connection, kept open to learn when the VMM goes; out
+    /// on a checking thread while one asks the VMM something.
+    client: Option<Client>,
 }
 
 /// A socket the exporter could not attach to, and why.
@@ -127,11 +151,15 @@ pub(crate) fn watch(sources: Sources, registry: Arc<Mutex<Registry>>) -> std::io
 
 type Attached = (PathBuf, Result<Target, AttachError>);
 
+/// A follow-up check's answer: the client back, and whether its guest left.
+type Checked = (PathBuf, Client, Result<bool, client::Error>);
+
 struct Discovery {
     sources: Sources,
     registry: Arc<Mutex<Registry>>,
     pending: BTreeMap<PathBuf, Instant>,
     results: (Sender<Attached>, Receiver<Attached>),
+    checks: (Sender<Checked>, Receiver<Checked>),
     inotify: Option<rustix::fd::OwnedFd>,
 }
 
@@ -157,6 +185,7 @@ impl Discovery {
             registry,
             pending: BTreeMap::new(),
             results: channel(),
+            checks: channel(),
             inotify,
         }
     }
@@ -164,6 +193,7 @@ impl Discovery {
     fn run(mut self, stop: &Mutex<bool>) {
         while !*lock(stop) {
             self.collect_attached();
+            self.collect_checks();
             self.check_attached();
             self.attach_new();
             self.wait_for_change();
@@ -269,14 +299,24 @@ impl Discovery {
         }
     }
 
-    /// Drops VMs whose VMM has gone, whose socket is gone, or whose guest
-    /// migrated away; forgets failures of sockets that are gone.
+    /// Drops VMs whose VMM has gone, whose socket is gone or was replaced,
+    /// or whose guest migrated away; forgets failures of sockets that are
+    /// gone. Nothing here waits on a VMM: a completed migration's follow-up
+    /// question goes out on a thread of its own, with the client taken out of
+    /// the registry meanwhile (the page goes on showing the VM).
     fn check_attached(&mut self) {
         let mut reg = lock(&self.registry);
         let mut gone = Vec::new();
+        let mut ask = Vec::new();
         for (path, t) in reg.targets.iter_mut() {
-            if let Some(why) = departed(path, t) {
-                gone.push((path.clone(), why));
+            match departed(path, t) {
+                Departed::No => {}
+                Departed::Yes(why) => gone.push((path.clone(), why)),
+                Departed::Ask => {
+                    if let Some(client) = t.client.take() {
+                        ask.push((path.clone(), client));
+                    }
+                }
             }
         }
         for (path, why) in gone {
@@ -284,32 +324,84 @@ impl Discovery {
             reg.targets.remove(&path);
         }
         reg.failures.retain(|path, _| path.exists());
+        drop(reg);
+        for (path, mut client) in ask {
+            let tx = self.checks.0.clone();
+            let spawned = std::thread::Builder::new()
+                .name("exporter-check".into())
+                .spawn(move || {
+                    let verdict = migrated_away(&mut client);
+                    let _ = tx.send((path, client, verdict));
+                });
+            if let Err(e) = spawned {
+                log::warn!("exporter: cannot start a check thread: {e}");
+            }
+        }
+    }
+
+    /// The answers of follow-up checks: a VM whose guest left is dropped, one
+    /// that did not answer in time is dropped too, the others get their
+    /// client back.
+    fn collect_checks(&mut self) {
+        while let Ok((path, client, verdict)) = self.checks.1.try_recv() {
+            let mut reg = lock(&self.registry);
+            let why = match verdict {
+                Ok(true) => "its guest migrated away".to_string(),
+                Ok(false) => {
+                    if let Some(t) = reg.targets.get_mut(&path) {
+                        t.client = Some(client);
+                    }
+                    continue;
+                }
+                Err(e) => crate::error_chain(&e),
+            };
+            if reg.targets.remove(&path).is_some() {
+                log::info!("exporter: dropping {}: {why}", path.display());
+            }
+        }
     }
 }
 
-/// Why an attached VM is no longer read, if it is not.
-fn departed(path: &Path, t: &mut Target) -> Option<String> {
-    if !path.exists() {
-        return Some("its socket is gone".into());
+/// What the last look at an attached VM found.
+enum Departed {
+    /// It is still there.
+    No,
+    /// It is gone, and why.
+    Yes(String),
+    /// A migration completed: ask whether its guest left (the source's
+    /// `postmigrate`) or arrived.
+    Ask,
+}
+
+/// Whether an attached VM is still read. Does not block: the connection is
+/// read without waiting, at most [`LINE_MAX`] bytes of it.
+fn departed(path: &Path, t: &mut Target) -> Departed {
+    match socket_id(path) {
+        None => return Departed::Yes("its socket is gone".into()),
+        Some(id) if t.socket.is_some_and(|was| was != id) => {
+            return Departed::Yes("another socket was put at its path".into())
+        }
+        Some(_) => {}
     }
-    match t.client.take_events() {
-        Err(client::Error::Closed) => Some("the VMM closed the connection".into()),
-        Err(e) => Some(crate::error_chain(&e)),
+    let Some(client) = t.client.as_mut() else {
+        return Departed::No;
+    };
+    match client.take_events() {
+        Err(client::Error::Closed) => Departed::Yes("the VMM closed the connection".into()),
+        Err(e) => Departed::Yes(crate::error_chain(&e)),
         // Source and destination both see a migration complete; only the
         // source is left without a guest (`postmigrate`).
-        Ok(events)
-            if events
-                .iter()
-                .any(|e| e["event"] == "MIGRATION" && e["data"]["status"] == "completed") =>
-        {
-            match migrated_away(&mut t.client) {
-                Ok(true) => Some("its guest migrated away".into()),
-                Ok(false) => None,
-                Err(e) => Some(crate::error_chain(&e)),
-            }
-        }
-        Ok(_) => None,
+        Ok(events) if events.iter().any(completed_migration) => Departed::Ask,
+        Ok(_) => Departed::No,
     }
+}
+
+/// Whether an event line says a migration completed.
+fn completed_migration(line: &serde_json::Value) -> bool {
+    matches!(
+        client::event_of(line),
+        Ok(Some(EventKind::Migration(m))) if m.status == Status::Completed
+    )
 }
 
 /// Whether the VMM's guest has left it (`query-status` says `postmigrate`).
@@ -318,30 +410,97 @@ fn migrated_away(client: &mut Client) -> Result<bool, client::Error> {
     Ok(status["status"] == "postmigrate")
 }
 
-/// Connects to one VMM, reads its greeting, and takes its stats fds.
+/// Longest line the exporter takes from a VMM: its greeting and the replies
+/// it asks for (`query-status`, `get-stats-fd`) are a few hundred bytes.
+pub(crate) const LINE_MAX: usize = 64 << 10;
+
+/// Schema and data bytes the exporter keeps for one VM, all its stats fds
+/// together: KVM's are about 4 KiB of schema and 0.5 KiB of data per fd, so
+/// this is over 200 vCPUs' worth.
+pub(crate) const VM_STATS_BUDGET: u64 = 1 << 20;
+
+/// Fds kept free for everything but stats fds: sockets being attached, the
+/// HTTP server's connections, files the exporter opens.
+pub(crate) const FD_RESERVE: u64 = 64;
+
+/// Raises the soft limit on open files to the hard one (each VM holds one
+/// stats fd per vCPU and one for the VM: 200 VMs of 4 vCPUs pass the usual
+/// soft 1,024); returns the soft limit in force.
+pub(crate) fn raise_fd_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let now = getrlimit(Resource::Nofile);
+    let raised = Rlimit {
+        current: now.maximum,
+        maximum: now.maximum,
+    };
+    if now.maximum.is_some() && now.current != now.maximum {
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            log::warn!(
+                "exporter: raising the open-file limit to {:?}: {e}",
+                now.maximum
+            );
+        }
+    }
+    let limit = fd_limit();
+    log::info!("exporter: at most {limit} open files");
+    limit
+}
+
+/// The soft limit on open files in force.
+pub(crate) fn fd_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+}
+
+/// Fds this process has open.
+pub(crate) fn open_fds() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
+}
+
+/// Connects to one VMM, reads its greeting, and takes its stats fds, all
+/// within `timeout`.
 fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
-    let mut client = Client::connect_within(path, timeout)?;
+    let bounds = client::Bounds {
+        request: timeout,
+        line_max: LINE_MAX,
+    };
+    let mut client = Client::connect_bounded(path, bounds)?;
     if migrated_away(&mut client)? {
         return Err(AttachError::MigratedAway);
     }
     let vm = client.greeting.qmp.kvmscope.vm.clone();
+    let (open, limit) = (open_fds(), fd_limit());
+    let need = vm.vcpus as u64 + 1;
+    if open + need + FD_RESERVE > limit {
+        return Err(AttachError::FdBudget { need, open, limit });
+    }
     let (_, vm_files) = client.execute("get-stats-fd", json!({"target": "vm"}))?;
     let (_, vcpu_files) =
         client.execute("get-stats-fd", json!({"target": "vcpu", "vcpu": "all"}))?;
-    let open = |files: Vec<std::fs::File>| -> Result<Vec<(StatsFd, Sample)>, client::Error> {
-        files
-            .into_iter()
-            .map(|f| {
-                let fd = StatsFd::new(f)?;
-                let sample = fd.new_sample();
-                Ok((fd, sample))
-            })
-            .collect()
-    };
-    let vm_stats = open(vm_files)?
+    // Follow-up requests (a completed migration's `query-status`) each get
+    // the attach timeout, whole.
+    client.bound_each_request(timeout);
+    let mut budget = VM_STATS_BUDGET;
+    let vm_stats = vm_files
         .into_iter()
         .next()
-        .ok_or_else(|| client::Error::BadReply("get-stats-fd for the VM carried no fd".into()))?;
+        .ok_or_else(|| client::Error::BadReply("get-stats-fd for the VM carried no fd".into()))
+        .map_err(AttachError::from)
+        .and_then(|f| open_stats(f, "kvm-vm-stats", &mut budget))?;
+    if vcpu_files.len() > vm.vcpus {
+        log::warn!(
+            "exporter: {} sent {} vCPU stats fds for the {} vCPUs its greeting names; closing the rest",
+            path.display(),
+            vcpu_files.len(),
+            vm.vcpus
+        );
+    }
+    let vcpus = vcpu_files
+        .into_iter()
+        .take(vm.vcpus)
+        .map(|f| open_stats(f, "kvm-vcpu-stats", &mut budget))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Target {
         labels: super::vm_labels(&vm.name, vm.pid, path),
         name: vm.name,
@@ -349,7 +508,53 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
         memory: vm.memory,
         backend: vm.backend,
         vm: vm_stats,
-        vcpus: open(vcpu_files)?,
-        client,
+        vcpus,
+        socket: socket_id(path),
+        client: Some(client),
     })
+}
+
+/// A received fd as a stats source: it must be the kernel's stats file of
+/// the kind expected (`anon_inode:kvm-vm-stats`, `anon_inode:kvm-vcpu-stats:N`)
+/// opened read-only, and its schema and data must fit what is left of the
+/// VM's `budget`.
+fn open_stats(
+    file: std::fs::File,
+    kind: &str,
+    budget: &mut u64,
+) -> Result<(StatsFd, Sample), AttachError> {
+    use std::os::fd::AsRawFd;
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map(|l| l.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // KVM names a vCPU's `kvm-vcpu-stats:N`.
+    let name = link.strip_prefix("anon_inode:").unwrap_or("");
+    if name != kind && name.split_once(':').is_none_or(|(k, _)| k != kind) {
+        return Err(AttachError::NotStats(kind.to_string(), link));
+    }
+    let mode = rustix::fs::fcntl_getfl(&file)
+        .map_err(|e| AttachError::Client(client::Error::Io(e.into())))?;
+    if mode & rustix::fs::OFlags::RWMODE != rustix::fs::OFlags::RDONLY {
+        return Err(AttachError::Writable(kind.to_string()));
+    }
+    let header = Header::read(&file).map_err(client::Error::from)?;
+    let schema_bytes = u64::from(header.num_desc) * header.desc_stride();
+    check_budget(schema_bytes, budget)?;
+    let fd = StatsFd::new(file).map_err(client::Error::from)?;
+    check_budget(fd.schema().data_size(), budget)?;
+    let sample = fd.new_sample();
+    Ok((fd, sample))
+}
+
+fn check_budget(bytes: u64, budget: &mut u64) -> Result<(), AttachError> {
+    *budget = budget
+        .checked_sub(bytes)
+        .ok_or(AttachError::OverBudget(VM_STATS_BUDGET))?;
+    Ok(())
+}
+
+/// The socket file's identity, to notice a new one renamed over it.
+fn socket_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }

@@ -165,7 +165,7 @@ impl Family {
                 "# HELP {} KVM {} stat {} ({:?})\n# TYPE {} {}",
                 self.full,
                 if vcpu { "vCPU" } else { "VM" },
-                d.name,
+                help_text(&d.name),
                 d.kind,
                 self.full,
                 self.kind
@@ -232,16 +232,10 @@ pub(crate) fn write_sources(
     keep: &dyn Fn(&str) -> bool,
 ) {
     let vcpu = prefix.contains("vcpu");
-    // The stats, in the first source's order (from a stats fd, else from the
-    // first reading).
-    let stats: Vec<(Option<kvm_stats::StatId>, &Descriptor)> = match sources.first() {
-        Some((first, _)) => first.schema().iter().map(|(id, d)| (Some(id), d)).collect(),
-        None => extra
-            .first()
-            .map(|(_, r)| r.iter().map(|(d, _)| (None, d)).collect())
-            .unwrap_or_default(),
-    };
-    for (first_id, d) in stats.into_iter().filter(|(_, d)| keep(&d.name)) {
+    for (first_id, d) in every_stat(sources, extra)
+        .into_iter()
+        .filter(|(_, d)| keep(&d.name))
+    {
         let Some(family) = Family::of(prefix, d) else {
             continue;
         };
@@ -263,6 +257,58 @@ pub(crate) fn write_sources(
             }
         }
     }
+}
+
+/// Every stat of every source, each once, in the order they first appear
+/// (each source's own schema: a VM whose kernel has other stats than the
+/// first one's still shows them all), with the id it has in the first source
+/// that has it. A name that is not metric-name material (`[A-Za-z0-9_]`,
+/// not starting with a digit) is left out, and said once in the log.
+fn every_stat<'a>(
+    sources: &[(&'a StatsFd, &Sample)],
+    extra: &'a Readings<'_>,
+) -> Vec<(Option<kvm_stats::StatId>, &'a Descriptor)> {
+    let mut names = HashSet::new();
+    let mut stats = Vec::new();
+    let fds = sources
+        .iter()
+        .flat_map(|(fd, _)| fd.schema().iter().map(|(id, d)| (Some(id), d)));
+    let readings = extra
+        .iter()
+        .flat_map(|(_, r)| r.iter().map(|(d, _)| (None, d)));
+    for (id, d) in fds.chain(readings) {
+        if !names.insert(d.name.as_str()) {
+            continue;
+        }
+        if valid_name(&d.name) {
+            stats.push((id, d));
+        } else {
+            refused_name(&d.name);
+        }
+    }
+    stats
+}
+
+/// Whether a stat name can stand in a metric name as it is.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Logs a refused stat name, once per name (at most 256 remembered).
+fn refused_name(name: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = crate::lock(&SAID);
+    if said.len() < 256 && !said.iter().any(|n| n == name) {
+        said.push(name.to_string());
+        log::warn!("metrics: leaving out a stat whose name is not a metric name: {name:?}");
+    }
+}
+
+/// `# HELP` text in the text format: backslash and line feed escaped.
+pub(crate) fn help_text(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
 /// A label value in the text format: backslash, double quote and line feed escaped.

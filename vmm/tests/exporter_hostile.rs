@@ -1,0 +1,350 @@
+//! `kvmscope exporter` against VMMs that misbehave on purpose (issue 18):
+//! fake VMMs in this process speak the control protocol, hand out real KVM
+//! stats fds (of a VM built here) or forged ones, and then dribble, flood or
+//! lie. One bad source must never hold up or break the page for the others.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvmscope::exporter::{Exporter, ExporterConfig, StatFilter};
+use kvmscope::vm::{Vm, VmConfig};
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn test_dir(test: &str) -> PathBuf {
+    common::socket_path(test).parent().unwrap().to_path_buf()
+}
+
+fn exporter(dir: &Path, timeout: Duration) -> Exporter {
+    Exporter::start(ExporterConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        dirs: vec![dir.to_path_buf()],
+        sockets: vec![],
+        attach_timeout: timeout,
+        stats: StatFilter::default(),
+        qmp_sockets: vec![],
+        qmp_interval: Duration::from_secs(5),
+        qmp_vcpus: false,
+    })
+    .unwrap()
+}
+
+fn page(e: &Exporter) -> String {
+    common::scrape(e.addr.port()).expect("the exporter serves its page")
+}
+
+fn page_within(e: &Exporter, what: &str, limit: Duration, check: impl Fn(&str) -> bool) -> String {
+    common::wait_for(what, limit, || Some(page(e)).filter(|p| check(p)))
+}
+
+fn greeting(name: &str, vcpus: usize) -> String {
+    format!(
+        "{{\"QMP\":{{\"version\":{{\"qemu\":{{\"major\":0,\"minor\":1,\"micro\":0}},\"package\":\"fake\"}},\
+         \"capabilities\":[],\"kvmscope\":{{\"protocol\":2,\"features\":[\"stats-fd\"],\
+         \"vm\":{{\"name\":\"{name}\",\"pid\":1,\"vcpus\":{vcpus},\"memory\":16777216,\
+         \"backend\":\"pvm\",\"stats-id\":\"kvm-1\"}}}}}}}}\n"
+    )
+}
+
+/// Real KVM stats files of a VM built (not started) in this process.
+struct RealStats {
+    _vm: Vm,
+    vm: std::fs::File,
+    vcpu: std::fs::File,
+}
+
+impl RealStats {
+    fn new() -> RealStats {
+        let vm = Vm::new(VmConfig {
+            memory: 16 << 20,
+            vcpus: 1,
+            ..VmConfig::default()
+        })
+        .expect("a VM");
+        let vm_file = vm.vm_stats().file().try_clone().unwrap();
+        let vcpu = kvm_stats::ioctl::get_stats_fd(&vm.vcpu_fds()[0]).expect("a vCPU stats fd");
+        RealStats {
+            _vm: vm,
+            vm: vm_file,
+            vcpu,
+        }
+    }
+}
+
+fn send_with_fds(s: &UnixStream, line: &str, files: &[&std::fs::File]) {
+    let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+    let mut space =
+        vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+    let iov = [std::io::IoSlice::new(line.as_bytes())];
+    let _ = sendmsg(s, &iov, &mut control, SendFlags::empty());
+}
+
+/// What a fake VMM does once the exporter has asked for the vCPU stats fds.
+type After = Box<dyn Fn(&mut UnixStream, &mut BufReader<UnixStream>) + Send + Sync>;
+
+/// A fake VMM: greets as kvmscope does, answers negotiation and
+/// `query-status`, hands out `vm`'s and `vcpus`' fds, then runs `after`.
+fn fake_vmm(
+    path: &Path,
+    greet: String,
+    vm: Arc<std::fs::File>,
+    vcpus: Arc<Vec<std::fs::File>>,
+    after: After,
+) {
+    let listener = UnixListener::bind(path).unwrap();
+    let after = Arc::new(after);
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let (greet, vm, vcpus, after) =
+                (greet.clone(), vm.clone(), vcpus.clone(), after.clone());
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let _ = s.write_all(greet.as_bytes());
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if line.contains("get-stats-fd") && line.contains("\"vcpu\"") {
+                        let files: Vec<&std::fs::File> = vcpus.iter().collect();
+                        send_with_fds(&s, "{\"return\":{}}\n", &files);
+                        after(&mut s, &mut r);
+                        return;
+                    } else if line.contains("get-stats-fd") {
+                        send_with_fds(&s, "{\"return\":{}}\n", &[&vm]);
+                    } else if line.contains("query-status") {
+                        let _ = s
+                            .write_all(b"{\"return\":{\"status\":\"running\",\"running\":true}}\n");
+                    } else {
+                        let _ = s.write_all(b"{\"return\":{}}\n");
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+}
+
+fn up(page: &str, socket: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.starts_with("kvmscope_exporter_vm_up{") && l.contains(socket))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn a_vmm_that_dribbles_its_answer_after_a_migration_holds_up_no_scrape() {
+    require_kvm!();
+    let dir = test_dir("exh-dribble");
+    let real = RealStats::new();
+    let vm = Arc::new(real.vm.try_clone().unwrap());
+    let vcpus = Arc::new(vec![real.vcpu.try_clone().unwrap()]);
+    fake_vmm(
+        &dir.join("slow.sock"),
+        greeting("slow", 1),
+        vm,
+        vcpus,
+        Box::new(|s, r| {
+            let _ = s.write_all(
+                b"{\"event\":\"MIGRATION\",\"data\":{\"status\":\"completed\"},\"timestamp\":{\"seconds\":0,\"microseconds\":0}}\n",
+            );
+            // The follow-up query-status is answered a byte every 100 ms, for ever.
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            for b in b"{\"return\":{\"status\":\"running\"".iter().cycle() {
+                if s.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }),
+    );
+    let e = exporter(&dir, Duration::from_secs(1));
+    page_within(&e, "the VM up", LIMIT, |p| up(p, "slow.sock") == Some(1.0));
+    // Scrapes go on, each served at once, while the VMM dribbles; once the
+    // follow-up's whole deadline (the attach timeout, 1 s) passes, the VM goes.
+    let t = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while t.elapsed() < Duration::from_secs(3) {
+        let s = Instant::now();
+        let p = page(&e);
+        slowest = slowest.max(s.elapsed());
+        if up(&p, "slow.sock").is_none() {
+            break;
+        }
+    }
+    // Before: a scrape waited on the registry lock while the dribble went on.
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a scrape took {slowest:?}"
+    );
+    page_within(
+        &e,
+        "the dribbling VM dropped",
+        Duration::from_secs(5),
+        |p| up(p, "slow.sock").is_none(),
+    );
+}
+
+#[test]
+fn a_greeting_dribbled_or_without_end_is_down_within_the_attach_timeout() {
+    let dir = test_dir("exh-greet");
+    let slow = UnixListener::bind(dir.join("slow.sock")).unwrap();
+    std::thread::spawn(move || {
+        for mut s in slow.incoming().flatten() {
+            std::thread::spawn(move || {
+                for b in greeting("slow", 1).bytes() {
+                    if s.write_all(&[b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+        }
+    });
+    let endless = UnixListener::bind(dir.join("endless.sock")).unwrap();
+    std::thread::spawn(move || {
+        for mut s in endless.incoming().flatten() {
+            std::thread::spawn(move || {
+                let chunk = vec![b'x'; 64 << 10];
+                while s.write_all(&chunk).is_ok() {}
+            });
+        }
+    });
+    let e = exporter(&dir, Duration::from_millis(500));
+    // Before: the dribbled greeting (about 15 s of it) stayed pending, never
+    // shown down; the endless line was read to 64 MiB first.
+    let p = page_within(&e, "both down", Duration::from_secs(5), |p| {
+        up(p, "slow.sock") == Some(0.0) && up(p, "endless.sock") == Some(0.0)
+    });
+    common::check_with_promtool(&p);
+}
+
+#[test]
+fn forged_stats_files_are_refused_and_an_honest_vm_keeps_its_lines() {
+    require_kvm!();
+    let dir = test_dir("exh-forged");
+    // A regular file laid out as a stats file, with a stat whose name holds
+    // a line of the page's own.
+    let forged = kvm_stats::builder::StatsFileBuilder::new("kvm-1")
+        .counter("exits", 7)
+        .counter(
+            "x\nkvmscope_exporter_vm_up{vm=\"a\",pid=\"1\",socket=\"injected\"} 0\n# x",
+            1,
+        )
+        .build();
+    let path = dir.join("forged.stats");
+    std::fs::write(&path, forged).unwrap();
+    let file = || Arc::new(std::fs::File::open(&path).unwrap());
+    fake_vmm(
+        &dir.join("forger.sock"),
+        greeting("forger", 1),
+        file(),
+        Arc::new(vec![std::fs::File::open(&path).unwrap()]),
+        Box::new(|_, r| {
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+        }),
+    );
+    let real = RealStats::new();
+    fake_vmm(
+        &dir.join("honest.sock"),
+        greeting("honest", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        Box::new(|_, r| {
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+        }),
+    );
+    let e = exporter(&dir, Duration::from_secs(2));
+    let p = page_within(&e, "honest up, forger down", LIMIT, |p| {
+        up(p, "honest.sock") == Some(1.0) && up(p, "forger.sock") == Some(0.0)
+    });
+    assert!(!p.contains("injected"), "{p}");
+    // Every vCPU stat of the honest VM is on the page.
+    let vcpu_stats = kvm_stats::StatsFd::new(real.vcpu.try_clone().unwrap()).unwrap();
+    let families = p
+        .lines()
+        .filter(|l| l.starts_with("kvmscope_kvm_vcpu_") && l.contains("honest"))
+        .count();
+    assert!(
+        families >= vcpu_stats.schema().iter().count(),
+        "{families} vCPU lines for {} stats",
+        vcpu_stats.schema().iter().count()
+    );
+    common::check_with_promtool(&p);
+}
+
+#[test]
+fn more_vcpu_fds_than_the_greeting_names_are_closed() {
+    require_kvm!();
+    let dir = test_dir("exh-fds");
+    let real = RealStats::new();
+    let many: Vec<std::fs::File> = (0..200).map(|_| real.vcpu.try_clone().unwrap()).collect();
+    fake_vmm(
+        &dir.join("many.sock"),
+        greeting("many", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(many),
+        Box::new(|_, r| {
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+        }),
+    );
+    let before = common::open_fds();
+    let e = exporter(&dir, Duration::from_secs(2));
+    let p = page_within(&e, "the VM up", LIMIT, |p| up(p, "many.sock") == Some(1.0));
+    assert!(
+        p.contains("vcpus=\"1\""),
+        "one vCPU, as its greeting says: {p}"
+    );
+    // Before: 200 fds kept (and 200 vCPUs shown).
+    let held = common::open_fds().saturating_sub(before);
+    assert!(held < 50, "the exporter holds {held} more fds");
+    assert!(p.contains("kvmscope_exporter_fd_limit "), "{p}");
+}
+
+#[test]
+fn a_socket_renamed_over_a_live_one_is_attached_and_the_old_vm_dropped() {
+    require_kvm!();
+    let dir = test_dir("exh-rename");
+    let real = RealStats::new();
+    let quiet = || -> After {
+        Box::new(|_, r| {
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+        })
+    };
+    let live = dir.join("vm.sock");
+    fake_vmm(
+        &live,
+        greeting("old", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        quiet(),
+    );
+    let e = exporter(&dir, Duration::from_secs(2));
+    page_within(&e, "old up", LIMIT, |p| p.contains("vm=\"old\""));
+    // A new VMM binds elsewhere and its socket is renamed over the live one
+    // (the old VMM still runs and keeps its connection open).
+    let staging = test_dir("exh-rename-new").join("new.sock");
+    fake_vmm(
+        &staging,
+        greeting("new", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        quiet(),
+    );
+    std::fs::rename(&staging, &live).unwrap();
+    // Before: the old VM stayed on the page and the new socket was never tried.
+    let p = page_within(&e, "new up, old gone", Duration::from_secs(10), |p| {
+        p.contains("vm=\"new\"") && !p.contains("vm=\"old\"")
+    });
+    common::check_with_promtool(&p);
+}
