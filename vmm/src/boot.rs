@@ -16,9 +16,11 @@ pub static DEFAULT_GUEST: &[u8] = include_bytes!(env!("KVMSCOPE_GUEST_ELF"));
 /// Why the guest could not be booted.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// linux-loader refused the image or could not copy a segment.
-    #[error("loading the guest ELF")]
-    LoadElf(#[source] linux_loader::loader::Error),
+    /// linux-loader refused the image or could not copy a segment. Its
+    /// message already holds its cause's, so it is not given as a source
+    /// (which would print the cause twice).
+    #[error("loading the guest ELF: {0}")]
+    LoadElf(linux_loader::loader::Error),
     #[error("the guest ELF is {}; kvmscope boots 64-bit x86-64 executables (ELFCLASS64)", class_name(*.0))]
     /// The ELF class byte is not ELFCLASS64 (value given).
     ElfClass(u8),
@@ -36,6 +38,12 @@ pub enum Error {
         /// `e_phoff`: the table's file offset in bytes.
         offset: u64,
         /// `e_phnum`: the number of entries.
+        count: u16,
+    },
+    /// No program header loads anything (none at all, or none `PT_LOAD` with bytes).
+    #[error("the guest ELF has nothing to load: none of its {count} program headers is a PT_LOAD segment with bytes")]
+    NothingToLoad {
+        /// `e_phnum`.
         count: u16,
     },
     /// A loadable segment lies (partly) outside the image area.
@@ -156,7 +164,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// names what is wrong with it.
 ///
 /// # Errors
-/// `ElfClass`, `ElfMachine`, `ElfType`, `ProgramHeaders`,
+/// `ElfClass`, `ElfMachine`, `ElfType`, `ProgramHeaders`, `NothingToLoad`,
 /// `SegmentPlacement`, `SegmentOverflow` or `EntryPlacement`.
 pub(crate) fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
     if image.len() < ec::EHDR_SIZE || !image.starts_with(ec::MAGIC) {
@@ -182,7 +190,7 @@ pub(crate) fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
             offset: phoff,
             count: phnum,
         })?;
-    for (index, ph) in image[table].chunks_exact(ec::PHDR_SIZE).enumerate() {
+    for (index, ph) in image[table.clone()].chunks_exact(ec::PHDR_SIZE).enumerate() {
         let (filesz, memsz) = (u64_at(ph, 32), u64_at(ph, 40));
         if u32_at(ph, 0) != ec::PT_LOAD || filesz.max(memsz) == 0 {
             continue;
@@ -192,6 +200,13 @@ pub(crate) fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
             .checked_add(filesz.max(memsz))
             .ok_or(Error::SegmentOverflow { index })?;
         check_placement(index, start, end, ram)?;
+    }
+    let loads = image[table.clone()]
+        .chunks_exact(ec::PHDR_SIZE)
+        .filter(|ph| u32_at(ph, 0) == ec::PT_LOAD && u64_at(ph, 32).max(u64_at(ph, 40)) > 0)
+        .count();
+    if loads == 0 {
+        return Err(Error::NothingToLoad { count: phnum });
     }
     let image_area = abi::IMAGE_BASE..abi::IMAGE_BASE + abi::IMAGE_MAX;
     if !image_area.contains(&entry) {

@@ -96,10 +96,17 @@ pub(crate) fn wait_while<'a, T>(
 /// An error with its sources, `a: b: c`, for one-line messages (replies,
 /// warnings) where the binary's `{:#}` chain printing is not at hand.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
+    let mut last = e.to_string();
+    let mut text = last.clone();
     let mut source = e.source();
     while let Some(s) = source {
-        text = format!("{text}: {s}");
+        let said = s.to_string();
+        // Some libraries (linux-loader) put their cause in their own message
+        // too: say it once.
+        if !last.ends_with(&said) {
+            text = format!("{text}: {said}");
+        }
+        last = said;
         source = s.source();
     }
     text

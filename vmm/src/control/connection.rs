@@ -64,6 +64,9 @@ pub(crate) struct Connection {
     pub(crate) connected: Instant,
     /// Requests were held back (a reply pending): look again once it is sent.
     held: bool,
+    /// Admitted to a reserved slot ([`super::RESERVED_CLIENTS`]): served
+    /// `query-status`, `query-version` and `quit` only.
+    pub(crate) reserved: bool,
 }
 
 impl Connection {
@@ -82,6 +85,7 @@ impl Connection {
             partial_since: None,
             connected: Instant::now(),
             held: false,
+            reserved: false,
         }
     }
 
@@ -117,16 +121,38 @@ impl Connection {
     /// token is complete.
     pub(crate) fn next_frame(&mut self) -> Option<Frame> {
         if self.busy || self.replying() {
+            // Requests waiting behind a reply are back-pressure, not an
+            // unfinished request: no deadline runs while the server holds them.
             self.held = true;
+            self.partial_since = None;
             return None;
         }
         self.held = false;
         let frame = self.framer.next_frame(self.ended);
-        self.partial_since = match (self.framer.partial(), self.partial_since) {
+        // Only when no frame could be cut is what is left an unfinished
+        // request; after a frame, the rest may be whole requests queued.
+        self.partial_since = match (frame.is_none() && self.framer.partial(), self.partial_since) {
             (false, _) => None,
             (true, since) => Some(since.unwrap_or_else(Instant::now)),
         };
         frame
+    }
+
+    /// True when the client has sent something the server has not acted on:
+    /// bytes in the framer, or bytes in the socket not yet read.
+    pub(crate) fn has_pending_input(&self) -> bool {
+        if self.framer.partial() {
+            return true;
+        }
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+        matches!(rustix::net::recv(&self.stream, &mut byte, flags), Ok((_, n)) if n > 0)
+    }
+
+    /// True when a reply has gone out in part: closing now must not add a
+    /// byte after it (an error line there would make the line not JSON).
+    pub(crate) fn mid_line(&self) -> bool {
+        self.output.front().is_some_and(|c| c.sent > 0)
     }
 
     /// True when the client's input should be read now: it may send more,

@@ -37,7 +37,9 @@ impl Plane {
                         "no capabilities negotiation within {:?}; closing",
                         limits.handshake
                     )
-                } else if c.partial_since.is_some_and(|t| past(t, limits.request)) {
+                } else if c.wants_input()
+                    && c.partial_since.is_some_and(|t| past(t, limits.request))
+                {
                     format!(
                         "the request was not completed within {:?}; closing",
                         limits.request
@@ -68,10 +70,14 @@ impl Plane {
             .clients
             .iter()
             .filter(|(token, c)| {
-                c.wants_input()
+                // Idle both ways: negotiated (PROTOCOL.md), nothing to send,
+                // nothing sent that the server has not read and acted on.
+                c.negotiated
+                    && c.wants_input()
                     && now.saturating_duration_since(c.last_active) >= EVICT_MIN_IDLE
                     && !c.has_output()
                     && c.partial_since.is_none()
+                    && !c.has_pending_input()
                     && !self.subscribers.contains_key(token)
             })
             .min_by_key(|(_, c)| c.last_active)

@@ -49,6 +49,11 @@ use socket::SocketFile;
 /// outstanding is closed to admit a new one; only if every client is busy is
 /// the new one refused.
 pub const MAX_CLIENTS: usize = 64;
+
+/// Slots past [`MAX_CLIENTS`] kept for the operator: when every client is busy
+/// (none can be evicted), a new client still gets in, to negotiate and ask
+/// `query-status`, `query-version` or `quit` only.
+pub const RESERVED_CLIENTS: usize = 4;
 /// Event bytes (beyond the reply being sent) a client may leave unread
 /// before it is dropped.
 pub(crate) const MAX_QUEUED_BYTES: usize = 4 << 20;

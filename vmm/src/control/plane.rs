@@ -19,7 +19,7 @@ use super::commands::Handler;
 use super::connection::{Connection, Input};
 use super::events;
 use super::outcome::{Outcome, Pending};
-use super::{Limits, MAX_CLIENTS};
+use super::{Limits, MAX_CLIENTS, RESERVED_CLIENTS};
 use crate::protocol::framing::{Frame, MAX_VALUE};
 use crate::protocol::{request, Command, ErrorClass, Message};
 use crate::scm;
@@ -143,40 +143,55 @@ impl Plane {
         }
     }
 
-    /// Why a new client may not be served, if it may not.
-    fn refusal(&mut self, stream: &UnixStream, ops: &mut EventOps) -> Option<String> {
+    /// Whether a new client may be served (`Ok(true)`: in a reserved slot),
+    /// or why not.
+    fn admission(&mut self, stream: &UnixStream, ops: &mut EventOps) -> Result<bool, String> {
         match scm::peer_uid(stream) {
             Ok(uid) if uid == self.uid || uid == 0 => {}
+            Ok(uid) if self.uid == 0 => {
+                return Err(format!("uid {uid} may not use this socket: only root may"))
+            }
             Ok(uid) => {
-                return Some(format!(
+                return Err(format!(
                     "uid {uid} may not use this socket: only uid {} and root may",
                     self.uid
                 ))
             }
-            Err(e) => return Some(format!("the peer's credentials are unreadable: {e}")),
+            Err(e) => return Err(format!("the peer's credentials are unreadable: {e}")),
         }
-        if self.clients.len() >= MAX_CLIENTS && !self.evict_idlest(ops) {
-            return Some(format!(
-                "this VMM serves at most {MAX_CLIENTS} clients at once and all are busy; try again later"
-            ));
+        let reserved = self.clients.values().filter(|c| c.reserved).count();
+        if self.clients.len() - reserved < MAX_CLIENTS || self.evict_idlest(ops) {
+            return Ok(false);
         }
-        None
+        if reserved < RESERVED_CLIENTS {
+            return Ok(true);
+        }
+        Err(format!(
+            "this VMM serves at most {MAX_CLIENTS} clients at once (and {RESERVED_CLIENTS} more for query-status and quit) and all are busy; try again later"
+        ))
     }
 
     /// Greets an accepted client, or tells it why not and closes.
     fn admit(&mut self, stream: UnixStream, ops: &mut EventOps) {
-        if let Some(desc) = self.refusal(&stream, ops) {
-            log::info!("control: refusing a client: {desc}");
-            // Best effort: a new socket's buffer is empty, so this short line fits.
-            let _ = scm::send_with_fds(&stream, &error_line(&desc), &[]);
-            return;
-        }
+        let reserved = match self.admission(&stream, ops) {
+            Ok(reserved) => reserved,
+            Err(desc) => {
+                log::info!("control: refusing a client: {desc}");
+                // Best effort: a new socket's buffer is empty, so this short line fits.
+                let _ = scm::send_with_fds(&stream, &error_line(&desc), &[]);
+                return;
+            }
+        };
         if stream.set_nonblocking(true).is_err() {
             return;
         }
         let token = self.next_token;
         self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CLIENT);
         let mut client = Connection::new(stream);
+        client.reserved = reserved;
+        if reserved {
+            log::info!("control: every client slot is busy; admitting one to a reserved slot");
+        }
         client.queue(
             Message::Greeting(self.handler.greeting()).to_line(),
             Vec::new(),
@@ -277,8 +292,16 @@ impl Plane {
 
     fn run_request(&mut self, token: u32, bytes: &[u8], gone: bool) {
         let negotiated = self.clients.get(&token).is_some_and(|c| c.negotiated);
+        let reserved = self.clients.get(&token).is_some_and(|c| c.reserved);
         let (id, outcome) = match request::parse(bytes) {
             Ok(req) if gone && req.command.is_query() => return,
+            Ok(req) if reserved && !for_the_reserve(&req.command) => (
+                req.id,
+                Outcome::Error(
+                    ErrorClass::GenericError,
+                    format!("every one of the {MAX_CLIENTS} client slots is busy: this reserved slot serves only query-status, query-version and quit"),
+                ),
+            ),
             Ok(req) => (req.id, self.dispatch(negotiated, req.command)),
             Err(e) => (e.id, Outcome::Error(e.class, e.desc)),
         };
@@ -425,9 +448,14 @@ impl Plane {
     /// Closes a client with an error line saying why (best effort).
     pub(super) fn close_with(&mut self, token: u32, ops: &mut EventOps, desc: &str) {
         if let Some(c) = self.clients.get_mut(&token) {
+            // A reply cut mid-line ends the connection without another byte:
+            // the error line goes only at a line boundary.
+            let at_boundary = !c.mid_line();
             c.discard_output();
-            c.queue(error_line(desc), Vec::new());
-            let _ = c.flush();
+            if at_boundary {
+                c.queue(error_line(desc), Vec::new());
+                let _ = c.flush();
+            }
         }
         self.drop_client(token, ops, desc);
     }
@@ -540,4 +568,16 @@ impl MutEventSubscriber for Plane {
             token => self.serve(token, events.event_set(), ops),
         }
     }
+}
+
+/// What a client in a reserved slot may ask: enough to see the VM's state
+/// and stop it.
+fn for_the_reserve(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::QmpCapabilities(_)
+            | Command::QueryStatus(_)
+            | Command::QueryVersion(_)
+            | Command::Quit(_)
+    )
 }
