@@ -303,6 +303,26 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
         &[&qvm, "vcpus_read=\"2\""],
     );
     assert_eq!(vcpus, Some(1.0), "{page}");
+    // The version from QEMU's greeting, and whether its vCPU queries kick
+    // (this host's QEMU is 7.2: they do).
+    let info = page
+        .lines()
+        .find(|l| l.starts_with("kvmscope_exporter_qemu_info{"))
+        .expect("a qemu_info line");
+    let version = info
+        .split("qemu_version=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .expect("a qemu_version label");
+    let (major, minor) = {
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap());
+        (parts.next().unwrap(), parts.next().unwrap())
+    };
+    let kicks = (major, minor) < (8, 1);
+    assert!(
+        info.contains(&format!("vcpu_kicks=\"{}\"", u8::from(kicks))),
+        "{info}"
+    );
     // QEMU going away shows as down, and the page goes on.
     q.kill().unwrap();
     q.wait().unwrap();

@@ -166,6 +166,13 @@ impl Client {
         Ok(client)
     }
 
+    /// The server's process id, from the socket's peer credentials.
+    pub(crate) fn peer_pid(&self) -> Option<u32> {
+        rustix::net::sockopt::socket_peercred(&self.stream)
+            .ok()
+            .map(|c| c.pid.as_raw_nonzero().get().unsigned_abs())
+    }
+
     /// Gives each request from now on its own whole deadline of `limit`;
     /// until this is called, a bounded client's requests share the deadline
     /// its connection began with (an attach that is one deadline all told).

@@ -109,7 +109,8 @@ pub struct ExporterConfig {
     pub qmp_sockets: Vec<PathBuf>,
     /// How often each QEMU VM's figures are refreshed.
     pub qmp_interval: Duration,
-    /// Also read QEMU's vCPU stats (each refresh kicks every vCPU).
+    /// Also read QEMU's vCPU stats (with QEMU before 8.1 each refresh kicks
+    /// every vCPU; 8.1 and later read them with `pread`).
     pub qmp_vcpus: bool,
 }
 

@@ -128,13 +128,15 @@ fn write_qemu_vms(out: &mut String, qemu: &[QemuVm]) {
         let up = u8::from(q.at.is_some() && q.error.is_none());
         let _ = writeln!(out, "kvmscope_exporter_qemu_up{{{}}} {up}", q.labels);
     }
-    let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_info A QEMU VM read over QMP query-stats (provider qemu-qmp): values are as old as kvmscope_exporter_qemu_age_seconds; vCPU stats only with --qmp-vcpus, each refresh of which kicks every vCPU.\n# TYPE kvmscope_exporter_qemu_info gauge");
+    let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_info A QEMU VM read over QMP query-stats (provider qemu-qmp): values are as old as kvmscope_exporter_qemu_age_seconds; vCPU stats only with --qmp-vcpus. vcpu_kicks=\"1\": this QEMU (before 8.1) kicks every vCPU out of the guest for each refresh of them; 8.1 and later pread a stats fd kept open.\n# TYPE kvmscope_exporter_qemu_info gauge");
     for q in qemu.iter().filter(|q| q.at.is_some()) {
+        let (major, minor, micro) = q.version;
         let _ = writeln!(
             out,
-            "kvmscope_exporter_qemu_info{{{},provider=\"qemu-qmp\",vcpus_read=\"{}\"}} 1",
+            "kvmscope_exporter_qemu_info{{{},provider=\"qemu-qmp\",qemu_version=\"{major}.{minor}.{micro}\",vcpus_read=\"{}\",vcpu_kicks=\"{}\"}} 1",
             q.labels,
-            q.vcpus.len()
+            q.vcpus.len(),
+            u8::from(!q.vcpus.is_empty() && q.vcpu_query_kicks())
         );
     }
     let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_age_seconds Age of the QEMU VM's figures on this page.\n# TYPE kvmscope_exporter_qemu_age_seconds gauge");

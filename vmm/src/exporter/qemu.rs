@@ -6,52 +6,34 @@
 //! `exporter-qmp` thread per monitor refreshes the VM's figures every
 //! `--qmp-interval` and the page shows the latest, with their age. The `vm`
 //! target costs the guest nothing; the `vcpu` target (only with
-//! `--qmp-vcpus`) makes QEMU kick every vCPU out of the guest on each refresh.
+//! `--qmp-vcpus`) makes QEMU before 8.1 kick every vCPU out of the guest on
+//! each refresh (8.1 and later keep each vCPU's stats fd open and `pread` it).
+//! The version comes from QEMU's greeting and is on the page. The monitor is
+//! read with the crate's one QMP client (`client::Client`), with the bounded,
+//! whole-request reading the exporter uses for kvmscope VMMs.
 //!
 //! QEMU 7.2 returns log2 histogram buckets highest first; they are reversed
 //! here into the kernel's order (bucket 0 first), as the fd path reads them.
 
-use std::io::{self, BufRead, BufReader, Read as _, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvm_stats::{Base, Descriptor, StatType, Unit};
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::client::{self, Bounds, Client};
 use crate::lock;
+use crate::protocol::request::{NoArgs, QueryStatsArgs, SchemasArgs, StatsProvider};
+use crate::protocol::{Command, StatsTarget};
 
 /// Longest line taken from a QEMU monitor (a `query-stats` of hundreds of
 /// vCPUs is a few MiB); a longer one fails the read instead of growing a buffer.
-const MAX_LINE: u64 = 64 << 20;
+const MAX_LINE: usize = 64 << 20;
 
 /// Why a QEMU monitor could not be read.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum MonitorError {
-    /// `connect(2)` to the monitor socket failed.
-    #[error("connecting")]
-    Connect(#[source] io::Error),
-    /// Reading, writing or setting up the socket failed (a timeout included).
-    #[error("talking to QEMU")]
-    Io(#[source] io::Error),
-    /// QEMU hung up.
-    #[error("QEMU closed the monitor")]
-    Closed,
-    /// A line longer than [`MAX_LINE`].
-    #[error("QEMU sent a line over {MAX_LINE} bytes")]
-    TooLong,
-    /// A line that is not JSON.
-    #[error("QEMU sent a line that is not JSON")]
-    NotJson(#[source] serde_json::Error),
-    /// The first line is not a QMP greeting (the line is given).
-    #[error("not a QMP monitor: {0}")]
-    NotQmp(String),
-    /// A command's reply was an error (command, QEMU's error object).
-    #[error("{0}: {1}")]
-    Refused(String, Value),
-}
+pub(crate) type MonitorError = client::Error;
 
 /// A stat and its values as QEMU reported them, in the kernel's order.
 pub(crate) type Reading = Vec<(Descriptor, Vec<u64>)>;
@@ -73,6 +55,25 @@ pub(crate) struct QemuVm {
     pub(crate) at: Option<Instant>,
     /// Why the last attempt failed, if it did.
     pub(crate) error: Option<Arc<MonitorError>>,
+    /// QEMU's version from its greeting (major, minor, micro).
+    pub(crate) version: (u64, u64, u64),
+}
+
+impl QemuVm {
+    /// Whether reading its vCPU stats kicks every vCPU out of the guest:
+    /// QEMU before 8.1 reads them on the vCPU threads.
+    pub(crate) fn vcpu_query_kicks(&self) -> bool {
+        self.version < (8, 1, 0)
+    }
+}
+
+/// One refresh of a QEMU VM.
+struct QemuReading {
+    name: String,
+    pid: u32,
+    version: (u64, u64, u64),
+    vm: Reading,
+    vcpus: Vec<(String, Reading)>,
 }
 
 /// The refreshing threads; dropping this stops them.
@@ -152,12 +153,13 @@ fn refresh_loop(
         let mut all = lock(vms);
         let vm = &mut all[slot];
         match result {
-            Ok((name, pid, vm_stats, vcpu_stats)) => {
-                vm.labels = super::vm_labels(&name, pid, socket);
-                vm.name = name;
-                vm.pid = pid;
-                vm.vm = vm_stats;
-                vm.vcpus = vcpu_stats;
+            Ok(r) => {
+                vm.labels = super::vm_labels(&r.name, r.pid, socket);
+                vm.name = r.name;
+                vm.pid = r.pid;
+                vm.version = r.version;
+                vm.vm = r.vm;
+                vm.vcpus = r.vcpus;
                 vm.at = Some(Instant::now());
                 vm.error = None;
             }
@@ -184,40 +186,39 @@ fn refresh_loop(
 
 /// A negotiated QMP connection to one QEMU, with its schemas.
 struct Monitor {
-    writer: UnixStream,
-    reader: BufReader<UnixStream>,
+    client: Client,
     name: String,
     pid: u32,
+    version: (u64, u64, u64),
     schemas: Vec<(String, Vec<Value>)>,
 }
 
 impl Monitor {
     fn open(socket: &Path, timeout: Duration) -> Result<Monitor, MonitorError> {
-        let stream = UnixStream::connect(socket).map_err(MonitorError::Connect)?;
-        let io = MonitorError::Io;
-        stream.set_read_timeout(Some(timeout)).map_err(io)?;
-        stream.set_write_timeout(Some(timeout)).map_err(io)?;
-        let pid = rustix::net::sockopt::socket_peercred(&stream)
-            .map(|c| c.pid.as_raw_nonzero().get().unsigned_abs())
-            .unwrap_or(0);
+        let bounds = Bounds {
+            request: timeout,
+            line_max: MAX_LINE,
+        };
+        let mut client = Client::connect_bounded(socket, bounds)?;
+        client.bound_each_request(timeout);
+        let pid = client.peer_pid().unwrap_or(0);
+        let v = client.greeting.qmp.version.qemu;
         let mut m = Monitor {
-            writer: stream.try_clone().map_err(io)?,
-            reader: BufReader::new(stream),
+            client,
             name: file_name(socket),
             pid,
+            version: (v.major, v.minor, v.micro),
             schemas: Vec::new(),
         };
-        let greeting = m.line()?;
-        if greeting.get("QMP").is_none() {
-            return Err(MonitorError::NotQmp(greeting.to_string()));
-        }
-        m.call("qmp_capabilities", json!({}))?;
-        if let Ok(v) = m.call("query-name", json!({})) {
+        if let Ok((v, _)) = m.client.call(&Command::QueryName(NoArgs {})) {
             if let Some(n) = v["name"].as_str() {
                 m.name = n.to_string();
             }
         }
-        let schemas = m.call("query-stats-schemas", json!({"provider": "kvm"}))?;
+        let (schemas, _) = m.client.call(&Command::QueryStatsSchemas(SchemasArgs {
+            provider: Some(StatsProvider::Kvm),
+            target: None,
+        }))?;
         m.schemas = schemas
             .as_array()
             .into_iter()
@@ -230,32 +231,18 @@ impl Monitor {
         Ok(m)
     }
 
-    /// The next line that is not an event, parsed.
-    fn line(&mut self) -> Result<Value, MonitorError> {
-        next_reply(&mut self.reader, MAX_LINE)
+    fn stats(&mut self, target: StatsTarget) -> Result<Value, MonitorError> {
+        let (v, _) = self.client.call(&Command::QueryStats(QueryStatsArgs {
+            target,
+            providers: None,
+            names: None,
+            vcpus: None,
+        }))?;
+        Ok(v)
     }
 
-    fn call(&mut self, command: &str, arguments: Value) -> Result<Value, MonitorError> {
-        let request = json!({"execute": command, "arguments": arguments}).to_string();
-        self.writer
-            .write_all(request.as_bytes())
-            .map_err(MonitorError::Io)?;
-        let reply = self.line()?;
-        match reply.get("return") {
-            Some(r) => Ok(r.clone()),
-            None => Err(MonitorError::Refused(
-                command.to_string(),
-                reply["error"].clone(),
-            )),
-        }
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn read(
-        &mut self,
-        vcpus: bool,
-    ) -> Result<(String, u32, Reading, Vec<(String, Reading)>), MonitorError> {
-        let vm = self.call("query-stats", json!({"target": "vm"}))?;
+    fn read(&mut self, vcpus: bool) -> Result<QemuReading, MonitorError> {
+        let vm = self.stats(StatsTarget::Vm)?;
         let vm_stats = vm
             .as_array()
             .and_then(|a| a.first())
@@ -263,13 +250,19 @@ impl Monitor {
             .unwrap_or_default();
         let mut vcpu_stats = Vec::new();
         if vcpus {
-            let all = self.call("query-stats", json!({"target": "vcpu"}))?;
+            let all = self.stats(StatsTarget::Vcpu)?;
             for r in all.as_array().into_iter().flatten() {
                 let path = r["qom-path"].as_str().unwrap_or_default().to_string();
                 vcpu_stats.push((path, self.reading("vcpu", &r["stats"])));
             }
         }
-        Ok((self.name.clone(), self.pid, vm_stats, vcpu_stats))
+        Ok(QemuReading {
+            name: self.name.clone(),
+            pid: self.pid,
+            version: self.version,
+            vm: vm_stats,
+            vcpus: vcpu_stats,
+        })
     }
 
     fn reading(&self, target: &str, stats: &Value) -> Reading {
@@ -279,32 +272,6 @@ impl Monitor {
             .find(|(t, _)| t == target)
             .map(|(_, s)| s);
         reading(schema.map(Vec::as_slice), stats)
-    }
-}
-
-/// The next line of `reader` that is not an event, parsed; a line is at most
-/// `max` bytes.
-fn next_reply(reader: &mut impl BufRead, max: u64) -> Result<Value, MonitorError> {
-    loop {
-        let mut line = Vec::new();
-        let n = reader
-            .take(max)
-            .read_until(b'\n', &mut line)
-            .map_err(MonitorError::Io)?;
-        if n == 0 {
-            return Err(MonitorError::Closed);
-        }
-        if line.last() != Some(&b'\n') {
-            return Err(if n as u64 >= max {
-                MonitorError::TooLong
-            } else {
-                MonitorError::Closed
-            });
-        }
-        let v: Value = serde_json::from_slice(&line).map_err(MonitorError::NotJson)?;
-        if v.get("event").is_none() {
-            return Ok(v);
-        }
     }
 }
 
@@ -371,23 +338,7 @@ fn reading(schema: Option<&[Value]>, stats: &Value) -> Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn monitor_lines_skip_events_and_bad_ones_are_named() {
-        let mut r = io::Cursor::new(&b"{\"event\":\"STOP\"}\n{\"return\":{}}\n"[..]);
-        assert_eq!(next_reply(&mut r, 64).unwrap(), json!({"return": {}}));
-        assert!(matches!(next_reply(&mut r, 64), Err(MonitorError::Closed)));
-        let long = format!("{{\"return\":\"{}\"}}\n", "x".repeat(100));
-        let mut r = io::Cursor::new(long.as_bytes());
-        assert!(matches!(next_reply(&mut r, 64), Err(MonitorError::TooLong)));
-        let mut r = io::Cursor::new(&b"{\"return\":"[..]);
-        assert!(matches!(next_reply(&mut r, 64), Err(MonitorError::Closed)));
-        let mut r = io::Cursor::new(&b"garbage\n"[..]);
-        assert!(matches!(
-            next_reply(&mut r, 64),
-            Err(MonitorError::NotJson(_))
-        ));
-    }
+    use serde_json::json;
 
     #[test]
     fn qemu_readings_take_the_schema_and_log2_buckets_come_back_in_kernel_order() {

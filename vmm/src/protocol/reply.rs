@@ -162,7 +162,9 @@ pub(crate) struct GreetingBody {
     pub(crate) version: VersionInfo,
     /// Capabilities a client may enable with `qmp_capabilities` (none here).
     pub(crate) capabilities: Vec<String>,
-    /// kvmscope's additions: protocol version, features, the VM.
+    /// kvmscope's additions: protocol version, features, the VM (absent
+    /// from QEMU's greeting: the one client reads both).
+    #[serde(default)]
     pub(crate) kvmscope: KvmscopeGreeting,
 }
 
