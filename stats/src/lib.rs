@@ -61,7 +61,7 @@ pub use delta::{delta, Change, Delta};
 pub use descriptor::Descriptor;
 pub use error::{Error, Result, StatError, Warning};
 pub use fd::StatsFd;
-pub use filter::NameFilter;
+pub use filter::{BadPattern, NameFilter};
 pub use flags::{Base, StatType, Unit};
 pub use header::{Header, HEADER_SIZE, MAX_DATA_SIZE, MAX_NAME_SIZE, MAX_NUM_DESC};
 pub use mapped::Mapped;

@@ -350,7 +350,7 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
 }
 
 fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
-    use kvmscope::exporter::{Exporter, ExporterConfig, StatFilter, DEFAULT_SOCKET_DIR};
+    use kvmscope::exporter::{Exporter, ExporterConfig, DEFAULT_SOCKET_DIR};
     let dirs = if a.dirs.is_empty() && a.sockets.is_empty() && a.qmp_sockets.is_empty() {
         vec![PathBuf::from(DEFAULT_SOCKET_DIR)]
     } else {
@@ -369,7 +369,8 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
         dirs: dirs.clone(),
         sockets: a.sockets,
         attach_timeout: a.attach_timeout.0,
-        stats: StatFilter::new(a.stats)?,
+        stats: kvm_stats::NameFilter::patterns(a.stats)
+            .map_err(kvmscope::exporter::Error::Pattern)?,
         qmp_sockets: a.qmp_sockets,
         qmp_interval: a.qmp_interval.0,
         qmp_vcpus: a.qmp_vcpus,

@@ -279,7 +279,7 @@ impl Vm {
                 .try_clone()
                 .ok()
                 .and_then(|f| StatsFd::new(f).ok())
-                .and_then(crate::vcpu::stall::FaultCounter::new)
+                .and_then(crate::vcpu::faults::FaultCounter::new)
             {
                 let _ = vcpu.shared.faults.set(counter);
             }

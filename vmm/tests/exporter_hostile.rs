@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvmscope::exporter::{Exporter, ExporterConfig, StatFilter};
+use kvmscope::exporter::{Exporter, ExporterConfig};
 use kvmscope::vm::{Vm, VmConfig};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
@@ -28,7 +28,7 @@ fn exporter(dir: &Path, timeout: Duration) -> Exporter {
         dirs: vec![dir.to_path_buf()],
         sockets: vec![],
         attach_timeout: timeout,
-        stats: StatFilter::default(),
+        stats: kvm_stats::NameFilter::all(),
         qmp_sockets: vec![],
         qmp_interval: Duration::from_secs(5),
         qmp_vcpus: false,

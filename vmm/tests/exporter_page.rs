@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use kvmscope::client::Client;
-use kvmscope::exporter::{Exporter, ExporterConfig, StatFilter};
+use kvmscope::exporter::{Exporter, ExporterConfig};
 use serde_json::json;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -67,7 +67,7 @@ fn exporter(dir: &Path, timeout: Duration) -> Exporter {
         dirs: vec![dir.to_path_buf()],
         sockets: vec![],
         attach_timeout: timeout,
-        stats: StatFilter::default(),
+        stats: kvm_stats::NameFilter::all(),
         qmp_sockets: vec![],
         qmp_interval: Duration::from_secs(5),
         qmp_vcpus: false,
@@ -278,7 +278,7 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
         dirs: vec![dir.clone()],
         sockets: vec![],
         attach_timeout: Duration::from_secs(2),
-        stats: StatFilter::default(),
+        stats: kvm_stats::NameFilter::all(),
         qmp_sockets: vec![monitor.clone()],
         qmp_interval: Duration::from_millis(200),
         qmp_vcpus: true,

@@ -1,47 +1,35 @@
 //! The tree as the README describes it: no module of the kvmscope library
-//! imports one above it, and the code map names every module there is.
+//! imports one above it, no two files of a module folder (its `mod.rs`
+//! included) import each other, the `kvm-stats` crate and the Python scripts
+//! have no import circle, and the code map names every module there is.
 //!
-//! Read from the sources, so a new upward `use crate::...`, two files of a
-//! module folder that import each other, a new module left out of the layers
-//! below, or a module the README does not name fails here.
+//! Read from the sources, so a new upward `use crate::...`, two files that
+//! import each other, a new module left out of the README's layer table (the
+//! one list of layers: this test reads it), or a module the README does not
+//! name fails here. Each check has a self-test on made-up code that shows it
+//! can fail.
+
+mod tree_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// The library's top-level modules, lowest layer first. A module may name
-/// (`crate::x`) only modules of lower layers; test code may name anything.
-const LAYERS: &[&[&str]] = &[
-    // Leaves: quantities, CPU structures, exit dispatch, kicks, host facts,
-    // the run state, fds over sockets.
-    &[
-        "units", "x86_64", "exits", "kick", "backend", "runstate", "scm",
-    ],
-    // Guest RAM; workload specs; the wire format.
-    &["memory", "workload", "protocol"],
-    // Boot images and dirty tracking, on guest RAM; the clients, which speak
-    // only the wire format.
-    &["boot", "dirty", "client"],
-    // A vCPU: it reports through a callback, knowing nothing of the main loop.
-    &["vcpu"],
-    // The main loop's messages; what is read from vCPUs.
-    &["messages", "summary", "sampler"],
-    // The VM; what serves or draws the sampler's series.
-    &["vm", "signals", "metrics", "plot"],
-    // What works on a running VM.
-    &["readiness", "migration"],
-    // Who serves a VMM: the control server, the fuzz entry points.
-    &["control", "fuzz"],
-    // Top: `kvmscope run` and the host-wide exporter.
-    &["run", "exporter"],
-];
+use tree_support::{
+    expand_braces, find_cycle, folder_cycle, layer_of, layers_from, named_modules, python_imports,
+    without_tests,
+};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-fn layer_of(module: &str) -> Option<usize> {
-    LAYERS.iter().position(|l| l.contains(&module))
+fn readme() -> String {
+    fs::read_to_string(root().join("README.md")).unwrap()
 }
 
 /// The library's top-level modules, from the tree (`x.rs` or `x/`).
@@ -62,7 +50,7 @@ fn modules() -> BTreeSet<String> {
         .collect()
 }
 
-/// Every `.rs` file of a module, with the test code cut off.
+/// Every `.rs` file of a module, with its test code cut out.
 fn module_code(module: &str) -> Vec<(PathBuf, String)> {
     let root = src();
     let mut files = vec![root.join(format!("{module}.rs"))];
@@ -85,101 +73,54 @@ fn module_code(module: &str) -> Vec<(PathBuf, String)> {
         .filter(|p| p.exists() && !p.to_string_lossy().ends_with("_tests.rs"))
         .map(|p| {
             let text = fs::read_to_string(&p).unwrap();
-            // Unit tests sit at the bottom of their module (README, "Tests").
-            let code = match text.find("#[cfg(test)]\nmod tests") {
-                Some(at) => text[..at].to_string(),
-                None => text,
-            };
-            (p, code)
+            (p, without_tests(&text))
         })
         .collect()
 }
 
-/// The top-level modules a file's code names as `crate::x` or within
-/// `crate::{x, y::z}` (over several lines too), with their line; comments
-/// left out.
-fn named_modules(code: &str, modules: &BTreeSet<String>) -> Vec<(usize, String)> {
-    named_after(code, "crate::", modules)
-}
-
-/// As [`named_modules`], for any path prefix (`super::`, `crate::control::`).
-fn named_after(code: &str, prefix: &str, modules: &BTreeSet<String>) -> Vec<(usize, String)> {
-    let code: String = code
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let ident = |s: &str| -> String {
-        s.trim_start()
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut found = Vec::new();
-    let mut push = |at: usize, name: String| {
-        if modules.contains(&name) {
-            found.push((code[..at].matches('\n').count() + 1, name));
-        }
-    };
-    for (at, _) in code.match_indices(prefix) {
-        // `crate::` inside `foo_crate::` or `super::` inside `a::super::` is not a path start.
-        if code[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
-            continue;
-        }
-        let rest = &code[at + prefix.len()..];
-        let Some(group) = rest.strip_prefix('{') else {
-            push(at, ident(rest));
-            continue;
-        };
-        // Split the group's top-level items at commas outside inner braces.
-        let (mut depth, mut item_start) = (0usize, 0usize);
-        for (i, c) in group.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' if depth == 0 => {
-                    push(at, ident(&group[item_start..i]));
-                    break;
-                }
-                '}' => depth -= 1,
-                ',' if depth == 0 => {
-                    push(at, ident(&group[item_start..i]));
-                    item_start = i + 1;
-                }
-                _ => {}
-            }
-        }
-    }
-    found
+/// The `.rs` files of a folder by stem, their test code cut out (`lib.rs`,
+/// `main.rs` and `*_tests.rs` left out).
+fn folder_code(dir: &Path) -> BTreeMap<String, String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let stem = path.file_name()?.to_str()?.strip_suffix(".rs")?.to_string();
+            let skip = stem == "lib" || stem == "main" || stem.ends_with("_tests");
+            (!skip).then(|| (stem, without_tests(&fs::read_to_string(&path).unwrap())))
+        })
+        .collect()
 }
 
 #[test]
 fn every_module_has_a_layer() {
+    let layers = layers_from(&readme());
     let unplaced: Vec<_> = modules()
         .into_iter()
-        .filter(|m| layer_of(m).is_none())
+        .filter(|m| layer_of(&layers, m).is_none())
         .collect();
     assert!(
         unplaced.is_empty(),
-        "modules missing from LAYERS in {}: {unplaced:?}",
-        file!()
+        "modules missing from the README's layer table: {unplaced:?}"
     );
-    let gone: Vec<_> = LAYERS
+    let gone: Vec<_> = layers
         .iter()
-        .flat_map(|l| l.iter())
-        .filter(|m| !modules().contains(**m))
+        .flatten()
+        .filter(|m| !modules().contains(*m))
         .collect();
     assert!(
         gone.is_empty(),
-        "LAYERS names modules that do not exist: {gone:?}"
+        "the README's layer table names modules that do not exist: {gone:?}"
     );
 }
 
 #[test]
 fn no_module_imports_one_above_it() {
+    let layers = layers_from(&readme());
     let modules = modules();
     let mut upward = Vec::new();
     for module in &modules {
-        let Some(own) = layer_of(module) else {
+        let Some(own) = layer_of(&layers, module) else {
             continue;
         };
         for (path, code) in module_code(module) {
@@ -187,7 +128,7 @@ fn no_module_imports_one_above_it() {
                 if named == *module {
                     continue;
                 }
-                let theirs = layer_of(&named).unwrap_or(usize::MAX);
+                let theirs = layer_of(&layers, &named).unwrap_or(usize::MAX);
                 if theirs >= own {
                     upward.push(format!(
                         "{}:{line}: {module} (layer {own}) names {named} (layer {theirs})",
@@ -203,6 +144,122 @@ fn no_module_imports_one_above_it() {
         upward.join("\n")
     );
 }
+
+#[test]
+fn no_two_files_of_a_module_import_each_other() {
+    // Within a module folder, its files (`mod.rs` too: a child that reaches
+    // up for an item of `mod.rs` while `mod.rs` uses the child is a circle)
+    // each have a place in an order of their own.
+    let mut cycles = Vec::new();
+    for module in modules().into_iter().filter(|m| src().join(m).is_dir()) {
+        let code = folder_code(&src().join(&module));
+        let crate_path = format!("crate::{module}");
+        cycles.extend(
+            folder_cycle(&code, &crate_path).map(|c| format!("{module}/: {}", c.join(" -> "))),
+        );
+    }
+    assert!(
+        cycles.is_empty(),
+        "files that import each other:\n{}",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn no_two_files_of_the_stats_crate_import_each_other() {
+    let code = folder_code(&root().join("stats/src"));
+    let cycle = folder_cycle(&code, "crate");
+    assert!(
+        cycle.is_none(),
+        "stats/src files that import each other: {:?}",
+        cycle
+    );
+}
+
+#[test]
+fn no_two_scripts_import_each_other() {
+    let dir = root().join("scripts");
+    let scripts: BTreeMap<String, String> = fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let stem = path.file_name()?.to_str()?.strip_suffix(".py")?.to_string();
+            Some((stem, fs::read_to_string(&path).unwrap()))
+        })
+        .collect();
+    let names: BTreeSet<String> = scripts.keys().cloned().collect();
+    let edges = scripts
+        .iter()
+        .map(|(s, code)| (s.clone(), python_imports(code, &names)))
+        .collect();
+    let cycle = find_cycle(&edges);
+    assert!(cycle.is_none(), "scripts that import each other: {cycle:?}");
+}
+
+/// The README's "Code map" table, as text.
+fn code_map() -> String {
+    let readme = readme();
+    let start = readme.find("## Code map").expect("README has a Code map");
+    let rest = &readme[start..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |e| e + 3);
+    rest[..end].to_string()
+}
+
+#[test]
+fn the_readme_code_map_names_every_module_and_stats_file() {
+    let map = expand_braces(&code_map());
+    let mut missing = Vec::new();
+    for module in modules() {
+        let dir = format!("vmm/src/{module}/");
+        let file = [format!("vmm/src/{module}.rs"), format!("`{module}.rs`")];
+        let named = if src().join(&module).is_dir() {
+            map.contains(&dir)
+        } else {
+            file.iter().any(|f| map.contains(f.as_str()))
+        };
+        if !named {
+            missing.push(module);
+        }
+    }
+    for e in fs::read_dir(root().join("stats/src")).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().to_string();
+        if name == "lib.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        if !map.contains(&format!("stats/src/{name}")) {
+            missing.push(format!("stats/src/{name}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the README's code map does not name: {missing:?}"
+    );
+}
+
+#[test]
+fn integration_tests_are_named_area_topic() {
+    // README, "Tests": files in `<crate>/tests/` are `<area>_<topic>.rs`.
+    let mut bad = Vec::new();
+    for dir in [root().join("vmm/tests"), root().join("stats/tests")] {
+        for e in fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let Some(stem) = path
+                .extension()
+                .is_some_and(|x| x == "rs")
+                .then(|| path.file_stem().unwrap().to_string_lossy().to_string())
+            else {
+                continue;
+            };
+            let parts: Vec<&str> = stem.splitn(2, '_').collect();
+            if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+                bad.push(path.display().to_string());
+            }
+        }
+    }
+    assert!(bad.is_empty(), "not named <area>_<topic>.rs: {bad:?}");
+}
+
+// Self-tests: each check fails on the case it is for.
 
 #[test]
 fn the_check_sees_an_upward_import() {
@@ -224,75 +281,114 @@ fn the_check_sees_an_upward_import() {
 }
 
 #[test]
-fn no_two_files_of_a_module_import_each_other() {
-    // Within a module folder, sibling files (`super::x`, `crate::m::x`) form
-    // no cycle: each has a place in an order of its own.
-    let mut cycles = Vec::new();
-    for module in modules().into_iter().filter(|m| src().join(m).is_dir()) {
-        let dir = src().join(&module);
-        let files: BTreeSet<String> = fs::read_dir(&dir)
-            .unwrap()
-            .filter_map(|e| {
-                let name = e.unwrap().file_name().to_string_lossy().to_string();
-                let stem = name.strip_suffix(".rs")?.to_string();
-                (stem != "mod" && !stem.ends_with("_tests")).then_some(stem)
-            })
-            .collect();
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for file in &files {
-            let text = fs::read_to_string(dir.join(format!("{file}.rs"))).unwrap();
-            let code = text
-                .find("#[cfg(test)]\nmod tests")
-                .map_or(text.as_str(), |at| &text[..at]);
-            let own = format!("crate::{module}::");
-            for (_, named) in named_after(code, "super::", &files)
-                .into_iter()
-                .chain(named_after(code, &own, &files))
-            {
-                if named != *file {
-                    edges.entry(file.clone()).or_default().insert(named);
-                }
-            }
-        }
-        cycles.extend(find_cycle(&edges).map(|c| format!("{module}/: {}", c.join(" -> "))));
-    }
+fn code_after_the_test_module_is_still_checked() {
+    let modules: BTreeSet<String> = ["run"].iter().map(|s| s.to_string()).collect();
+    let text = "fn a() {}\n#[cfg(test)]\nmod tests {\n    use crate::run;\n    fn t() { if x { } }\n}\n\
+                #[cfg(test)]\n#[path = \"x_tests.rs\"]\nmod more;\nfn late() { crate::run::go(); }\n";
+    let code = without_tests(text);
     assert!(
-        cycles.is_empty(),
-        "files that import each other:\n{}",
-        cycles.join("\n")
+        !code.contains("mod tests") && !code.contains("x_tests"),
+        "{code}"
     );
+    assert_eq!(named_modules(&code, &modules).len(), 1, "{code}");
+    assert!(code.contains("fn late()"));
 }
 
-/// One cycle of `edges`, if there is one, as the names along it.
-fn find_cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
-    fn visit(
-        at: &str,
-        edges: &BTreeMap<String, BTreeSet<String>>,
-        path: &mut Vec<String>,
-        done: &mut BTreeSet<String>,
-    ) -> Option<Vec<String>> {
-        if let Some(i) = path.iter().position(|p| p == at) {
-            let mut cycle = path[i..].to_vec();
-            cycle.push(at.to_string());
-            return Some(cycle);
-        }
-        if done.contains(at) {
-            return None;
-        }
-        path.push(at.to_string());
-        for next in edges.get(at).into_iter().flatten() {
-            if let Some(c) = visit(next, edges, path, done) {
-                return Some(c);
-            }
-        }
-        path.pop();
-        done.insert(at.to_string());
-        None
-    }
-    let mut done = BTreeSet::new();
-    edges
-        .keys()
-        .find_map(|k| visit(k, edges, &mut Vec::new(), &mut done))
+#[test]
+fn a_cycle_through_mod_rs_is_found() {
+    // exporter/page.rs names `super::StatFilter` (defined in mod.rs) while
+    // mod.rs calls `page::render`: a circle.
+    let files = |entries: &[(&str, &str)]| -> BTreeMap<String, String> {
+        entries
+            .iter()
+            .map(|(f, c)| (f.to_string(), c.to_string()))
+            .collect()
+    };
+    let circle = files(&[
+        (
+            "mod",
+            "pub(crate) mod page;\npub struct StatFilter;\nfn f() { page::render(); }\n",
+        ),
+        ("page", "use super::StatFilter;\npub fn render() {}\n"),
+    ]);
+    assert_eq!(
+        folder_cycle(&circle, "crate::exporter"),
+        Some(vec!["mod".into(), "page".into(), "mod".into()])
+    );
+    // The same through the crate path, and a child that only declares
+    // (`mod page;`) is no edge.
+    let by_path = files(&[
+        ("mod", "mod page;\nuse crate::exporter::page::render;\n"),
+        ("page", "use crate::exporter::StatFilter;\n"),
+    ]);
+    assert!(folder_cycle(&by_path, "crate::exporter").is_some());
+    let fine = files(&[
+        (
+            "mod",
+            "mod filter;\nmod page;\nfn f() { page::render(); }\n",
+        ),
+        ("page", "use super::filter::StatFilter;\n"),
+        ("filter", "pub struct StatFilter;\n"),
+    ]);
+    assert_eq!(folder_cycle(&fine, "crate::exporter"), None);
+}
+
+#[test]
+fn a_cycle_in_a_crate_root_folder_is_found() {
+    // The stats crate's files name each other as `crate::file`.
+    let code: BTreeMap<String, String> = [
+        ("error", "use crate::descriptor::StatError;\n"),
+        ("descriptor", "use crate::header::MAX_DATA_SIZE;\n"),
+        ("header", "use crate::error::Error;\n"),
+    ]
+    .iter()
+    .map(|(f, c)| (f.to_string(), c.to_string()))
+    .collect();
+    let cycle = folder_cycle(&code, "crate").expect("a circle");
+    assert_eq!(cycle.len(), 4, "{cycle:?}");
+}
+
+#[test]
+fn a_lazy_python_import_closes_a_circle() {
+    let names: BTreeSet<String> = ["runs", "migration", "vm"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let runs = "import os\nfrom migration import run_migration\nfrom vm import Vm\n";
+    let migration = "import math, vm\n\ndef log(msg):\n    from runs import log as run_log\n";
+    assert_eq!(
+        python_imports(runs, &names),
+        ["migration", "vm"].iter().map(|s| s.to_string()).collect()
+    );
+    let edges: BTreeMap<String, BTreeSet<String>> = [
+        ("runs".to_string(), python_imports(runs, &names)),
+        ("migration".to_string(), python_imports(migration, &names)),
+    ]
+    .into_iter()
+    .collect();
+    assert!(find_cycle(&edges).is_some());
+}
+
+#[test]
+fn the_layer_table_is_read_from_the_readme() {
+    let text = "Layers of the kvmscope library, lowest first:\n\n| layer | modules |\n|---|---|\n\
+                | 1 | `vm`, `run` (a note with `code`) |\n| 0 | `units` |\n\nThreads\n";
+    let layers = layers_from(text);
+    assert_eq!(layers.len(), 2);
+    assert_eq!(layers[0], vec!["units".to_string()]);
+    assert_eq!(layers[1], vec!["vm".to_string(), "run".to_string()]);
+    assert_eq!(layer_of(&layers, "run"), Some(1));
+    // A gap in the numbers is refused.
+    let gap = "Layers of the kvmscope library\n| layer | modules |\n|---|---|\n| 2 | `vm` |\n| 0 | `units` |\n";
+    assert!(std::panic::catch_unwind(|| layers_from(gap)).is_err());
+}
+
+#[test]
+fn braces_in_the_code_map_expand() {
+    assert_eq!(
+        expand_braces("`stats/src/{header,schema}.rs`"),
+        "`stats/src/header.rs` `stats/src/schema.rs`"
+    );
 }
 
 #[test]
@@ -305,105 +401,5 @@ fn a_cycle_between_two_files_is_found() {
     assert_eq!(
         find_cycle(&edges),
         Some(vec!["b".to_string(), "c".to_string(), "b".to_string()])
-    );
-}
-
-/// The README's "Code map" table, as text.
-fn code_map() -> String {
-    let readme =
-        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
-    let start = readme.find("## Code map").expect("README has a Code map");
-    let rest = &readme[start..];
-    let end = rest[3..].find("\n## ").map_or(rest.len(), |e| e + 3);
-    rest[..end].to_string()
-}
-
-/// `stats/src/{a,b}.rs` written out as `stats/src/a.rs`, `stats/src/b.rs`.
-fn expand_braces(text: &str) -> String {
-    let mut out = text.to_string();
-    while let (Some(open), Some(close)) = (out.find('{'), out.find('}')) {
-        if close < open {
-            break;
-        }
-        let head_start = out[..open].rfind(['`', ' ']).map_or(0, |i| i + 1);
-        let tail_end = out[close..]
-            .find(['`', ' '])
-            .map_or(out.len(), |i| close + i);
-        let (head, tail) = (&out[head_start..open], &out[close + 1..tail_end]);
-        let expanded: Vec<String> = out[open + 1..close]
-            .split(',')
-            .map(|part| format!("{head}{part}{tail}"))
-            .collect();
-        out = format!(
-            "{}{}{}",
-            &out[..head_start],
-            expanded.join("` `"),
-            &out[tail_end..]
-        );
-    }
-    out
-}
-
-#[test]
-fn the_readme_code_map_names_every_module_and_stats_file() {
-    let map = expand_braces(&code_map());
-    let mut missing = Vec::new();
-    for module in modules() {
-        let dir = format!("vmm/src/{module}/");
-        let file = [format!("vmm/src/{module}.rs"), format!("`{module}.rs`")];
-        let named = if src().join(&module).is_dir() {
-            map.contains(&dir)
-        } else {
-            file.iter().any(|f| map.contains(f.as_str()))
-        };
-        if !named {
-            missing.push(module);
-        }
-    }
-    let stats = Path::new(env!("CARGO_MANIFEST_DIR")).join("../stats/src");
-    for e in fs::read_dir(stats).unwrap() {
-        let name = e.unwrap().file_name().to_string_lossy().to_string();
-        if name == "lib.rs" || name.ends_with("_tests.rs") {
-            continue;
-        }
-        if !map.contains(&format!("stats/src/{name}")) {
-            missing.push(format!("stats/src/{name}"));
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "the README's code map does not name: {missing:?}"
-    );
-}
-
-#[test]
-fn integration_tests_are_named_area_topic() {
-    // README, "Tests": files in `<crate>/tests/` are `<area>_<topic>.rs`.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut bad = Vec::new();
-    for dir in [root.join("tests"), root.join("../stats/tests")] {
-        for e in fs::read_dir(&dir).unwrap() {
-            let path = e.unwrap().path();
-            let Some(stem) = path
-                .extension()
-                .is_some_and(|x| x == "rs")
-                .then(|| path.file_stem().unwrap().to_string_lossy().to_string())
-            else {
-                continue;
-            };
-            let parts: Vec<&str> = stem.splitn(2, '_').collect();
-            if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
-                bad.push(path.display().to_string());
-            }
-        }
-    }
-    assert!(bad.is_empty(), "not named <area>_<topic>.rs: {bad:?}");
-}
-
-#[test]
-fn braces_in_the_code_map_expand() {
-    assert_eq!(
-        expand_braces("`stats/src/{header,schema}.rs`"),
-        "`stats/src/header.rs` `stats/src/schema.rs`"
     );
 }

@@ -13,9 +13,10 @@ use std::time::Duration;
 use kvm_stats::{NameFilter, Sample, StatsFd};
 use serde_json::{json, Value};
 
+use super::context::Context;
 use super::deferred;
+use super::error::Error;
 use super::outcome::{GuestWait, Outcome, Pending, Progress};
-use super::{Context, Error};
 use crate::abi;
 use crate::boot;
 use crate::messages::{RunRequest, VmEvent};

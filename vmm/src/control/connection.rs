@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
-use super::{MAX_QUEUED_BYTES, MAX_QUEUED_FDS};
+use super::limits::{MAX_QUEUED_BYTES, MAX_QUEUED_FDS};
 use crate::protocol::framing::{Frame, Framer};
 use crate::scm::{self, MAX_FDS_PER_MESSAGE};
 
@@ -64,7 +64,7 @@ pub(crate) struct Connection {
     pub(crate) connected: Instant,
     /// Requests were held back (a reply pending): look again once it is sent.
     held: bool,
-    /// Admitted to a reserved slot ([`super::RESERVED_CLIENTS`]): served
+    /// Admitted to a reserved slot ([`super::limits::RESERVED_CLIENTS`]): served
     /// `query-status`, `query-version` and `quit` only.
     pub(crate) reserved: bool,
 }

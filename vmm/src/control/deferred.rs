@@ -13,8 +13,8 @@ use std::time::Duration;
 use kvm_stats::StatsFd;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::context::Context;
 use super::outcome::{Outcome, Pending, Progress, WorkerMsg};
-use super::Context;
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::protocol::events::{EventKind, ScanProgress};
 use crate::protocol::request::ReadinessArgs;

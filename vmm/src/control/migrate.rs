@@ -5,8 +5,8 @@
 
 use serde_json::json;
 
+use super::context::Context;
 use super::outcome::Outcome;
-use super::Context;
 use crate::migration::Uri;
 use crate::protocol::{Command, ErrorClass, Event, Message};
 

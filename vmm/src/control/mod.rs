@@ -8,6 +8,9 @@
 //! - [`plane`]: the event-manager subscriber (listener, clients, timers);
 //! - [`deadlines`]: client deadlines and eviction;
 //! - [`connection`]: one client's framed input and fd-carrying output queue;
+//! - [`limits`]: client counts, queue caps and deadlines;
+//! - [`context`]: what the control thread may reach of the VM;
+//! - [`error`]: why the control plane could not start;
 //! - [`socket`]: the socket file (mode 0600, never clobbering a live socket);
 //! - [`scm`](crate::scm) (beside this module, shared with the clients):
 //!   sending and receiving fds, peer credentials.
@@ -16,179 +19,32 @@
 
 pub mod commands;
 pub(crate) mod connection;
+pub(crate) mod context;
 pub(crate) mod deadlines;
 pub(crate) mod deferred;
+pub(crate) mod error;
 pub(crate) mod events;
+pub(crate) mod limits;
 pub(crate) mod migrate;
 pub(crate) mod outcome;
 pub(crate) mod plane;
 pub(crate) mod socket;
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-
-use std::time::Duration;
 
 use event_manager::{EventManager, SubscriberId, SubscriberOps};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::backend::Backend;
-use crate::messages::VmEvent;
-use crate::runstate::SharedRunState;
-use crate::vcpu::VcpuShared;
-use crate::vm::{self, Vm};
 use commands::Handler;
 use plane::{Plane, PlaneFds};
 use socket::SocketFile;
 
-/// Clients served at once. When full, the longest-idle client with nothing
-/// outstanding is closed to admit a new one; only if every client is busy is
-/// the new one refused.
-pub const MAX_CLIENTS: usize = 64;
-
-/// Slots past [`MAX_CLIENTS`] kept for the operator: when every client is busy
-/// (none can be evicted), a new client still gets in, to negotiate and ask
-/// `query-status`, `query-version` or `quit` only.
-pub const RESERVED_CLIENTS: usize = 4;
-/// Event bytes (beyond the reply being sent) a client may leave unread
-/// before it is dropped.
-pub(crate) const MAX_QUEUED_BYTES: usize = 4 << 20;
-/// Fds a client may leave unreceived before it is dropped.
-pub(crate) const MAX_QUEUED_FDS: usize = 512;
-
-/// The deadlines the control plane holds clients to (see `deadlines`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// From connecting to a successful `qmp_capabilities`.
-    pub handshake: Duration,
-    /// From the first byte of a request to its last.
-    pub request: Duration,
-    /// Queued output that does not move for this long drops the client.
-    pub send: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            handshake: Duration::from_secs(10),
-            request: Duration::from_secs(10),
-            send: Duration::from_secs(30),
-        }
-    }
-}
-
-impl Limits {
-    /// How often deadlines are checked: often enough to hold each within a
-    /// quarter of itself, at most every 10 ms, at least every second.
-    pub(crate) fn sweep_period(&self) -> Duration {
-        let shortest = self.handshake.min(self.request).min(self.send);
-        (shortest / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
-    }
-}
-
-/// Why the control plane could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// `dup` of the VM fd or a vCPU stats fd failed.
-    #[error("duplicating a VMM fd")]
-    Dup(#[source] std::io::Error),
-    /// The socket file could not be set up at its path.
-    #[error(transparent)]
-    Socket(#[from] socket::Error),
-    /// `KVM_GET_STATS_FD` on the VM failed.
-    #[error("opening a stats fd")]
-    StatsFd(#[from] kvm_stats::ioctl::Error),
-    /// A stats fd's header or descriptors could not be read.
-    #[error("reading a stats fd")]
-    Stats(#[from] kvm_stats::Error),
-    /// An eventfd or the deadline timer could not be created, or the listener
-    /// could not be made non-blocking.
-    #[error("creating the control thread's eventfds and timer")]
-    EventFd(#[source] std::io::Error),
-    /// The epoll-based event manager could not be made or take a subscriber.
-    #[error("setting up the control thread's event manager")]
-    EventManager(#[source] event_manager::Error),
-    /// The `control` thread could not be spawned.
-    #[error("starting the control thread")]
-    Spawn(#[source] std::io::Error),
-    /// The control thread's epoll loop failed: the socket stopped serving.
-    #[error("the control socket stopped serving")]
-    Serve(#[source] event_manager::Error),
-    /// The control thread panicked.
-    #[error("the control thread panicked")]
-    Panicked,
-    /// The control thread could not be told to stop (it is left running).
-    #[error("signalling the control thread to stop")]
-    Signal(#[source] std::io::Error),
-}
-
-/// What the control thread may reach of the VM: read-only handles, the vCPUs'
-/// shared parts, and a channel to the main loop for run-state changes.
-pub(crate) struct Context {
-    /// Duplicate of the VM fd, only for KVM_GET_STATS_FD.
-    pub(crate) vm_fd: File,
-    /// Duplicates of the vCPU stats files the VMM opened before the vCPUs first
-    /// ran. The control plane hands out copies of these rather than issuing
-    /// KVM_GET_STATS_FD on a vCPU fd, which takes the vCPU's mutex and so
-    /// waits, for as long as the guest runs, until the vCPU leaves KVM_RUN.
-    pub(crate) vcpu_stats: Vec<File>,
-    /// Each vCPU's shared part, by index: queues, results, counters, state.
-    pub(crate) vcpus: Vec<Arc<VcpuShared>>,
-    /// The host's KVM backend, for the greeting and `query-vm`.
-    pub(crate) backend: Backend,
-    /// Guest RAM in bytes.
-    pub(crate) memory: u64,
-    /// Whether guest RAM is backed by huge pages.
-    pub(crate) hugepages: bool,
-    /// To the main loop: `VmEvent::Control` requests.
-    pub(crate) main: Sender<VmEvent>,
-    /// The sampler's ring, when it runs (for `query-samples` / `subscribe-samples`).
-    pub(crate) samples: Option<Arc<crate::sampler::Shared>>,
-    /// Guest RAM (a clone keeps the mapping alive while a readiness scan reads it).
-    pub(crate) mem: crate::memory::GuestMemory,
-    /// Dirty tracking, when the VM was started with a mode (for `query-readiness`).
-    pub(crate) dirty: Option<Arc<crate::dirty::DirtyLog>>,
-    /// The VM's name (`query-name`, the greeting).
-    pub(crate) name: String,
-    /// The run state the main loop keeps (`query-status`).
-    pub(crate) run_state: Arc<SharedRunState>,
-    /// The migration handle and the VM's source side (for `migrate` and friends).
-    pub(crate) migration: Option<(Arc<crate::migration::Migration>, crate::migration::Source)>,
-}
-
-impl Context {
-    /// Gathers the control plane's handles from a VM.
-    ///
-    /// # Errors
-    /// `Dup` if an fd cannot be duplicated.
-    pub(crate) fn new(vm: &Vm) -> Result<Context, Error> {
-        let vcpu_stats = vm
-            .vcpu_stats
-            .iter()
-            .map(|s| vm::dup_fd(s.file()))
-            .collect::<Result<_, _>>()
-            .map_err(Error::Dup)?;
-        Ok(Context {
-            vm_fd: vm::dup_fd(&*vm.fd).map_err(Error::Dup)?,
-            vcpu_stats,
-            vcpus: vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
-            backend: vm.backend.clone(),
-            memory: vm.config.memory,
-            hugepages: vm.config.hugepages,
-            main: vm.event_sender(),
-            samples: None,
-            mem: vm.mem.clone(),
-            dirty: vm.dirty_configured().cloned(),
-            name: format!("kvmscope-{}", std::process::id()),
-            run_state: Arc::new(SharedRunState::default()),
-            migration: None,
-        })
-    }
-}
+pub(crate) use context::Context;
+pub use error::Error;
+pub use limits::{Limits, MAX_CLIENTS, RESERVED_CLIENTS};
 
 /// The running control socket; dropping it stops the thread and removes the socket file.
 pub(crate) struct Server {

@@ -9,6 +9,7 @@
 //! the HTTP server of `crate::metrics::http`, which renders the page
 //! (`page`) on each scrape.
 
+pub(crate) mod labels;
 pub(crate) mod page;
 pub(crate) mod qemu;
 pub(crate) mod targets;
@@ -36,60 +37,8 @@ pub enum Error {
     #[error("starting the discovery thread")]
     Spawn(#[source] std::io::Error),
     /// A `--stats` pattern that matches nothing sensible.
-    #[error(
-        "--stats pattern {0:?}: use stat names, with * for any run of characters (e.g. halt_*)"
-    )]
-    Pattern(String),
-}
-
-/// Which KVM stats go on the page: names, `*` matching any run of characters.
-#[derive(Debug, Clone, Default)]
-pub struct StatFilter {
-    patterns: Vec<String>,
-}
-
-impl StatFilter {
-    /// A filter from `--stats` patterns; none means every stat.
-    ///
-    /// # Errors
-    /// `Pattern` for an empty pattern or one with characters no stat name has.
-    pub fn new(patterns: Vec<String>) -> Result<StatFilter, Error> {
-        for p in &patterns {
-            if p.is_empty()
-                || !p
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*')
-            {
-                return Err(Error::Pattern(p.clone()));
-            }
-        }
-        Ok(StatFilter { patterns })
-    }
-
-    /// Whether the stat `name` goes on the page.
-    pub(crate) fn matches(&self, name: &str) -> bool {
-        self.patterns.is_empty() || self.patterns.iter().any(|p| glob(p, name))
-    }
-}
-
-/// `*` matches any run of characters (none included); all else literally.
-fn glob(pattern: &str, name: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = name.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    rest.ends_with(last)
+    #[error("--stats {0}")]
+    Pattern(#[from] kvm_stats::BadPattern),
 }
 
 /// How the exporter runs.
@@ -104,7 +53,7 @@ pub struct ExporterConfig {
     /// Longest time to attach to one VMM (connect, greeting, fds).
     pub attach_timeout: Duration,
     /// Which KVM stats go on the page.
-    pub stats: StatFilter,
+    pub stats: kvm_stats::NameFilter,
     /// QEMU QMP monitors to read with `query-stats`.
     pub qmp_sockets: Vec<PathBuf>,
     /// How often each QEMU VM's figures are refreshed.
@@ -177,43 +126,5 @@ impl Exporter {
     /// How many VMs are attached now.
     pub fn vms(&self) -> usize {
         lock(&self.registry).targets.len()
-    }
-}
-
-/// The labels of one VM: `vm`, `pid`, `socket`.
-fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
-    format!(
-        "vm=\"{}\",pid=\"{pid}\",socket=\"{}\"",
-        crate::metrics::label_value(name),
-        crate::metrics::label_value(&socket.to_string_lossy())
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn globs_match_names_prefixes_and_inner_runs() {
-        assert!(glob("exits", "exits"));
-        assert!(!glob("exits", "io_exits"));
-        assert!(glob("halt_*", "halt_wait_ns"));
-        assert!(glob("*_exits", "io_exits"));
-        assert!(glob("pages_*", "pages_4k"));
-        assert!(glob("h*t_*_ns", "halt_wait_ns"));
-        assert!(!glob("h*t_*_ns", "halt_poll_fail_hist"));
-        assert!(glob("*", "anything"));
-    }
-
-    #[test]
-    fn a_filter_without_patterns_keeps_every_stat_and_bad_patterns_are_refused() {
-        assert!(StatFilter::default().matches("exits"));
-        let f = StatFilter::new(vec!["pages_*".into(), "exits".into()]).unwrap();
-        assert!(f.matches("pages_2m") && f.matches("exits") && !f.matches("halt_exits"));
-        let err = StatFilter::new(vec!["pages 4k".into()])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("\"pages 4k\""), "{err}");
-        assert!(StatFilter::new(vec![String::new()]).is_err());
     }
 }

@@ -14,7 +14,6 @@ use kvm_stats::{Mapped, Sample, StatsFd};
 
 use super::qemu::QemuVm;
 use super::targets::Registry;
-use super::StatFilter;
 use crate::metrics::{label_value, write_sources};
 
 /// Running totals the page reports about the exporter itself.
@@ -36,7 +35,7 @@ pub(crate) fn render(
     reg: &mut Registry,
     qemu: &[QemuVm],
     counters: &mut Counters,
-    filter: &StatFilter,
+    filter: &kvm_stats::NameFilter,
 ) -> String {
     let started = Instant::now();
     let mut failed = Vec::new();
@@ -154,7 +153,12 @@ fn write_qemu_vms(out: &mut String, qemu: &[QemuVm]) {
 
 /// Every KVM stat, grouped by stat across all VMs (the text format wants one
 /// family together), VM stats then vCPU stats.
-fn write_kvm_stats(out: &mut String, reg: &Registry, qemu: &[QemuVm], filter: &StatFilter) {
+fn write_kvm_stats(
+    out: &mut String,
+    reg: &Registry,
+    qemu: &[QemuVm],
+    filter: &kvm_stats::NameFilter,
+) {
     let mut vms: Vec<(&StatsFd, &Sample)> = Vec::new();
     let mut vm_labels_of = Vec::new();
     let mut vcpus: Vec<(&StatsFd, &Sample)> = Vec::new();

@@ -106,7 +106,7 @@ pub(crate) fn poll(
             .iter()
             .map(|s| QemuVm {
                 name: file_name(s),
-                labels: super::vm_labels(&file_name(s), 0, s),
+                labels: super::labels::vm_labels(&file_name(s), 0, s),
                 ..QemuVm::default()
             })
             .collect::<Vec<_>>(),
@@ -154,7 +154,7 @@ fn refresh_loop(
         let vm = &mut all[slot];
         match result {
             Ok(r) => {
-                vm.labels = super::vm_labels(&r.name, r.pid, socket);
+                vm.labels = super::labels::vm_labels(&r.name, r.pid, socket);
                 vm.name = r.name;
                 vm.pid = r.pid;
                 vm.version = r.version;

@@ -502,7 +502,7 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
         .map(|f| open_stats(f, "kvm-vcpu-stats", &mut budget))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Target {
-        labels: super::vm_labels(&vm.name, vm.pid, path),
+        labels: super::labels::vm_labels(&vm.name, vm.pid, path),
         name: vm.name,
         pid: vm.pid,
         memory: vm.memory,

@@ -72,7 +72,7 @@ pub(crate) struct PageRegion {
 /// The macro makes a `pub fn`; this module keeps the ioctl number out of the
 /// crate's API.
 mod nr {
-    use super::PmScanArg;
+    use crate::migration::pages::PmScanArg;
     vmm_sys_util::ioctl_iowr_nr!(PAGEMAP_SCAN, b'f' as u32, 16, PmScanArg);
 }
 use nr::PAGEMAP_SCAN;

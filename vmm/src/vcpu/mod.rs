@@ -20,6 +20,7 @@ use crate::kick;
 use crate::memory::GuestMemory;
 use crate::workload::Command;
 
+pub(crate) mod faults;
 mod parked;
 mod registers;
 mod shared;

@@ -164,7 +164,7 @@ pub struct VcpuShared {
     pub(super) pending: AtomicBool,
     /// The vCPU's `pf_taken`, read for the guest's stall ([`super::stall`]);
     /// set by the VM once its stats fd is open.
-    pub(crate) faults: OnceLock<super::stall::FaultCounter>,
+    pub(crate) faults: OnceLock<super::faults::FaultCounter>,
     /// Nanoseconds the vCPU thread has spent harvesting its full dirty ring
     /// while the guest waited.
     pub(crate) ring_full_ns: AtomicU64,

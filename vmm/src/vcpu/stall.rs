@@ -22,9 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvm_stats::{StatId, StatsFd};
-
-use super::VcpuShared;
+use super::shared::VcpuShared;
 
 /// What one write-protection fault taken for dirty logging costs the guest:
 /// 2.6 µs, measured on this `kvm_pvm` host (a sweep over 16,384 re-protected
@@ -42,26 +40,6 @@ const MIN_BASELINE: Duration = Duration::from_millis(50);
 /// baseline that starts sooner than this after the last observation would
 /// count those tracking faults as the guest's own, so it is not used.
 const AFTERMATH: Duration = Duration::from_secs(2);
-
-/// A vCPU's page-fault counter: its stats fd and the `pf_taken` stat in it.
-pub(crate) struct FaultCounter {
-    stats: StatsFd,
-    id: StatId,
-}
-
-impl FaultCounter {
-    /// The counter of a vCPU stats fd; `None` when KVM does not have `pf_taken`.
-    pub(crate) fn new(stats: StatsFd) -> Option<FaultCounter> {
-        let id = stats.schema().find("pf_taken")?;
-        Some(FaultCounter { stats, id })
-    }
-
-    fn read(&self) -> Option<u64> {
-        let mut sample = self.stats.new_sample();
-        self.stats.read_sample(&mut sample).ok()?;
-        Some(sample.u64(self.id))
-    }
-}
 
 /// A vCPU's counts at a moment.
 #[derive(Debug, Clone, Copy)]

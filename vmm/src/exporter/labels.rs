@@ -1,0 +1,10 @@
+//! The labels every line of a VM carries on the page.
+
+/// The labels of one VM: `vm`, `pid`, `socket`.
+pub(crate) fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
+    format!(
+        "vm=\"{}\",pid=\"{pid}\",socket=\"{}\"",
+        crate::metrics::label_value(name),
+        crate::metrics::label_value(&socket.to_string_lossy())
+    )
+}
