@@ -168,7 +168,8 @@ impl Connection {
 
     /// Forgets queued output (the client is gone, or is being closed).
     pub(crate) fn discard_output(&mut self) {
-        self.output.clear();
+        // Gives the memory back, not just the length.
+        self.output = VecDeque::new();
         self.queued_bytes = 0;
         self.queued_fds = 0;
     }
@@ -232,6 +233,11 @@ impl Connection {
             .map(|c| c.bytes.len() - c.sent)
             .sum();
         self.queued_bytes - reply > MAX_QUEUED_BYTES || self.queued_fds > MAX_QUEUED_FDS
+    }
+
+    /// Bytes queued and not yet sent (replies and events).
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.queued_bytes
     }
 
     /// True while output is waiting for the client to read it.

@@ -16,6 +16,14 @@ pub const RESERVED_CLIENTS: usize = 4;
 /// Event bytes (beyond the reply being sent) a client may leave unread
 /// before it is dropped.
 pub(crate) const MAX_QUEUED_BYTES: usize = 4 << 20;
+/// Output bytes queued for all clients together past which a large reply
+/// (over [`LARGE_REPLY`]) is refused with a `GenericError` instead of being
+/// queued: clients that ask for pages and do not read them cannot hold more
+/// than this (plus one page) of the VMM's memory.
+pub const MAX_TOTAL_QUEUED: usize = 64 << 20;
+/// Replies at least this large count against [`MAX_TOTAL_QUEUED`]; smaller
+/// ones (`query-status`, errors) are always sent.
+pub(crate) const LARGE_REPLY: usize = 64 << 10;
 /// Fds a client may leave unreceived before it is dropped.
 pub(crate) const MAX_QUEUED_FDS: usize = 512;
 

@@ -44,7 +44,7 @@ use socket::SocketFile;
 
 pub(crate) use context::Context;
 pub use error::Error;
-pub use limits::{Limits, MAX_CLIENTS, RESERVED_CLIENTS};
+pub use limits::{Limits, MAX_CLIENTS, MAX_TOTAL_QUEUED, RESERVED_CLIENTS};
 
 /// The running control socket; dropping it stops the thread and removes the socket file.
 pub(crate) struct Server {

@@ -18,7 +18,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use super::commands::Handler;
 use super::connection::{Connection, Input};
 use super::events;
-use super::limits::{Limits, MAX_CLIENTS, RESERVED_CLIENTS};
+use super::limits::{Limits, LARGE_REPLY, MAX_CLIENTS, MAX_TOTAL_QUEUED, RESERVED_CLIENTS};
 use super::outcome::{Outcome, Pending};
 use crate::protocol::framing::{Frame, MAX_VALUE};
 use crate::protocol::{request, Command, ErrorClass, Message};
@@ -97,8 +97,7 @@ impl Plane {
     /// A timer or eventfd cannot be created.
     pub(crate) fn new(fds: PlaneFds, handler: Handler, limits: Limits) -> std::io::Result<Plane> {
         let timer = || TimerFd::new().map_err(|e| std::io::Error::from_raw_os_error(e.errno()));
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::geteuid() };
+        let uid = rustix::process::geteuid().as_raw();
         Ok(Plane {
             listener: fds.listener,
             exit: fds.exit,
@@ -302,6 +301,11 @@ impl Plane {
                     format!("every one of the {MAX_CLIENTS} client slots is busy: this reserved slot serves only query-status, query-version and quit"),
                 ),
             ),
+            Ok(req)
+                if matches!(req.command, Command::QuerySamples(_)) && self.over_reply_budget(0) =>
+            {
+                (req.id, over_budget())
+            }
             Ok(req) => (req.id, self.dispatch(negotiated, req.command)),
             Err(e) => (e.id, Outcome::Error(e.class, e.desc)),
         };
@@ -350,21 +354,39 @@ impl Plane {
         }
     }
 
+    /// Whether the output queued for all clients, with `more`, is over
+    /// [`MAX_TOTAL_QUEUED`].
+    fn over_reply_budget(&self, more: usize) -> bool {
+        let queued: usize = self.clients.values().map(Connection::queued_bytes).sum();
+        queued.saturating_add(more) > MAX_TOTAL_QUEUED
+    }
+
+    /// Queues the reply to a request. A large reply while the clients'
+    /// queued output is over [`MAX_TOTAL_QUEUED`] becomes an error instead.
     fn answer(&mut self, token: u32, id: Option<Value>, outcome: Outcome) {
-        let Some(client) = self.clients.get_mut(&token) else {
+        if !self.clients.contains_key(&token) {
             return;
-        };
-        match outcome {
+        }
+        let (line, fds) = match outcome {
             Outcome::Return(value, fds) => {
-                client.queue(Message::Return { value, id }.to_line(), fds)
+                let line = Message::Return {
+                    value,
+                    id: id.clone(),
+                }
+                .to_line();
+                if line.len() >= LARGE_REPLY && self.over_reply_budget(line.len()) {
+                    return self.answer(token, id, over_budget());
+                }
+                (line, fds)
             }
-            Outcome::Error(class, desc) => {
-                client.queue(Message::error(class, desc, id).to_line(), Vec::new())
-            }
+            Outcome::Error(class, desc) => (Message::error(class, desc, id).to_line(), Vec::new()),
             Outcome::Wait(_)
             | Outcome::Subscribe { .. }
             | Outcome::Unsubscribe
-            | Outcome::Negotiated => {}
+            | Outcome::Negotiated => return,
+        };
+        if let Some(client) = self.clients.get_mut(&token) {
+            client.queue(line, fds);
         }
     }
 
@@ -579,5 +601,16 @@ fn for_the_reserve(command: &Command) -> bool {
             | Command::QueryStatus(_)
             | Command::QueryVersion(_)
             | Command::Quit(_)
+    )
+}
+
+/// The reply to a large query while the clients' queued output is over its budget.
+fn over_budget() -> Outcome {
+    Outcome::Error(
+        ErrorClass::GenericError,
+        format!(
+            "replies waiting for clients to read them fill the server's budget ({} MiB); try again once they are read",
+            MAX_TOTAL_QUEUED >> 20
+        ),
     )
 }
