@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvmscope::exporter::{Exporter, ExporterConfig};
+use kvmscope::exporter::Exporter;
 use kvmscope::vm::{Vm, VmConfig};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
@@ -23,21 +23,11 @@ fn test_dir(test: &str) -> PathBuf {
 }
 
 fn exporter(dir: &Path, timeout: Duration) -> Exporter {
-    Exporter::start(ExporterConfig {
-        listen: ([127, 0, 0, 1], 0).into(),
-        dirs: vec![dir.to_path_buf()],
-        sockets: vec![],
-        attach_timeout: timeout,
-        stats: kvm_stats::NameFilter::all(),
-        qmp_sockets: vec![],
-        qmp_interval: Duration::from_secs(5),
-        qmp_vcpus: false,
-    })
-    .unwrap()
+    common::exporter::over(dir, timeout)
 }
 
 fn page(e: &Exporter) -> String {
-    common::scrape(e.addr.port()).expect("the exporter serves its page")
+    common::exporter::page(e)
 }
 
 fn page_within(e: &Exporter, what: &str, limit: Duration, check: impl Fn(&str) -> bool) -> String {

@@ -62,21 +62,11 @@ impl Drop for Vmm {
 }
 
 fn exporter(dir: &Path, timeout: Duration) -> Exporter {
-    Exporter::start(ExporterConfig {
-        listen: ([127, 0, 0, 1], 0).into(),
-        dirs: vec![dir.to_path_buf()],
-        sockets: vec![],
-        attach_timeout: timeout,
-        stats: kvm_stats::NameFilter::all(),
-        qmp_sockets: vec![],
-        qmp_interval: Duration::from_secs(5),
-        qmp_vcpus: false,
-    })
-    .unwrap()
+    common::exporter::over(dir, timeout)
 }
 
 fn page(e: &Exporter) -> String {
-    common::scrape(e.addr.port()).expect("the exporter serves its page")
+    common::exporter::page(e)
 }
 
 /// The page once `check` accepts it.

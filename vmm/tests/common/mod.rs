@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 pub mod elf;
+pub mod exporter;
 pub mod migration;
 
 /// Whether KVM tests can run. Without /dev/kvm they are skipped with a printed

@@ -1,0 +1,27 @@
+//! An exporter over one socket directory, and its page, for the exporter tests.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kvmscope::exporter::{Exporter, ExporterConfig};
+
+/// An exporter on a free local port reading every socket in `dir`, every
+/// stat, no QEMU monitor.
+pub fn over(dir: &Path, attach_timeout: Duration) -> Exporter {
+    Exporter::start(ExporterConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        dirs: vec![dir.to_path_buf()],
+        sockets: vec![],
+        attach_timeout,
+        stats: kvm_stats::NameFilter::all(),
+        qmp_sockets: vec![],
+        qmp_interval: Duration::from_secs(5),
+        qmp_vcpus: false,
+    })
+    .expect("the exporter starts")
+}
+
+/// The exporter's page now.
+pub fn page(e: &Exporter) -> String {
+    super::scrape(e.addr.port()).expect("the exporter serves its page")
+}
