@@ -40,8 +40,15 @@ fn wait_running(vm: &ServedVm) {
 #[test]
 fn a_window_over_a_writing_guest_reports_its_stall_and_over_an_idle_one_none() {
     require_kvm!();
+    let port = common::free_port();
     let vm = ServedVm::start_with("stall-window", MEM, 1, |c| {
         c.vm.dirty_log = Some(DirtyMode::Ring(4096));
+        c.sampler = Some(kvmscope::sampler::SamplerConfig {
+            interval: Duration::from_millis(50),
+            capacity: 64,
+            out: None,
+        });
+        c.metrics_addr = Some(([127, 0, 0, 1], port).into());
     });
     let idle = window(&vm, 0.5);
     assert_eq!(stall_ms(&idle), 0.0, "an idle guest loses nothing: {idle}");
@@ -72,6 +79,17 @@ fn a_window_over_a_writing_guest_reports_its_stall_and_over_an_idle_one_none() {
             .contains("guest stall (tracking)"),
         "{busy}"
     );
+    // The metrics page adds up every window that has ended.
+    let page = common::wait_for("the metrics page", Duration::from_secs(10), || {
+        common::scrape(port)
+    });
+    let total = common::metric(&page, "kvmscope_guest_stall_seconds_total", &["vcpu=\"0\""])
+        .expect("kvmscope_guest_stall_seconds_total on the page");
+    assert!(
+        (total * 1e3 - ms).abs() < 1.0,
+        "{total} s on the page, {ms} ms in the report (the idle window added 0)"
+    );
+    common::check_with_promtool(&page);
     vm.quit();
 }
 

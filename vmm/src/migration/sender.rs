@@ -125,8 +125,8 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     let result = p.migrate(uri);
     m.set_conn(None);
     let held = p.held;
-    if let Some(observed) = &p.observed {
-        let stall = guest_stall(&observed.stall());
+    if let Some(observed) = p.observed.take() {
+        let stall = guest_stall(&observed.end());
         m.update(|i| i.x_guest_stall = Some(stall));
     }
     drop(p);

@@ -158,7 +158,7 @@ fn dirty_rate(
     std::thread::sleep(calc_time.saturating_sub(half_at));
     let (pages, per_vcpu) = window.sync(|w| (w.pages.count(), w.per_vcpu.clone()))?;
     drop(window);
-    let stall = period.stall();
+    let stall = period.end();
     let window = started.elapsed();
     let mode = match d.mode() {
         DirtyMode::Bitmap => "dirty-bitmap",

@@ -106,6 +106,9 @@ pub struct Shared {
     pub(crate) tick_fd: std::sync::OnceLock<Arc<vmm_sys_util::eventfd::EventFd>>,
     /// Nanoseconds the most recent tick took (reads, point, export, ring).
     pub last_tick_ns: std::sync::atomic::AtomicU64,
+    /// The vCPUs' shared parts, for the figures the metrics page reads off
+    /// them (the guest's stall).
+    pub(crate) vcpus: Vec<Arc<VcpuShared>>,
 }
 
 impl Shared {
@@ -268,6 +271,7 @@ impl Sampler {
             wake: Condvar::new(),
             last_tick_ns: Default::default(),
             tick_fd: std::sync::OnceLock::new(),
+            vcpus: vcpus.clone(),
         });
         let worker = Worker::new(shared.clone(), vcpus, plan, writer, config.interval);
         let thread = std::thread::Builder::new()

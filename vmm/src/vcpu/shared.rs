@@ -168,6 +168,8 @@ pub struct VcpuShared {
     /// Nanoseconds the vCPU thread has spent harvesting its full dirty ring
     /// while the guest waited.
     pub(crate) ring_full_ns: AtomicU64,
+    /// The guest's stall over every observation that has ended, ns.
+    pub(crate) stall_ns: AtomicU64,
     /// When the last observation of the guest (a window, a migration) ended.
     pub(crate) observed_until: Mutex<Option<Instant>>,
 }
@@ -193,6 +195,7 @@ impl VcpuShared {
             faults: OnceLock::new(),
             ring_full_ns: AtomicU64::new(0),
             observed_until: Mutex::new(None),
+            stall_ns: AtomicU64::new(0),
             watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
             wake: Condvar::new(),

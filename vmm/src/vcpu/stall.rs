@@ -125,6 +125,7 @@ impl Baseline {
             vcpus: self.vcpus,
             start,
             started: Instant::now(),
+            ended: false,
         }
     }
 }
@@ -136,19 +137,40 @@ pub(crate) struct Period {
     /// Per vCPU: the reading at the start and the fault rate before it.
     start: Vec<Option<(Reading, f64)>>,
     started: Instant,
+    /// [`Period::end`] ran.
+    ended: bool,
 }
 
 impl Drop for Period {
-    /// The observation ends: each vCPU remembers when, for the next baseline.
     fn drop(&mut self) {
-        let now = Instant::now();
-        for v in &self.vcpus {
-            *crate::lock(&v.observed_until) = Some(now);
+        if !self.ended {
+            let stall = self.stall();
+            self.close(&stall);
         }
     }
 }
 
 impl Period {
+    /// Ends the observation: its stall, which each vCPU also adds to its
+    /// running total (the metrics page's `kvmscope_guest_stall_seconds_total`;
+    /// observations that overlap count twice), remembering when, for the next
+    /// baseline. A period dropped without `end` ends the same way.
+    pub(crate) fn end(mut self) -> Stall {
+        let stall = self.stall();
+        self.close(&stall);
+        stall
+    }
+
+    fn close(&mut self, stall: &Stall) {
+        self.ended = true;
+        let now = Instant::now();
+        for (v, d) in self.vcpus.iter().zip(&stall.vcpus) {
+            let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            v.stall_ns.fetch_add(ns, Ordering::Relaxed);
+            *crate::lock(&v.observed_until) = Some(now);
+        }
+    }
+
     /// The stall from the start until now: per vCPU, its faults beyond its
     /// rate before at [`FAULT_COST`] each, and its time in ring-full exits.
     pub(crate) fn stall(&self) -> Stall {
