@@ -134,10 +134,6 @@ pub fn measure_vm(
     measure(&mut guest, options, progress)
 }
 
-/// How long before a dirty-rate window the vCPUs' time outside their guest
-/// is read, for the rate they spend so without tracking.
-const BASELINE: Duration = Duration::from_millis(200);
-
 /// Distinct pages written during a window of `calc_time`, and what the
 /// window cost the guest (from before the log is taken until it is let go).
 fn dirty_rate(
@@ -145,9 +141,10 @@ fn dirty_rate(
     vcpus: &[Arc<VcpuShared>],
     calc_time: Duration,
 ) -> Result<DirtyRate, Error> {
-    let baseline = Baseline::start(vcpus);
-    std::thread::sleep(BASELINE);
-    let period = baseline.begin();
+    // No rate before is taken for a window: measuring one would start the
+    // window later than asked (a run the caller timed to fall inside it
+    // would not), so every fault in the window counts.
+    let period = Baseline::start(vcpus).begin();
     let window = d.subscribe()?;
     let started = Instant::now();
     // Distinct pages at half time too (the window keeps accumulating): how
