@@ -338,3 +338,47 @@ fn a_socket_renamed_over_a_live_one_is_attached_and_the_old_vm_dropped() {
     });
     common::check_with_promtool(&p);
 }
+
+#[test]
+fn a_vm_whose_fds_would_spend_the_open_file_budget_is_down_and_says_why() {
+    require_kvm!();
+    let dir = test_dir("exh-fdbudget");
+    let real = RealStats::new();
+    fake_vmm(
+        &dir.join("vm.sock"),
+        greeting("vm", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        Box::new(|_, r| {
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+        }),
+    );
+    // An exporter whose hard limit is 70 open files: what it holds at start
+    // plus the VM's 2 stats fds plus the 64 kept free do not fit.
+    let port = common::free_port();
+    let mut child = std::process::Command::new("prlimit")
+        .args([
+            "--nofile=70:70",
+            env!("CARGO_BIN_EXE_kvmscope"),
+            "exporter",
+            "--vm-sockets",
+        ])
+        .arg(&dir)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("prlimit (util-linux) runs the exporter");
+    let p = common::wait_for("the VM down, the limit on the page", LIMIT, || {
+        common::scrape(port).filter(|p| up(p, "vm.sock") == Some(0.0))
+    });
+    assert_eq!(
+        common::metric(&p, "kvmscope_exporter_fd_limit", &[]),
+        Some(70.0),
+        "{p}"
+    );
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("open-file budget is spent"), "{log}");
+}
