@@ -96,17 +96,10 @@ pub(crate) fn wait_while<'a, T>(
 /// An error with its sources, `a: b: c`, for one-line messages (replies,
 /// warnings) where the binary's `{:#}` chain printing is not at hand.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut last = e.to_string();
-    let mut text = last.clone();
+    let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        let said = s.to_string();
-        // Some libraries (linux-loader) put their cause in their own message
-        // too: say it once.
-        if !last.ends_with(&said) {
-            text = format!("{text}: {said}");
-        }
-        last = said;
+        text = format!("{text}: {s}");
         source = s.source();
     }
     text

@@ -158,11 +158,23 @@ impl Client {
         let deadline = Instant::now() + bounds.request;
         let stream =
             UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
+        let mut client = Client::greeted_within(stream, bounds.line_max, deadline)?;
+        client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
+        Ok(client)
+    }
+
+    /// A client on `stream` whose lines are at most `line_max` and whose
+    /// greeting (and what follows, until [`Client::bound_each_request`])
+    /// must be in by `deadline`.
+    fn greeted_within(
+        stream: UnixStream,
+        line_max: usize,
+        deadline: Instant,
+    ) -> Result<Client, Error> {
         let mut client = Client::new(stream);
-        client.line_max = bounds.line_max;
+        client.line_max = line_max;
         client.deadline = Some(deadline);
         client.read_greeting()?;
-        client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
         Ok(client)
     }
 
@@ -187,11 +199,7 @@ impl Client {
     /// As [`Client::connect_bounded`], without the negotiation.
     #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn from_stream(stream: UnixStream, bounds: Bounds) -> Result<Client, Error> {
-        let mut client = Client::new(stream);
-        client.line_max = bounds.line_max;
-        client.deadline = Some(Instant::now() + bounds.request);
-        client.read_greeting()?;
-        Ok(client)
+        Client::greeted_within(stream, bounds.line_max, Instant::now() + bounds.request)
     }
 
     fn new(stream: UnixStream) -> Client {

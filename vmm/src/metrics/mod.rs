@@ -347,25 +347,27 @@ pub(crate) fn render(samples: &Shared) -> String {
                 );
             }
         }
-        let secs = |ns: u64| ns as f64 / 1e9;
-        let _ = writeln!(out, "# HELP kvmscope_guest_stall_seconds_total vCPU time the guest lost to dirty tracking over every readiness window and migration that has ended (docs/READINESS.md).\n# TYPE kvmscope_guest_stall_seconds_total counter");
-        for (i, v) in samples.vcpus.iter().enumerate() {
-            let ns = v.stall_ns.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "kvmscope_guest_stall_seconds_total{{{vm},vcpu=\"{i}\"}} {}",
-                secs(ns)
-            );
-        }
-        let _ = writeln!(out, "# HELP kvmscope_dirty_ring_full_seconds_total Time the vCPU thread spent harvesting its full dirty ring while its guest waited.\n# TYPE kvmscope_dirty_ring_full_seconds_total counter");
-        for (i, v) in samples.vcpus.iter().enumerate() {
-            let ns = v.ring_full_ns.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "kvmscope_dirty_ring_full_seconds_total{{{vm},vcpu=\"{i}\"}} {}",
-                secs(ns)
-            );
-        }
+        let per_vcpu_ns = |out: &mut String,
+                           name: &str,
+                           help: &str,
+                           ns: &dyn Fn(&crate::vcpu::VcpuShared) -> u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (i, v) in samples.vcpus.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{{vm},vcpu=\"{i}\"}} {}", ns(v) as f64 / 1e9);
+            }
+        };
+        per_vcpu_ns(
+            &mut out,
+            "kvmscope_guest_stall_seconds_total",
+            "vCPU time the guest lost to dirty tracking over every readiness window and migration that has ended (docs/READINESS.md).",
+            &|v| v.stall_ns.load(Ordering::Relaxed),
+        );
+        per_vcpu_ns(
+            &mut out,
+            "kvmscope_dirty_ring_full_seconds_total",
+            "Time the vCPU thread spent harvesting its full dirty ring while its guest waited.",
+            &|v| v.ring_full_ns.load(Ordering::Relaxed),
+        );
         let _ = writeln!(out, "# HELP kvmscope_guest_phase Latest guest phase marker ((seq << 8) | command code).\n# TYPE kvmscope_guest_phase gauge");
         for (i, v) in p.vcpus.iter().enumerate() {
             let _ = writeln!(out, "kvmscope_guest_phase{{{vm},vcpu=\"{i}\"}} {}", v.phase);

@@ -77,11 +77,6 @@ impl Stall {
     pub fn total(&self) -> Duration {
         self.vcpus.iter().sum()
     }
-
-    /// All vCPUs' faults beyond their rate before.
-    pub fn total_faults(&self) -> u64 {
-        self.faults.iter().sum()
-    }
 }
 
 /// The readings a period's rate before is taken from: taken before the
