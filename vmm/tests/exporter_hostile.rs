@@ -382,3 +382,35 @@ fn a_vm_whose_fds_would_spend_the_open_file_budget_is_down_and_says_why() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("open-file budget is spent"), "{log}");
 }
+
+#[test]
+fn an_attached_vm_stays_attached_past_its_attach_deadline() {
+    require_kvm!();
+    let dir = test_dir("exh-steady");
+    let real = RealStats::new();
+    let attaches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = attaches.clone();
+    fake_vmm(
+        &dir.join("vm.sock"),
+        greeting("steady", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        Box::new(move |_, r| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+        }),
+    );
+    let e = exporter(&dir, Duration::from_millis(300));
+    page_within(&e, "the VM up", LIMIT, |p| up(p, "vm.sock") == Some(1.0));
+    // Ten times the attach deadline: the connection is kept and not asked
+    // anything (before: dropped once the attach deadline had passed, and
+    // attached again, over and over).
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(up(&page(&e), "vm.sock"), Some(1.0));
+    assert_eq!(
+        attaches.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "attached once"
+    );
+}

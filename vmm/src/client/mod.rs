@@ -190,6 +190,8 @@ impl Client {
     /// its connection began with (an attach that is one deadline all told).
     pub(crate) fn bound_each_request(&mut self, limit: Duration) {
         self.request_limit = Some(limit);
+        // The shared deadline is over with the requests it covered.
+        self.deadline = None;
     }
 
     /// A bounded client on a connected stream, past its greeting (for the
@@ -340,10 +342,7 @@ impl Client {
         };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the VMM did not complete its answer within the deadline",
-            ));
+            return Err(past_deadline());
         }
         self.stream.set_read_timeout(Some(left))?;
         self.stream.set_write_timeout(Some(left))
@@ -357,6 +356,15 @@ impl Client {
                 Ok(0) => return Err(Error::Closed),
                 Ok(n) => rest = &rest[n..],
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if self.deadline.is_some()
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                {
+                    return Err(past_deadline().into())
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -379,8 +387,21 @@ impl Client {
                     self.line_max
                 )));
             }
-            if self.receive()? == 0 {
-                return Err(Error::Closed);
+            self.arm_deadline()?;
+            match self.receive() {
+                Ok(0) => return Err(Error::Closed),
+                Ok(_) => {}
+                // The socket's timeout is what was left of the deadline.
+                Err(e)
+                    if self.deadline.is_some()
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                {
+                    return Err(past_deadline().into())
+                }
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -414,7 +435,6 @@ impl Client {
     /// One `recvmsg` into the input, each fd tagged with the last byte that
     /// came with it; `Ok(0)` at the end of the stream.
     fn receive(&mut self) -> io::Result<usize> {
-        self.arm_deadline()?;
         let mut buf = vec![0u8; 64 << 10];
         let mut fds = Vec::new();
         let n = scm::recv_with_fds(&self.stream, &mut buf, &mut fds, MAX_FDS_PER_MESSAGE)?;
@@ -645,6 +665,14 @@ impl Client {
             None => Err(Error::BadReply(value.to_string())),
         }
     }
+}
+
+/// A bounded request that ran past its deadline.
+fn past_deadline() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the VMM did not complete its answer within the deadline",
+    )
 }
 
 /// A command's return as the protocol type it should be.
