@@ -103,14 +103,22 @@ fn fake_vmm(
                 while r.read_line(&mut line).is_ok_and(|n| n > 0) {
                     if line.contains("get-stats-fd") && line.contains("\"vcpu\"") {
                         let files: Vec<&std::fs::File> = vcpus.iter().collect();
-                        send_with_fds(&s, "{\"return\":{}}\n", &files);
+                        let entries: Vec<String> = (0..files.len())
+                            .map(|i| format!("{{\"target\":\"vcpu\",\"vcpu\":{i},\"id\":\"x\"}}"))
+                            .collect();
+                        let reply = format!("{{\"return\":{{\"fds\":[{}]}}}}\n", entries.join(","));
+                        send_with_fds(&s, &reply, &files);
                         after(&mut s, &mut r);
                         return;
                     } else if line.contains("get-stats-fd") {
-                        send_with_fds(&s, "{\"return\":{}}\n", &[&vm]);
+                        send_with_fds(
+                            &s,
+                            "{\"return\":{\"fds\":[{\"target\":\"vm\",\"id\":\"x\"}]}}\n",
+                            &[&vm],
+                        );
                     } else if line.contains("query-status") {
                         let _ = s
-                            .write_all(b"{\"return\":{\"status\":\"running\",\"running\":true}}\n");
+                            .write_all(b"{\"return\":{\"status\":\"running\",\"running\":true,\"singlestep\":false}}\n");
                     } else {
                         let _ = s.write_all(b"{\"return\":{}}\n");
                     }

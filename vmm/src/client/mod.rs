@@ -24,6 +24,7 @@ use crate::protocol::events::{EventKind, ScanProgress};
 use crate::protocol::guest::GuestCommandReply;
 use crate::protocol::migration::{MigrateArgs, MigrationInfo, Parameters, SetParameters};
 use crate::protocol::readiness::ReadinessReport;
+use crate::protocol::reply::StatusInfo;
 use crate::protocol::request::{
     request_line, CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, NoArgs, QuerySamplesArgs,
     ReadinessRequest, VcpusArgs,
@@ -572,6 +573,15 @@ impl Client {
     /// `BadReply` for a page of another shape.
     pub fn query_samples(&mut self, since: u64, max: Option<u64>) -> Result<SamplesPage, Error> {
         let (value, _) = self.call(&Command::QuerySamples(QuerySamplesArgs { since, max }))?;
+        decode(value)
+    }
+
+    /// The VM's run state (`query-status`).
+    ///
+    /// # Errors
+    /// As [`Client::execute`], or `BadReply` for a status of another shape.
+    pub(crate) fn query_status(&mut self) -> Result<StatusInfo, Error> {
+        let (value, _) = self.call(&Command::QueryStatus(NoArgs {}))?;
         decode(value)
     }
 

@@ -7,10 +7,13 @@
 //! Threads: `exporter-watch` (discovery, `targets`), short-lived
 //! `exporter-attach` threads (one per new socket, bounded by a timeout), and
 //! the HTTP server of `crate::metrics::http`, which renders the page
-//! (`page`) on each scrape.
+//! (`page`) on each scrape from every provider (`provider`: kvmscope VMMs in
+//! `kvmscope`, QEMU in `qemu`).
 
+pub(crate) mod kvmscope;
 pub(crate) mod labels;
 pub(crate) mod page;
+pub(crate) mod provider;
 pub(crate) mod qemu;
 pub(crate) mod targets;
 
@@ -71,7 +74,6 @@ pub struct Exporter {
     pub(crate) registry: Arc<Mutex<Registry>>,
     _server: http::Server,
     _watcher: Watcher,
-    _qemu: qemu::Pollers,
 }
 
 impl Exporter {
@@ -91,19 +93,21 @@ impl Exporter {
             registry.clone(),
         )
         .map_err(Error::Spawn)?;
-        let (qemu_vms, pollers) = qemu::poll(
+        let qemu = qemu::poll(
             &config.qmp_sockets,
             config.qmp_interval,
             config.qmp_vcpus,
             config.attach_timeout,
         )
         .map_err(Error::Spawn)?;
-        let reg = registry.clone();
+        let mut providers: Vec<Box<dyn provider::Provider>> = vec![
+            Box::new(kvmscope::KvmscopeVms::new(registry.clone())),
+            Box::new(qemu),
+        ];
         let filter = config.stats;
         let mut counters = page::Counters::default();
         let render = move || -> Arc<str> {
-            let qemu = lock(&qemu_vms).clone();
-            page::render(&mut lock(&reg), &qemu, &mut counters, &filter).into()
+            page::render(&mut providers, &mut counters, &filter).into()
         };
         let server = http::Server::start(
             config.listen,
@@ -119,7 +123,6 @@ impl Exporter {
             registry,
             _server: server,
             _watcher: watcher,
-            _qemu: pollers,
         })
     }
 

@@ -15,6 +15,7 @@
 //! QEMU 7.2 returns log2 histogram buckets highest first; they are reversed
 //! here into the kernel's order (bucket 0 first), as the fd path reads them.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -23,8 +24,10 @@ use std::time::{Duration, Instant};
 use kvm_stats::{Base, Descriptor, StatType, Unit};
 use serde_json::Value;
 
+use super::provider::{Figures, Provider};
 use crate::client::{self, Bounds, Client};
 use crate::lock;
+use crate::metrics::{label_value, Source, Values};
 use crate::protocol::request::{NoArgs, QueryStatsArgs, SchemasArgs, StatsProvider};
 use crate::protocol::{Command, StatsTarget};
 
@@ -100,7 +103,7 @@ pub(crate) fn poll(
     interval: Duration,
     vcpus: bool,
     timeout: Duration,
-) -> std::io::Result<(Arc<Mutex<Vec<QemuVm>>>, Pollers)> {
+) -> std::io::Result<QemuVms> {
     let vms = Arc::new(Mutex::new(
         sockets
             .iter()
@@ -121,7 +124,93 @@ pub(crate) fn poll(
                 .spawn(move || refresh_loop(&socket, i, &vms, &stop, interval, vcpus, timeout))?,
         );
     }
-    Ok((vms, Pollers { stop, threads }))
+    Ok(QemuVms {
+        vms,
+        _pollers: Pollers { stop, threads },
+    })
+}
+
+/// QEMU VMs as a provider: the latest figures its threads fetched, with their age.
+pub(crate) struct QemuVms {
+    vms: Arc<Mutex<Vec<QemuVm>>>,
+    _pollers: Pollers,
+}
+
+impl Provider for QemuVms {
+    fn read(&mut self) -> Box<dyn Figures + '_> {
+        Box::new(QemuFigures(lock(&self.vms).clone()))
+    }
+}
+
+/// A copy of every QEMU VM's latest figures, taken for one scrape.
+struct QemuFigures(Vec<QemuVm>);
+
+impl QemuFigures {
+    /// The VMs read at least once.
+    fn read(&self) -> impl Iterator<Item = &QemuVm> {
+        self.0.iter().filter(|q| q.at.is_some())
+    }
+}
+
+impl Figures for QemuFigures {
+    /// `up`, info (provider `qemu-qmp`), and how old each VM's figures are.
+    fn write_families(&self, out: &mut String) {
+        let qemu = &self.0;
+        if qemu.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_up 1 for a QEMU monitor whose last query-stats answered, else 0.\n# TYPE kvmscope_exporter_qemu_up gauge");
+        for q in qemu {
+            let up = u8::from(q.at.is_some() && q.error.is_none());
+            let _ = writeln!(out, "kvmscope_exporter_qemu_up{{{}}} {up}", q.labels);
+        }
+        let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_info A QEMU VM read over QMP query-stats (provider qemu-qmp): values are as old as kvmscope_exporter_qemu_age_seconds; vCPU stats only with --qmp-vcpus. vcpu_kicks=\"1\": this QEMU (before 8.1) kicks every vCPU out of the guest for each refresh of them; 8.1 and later pread a stats fd kept open.\n# TYPE kvmscope_exporter_qemu_info gauge");
+        for q in self.read() {
+            let (major, minor, micro) = q.version;
+            let _ = writeln!(
+                out,
+                "kvmscope_exporter_qemu_info{{{},provider=\"qemu-qmp\",qemu_version=\"{major}.{minor}.{micro}\",vcpus_read=\"{}\",vcpu_kicks=\"{}\"}} 1",
+                q.labels,
+                q.vcpus.len(),
+                u8::from(!q.vcpus.is_empty() && q.vcpu_query_kicks())
+            );
+        }
+        let _ = writeln!(out, "# HELP kvmscope_exporter_qemu_age_seconds Age of the QEMU VM's figures on this page.\n# TYPE kvmscope_exporter_qemu_age_seconds gauge");
+        for q in qemu {
+            if let Some(at) = q.at {
+                let _ = writeln!(
+                    out,
+                    "kvmscope_exporter_qemu_age_seconds{{{}}} {}",
+                    q.labels,
+                    at.elapsed().as_secs_f64()
+                );
+            }
+        }
+    }
+
+    fn vm_stats(&self) -> Vec<Source<'_>> {
+        self.read()
+            .map(|q| Source {
+                labels: q.labels.clone(),
+                values: Values::Listed(&q.vm),
+            })
+            .collect()
+    }
+
+    fn vcpu_stats(&self) -> Vec<Source<'_>> {
+        self.read()
+            .flat_map(|q| {
+                q.vcpus.iter().enumerate().map(move |(i, (path, r))| Source {
+                    labels: format!(
+                        "{},vcpu=\"{i}\",qom_path=\"{}\"",
+                        q.labels,
+                        label_value(path)
+                    ),
+                    values: Values::Listed(r),
+                })
+            })
+            .collect()
+    }
 }
 
 fn file_name(path: &Path) -> String {

@@ -21,12 +21,13 @@ use std::time::{Duration, Instant};
 
 use kvm_stats::{Header, Sample, StatsFd};
 use rustix::fs::inotify;
-use serde_json::json;
 
 use crate::client::{self, Client};
 use crate::lock;
 use crate::protocol::events::EventKind;
 use crate::protocol::migration::Status;
+use crate::protocol::reply::RunState;
+use crate::protocol::{StatsTarget, VcpuSelector};
 
 /// Longest time between two scans of the socket directories.
 pub(crate) const RESCAN: Duration = Duration::from_millis(500);
@@ -406,8 +407,7 @@ fn completed_migration(line: &serde_json::Value) -> bool {
 
 /// Whether the VMM's guest has left it (`query-status` says `postmigrate`).
 fn migrated_away(client: &mut Client) -> Result<bool, client::Error> {
-    let (status, _) = client.execute("query-status", json!({}))?;
-    Ok(status["status"] == "postmigrate")
+    Ok(client.query_status()?.status == RunState::Postmigrate)
 }
 
 /// Longest line the exporter takes from a VMM: its greeting and the replies
@@ -475,15 +475,15 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     if open + need + FD_RESERVE > limit {
         return Err(AttachError::FdBudget { need, open, limit });
     }
-    let (_, vm_files) = client.execute("get-stats-fd", json!({"target": "vm"}))?;
-    let (_, vcpu_files) =
-        client.execute("get-stats-fd", json!({"target": "vcpu", "vcpu": "all"}))?;
+    let vm_files = client.get_stats_fd(StatsTarget::Vm, None)?;
+    let vcpu_files = client.get_stats_fd(StatsTarget::Vcpu, Some(VcpuSelector::All))?;
     // Follow-up requests (a completed migration's `query-status`) each get
     // the attach timeout, whole.
     client.bound_each_request(timeout);
     let mut budget = VM_STATS_BUDGET;
     let vm_stats = vm_files
         .into_iter()
+        .map(|(_, file)| file)
         .next()
         .ok_or_else(|| client::Error::BadReply("get-stats-fd for the VM carried no fd".into()))
         .map_err(AttachError::from)
@@ -498,6 +498,7 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     }
     let vcpus = vcpu_files
         .into_iter()
+        .map(|(_, file)| file)
         .take(vm.vcpus)
         .map(|f| open_stats(f, "kvm-vcpu-stats", &mut budget))
         .collect::<Result<Vec<_>, _>>()?;

@@ -213,26 +213,68 @@ impl Family {
     }
 }
 
-/// Stats that come as descriptors and values rather than through a stats fd
-/// (QEMU's `query-stats`), labelled like a source.
-pub(crate) type Readings<'a> = [(String, &'a [(Descriptor, Vec<u64>)])];
+/// Where one source's stats come from: a stats fd and its latest sample
+/// (KVM's own, read with one `pread`), or descriptors listed with their values
+/// (as a QMP `query-stats` reply gives them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Values<'a> {
+    /// A stats fd's schema and a sample of it.
+    Fd(&'a StatsFd, &'a Sample),
+    /// Each stat's descriptor with its values.
+    Listed(&'a [(Descriptor, Vec<u64>)]),
+}
+
+impl<'a> Values<'a> {
+    /// Every stat of the source, with its id where it has one.
+    fn stats(self) -> Box<dyn Iterator<Item = (Option<kvm_stats::StatId>, &'a Descriptor)> + 'a> {
+        match self {
+            Values::Fd(fd, _) => Box::new(fd.schema().iter().map(|(id, d)| (Some(id), d))),
+            Values::Listed(list) => Box::new(list.iter().map(|(d, _)| (None, d))),
+        }
+    }
+
+    /// The stat called `name`: its descriptor in this source and its values;
+    /// `hint` is where a source of the same layout has it, tried first.
+    fn find(self, name: &str, hint: Option<kvm_stats::StatId>) -> Option<(&'a Descriptor, &'a [u64])> {
+        match self {
+            Values::Fd(fd, sample) => {
+                let schema = fd.schema();
+                let id = match hint.and_then(|id| schema.get(id).map(|same| (id, same))) {
+                    Some((id, same)) if same.name == name => Some(id),
+                    _ => schema.find(name),
+                }?;
+                Some((schema.get(id)?, sample.values(id)))
+            }
+            Values::Listed(list) => list
+                .iter()
+                .find(|(d, _)| d.name == name)
+                .map(|(d, v)| (d, v.as_slice())),
+        }
+    }
+}
+
+/// One source of stats on a page (a VM or a vCPU) and the labels its lines carry.
+#[derive(Debug, Clone)]
+pub(crate) struct Source<'a> {
+    /// Its labels, without braces (`vm="a",vcpu="0"`).
+    pub(crate) labels: String,
+    /// Its stats.
+    pub(crate) values: Values<'a>,
+}
 
 /// Writes every stat of `sources`, grouped by stat (all sources of one stat
-/// together, as the text format requires), each source labelled by
-/// `labels[i]`, then the same stat from each of `extra`. Only stats whose name
-/// `keep` accepts are written; families already in `seen` get no second
-/// `# HELP`/`# TYPE`.
+/// together, as the text format requires), each source with its own labels
+/// and its own descriptor's unit. Only stats whose name `keep` accepts are
+/// written; families already in `seen` get no second `# HELP`/`# TYPE`.
 pub(crate) fn write_sources(
     out: &mut String,
-    sources: &[(&StatsFd, &Sample)],
+    sources: &[Source<'_>],
     prefix: &str,
-    labels: &[String],
-    extra: &Readings<'_>,
     seen: &mut HashSet<String>,
     keep: &dyn Fn(&str) -> bool,
 ) {
     let vcpu = prefix.contains("vcpu");
-    for (first_id, d) in every_stat(sources, extra)
+    for (first_id, d) in every_stat(sources)
         .into_iter()
         .filter(|(_, d)| keep(&d.name))
     {
@@ -240,20 +282,9 @@ pub(crate) fn write_sources(
             continue;
         };
         family.write_header(out, d, vcpu, seen);
-        for ((fd, sample), labels) in sources.iter().zip(labels) {
-            // Sources of one kernel share one layout: try the same index first.
-            let schema = fd.schema();
-            let id = match first_id.and_then(|id| schema.get(id).map(|same| (id, same))) {
-                Some((id, same)) if same.name == d.name => Some(id),
-                _ => schema.find(&d.name),
-            };
-            if let Some(id) = id {
-                family.write_values(out, d, sample.values(id), labels);
-            }
-        }
-        for (labels, reading) in extra {
-            if let Some((qd, values)) = reading.iter().find(|(qd, _)| qd.name == d.name) {
-                family.write_values(out, qd, values, labels);
+        for source in sources {
+            if let Some((own, values)) = source.values.find(&d.name, first_id) {
+                family.write_values(out, own, values, &source.labels);
             }
         }
     }
@@ -264,19 +295,10 @@ pub(crate) fn write_sources(
 /// first one's still shows them all), with the id it has in the first source
 /// that has it. A name that is not metric-name material (`[A-Za-z0-9_]`,
 /// not starting with a digit) is left out, and said once in the log.
-fn every_stat<'a>(
-    sources: &[(&'a StatsFd, &Sample)],
-    extra: &'a Readings<'_>,
-) -> Vec<(Option<kvm_stats::StatId>, &'a Descriptor)> {
+fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Option<kvm_stats::StatId>, &'a Descriptor)> {
     let mut names = HashSet::new();
     let mut stats = Vec::new();
-    let fds = sources
-        .iter()
-        .flat_map(|(fd, _)| fd.schema().iter().map(|(id, d)| (Some(id), d)));
-    let readings = extra
-        .iter()
-        .flat_map(|(_, r)| r.iter().map(|(d, _)| (None, d)));
-    for (id, d) in fds.chain(readings) {
+    for (id, d) in sources.iter().flat_map(|s| s.values.stats()) {
         if !names.insert(d.name.as_str()) {
             continue;
         }
@@ -378,29 +400,24 @@ pub(crate) fn render(samples: &Shared) -> String {
     let _ = writeln!(out, "# HELP kvmscope_sampler_tick_seconds Time the sampler's last tick took.\n# TYPE kvmscope_sampler_tick_seconds gauge\nkvmscope_sampler_tick_seconds{{{vm}}} {tick}");
     samples.with_latest(|sources, latest| {
         let mut seen = HashSet::new();
-        let pairs: Vec<(&StatsFd, &Sample)> = sources.iter().zip(latest).collect();
-        let (vm_source, vcpu_sources) = pairs.split_at(pairs.len().min(1));
-        write_sources(
-            &mut out,
-            vm_source,
-            "kvmscope_kvm_vm_",
-            std::slice::from_ref(&vm),
-            &[],
-            &mut seen,
-            &|_| true,
-        );
-        let vcpu_labels: Vec<String> = (0..vcpu_sources.len())
-            .map(|i| format!("{vm},vcpu=\"{i}\""))
+        let mut pairs = sources.iter().zip(latest);
+        let vm_source: Vec<Source<'_>> = pairs
+            .next()
+            .map(|(fd, sample)| Source {
+                labels: vm.clone(),
+                values: Values::Fd(fd, sample),
+            })
+            .into_iter()
             .collect();
-        write_sources(
-            &mut out,
-            vcpu_sources,
-            "kvmscope_kvm_vcpu_",
-            &vcpu_labels,
-            &[],
-            &mut seen,
-            &|_| true,
-        );
+        write_sources(&mut out, &vm_source, "kvmscope_kvm_vm_", &mut seen, &|_| true);
+        let vcpu_sources: Vec<Source<'_>> = pairs
+            .enumerate()
+            .map(|(i, (fd, sample))| Source {
+                labels: format!("{vm},vcpu=\"{i}\""),
+                values: Values::Fd(fd, sample),
+            })
+            .collect();
+        write_sources(&mut out, &vcpu_sources, "kvmscope_kvm_vcpu_", &mut seen, &|_| true);
     });
     out
 }

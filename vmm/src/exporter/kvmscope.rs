@@ -1,0 +1,144 @@
+//! kvmscope VMMs as a provider: the stats fds discovery took from each
+//! (`targets`), each read with one `pread` per scrape; a VM whose fd cannot be
+//! read is dropped (its fds closed) and attached again by discovery.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kvm_stats::Mapped;
+
+use super::provider::{Figures, Provider};
+use super::targets::Registry;
+use crate::lock;
+use crate::metrics::{label_value, Source, Values};
+
+/// Every kvmscope VMM discovery attached, and what reading them has cost.
+pub(crate) struct KvmscopeVms {
+    registry: Arc<Mutex<Registry>>,
+    /// Stats fds read, over all scrapes.
+    fds_read: u64,
+    /// Stats fd reads that failed (the VM is then dropped).
+    read_errors: u64,
+}
+
+impl KvmscopeVms {
+    /// The VMs of `registry`, which discovery keeps.
+    pub(crate) fn new(registry: Arc<Mutex<Registry>>) -> KvmscopeVms {
+        KvmscopeVms {
+            registry,
+            fds_read: 0,
+            read_errors: 0,
+        }
+    }
+}
+
+impl Provider for KvmscopeVms {
+    fn read(&mut self) -> Box<dyn Figures + '_> {
+        let mut reg = lock(&self.registry);
+        let mut failed = Vec::new();
+        for (path, t) in reg.targets.iter_mut() {
+            let reads = std::iter::once(&mut t.vm).chain(t.vcpus.iter_mut());
+            for (fd, sample) in reads {
+                self.fds_read += 1;
+                if let Err(e) = fd.read_sample(sample) {
+                    self.read_errors += 1;
+                    failed.push((path.clone(), e));
+                    break;
+                }
+            }
+        }
+        for (path, e) in failed {
+            log::warn!(
+                "exporter: dropping {}: reading its stats: {e}",
+                path.display()
+            );
+            reg.targets.remove(&path);
+        }
+        Box::new(KvmscopeFigures {
+            reg,
+            fds_read: self.fds_read,
+            read_errors: self.read_errors,
+        })
+    }
+}
+
+/// The registry, held while the page is written, with this scrape's samples.
+struct KvmscopeFigures<'a> {
+    reg: MutexGuard<'a, Registry>,
+    fds_read: u64,
+    read_errors: u64,
+}
+
+impl Figures for KvmscopeFigures<'_> {
+    /// `up`, info, guest RAM and mapped memory per VM (`up 0` for sockets
+    /// that failed to attach), and the fds read.
+    fn write_families(&self, out: &mut String) {
+        let reg = &*self.reg;
+        let _ = writeln!(out, "# HELP kvmscope_exporter_vm_up 1 for a VM whose stats fds this exporter reads, 0 for a socket it could not attach to (see the log).\n# TYPE kvmscope_exporter_vm_up gauge");
+        for t in reg.targets.values() {
+            let _ = writeln!(out, "kvmscope_exporter_vm_up{{{}}} 1", t.labels);
+        }
+        for path in reg.failures.iter().filter(|(_, f)| f.down).map(|(p, _)| p) {
+            let _ = writeln!(
+                out,
+                "kvmscope_exporter_vm_up{{socket=\"{}\"}} 0",
+                label_value(&path.to_string_lossy())
+            );
+        }
+        let _ = writeln!(out, "# HELP kvmscope_exporter_vm_info The VM's provider (kvmscope: stats fds, no vCPU kicked) and KVM backend.\n# TYPE kvmscope_exporter_vm_info gauge");
+        for t in reg.targets.values() {
+            let _ = writeln!(
+                out,
+                "kvmscope_exporter_vm_info{{{},provider=\"kvmscope\",backend=\"{}\",vcpus=\"{}\"}} 1",
+                t.labels,
+                label_value(&t.backend),
+                t.vcpus.len()
+            );
+        }
+        let _ = writeln!(out, "# HELP kvmscope_exporter_guest_memory_bytes Guest RAM of the VM.\n# TYPE kvmscope_exporter_guest_memory_bytes gauge");
+        for t in reg.targets.values() {
+            let _ = writeln!(
+                out,
+                "kvmscope_exporter_guest_memory_bytes{{{}}} {}",
+                t.labels, t.memory
+            );
+        }
+        let _ = writeln!(out, "# HELP kvmscope_exporter_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes): the non-zero RAM a migration would send, estimated without a scan.\n# TYPE kvmscope_exporter_mapped_bytes gauge");
+        for t in reg.targets.values() {
+            let (fd, sample) = &t.vm;
+            let mapped = Mapped::from_sample(fd.schema(), sample);
+            let _ = writeln!(
+                out,
+                "kvmscope_exporter_mapped_bytes{{{}}} {}",
+                t.labels,
+                mapped.bytes()
+            );
+        }
+        let _ = writeln!(out, "# HELP kvmscope_exporter_fds_read_total Stats fds read (one pread each) over all scrapes.\n# TYPE kvmscope_exporter_fds_read_total counter\nkvmscope_exporter_fds_read_total {}", self.fds_read);
+        let _ = writeln!(out, "# HELP kvmscope_exporter_read_errors_total Stats fd reads that failed.\n# TYPE kvmscope_exporter_read_errors_total counter\nkvmscope_exporter_read_errors_total {}", self.read_errors);
+    }
+
+    fn vm_stats(&self) -> Vec<Source<'_>> {
+        self.reg
+            .targets
+            .values()
+            .map(|t| Source {
+                labels: t.labels.clone(),
+                values: Values::Fd(&t.vm.0, &t.vm.1),
+            })
+            .collect()
+    }
+
+    fn vcpu_stats(&self) -> Vec<Source<'_>> {
+        self.reg
+            .targets
+            .values()
+            .flat_map(|t| {
+                t.vcpus.iter().enumerate().map(move |(i, (fd, sample))| Source {
+                    labels: format!("{},vcpu=\"{i}\"", t.labels),
+                    values: Values::Fd(fd, sample),
+                })
+            })
+            .collect()
+    }
+}
