@@ -45,7 +45,7 @@ pub(crate) fn event_lines(ctx: &Context) -> Vec<(u64, Vec<u8>)> {
     };
     m.take_events()
         .into_iter()
-        .map(|(stamp, (name, data))| (stamp, Message::Event(Event::new(name, data)).to_line()))
+        .map(|(stamp, kind)| (stamp, Message::Event(Event::of(&kind)).to_line()))
         .collect()
 }
 

@@ -12,6 +12,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::format;
 use super::transport::{self, Uri};
+use crate::protocol::events::{EventKind, MigrationChange};
 use crate::protocol::migration::{MigrationInfo, Parameters, RamStats, SetParameters, Status};
 
 /// Longest downtime limit accepted, ms (QEMU's limit).
@@ -37,8 +38,8 @@ pub enum Error {
     Spawn(#[source] std::io::Error),
 }
 
-/// An event for the control socket's clients: a name and its data.
-pub(crate) type Event = (&'static str, serde_json::Value);
+/// An event for the control socket's clients.
+pub(crate) type Event = EventKind;
 
 struct Inner {
     info: MigrationInfo,
@@ -257,8 +258,7 @@ impl Migration {
         Self::queue(
             &mut inner,
             stamp,
-            "MIGRATION",
-            serde_json::json!({ "status": status.name() }),
+            EventKind::Migration(MigrationChange { status }),
         );
         drop(inner);
         self.wake();
@@ -269,11 +269,11 @@ impl Migration {
         self.run_state.get().map_or(0, |r| r.get_with_changes().1)
     }
 
-    fn queue(inner: &mut Inner, stamp: u64, name: &'static str, data: serde_json::Value) {
+    fn queue(inner: &mut Inner, stamp: u64, event: Event) {
         if inner.events.len() == MAX_EVENTS {
             inner.events.pop_front();
         }
-        inner.events.push_back((stamp, (name, data)));
+        inner.events.push_back((stamp, event));
     }
 
     fn wake(&self) {
@@ -283,12 +283,12 @@ impl Migration {
     }
 
     fn event_status(&self, status: Status) {
-        self.event("MIGRATION", serde_json::json!({ "status": status.name() }));
+        self.event(EventKind::Migration(MigrationChange { status }));
     }
 
-    pub(crate) fn event(&self, name: &'static str, data: serde_json::Value) {
+    pub(crate) fn event(&self, event: Event) {
         let stamp = self.changes();
-        Self::queue(&mut self.lock(), stamp, name, data);
+        Self::queue(&mut self.lock(), stamp, event);
         self.wake();
     }
 }

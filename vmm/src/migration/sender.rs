@@ -28,6 +28,7 @@ use super::transport::{self, Conn, Uri};
 use super::writer::{self, Control, Counts, PageWriter};
 use crate::dirty::{self, Bitmap};
 use crate::messages::{RunRequest, RunStateError, VmEvent};
+use crate::protocol::events::{EventKind, MigrationPass};
 use crate::protocol::migration::{GuestStall, VcpuStall};
 use crate::protocol::migration::{RamStats, Status};
 use crate::units::saturating_u64;
@@ -335,8 +336,7 @@ impl<'a> Precopy<'a> {
             i.x_not_converging = note;
             i.x_guest_stall = stall;
         });
-        self.m
-            .event("MIGRATION_PASS", serde_json::json!({ "pass": self.pass }));
+        self.m.event(EventKind::MigrationPass(MigrationPass { pass: self.pass }));
         Ok(dirty)
     }
 
