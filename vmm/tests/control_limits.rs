@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::ServedVm;
-use kvmscope::control::commands::SAMPLES_PAGE;
+use kvmscope::control::commands::{SAMPLES_PAGE, SAMPLES_PAGE_BYTES};
 use kvmscope::sampler::SamplerConfig;
 use serde_json::json;
 
@@ -17,7 +17,11 @@ const MEM: u64 = 64 << 20;
 
 /// A VMM sampling every millisecond, waited on until its ring holds `points`.
 fn sampled_vm(test: &str, points: u64) -> ServedVm {
-    let vm = ServedVm::start_with(test, MEM, 2, |c| {
+    sampled_vm_of(test, 2, points)
+}
+
+fn sampled_vm_of(test: &str, vcpus: usize, points: u64) -> ServedVm {
+    let vm = ServedVm::start_with(test, MEM, vcpus, |c| {
         c.sampler = Some(SamplerConfig {
             interval: Duration::from_millis(1),
             capacity: 8192,
@@ -30,6 +34,45 @@ fn sampled_vm(test: &str, points: u64) -> ServedVm {
         (v["last-seq"].as_u64() >= Some(points)).then_some(())
     });
     vm
+}
+
+#[test]
+fn a_page_of_a_vm_of_many_vcpus_is_cut_at_its_byte_limit() {
+    require_kvm!();
+    // A point of 12 vCPUs is about 12 KB: 1,024 of them would be 12 MB.
+    let vm = sampled_vm_of("page-bytes", 12, 2 * SAMPLES_PAGE as u64);
+    let mut c = vm.client();
+    let (first, _) = c.execute("query-samples", json!({})).unwrap();
+    let len = first.to_string().len();
+    let points = first["samples"].as_array().unwrap();
+    let seqs: Vec<u64> = points.iter().map(|p| p["seq"].as_u64().unwrap()).collect();
+    assert!(
+        len <= SAMPLES_PAGE_BYTES + (64 << 10),
+        "a page of {len} bytes"
+    );
+    assert!(
+        !seqs.is_empty() && seqs.len() < SAMPLES_PAGE,
+        "{} points in the page",
+        seqs.len()
+    );
+    assert_eq!(seqs[0], 1, "the oldest kept");
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+    assert_eq!(first["more"], true, "the rest follows");
+    let last = *seqs.last().unwrap();
+    let (next, _) = c.execute("query-samples", json!({"since": last})).unwrap();
+    assert_eq!(next["samples"][0]["seq"].as_u64(), Some(last + 1));
+    // The newest `max`, cut the same way: the newest kept, the rest dropped.
+    let (newest, _) = c
+        .execute("query-samples", json!({"max": SAMPLES_PAGE}))
+        .unwrap();
+    let kept = newest["samples"].as_array().unwrap();
+    assert!(kept.len() < SAMPLES_PAGE, "{} points", kept.len());
+    assert!(newest["dropped"].as_u64().unwrap() >= (SAMPLES_PAGE - kept.len()) as u64);
+    let newest_seq = kept.last().unwrap()["seq"].as_u64().unwrap();
+    assert!(
+        newest_seq > last + (SAMPLES_PAGE as u64),
+        "{newest_seq} is among the newest"
+    );
 }
 
 #[test]

@@ -49,6 +49,10 @@ const STOP_CHECK: Duration = Duration::from_millis(20);
 /// `since` for more (docs/PROTOCOL.md, "Limits").
 pub const SAMPLES_PAGE: usize = 1024;
 
+/// Most bytes of points one `query-samples` reply carries (at least one
+/// point): a VM of many vCPUs gets fewer points per page, not a larger page.
+pub const SAMPLES_PAGE_BYTES: usize = 4 << 20;
+
 fn fail(class: ErrorClass, desc: impl Into<String>) -> Outcome {
     Outcome::Error(class, desc.into())
 }
@@ -492,8 +496,9 @@ impl Handler {
 
     /// A page of the sampler's points after `since`: the oldest
     /// [`SAMPLES_PAGE`] (with `more` set when there are others), or the newest
-    /// `max` of them. Built only up to the page, so a reply stays bounded
-    /// however large the ring (docs/PROTOCOL.md, "Limits").
+    /// `max` of them, and no more than [`SAMPLES_PAGE_BYTES`] of them. Built
+    /// only up to the page, serialized as it is built, so a reply stays
+    /// bounded however large the ring or the VM (docs/PROTOCOL.md, "Limits").
     fn query_samples(&self, since: u64, max: Option<u64>) -> Outcome {
         let Some(s) = &self.ctx.samples else {
             return no_sampler();
@@ -503,7 +508,10 @@ impl Handler {
             usize::try_from(m).unwrap_or(usize::MAX).min(SAMPLES_PAGE)
         });
         let page = s.page(since, max, newest);
-        Outcome::ret(s.page_reply(page))
+        match s.page_reply(page, SAMPLES_PAGE_BYTES, newest) {
+            Ok(raw) => Outcome::ReturnRaw(raw),
+            Err(e) => Outcome::generic(format!("encoding the page: {e}")),
+        }
     }
 
     /// The reply to a waiting `guest-command`, once its last command finished

@@ -52,6 +52,9 @@ pub(crate) struct Progress {
 pub(crate) enum Outcome {
     /// `{"return": value}`, with fds riding on the line.
     Return(Value, Vec<File>),
+    /// `{"return": value}` for a value serialized as it was built (a page of
+    /// samples: one pass, no JSON tree of it in memory).
+    ReturnRaw(Box<serde_json::value::RawValue>),
     /// `{"error": {"class", "desc"}}`.
     Error(ErrorClass, String),
     /// The reply waits until the handler's `check_wait` gives it.

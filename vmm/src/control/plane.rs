@@ -379,6 +379,13 @@ impl Plane {
                 }
                 (line, fds)
             }
+            Outcome::ReturnRaw(value) => {
+                let line = Message::raw_return_line(&value, id.as_ref());
+                if line.len() >= LARGE_REPLY && self.over_reply_budget(line.len()) {
+                    return self.answer(token, id, over_budget());
+                }
+                (line, Vec::new())
+            }
             Outcome::Error(class, desc) => (Message::error(class, desc, id).to_line(), Vec::new()),
             Outcome::Wait(_)
             | Outcome::Subscribe { .. }

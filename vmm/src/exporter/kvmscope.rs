@@ -134,10 +134,13 @@ impl Figures for KvmscopeFigures<'_> {
             .targets
             .values()
             .flat_map(|t| {
-                t.vcpus.iter().enumerate().map(move |(i, (fd, sample))| Source {
-                    labels: format!("{},vcpu=\"{i}\"", t.labels),
-                    values: Values::Fd(fd, sample),
-                })
+                t.vcpus
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, (fd, sample))| Source {
+                        labels: format!("{},vcpu=\"{i}\"", t.labels),
+                        values: Values::Fd(fd, sample),
+                    })
             })
             .collect()
     }

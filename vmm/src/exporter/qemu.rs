@@ -200,14 +200,17 @@ impl Figures for QemuFigures {
     fn vcpu_stats(&self) -> Vec<Source<'_>> {
         self.read()
             .flat_map(|q| {
-                q.vcpus.iter().enumerate().map(move |(i, (path, r))| Source {
-                    labels: format!(
-                        "{},vcpu=\"{i}\",qom_path=\"{}\"",
-                        q.labels,
-                        label_value(path)
-                    ),
-                    values: Values::Listed(r),
-                })
+                q.vcpus
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, (path, r))| Source {
+                        labels: format!(
+                            "{},vcpu=\"{i}\",qom_path=\"{}\"",
+                            q.labels,
+                            label_value(path)
+                        ),
+                        values: Values::Listed(r),
+                    })
             })
             .collect()
     }

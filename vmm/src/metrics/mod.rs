@@ -235,7 +235,11 @@ impl<'a> Values<'a> {
 
     /// The stat called `name`: its descriptor in this source and its values;
     /// `hint` is where a source of the same layout has it, tried first.
-    fn find(self, name: &str, hint: Option<kvm_stats::StatId>) -> Option<(&'a Descriptor, &'a [u64])> {
+    fn find(
+        self,
+        name: &str,
+        hint: Option<kvm_stats::StatId>,
+    ) -> Option<(&'a Descriptor, &'a [u64])> {
         match self {
             Values::Fd(fd, sample) => {
                 let schema = fd.schema();
@@ -409,7 +413,9 @@ pub(crate) fn render(samples: &Shared) -> String {
             })
             .into_iter()
             .collect();
-        write_sources(&mut out, &vm_source, "kvmscope_kvm_vm_", &mut seen, &|_| true);
+        write_sources(&mut out, &vm_source, "kvmscope_kvm_vm_", &mut seen, &|_| {
+            true
+        });
         let vcpu_sources: Vec<Source<'_>> = pairs
             .enumerate()
             .map(|(i, (fd, sample))| Source {
@@ -417,7 +423,13 @@ pub(crate) fn render(samples: &Shared) -> String {
                 values: Values::Fd(fd, sample),
             })
             .collect();
-        write_sources(&mut out, &vcpu_sources, "kvmscope_kvm_vcpu_", &mut seen, &|_| true);
+        write_sources(
+            &mut out,
+            &vcpu_sources,
+            "kvmscope_kvm_vcpu_",
+            &mut seen,
+            &|_| true,
+        );
     });
     out
 }

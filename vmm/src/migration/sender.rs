@@ -336,7 +336,8 @@ impl<'a> Precopy<'a> {
             i.x_not_converging = note;
             i.x_guest_stall = stall;
         });
-        self.m.event(EventKind::MigrationPass(MigrationPass { pass: self.pass }));
+        self.m
+            .event(EventKind::MigrationPass(MigrationPass { pass: self.pass }));
         Ok(dirty)
     }
 

@@ -4,6 +4,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 pub(crate) use crate::runstate::RunState;
@@ -209,6 +210,18 @@ impl Message {
         to_line(self)
     }
 
+    /// The line of a [`Message::Return`] whose value was serialized as it was
+    /// built (a page of samples: no JSON tree of it in memory).
+    pub(crate) fn raw_return_line(value: &RawValue, id: Option<&Value>) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct RawReturn<'a> {
+            #[serde(rename = "return")]
+            value: &'a RawValue,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            id: Option<&'a Value>,
+        }
+        to_line(&RawReturn { value, id })
+    }
     /// An error reply.
     pub(crate) fn error(class: ErrorClass, desc: impl Into<String>, id: Option<Value>) -> Message {
         Message::Error {
@@ -326,6 +339,19 @@ mod tests {
             panic!("{m:?}")
         };
         assert_eq!(error.class, ErrorClass::Other("KVMMissingCap".into()));
+    }
+
+    #[test]
+    fn a_raw_return_line_is_the_line_of_the_same_return() {
+        let value = serde_json::json!({"a": [1, 2], "b": "c"});
+        let raw = serde_json::value::to_raw_value(&value).unwrap();
+        for id in [None, Some(serde_json::json!("x-1"))] {
+            let typed = Message::Return {
+                value: value.clone(),
+                id: id.clone(),
+            };
+            assert_eq!(Message::raw_return_line(&raw, id.as_ref()), typed.to_line());
+        }
     }
 
     #[test]

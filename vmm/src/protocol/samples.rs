@@ -109,13 +109,15 @@ pub enum Record {
     Sample(SampleRecord),
 }
 
-/// `query-samples`' return: a page of the sampler's points.
+/// `query-samples`' return: a page of the sampler's points. The server
+/// writes each point as it is serialized (`S` = a raw JSON value), so a page
+/// is built once, straight into its line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SamplesPage {
+pub struct SamplesPage<S = SampleRecord> {
     /// What the columns mean.
     pub header: HeaderRecord,
     /// The points, oldest first.
-    pub samples: Vec<SampleRecord>,
+    pub samples: Vec<S>,
     /// Points after `since` that are not in the page and will not come.
     pub dropped: u64,
     /// More points follow this page: ask again from its last point.

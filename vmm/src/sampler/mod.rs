@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvm_stats::{Sample, StatId, StatType, StatsFd};
+use serde_json::value::RawValue;
 
 use crate::backend::{self, Backend};
 use crate::exits::Reason;
@@ -127,19 +128,47 @@ impl Shared {
         self.ring().page(since, max, newest)
     }
 
-    /// `query-samples`' return for `page`.
-    pub(crate) fn page_reply(&self, page: ring::Page) -> SamplesPage {
-        SamplesPage {
-            header: self.header.to_record(),
-            samples: page
-                .points
-                .iter()
-                .map(|p| p.to_record(&self.header))
-                .collect(),
-            dropped: page.dropped,
-            more: page.more,
-            last_seq: self.last_seq(),
+    /// `query-samples`' return for `page`, serialized point by point and cut
+    /// at `max_bytes` of points (at least one): the oldest are kept and `more`
+    /// set, or with `newest` the newest are kept and the rest count as dropped.
+    ///
+    /// # Errors
+    /// A point could not be serialized.
+    pub(crate) fn page_reply(
+        &self,
+        page: ring::Page,
+        max_bytes: usize,
+        newest: bool,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        let mut samples = Vec::new();
+        let mut bytes = 0usize;
+        let order: Box<dyn Iterator<Item = &Point>> = if newest {
+            Box::new(page.points.iter().rev())
+        } else {
+            Box::new(page.points.iter())
+        };
+        for p in order {
+            let raw = serde_json::value::to_raw_value(&p.to_record(&self.header))?;
+            bytes = bytes.saturating_add(raw.get().len() + 1);
+            if !samples.is_empty() && bytes > max_bytes {
+                break;
+            }
+            samples.push(raw);
         }
+        let cut = (page.points.len() - samples.len()) as u64;
+        let (dropped, more) = if newest {
+            samples.reverse();
+            (page.dropped + cut, page.more)
+        } else {
+            (page.dropped, page.more || cut > 0)
+        };
+        serde_json::value::to_raw_value(&SamplesPage {
+            header: self.header.to_record(),
+            samples,
+            dropped,
+            more,
+            last_seq: self.last_seq(),
+        })
     }
 
     /// `subscribe-samples`' return ([`Subscribed`]) for events after `since`, serialized.
