@@ -39,7 +39,13 @@ impl StatsFd {
         Self::with_schema(file, schema)
     }
 
-    fn with_schema(file: File, schema: Schema) -> Result<Self> {
+    /// Like [`StatsFd::new`] with a schema the caller read (and checked: its
+    /// data size, say, before the data block is read and allocated).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Sample::read_from`].
+    pub fn with_schema(file: File, schema: Schema) -> Result<Self> {
         let fd = Self { file, schema };
         let mut probe = fd.new_sample();
         fd.read_sample(&mut probe)?;

@@ -538,11 +538,21 @@ fn open_stats(
     if mode & rustix::fs::OFlags::RWMODE != rustix::fs::OFlags::RDONLY {
         return Err(AttachError::Writable(kind.to_string()));
     }
+    within_budget(file, budget)
+}
+
+/// A stats file whose schema and data fit what is left of the VM's
+/// `budget`: the header is checked before any descriptor is read.
+fn within_budget(
+    file: std::fs::File,
+    budget: &mut u64,
+) -> Result<(StatsFd, Sample), AttachError> {
     let header = Header::read(&file).map_err(client::Error::from)?;
     let schema_bytes = u64::from(header.num_desc) * header.desc_stride();
     check_budget(schema_bytes, budget)?;
-    let fd = StatsFd::new(file).map_err(client::Error::from)?;
-    check_budget(fd.schema().data_size(), budget)?;
+    let schema = kvm_stats::Schema::read(&file).map_err(client::Error::from)?;
+    check_budget(schema.data_size(), budget)?;
+    let fd = StatsFd::with_schema(file, schema).map_err(client::Error::from)?;
     let sample = fd.new_sample();
     Ok((fd, sample))
 }
@@ -558,4 +568,43 @@ fn check_budget(bytes: u64, budget: &mut u64) -> Result<(), AttachError> {
 fn socket_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_stats::builder::StatsFileBuilder;
+
+    fn file_of(bytes: &[u8]) -> std::fs::File {
+        use std::io::{Seek, Write};
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f.rewind().unwrap();
+        f
+    }
+
+    #[test]
+    fn a_vms_stats_past_its_budget_are_refused_before_they_are_read() {
+        // Data claimed 16 MiB away, as a forged fd could: refused on its
+        // schema, nothing of the data allocated.
+        let mut b = StatsFileBuilder::new("kvm-1").counter("exits", 1);
+        let (d, values) = b.last_mut().unwrap();
+        (d.offset, d.size) = ((16 << 20) - 8, 1);
+        values.clear();
+        let mut budget = VM_STATS_BUDGET;
+        let refused = within_budget(file_of(&b.build()), &mut budget);
+        assert!(
+            matches!(refused, Err(AttachError::OverBudget(VM_STATS_BUDGET))),
+            "{:?}",
+            refused.err()
+        );
+        // A real-sized one fits, and spends its share of the budget.
+        let small = StatsFileBuilder::new("kvm-1").counter("exits", 1).build();
+        let mut budget = VM_STATS_BUDGET;
+        within_budget(file_of(&small), &mut budget).unwrap();
+        assert!(budget < VM_STATS_BUDGET);
+        // The budget is for the VM's fds together.
+        let mut budget = 32;
+        assert!(within_budget(file_of(&small), &mut budget).is_err());
+    }
 }
