@@ -543,10 +543,7 @@ fn open_stats(
 
 /// A stats file whose schema and data fit what is left of the VM's
 /// `budget`: the header is checked before any descriptor is read.
-fn within_budget(
-    file: std::fs::File,
-    budget: &mut u64,
-) -> Result<(StatsFd, Sample), AttachError> {
+fn within_budget(file: std::fs::File, budget: &mut u64) -> Result<(StatsFd, Sample), AttachError> {
     let header = Header::read(&file).map_err(client::Error::from)?;
     let schema_bytes = u64::from(header.num_desc) * header.desc_stride();
     check_budget(schema_bytes, budget)?;
