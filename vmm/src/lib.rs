@@ -51,6 +51,7 @@ pub mod summary;
 pub mod units;
 pub mod vcpu;
 pub mod vm;
+pub mod vmmstats;
 pub mod workload;
 pub mod x86_64;
 

@@ -188,13 +188,22 @@ fn query_stats_schemas_describes_vm_and_vcpu_stats() {
         .client()
         .execute("query-stats-schemas", json!({}))
         .unwrap();
-    let targets: Vec<&str> = q
+    // Every provider when none is named: KVM's, then the VMM's own.
+    let targets: Vec<(&str, &str)> = q
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|s| s["target"].as_str())
+        .filter_map(|s| Some((s["provider"].as_str()?, s["target"].as_str()?)))
         .collect();
-    assert_eq!(targets, ["vm", "vcpu"]);
+    assert_eq!(
+        targets,
+        [
+            ("kvm", "vm"),
+            ("kvm", "vcpu"),
+            ("kvmscope", "vm"),
+            ("kvmscope", "vcpu")
+        ]
+    );
     let exits = q[1]["stats"]
         .as_array()
         .unwrap()

@@ -27,7 +27,7 @@ use crate::protocol::readiness::ReadinessReport;
 use crate::protocol::reply::StatusInfo;
 use crate::protocol::request::{
     request_line, CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, NoArgs, QuerySamplesArgs,
-    ReadinessRequest, VcpusArgs,
+    ReadinessRequest, StatsProvider, VcpusArgs,
 };
 use crate::protocol::samples::SamplesPage;
 use crate::protocol::vm::{StatsFdEntry, StatsFds, VcpuExits, VmInfo};
@@ -605,7 +605,26 @@ impl Client {
         target: StatsTarget,
         vcpu: Option<VcpuSelector>,
     ) -> Result<Vec<(StatsFdEntry, File)>, Error> {
-        let (value, fds) = self.call(&Command::GetStatsFd(GetStatsFdArgs { target, vcpu }))?;
+        self.get_provider_stats_fd(None, target, vcpu)
+    }
+
+    /// As [`Client::get_stats_fd`], of `provider`'s stats: KVM's (`None`,
+    /// `kvm`) or the VMM's own (`kvmscope`).
+    ///
+    /// # Errors
+    /// As [`Client::get_stats_fd`]; a VMM without the provider answers `Remote`.
+    pub(crate) fn get_provider_stats_fd(
+        &mut self,
+        provider: Option<StatsProvider>,
+        target: StatsTarget,
+        vcpu: Option<VcpuSelector>,
+    ) -> Result<Vec<(StatsFdEntry, File)>, Error> {
+        let args = GetStatsFdArgs {
+            target,
+            provider,
+            vcpu,
+        };
+        let (value, fds) = self.call(&Command::GetStatsFd(args))?;
         let reply: StatsFds = decode(value)?;
         if reply.fds.len() != fds.len() {
             return Err(Error::BadReply(format!(

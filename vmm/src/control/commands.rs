@@ -68,10 +68,10 @@ fn ret(value: Value) -> Outcome {
 /// The control plane's view of the VM, with its own stats fds and samples.
 pub(crate) struct Handler {
     ctx: Context,
-    vm_stats: StatsFd,
-    vcpu_stats: Vec<StatsFd>,
-    vm_sample: Sample,
-    vcpu_samples: Vec<Sample>,
+    /// KVM's stats fds (provider `kvm`).
+    kvm: ProviderFds,
+    /// The VMM's own (provider `kvmscope`, `crate::vmmstats`).
+    own: ProviderFds,
     /// Set when the server is being dropped.
     stopping: Arc<AtomicBool>,
     /// A `query-readiness` worker is running.
@@ -79,6 +79,48 @@ pub(crate) struct Handler {
     /// Run-state changes told to clients so far, and whether the last one
     /// told said the guest runs.
     told: (u64, bool),
+}
+
+/// One provider's stats fds, each with the sample it is read into.
+struct ProviderFds {
+    vm: StatsFd,
+    vcpus: Vec<StatsFd>,
+    vm_sample: Sample,
+    vcpu_samples: Vec<Sample>,
+}
+
+impl ProviderFds {
+    fn new(vm: StatsFd, vcpus: Vec<StatsFd>) -> ProviderFds {
+        ProviderFds {
+            vm_sample: vm.new_sample(),
+            vcpu_samples: vcpus.iter().map(StatsFd::new_sample).collect(),
+            vm,
+            vcpus,
+        }
+    }
+
+    /// `query-stats` entries for the target: the VM's, or vCPUs `list`'s.
+    fn results(
+        &mut self,
+        target: StatsTarget,
+        list: &[usize],
+        filter: &NameFilter,
+    ) -> Result<Value, kvm_stats::Error> {
+        if target == StatsTarget::Vm {
+            self.vm.read_sample(&mut self.vm_sample)?;
+            return Ok(kvm_stats::json::query_stats(
+                [(self.vm.schema(), &self.vm_sample)],
+                filter,
+            ));
+        }
+        for &i in list {
+            self.vcpus[i].read_sample(&mut self.vcpu_samples[i])?;
+        }
+        let sources = list
+            .iter()
+            .map(|&i| (self.vcpus[i].schema(), &self.vcpu_samples[i]));
+        Ok(kvm_stats::json::query_stats(sources, filter))
+    }
 }
 
 impl Handler {
@@ -93,16 +135,21 @@ impl Handler {
             .iter()
             .map(|f| Ok(StatsFd::new(f.try_clone().map_err(Error::Dup)?)?))
             .collect::<Result<Vec<_>, Error>>()?;
-        let vm_sample = vm_stats.new_sample();
-        let vcpu_samples = vcpu_stats.iter().map(StatsFd::new_sample).collect();
+        let kvm = ProviderFds::new(vm_stats, vcpu_stats);
+        let own_vm = StatsFd::new(ctx.vmm_stats.vm().reader()?)?;
+        let own_vcpus = ctx
+            .vmm_stats
+            .vcpus()
+            .iter()
+            .map(|f| Ok(StatsFd::new(f.reader()?)?))
+            .collect::<Result<Vec<_>, Error>>()?;
+        let own = ProviderFds::new(own_vm, own_vcpus);
         let (state, changes) = ctx.run_state.get_with_changes();
         Ok(Handler {
             told: (changes, state.is_running()),
             ctx,
-            vm_stats,
-            vcpu_stats,
-            vm_sample,
-            vcpu_samples,
+            kvm,
+            own,
             stopping,
             readiness_busy: Arc::new(AtomicBool::new(false)),
         })
@@ -162,7 +209,7 @@ impl Handler {
                         vcpus: self.ctx.vcpus.len(),
                         memory: self.ctx.memory,
                         backend: self.ctx.backend.kind.to_string(),
-                        stats_id: self.vm_stats.schema().id().to_string(),
+                        stats_id: self.kvm.vm.schema().id().to_string(),
                     },
                 },
             },
@@ -326,9 +373,10 @@ impl Handler {
             },
             guest_abi: abi::ABI_VERSION,
             stats_ids: StatsIds {
-                vm: self.vm_stats.schema().id().to_string(),
+                vm: self.kvm.vm.schema().id().to_string(),
                 vcpus: self
-                    .vcpu_stats
+                    .kvm
+                    .vcpus
                     .iter()
                     .map(|s| s.schema().id().to_string())
                     .collect(),
@@ -339,38 +387,66 @@ impl Handler {
     /// A fresh VM stats fd (KVM_GET_STATS_FD on the VM fd does not wait for
     /// anything), or duplicates of the vCPU stats files opened before the vCPUs
     /// first ran (KVM_GET_STATS_FD on a vCPU fd waits for the vCPU to leave
-    /// KVM_RUN, which may take seconds; see docs/PROTOCOL.md).
+    /// KVM_RUN, which may take seconds; see docs/PROTOCOL.md). With provider
+    /// `kvmscope`, read-only fds of the VMM's own stats files instead.
     fn get_stats_fd(&self, args: &GetStatsFdArgs) -> Outcome {
+        let own = match args.provider {
+            None | Some(StatsProvider::Kvm) => false,
+            Some(StatsProvider::Kvmscope) => true,
+            Some(StatsProvider::Cryptodev) => {
+                return Outcome::generic(
+                    "this VMM has no cryptodev stats; providers are kvm and kvmscope",
+                )
+            }
+        };
+        let fds = if own { &self.own } else { &self.kvm };
         let open = |i: usize| -> Result<(StatsFdEntry, File), Outcome> {
-            let file = self.ctx.vcpu_stats[i]
-                .try_clone()
-                .map_err(|e| Outcome::generic(format!("duplicating the vCPU {i} stats fd: {e}")))?;
+            let file = if own {
+                self.ctx.vmm_stats.vcpus()[i]
+                    .reader()
+                    .map_err(|e| Outcome::generic(crate::error_chain(&e)))?
+            } else {
+                self.ctx.vcpu_stats[i].try_clone().map_err(|e| {
+                    Outcome::generic(format!("duplicating the vCPU {i} stats fd: {e}"))
+                })?
+            };
             Ok((
                 StatsFdEntry {
                     target: StatsTarget::Vcpu,
                     vcpu: Some(i),
                     qom_path: Some(vcpu_qom_path(i)),
-                    id: self.vcpu_stats[i].schema().id().to_string(),
+                    id: fds.vcpus[i].schema().id().to_string(),
                 },
                 file,
             ))
+        };
+        let vm_file = || -> Result<File, Outcome> {
+            if own {
+                self.ctx
+                    .vmm_stats
+                    .vm()
+                    .reader()
+                    .map_err(|e| Outcome::generic(crate::error_chain(&e)))
+            } else {
+                kvm_stats::ioctl::get_stats_fd(&self.ctx.vm_fd)
+                    .map_err(|e| Outcome::generic(crate::error_chain(&e)))
+            }
         };
         let got: Result<Vec<(StatsFdEntry, File)>, Outcome> = match (args.target, args.vcpu) {
             (StatsTarget::Cryptodev, _) => Err(Outcome::generic(
                 "this VMM has no cryptodev stats; targets are vm and vcpu",
             )),
-            (StatsTarget::Vm, _) => match kvm_stats::ioctl::get_stats_fd(&self.ctx.vm_fd) {
-                Ok(file) => Ok(vec![(
+            (StatsTarget::Vm, _) => vm_file().map(|file| {
+                vec![(
                     StatsFdEntry {
                         target: StatsTarget::Vm,
                         vcpu: None,
                         qom_path: None,
-                        id: self.vm_stats.schema().id().to_string(),
+                        id: fds.vm.schema().id().to_string(),
                     },
                     file,
-                )]),
-                Err(e) => Err(Outcome::generic(crate::error_chain(&e))),
-            },
+                )]
+            }),
             (StatsTarget::Vcpu, Some(VcpuSelector::One(i))) => {
                 self.check_vcpu(i).and_then(|i| open(i).map(|x| vec![x]))
             }
@@ -386,63 +462,67 @@ impl Handler {
         }
     }
 
-    /// `query-stats`, QEMU's way: only the `kvm` provider has stats, vCPU
-    /// results carry their `qom-path`, and targets or providers that match
-    /// nothing give `[]` (no entry with empty `stats`).
+    /// `query-stats`, QEMU's way: each provider asked (every one when none
+    /// is: `kvm`, then `kvmscope`) gives its entries, vCPU results carry their
+    /// `qom-path`, and targets or providers that match nothing give `[]` (no
+    /// entry with empty `stats`).
     fn query_stats(&mut self, args: QueryStatsArgs) -> Outcome {
-        let Some(filter) = stats_filter(&args) else {
-            return ret(json!([]));
-        };
-        let read_failed = |e: kvm_stats::Error| Outcome::generic(crate::error_chain(&e));
-        let mut results = match args.target {
+        let list = match args.target {
             StatsTarget::Cryptodev => return ret(json!([])),
-            StatsTarget::Vm => match self.vm_stats.read_sample(&mut self.vm_sample) {
-                Ok(()) => kvm_stats::json::query_stats(
-                    [(self.vm_stats.schema(), &self.vm_sample)],
-                    &filter,
-                ),
-                Err(e) => return read_failed(e),
+            StatsTarget::Vm => Vec::new(),
+            StatsTarget::Vcpu => match self.resolve_vcpus(args.vcpus.clone()) {
+                Ok(list) => list,
+                Err(e) => return e,
             },
-            StatsTarget::Vcpu => {
-                let list = match self.resolve_vcpus(args.vcpus) {
-                    Ok(list) => list,
-                    Err(e) => return e,
-                };
-                for &i in &list {
-                    if let Err(e) = self.vcpu_stats[i].read_sample(&mut self.vcpu_samples[i]) {
-                        return read_failed(e);
-                    }
-                }
-                let sources = list
-                    .iter()
-                    .map(|&i| (self.vcpu_stats[i].schema(), &self.vcpu_samples[i]));
-                kvm_stats::json::query_stats(sources, &filter)
-            }
         };
-        if let Value::Array(entries) = &mut results {
-            entries.retain(|e| e["stats"].as_array().is_some_and(|s| !s.is_empty()));
-            for e in entries.iter_mut() {
-                if let Some(i) = e["vcpu"].as_u64().and_then(|i| usize::try_from(i).ok()) {
-                    e["qom-path"] = json!(vcpu_qom_path(i));
-                }
+        let mut results = Vec::new();
+        for (provider, filter) in stats_filters(&args) {
+            let fds = match provider {
+                StatsProvider::Kvm => &mut self.kvm,
+                StatsProvider::Kvmscope => &mut self.own,
+                StatsProvider::Cryptodev => continue,
+            };
+            match fds.results(args.target, &list, &filter) {
+                Ok(Value::Array(entries)) => results.extend(entries.into_iter().map(|mut e| {
+                    e["provider"] = json!(provider.name());
+                    e
+                })),
+                Ok(_) => {}
+                Err(e) => return Outcome::generic(crate::error_chain(&e)),
             }
         }
-        ret(results)
+        results.retain(|e| e["stats"].as_array().is_some_and(|s| !s.is_empty()));
+        for e in &mut results {
+            if let Some(i) = e["vcpu"].as_u64().and_then(|i| usize::try_from(i).ok()) {
+                e["qom-path"] = json!(vcpu_qom_path(i));
+            }
+        }
+        ret(Value::Array(results))
     }
 
     fn query_schemas(&self, args: &SchemasArgs) -> Outcome {
-        if args.provider.is_some_and(|p| p != StatsProvider::Kvm) {
-            return ret(json!([]));
-        }
         let vm = matches!(args.target, None | Some(StatsTarget::Vm));
         let vcpu = matches!(args.target, None | Some(StatsTarget::Vcpu));
-        let schemas = vm.then(|| self.vm_stats.schema()).into_iter().chain(
-            self.vcpu_stats
-                .first()
-                .filter(|_| vcpu)
-                .map(StatsFd::schema),
-        );
-        ret(kvm_stats::json::query_stats_schemas(schemas))
+        let mut out = Vec::new();
+        for (provider, fds) in [
+            (StatsProvider::Kvm, &self.kvm),
+            (StatsProvider::Kvmscope, &self.own),
+        ] {
+            if args.provider.is_some_and(|p| p != provider) {
+                continue;
+            }
+            let schemas = vm
+                .then(|| fds.vm.schema())
+                .into_iter()
+                .chain(fds.vcpus.first().filter(|_| vcpu).map(StatsFd::schema));
+            if let Value::Array(entries) = kvm_stats::json::query_stats_schemas(schemas) {
+                out.extend(entries.into_iter().map(|mut e| {
+                    e["provider"] = json!(provider.name());
+                    e
+                }));
+            }
+        }
+        ret(Value::Array(out))
     }
 
     fn guest_command(&mut self, args: &GuestCommandArgs) -> Outcome {
@@ -605,27 +685,37 @@ fn negotiate(args: &CapabilitiesArgs) -> Outcome {
 /// The stat-name filter of a `query-stats`: QEMU's per-provider `names` (of
 /// the `kvm` provider) and kvmscope's `names`, both applied. `None` when the
 /// request names providers but not `kvm`: then nothing matches.
-fn stats_filter(args: &QueryStatsArgs) -> Option<NameFilter> {
-    let provider_names = match &args.providers {
-        None => None,
+fn stats_filters(args: &QueryStatsArgs) -> Vec<(StatsProvider, NameFilter)> {
+    let asked: Vec<(StatsProvider, Option<Vec<String>>)> = match &args.providers {
+        None => vec![(StatsProvider::Kvm, None), (StatsProvider::Kvmscope, None)],
         Some(list) => {
-            let kvm: Vec<_> = list
-                .iter()
-                .filter(|r| r.provider == StatsProvider::Kvm)
-                .collect();
-            if kvm.is_empty() {
-                return None;
+            let mut asked: Vec<(StatsProvider, Option<Vec<String>>)> = Vec::new();
+            for r in list {
+                match asked.iter_mut().find(|(p, _)| *p == r.provider) {
+                    // A request without names asks for every stat.
+                    Some((_, names)) => {
+                        *names = match (names.take(), &r.names) {
+                            (Some(mut a), Some(b)) => {
+                                a.extend(b.iter().cloned());
+                                Some(a)
+                            }
+                            _ => None,
+                        }
+                    }
+                    None => asked.push((r.provider, r.names.clone())),
+                }
             }
-            // One kvm request without names asks for every stat.
-            kvm.iter()
-                .map(|r| r.names.clone())
-                .collect::<Option<Vec<_>>>()
-                .map(|lists| lists.concat())
+            asked
         }
     };
-    let names = match (provider_names, args.names.clone()) {
-        (Some(a), Some(b)) => Some(a.into_iter().filter(|n| b.contains(n)).collect()),
-        (a, b) => a.or(b),
-    };
-    Some(NameFilter::from_option(names))
+    asked
+        .into_iter()
+        .map(|(provider, names)| {
+            let names = match (names, args.names.clone()) {
+                (Some(a), Some(b)) => Some(a.into_iter().filter(|n| b.contains(n)).collect()),
+                (a, b) => a.or(b),
+            };
+            (provider, NameFilter::from_option(names))
+        })
+        .collect()
 }

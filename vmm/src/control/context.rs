@@ -43,6 +43,9 @@ pub(crate) struct Context {
     pub(crate) run_state: Arc<SharedRunState>,
     /// The migration handle and the VM's source side (for `migrate` and friends).
     pub(crate) migration: Option<(Arc<crate::migration::Migration>, crate::migration::Source)>,
+    /// The VMM's own stats files (provider `kvmscope`), kept current by the
+    /// `vmm-stats` thread (`publish`).
+    pub(crate) vmm_stats: Arc<crate::vmmstats::VmmStats>,
 }
 
 impl Context {
@@ -71,6 +74,10 @@ impl Context {
             name: format!("kvmscope-{}", std::process::id()),
             run_state: Arc::new(SharedRunState::default()),
             migration: None,
+            vmm_stats: Arc::new(crate::vmmstats::VmmStats::new(
+                std::process::id(),
+                vm.vcpus.len(),
+            )?),
         })
     }
 }

@@ -68,6 +68,8 @@ struct Job {
     dirty: Option<Arc<crate::dirty::DirtyLog>>,
     vcpus: Vec<Arc<VcpuShared>>,
     main: Sender<VmEvent>,
+    /// Where the figures go once measured (the `kvmscope` stats provider).
+    vmm_stats: Arc<crate::vmmstats::VmmStats>,
     options: Options,
     tx: Sender<WorkerMsg>,
     wake: Option<Arc<EventFd>>,
@@ -144,6 +146,7 @@ pub(crate) fn start_readiness(
         dirty: ctx.dirty.clone(),
         vcpus: ctx.vcpus.clone(),
         main: ctx.main.clone(),
+        vmm_stats: ctx.vmm_stats.clone(),
         options,
         tx,
         wake,
@@ -179,6 +182,9 @@ impl Job {
     /// that asks again as soon as it has its reply is not told "already running".
     fn run(self, busy: &AtomicBool) {
         let result = self.measure();
+        if let Ok(report) = &result {
+            report.publish(&self.vmm_stats, super::publish::now_ns());
+        }
         busy.store(false, Ordering::Release);
         self.send(WorkerMsg::Done(Box::new(result)));
     }

@@ -14,6 +14,9 @@ pub enum Error {
     /// `KVM_GET_STATS_FD` on the VM failed.
     #[error("opening a stats fd")]
     StatsFd(#[from] kvm_stats::ioctl::Error),
+    /// The VMM's own stats files could not be made.
+    #[error("making the VMM's own stats files")]
+    VmmStats(#[from] crate::vmmstats::Error),
     /// A stats fd's header or descriptors could not be read.
     #[error("reading a stats fd")]
     Stats(#[from] kvm_stats::Error),

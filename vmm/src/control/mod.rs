@@ -12,6 +12,8 @@
 //! - [`context`]: what the control thread may reach of the VM;
 //! - [`error`]: why the control plane could not start;
 //! - [`socket`]: the socket file (mode 0600, never clobbering a live socket);
+//! - [`publish`]: the `vmm-stats` thread, which keeps the VMM's own stats
+//!   files (provider `kvmscope`) current;
 //! - [`scm`](crate::scm) (beside this module, shared with the clients):
 //!   sending and receiving fds, peer credentials.
 //!
@@ -28,6 +30,7 @@ pub(crate) mod limits;
 pub(crate) mod migrate;
 pub(crate) mod outcome;
 pub(crate) mod plane;
+pub(crate) mod publish;
 pub(crate) mod socket;
 
 use std::path::Path;
@@ -51,6 +54,8 @@ pub(crate) struct Server {
     exit: EventFd,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<(), Error>>>,
+    /// The `vmm-stats` thread.
+    publisher: Option<publish::Publisher>,
     // Held for its Drop, after the thread is joined: the file goes once
     // nobody listens.
     _socket: SocketFile,
@@ -87,6 +92,12 @@ impl Server {
             .as_ref()
             .map(|s| s.tick_fd.get_or_init(|| Arc::new(ours_ticks)).clone());
         let stopping = Arc::new(AtomicBool::new(false));
+        let publisher = publish::start(publish::Sources {
+            stats: context.vmm_stats.clone(),
+            vcpus: context.vcpus.clone(),
+            migration: context.migration.as_ref().map(|(m, _)| m.clone()),
+        })
+        .map_err(Error::Spawn)?;
         let handler = Handler::new(context, stopping.clone())?;
         let fds = PlaneFds {
             listener,
@@ -106,6 +117,7 @@ impl Server {
             exit,
             stopping,
             thread: Some(thread),
+            publisher: Some(publisher),
             _socket: socket,
         })
     }
@@ -126,6 +138,7 @@ impl Server {
             return Ok(());
         };
         self.stopping.store(true, Ordering::Release);
+        self.publisher = None;
         self.exit.write(1).map_err(Error::Signal)?;
         thread.join().map_err(|_| Error::Panicked)?
     }

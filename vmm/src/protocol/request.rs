@@ -28,12 +28,15 @@ pub enum StatsTarget {
     Cryptodev,
 }
 
-/// Who provides statistics (QEMU's `StatsProvider`); kvmscope has only `kvm`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Who provides statistics (QEMU's `StatsProvider`, plus kvmscope's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub(crate) enum StatsProvider {
     /// `"kvm"`: the KVM binary stats fds.
     Kvm,
+    /// `"kvmscope"`: the VMM's own stats, in KVM's format (`crate::vmmstats`).
+    Kvmscope,
     /// `"cryptodev"`: QEMU's; accepted, and provides nothing here.
     Cryptodev,
 }
@@ -68,6 +71,13 @@ pub enum VcpuSelector {
     One(usize),
     /// Every vCPU, the JSON string `"all"`.
     All,
+}
+
+impl StatsProvider {
+    /// The wire name.
+    pub(crate) fn name(self) -> &'static str {
+        self.into()
+    }
 }
 
 impl TryFrom<Value> for VcpuSelector {
@@ -114,6 +124,9 @@ pub struct CapabilitiesArgs {
 pub struct GetStatsFdArgs {
     /// Whose stats fds: the VM's or the vCPUs'.
     pub(crate) target: StatsTarget,
+    /// KVM's (absent, `kvm`) or the VMM's own (`kvmscope`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) provider: Option<StatsProvider>,
     /// vCPU target only; default `"all"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) vcpu: Option<VcpuSelector>,

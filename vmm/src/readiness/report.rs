@@ -14,6 +14,7 @@ use crate::protocol::readiness::{
 };
 use crate::units::{format_bytes, saturating_u64};
 use crate::vcpu::stall::{Stall, FAULT_COST};
+use crate::vmmstats::VmmStats;
 use kvm_stats::Mapped;
 
 /// A figure and the time it took to get.
@@ -176,6 +177,54 @@ impl Report {
             out.push(("written", error_of(w.value, truth)));
         }
         out
+    }
+
+    /// Writes the figures into the VMM's own stats (`vmmstats`): what the
+    /// exporter shows per VM with no request. Stats this report has no figure
+    /// for are 0; `readiness_at_ns` says when they were measured.
+    pub(crate) fn publish(&self, stats: &VmmStats, at_ns: u64) {
+        use crate::vmmstats::VmStat::*;
+        let ns = |seconds: f64| {
+            if seconds.is_finite() {
+                saturating_u64(seconds * 1e9)
+            } else {
+                u64::MAX
+            }
+        };
+        let nonzero = match &self.scan {
+            Some(s) => s.value.nonzero_pages,
+            None => self.mapped_pages().min(self.ram_pages),
+        };
+        let rate = self.dirty_rate.as_ref().map(|d| &d.value);
+        stats.set_vm(ReadinessMapped, self.mapped.value.bytes());
+        stats.set_vm(ReadinessNonzero, nonzero.saturating_mul(4096));
+        stats.set_vm(
+            ReadinessWindowNs,
+            rate.map_or(0, |r| saturating_u64(r.window.as_secs_f64() * 1e9)),
+        );
+        stats.set_vm(
+            ReadinessDirtyBytesPerSecond,
+            rate.map_or(0, |r| saturating_u64(r.pages_per_s * 4096.0)),
+        );
+        stats.set_vm(
+            ReadinessGuestStallNs,
+            rate.map_or(0, |r| saturating_u64(r.stall.total().as_secs_f64() * 1e9)),
+        );
+        let p = self.prediction.as_ref();
+        stats.set_vm(PredictionConverges, p.map_or(0, |p| u64::from(p.converges)));
+        stats.set_vm(PredictionTotalTimeNs, p.map_or(0, |p| ns(p.total_seconds)));
+        stats.set_vm(PredictionDowntimeNs, p.map_or(0, |p| ns(p.downtime)));
+        stats.set_vm(PredictionTransferred, p.map_or(0, |p| p.total_bytes));
+        stats.set_vm(
+            PredictionGuestStallNs,
+            p.and_then(|p| p.stall).map_or(0, ns),
+        );
+        stats.set_vm(
+            PredictionBandwidthBytesPerSecond,
+            self.link.bandwidth.map_or(0, saturating_u64),
+        );
+        // Last: a reader that sees the new instant sees the figures above.
+        stats.set_vm(ReadinessAtNs, at_ns);
     }
 
     /// Fills in the prediction from the best figures at hand: the scan's count

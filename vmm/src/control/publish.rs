@@ -1,0 +1,126 @@
+//! The `vmm-stats` thread: every [`PUBLISH_PERIOD`] it copies what the VMM
+//! counts (exits per reason, the guest's stall, ring-full time, a migration's
+//! progress) into the VMM's own stats files (`crate::vmmstats`), the one
+//! writer of those values. Readiness figures are written by whoever measured
+//! them (`deferred`). A reader `pread`s the files whenever it likes: no
+//! request, no lock shared with it.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::exits::Reason;
+use crate::migration::Migration;
+use crate::protocol::migration::Status;
+use crate::vcpu::VcpuShared;
+use crate::vmmstats::{VcpuStat, VmStat, VmmStats, PUBLISH_PERIOD};
+
+/// The running publisher; dropping it stops the thread (at once, not at the
+/// end of its period).
+pub(crate) struct Publisher {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let (stopped, wake) = &*self.stop;
+        *crate::lock(stopped) = true;
+        wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the publisher reads.
+pub(crate) struct Sources {
+    pub(crate) stats: Arc<VmmStats>,
+    pub(crate) vcpus: Vec<Arc<VcpuShared>>,
+    pub(crate) migration: Option<Arc<Migration>>,
+}
+
+/// Starts the `vmm-stats` thread.
+///
+/// # Errors
+/// The thread could not be spawned.
+pub(crate) fn start(sources: Sources) -> std::io::Result<Publisher> {
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let theirs = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("vmm-stats".into())
+        .spawn(move || {
+            let (stopped, wake) = &*theirs;
+            let mut done = crate::lock(stopped);
+            while !*done {
+                drop(done);
+                publish(&sources);
+                done = crate::lock(stopped);
+                done = match wake.wait_timeout(done, PUBLISH_PERIOD) {
+                    Ok((guard, _)) => guard,
+                    Err(poisoned) => poisoned.into_inner().0,
+                };
+            }
+            // One last time, so that a reader after the end sees the final counts.
+            publish(&sources);
+        })?;
+    Ok(Publisher {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// Nanoseconds since the epoch, wall clock (0 if the clock is before it).
+pub(crate) fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// One copy of every value.
+pub(crate) fn publish(s: &Sources) {
+    let mut stall = 0u64;
+    for (i, v) in s.vcpus.iter().enumerate() {
+        for &r in Reason::ALL {
+            s.stats.set_exits(i, r, v.counters.reason(r));
+        }
+        let own = v.stall_ns.load(Ordering::Relaxed);
+        stall = stall.saturating_add(own);
+        s.stats.set_vcpu(i, VcpuStat::GuestStallNs, own);
+        s.stats.set_vcpu(
+            i,
+            VcpuStat::DirtyRingFullNs,
+            v.ring_full_ns.load(Ordering::Relaxed),
+        );
+    }
+    s.stats.set_vm(VmStat::GuestStallNs, stall);
+    if let Some(m) = &s.migration {
+        let info = m.status();
+        s.stats
+            .set_vm(VmStat::MigrationStatus, status_code(info.status));
+        let ram = info.ram.unwrap_or_default();
+        s.stats
+            .set_vm(VmStat::MigrationTransferred, ram.transferred);
+        s.stats.set_vm(VmStat::MigrationRemaining, ram.remaining);
+        s.stats.set_vm(VmStat::MigrationTotal, ram.total);
+        s.stats
+            .set_vm(VmStat::MigrationDirtySyncCount, ram.dirty_sync_count);
+        s.stats
+            .set_vm(VmStat::MigrationDirtyPagesRate, ram.dirty_pages_rate);
+    }
+    s.stats.set_vm(VmStat::PublishedAtNs, now_ns());
+}
+
+/// `migration_status`'s code (docs/PROTOCOL.md).
+fn status_code(status: Option<Status>) -> u64 {
+    match status {
+        None | Some(Status::None) => 0,
+        Some(Status::Setup) => 1,
+        Some(Status::Active) => 2,
+        Some(Status::Device) => 3,
+        Some(Status::Completed) => 4,
+        Some(Status::Failed) => 5,
+        Some(Status::Cancelled) => 6,
+    }
+}

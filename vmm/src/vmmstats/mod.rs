@@ -1,0 +1,227 @@
+//! The VMM's own statistics, in KVM's binary stats format: one file for the
+//! VM and one per vCPU (`file`), with what KVM cannot know: our exit counters
+//! per reason, the guest's stall to dirty tracking, a migration's progress,
+//! and the latest readiness figures and prediction (docs/PROTOCOL.md,
+//! "The kvmscope stats provider"). Any KVM stats reader reads them unchanged;
+//! `get-stats-fd` with `"provider": "kvmscope"` hands them out read-only.
+//!
+//! Each value has one writer (the control thread's publisher, every
+//! [`PUBLISH_PERIOD`]), and is stored atomically.
+
+pub mod file;
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use kvm_stats::{StatType, Unit};
+use strum::IntoEnumIterator;
+
+use crate::exits::Reason;
+pub use file::{Def, Error, StatsFile, MEMFD_NAME};
+
+/// How often the publisher refreshes the files.
+pub const PUBLISH_PERIOD: Duration = Duration::from_millis(100);
+
+/// The VM file's stats, in file order. Times are nanoseconds; `*_at_ns` are
+/// wall-clock (`CLOCK_REALTIME`) instants, 0 for never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum VmStat {
+    /// When the publisher last wrote the files.
+    PublishedAtNs,
+    /// vCPU time the guest lost to dirty tracking, all vCPUs, over every
+    /// window and migration that has ended.
+    GuestStallNs,
+    /// The migration's status: 0 none, 1 setup, 2 active, 3 device,
+    /// 4 completed, 5 failed, 6 cancelled.
+    MigrationStatus,
+    /// `query-migrate`'s `ram.transferred` (bytes).
+    MigrationTransferred,
+    /// `ram.remaining`.
+    MigrationRemaining,
+    /// `ram.total`.
+    MigrationTotal,
+    /// `ram.dirty-sync-count`.
+    MigrationDirtySyncCount,
+    /// `ram.dirty-pages-rate` (pages per second).
+    MigrationDirtyPagesRate,
+    /// When the readiness figures below were measured; 0: never.
+    ReadinessAtNs,
+    /// The dirty-rate window they were measured over.
+    ReadinessWindowNs,
+    /// Guest memory the KVM MMU mapped (bytes).
+    ReadinessMapped,
+    /// The estimate of non-zero RAM the prediction used (bytes).
+    ReadinessNonzero,
+    /// Bytes dirtied per second in the window.
+    ReadinessDirtyBytesPerSecond,
+    /// The guest's stall during the window.
+    ReadinessGuestStallNs,
+    /// 1 when the predicted migration converges.
+    PredictionConverges,
+    /// Its predicted total time.
+    PredictionTotalTimeNs,
+    /// Its predicted downtime.
+    PredictionDowntimeNs,
+    /// Bytes it would send.
+    PredictionTransferred,
+    /// The guest stall it would cost.
+    PredictionGuestStallNs,
+    /// The link bandwidth it assumed (bytes per second).
+    PredictionBandwidthBytesPerSecond,
+}
+
+impl VmStat {
+    fn def(self) -> Def {
+        use VmStat::*;
+        let (kind, unit, exponent) = match self {
+            GuestStallNs => (StatType::Cumulative, Unit::Seconds, -9),
+            PublishedAtNs
+            | ReadinessAtNs
+            | ReadinessWindowNs
+            | ReadinessGuestStallNs
+            | PredictionTotalTimeNs
+            | PredictionDowntimeNs
+            | PredictionGuestStallNs => (StatType::Instant, Unit::Seconds, -9),
+            MigrationTransferred
+            | MigrationRemaining
+            | MigrationTotal
+            | ReadinessMapped
+            | ReadinessNonzero
+            | PredictionTransferred => (StatType::Instant, Unit::Bytes, 0),
+            PredictionConverges => (StatType::Instant, Unit::Boolean, 0),
+            MigrationStatus
+            | MigrationDirtySyncCount
+            | MigrationDirtyPagesRate
+            | ReadinessDirtyBytesPerSecond
+            | PredictionBandwidthBytesPerSecond => (StatType::Instant, Unit::None, 0),
+        };
+        Def {
+            name: Cow::Borrowed(self.into()),
+            kind,
+            unit,
+            exponent,
+        }
+    }
+}
+
+/// A vCPU file's stats after the exit counters (`exits_<reason>`, one per
+/// [`Reason`], first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum VcpuStat {
+    /// vCPU time this vCPU's guest lost to dirty tracking.
+    GuestStallNs,
+    /// Time its thread spent harvesting its full dirty ring.
+    DirtyRingFullNs,
+}
+
+/// The VMM's stats files: the VM's and each vCPU's.
+#[derive(Debug)]
+pub struct VmmStats {
+    vm: StatsFile,
+    vcpus: Vec<StatsFile>,
+}
+
+impl VmmStats {
+    /// Files for a VM of `vcpus` vCPUs in process `pid`, every value 0. Ids
+    /// follow KVM's: `kvmscope-<pid>`, `kvmscope-<pid>/vcpu-<index>`.
+    ///
+    /// # Errors
+    /// A file cannot be made.
+    pub fn new(pid: u32, vcpus: usize) -> Result<VmmStats, Error> {
+        let vm_defs: Vec<Def> = VmStat::iter().map(VmStat::def).collect();
+        let vm = StatsFile::new(&format!("kvmscope-{pid}"), &vm_defs)?;
+        let vcpu_defs = vcpu_defs();
+        let vcpus = (0..vcpus)
+            .map(|i| StatsFile::new(&format!("kvmscope-{pid}/vcpu-{i}"), &vcpu_defs))
+            .collect::<Result<_, _>>()?;
+        Ok(VmmStats { vm, vcpus })
+    }
+
+    /// Sets a VM stat.
+    pub fn set_vm(&self, stat: VmStat, value: u64) {
+        self.vm.set(stat as usize, value);
+    }
+
+    /// A VM stat's value now.
+    pub fn vm_value(&self, stat: VmStat) -> u64 {
+        self.vm.get(stat as usize)
+    }
+
+    /// Sets vCPU `index`'s count of exits for `reason`.
+    pub fn set_exits(&self, index: usize, reason: Reason, value: u64) {
+        if let (Some(f), Some(at)) = (
+            self.vcpus.get(index),
+            Reason::ALL.iter().position(|r| *r == reason),
+        ) {
+            f.set(at, value);
+        }
+    }
+
+    /// Sets one of vCPU `index`'s own stats.
+    pub fn set_vcpu(&self, index: usize, stat: VcpuStat, value: u64) {
+        if let Some(f) = self.vcpus.get(index) {
+            f.set(Reason::ALL.len() + stat as usize, value);
+        }
+    }
+
+    /// The VM file.
+    pub fn vm(&self) -> &StatsFile {
+        &self.vm
+    }
+
+    /// Each vCPU's file, by index.
+    pub fn vcpus(&self) -> &[StatsFile] {
+        &self.vcpus
+    }
+}
+
+/// A vCPU file's stats: `exits_<reason>` per [`Reason`], then [`VcpuStat`]s.
+fn vcpu_defs() -> Vec<Def> {
+    let exits = Reason::ALL.iter().map(|r| Def {
+        name: Cow::Owned(format!("exits_{}", r.label())),
+        kind: StatType::Cumulative,
+        unit: Unit::None,
+        exponent: 0,
+    });
+    let own = VcpuStat::iter().map(|s| Def {
+        name: Cow::Borrowed(s.into()),
+        kind: StatType::Cumulative,
+        unit: Unit::Seconds,
+        exponent: -9,
+    });
+    exits.chain(own).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_stats::StatsFd;
+
+    #[test]
+    fn every_file_reads_strictly_and_each_setter_lands_on_its_stat() {
+        let s = VmmStats::new(42, 2).unwrap();
+        let vm = StatsFd::new_strict(s.vm().reader().unwrap()).unwrap();
+        assert_eq!(vm.schema().id(), "kvmscope-42");
+        assert!(vm.schema().find("prediction_total_time_ns").is_some());
+        s.set_vm(VmStat::PredictionDowntimeNs, 123);
+        let mut sample = vm.new_sample();
+        vm.read_sample(&mut sample).unwrap();
+        let id = vm.schema().find("prediction_downtime_ns").unwrap();
+        assert_eq!(sample.values(id), [123]);
+        let vcpu1 = StatsFd::new_strict(s.vcpus()[1].reader().unwrap()).unwrap();
+        assert_eq!(vcpu1.schema().id(), "kvmscope-42/vcpu-1");
+        s.set_exits(1, Reason::ALL[0], 7);
+        s.set_vcpu(1, VcpuStat::DirtyRingFullNs, 9);
+        let mut sample = vcpu1.new_sample();
+        vcpu1.read_sample(&mut sample).unwrap();
+        let exits = vcpu1
+            .schema()
+            .find(&format!("exits_{}", Reason::ALL[0].label()))
+            .unwrap();
+        assert_eq!(sample.values(exits), [7]);
+        let ring = vcpu1.schema().find("dirty_ring_full_ns").unwrap();
+        assert_eq!(sample.values(ring), [9]);
+    }
+}
