@@ -323,6 +323,23 @@ struct RunArgs {
     /// SIGINT/SIGTERM or `quit` stop an incoming migration at any point.
     #[arg(long, default_value = "30s", value_name = "DUR", requires = "incoming")]
     incoming_idle_timeout: Period,
+    /// Measure migration readiness every DUR (e.g. 60s): a dirty-rate window
+    /// of --readiness-window, the mapped-pages estimate and the prediction for
+    /// the migration parameters, published in the VMM's own stats (provider
+    /// kvmscope) where `kvmscope exporter` shows them with no request. The
+    /// guest pays for dirty tracking during the windows only. Needs --socket
+    /// and --dirty-log.
+    #[arg(long, value_name = "DUR", requires_all = ["socket", "dirty_log"])]
+    readiness_every: Option<Period>,
+    /// The dirty-rate window of each --readiness-every measurement (shorter
+    /// than the period).
+    #[arg(
+        long,
+        default_value = "1s",
+        value_name = "DUR",
+        requires = "readiness_every"
+    )]
+    readiness_window: Period,
     /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
     /// samples files (default: the --socket file's name without extension,
     /// else kvmscope-PID).
@@ -439,6 +456,18 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         boot_timeout: args.boot_timeout.0,
         name: args.name,
         control_limits: kvmscope::control::Limits::default(),
+        readiness_every: match args.readiness_every {
+            Some(every) if args.readiness_window.0 >= every.0 => anyhow::bail!(
+                "--readiness-window ({:?}) must be shorter than --readiness-every ({:?})",
+                args.readiness_window.0,
+                every.0
+            ),
+            Some(every) => Some(kvmscope::control::Periodic {
+                period: every.0,
+                window: args.readiness_window.0,
+            }),
+            None => None,
+        },
     };
     let summary = match incoming {
         Some(incoming) => run::run_incoming(config, incoming)?,

@@ -60,6 +60,9 @@ pub struct RunConfig {
     pub name: Option<String>,
     /// Deadlines for control-socket clients.
     pub control_limits: control::Limits,
+    /// A readiness measurement every period, published in the VMM's own
+    /// stats (needs the socket and dirty logging).
+    pub readiness_every: Option<control::Periodic>,
 }
 
 /// Why a run could not happen.
@@ -117,6 +120,7 @@ impl RunConfig {
             boot_timeout: Some(DEFAULT_BOOT_TIMEOUT),
             name: None,
             control_limits: control::Limits::default(),
+            readiness_every: None,
         }
     }
 
@@ -382,6 +386,7 @@ impl Services {
                 context.samples = sampler.as_ref().map(|s| s.shared.clone());
                 context.name = config.vm_name();
                 context.run_state = status.clone();
+                context.periodic = config.readiness_every;
                 context.migration = Some((
                     migration.clone(),
                     migration::Source::from_vm(vm).map_err(migration::sender::Error::MsrList)?,

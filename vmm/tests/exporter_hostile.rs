@@ -108,6 +108,12 @@ fn fake_vmm(
                             .collect();
                         let reply = format!("{{\"return\":{{\"fds\":[{}]}}}}\n", entries.join(","));
                         send_with_fds(&s, &reply, &files);
+                        // The exporter then asks for the VMM's own stats:
+                        // answered as a kvmscope without them answers.
+                        line.clear();
+                        if r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                            let _ = s.write_all(b"{\"error\":{\"class\":\"GenericError\",\"desc\":\"Parameter 'provider' is unexpected\"}}\n");
+                        }
                         after(&mut s, &mut r);
                         return;
                     } else if line.contains("get-stats-fd") {

@@ -134,6 +134,69 @@ fn vms_in_the_directory_are_on_the_page_with_their_labels_and_kernel_values() {
 }
 
 #[test]
+fn a_vmm_that_measures_readiness_shows_its_prediction_and_one_that_does_not_shows_none() {
+    require_kvm!();
+    let dir = test_dir("exp-ready");
+    let measures = Vmm::start(
+        &dir.join("fresh.sock"),
+        &[
+            "--dirty-log",
+            "bitmap",
+            "--readiness-every",
+            "2s",
+            "--readiness-window",
+            "300ms",
+            "--workload",
+            "touch size=8M; dirty ws=4M rate=2000/s for=120s",
+        ],
+    );
+    let silent = Vmm::start(&dir.join("silent.sock"), &["--vcpus", "2"]);
+    let e = exporter(&dir, Duration::from_secs(2));
+    let fresh = |p: &str| {
+        common::metric(p, "kvmscope_vmm_vm_readiness_at_seconds", &["vm=\"fresh\""])
+            .is_some_and(|at| at > 0.0)
+    };
+    let page = page_when(&e, "the fresh VM's readiness figures", |p| {
+        fresh(p) && up(p, "silent", silent.pid())
+    });
+    common::check_with_promtool(&page);
+    let fresh_line = |name: &str| common::metric(&page, name, &["vm=\"fresh\""]);
+    assert_eq!(
+        fresh_line("kvmscope_vmm_vm_prediction_converges"),
+        Some(1.0),
+        "{page}"
+    );
+    assert!(fresh_line("kvmscope_vmm_vm_prediction_transferred_bytes").is_some_and(|b| b > 0.0));
+    let rate = fresh_line("kvmscope_vmm_vm_readiness_dirty_bytes_per_second").unwrap();
+    assert!(rate > 1_000_000.0, "about 2000 pages/s: {rate} B/s");
+    // The VMM that never measured: its own counters, no readiness line at all.
+    let silent_lines: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("kvmscope_vmm_vm_") && l.contains("vm=\"silent\""))
+        .collect();
+    assert!(
+        silent_lines
+            .iter()
+            .any(|l| l.starts_with("kvmscope_vmm_vm_published_at_seconds")),
+        "{page}"
+    );
+    assert!(
+        !silent_lines
+            .iter()
+            .any(|l| l.contains("_readiness_") || l.contains("_prediction_")),
+        "{silent_lines:?}"
+    );
+    // Its vCPUs' exit counters, from its own stats fds.
+    assert!(common::metric(
+        &page,
+        "kvmscope_vmm_vcpu_exits_io_out_total",
+        &["vm=\"silent\"", "vcpu=\"1\""]
+    )
+    .is_some());
+    drop(measures);
+}
+
+#[test]
 fn a_killed_vmm_leaves_the_page_and_its_fds_are_closed() {
     require_kvm!();
     let dir = test_dir("exp-kill");

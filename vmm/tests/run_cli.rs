@@ -265,3 +265,35 @@ fn a_fifo_as_the_guest_is_refused_at_once() {
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("is not a regular file"), "{err}");
 }
+
+#[test]
+fn readiness_every_needs_a_socket_and_dirty_logging_and_a_window_shorter_than_it() {
+    let run = |args: &[&str]| {
+        let out = kvmscope().arg("run").args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--readiness-every", "60s", "--socket", "/tmp/x.sock"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--dirty-log"), "{err}");
+    let (code, err) = run(&["--readiness-every", "60s", "--dirty-log", "ring"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--socket"), "{err}");
+    let (code, err) = run(&[
+        "--readiness-every",
+        "1s",
+        "--readiness-window",
+        "2s",
+        "--dirty-log",
+        "bitmap",
+        "--socket",
+        "/tmp/kvmscope-never.sock",
+    ]);
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("--readiness-window (2s) must be shorter than --readiness-every (1s)"),
+        "{err}"
+    );
+}

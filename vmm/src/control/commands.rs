@@ -76,6 +76,8 @@ pub(crate) struct Handler {
     stopping: Arc<AtomicBool>,
     /// A `query-readiness` worker is running.
     readiness_busy: Arc<AtomicBool>,
+    /// When the next periodic readiness measurement is due (`run --readiness-every`).
+    periodic_due: Option<std::time::Instant>,
     /// Run-state changes told to clients so far, and whether the last one
     /// told said the guest runs.
     told: (u64, bool),
@@ -145,6 +147,7 @@ impl Handler {
             .collect::<Result<Vec<_>, Error>>()?;
         let own = ProviderFds::new(own_vm, own_vcpus);
         let (state, changes) = ctx.run_state.get_with_changes();
+        let ctx_periodic = ctx.periodic;
         Ok(Handler {
             told: (changes, state.is_running()),
             ctx,
@@ -152,6 +155,8 @@ impl Handler {
             own,
             stopping,
             readiness_busy: Arc::new(AtomicBool::new(false)),
+            // The first a second in: the figures are there soon after start.
+            periodic_due: ctx_periodic.map(|_| std::time::Instant::now() + Duration::from_secs(1)),
         })
     }
 
@@ -217,6 +222,20 @@ impl Handler {
     }
 
     /// Runs one command (capability negotiation is the plane's business).
+    /// Called on the plane's periodic sweep: starts the periodic readiness
+    /// measurement when it is due.
+    pub(crate) fn on_sweep(&mut self) {
+        if let (Some(periodic), Some(due)) = (self.ctx.periodic, self.periodic_due) {
+            if std::time::Instant::now() >= due {
+                self.periodic_due = Some(deferred::periodic_readiness(
+                    &self.ctx,
+                    periodic,
+                    &self.readiness_busy,
+                ));
+            }
+        }
+    }
+
     pub(crate) fn execute(&mut self, command: Command) -> Outcome {
         match command {
             Command::QmpCapabilities(a) => negotiate(&a),

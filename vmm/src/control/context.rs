@@ -46,6 +46,8 @@ pub(crate) struct Context {
     /// The VMM's own stats files (provider `kvmscope`), kept current by the
     /// `vmm-stats` thread (`publish`).
     pub(crate) vmm_stats: Arc<crate::vmmstats::VmmStats>,
+    /// `run --readiness-every`.
+    pub(crate) periodic: Option<super::deferred::Periodic>,
 }
 
 impl Context {
@@ -78,6 +80,7 @@ impl Context {
                 std::process::id(),
                 vm.vcpus.len(),
             )?),
+            periodic: None,
         })
     }
 }

@@ -97,6 +97,41 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
     }
 }
 
+/// `run --readiness-every`: a readiness measurement every `period` with a
+/// dirty-rate window of `window`, whose figures go to the VMM's own stats
+/// (provider `kvmscope`) for readers that ask nothing (the exporter). The
+/// guest pays for tracking during the window only (a ring VM logs only then):
+/// at most `window / period` of its time is observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Periodic {
+    /// How often.
+    pub period: Duration,
+    /// The dirty-rate window of each measurement.
+    pub window: Duration,
+}
+
+/// Starts the periodic measurement when it is due and none is running (a
+/// client's `query-readiness` publishes its figures too, so one running now
+/// counts); returns when the next is due.
+pub(crate) fn periodic_readiness(
+    ctx: &Context,
+    periodic: Periodic,
+    busy: &Arc<AtomicBool>,
+) -> std::time::Instant {
+    let args = ReadinessArgs {
+        scan: false,
+        calc_time: Some(periodic.window),
+        bandwidth: None,
+        max_downtime: None,
+    };
+    // Nobody waits for its reply: dropping the receiver leaves the worker to
+    // publish and end.
+    if let Outcome::Error(_, why) = start_readiness(ctx, args, busy) {
+        log::debug!("control: periodic readiness not started: {why}");
+    }
+    std::time::Instant::now() + periodic.period
+}
+
 /// Starts a readiness measurement on its own thread. `busy` guards against
 /// two at once (they would share the dirty window).
 pub(crate) fn start_readiness(

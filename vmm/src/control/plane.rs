@@ -588,6 +588,7 @@ impl MutEventSubscriber for Plane {
             SWEEP => {
                 let _ = self.sweep.wait();
                 self.enforce_deadlines(ops);
+                self.handler.on_sweep();
             }
             WORK => self.on_work(ops),
             RETRY => {

@@ -105,7 +105,7 @@ pub(crate) fn publish(s: &Sources) {
         s.stats.set_vm(VmStat::MigrationRemaining, ram.remaining);
         s.stats.set_vm(VmStat::MigrationTotal, ram.total);
         s.stats
-            .set_vm(VmStat::MigrationDirtySyncCount, ram.dirty_sync_count);
+            .set_vm(VmStat::MigrationDirtySyncs, ram.dirty_sync_count);
         s.stats
             .set_vm(VmStat::MigrationDirtyPagesRate, ram.dirty_pages_rate);
     }

@@ -5,10 +5,10 @@
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kvm_stats::Mapped;
+use kvm_stats::{Descriptor, Mapped};
 
 use super::provider::{Figures, Provider};
-use super::targets::Registry;
+use super::targets::{OwnStats, Registry};
 use crate::lock;
 use crate::metrics::{label_value, Source, Values};
 
@@ -37,7 +37,13 @@ impl Provider for KvmscopeVms {
         let mut reg = lock(&self.registry);
         let mut failed = Vec::new();
         for (path, t) in reg.targets.iter_mut() {
-            let reads = std::iter::once(&mut t.vm).chain(t.vcpus.iter_mut());
+            let own = t
+                .own
+                .iter_mut()
+                .flat_map(|o| std::iter::once(&mut o.vm).chain(o.vcpus.iter_mut()));
+            let reads = std::iter::once(&mut t.vm)
+                .chain(t.vcpus.iter_mut())
+                .chain(own);
             for (fd, sample) in reads {
                 self.fds_read += 1;
                 if let Err(e) = fd.read_sample(sample) {
@@ -54,17 +60,46 @@ impl Provider for KvmscopeVms {
             );
             reg.targets.remove(&path);
         }
+        let own_vms = reg
+            .targets
+            .values()
+            .filter_map(|t| Some((t.labels.clone(), measured_only(t.own.as_ref()?))))
+            .collect();
         Box::new(KvmscopeFigures {
             reg,
+            own_vms,
             fds_read: self.fds_read,
             read_errors: self.read_errors,
         })
     }
 }
 
+/// Stats as descriptors with their values.
+type Listed = Vec<(Descriptor, Vec<u64>)>;
+
+/// A VMM's own VM stats as listed values, without the readiness figures
+/// (`readiness_*`, `prediction_*`) while `readiness_at_ns` is 0: a VMM that
+/// never measured shows none of them, rather than zeros that look like figures.
+fn measured_only(own: &OwnStats) -> Listed {
+    let (fd, sample) = &own.vm;
+    let schema = fd.schema();
+    let measured = schema
+        .find("readiness_at_ns")
+        .is_some_and(|id| sample.values(id).first().is_some_and(|&at| at != 0));
+    schema
+        .iter()
+        .filter(|(_, d)| {
+            measured || !(d.name.starts_with("readiness_") || d.name.starts_with("prediction_"))
+        })
+        .map(|(id, d)| (d.clone(), sample.values(id).to_vec()))
+        .collect()
+}
+
 /// The registry, held while the page is written, with this scrape's samples.
 struct KvmscopeFigures<'a> {
     reg: MutexGuard<'a, Registry>,
+    /// Each VM's own VM stats that are shown, with its labels.
+    own_vms: Vec<(String, Listed)>,
     fds_read: u64,
     read_errors: u64,
 }
@@ -125,6 +160,33 @@ impl Figures for KvmscopeFigures<'_> {
             .map(|t| Source {
                 labels: t.labels.clone(),
                 values: Values::Fd(&t.vm.0, &t.vm.1),
+            })
+            .collect()
+    }
+
+    fn vmm_vm_stats(&self) -> Vec<Source<'_>> {
+        self.own_vms
+            .iter()
+            .map(|(labels, listed)| Source {
+                labels: labels.clone(),
+                values: Values::Listed(listed),
+            })
+            .collect()
+    }
+
+    fn vmm_vcpu_stats(&self) -> Vec<Source<'_>> {
+        self.reg
+            .targets
+            .values()
+            .filter_map(|t| Some((t, t.own.as_ref()?)))
+            .flat_map(|(t, own)| {
+                own.vcpus
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, (fd, sample))| Source {
+                        labels: format!("{},vcpu=\"{i}\"", t.labels),
+                        values: Values::Fd(fd, sample),
+                    })
             })
             .collect()
     }

@@ -24,4 +24,12 @@ pub(crate) trait Figures {
     fn vm_stats(&self) -> Vec<Source<'_>>;
     /// The KVM stats of each vCPU, labelled (`vcpu` among them).
     fn vcpu_stats(&self) -> Vec<Source<'_>>;
+    /// The VMM's own VM stats (provider `kvmscope`), where it has them.
+    fn vmm_vm_stats(&self) -> Vec<Source<'_>> {
+        Vec::new()
+    }
+    /// The VMM's own vCPU stats.
+    fn vmm_vcpu_stats(&self) -> Vec<Source<'_>> {
+        Vec::new()
+    }
 }

@@ -27,7 +27,9 @@ use crate::lock;
 use crate::protocol::events::EventKind;
 use crate::protocol::migration::Status;
 use crate::protocol::reply::RunState;
+use crate::protocol::request::StatsProvider;
 use crate::protocol::{StatsTarget, VcpuSelector};
+use crate::vmmstats::MEMFD_NAME;
 
 /// Longest time between two scans of the socket directories.
 pub(crate) const RESCAN: Duration = Duration::from_millis(500);
@@ -82,9 +84,20 @@ pub(crate) struct Target {
     pub(crate) vcpus: Vec<(StatsFd, Sample)>,
     /// The socket file's device and inode when attached.
     socket: Option<(u64, u64)>,
+    /// The VMM's own stats (provider `kvmscope`): the VM file and each
+    /// vCPU's; `None` for a VMM that has none (an older kvmscope).
+    pub(crate) own: Option<OwnStats>,
     /// The control connection, kept open to learn when the VMM goes; out
     /// on a checking thread while one asks the VMM something.
     client: Option<Client>,
+}
+
+/// A VMM's own stats files and their latest samples.
+pub(crate) struct OwnStats {
+    /// The VM file.
+    pub(crate) vm: (StatsFd, Sample),
+    /// Each vCPU's, by index.
+    pub(crate) vcpus: Vec<(StatsFd, Sample)>,
 }
 
 /// A socket the exporter could not attach to, and why.
@@ -471,7 +484,8 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     }
     let vm = client.greeting.qmp.kvmscope.vm.clone();
     let (open, limit) = (open_fds(), fd_limit());
-    let need = vm.vcpus as u64 + 1;
+    // KVM's stats fds and the VMM's own, one of each for the VM and per vCPU.
+    let need = 2 * (vm.vcpus as u64 + 1);
     if open + need + FD_RESERVE > limit {
         return Err(AttachError::FdBudget { need, open, limit });
     }
@@ -502,6 +516,7 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
         .take(vm.vcpus)
         .map(|f| open_stats(f, "kvm-vcpu-stats", &mut budget))
         .collect::<Result<Vec<_>, _>>()?;
+    let own = own_stats(&mut client, vm.vcpus, &mut budget)?;
     Ok(Target {
         labels: super::labels::vm_labels(&vm.name, vm.pid, path),
         name: vm.name,
@@ -510,9 +525,41 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
         backend: vm.backend,
         vm: vm_stats,
         vcpus,
+        own,
         socket: socket_id(path),
         client: Some(client),
     })
+}
+
+/// The VMM's own stats files (`get-stats-fd` with provider `kvmscope`), at
+/// most `vcpus` vCPU files; `None` when the VMM has no such provider.
+fn own_stats(
+    client: &mut Client,
+    vcpus: usize,
+    budget: &mut u64,
+) -> Result<Option<OwnStats>, AttachError> {
+    let provider = Some(StatsProvider::Kvmscope);
+    let vm_files = match client.get_provider_stats_fd(provider, StatsTarget::Vm, None) {
+        Ok(files) => files,
+        // An older kvmscope refuses the argument: it has no stats of its own.
+        Err(client::Error::Remote { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let vcpu_files =
+        client.get_provider_stats_fd(provider, StatsTarget::Vcpu, Some(VcpuSelector::All))?;
+    let Some((_, vm_file)) = vm_files.into_iter().next() else {
+        return Err(client::Error::BadReply(
+            "get-stats-fd of its own VM stats carried no fd".into(),
+        )
+        .into());
+    };
+    let vm = open_stats(vm_file, MEMFD_NAME, budget)?;
+    let vcpus = vcpu_files
+        .into_iter()
+        .take(vcpus)
+        .map(|(_, f)| open_stats(f, MEMFD_NAME, budget))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(OwnStats { vm, vcpus }))
 }
 
 /// A received fd as a stats source: it must be the kernel's stats file of
@@ -528,9 +575,16 @@ fn open_stats(
     let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .map(|l| l.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // KVM names a vCPU's `kvm-vcpu-stats:N`.
-    let name = link.strip_prefix("anon_inode:").unwrap_or("");
-    if name != kind && name.split_once(':').is_none_or(|(k, _)| k != kind) {
+    // KVM names a vCPU's `kvm-vcpu-stats:N`; a VMM's own stats are a memfd
+    // (`/memfd:kvmscope-stats (deleted)`).
+    let is_kind = if kind == MEMFD_NAME {
+        link.strip_prefix("/memfd:")
+            .is_some_and(|n| n.split(' ').next() == Some(MEMFD_NAME))
+    } else {
+        let name = link.strip_prefix("anon_inode:").unwrap_or("");
+        name == kind || name.split_once(':').is_some_and(|(k, _)| k == kind)
+    };
+    if !is_kind {
         return Err(AttachError::NotStats(kind.to_string(), link));
     }
     let mode = rustix::fs::fcntl_getfl(&file)

@@ -151,20 +151,21 @@ impl Family {
         })
     }
 
-    /// `# HELP` and `# TYPE`, once per family on the page.
+    /// `# HELP` and `# TYPE`, once per family on the page; `whose`: `KVM
+    /// VM`, `kvmscope vCPU`, ...
     fn write_header(
         &self,
         out: &mut String,
         d: &Descriptor,
-        vcpu: bool,
+        whose: &str,
         seen: &mut HashSet<String>,
     ) {
         if seen.insert(self.full.clone()) {
             let _ = writeln!(
                 out,
-                "# HELP {} KVM {} stat {} ({:?})\n# TYPE {} {}",
+                "# HELP {} {} stat {} ({:?})\n# TYPE {} {}",
                 self.full,
-                if vcpu { "vCPU" } else { "VM" },
+                whose,
                 help_text(&d.name),
                 d.kind,
                 self.full,
@@ -277,7 +278,12 @@ pub(crate) fn write_sources(
     seen: &mut HashSet<String>,
     keep: &dyn Fn(&str) -> bool,
 ) {
-    let vcpu = prefix.contains("vcpu");
+    let whose = match (prefix.contains("_vmm_"), prefix.contains("vcpu")) {
+        (false, false) => "KVM VM",
+        (false, true) => "KVM vCPU",
+        (true, false) => "kvmscope VMM's own VM",
+        (true, true) => "kvmscope VMM's own vCPU",
+    };
     for (first_id, d) in every_stat(sources)
         .into_iter()
         .filter(|(_, d)| keep(&d.name))
@@ -285,7 +291,7 @@ pub(crate) fn write_sources(
         let Some(family) = Family::of(prefix, d) else {
             continue;
         };
-        family.write_header(out, d, vcpu, seen);
+        family.write_header(out, d, whose, seen);
         for source in sources {
             if let Some((own, values)) = source.values.find(&d.name, first_id) {
                 family.write_values(out, own, values, &source.labels);

@@ -42,7 +42,7 @@ pub enum VmStat {
     /// `ram.total`.
     MigrationTotal,
     /// `ram.dirty-sync-count`.
-    MigrationDirtySyncCount,
+    MigrationDirtySyncs,
     /// `ram.dirty-pages-rate` (pages per second).
     MigrationDirtyPagesRate,
     /// When the readiness figures below were measured; 0: never.
@@ -91,7 +91,7 @@ impl VmStat {
             | PredictionTransferred => (StatType::Instant, Unit::Bytes, 0),
             PredictionConverges => (StatType::Instant, Unit::Boolean, 0),
             MigrationStatus
-            | MigrationDirtySyncCount
+            | MigrationDirtySyncs
             | MigrationDirtyPagesRate
             | ReadinessDirtyBytesPerSecond
             | PredictionBandwidthBytesPerSecond => (StatType::Instant, Unit::None, 0),
