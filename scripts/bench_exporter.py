@@ -16,6 +16,10 @@ each, idle: waiting for commands), then one exporter on DIR, and measures:
 
     cargo build --release -p kvmscope
     python3 scripts/bench_exporter.py --kvmscope target/release/kvmscope --vms 100
+
+`--vmm-kvmscope OLD` runs the VMs with another binary: with one that has no
+stats of its own (before the `kvmscope` provider), the page has KVM's stats
+only, which measures what the VMM's own stats add to a scrape.
 """
 
 import argparse
@@ -171,8 +175,12 @@ def main():
     ap.add_argument("--scrapes", type=int, default=200)
     ap.add_argument("--vcpus", type=int, default=0,
                     help="vCPUs of every VM (default: 1 to 4 in turn)")
+    ap.add_argument("--vmm-kvmscope", default=None,
+                    help="run the VMs with this binary instead (e.g. one without "
+                         "the VMM's own stats, to see what they add to a scrape)")
     args = ap.parse_args()
     exe = os.path.abspath(args.kvmscope)
+    vmm_exe = os.path.abspath(args.vmm_kvmscope or args.kvmscope)
     children = []
     with tempfile.TemporaryDirectory() as d:
         socks = []
@@ -181,7 +189,7 @@ def main():
                 sock = os.path.join(d, f"vm{i}.sock")
                 vcpus = args.vcpus or 1 + i % 4
                 children.append(subprocess.Popen(
-                    [exe, "run", "--socket", sock, "--memory", "64M", "--vcpus", str(vcpus),
+                    [vmm_exe, "run", "--socket", sock, "--memory", "64M", "--vcpus", str(vcpus),
                      "--sample-interval", "off"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 socks.append(sock)

@@ -9,6 +9,7 @@ it as a careful reader should, and prints the stats it read from the kernel.
 
     python3 scripts/kvmscope_client.py --socket /tmp/kvmscope.sock
     python3 scripts/kvmscope_client.py --socket S --vcpu 0 --names exits,pf_fixed --json
+    python3 scripts/kvmscope_client.py --socket S --provider kvmscope --vm
     python3 scripts/kvmscope_client.py --socket S --execute '{"execute":"query-vm"}'
 """
 
@@ -176,9 +177,13 @@ class StatsFile:
         return out
 
 
-def receive(conn, vm, vcpu):
-    """Stats fds for the VM and/or vCPUs: [(entry naming the fd, StatsFile)]."""
+def receive(conn, vm, vcpu, provider="kvm"):
+    """Stats fds for the VM and/or vCPUs: [(entry naming the fd, StatsFile)].
+    provider "kvmscope" asks for the VMM's own stats, in the same format."""
     requests = ([{"target": "vm"}] if vm else []) + ([{"target": "vcpu", "vcpu": vcpu}] if vcpu is not None else [])
+    if provider != "kvm":
+        for args in requests:
+            args["provider"] = provider
     out = []
     for args in requests:
         ret, fds = conn.execute("get-stats-fd", args)
@@ -194,6 +199,8 @@ def main():
     p.add_argument("--vm", action="store_true", help="the VM's stats (default: VM and all vCPUs)")
     p.add_argument("--vcpu", help="a vCPU index or 'all'")
     p.add_argument("--names", help="only these stats, comma-separated")
+    p.add_argument("--provider", choices=["kvm", "kvmscope"], default="kvm",
+                   help="KVM's stats (default) or the VMM's own, in KVM's format")
     p.add_argument("--json", action="store_true", help="print query-stats-shaped JSON")
     p.add_argument("--execute", metavar="JSON", help="send this raw request and print the reply instead")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the VMM")
@@ -209,7 +216,7 @@ def main():
     vm, vcpu = a.vm, (a.vcpu if a.vcpu == "all" or a.vcpu is None else int(a.vcpu))
     if not vm and vcpu is None:
         vm, vcpu = True, "all"
-    sources = receive(conn, vm, vcpu)
+    sources = receive(conn, vm, vcpu, a.provider)
     conn.sock.close()  # from here on, everything comes from the kernel through the fds
     names = set(a.names.split(",")) if a.names else None
     results = []
@@ -217,7 +224,7 @@ def main():
         values = stats.read()
         os.close(stats.fd)
         shown = [{"name": n, "value": v} for n, v in values.items() if names is None or n in names]
-        result = {"provider": "kvm", "target": entry["target"], "id": stats.id, "stats": shown}
+        result = {"provider": a.provider, "target": entry["target"], "id": stats.id, "stats": shown}
         if "vcpu" in entry:
             result["vcpu"] = entry["vcpu"]
         results.append(result)

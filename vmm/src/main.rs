@@ -74,8 +74,9 @@ struct ExporterArgs {
     /// One VM's control socket, read as long as it answers. Repeatable.
     #[arg(long = "socket", value_name = "PATH")]
     sockets: Vec<PathBuf>,
-    /// Only these KVM stats (names, `*` for any run of characters, e.g.
-    /// `pages_*,exits,halt_*`); the exporter's own metrics are always there.
+    /// Only these stats, KVM's and the VMMs' own (names, `*` for any run of
+    /// characters, e.g. `pages_*,exits,halt_*,prediction_*`); the exporter's
+    /// own metrics are always there.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     stats: Vec<String>,
     /// Longest time to attach to one VMM (connect, greeting, fds); a VMM that

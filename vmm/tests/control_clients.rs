@@ -242,3 +242,61 @@ fn sigterm_stops_the_vmm_and_removes_its_socket() {
     assert!(!socket.exists(), "the socket file is removed on SIGTERM");
     let _ = std::fs::remove_dir_all(socket.parent().unwrap());
 }
+
+#[test]
+fn the_python_client_reads_the_vmms_own_stats_with_its_kvm_stats_parser() {
+    require_kvm!();
+    let vm = touched_vm("py-own");
+    let mut c = vm.client();
+    c.execute(
+        "guest-command",
+        json!({"vcpu": 0, "command": "exits ports=40", "wait": true}),
+    )
+    .unwrap();
+    let (exits, _) = c.execute("query-exits", json!({"vcpus": [0]})).unwrap();
+    let want = exits[0]["reasons"]["io_out"].as_u64().unwrap();
+    // The VMM copies its counters into the files every 100 ms.
+    let j = common::wait_for("the published count", Duration::from_secs(5), || {
+        let out = python_client(
+            &vm.socket,
+            &[
+                "--provider",
+                "kvmscope",
+                "--vcpu",
+                "0",
+                "--names",
+                "exits_io_out",
+                "--json",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (stat(&j, "vcpu", "exits_io_out") == Some(want)).then_some(j)
+    });
+    assert_eq!(j["return"][0]["provider"], "kvmscope", "{j}");
+    assert!(j["return"][0]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("kvmscope-"));
+}
+
+#[test]
+fn stats_command_shows_the_vmms_own_stats_beside_the_kernels() {
+    require_kvm!();
+    let vm = touched_vm("stats-own");
+    let text = stdout_of(&kvmscope(
+        &["stats", "--vcpu", "0", "--names", "exits,exits_hlt"],
+        &vm.socket,
+    ));
+    let headings: Vec<&str> = text.lines().filter(|l| l.starts_with("== ")).collect();
+    assert_eq!(headings.len(), 2, "{text}");
+    assert!(headings[0].starts_with("== vcpu 0 (kvm-"), "{text}");
+    assert!(
+        headings[1].starts_with("== vcpu 0, kvmscope (kvmscope-"),
+        "{text}"
+    );
+}

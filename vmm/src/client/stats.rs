@@ -1,5 +1,6 @@
 //! `kvmscope stats`: receive stats fds from a running VMM and read the kernel's
-//! statistics through them, printing a table or QMP-like JSON.
+//! statistics through them, and the VMM's own (provider `kvmscope`) beside
+//! them, printing a table or QMP-like JSON.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,6 +8,7 @@ use std::path::PathBuf;
 use kvm_stats::{NameFilter, Sample, StatsFd};
 
 use super::{Client, Error, REPLY_TIMEOUT};
+use crate::protocol::request::StatsProvider;
 use crate::protocol::vm::StatsFdEntry;
 use crate::protocol::{Message, StatsTarget, VcpuSelector};
 
@@ -27,6 +29,8 @@ pub struct StatsConfig {
 
 /// A stats fd received over the socket: how the VMM named it, and the fd.
 pub(crate) struct Received {
+    /// KVM's stats, or the VMM's own.
+    pub(crate) provider: StatsProvider,
     /// The reply's entry: its target, vCPU and id.
     pub(crate) entry: StatsFdEntry,
     /// The stats fd, its schema read.
@@ -34,17 +38,28 @@ pub(crate) struct Received {
 }
 
 impl Received {
-    /// `vm` or `vcpu N`, for headings.
+    /// `vm` or `vcpu N` (`, kvmscope` for the VMM's own), for headings.
     pub(crate) fn label(&self) -> String {
+        let whose = match self.provider {
+            StatsProvider::Kvmscope => ", kvmscope",
+            _ => "",
+        };
         match self.entry.vcpu {
-            Some(i) => format!("vcpu {i}"),
-            None => "vm".to_string(),
+            Some(i) => format!("vcpu {i}{whose}"),
+            None => format!("vm{whose}"),
         }
+    }
+
+    /// Whether `filter` keeps any of its stats (a table of none is left out).
+    pub(crate) fn shows_any(&self, filter: &NameFilter) -> bool {
+        !filter.select(self.stats.schema()).is_empty()
     }
 }
 
-/// Asks for the VM's stats fd (if `vm`) and the vCPUs' (if `vcpus`), and
-/// opens each received fd as a [`StatsFd`] (reading its schema once).
+/// Asks for the VM's stats fd (if `vm`) and the vCPUs' (if `vcpus`), KVM's
+/// and, with `own`, the VMM's own after them (none from a VMM before the
+/// `kvmscope` provider), and opens each received fd as a [`StatsFd`]
+/// (reading its schema once).
 ///
 /// # Errors
 /// An error reply, a reply whose fds do not match the entries it names, or a
@@ -53,6 +68,7 @@ pub(crate) fn receive(
     client: &mut Client,
     vm: bool,
     vcpus: Option<VcpuSelector>,
+    own: bool,
 ) -> Result<Vec<Received>, Error> {
     let mut requests = Vec::new();
     if vm {
@@ -62,12 +78,23 @@ pub(crate) fn receive(
         requests.push((StatsTarget::Vcpu, Some(selector)));
     }
     let mut out = Vec::new();
-    for (target, vcpu) in requests {
-        for (entry, file) in client.get_stats_fd(target, vcpu)? {
-            out.push(Received {
-                entry,
-                stats: StatsFd::new(file)?,
-            });
+    let providers = [StatsProvider::Kvm, StatsProvider::Kvmscope];
+    for provider in providers.into_iter().take(if own { 2 } else { 1 }) {
+        for (target, vcpu) in &requests {
+            let asked = (provider == StatsProvider::Kvmscope).then_some(provider);
+            let files = match client.get_provider_stats_fd(asked, *target, *vcpu) {
+                Ok(files) => files,
+                // A VMM before the `kvmscope` provider: KVM's stats only.
+                Err(Error::Remote { .. }) if asked.is_some() => break,
+                Err(e) => return Err(e),
+            };
+            for (entry, file) in files {
+                out.push(Received {
+                    provider,
+                    entry,
+                    stats: StatsFd::new(file)?,
+                });
+            }
         }
     }
     Ok(out)
@@ -114,25 +141,34 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
         (false, None) => (true, Some(VcpuSelector::All)),
         other => other,
     };
-    let received = receive(&mut client, vm, vcpus)?;
+    let received = receive(&mut client, vm, vcpus, true)?;
     drop(client);
     let samples = sample_all(&received)?;
     let filter = NameFilter::from_option(config.names.clone());
     warn_missing(&received, &filter);
     if config.json {
-        let sources = received
+        // Shaped as QEMU's `query-stats` reply, each entry naming its provider.
+        let entries = received
             .iter()
             .zip(&samples)
-            .map(|(r, s)| (r.stats.schema(), s));
-        // Shaped as QEMU's `query-stats` reply.
+            .filter(|(r, _)| r.shows_any(&filter))
+            .map(|(r, s)| {
+                let mut e = kvm_stats::json::stats_result(r.stats.schema(), s, &filter);
+                e["provider"] = serde_json::json!(r.provider.name());
+                e
+            })
+            .collect();
         let reply = Message::Return {
-            value: kvm_stats::json::query_stats(sources, &filter),
+            value: serde_json::Value::Array(entries),
             id: None,
         };
         writeln!(out, "{}", serde_json::to_string(&reply).unwrap_or_default())?;
         return Ok(());
     }
     for (r, s) in received.iter().zip(&samples) {
+        if !r.shows_any(&filter) {
+            continue;
+        }
         writeln!(out, "== {} ({}) ==", r.label(), r.stats.schema().id())?;
         write!(
             out,

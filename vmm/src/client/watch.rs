@@ -65,7 +65,7 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         (false, None) => (true, Some(VcpuSelector::All)),
         other => other,
     };
-    let received = receive(&mut client, vm, vcpus)?;
+    let received = receive(&mut client, vm, vcpus, true)?;
     // The stats come from the kernel, through the fds; the connection stays
     // only for the sampler's derived values (mapped bytes, our exit rates,
     // phases), when the VMM runs a sampler.
@@ -96,6 +96,9 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
             d.show(out)?;
         }
         for ((r, old), new) in received.iter().zip(&older).zip(&newer) {
+            if !r.shows_any(&filter) {
+                continue;
+            }
             let schema = r.stats.schema();
             let delta = kvm_stats::delta(schema, old, new);
             writeln!(out, "== {} ({}) ==", r.label(), schema.id())?;

@@ -3,6 +3,7 @@
 use std::fs::File;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::error::Error;
 use crate::backend::Backend;
@@ -47,7 +48,7 @@ pub(crate) struct Context {
     /// `vmm-stats` thread (`publish`).
     pub(crate) vmm_stats: Arc<crate::vmmstats::VmmStats>,
     /// `run --readiness-every`.
-    pub(crate) periodic: Option<super::deferred::Periodic>,
+    pub(crate) periodic: Option<Periodic>,
 }
 
 impl Context {
@@ -83,4 +84,17 @@ impl Context {
             periodic: None,
         })
     }
+}
+
+/// `run --readiness-every`: a readiness measurement every `period` with a
+/// dirty-rate window of `window`, whose figures go to the VMM's own stats
+/// (provider `kvmscope`) for readers that ask nothing (the exporter). The
+/// guest pays for tracking during the window only (a ring VM logs only then):
+/// at most `window / period` of its time is observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Periodic {
+    /// How often.
+    pub period: Duration,
+    /// The dirty-rate window of each measurement.
+    pub window: Duration,
 }

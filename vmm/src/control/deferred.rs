@@ -13,7 +13,7 @@ use std::time::Duration;
 use kvm_stats::StatsFd;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::context::Context;
+use super::context::{Context, Periodic};
 use super::outcome::{Outcome, Pending, Progress, WorkerMsg};
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::protocol::events::{EventKind, ScanProgress};
@@ -95,19 +95,6 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
         max_rounds: params.map_or(0, |p| p.x_max_rounds),
         ..Options::default()
     }
-}
-
-/// `run --readiness-every`: a readiness measurement every `period` with a
-/// dirty-rate window of `window`, whose figures go to the VMM's own stats
-/// (provider `kvmscope`) for readers that ask nothing (the exporter). The
-/// guest pays for tracking during the window only (a ring VM logs only then):
-/// at most `window / period` of its time is observed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Periodic {
-    /// How often.
-    pub period: Duration,
-    /// The dirty-rate window of each measurement.
-    pub window: Duration,
 }
 
 /// Starts the periodic measurement when it is due and none is running (a

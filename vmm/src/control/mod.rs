@@ -46,7 +46,7 @@ use plane::{Plane, PlaneFds};
 use socket::SocketFile;
 
 pub(crate) use context::Context;
-pub use deferred::Periodic;
+pub use context::Periodic;
 pub use error::Error;
 pub use limits::{Limits, MAX_CLIENTS, MAX_TOTAL_QUEUED, RESERVED_CLIENTS};
 

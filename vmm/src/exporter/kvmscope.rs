@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kvm_stats::{Descriptor, Mapped};
+use kvm_stats::Mapped;
 
 use super::provider::{Figures, Provider};
 use super::targets::{OwnStats, Registry};
@@ -60,46 +60,32 @@ impl Provider for KvmscopeVms {
             );
             reg.targets.remove(&path);
         }
-        let own_vms = reg
-            .targets
-            .values()
-            .filter_map(|t| Some((t.labels.clone(), measured_only(t.own.as_ref()?))))
-            .collect();
         Box::new(KvmscopeFigures {
             reg,
-            own_vms,
             fds_read: self.fds_read,
             read_errors: self.read_errors,
         })
     }
 }
 
-/// Stats as descriptors with their values.
-type Listed = Vec<(Descriptor, Vec<u64>)>;
-
-/// A VMM's own VM stats as listed values, without the readiness figures
-/// (`readiness_*`, `prediction_*`) while `readiness_at_ns` is 0: a VMM that
-/// never measured shows none of them, rather than zeros that look like figures.
-fn measured_only(own: &OwnStats) -> Listed {
+/// Whether a VMM's own VM stats include readiness figures: not while
+/// `readiness_at_ns` is 0, so that a VMM that never measured shows none of
+/// them, rather than zeros that look like figures.
+fn measured(own: &OwnStats) -> bool {
     let (fd, sample) = &own.vm;
-    let schema = fd.schema();
-    let measured = schema
+    fd.schema()
         .find("readiness_at_ns")
-        .is_some_and(|id| sample.values(id).first().is_some_and(|&at| at != 0));
-    schema
-        .iter()
-        .filter(|(_, d)| {
-            measured || !(d.name.starts_with("readiness_") || d.name.starts_with("prediction_"))
-        })
-        .map(|(id, d)| (d.clone(), sample.values(id).to_vec()))
-        .collect()
+        .is_some_and(|id| sample.values(id).first().is_some_and(|&at| at != 0))
+}
+
+/// The readiness figures of a VMM's own VM stats.
+fn readiness_figure(name: &str) -> bool {
+    name.starts_with("readiness_") || name.starts_with("prediction_")
 }
 
 /// The registry, held while the page is written, with this scrape's samples.
 struct KvmscopeFigures<'a> {
     reg: MutexGuard<'a, Registry>,
-    /// Each VM's own VM stats that are shown, with its labels.
-    own_vms: Vec<(String, Listed)>,
     fds_read: u64,
     read_errors: u64,
 }
@@ -157,19 +143,21 @@ impl Figures for KvmscopeFigures<'_> {
         self.reg
             .targets
             .values()
-            .map(|t| Source {
-                labels: t.labels.clone(),
-                values: Values::Fd(&t.vm.0, &t.vm.1),
-            })
+            .map(|t| Source::new(t.labels.clone(), Values::Fd(&t.vm.0, &t.vm.1)))
             .collect()
     }
 
     fn vmm_vm_stats(&self) -> Vec<Source<'_>> {
-        self.own_vms
-            .iter()
-            .map(|(labels, listed)| Source {
-                labels: labels.clone(),
-                values: Values::Listed(listed),
+        self.reg
+            .targets
+            .values()
+            .filter_map(|t| {
+                let own = t.own.as_ref()?;
+                let mut source = Source::new(t.labels.clone(), Values::Fd(&own.vm.0, &own.vm.1));
+                if !measured(own) {
+                    source.hide = Some(readiness_figure);
+                }
+                Some(source)
             })
             .collect()
     }
@@ -180,13 +168,9 @@ impl Figures for KvmscopeFigures<'_> {
             .values()
             .filter_map(|t| Some((t, t.own.as_ref()?)))
             .flat_map(|(t, own)| {
-                own.vcpus
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, (fd, sample))| Source {
-                        labels: format!("{},vcpu=\"{i}\"", t.labels),
-                        values: Values::Fd(fd, sample),
-                    })
+                own.vcpus.iter().enumerate().map(move |(i, (fd, sample))| {
+                    Source::new(format!("{},vcpu=\"{i}\"", t.labels), Values::Fd(fd, sample))
+                })
             })
             .collect()
     }
@@ -196,13 +180,9 @@ impl Figures for KvmscopeFigures<'_> {
             .targets
             .values()
             .flat_map(|t| {
-                t.vcpus
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, (fd, sample))| Source {
-                        labels: format!("{},vcpu=\"{i}\"", t.labels),
-                        values: Values::Fd(fd, sample),
-                    })
+                t.vcpus.iter().enumerate().map(move |(i, (fd, sample))| {
+                    Source::new(format!("{},vcpu=\"{i}\"", t.labels), Values::Fd(fd, sample))
+                })
             })
             .collect()
     }

@@ -41,12 +41,11 @@ pub(crate) fn render(
     write_sources(&mut out, &vms, "kvmscope_kvm_vm_", &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vcpu_stats()).collect();
     write_sources(&mut out, &vcpus, "kvmscope_kvm_vcpu_", &mut seen, &keep);
-    // The VMMs' own stats: every one (`--stats` filters KVM's).
-    let all = |_: &str| true;
+    // The VMMs' own stats, `--stats` choosing among them by name too.
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vmm_vm_stats()).collect();
-    write_sources(&mut out, &vms, "kvmscope_vmm_vm_", &mut seen, &all);
+    write_sources(&mut out, &vms, "kvmscope_vmm_vm_", &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vmm_vcpu_stats()).collect();
-    write_sources(&mut out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &all);
+    write_sources(&mut out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
     drop(figures);
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", counters.scrapes);
     let _ = writeln!(out, "# HELP kvmscope_exporter_open_fds Fds the exporter has open (stats fds, control connections and the rest).\n# TYPE kvmscope_exporter_open_fds gauge\nkvmscope_exporter_open_fds {}", super::targets::open_fds());

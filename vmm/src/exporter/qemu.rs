@@ -190,27 +190,23 @@ impl Figures for QemuFigures {
 
     fn vm_stats(&self) -> Vec<Source<'_>> {
         self.read()
-            .map(|q| Source {
-                labels: q.labels.clone(),
-                values: Values::Listed(&q.vm),
-            })
+            .map(|q| Source::new(q.labels.clone(), Values::Listed(&q.vm)))
             .collect()
     }
 
     fn vcpu_stats(&self) -> Vec<Source<'_>> {
         self.read()
             .flat_map(|q| {
-                q.vcpus
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, (path, r))| Source {
-                        labels: format!(
+                q.vcpus.iter().enumerate().map(move |(i, (path, r))| {
+                    Source::new(
+                        format!(
                             "{},vcpu=\"{i}\",qom_path=\"{}\"",
                             q.labels,
                             label_value(path)
                         ),
-                        values: Values::Listed(r),
-                    })
+                        Values::Listed(r),
+                    )
+                })
             })
             .collect()
     }

@@ -265,6 +265,23 @@ pub(crate) struct Source<'a> {
     pub(crate) labels: String,
     /// Its stats.
     pub(crate) values: Values<'a>,
+    /// Stats of this source left off the page (by name).
+    pub(crate) hide: Option<fn(&str) -> bool>,
+}
+
+impl<'a> Source<'a> {
+    /// A source whose every stat is shown.
+    pub(crate) fn new(labels: String, values: Values<'a>) -> Source<'a> {
+        Source {
+            labels,
+            values,
+            hide: None,
+        }
+    }
+
+    fn shows(&self, name: &str) -> bool {
+        self.hide.is_none_or(|hide| !hide(name))
+    }
 }
 
 /// Writes every stat of `sources`, grouped by stat (all sources of one stat
@@ -292,7 +309,7 @@ pub(crate) fn write_sources(
             continue;
         };
         family.write_header(out, d, whose, seen);
-        for source in sources {
+        for source in sources.iter().filter(|s| s.shows(&d.name)) {
             if let Some((own, values)) = source.values.find(&d.name, first_id) {
                 family.write_values(out, own, values, &source.labels);
             }
@@ -308,7 +325,10 @@ pub(crate) fn write_sources(
 fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Option<kvm_stats::StatId>, &'a Descriptor)> {
     let mut names = HashSet::new();
     let mut stats = Vec::new();
-    for (id, d) in sources.iter().flat_map(|s| s.values.stats()) {
+    let shown = sources
+        .iter()
+        .flat_map(|s| s.values.stats().filter(move |(_, d)| s.shows(&d.name)));
+    for (id, d) in shown {
         if !names.insert(d.name.as_str()) {
             continue;
         }
@@ -413,10 +433,7 @@ pub(crate) fn render(samples: &Shared) -> String {
         let mut pairs = sources.iter().zip(latest);
         let vm_source: Vec<Source<'_>> = pairs
             .next()
-            .map(|(fd, sample)| Source {
-                labels: vm.clone(),
-                values: Values::Fd(fd, sample),
-            })
+            .map(|(fd, sample)| Source::new(vm.clone(), Values::Fd(fd, sample)))
             .into_iter()
             .collect();
         write_sources(&mut out, &vm_source, "kvmscope_kvm_vm_", &mut seen, &|_| {
@@ -424,9 +441,8 @@ pub(crate) fn render(samples: &Shared) -> String {
         });
         let vcpu_sources: Vec<Source<'_>> = pairs
             .enumerate()
-            .map(|(i, (fd, sample))| Source {
-                labels: format!("{vm},vcpu=\"{i}\""),
-                values: Values::Fd(fd, sample),
+            .map(|(i, (fd, sample))| {
+                Source::new(format!("{vm},vcpu=\"{i}\""), Values::Fd(fd, sample))
             })
             .collect();
         write_sources(
