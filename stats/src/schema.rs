@@ -72,6 +72,7 @@ pub struct Schema {
     ids: Vec<StatId>,
     by_name: HashMap<String, usize>,
     data_size: u64,
+    layout: u64,
 }
 
 impl Schema {
@@ -97,6 +98,7 @@ impl Schema {
                 len: d.size,
             })
             .collect();
+        let layout = layout_of(&stats);
         Ok(Self {
             header,
             id,
@@ -104,6 +106,7 @@ impl Schema {
             ids,
             by_name,
             data_size,
+            layout,
         })
     }
 
@@ -118,6 +121,14 @@ impl Schema {
             Some(warning) => Err(Error::Unsupported(warning)),
             None => Ok(schema),
         }
+    }
+
+    /// A fingerprint of the descriptors (names, flags, exponents, sizes,
+    /// offsets, bucket sizes, in order): schemas with the same one have the
+    /// same stats at the same places, as every vCPU of one kernel does, so a
+    /// reader of many fds can look at one schema per layout.
+    pub fn layout(&self) -> u64 {
+        self.layout
     }
 
     /// The header as read.
@@ -325,3 +336,23 @@ fn check_data_block(header: &Header, stats: &[Descriptor]) -> Result<u64> {
 #[cfg(test)]
 #[path = "schema_tests.rs"]
 mod tests;
+
+/// [`Schema::layout`]'s fingerprint (FNV-1a over each descriptor's fields).
+fn layout_of(stats: &[Descriptor]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    for d in stats {
+        eat(d.name.as_bytes());
+        eat(&[0]);
+        eat(&d.flags.to_le_bytes());
+        eat(&d.exponent.to_le_bytes());
+        eat(&d.size.to_le_bytes());
+        eat(&d.offset.to_le_bytes());
+        eat(&d.bucket_size.to_le_bytes());
+    }
+    h
+}

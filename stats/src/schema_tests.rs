@@ -583,3 +583,27 @@ fn parse_rejects_overlapping_stats() {
     }
     assert!(matches!(parse(&b.build()), Err(Error::StatsOverlap { .. })));
 }
+
+#[test]
+fn schemas_of_the_same_stats_share_a_layout_whatever_their_id() {
+    let file = |id: &str| {
+        StatsFileBuilder::new(id)
+            .counter("exits", 1)
+            .counter("halts", 2)
+    };
+    let a = parse(&file("kvm-1/vcpu-0").build()).unwrap();
+    let b = parse(&file("kvm-1/vcpu-1").build()).unwrap();
+    assert_eq!(a.layout(), b.layout());
+    let other = parse(
+        &StatsFileBuilder::new("kvm-1")
+            .counter("halts", 2)
+            .counter("exits", 1)
+            .build(),
+    )
+    .unwrap();
+    assert_ne!(
+        a.layout(),
+        other.layout(),
+        "the same names elsewhere are another layout"
+    );
+}

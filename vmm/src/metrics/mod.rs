@@ -325,8 +325,15 @@ pub(crate) fn write_sources(
 fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Option<kvm_stats::StatId>, &'a Descriptor)> {
     let mut names = HashSet::new();
     let mut stats = Vec::new();
+    // Sources of one layout (every vCPU of one kernel) have the same stats:
+    // one of each is looked at, so that hundreds of fds cost one schema walk.
+    let mut layouts = HashSet::new();
     let shown = sources
         .iter()
+        .filter(|s| match s.values {
+            Values::Fd(fd, _) => layouts.insert((fd.schema().layout(), s.hide.map(|f| f as usize))),
+            Values::Listed(_) => true,
+        })
         .flat_map(|s| s.values.stats().filter(move |(_, d)| s.shows(&d.name)));
     for (id, d) in shown {
         if !names.insert(d.name.as_str()) {
