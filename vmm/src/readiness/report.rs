@@ -555,6 +555,7 @@ mod tests {
                 period: Duration::from_millis(500),
                 vcpus: vec![Duration::from_millis(40), Duration::from_millis(10)],
                 faults: vec![15_000, 3_000],
+                system: vec![None, None],
             },
         }
     }
