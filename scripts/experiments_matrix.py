@@ -71,6 +71,12 @@ FULL = {
     "migration_cells": MIGRATION_FULL,
     "migration_ws": 128 * MIB,
     "migration_dirty_s": 6,
+    "stall_modes": ["bitmap", "ring"],
+    "stall_windows": [0.5, 2.0],
+    "stall_memory": "256M",
+    "stall_ws": 64 * MIB,
+    "stall_seconds": 4.0,
+    "stall_lead": 1.0,
 }
 
 SMALL = {
@@ -95,6 +101,12 @@ SMALL = {
     "migration_cells": MIGRATION_SMALL,
     "migration_ws": 16 * MIB,
     "migration_dirty_s": 3,
+    "stall_modes": ["ring"],
+    "stall_windows": [0.5],
+    "stall_memory": "64M",
+    "stall_ws": 16 * MIB,
+    "stall_seconds": 1.5,
+    "stall_lead": 0.4,
 }
 
 # Figures shared by estimates and misleads rows (see experiments.estimate_fields).
@@ -106,9 +118,11 @@ _ESTIMATE = [
 ]
 
 from experiments_migration import COLUMNS as _MIGRATION  # noqa: E402
+from experiments_stall import COLUMNS as _STALL  # noqa: E402
 
 COLUMNS = {
     "migration": _MIGRATION,
+    "stall": _STALL,
     "estimates": ["memory", "memory_bytes", "hugepages", "dirty_log", "write", "fraction", "arena_pages",
                   "touched_pages", "nonzero_written", "touch_s"] + _ESTIMATE,
     "cost": ["memory", "memory_bytes", "dirty_log", "touched", "fill", "touched_pages", "repeats", "mapped_us",

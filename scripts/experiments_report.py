@@ -387,6 +387,28 @@ def block_misleads(rows):
     return table(header, out)
 
 
+def block_stall(rows):
+    out = []
+    for r in rows:
+        rep, lost, thr = v(r, "reported_s"), v(r, "time_lost_s"), v(r, "throughput_lost_s")
+        ev, et = v(r, "error_vs_time"), v(r, "error_vs_throughput")
+        out.append(("`%s`" % r["workload"], r["dirty_log"], "%.1f s" % float(r["window_s"]),
+                    "%.3f" % rep, "%.3f" % lost if lost is not None else "–",
+                    "%.3f" % thr if thr is not None else "–",
+                    "%+.0f %%" % (100 * ev) if ev is not None else "–",
+                    "%+.0f %%" % (100 * et) if et is not None else "–"))
+    header = ["workload", "dirty log", "window", "reported stall, s", "guest time lost, s",
+              "throughput lost, s", "reported vs time lost", "reported vs throughput lost"]
+    cells = [r for r in rows if v(r, "error_vs_time") is not None]
+    within = sum(1 for r in cells if abs(v(r, "error_vs_time")) <= 0.25)
+    zero = [r for r in rows if v(r, "time_lost_s") is not None and v(r, "time_lost_s") <= 0.02]
+    quiet = sum(1 for r in zero if v(r, "reported_s") <= 0.02)
+    summary = ("\nReported within ±25 %% of the guest time lost in %d of %d cells where it lost more than "
+               "20 ms; reported at most 20 ms in %d of %d cells where it lost none.\n"
+               % (within, len(cells), quiet, len(zero)))
+    return table(header, out) + summary
+
+
 def skeleton(names):
     parts = ["# Migration-readiness experiments\n"]
     for n in names:
@@ -402,7 +424,7 @@ def update_docs(out, path):
     blocks = {"run": block_run(meta)}
     for name, make in (("estimates", block_estimates), ("cost", block_cost), ("dirtyrate", block_dirtyrate),
                        ("observer", block_observer), ("misleads", block_misleads),
-                       ("migration", experiments_report_migration.block_migration)):
+                       ("migration", experiments_report_migration.block_migration), ("stall", block_stall)):
         rows = load(out, name)
         blocks[name] = make(rows) if rows else "(not run)\n"
     text = open(path).read() if os.path.exists(path) else skeleton(blocks)

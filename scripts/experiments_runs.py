@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from experiments_migration import run_migration
+from experiments_stall import run_stall
 from experiments_vm import Vm, log
 
 MIB = 1 << 20
@@ -259,4 +260,5 @@ def run_series(binary, m, out):
 
 
 EXPERIMENTS = {"estimates": run_estimates, "cost": run_cost, "dirtyrate": run_dirtyrate,
-               "observer": run_observer, "misleads": run_misleads, "migration": run_migration}
+               "observer": run_observer, "misleads": run_misleads, "migration": run_migration,
+               "stall": run_stall}

@@ -1,0 +1,118 @@
+"""The `stall` experiment: what dirty tracking costs a guest, reported by the
+VMM against what the guest lost, in the same run.
+
+Each cell runs two VMs at once (one vCPU each): one untracked, one with the
+cell's dirty log, both given the same workload; a `query-readiness` window is
+taken on the tracked one while both run. Three figures per cell:
+
+- reported: the window's `guest_stall.total_ms` (the VMM's figure);
+- time lost: the untracked vCPU thread's user (guest) time less the tracked
+  one's over the same span, from /proc (the guest's time taken; not for the
+  sweeps, which both run to their end);
+- throughput lost: for a writer with a time limit, the tracked guest's
+  writes short of the untracked one's, as seconds at the untracked rate;
+  for a fixed amount of work (sweeps), how much longer it took.
+
+An idle guest and a reader are there to show zero.
+"""
+
+import os
+import time
+
+from experiments_vm import Vm, log
+
+MIB = 1 << 20
+COLUMNS = ["workload", "what", "dirty_log", "window_s", "reported_s", "time_lost_s", "throughput_lost_s",
+           "untracked_work", "tracked_work", "error_vs_time", "error_vs_throughput"]
+
+
+def workloads(ws, seconds):
+    """(name, what, command, kind): kind `timed` (work done in `seconds`),
+    `fixed` (time to finish), `none` (no work to compare)."""
+    sweeps = max(4, int(seconds * 100))
+    return [
+        ("random-max", "random writes over %d MiB, as fast as it can" % (ws // MIB),
+         "dirty ws=%d rate=max for=%gs" % (ws, seconds), "timed"),
+        ("random-paced", "random writes over %d MiB at 20,000 pages/s" % (ws // MIB),
+         "dirty ws=%d rate=20000/s for=%gs" % (ws, seconds), "timed"),
+        ("sweep", "%d sequential sweeps of %d MiB" % (sweeps, ws // (4 * MIB)),
+         "; ".join(["touch size=%d" % (ws // 4)] * sweeps), "fixed"),
+        ("read", "reads of %d MiB" % (ws // MIB), "; ".join(["read size=%d" % ws] * 20), "none"),
+        ("idle", "nothing", None, "none"),
+    ]
+
+
+def guest_ticks(vm):
+    """User (guest) and system time of the VM's vCPU 0 thread, clock ticks."""
+    task = "/proc/%d/task" % vm.proc.pid
+    for tid in os.listdir(task):
+        with open(os.path.join(task, tid, "comm")) as f:
+            if f.read().strip() != "vcpu0":
+                continue
+        with open(os.path.join(task, tid, "stat")) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]), int(fields[12])
+    raise RuntimeError("no vcpu0 thread in %s" % task)
+
+
+def finish(vms, seqs, started):
+    """Each VM's last result and how long after `started` it came (polled
+    every 10 ms, both VMs in turn)."""
+    results, took = [None] * len(vms), [None] * len(vms)
+    while None in results:
+        for i, (vm, seq) in enumerate(zip(vms, seqs)):
+            if results[i] is None:
+                last = vm.call("query-guest", vcpus=[0])[0].get("last-result") or {}
+                if last.get("seq") == seq:
+                    if last["status"] != "ok":
+                        raise RuntimeError("guest command %r: %s" % (last["command"], last["status"]))
+                    results[i], took[i] = last, time.monotonic() - started
+        time.sleep(0.01)
+    return results, took
+
+
+def run_stall(binary, m):
+    rows = []
+    for mode in m["stall_modes"]:
+        for window in m["stall_windows"]:
+            for name, what, command, kind in workloads(m["stall_ws"], m["stall_seconds"]):
+                rows.append(stall_cell(binary, m, mode, window, name, what, command, kind))
+    return rows
+
+
+def stall_cell(binary, m, mode, window, name, what, command, kind):
+    ws, tick = m["stall_ws"], os.sysconf("SC_CLK_TCK")
+    with Vm(binary, m["stall_memory"]) as plain, Vm(binary, m["stall_memory"], dirty_log=mode) as tracked:
+        for vm in (plain, tracked):
+            vm.guest("touch size=%d" % ws)
+        before = [guest_ticks(vm) for vm in (plain, tracked)]
+        started = time.monotonic()
+        seqs = [vm.start(command) for vm in (plain, tracked)] if command else None
+        time.sleep(m["stall_lead"])
+        report = tracked.readiness(False, window)
+        if seqs:
+            results, took = finish((plain, tracked), seqs, started)
+        else:
+            time.sleep(m["stall_lead"])
+        after = [guest_ticks(vm) for vm in (plain, tracked)]
+    user = [(a[0] - b[0]) / tick for a, b in zip(after, before)]
+    reported = report["guest_stall"]["total_ms"] / 1e3
+    row = {"workload": name, "what": what, "dirty_log": mode, "window_s": round(report["dirty_rate"]["window_s"], 3),
+           "reported_s": reported, "time_lost_s": round(user[0] - user[1], 3)}
+    if kind == "timed":
+        work = [r["values"][0] for r in results]
+        span = results[0]["host_time_s"]
+        row.update(untracked_work=work[0], tracked_work=work[1],
+                   throughput_lost_s=round((work[0] - work[1]) / work[0] * span, 3) if work[0] else None)
+    elif kind == "fixed":
+        # Both run to the end: the one that ends first stops gaining guest
+        # time, so the time-based loss means nothing here; the delay does.
+        row.update(untracked_work=round(took[0], 3), tracked_work=round(took[1], 3),
+                   throughput_lost_s=round(took[1] - took[0], 3), time_lost_s=None)
+    lost = row["time_lost_s"]
+    row["error_vs_time"] = round(reported / lost - 1, 3) if lost is not None and lost > 0.02 else None
+    t = row.get("throughput_lost_s")
+    row["error_vs_throughput"] = round(reported / t - 1, 3) if t and t > 0.02 else None
+    log("stall %s %s window %.1fs: reported %.3fs, guest time lost %s s, throughput lost %s s"
+        % (mode, name, window, reported, lost, t))
+    return row
