@@ -281,8 +281,22 @@ fn wait_until_done(
         status: status.clone(),
         ..PauseState::default()
     };
+    let mut last_kick = Instant::now();
     loop {
-        match vm.next_event(boot.wait(Instant::now())) {
+        // Throttled vCPUs are kicked every timeslice to take their sleep.
+        let slice = crate::vcpu::throttle::TIMESLICE;
+        let wait = match vm.throttled() {
+            true => boot
+                .wait(Instant::now())
+                .min(slice.saturating_sub(last_kick.elapsed())),
+            false => boot.wait(Instant::now()),
+        };
+        let event = vm.next_event(wait);
+        if vm.throttled() && last_kick.elapsed() >= slice {
+            vm.kick_throttled();
+            last_kick = Instant::now();
+        }
+        match event {
             Some(VmEvent::Idle(i)) => idle[i] = true,
             Some(VmEvent::CommandDone(i, _)) => {
                 watch.first_done.get_or_insert_with(Instant::now);

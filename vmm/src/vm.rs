@@ -158,6 +158,14 @@ impl VcpuHandle {
         }
     }
 
+    /// Kicks the thread out of KVM_RUN with no request: a throttled vCPU then
+    /// takes its sleep (`vcpu::throttle`).
+    fn kick(&self) {
+        if let (Some(t), None) = (&self.thread, &self.outcome) {
+            let _ = t.kill(kick::kick_signal());
+        }
+    }
+
     /// How the thread ended, once it has.
     pub fn outcome(&self) -> Option<&Outcome> {
         self.outcome.as_ref()
@@ -353,6 +361,25 @@ impl Vm {
             }
             Ok(event) => Some(event),
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    /// Whether any vCPU is throttled (auto-converge).
+    pub(crate) fn throttled(&self) -> bool {
+        self.vcpus
+            .iter()
+            .any(|v| v.shared.throttle.percentage() > 0)
+    }
+
+    /// Kicks every throttled vCPU out of KVM_RUN, so that it sleeps its share
+    /// (the main loop does this every `vcpu::throttle::TIMESLICE`).
+    pub(crate) fn kick_throttled(&self) {
+        for v in self
+            .vcpus
+            .iter()
+            .filter(|v| v.shared.throttle.percentage() > 0)
+        {
+            v.kick();
         }
     }
 

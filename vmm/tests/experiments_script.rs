@@ -111,6 +111,7 @@ fn small_matrix_writes_every_csv_with_its_rows() {
         ("dirtyrate", 4),
         ("observer", 4),
         ("misleads", 28),
+        ("stall", 5),
     ] {
         assert_eq!(Csv::read(out, name).rows.len(), rows, "rows of {name}.csv");
     }
@@ -125,6 +126,19 @@ fn small_matrix_writes_every_csv_with_its_rows() {
         "scan_us",
     ]);
     Csv::read(out, "cost").has_columns(&["mapped_us", "mincore_us", "scan_us", "sync_first_us"]);
+}
+
+#[test]
+fn the_stall_of_an_idle_or_reading_guest_is_zero_and_a_full_speed_writers_is_not() {
+    require_kvm!();
+    for row in Csv::read(small_run(), "stall").rows {
+        let reported = Csv::num(&row, "reported_s");
+        match row["workload"].as_str() {
+            "idle" | "read" => assert_eq!(reported, 0.0, "{row:?}"),
+            "random-max" => assert!(reported > 0.0, "{row:?}"),
+            _ => {}
+        }
+    }
 }
 
 #[test]

@@ -43,7 +43,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         max_bandwidth: config.bandwidth,
         downtime_limit: config.max_downtime.map(crate::units::millis),
         x_max_rounds: config.max_rounds,
-        x_check_ram: None,
+        ..SetParameters::default()
     })?;
     let params = client.query_migrate_parameters()?;
     let limit = params.downtime_limit;

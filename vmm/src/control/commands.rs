@@ -291,6 +291,8 @@ impl Handler {
             Command::Migrate(_)
             | Command::MigrateSetParameters(_)
             | Command::QueryMigrateParameters(_)
+            | Command::MigrateSetCapabilities(_)
+            | Command::QueryMigrateCapabilities(_)
             | Command::QueryMigrate(_)
             | Command::MigrateCancel(_) => super::migrate::execute(&self.ctx, command),
         }

@@ -1,5 +1,6 @@
 //! The migration commands, with QEMU's names and shapes: `migrate`,
-//! `migrate-set-parameters`, `query-migrate-parameters`, `query-migrate`,
+//! `migrate-set-parameters`, `query-migrate-parameters`,
+//! `migrate-set-capabilities`, `query-migrate-capabilities`, `query-migrate`,
 //! `migrate_cancel` (wire types in `protocol::migration`); their events
 //! (`MIGRATION`, `MIGRATION_PASS`) go to every client past negotiation.
 
@@ -28,6 +29,11 @@ pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
             Err(e) => Outcome::generic(e.to_string()),
         },
         Command::QueryMigrateParameters(_) => Outcome::ret(m.parameters()),
+        Command::MigrateSetCapabilities(c) => match m.set_capabilities(&c) {
+            Ok(()) => Outcome::ret(json!({})),
+            Err(e) => Outcome::generic(e.to_string()),
+        },
+        Command::QueryMigrateCapabilities(_) => Outcome::ret(m.capabilities()),
         Command::QueryMigrate(_) => Outcome::ret(m.status()),
         Command::MigrateCancel(_) => {
             m.cancel();

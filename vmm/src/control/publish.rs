@@ -1,6 +1,6 @@
 //! The `vmm-stats` thread: every [`PUBLISH_PERIOD`] it copies what the VMM
-//! counts (exits per reason, the guest's stall, ring-full time, a migration's
-//! progress) into the VMM's own stats files (`crate::vmmstats`), the one
+//! counts (exits per reason, the guest's stall, ring-full time, the
+//! auto-converge throttle, a migration's progress) into the VMM's own stats files (`crate::vmmstats`), the one
 //! writer of those values. Readiness figures are written by whoever measured
 //! them (`deferred`). A reader `pread`s the files whenever it likes: no
 //! request, no lock shared with it.
@@ -92,6 +92,13 @@ pub(crate) fn publish(s: &Sources) {
             i,
             VcpuStat::DirtyRingFullNs,
             v.ring_full_ns.load(Ordering::Relaxed),
+        );
+        let slept = u64::try_from(v.throttle.slept().as_nanos()).unwrap_or(u64::MAX);
+        s.stats.set_vcpu(i, VcpuStat::ThrottledNs, slept);
+        s.stats.set_vcpu(
+            i,
+            VcpuStat::ThrottlePercentage,
+            u64::from(v.throttle.percentage()),
         );
     }
     s.stats.set_vm(VmStat::GuestStallNs, stall);

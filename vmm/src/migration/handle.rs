@@ -13,6 +13,9 @@ use vmm_sys_util::eventfd::EventFd;
 use super::format;
 use super::transport::{self, Uri};
 use crate::protocol::events::{EventKind, MigrationChange};
+use strum::IntoEnumIterator;
+
+use crate::protocol::migration::{Capability, CapabilityStatus, SetCapabilities};
 use crate::protocol::migration::{MigrationInfo, Parameters, RamStats, SetParameters, Status};
 
 /// Longest downtime limit accepted, ms (QEMU's limit).
@@ -33,6 +36,15 @@ pub enum Error {
     /// `downtime-limit` is over [`MAX_DOWNTIME_LIMIT`] ms (the value given).
     #[error("downtime-limit must be from 0 to {MAX_DOWNTIME_LIMIT} ms, not {0}")]
     DowntimeLimit(u64),
+    /// A `cpu-throttle-*` parameter out of 1 to 99 (its name, the value).
+    #[error("{0} must be from 1 to 99, not {1}")]
+    Throttle(&'static str, u64),
+    /// Capabilities cannot change while a migration runs (QEMU's words).
+    #[error("There's a migration process in progress")]
+    CapabilitiesBusy,
+    /// A capability kvmscope knows of but does not offer.
+    #[error("the {0} capability is not offered by this VMM yet")]
+    NotOffered(&'static str),
     /// The `migration` thread could not be spawned.
     #[error("starting the migration thread")]
     Spawn(#[source] std::io::Error),
@@ -44,6 +56,8 @@ pub(crate) type Event = EventKind;
 struct Inner {
     info: MigrationInfo,
     params: Parameters,
+    /// `auto-converge` is on.
+    auto_converge: bool,
     /// Each event with the run state's change count when it was queued, so
     /// the control plane can put `STOP`/`RESUME` in order around it.
     events: VecDeque<(u64, Event)>,
@@ -83,6 +97,7 @@ impl Migration {
             inner: Mutex::new(Inner {
                 info: MigrationInfo::default(),
                 params: Parameters::default(),
+                auto_converge: false,
                 events: VecDeque::new(),
                 started: None,
                 incoming: false,
@@ -174,12 +189,68 @@ impl Migration {
         if let Some(d) = p.downtime_limit.filter(|&d| d > MAX_DOWNTIME_LIMIT) {
             return Err(Error::DowntimeLimit(d));
         }
+        for (name, v) in [
+            ("cpu-throttle-initial", p.cpu_throttle_initial),
+            ("cpu-throttle-increment", p.cpu_throttle_increment),
+            ("max-cpu-throttle", p.max_cpu_throttle),
+        ] {
+            if let Some(v) = v.filter(|v| !(1..=99).contains(v)) {
+                return Err(Error::Throttle(name, v));
+            }
+        }
         let mut inner = self.lock();
         let params = &mut inner.params;
         params.max_bandwidth = p.max_bandwidth.unwrap_or(params.max_bandwidth);
         params.downtime_limit = p.downtime_limit.unwrap_or(params.downtime_limit);
         params.x_max_rounds = p.x_max_rounds.unwrap_or(params.x_max_rounds);
         params.x_check_ram = p.x_check_ram.unwrap_or(params.x_check_ram);
+        params.cpu_throttle_initial = p
+            .cpu_throttle_initial
+            .unwrap_or(params.cpu_throttle_initial);
+        params.cpu_throttle_increment = p
+            .cpu_throttle_increment
+            .unwrap_or(params.cpu_throttle_increment);
+        params.max_cpu_throttle = p.max_cpu_throttle.unwrap_or(params.max_cpu_throttle);
+        Ok(())
+    }
+
+    /// `query-migrate-capabilities`.
+    pub(crate) fn capabilities(&self) -> Vec<CapabilityStatus> {
+        let auto_converge = self.lock().auto_converge;
+        Capability::iter()
+            .map(|capability| CapabilityStatus {
+                capability,
+                state: capability == Capability::AutoConverge && auto_converge,
+            })
+            .collect()
+    }
+
+    /// Whether `auto-converge` is on.
+    pub(crate) fn auto_converge(&self) -> bool {
+        self.lock().auto_converge
+    }
+
+    /// `migrate-set-capabilities`: all or nothing, not while a migration runs.
+    ///
+    /// # Errors
+    /// A migration runs, or a capability is not offered.
+    pub(crate) fn set_capabilities(&self, caps: &SetCapabilities) -> Result<(), Error> {
+        let mut inner = self.lock();
+        if inner.info.status.is_some_and(|s| !s.is_final()) {
+            return Err(Error::CapabilitiesBusy);
+        }
+        if caps
+            .capabilities
+            .iter()
+            .any(|c| c.capability == Capability::DirtyLimit && c.state)
+        {
+            return Err(Error::NotOffered("dirty-limit"));
+        }
+        for c in &caps.capabilities {
+            if c.capability == Capability::AutoConverge {
+                inner.auto_converge = c.state;
+            }
+        }
         Ok(())
     }
 

@@ -22,6 +22,7 @@
 //!
 //! The stream, the states and what happens on failure are in docs/MIGRATION.md.
 
+pub(crate) mod converge;
 pub(crate) mod device;
 pub(crate) mod digest;
 pub mod format;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use zerocopy::IntoBytes;
 
+use super::converge::AutoConverge;
 use super::device;
 use super::format::{self, Kind, PassRecord, Writer};
 use super::handle::Migration;
@@ -130,6 +131,14 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
         let stall = guest_stall(&observed.end());
         m.update(|i| i.x_guest_stall = Some(stall));
     }
+    // The throttle is lifted here, whatever the outcome, before the guest runs on.
+    if let Some(c) = p.converge.take() {
+        let (pct, throttled) = (u64::from(c.percentage()), c.throttled());
+        m.update(|i| {
+            i.cpu_throttle_percentage = Some(pct);
+            i.x_cpu_throttled = Some(throttled);
+        });
+    }
     drop(p);
     match result {
         Ok(()) => {
@@ -201,6 +210,8 @@ struct Precopy<'a> {
     baseline: Option<Baseline>,
     /// What the migration has cost the guest since it took the dirty log.
     observed: Option<Period>,
+    /// The auto-converge throttle, with the capability on (lifted when dropped).
+    converge: Option<AutoConverge>,
 }
 
 /// The pass in progress: pages it sends, and the pages sent before it, its
@@ -234,6 +245,7 @@ impl<'a> Precopy<'a> {
             },
             baseline: Some(baseline),
             observed: None,
+            converge: None,
         }
     }
 
@@ -285,6 +297,10 @@ impl<'a> Precopy<'a> {
         self.w = Some(w);
         self.expect_reply(format::REPLY_READY)?;
         self.observed = self.baseline.take().map(Baseline::begin);
+        self.converge = self
+            .m
+            .auto_converge()
+            .then(|| AutoConverge::new(&self.src.vcpus));
         let consumer = self.src.dirty.subscribe()?;
         let setup = self.m.elapsed_ms();
         self.m.update(|i| i.setup_time = Some(setup));
@@ -325,6 +341,15 @@ impl<'a> Precopy<'a> {
         r.dirty_pages_rate = saturating_u64(dirty.count() as f64 / secs);
         r.mbps = self.last_rate * 8.0 / 1e6;
         r.pages_per_second = saturating_u64(sent as f64 / secs);
+        let (dirtied, pass_bytes) = (
+            dirty.count() * format::PAGE_SIZE,
+            self.wire_bytes() - bytes0,
+        );
+        let params = self.m.parameters();
+        let throttle = self.converge.as_mut().map(|c| {
+            let pct = c.after_sync(dirtied, pass_bytes, &params);
+            (u64::from(pct), c.throttled())
+        });
         let expected = expected_ms(dirty.count(), self.last_rate);
         let note = self.convergence_note(dirty.count(), expected);
         self.prev_dirty = Some(dirty.count());
@@ -335,6 +360,10 @@ impl<'a> Precopy<'a> {
             i.expected_downtime = Some(expected);
             i.x_not_converging = note;
             i.x_guest_stall = stall;
+            if let Some((pct, throttled)) = throttle {
+                i.cpu_throttle_percentage = Some(pct);
+                i.x_cpu_throttled = Some(throttled);
+            }
         });
         self.m
             .event(EventKind::MigrationPass(MigrationPass { pass: self.pass }));

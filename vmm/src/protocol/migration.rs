@@ -135,6 +135,13 @@ pub struct MigrationInfo {
     /// the migration started, measured (docs/MIGRATION.md); on a source.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_guest_stall: Option<GuestStall>,
+    /// QEMU's: the auto-converge throttle in force (or last in force), %.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_throttle_percentage: Option<u64>,
+    /// kvmscope: the time each vCPU slept for auto-converge since the
+    /// migration started (its guest did not run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_cpu_throttled: Option<GuestStall>,
 }
 
 /// The vCPU time a guest lost to dirty tracking over a period, as
@@ -171,6 +178,12 @@ pub struct Parameters {
     /// kvmscope: send a CRC-32 of all RAM at the stop for the destination to
     /// check against its own (costs a read of all RAM on both sides, in the downtime).
     pub(crate) x_check_ram: bool,
+    /// Auto-converge's first throttle, % (QEMU's default 20).
+    pub(crate) cpu_throttle_initial: u64,
+    /// What each later step adds, % (QEMU's default 10).
+    pub(crate) cpu_throttle_increment: u64,
+    /// The most it throttles, % (QEMU's default 99).
+    pub(crate) max_cpu_throttle: u64,
 }
 
 impl Parameters {
@@ -188,6 +201,9 @@ impl Default for Parameters {
             downtime_limit: Parameters::DEFAULT_DOWNTIME_LIMIT_MS,
             x_max_rounds: 0,
             x_check_ram: false,
+            cpu_throttle_initial: 20,
+            cpu_throttle_increment: 10,
+            max_cpu_throttle: 99,
         }
     }
 }
@@ -208,4 +224,43 @@ pub struct SetParameters {
     /// New [`Parameters::x_check_ram`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) x_check_ram: Option<bool>,
+    /// New [`Parameters::cpu_throttle_initial`], 1 to 99.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cpu_throttle_initial: Option<u64>,
+    /// New [`Parameters::cpu_throttle_increment`], 1 to 99.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cpu_throttle_increment: Option<u64>,
+    /// New [`Parameters::max_cpu_throttle`], 1 to 99.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) max_cpu_throttle: Option<u64>,
+}
+
+/// A migration capability (QEMU's `MigrationCapability`, the ones kvmscope knows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::EnumIter)]
+#[serde(rename_all = "kebab-case")]
+pub enum Capability {
+    /// Throttle every vCPU in steps while the guest dirties memory faster
+    /// than half the rate it is sent (`cpu-throttle-*` parameters).
+    AutoConverge,
+    /// Limit each vCPU's dirty rate through the dirty ring (QEMU 8.1+);
+    /// not offered by this kvmscope yet: setting it is refused.
+    DirtyLimit,
+}
+
+/// QEMU's `MigrationCapabilityStatus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilityStatus {
+    /// Which.
+    pub capability: Capability,
+    /// On or off.
+    pub state: bool,
+}
+
+/// `migrate-set-capabilities`' arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetCapabilities {
+    /// The capabilities to change.
+    pub capabilities: Vec<CapabilityStatus>,
 }

@@ -302,6 +302,10 @@ pub enum Command {
     MigrateSetParameters(super::migration::SetParameters),
     /// The migration parameters in force.
     QueryMigrateParameters(NoArgs),
+    /// Turn migration capabilities on or off (not while a migration runs).
+    MigrateSetCapabilities(super::migration::SetCapabilities),
+    /// Every capability kvmscope knows, with its state.
+    QueryMigrateCapabilities(NoArgs),
     /// The migration's status and counters (QEMU's `MigrationInfo`).
     QueryMigrate(NoArgs),
     /// QEMU's name, with an underscore.

@@ -26,6 +26,7 @@ mod registers;
 mod shared;
 pub(crate) mod snapshot;
 pub(crate) mod stall;
+pub mod throttle;
 
 use parked::{Running, Waiting, Where};
 pub use registers::{GeneralRegisters, Registers};
@@ -54,6 +55,8 @@ pub(crate) struct Vcpu {
     waiting: Option<Waiting>,
     /// Where a restored vCPU picks up (set on a migration's destination).
     resume: Option<Site>,
+    /// While throttled: when the running timeslice ends.
+    slice_end: Option<Instant>,
 }
 
 /// What a vCPU thread tells whoever runs the VM. The vCPU knows nothing of
@@ -103,6 +106,7 @@ impl Vcpu {
             current: None,
             waiting: None,
             resume: None,
+            slice_end: None,
         }
     }
 
@@ -239,6 +243,10 @@ impl Vcpu {
             if let Some(s) = self.take_control() {
                 return s;
             }
+            self.throttle_pause();
+            if self.shared.pending.load(Ordering::Acquire) {
+                continue;
+            }
             let exit = match self.enter() {
                 Ok(exit) => exit,
                 Err(e) => return State::Finished(Outcome::Error(VcpuError::Run(e))),
@@ -248,6 +256,33 @@ impl Vcpu {
                 return s;
             }
         }
+    }
+
+    /// While throttled (`throttle`): at the end of each timeslice, sleeps the
+    /// share of time the guest must not run, in short steps, giving way to a
+    /// pause or stop at once.
+    fn throttle_pause(&mut self) {
+        let pct = self.shared.throttle.percentage();
+        if pct == 0 {
+            self.slice_end = None;
+            return;
+        }
+        let now = Instant::now();
+        let end = *self.slice_end.get_or_insert(now + throttle::TIMESLICE);
+        if now < end {
+            return;
+        }
+        let until = now + throttle::sleep_after_slice(pct);
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.shared.pending.load(Ordering::Acquire) {
+                break;
+            }
+            std::thread::sleep(left.min(throttle::STEP));
+        }
+        let after = Instant::now();
+        self.shared.throttle.add_slept(after - now);
+        self.slice_end = Some(after + throttle::TIMESLICE);
     }
 
     /// One KVM_RUN, with the exit copied out of `kvm_run`.

@@ -172,6 +172,8 @@ pub struct VcpuShared {
     pub(crate) stall_ns: AtomicU64,
     /// When the last observation of the guest (a window, a migration) ended.
     pub(crate) observed_until: Mutex<Option<Instant>>,
+    /// Its CPU throttle (auto-converge), 0 % unless a migration sets one.
+    pub throttle: super::throttle::Throttle,
 }
 
 impl VcpuShared {
@@ -196,6 +198,7 @@ impl VcpuShared {
             ring_full_ns: AtomicU64::new(0),
             observed_until: Mutex::new(None),
             stall_ns: AtomicU64::new(0),
+            throttle: super::throttle::Throttle::default(),
             watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
             wake: Condvar::new(),

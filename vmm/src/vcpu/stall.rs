@@ -239,7 +239,9 @@ fn excess(s: &Reading, rates: &Rates, n: &Reading) -> (Duration, u64, Option<Dur
     let system = match (s.system_ns, n.system_ns) {
         (Some(s), Some(n)) => {
             let usual = crate::units::saturating_u64(seconds * rates.system_ns);
-            Some(Duration::from_nanos(n.saturating_sub(s).saturating_sub(usual)))
+            Some(Duration::from_nanos(
+                n.saturating_sub(s).saturating_sub(usual),
+            ))
         }
         _ => None,
     };

@@ -114,6 +114,25 @@ pub enum VcpuStat {
     GuestStallNs,
     /// Time its thread spent harvesting its full dirty ring.
     DirtyRingFullNs,
+    /// Time it slept for auto-converge's throttle (its guest did not run).
+    ThrottledNs,
+    /// The throttle in force, % (0: none).
+    ThrottlePercentage,
+}
+
+impl VcpuStat {
+    fn def(self) -> Def {
+        let (kind, unit, exponent) = match self {
+            VcpuStat::ThrottlePercentage => (StatType::Instant, Unit::None, 0),
+            _ => (StatType::Cumulative, Unit::Seconds, -9),
+        };
+        Def {
+            name: Cow::Borrowed(self.into()),
+            kind,
+            unit,
+            exponent,
+        }
+    }
 }
 
 /// The VMM's stats files: the VM's and each vCPU's.
@@ -185,12 +204,7 @@ fn vcpu_defs() -> Vec<Def> {
         unit: Unit::None,
         exponent: 0,
     });
-    let own = VcpuStat::iter().map(|s| Def {
-        name: Cow::Borrowed(s.into()),
-        kind: StatType::Cumulative,
-        unit: Unit::Seconds,
-        exponent: -9,
-    });
+    let own = VcpuStat::iter().map(VcpuStat::def);
     exits.chain(own).collect()
 }
 

@@ -1,0 +1,171 @@
+//! Auto-converge (QEMU's `auto-converge` capability and `cpu-throttle-*`
+//! parameters): a guest that dirties memory faster than the link sends it
+//! completes once its vCPUs are throttled, and the throttle is lifted when
+//! the migration ends, whatever its outcome.
+
+mod common;
+
+use std::time::Duration;
+
+use common::migration::{migrate, query, queue, Dest};
+use common::ServedVm;
+use kvmscope::dirty::DirtyMode;
+use kvmscope::migration::Status;
+use serde_json::{json, Value};
+
+const MEM: u64 = 128 << 20;
+
+/// A source whose guest rewrites 32 MiB as fast as it can, for long.
+fn busy_source(test: &str) -> ServedVm {
+    let src = ServedVm::start_with(test, MEM, 1, |c| c.vm.dirty_log = Some(DirtyMode::Bitmap));
+    let mut c = src.client();
+    common::migration::guest(&mut c, 0, "touch size=32M");
+    queue(&mut c, 0, "dirty ws=32M rate=max for=120s");
+    c.execute(
+        "migrate-set-capabilities",
+        json!({"capabilities": [{"capability": "auto-converge", "state": true}]}),
+    )
+    .unwrap();
+    src
+}
+
+/// A link far slower than the guest dirties (20 MB/s), big throttle steps
+/// so that the test ends soon.
+fn slow_link() -> Value {
+    json!({"max-bandwidth": 20_000_000, "downtime-limit": 300,
+           "cpu-throttle-initial": 80, "cpu-throttle-increment": 10})
+}
+
+/// The source's own stat for vCPU 0 (provider `kvmscope`).
+fn own_vcpu_stat(src: &ServedVm, name: &str) -> u64 {
+    own_vcpu_stat_of(src.client(), name)
+}
+
+#[test]
+fn a_guest_that_dirties_faster_than_the_link_completes_throttled_and_is_released() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("conv-done");
+    let dest = Dest::start("conv-done-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, slow_link());
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    let pct = info
+        .cpu_throttle_percentage
+        .expect("cpu-throttle-percentage");
+    assert!((80..=99).contains(&pct), "throttled to {pct} %");
+    let throttled = info.x_cpu_throttled.expect("x-cpu-throttled");
+    assert!(throttled.total_ms > 0.0, "{throttled:?}");
+    // The source's throttle is lifted as the migration ends (the stats
+    // files are refreshed every 100 ms).
+    common::wait_for("the throttle lifted", Duration::from_secs(2), || {
+        (own_vcpu_stat(&src, "throttle_percentage") == 0).then_some(())
+    });
+    // The guest runs on at the destination, unthrottled, its command still going.
+    let (g, _) = dest
+        .client()
+        .execute("query-guest", json!({"vcpus": [0]}))
+        .unwrap();
+    assert_eq!(g[0]["state"], "running", "{g}");
+    assert_eq!(own_vcpu_stat_of(dest.client(), "throttle_percentage"), 0);
+    dest.quit();
+}
+
+fn own_vcpu_stat_of(mut c: kvmscope::client::Client, name: &str) -> u64 {
+    let (v, _) = c
+        .execute(
+            "query-stats",
+            json!({"target": "vcpu", "providers": [{"provider": "kvmscope", "names": [name]}]}),
+        )
+        .unwrap();
+    v[0]["stats"][0]["value"].as_u64().unwrap()
+}
+
+#[test]
+fn a_cancelled_migration_lifts_the_throttle_and_the_guest_runs_on() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("conv-cancel");
+    let dest = Dest::start("conv-cancel-dst", |_, _| {});
+    let mut c = src.client();
+    c.execute("migrate-set-parameters", slow_link()).unwrap();
+    c.execute("migrate", json!({"uri": dest.uri})).unwrap();
+    common::wait_for("a throttle", Duration::from_secs(30), || {
+        (own_vcpu_stat(&src, "throttle_percentage") >= 80).then_some(())
+    });
+    // Capabilities do not change under a running migration (QEMU's words).
+    let refused = c.execute(
+        "migrate-set-capabilities",
+        json!({"capabilities": [{"capability": "auto-converge", "state": false}]}),
+    );
+    let e = format!("{:?}", refused.unwrap_err());
+    assert!(e.contains("There's a migration process in progress"), "{e}");
+    c.execute("migrate_cancel", json!({})).unwrap();
+    let info = common::wait_for("the cancel", Duration::from_secs(30), || {
+        let i = query(&mut c);
+        i.status.is_some_and(Status::is_final).then_some(i)
+    });
+    assert_eq!(info.status, Some(Status::Cancelled));
+    common::wait_for("the throttle lifted", Duration::from_secs(2), || {
+        (own_vcpu_stat(&src, "throttle_percentage") == 0).then_some(())
+    });
+    let slept = own_vcpu_stat(&src, "throttled_ns");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        own_vcpu_stat(&src, "throttled_ns"),
+        slept,
+        "no throttle sleep after the cancel"
+    );
+    let (status, _) = c.execute("query-status", json!({})).unwrap();
+    assert_eq!(status["status"], "running");
+    drop(dest);
+}
+
+#[test]
+fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
+    require_kvm!();
+    let vm = ServedVm::start("conv-params", 64 << 20, 1);
+    let mut c = vm.client();
+    let (caps, _) = c.execute("query-migrate-capabilities", json!({})).unwrap();
+    assert_eq!(
+        caps,
+        json!([{"capability": "auto-converge", "state": false},
+               {"capability": "dirty-limit", "state": false}])
+    );
+    let set = |c: &mut kvmscope::client::Client, name: &str, state: bool| {
+        c.execute(
+            "migrate-set-capabilities",
+            json!({"capabilities": [{"capability": name, "state": state}]}),
+        )
+        .map_err(|e| format!("{e:?}"))
+    };
+    assert!(set(&mut c, "auto-converge", true).is_ok());
+    let e = set(&mut c, "dirty-limit", true).unwrap_err();
+    assert!(e.contains("dirty-limit capability is not offered"), "{e}");
+    assert!(set(&mut c, "xbzrle", true).is_err());
+    let (caps, _) = c.execute("query-migrate-capabilities", json!({})).unwrap();
+    assert_eq!(caps[0]["state"], true, "{caps}");
+    for (name, bad) in [("cpu-throttle-initial", 0), ("max-cpu-throttle", 100)] {
+        let e = c
+            .execute("migrate-set-parameters", json!({ name: bad }))
+            .unwrap_err();
+        let e = format!("{e:?}");
+        assert!(
+            e.contains(&format!("{name} must be from 1 to 99, not {bad}")),
+            "{e}"
+        );
+    }
+    let (p, _) = c.execute("query-migrate-parameters", json!({})).unwrap();
+    assert_eq!(
+        (
+            &p["cpu-throttle-initial"],
+            &p["cpu-throttle-increment"],
+            &p["max-cpu-throttle"]
+        ),
+        (&json!(20), &json!(10), &json!(99))
+    );
+}
