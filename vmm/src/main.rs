@@ -120,9 +120,27 @@ struct MigrateArgs {
     /// dirty-rate window), print it, and end with predicted vs actual per field.
     #[arg(long)]
     predict: bool,
+    /// Make a migration that would not converge converge: `auto` asks the
+    /// VMM's readiness model for the smallest auto-converge throttle that
+    /// converges and throttles every vCPU to it from the start (none when it
+    /// converges as it is); `auto-converge` steps blindly as QEMU does (20 %,
+    /// then +10 % after two periods of dirtying too fast); `dirty-limit` is
+    /// not offered yet; `off` turns auto-converge off. Default: the VMM's
+    /// capabilities as they are. The throttle is lifted when it ends.
+    #[arg(long, value_name = "HOW")]
+    converge: Option<ConvergeArg>,
     /// Print the final `query-migrate` as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `kvmscope migrate --converge`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ConvergeArg {
+    Auto,
+    AutoConverge,
+    DirtyLimit,
+    Off,
 }
 
 /// The exit codes of `kvmscope run` (also in the README).
@@ -614,6 +632,12 @@ fn main() -> ExitCode {
                 max_downtime: a.max_downtime.map(|d| d.0),
                 max_rounds: a.max_rounds,
                 predict: a.predict,
+                converge: a.converge.map(|c| match c {
+                    ConvergeArg::Auto => client::migrate::Converge::Auto,
+                    ConvergeArg::AutoConverge => client::migrate::Converge::AutoConverge,
+                    ConvergeArg::DirtyLimit => client::migrate::Converge::DirtyLimit,
+                    ConvergeArg::Off => client::migrate::Converge::Off,
+                }),
                 json: a.json,
             };
             match client::migrate::migrate(&config, &mut std::io::stdout().lock()) {

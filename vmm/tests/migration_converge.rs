@@ -9,23 +9,31 @@ use std::time::Duration;
 
 use common::migration::{migrate, query, queue, Dest};
 use common::ServedVm;
+use kvmscope::client::migrate::{Converge, MigrateConfig};
 use kvmscope::dirty::DirtyMode;
 use kvmscope::migration::Status;
 use serde_json::{json, Value};
 
 const MEM: u64 = 128 << 20;
 
-/// A source whose guest rewrites 32 MiB as fast as it can, for long.
+/// A source whose guest rewrites 32 MiB as fast as it can, for long, with
+/// auto-converge on.
 fn busy_source(test: &str) -> ServedVm {
+    let src = busy_guest(test);
+    src.client()
+        .execute(
+            "migrate-set-capabilities",
+            json!({"capabilities": [{"capability": "auto-converge", "state": true}]}),
+        )
+        .unwrap();
+    src
+}
+
+fn busy_guest(test: &str) -> ServedVm {
     let src = ServedVm::start_with(test, MEM, 1, |c| c.vm.dirty_log = Some(DirtyMode::Bitmap));
     let mut c = src.client();
     common::migration::guest(&mut c, 0, "touch size=32M");
     queue(&mut c, 0, "dirty ws=32M rate=max for=120s");
-    c.execute(
-        "migrate-set-capabilities",
-        json!({"capabilities": [{"capability": "auto-converge", "state": true}]}),
-    )
-    .unwrap();
     src
 }
 
@@ -123,6 +131,44 @@ fn a_cancelled_migration_lifts_the_throttle_and_the_guest_runs_on() {
     let (status, _) = c.execute("query-status", json!({})).unwrap();
     assert_eq!(status["status"], "running");
     drop(dest);
+}
+
+#[test]
+fn converge_auto_throttles_from_the_start_to_what_the_model_chose() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_guest("conv-auto");
+    let dest = Dest::start("conv-auto-dst", |_, _| {});
+    let config = MigrateConfig {
+        socket: src.socket.clone(),
+        to: dest.uri.clone(),
+        bandwidth: Some(20_000_000),
+        max_downtime: Some(Duration::from_millis(300)),
+        max_rounds: None,
+        predict: true,
+        converge: Some(Converge::Auto),
+        json: false,
+    };
+    let mut out = Vec::new();
+    let done = kvmscope::client::migrate::migrate(&config, &mut out).unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(done, "{text}");
+    let chosen: u64 = text
+        .split("throttling every vCPU to ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no throttle chosen:\n{text}"));
+    assert!((1..=99).contains(&chosen), "{text}");
+    let info = query(&mut src.client());
+    let pct = info.cpu_throttle_percentage.unwrap();
+    assert!(
+        pct >= chosen,
+        "set {chosen} % from the start, ended at {pct} %"
+    );
+    // It started throttled: the throttle took vCPU time from pass 1 on.
+    assert!(info.x_cpu_throttled.unwrap().total_ms > 0.0);
+    dest.quit();
 }
 
 #[test]

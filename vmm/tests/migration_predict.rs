@@ -22,6 +22,7 @@ fn config(src: &ServedVm, to: &str, json: bool) -> MigrateConfig {
         max_downtime: Some(Duration::from_millis(300)),
         max_rounds: None,
         predict: true,
+        converge: None,
         json,
     }
 }

@@ -252,6 +252,7 @@ fn migration_step(
         max_downtime: Some(DEMO_DOWNTIME),
         max_rounds: None,
         predict: false,
+        converge: None,
         json: false,
     };
     super::migrate::migrate(&migrate, &mut report)?;

@@ -8,8 +8,25 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::predict::Predicted;
 use super::{Client, Error};
-use crate::protocol::migration::{MigrationInfo, Parameters, SetParameters, Status};
+use crate::protocol::migration::{Capability, MigrationInfo, Parameters, SetParameters, Status};
+
+/// `kvmscope migrate --converge`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Converge {
+    /// The throttle the prediction says is needed, from the start (none if
+    /// it converges as it is): auto-converge with `cpu-throttle-initial` set
+    /// to it and `x-cpu-throttle-at-start`, stepping up from there if the
+    /// guest still dirties too fast.
+    Auto,
+    /// QEMU's auto-converge: blind steps from `cpu-throttle-initial`.
+    AutoConverge,
+    /// QEMU's dirty-limit (not offered by this VMM yet: refused).
+    DirtyLimit,
+    /// No throttle.
+    Off,
+}
 
 /// How often the progress is polled.
 const POLL: Duration = Duration::from_millis(100);
@@ -29,6 +46,9 @@ pub struct MigrateConfig {
     pub max_rounds: Option<u64>,
     /// Ask `query-readiness` first, and set the prediction against the outcome.
     pub predict: bool,
+    /// How to make a migration that would not converge converge; `None`
+    /// leaves the VMM's capabilities as they are.
+    pub converge: Option<Converge>,
     /// Print the final `query-migrate` (and prediction) as JSON instead of text.
     pub json: bool,
 }
@@ -47,11 +67,27 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     })?;
     let params = client.query_migrate_parameters()?;
     let limit = params.downtime_limit;
-    let predicted = if config.predict {
-        Some(predict_first(&mut client, &params, config.json, out)?)
+    let mut predicted = if config.predict || config.converge == Some(Converge::Auto) {
+        Some(predict_first(
+            &mut client,
+            &params,
+            config.json || !config.predict,
+            out,
+        )?)
     } else {
         None
     };
+    if let Some(how) = config.converge {
+        let throttled = converge(&mut client, how, predicted.as_ref(), config.json, out)?;
+        if let (Some(p), Some(t)) = (predicted.as_mut(), throttled) {
+            // The migration that runs is the throttled one: its prediction is the one to check.
+            let text = std::mem::take(&mut p.text);
+            *p = Predicted { text, ..t };
+        }
+    }
+    if !config.predict {
+        predicted = None;
+    }
     client.migrate(&config.to)?;
     let bar = std::io::stderr().is_terminal().then(progress_bar);
     let info = loop {
@@ -84,6 +120,63 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         }
     }
     Ok(info.status == Some(Status::Completed))
+}
+
+/// `--converge`: sets the capabilities (and, for `auto`, the throttle the
+/// prediction chose); the throttled prediction when one was set.
+fn converge(
+    client: &mut Client,
+    how: Converge,
+    predicted: Option<&Predicted>,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Option<Predicted>, Error> {
+    let (capability, state) = match how {
+        Converge::DirtyLimit => (Capability::DirtyLimit, true),
+        Converge::Off => (Capability::AutoConverge, false),
+        Converge::AutoConverge => (Capability::AutoConverge, true),
+        Converge::Auto => match predicted.and_then(|p| p.converge.as_ref()) {
+            Some((pct, throttled)) => {
+                client.migrate_set_parameters(SetParameters {
+                    cpu_throttle_initial: Some(*pct),
+                    x_cpu_throttle_at_start: Some(true),
+                    ..SetParameters::default()
+                })?;
+                if !json {
+                    writeln!(out, "--converge auto: throttling every vCPU to {pct} % from the start (the smallest throttle the model finds converging)")?;
+                }
+                client.migrate_set_capabilities(Capability::AutoConverge, true)?;
+                return Ok(Some((**throttled).clone()));
+            }
+            None if predicted.is_some_and(|p| p.converges) => {
+                if !json {
+                    writeln!(
+                        out,
+                        "--converge auto: no throttle needed (it converges as it is)"
+                    )?;
+                }
+                (Capability::AutoConverge, false)
+            }
+            None => {
+                if !json {
+                    writeln!(out, "--converge auto: no throttle up to 99 % makes it converge; stepping from the default as auto-converge does")?;
+                }
+                client.migrate_set_parameters(SetParameters {
+                    x_cpu_throttle_at_start: Some(false),
+                    ..SetParameters::default()
+                })?;
+                (Capability::AutoConverge, true)
+            }
+        },
+    };
+    if how != Converge::Auto {
+        client.migrate_set_parameters(SetParameters {
+            x_cpu_throttle_at_start: Some(false),
+            ..SetParameters::default()
+        })?;
+    }
+    client.migrate_set_capabilities(capability, state)?;
+    Ok(None)
 }
 
 /// `--predict`: the readiness prediction for the link just set (its

@@ -22,7 +22,10 @@ use serde_json::{json, Value};
 
 use crate::protocol::events::{EventKind, ScanProgress};
 use crate::protocol::guest::GuestCommandReply;
-use crate::protocol::migration::{MigrateArgs, MigrationInfo, Parameters, SetParameters};
+use crate::protocol::migration::{
+    Capability, CapabilityStatus, MigrateArgs, MigrationInfo, Parameters, SetCapabilities,
+    SetParameters,
+};
 use crate::protocol::readiness::ReadinessReport;
 use crate::protocol::reply::StatusInfo;
 use crate::protocol::request::{
@@ -642,6 +645,21 @@ impl Client {
     /// As [`Client::execute`].
     pub fn migrate_set_parameters(&mut self, params: SetParameters) -> Result<(), Error> {
         self.call(&Command::MigrateSetParameters(params)).map(drop)
+    }
+
+    /// Turns one migration capability on or off (`migrate-set-capabilities`).
+    ///
+    /// # Errors
+    /// As [`Client::execute`].
+    pub fn migrate_set_capabilities(
+        &mut self,
+        capability: Capability,
+        state: bool,
+    ) -> Result<(), Error> {
+        let args = SetCapabilities {
+            capabilities: vec![CapabilityStatus { capability, state }],
+        };
+        self.call(&Command::MigrateSetCapabilities(args)).map(drop)
     }
 
     /// The migration parameters in force (`query-migrate-parameters`).

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::{Client, Error};
 use crate::protocol::migration::{MigrationInfo, Status};
+use crate::protocol::readiness::PredictionReply;
 use crate::protocol::request::ReadinessRequest;
 
 /// The prediction's figures under `query-migrate`'s names.
@@ -33,6 +34,9 @@ pub(crate) struct Predicted {
     pub(crate) reason: String,
     /// The report's text, for people.
     pub(crate) text: String,
+    /// When it does not converge: the smallest auto-converge throttle, %,
+    /// that would make it, and that migration's figures.
+    pub(crate) converge: Option<(u64, Box<Predicted>)>,
 }
 
 /// Asks `query-readiness` (with the exact scan, and the VMM's dirty-rate
@@ -52,8 +56,20 @@ pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Erro
             "the readiness report has no prediction".into(),
         ));
     };
+    let mut predicted = of(p, report.text);
+    predicted.converge = report.converge.map(|c| {
+        (
+            c.cpu_throttle_percentage,
+            Box::new(of(c.prediction, String::new())),
+        )
+    });
+    Ok(predicted)
+}
+
+/// A prediction's figures.
+fn of(p: PredictionReply, text: String) -> Predicted {
     let ram = p.migrate.ram;
-    Ok(Predicted {
+    Predicted {
         transferred: ram.transferred,
         duplicate: ram.duplicate,
         normal: ram.normal,
@@ -63,8 +79,9 @@ pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Erro
         guest_stall: p.migrate.x_guest_stall_ms,
         converges: p.converges,
         reason: p.reason,
-        text: report.text,
-    })
+        text,
+        converge: None,
+    }
 }
 
 /// Whether a finished migration converged: it completed, and what was dirty

@@ -34,15 +34,30 @@ pub(crate) struct AutoConverge {
 }
 
 impl AutoConverge {
-    /// No throttle yet on `vcpus`.
-    pub(crate) fn new(vcpus: &[Arc<VcpuShared>]) -> AutoConverge {
-        AutoConverge {
+    /// No throttle yet on `vcpus`, or `cpu-throttle-initial` at once with
+    /// `x-cpu-throttle-at-start` (the throttle a prediction chose).
+    pub(crate) fn new(vcpus: &[Arc<VcpuShared>], p: &Parameters) -> AutoConverge {
+        let c = AutoConverge {
             vcpus: vcpus.to_vec(),
             period: (Instant::now(), 0, 0),
             high: 0,
-            pct: 0,
+            pct: if p.x_cpu_throttle_at_start {
+                next_step(0, p)
+            } else {
+                0
+            },
             slept_before: vcpus.iter().map(|v| v.throttle.slept()).collect(),
+        };
+        if c.pct > 0 {
+            for v in &c.vcpus {
+                v.throttle.set(c.pct);
+            }
+            log::info!(
+                "migration: auto-converge throttles every vCPU to {} % from the start",
+                c.pct
+            );
         }
+        c
     }
 
     /// After a sync: the bytes dirtied since the last one and the bytes sent
@@ -140,7 +155,7 @@ mod tests {
     fn two_fast_periods_in_a_row_throttle_and_dropping_lifts_it() {
         let v = vcpus();
         let p = Parameters::default();
-        let mut c = AutoConverge::new(&v);
+        let mut c = AutoConverge::new(&v, &p);
         c.period.0 -= PERIOD;
         assert_eq!(
             c.after_sync(60, 100, &p),
@@ -158,8 +173,19 @@ mod tests {
         c.period.0 -= PERIOD;
         assert_eq!(c.after_sync(60, 100, &p), 30);
         // Within a period, nothing is decided.
-        assert_eq!(c.after_sync(1000, 1, &p), 20);
+        assert_eq!(c.after_sync(1000, 1, &p), 30);
         drop(c);
         assert!(v.iter().all(|v| v.throttle.percentage() == 0), "lifted");
+        let at_start = Parameters {
+            cpu_throttle_initial: 63,
+            x_cpu_throttle_at_start: true,
+            ..Parameters::default()
+        };
+        let c = AutoConverge::new(&v, &at_start);
+        assert!(
+            v.iter().all(|v| v.throttle.percentage() == 63),
+            "from the start"
+        );
+        drop(c);
     }
 }

@@ -211,6 +211,9 @@ impl Migration {
             .cpu_throttle_increment
             .unwrap_or(params.cpu_throttle_increment);
         params.max_cpu_throttle = p.max_cpu_throttle.unwrap_or(params.max_cpu_throttle);
+        params.x_cpu_throttle_at_start = p
+            .x_cpu_throttle_at_start
+            .unwrap_or(params.x_cpu_throttle_at_start);
         Ok(())
     }
 

@@ -300,7 +300,7 @@ impl<'a> Precopy<'a> {
         self.converge = self
             .m
             .auto_converge()
-            .then(|| AutoConverge::new(&self.src.vcpus));
+            .then(|| AutoConverge::new(&self.src.vcpus, &self.m.parameters()));
         let consumer = self.src.dirty.subscribe()?;
         let setup = self.m.elapsed_ms();
         self.m.update(|i| i.setup_time = Some(setup));

@@ -184,6 +184,10 @@ pub struct Parameters {
     pub(crate) cpu_throttle_increment: u64,
     /// The most it throttles, % (QEMU's default 99).
     pub(crate) max_cpu_throttle: u64,
+    /// kvmscope: with auto-converge, throttle to `cpu-throttle-initial` as
+    /// pre-copy starts instead of after two periods of dirtying too fast (the
+    /// throttle `query-readiness` predicts is needed: `converge`).
+    pub(crate) x_cpu_throttle_at_start: bool,
 }
 
 impl Parameters {
@@ -204,6 +208,7 @@ impl Default for Parameters {
             cpu_throttle_initial: 20,
             cpu_throttle_increment: 10,
             max_cpu_throttle: 99,
+            x_cpu_throttle_at_start: false,
         }
     }
 }
@@ -233,6 +238,9 @@ pub struct SetParameters {
     /// New [`Parameters::max_cpu_throttle`], 1 to 99.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) max_cpu_throttle: Option<u64>,
+    /// New [`Parameters::x_cpu_throttle_at_start`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) x_cpu_throttle_at_start: Option<bool>,
 }
 
 /// A migration capability (QEMU's `MigrationCapability`, the ones kvmscope knows).

@@ -201,6 +201,19 @@ pub struct PredictionReply {
     pub migrate: PredictedMigration,
 }
 
+/// The throttle that makes a migration converge (`query-readiness`'s `converge`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ConvergeReply {
+    /// The auto-converge throttle, % (set it as `cpu-throttle-initial`, with
+    /// `x-cpu-throttle-at-start`).
+    pub cpu_throttle_percentage: u64,
+    /// vCPU time the throttle would take from the guest, seconds.
+    pub throttle_seconds: Option<f64>,
+    /// The throttled migration's prediction.
+    pub prediction: PredictionReply,
+}
+
 /// The link a prediction is for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LinkFigure {
@@ -234,6 +247,11 @@ pub struct ReadinessReport {
     pub estimate_used: String,
     /// The prediction, when the inputs allow one.
     pub prediction: Option<PredictionReply>,
+    /// When it does not converge: the smallest auto-converge throttle that
+    /// would make it, and that migration's prediction (null when none would,
+    /// or none is needed).
+    #[serde(default)]
+    pub converge: Option<ConvergeReply>,
     /// The link and downtime limit the prediction is for.
     pub link: LinkFigure,
     /// The report for people.

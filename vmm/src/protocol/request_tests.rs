@@ -203,6 +203,9 @@ fn every_listed_command_round_trips_through_serde() {
             "get-stats-fd" | "query-stats" => json!({"target": "vm"}),
             "guest-command" => json!({"vcpu": 0, "command": "exits count=1"}),
             "migrate" => json!({"uri": "unix:/tmp/m.sock"}),
+            "migrate-set-capabilities" => {
+                json!({"capabilities": [{"capability": "auto-converge", "state": true}]})
+            }
             _ => json!({}),
         };
         let line = json!({"execute": name, "arguments": minimal}).to_string();

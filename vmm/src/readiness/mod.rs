@@ -94,6 +94,7 @@ pub(crate) fn measure(
         dirty_rate,
         scan,
         prediction: None,
+        converge: None,
         estimate_used: "",
         link: report::Link::default(),
     };

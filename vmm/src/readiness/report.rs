@@ -9,8 +9,8 @@ use super::model::{self, Inputs, Prediction};
 use super::options::Options;
 use super::scan::Scan;
 use crate::protocol::readiness::{
-    DirtyRateFigure, EstimateError, LinkFigure, MappedFigure, Pages, ReadinessReport, ScanFigure,
-    StallFigure, TimedPages, VcpuStallFigure,
+    ConvergeReply, DirtyRateFigure, EstimateError, LinkFigure, MappedFigure, Pages,
+    ReadinessReport, ScanFigure, StallFigure, TimedPages, VcpuStallFigure,
 };
 use crate::units::{format_bytes, saturating_u64};
 use crate::vcpu::stall::{Stall, FAULT_COST};
@@ -100,6 +100,9 @@ pub struct Report {
     pub scan: Option<Figure<Scan>>,
     /// The pre-copy prediction, when the inputs allow one.
     pub prediction: Option<Prediction>,
+    /// When the prediction does not converge: the smallest auto-converge
+    /// throttle under which it would (`None` also when even 99 % would not).
+    pub converge: Option<Converge>,
     /// Which non-zero estimate the prediction used.
     pub estimate_used: &'static str,
     /// The link and downtime limit the prediction is for.
@@ -223,6 +226,12 @@ impl Report {
             PredictionBandwidthBytesPerSecond,
             self.link.bandwidth.map_or(0, saturating_u64),
         );
+        let throttle = match (p, &self.converge) {
+            (Some(p), _) if p.converges => 0,
+            (_, Some(c)) => u64::from(c.pct),
+            _ => 100,
+        };
+        stats.set_vm(PredictionThrottlePercentage, throttle);
         // Last: a reader that sees the new instant sees the figures above.
         stats.set_vm(ReadinessAtNs, at_ns);
     }
@@ -257,7 +266,13 @@ impl Report {
                 .and_then(|d| d.value.stall_per_page()),
             costs: model::Costs::default(),
         };
-        self.prediction = Some(model::predict(&inputs)?);
+        let prediction = model::predict(&inputs)?;
+        self.converge = if prediction.converges {
+            None
+        } else {
+            smallest_throttle(&inputs)
+        };
+        self.prediction = Some(prediction);
         self.estimate_used = used;
         self.link = Link {
             bandwidth: options.bandwidth,
@@ -312,6 +327,11 @@ impl Report {
             scan: self.scan.as_ref().map(|s| self.scan_figure(s, us(s.took))),
             estimate_used: self.estimate_used.to_string(),
             prediction: self.prediction.as_ref().map(Prediction::to_reply),
+            converge: self.converge.as_ref().map(|c| ConvergeReply {
+                cpu_throttle_percentage: u64::from(c.pct),
+                throttle_seconds: Some(c.throttle_seconds).filter(|s| s.is_finite()),
+                prediction: c.prediction.to_reply(),
+            }),
             link: LinkFigure {
                 bandwidth: self.link.bandwidth,
                 downtime_limit_ms: crate::units::millis(self.link.max_downtime),
@@ -472,6 +492,24 @@ impl Report {
             "does NOT converge"
         };
         let _ = writeln!(s, "verdict: {verdict} — {}", p.reason);
+        if !p.converges {
+            match &self.converge {
+                Some(c) => {
+                    let _ = writeln!(
+                        s,
+                        "converges with auto-converge at {} % from the start (cpu-throttle-initial {0}, x-cpu-throttle-at-start): transferred {}  total-time {}  downtime {}; the throttle takes {} of vCPU time",
+                        c.pct,
+                        format_bytes(c.prediction.total_bytes),
+                        ms(c.prediction.total_seconds),
+                        ms(c.prediction.downtime),
+                        ms(c.throttle_seconds)
+                    );
+                }
+                None => {
+                    let _ = writeln!(s, "no throttle up to 99 % would make it converge");
+                }
+            }
+        }
     }
 }
 
@@ -538,6 +576,7 @@ mod tests {
                 took: Duration::ZERO,
             }),
             prediction: None,
+            converge: None,
             estimate_used: "",
             link: Link::default(),
         }
@@ -656,6 +695,7 @@ mod tests {
         assert_eq!(
             keys(&wire),
             [
+                "converge",
                 "dirty_rate",
                 "estimate_used",
                 "guest_stall",
@@ -756,4 +796,89 @@ mod tests {
         }
         assert!(wire["link"]["bandwidth"].is_null());
     }
+
+    #[test]
+    fn the_throttle_chosen_is_the_smallest_that_converges() {
+        let inputs = Inputs {
+            total_pages: 32_768,
+            nonzero_pages: 32_768,
+            dirty_rate: 20_000.0,
+            working_set: Some(8_192),
+            backed_pages: None,
+            bandwidth: Some(20e6),
+            max_downtime: 0.3,
+            vcpus: 1,
+            max_rounds: None,
+            stall_per_page: None,
+            costs: model::Costs::default(),
+        };
+        assert!(
+            !model::predict(&inputs).unwrap().converges,
+            "the case needs a throttle"
+        );
+        let c = smallest_throttle(&inputs).expect("a throttle converges");
+        assert!((1..=99).contains(&c.pct), "{}", c.pct);
+        assert!(c.prediction.converges);
+        let less = Inputs {
+            dirty_rate: inputs.dirty_rate * f64::from(100 - (c.pct - 1)) / 100.0,
+            ..inputs
+        };
+        assert!(
+            !model::predict(&less).unwrap().converges,
+            "{} % is the smallest",
+            c.pct
+        );
+        assert!(c.throttle_seconds > 0.0);
+        // A link that cannot keep up whatever the throttle: none.
+        let hopeless = Inputs {
+            bandwidth: Some(1.0),
+            ..inputs
+        };
+        assert!(smallest_throttle(&hopeless).is_none());
+    }
+}
+
+/// The smallest auto-converge throttle, % (1 to 99), under which the
+/// migration `inputs` describe would converge, and its prediction: a throttled
+/// vCPU runs `100 - pct` % of the time, so it dirties that share of its rate.
+/// No round limit: the question is whether it converges, not when it is cut.
+fn smallest_throttle(inputs: &Inputs) -> Option<Converge> {
+    let converges = |pct: u32| {
+        let throttled = Inputs {
+            dirty_rate: inputs.dirty_rate * f64::from(100 - pct) / 100.0,
+            max_rounds: None,
+            ..*inputs
+        };
+        model::predict(&throttled).ok().filter(|p| p.converges)
+    };
+    // Convergence only gets easier as the throttle grows: the first that
+    // converges, by bisection.
+    converges(99)?;
+    let (mut lo, mut hi) = (0u32, 99u32);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if converges(mid).is_some() {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    converges(hi).map(|prediction| Converge {
+        pct: hi,
+        // Every vCPU sleeps that share of the migration (the throttle starts
+        // with it, from the prediction).
+        throttle_seconds: prediction.total_seconds * f64::from(hi) / 100.0 * inputs.vcpus as f64,
+        prediction,
+    })
+}
+
+/// The smallest auto-converge throttle that makes a migration converge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Converge {
+    /// The throttle, %.
+    pub(crate) pct: u32,
+    /// The throttled migration's prediction.
+    pub(crate) prediction: Prediction,
+    /// vCPU time the throttle takes from the guest over it, seconds.
+    pub(crate) throttle_seconds: f64,
 }

@@ -69,6 +69,9 @@ pub enum VmStat {
     PredictionGuestStallNs,
     /// The link bandwidth it assumed (bytes per second).
     PredictionBandwidthBytesPerSecond,
+    /// The smallest auto-converge throttle, %, that makes it converge: 0 when
+    /// none is needed, 100 when none would.
+    PredictionThrottlePercentage,
 }
 
 impl VmStat {
@@ -94,7 +97,8 @@ impl VmStat {
             | MigrationDirtySyncs
             | MigrationDirtyPagesRate
             | ReadinessDirtyBytesPerSecond
-            | PredictionBandwidthBytesPerSecond => (StatType::Instant, Unit::None, 0),
+            | PredictionBandwidthBytesPerSecond
+            | PredictionThrottlePercentage => (StatType::Instant, Unit::None, 0),
         };
         Def {
             name: Cow::Borrowed(self.into()),
