@@ -275,14 +275,23 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
     if let Some(n) = &info.x_not_converging {
         let _ = writeln!(s, "not converging: {n}");
     }
-    if let Some(g) = &info.x_guest_stall {
+    let per_vcpu = |s: &mut String, what: &str, g: &crate::protocol::migration::GuestStall| {
         let per: Vec<String> = g.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
         let _ = writeln!(
             s,
-            "guest stall (dirty tracking): {:.0} ms (per vCPU ms: {})",
+            "{what}: {:.0} ms (per vCPU ms: {})",
             g.total_ms,
             per.join(", ")
         );
+    };
+    if let Some(g) = &info.x_guest_stall {
+        per_vcpu(&mut s, "guest stall (dirty tracking)", g);
+    }
+    if let Some(p) = info.cpu_throttle_percentage {
+        let _ = writeln!(s, "cpu throttle percentage: {p}");
+    }
+    if let Some(g) = &info.x_cpu_throttled {
+        per_vcpu(&mut s, "vCPU time throttled (auto-converge)", g);
     }
     s
 }
@@ -318,9 +327,18 @@ mod tests {
                     },
                 ],
             }),
+            cpu_throttle_percentage: Some(40),
+            x_cpu_throttled: Some(GuestStall {
+                total_ms: 300.0,
+                vcpus: vec![VcpuStall {
+                    cpu_index: 0,
+                    ms: 300.0,
+                }],
+            }),
             ..MigrationInfo::default()
         };
         let text = info_migrate(&info);
+        assert!(text.contains("cpu throttle percentage: 40\nvCPU time throttled (auto-converge): 300 ms (per vCPU ms: 300)\n"), "{text}");
         assert!(text.contains("guest stall (dirty tracking): 52 ms (per vCPU ms: 40, 12)\n"));
         assert!(text.starts_with("Migration status: completed\ntotal time: 120 ms\n"));
         assert!(text.contains("downtime: 3 ms\n"));

@@ -427,6 +427,20 @@ pub(crate) fn render(samples: &Shared) -> String {
             "Time the vCPU thread spent harvesting its full dirty ring while its guest waited.",
             &|v| v.ring_full_ns.load(Ordering::Relaxed),
         );
+        per_vcpu_ns(
+            &mut out,
+            "kvmscope_throttled_seconds_total",
+            "Time the vCPU slept for a migration's auto-converge throttle (its guest did not run).",
+            &|v| u64::try_from(v.throttle.slept().as_nanos()).unwrap_or(u64::MAX),
+        );
+        let _ = writeln!(out, "# HELP kvmscope_cpu_throttle_percent The auto-converge throttle in force on the vCPU (0: none).\n# TYPE kvmscope_cpu_throttle_percent gauge");
+        for (i, v) in samples.vcpus.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "kvmscope_cpu_throttle_percent{{{vm},vcpu=\"{i}\"}} {}",
+                v.throttle.percentage()
+            );
+        }
         let _ = writeln!(out, "# HELP kvmscope_guest_phase Latest guest phase marker ((seq << 8) | command code).\n# TYPE kvmscope_guest_phase gauge");
         for (i, v) in p.vcpus.iter().enumerate() {
             let _ = writeln!(out, "kvmscope_guest_phase{{{vm},vcpu=\"{i}\"}} {}", v.phase);
