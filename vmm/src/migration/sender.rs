@@ -132,7 +132,7 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
         m.update(|i| i.x_guest_stall = Some(stall));
     }
     // The throttle is lifted here, whatever the outcome, before the guest runs on.
-    if let Some(c) = p.converge.take() {
+    if let Some(c) = p.converge.take().filter(|c| c.percentage() > 0) {
         let (pct, throttled) = (u64::from(c.percentage()), c.throttled());
         m.update(|i| {
             i.cpu_throttle_percentage = Some(pct);
@@ -360,7 +360,8 @@ impl<'a> Precopy<'a> {
             i.expected_downtime = Some(expected);
             i.x_not_converging = note;
             i.x_guest_stall = stall;
-            if let Some((pct, throttled)) = throttle {
+            // As QEMU: the percentage only once auto-converge has throttled.
+            if let Some((pct, throttled)) = throttle.filter(|(pct, _)| *pct > 0) {
                 i.cpu_throttle_percentage = Some(pct);
                 i.x_cpu_throttled = Some(throttled);
             }
