@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kvm_stats::Mapped;
 
 use super::provider::{Figures, Provider};
-use super::targets::{OwnStats, Registry};
+use super::targets::{ProviderStats, Registry};
 use crate::lock;
 use crate::metrics::{label_value, Source, Values};
 
@@ -71,7 +71,7 @@ impl Provider for KvmscopeVms {
 /// Whether a VMM's own VM stats include readiness figures: not while
 /// `readiness_at_ns` is 0, so that a VMM that never measured shows none of
 /// them, rather than zeros that look like figures.
-fn measured(own: &OwnStats) -> bool {
+fn measured(own: &ProviderStats) -> bool {
     let (fd, sample) = &own.vm;
     fd.schema()
         .find("readiness_at_ns")

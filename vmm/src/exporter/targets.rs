@@ -86,14 +86,15 @@ pub(crate) struct Target {
     socket: Option<(u64, u64)>,
     /// The VMM's own stats (provider `kvmscope`): the VM file and each
     /// vCPU's; `None` for a VMM that has none (an older kvmscope).
-    pub(crate) own: Option<OwnStats>,
+    pub(crate) own: Option<ProviderStats>,
     /// The control connection, kept open to learn when the VMM goes; out
     /// on a checking thread while one asks the VMM something.
     client: Option<Client>,
 }
 
-/// A VMM's own stats files and their latest samples.
-pub(crate) struct OwnStats {
+/// One provider's stats files of a VM (KVM's, or the VMM's own) and their
+/// latest samples.
+pub(crate) struct ProviderStats {
     /// The VM file.
     pub(crate) vm: (StatsFd, Sample),
     /// Each vCPU's, by index.
@@ -489,77 +490,75 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     if open + need + FD_RESERVE > limit {
         return Err(AttachError::FdBudget { need, open, limit });
     }
-    let vm_files = client.get_stats_fd(StatsTarget::Vm, None)?;
-    let vcpu_files = client.get_stats_fd(StatsTarget::Vcpu, Some(VcpuSelector::All))?;
-    // Follow-up requests (a completed migration's `query-status`) each get
-    // the attach timeout, whole.
-    client.bound_each_request(timeout);
     let mut budget = VM_STATS_BUDGET;
-    let vm_stats = vm_files
-        .into_iter()
-        .map(|(_, file)| file)
-        .next()
-        .ok_or_else(|| client::Error::BadReply("get-stats-fd for the VM carried no fd".into()))
-        .map_err(AttachError::from)
-        .and_then(|f| open_stats(f, "kvm-vm-stats", &mut budget))?;
-    if vcpu_files.len() > vm.vcpus {
-        log::warn!(
-            "exporter: {} sent {} vCPU stats fds for the {} vCPUs its greeting names; closing the rest",
-            path.display(),
-            vcpu_files.len(),
-            vm.vcpus
-        );
-    }
-    let vcpus = vcpu_files
-        .into_iter()
-        .map(|(_, file)| file)
-        .take(vm.vcpus)
-        .map(|f| open_stats(f, "kvm-vcpu-stats", &mut budget))
-        .collect::<Result<Vec<_>, _>>()?;
-    let own = own_stats(&mut client, vm.vcpus, &mut budget)?;
+    let kvm = take_stats(&mut client, None, vm.vcpus, &mut budget, path)?;
+    let own = match take_stats(
+        &mut client,
+        Some(StatsProvider::Kvmscope),
+        vm.vcpus,
+        &mut budget,
+        path,
+    ) {
+        Ok(own) => Some(own),
+        // An older kvmscope refuses the argument: it has no stats of its own.
+        Err(AttachError::Client(client::Error::Remote { .. })) => None,
+        Err(e) => return Err(e),
+    };
+    // Follow-up requests (a completed migration's `query-status`) each get
+    // the attach timeout, whole; everything above shared one.
+    client.bound_each_request(timeout);
     Ok(Target {
         labels: super::labels::vm_labels(&vm.name, vm.pid, path),
         name: vm.name,
         pid: vm.pid,
         memory: vm.memory,
         backend: vm.backend,
-        vm: vm_stats,
-        vcpus,
+        vm: kvm.vm,
+        vcpus: kvm.vcpus,
         own,
         socket: socket_id(path),
         client: Some(client),
     })
 }
 
-/// The VMM's own stats files (`get-stats-fd` with provider `kvmscope`), at
-/// most `vcpus` vCPU files; `None` when the VMM has no such provider.
-fn own_stats(
+/// One provider's stats fds (`get-stats-fd` of the VM and of every vCPU:
+/// KVM's, or with `kvmscope` the VMM's own), opened as stats sources, at most
+/// the `vcpus` the greeting names (the rest are closed) and within `budget`.
+fn take_stats(
     client: &mut Client,
+    provider: Option<StatsProvider>,
     vcpus: usize,
     budget: &mut u64,
-) -> Result<Option<OwnStats>, AttachError> {
-    let provider = Some(StatsProvider::Kvmscope);
-    let vm_files = match client.get_provider_stats_fd(provider, StatsTarget::Vm, None) {
-        Ok(files) => files,
-        // An older kvmscope refuses the argument: it has no stats of its own.
-        Err(client::Error::Remote { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
+    path: &Path,
+) -> Result<ProviderStats, AttachError> {
+    let (vm_kind, vcpu_kind) = match provider {
+        Some(StatsProvider::Kvmscope) => (MEMFD_NAME, MEMFD_NAME),
+        _ => ("kvm-vm-stats", "kvm-vcpu-stats"),
     };
+    let vm_files = client.get_provider_stats_fd(provider, StatsTarget::Vm, None)?;
     let vcpu_files =
         client.get_provider_stats_fd(provider, StatsTarget::Vcpu, Some(VcpuSelector::All))?;
-    let Some((_, vm_file)) = vm_files.into_iter().next() else {
-        return Err(client::Error::BadReply(
-            "get-stats-fd of its own VM stats carried no fd".into(),
-        )
-        .into());
-    };
-    let vm = open_stats(vm_file, MEMFD_NAME, budget)?;
+    let vm_file = vm_files
+        .into_iter()
+        .next()
+        .map(|(_, file)| file)
+        .ok_or_else(|| {
+            client::Error::BadReply(format!("get-stats-fd for the VM ({vm_kind}) carried no fd"))
+        })?;
+    let vm = open_stats(vm_file, vm_kind, budget)?;
+    if vcpu_files.len() > vcpus {
+        log::warn!(
+            "exporter: {} sent {} vCPU stats fds ({vcpu_kind}) for the {vcpus} vCPUs its greeting names; closing the rest",
+            path.display(),
+            vcpu_files.len(),
+        );
+    }
     let vcpus = vcpu_files
         .into_iter()
         .take(vcpus)
-        .map(|(_, f)| open_stats(f, MEMFD_NAME, budget))
+        .map(|(_, f)| open_stats(f, vcpu_kind, budget))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Some(OwnStats { vm, vcpus }))
+    Ok(ProviderStats { vm, vcpus })
 }
 
 /// A received fd as a stats source: it must be the kernel's stats file of
