@@ -121,12 +121,16 @@ struct MigrateArgs {
     #[arg(long)]
     predict: bool,
     /// Make a migration that would not converge converge: `auto` asks the
-    /// VMM's readiness model for the smallest auto-converge throttle that
-    /// converges and throttles every vCPU to it from the start (none when it
-    /// converges as it is); `auto-converge` steps blindly as QEMU does (20 %,
-    /// then +10 % after two periods of dirtying too fast); `dirty-limit` is
-    /// not offered yet; `off` turns auto-converge off. Default: the VMM's
-    /// capabilities as they are. The throttle is lifted when it ends.
+    /// VMM's readiness model what is needed and sets it from the start (nothing
+    /// when it converges as it is): on a `--dirty-log ring` VM the largest
+    /// dirty limit per vCPU that converges (only vCPUs dirtying faster are
+    /// slowed), otherwise the smallest auto-converge throttle of every vCPU;
+    /// `auto-converge` steps blindly as QEMU does (20 %, then +10 % after two
+    /// periods of dirtying too fast); `dirty-limit` limits every vCPU to the
+    /// VMM's `vcpu-dirty-limit` (default 1 MB/s) after two such periods, as
+    /// QEMU 8.1+ does (ring VMs only); `off` turns both off. Default: the
+    /// VMM's capabilities as they are. Throttles and limits are lifted when
+    /// the migration ends.
     #[arg(long, value_name = "HOW")]
     converge: Option<ConvergeArg>,
     /// Print the final `query-migrate` as JSON.

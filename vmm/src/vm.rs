@@ -150,18 +150,14 @@ impl VcpuHandle {
     /// Records a control request and kicks the thread out of KVM_RUN (see `kick`).
     pub(crate) fn control(&self, c: Control) {
         self.shared.set_control(c);
-        if let Some(t) = &self.thread {
-            if self.outcome.is_none() {
-                // ESRCH only if the thread already ended, which is fine.
-                let _ = t.kill(kick::kick_signal());
-            }
-        }
+        self.kick();
     }
 
     /// Kicks the thread out of KVM_RUN with no request: a throttled vCPU then
-    /// takes its sleep (`vcpu::throttle`).
+    /// takes its sleep (`vcpu::throttle`, `vcpu::dirty_limit`).
     fn kick(&self) {
         if let (Some(t), None) = (&self.thread, &self.outcome) {
+            // ESRCH only if the thread already ended, which is fine.
             let _ = t.kill(kick::kick_signal());
         }
     }
@@ -192,6 +188,8 @@ pub struct Vm {
     /// Dirty tracking: the mode configured at start, or bitmap logging turned
     /// on at run time while a consumer (a migration) holds it.
     pub(crate) dirty: Arc<DirtyLog>,
+    /// The vCPUs' dirty page rate limits (a ring VM's).
+    pub(crate) dirty_limits: Arc<crate::vcpu::dirty_limit::Limits>,
     unstarted: Vec<Vcpu>,
     events_tx: Sender<VmEvent>,
     events: Receiver<VmEvent>,
@@ -294,8 +292,13 @@ impl Vm {
             vcpu_stats.push(stats);
             unstarted.push(vcpu);
         }
+        let dirty_limits = Arc::new(crate::vcpu::dirty_limit::Limits::new(
+            vcpus.iter().map(|v| v.shared.clone()).collect(),
+            dirty.clone(),
+        ));
         Ok(Vm {
             dirty,
+            dirty_limits,
             backend: backend::detect(),
             config,
             mem,
@@ -364,21 +367,16 @@ impl Vm {
         }
     }
 
-    /// Whether any vCPU is throttled (auto-converge).
+    /// Whether any vCPU is throttled (auto-converge) or dirty-limited.
     pub(crate) fn throttled(&self) -> bool {
-        self.vcpus
-            .iter()
-            .any(|v| v.shared.throttle.percentage() > 0)
+        self.vcpus.iter().any(|v| v.shared.throttled())
     }
 
-    /// Kicks every throttled vCPU out of KVM_RUN, so that it sleeps its share
-    /// (the main loop does this every `vcpu::throttle::TIMESLICE`).
+    /// Kicks every throttled or dirty-limited vCPU out of KVM_RUN, so that it
+    /// sleeps its share or counts its pages (the main loop does this every
+    /// `vcpu::throttle::TIMESLICE`).
     pub(crate) fn kick_throttled(&self) {
-        for v in self
-            .vcpus
-            .iter()
-            .filter(|v| v.shared.throttle.percentage() > 0)
-        {
+        for v in self.vcpus.iter().filter(|v| v.shared.throttled()) {
             v.kick();
         }
     }

@@ -15,14 +15,18 @@ use crate::protocol::migration::{Capability, MigrationInfo, Parameters, SetParam
 /// `kvmscope migrate --converge`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Converge {
-    /// The throttle the prediction says is needed, from the start (none if
-    /// it converges as it is): auto-converge with `cpu-throttle-initial` set
-    /// to it and `x-cpu-throttle-at-start`, stepping up from there if the
-    /// guest still dirties too fast.
+    /// The intervention the prediction says is needed, from the start (none
+    /// if it converges as it is): on a ring VM the largest dirty limit per
+    /// vCPU that converges (`dirty-limit`, `vcpu-dirty-limit`,
+    /// `x-vcpu-dirty-limit-at-start`), which slows only the vCPUs that dirty
+    /// faster; otherwise the smallest auto-converge throttle
+    /// (`cpu-throttle-initial`, `x-cpu-throttle-at-start`), stepping up from
+    /// there if the guest still dirties too fast.
     Auto,
     /// QEMU's auto-converge: blind steps from `cpu-throttle-initial`.
     AutoConverge,
-    /// QEMU's dirty-limit (not offered by this VMM yet: refused).
+    /// QEMU's dirty-limit: every vCPU limited to `vcpu-dirty-limit` once the
+    /// guest dirties too fast (a ring VM only).
     DirtyLimit,
     /// No throttle.
     Off,
@@ -122,8 +126,75 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     Ok(info.status == Some(Status::Completed))
 }
 
-/// `--converge`: sets the capabilities (and, for `auto`, the throttle the
-/// prediction chose); the throttled prediction when one was set.
+/// What `--converge` sets: the capabilities, the parameters, and the
+/// prediction of the throttled migration when the plan comes from one.
+struct Plan {
+    auto_converge: bool,
+    dirty_limit: bool,
+    parameters: SetParameters,
+    predicted: Option<Predicted>,
+    said: Option<String>,
+}
+
+impl Plan {
+    fn of(how: Converge, predicted: Option<&Predicted>) -> Plan {
+        let neither_at_start = SetParameters {
+            x_cpu_throttle_at_start: Some(false),
+            x_vcpu_dirty_limit_at_start: Some(false),
+            ..SetParameters::default()
+        };
+        let plan = |auto_converge, dirty_limit| Plan {
+            auto_converge,
+            dirty_limit,
+            parameters: neither_at_start,
+            predicted: None,
+            said: None,
+        };
+        if how != Converge::Auto {
+            return plan(how == Converge::AutoConverge, how == Converge::DirtyLimit);
+        }
+        let Some(p) = predicted else {
+            return plan(true, false);
+        };
+        if let Some((mb, limited)) = &p.dirty_limit {
+            return Plan {
+                parameters: SetParameters {
+                    vcpu_dirty_limit: Some(*mb),
+                    x_vcpu_dirty_limit_at_start: Some(true),
+                    ..neither_at_start
+                },
+                predicted: Some((**limited).clone()),
+                said: Some(format!("limiting every vCPU's dirty rate to {mb} MB/s from the start (the largest dirty limit the model finds converging; vCPUs that dirty less run on)")),
+                ..plan(false, true)
+            };
+        }
+        if let Some((pct, throttled)) = &p.converge {
+            return Plan {
+                parameters: SetParameters {
+                    cpu_throttle_initial: Some(*pct),
+                    x_cpu_throttle_at_start: Some(true),
+                    ..neither_at_start
+                },
+                predicted: Some((**throttled).clone()),
+                said: Some(format!("throttling every vCPU to {pct} % from the start (the smallest throttle the model finds converging)")),
+                ..plan(true, false)
+            };
+        }
+        if p.converges {
+            return Plan {
+                said: Some("no throttle needed (it converges as it is)".into()),
+                ..plan(false, false)
+            };
+        }
+        Plan {
+            said: Some("no throttle up to 99 % makes it converge; stepping from the default as auto-converge does".into()),
+            ..plan(true, false)
+        }
+    }
+}
+
+/// `--converge`: sets the capabilities and parameters the plan says; the
+/// throttled prediction when one was set.
 fn converge(
     client: &mut Client,
     how: Converge,
@@ -131,52 +202,17 @@ fn converge(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<Option<Predicted>, Error> {
-    let (capability, state) = match how {
-        Converge::DirtyLimit => (Capability::DirtyLimit, true),
-        Converge::Off => (Capability::AutoConverge, false),
-        Converge::AutoConverge => (Capability::AutoConverge, true),
-        Converge::Auto => match predicted.and_then(|p| p.converge.as_ref()) {
-            Some((pct, throttled)) => {
-                client.migrate_set_parameters(SetParameters {
-                    cpu_throttle_initial: Some(*pct),
-                    x_cpu_throttle_at_start: Some(true),
-                    ..SetParameters::default()
-                })?;
-                if !json {
-                    writeln!(out, "--converge auto: throttling every vCPU to {pct} % from the start (the smallest throttle the model finds converging)")?;
-                }
-                client.migrate_set_capabilities(Capability::AutoConverge, true)?;
-                return Ok(Some((**throttled).clone()));
-            }
-            None if predicted.is_some_and(|p| p.converges) => {
-                if !json {
-                    writeln!(
-                        out,
-                        "--converge auto: no throttle needed (it converges as it is)"
-                    )?;
-                }
-                (Capability::AutoConverge, false)
-            }
-            None => {
-                if !json {
-                    writeln!(out, "--converge auto: no throttle up to 99 % makes it converge; stepping from the default as auto-converge does")?;
-                }
-                client.migrate_set_parameters(SetParameters {
-                    x_cpu_throttle_at_start: Some(false),
-                    ..SetParameters::default()
-                })?;
-                (Capability::AutoConverge, true)
-            }
-        },
-    };
-    if how != Converge::Auto {
-        client.migrate_set_parameters(SetParameters {
-            x_cpu_throttle_at_start: Some(false),
-            ..SetParameters::default()
-        })?;
+    let plan = Plan::of(how, predicted);
+    if let Some(said) = plan.said.as_ref().filter(|_| !json) {
+        writeln!(out, "--converge auto: {said}")?;
     }
-    client.migrate_set_capabilities(capability, state)?;
-    Ok(None)
+    client.migrate_set_parameters(plan.parameters)?;
+    // Both in one request: the VMM refuses them on together.
+    client.migrate_set_capabilities(&[
+        (Capability::AutoConverge, plan.auto_converge),
+        (Capability::DirtyLimit, plan.dirty_limit),
+    ])?;
+    Ok(plan.predicted)
 }
 
 /// `--predict`: the readiness prediction for the link just set (its
@@ -290,8 +326,14 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
     if let Some(p) = info.cpu_throttle_percentage {
         let _ = writeln!(s, "cpu throttle percentage: {p}");
     }
+    if let Some(t) = info.dirty_limit_throttle_time_per_round {
+        let _ = writeln!(s, "dirty-limit throttle time: {t} us");
+    }
+    if let Some(t) = info.dirty_limit_ring_full_time {
+        let _ = writeln!(s, "dirty-limit ring full time: {t} us");
+    }
     if let Some(g) = &info.x_cpu_throttled {
-        per_vcpu(&mut s, "vCPU time throttled (auto-converge)", g);
+        per_vcpu(&mut s, "vCPU time throttled", g);
     }
     s
 }
@@ -338,7 +380,12 @@ mod tests {
             ..MigrationInfo::default()
         };
         let text = info_migrate(&info);
-        assert!(text.contains("cpu throttle percentage: 40\nvCPU time throttled (auto-converge): 300 ms (per vCPU ms: 300)\n"), "{text}");
+        assert!(
+            text.contains(
+                "cpu throttle percentage: 40\nvCPU time throttled: 300 ms (per vCPU ms: 300)\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("guest stall (dirty tracking): 52 ms (per vCPU ms: 40, 12)\n"));
         assert!(text.starts_with("Migration status: completed\ntotal time: 120 ms\n"));
         assert!(text.contains("downtime: 3 ms\n"));

@@ -653,11 +653,13 @@ impl Client {
     /// As [`Client::execute`].
     pub fn migrate_set_capabilities(
         &mut self,
-        capability: Capability,
-        state: bool,
+        capabilities: &[(Capability, bool)],
     ) -> Result<(), Error> {
         let args = SetCapabilities {
-            capabilities: vec![CapabilityStatus { capability, state }],
+            capabilities: capabilities
+                .iter()
+                .map(|&(capability, state)| CapabilityStatus { capability, state })
+                .collect(),
         };
         self.call(&Command::MigrateSetCapabilities(args)).map(drop)
     }

@@ -37,6 +37,9 @@ pub(crate) struct Predicted {
     /// When it does not converge: the smallest auto-converge throttle, %,
     /// that would make it, and that migration's figures.
     pub(crate) converge: Option<(u64, Box<Predicted>)>,
+    /// When it does not converge on a ring VM: the largest dirty limit per
+    /// vCPU, MB/s, that would make it, and that migration's figures.
+    pub(crate) dirty_limit: Option<(u64, Box<Predicted>)>,
 }
 
 /// Asks `query-readiness` (with the exact scan, and the VMM's dirty-rate
@@ -63,6 +66,12 @@ pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Erro
             Box::new(of(c.prediction, String::new())),
         )
     });
+    predicted.dirty_limit = report.converge_dirty_limit.map(|c| {
+        (
+            c.vcpu_dirty_limit,
+            Box::new(of(c.prediction, String::new())),
+        )
+    });
     Ok(predicted)
 }
 
@@ -81,6 +90,7 @@ fn of(p: PredictionReply, text: String) -> Predicted {
         reason: p.reason,
         text,
         converge: None,
+        dirty_limit: None,
     }
 }
 

@@ -295,6 +295,20 @@ impl Handler {
             | Command::QueryMigrateCapabilities(_)
             | Command::QueryMigrate(_)
             | Command::MigrateCancel(_) => super::migrate::execute(&self.ctx, command),
+            Command::SetVcpuDirtyLimit(a) => {
+                let period = self
+                    .ctx
+                    .migration
+                    .as_ref()
+                    .map_or(crate::vcpu::dirty_limit::DEFAULT_PERIOD_MS, |(m, _)| {
+                        m.parameters().x_vcpu_dirty_limit_period
+                    });
+                limit_outcome(self.ctx.dirty_limits.set(a.cpu_index, a.dirty_rate, period))
+            }
+            Command::CancelVcpuDirtyLimit(a) => {
+                limit_outcome(self.ctx.dirty_limits.cancel(a.cpu_index))
+            }
+            Command::QueryVcpuDirtyLimit(_) => Outcome::ret(self.ctx.dirty_limits.query()),
         }
     }
 
@@ -691,6 +705,14 @@ impl Handler {
 
 /// `qmp_capabilities`: this server offers no capabilities to enable (QEMU's
 /// `oob` included), so any named is refused.
+/// A dirty-limit command's reply (QEMU's errors are all `GenericError`).
+fn limit_outcome(r: Result<(), crate::vcpu::dirty_limit::LimitError>) -> Outcome {
+    match r {
+        Ok(()) => Outcome::ret(json!({})),
+        Err(e) => Outcome::generic(crate::error_chain(&e)),
+    }
+}
+
 fn negotiate(args: &CapabilitiesArgs) -> Outcome {
     match args.enable.first() {
         None => Outcome::Negotiated,

@@ -49,6 +49,8 @@ pub(crate) struct Context {
     pub(crate) vmm_stats: Arc<crate::vmmstats::VmmStats>,
     /// `run --readiness-every`.
     pub(crate) periodic: Option<Periodic>,
+    /// The vCPUs' dirty limits (`set-vcpu-dirty-limit` and friends).
+    pub(crate) dirty_limits: Arc<crate::vcpu::dirty_limit::Limits>,
 }
 
 impl Context {
@@ -82,6 +84,7 @@ impl Context {
                 vm.vcpus.len(),
             )?),
             periodic: None,
+            dirty_limits: vm.dirty_limits.clone(),
         })
     }
 }

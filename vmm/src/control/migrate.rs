@@ -29,10 +29,12 @@ pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
             Err(e) => Outcome::generic(e.to_string()),
         },
         Command::QueryMigrateParameters(_) => Outcome::ret(m.parameters()),
-        Command::MigrateSetCapabilities(c) => match m.set_capabilities(&c) {
-            Ok(()) => Outcome::ret(json!({})),
-            Err(e) => Outcome::generic(e.to_string()),
-        },
+        Command::MigrateSetCapabilities(c) => {
+            match m.set_capabilities(&c, source.dirty_limits.ring().is_some()) {
+                Ok(()) => Outcome::ret(json!({})),
+                Err(e) => Outcome::generic(e.to_string()),
+            }
+        }
         Command::QueryMigrateCapabilities(_) => Outcome::ret(m.capabilities()),
         Command::QueryMigrate(_) => Outcome::ret(m.status()),
         Command::MigrateCancel(_) => {

@@ -25,6 +25,7 @@ pub mod protect;
 pub(crate) mod ring;
 
 use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
@@ -113,6 +114,9 @@ pub struct DirtyLog {
     pages: u64,
     vcpus: usize,
     state: Mutex<State>,
+    /// Ring entries harvested from each vCPU's ring since boot, whoever
+    /// harvested them (the dirty limit's count, read without the lock).
+    harvested: Vec<AtomicU64>,
 }
 
 /// Slot `slot`'s registration for `region` of guest RAM (the slots are the
@@ -183,6 +187,7 @@ impl DirtyLog {
             pages,
             vcpus: vcpu_fds.len(),
             state: Mutex::new(state),
+            harvested: vcpu_fds.iter().map(|_| AtomicU64::new(0)).collect(),
         };
         if log.logs_from_boot() {
             log.arm()?;
@@ -327,8 +332,24 @@ impl DirtyLog {
         let n = rings.get_mut(vcpu).map_or(0, |r| {
             r.harvest(|page| record(since_start, consumers, vcpu, page))
         });
+        self.count_harvested(vcpu, n);
         self.reset_rings()?;
         Ok(n)
+    }
+
+    /// Ring entries harvested from vCPU `vcpu`'s ring since boot (0 for a
+    /// VM without a ring): the pages it dirtied, counted each time it
+    /// dirtied one again after a harvest.
+    pub(crate) fn ring_entries(&self, vcpu: usize) -> u64 {
+        self.harvested
+            .get(vcpu)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    fn count_harvested(&self, vcpu: usize, n: u64) {
+        if let Some(c) = self.harvested.get(vcpu) {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Folds what KVM logged since the last fold into every consumer.
@@ -343,7 +364,8 @@ impl DirtyLog {
         if !rings.is_empty() {
             for ring in rings.iter_mut() {
                 let vcpu = ring.vcpu;
-                ring.harvest(|page| record(since_start, consumers, vcpu, page));
+                let n = ring.harvest(|page| record(since_start, consumers, vcpu, page));
+                self.count_harvested(vcpu, n);
             }
             return self.reset_rings();
         }

@@ -1,16 +1,25 @@
-//! Auto-converge, QEMU's way (`auto-converge` capability, `cpu-throttle-*`
-//! parameters): at each dirty-log sync, once a second or less often, the
-//! guest's dirtied bytes over the period are set against half the bytes sent;
-//! at the second period over it (since the start or the last step; periods
-//! under it between do not reset the count, as in QEMU), every vCPU is throttled (`vcpu::throttle`): first to
-//! `cpu-throttle-initial` %, then `cpu-throttle-increment` % more each time,
-//! up to `max-cpu-throttle`. The throttle is lifted when the migration ends,
-//! whatever its outcome (dropping this lifts it).
+//! Making a migration converge, QEMU's ways: `auto-converge` (the
+//! `cpu-throttle-*` parameters) and `dirty-limit` (`vcpu-dirty-limit`,
+//! `x-vcpu-dirty-limit-period`). At each dirty-log sync, once a second or
+//! less often, the guest's dirtied bytes over the period are set against
+//! half the bytes sent; at the second period over it (since the start or the
+//! last step; periods under it between do not reset the count, as in QEMU):
+//! - auto-converge throttles every vCPU (`vcpu::throttle`), first to
+//!   `cpu-throttle-initial` %, then `cpu-throttle-increment` % more each
+//!   time, up to `max-cpu-throttle`;
+//! - dirty-limit limits every vCPU's dirty rate to `vcpu-dirty-limit` MB/s
+//!   (`vcpu::dirty_limit`), once: a vCPU that does not dirty memory runs on.
+//!
+//! Either starts at once with `x-cpu-throttle-at-start` /
+//! `x-vcpu-dirty-limit-at-start` (what a prediction chose). The throttle and
+//! the limits are lifted when the migration ends, whatever its outcome
+//! (dropping [`Converge`] lifts them).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::protocol::migration::{GuestStall, Parameters, VcpuStall};
+use crate::protocol::migration::{GuestStall, MigrationInfo, Parameters, VcpuStall};
+use crate::vcpu::dirty_limit::Limits;
 use crate::vcpu::VcpuShared;
 
 /// Shortest period between two throttle decisions (QEMU's, one second).
@@ -20,80 +29,137 @@ const PERIOD: Duration = Duration::from_secs(1);
 /// counts as too fast (QEMU's `throttle-trigger-threshold` default), %.
 const TRIGGER_PERCENT: u64 = 50;
 
+/// Which capability makes the migration converge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mechanism {
+    /// Every vCPU throttled in steps.
+    AutoConverge,
+    /// Every vCPU's dirty rate limited.
+    DirtyLimit,
+}
+
 /// The throttle of one migration.
-pub(crate) struct AutoConverge {
+pub(crate) struct Converge {
+    mechanism: Mechanism,
     vcpus: Vec<Arc<VcpuShared>>,
+    /// The VM's dirty limits (`None` where there are none to set: tests).
+    limits: Option<Arc<Limits>>,
     /// The period's start, and the bytes dirtied and sent in it so far.
     period: (Instant, u64, u64),
     /// Periods the guest dirtied too fast since the last step.
     high: u32,
-    /// The throttle in force, %.
+    /// The auto-converge throttle in force, %.
     pct: u32,
+    /// The dirty limits are set.
+    limited: bool,
     /// Each vCPU's throttle sleep before the migration.
     slept_before: Vec<Duration>,
 }
 
-impl AutoConverge {
-    /// No throttle yet on `vcpus`, or `cpu-throttle-initial` at once with
-    /// `x-cpu-throttle-at-start` (the throttle a prediction chose).
-    pub(crate) fn new(vcpus: &[Arc<VcpuShared>], p: &Parameters) -> AutoConverge {
-        let c = AutoConverge {
+impl Converge {
+    /// No throttle yet on `vcpus`, or one at once when the parameters ask
+    /// for it from the start.
+    pub(crate) fn new(
+        mechanism: Mechanism,
+        vcpus: &[Arc<VcpuShared>],
+        limits: Option<Arc<Limits>>,
+        p: &Parameters,
+    ) -> Converge {
+        let mut c = Converge {
+            mechanism,
             vcpus: vcpus.to_vec(),
+            limits,
             period: (Instant::now(), 0, 0),
             high: 0,
-            pct: if p.x_cpu_throttle_at_start {
-                next_step(0, p)
-            } else {
-                0
-            },
+            pct: 0,
+            limited: false,
             slept_before: vcpus.iter().map(|v| v.throttle.slept()).collect(),
         };
-        if c.pct > 0 {
-            for v in &c.vcpus {
-                v.throttle.set(c.pct);
-            }
-            log::info!(
-                "migration: auto-converge throttles every vCPU to {} % from the start",
-                c.pct
-            );
+        let at_start = match mechanism {
+            Mechanism::AutoConverge => p.x_cpu_throttle_at_start,
+            Mechanism::DirtyLimit => p.x_vcpu_dirty_limit_at_start,
+        };
+        if at_start {
+            c.step(p, " from the start");
         }
         c
     }
 
-    /// After a sync: the bytes dirtied since the last one and the bytes sent
-    /// meanwhile; returns the throttle in force, % (0: none).
-    pub(crate) fn after_sync(&mut self, dirtied: u64, sent: u64, p: &Parameters) -> u32 {
-        let (start, d, s) = &mut self.period;
-        *d += dirtied;
-        *s += sent;
-        if start.elapsed() < PERIOD {
-            return self.pct;
-        }
-        if *d > *s * TRIGGER_PERCENT / 100 {
-            self.high += 1;
-            if self.high >= 2 {
-                self.high = 0;
+    /// The next step: a higher throttle, or the dirty limits.
+    fn step(&mut self, p: &Parameters, when: &str) {
+        match self.mechanism {
+            Mechanism::AutoConverge => {
                 self.pct = next_step(self.pct, p);
                 for v in &self.vcpus {
                     v.throttle.set(self.pct);
                 }
                 log::info!(
-                    "migration: auto-converge throttles every vCPU to {} %",
+                    "migration: auto-converge throttles every vCPU to {} %{when}",
                     self.pct
                 );
             }
+            Mechanism::DirtyLimit if !self.limited => {
+                let Some(limits) = &self.limits else {
+                    return;
+                };
+                match limits.for_migration(p.vcpu_dirty_limit, p.x_vcpu_dirty_limit_period) {
+                    Ok(()) => {
+                        self.limited = true;
+                        log::info!(
+                            "migration: dirty-limit limits every vCPU to {} MB/s{when}",
+                            p.vcpu_dirty_limit
+                        );
+                    }
+                    Err(e) => log::warn!("migration: dirty-limit: {e}"),
+                }
+            }
+            Mechanism::DirtyLimit => {}
+        }
+    }
+
+    /// After a sync: the bytes dirtied since the last one and the bytes sent
+    /// meanwhile.
+    pub(crate) fn after_sync(&mut self, dirtied: u64, sent: u64, p: &Parameters) {
+        let (start, d, s) = &mut self.period;
+        *d += dirtied;
+        *s += sent;
+        if start.elapsed() < PERIOD {
+            return;
+        }
+        if *d > *s * TRIGGER_PERCENT / 100 {
+            self.high += 1;
+            if self.high >= 2 {
+                self.high = 0;
+                self.step(p, "");
+            }
         }
         self.period = (Instant::now(), 0, 0);
+    }
+
+    /// The auto-converge throttle in force, % (0: none).
+    #[cfg(test)]
+    fn percentage(&self) -> u32 {
         self.pct
     }
 
-    /// The throttle in force, %.
-    pub(crate) fn percentage(&self) -> u32 {
-        self.pct
+    /// Puts what the throttle has done in `query-migrate`'s record, as QEMU
+    /// shows it: the percentage once auto-converge has throttled, the
+    /// dirty-limit figures once it limits; kvmscope's `x-cpu-throttled` with
+    /// either.
+    pub(crate) fn report(&self, info: &mut MigrationInfo) {
+        if self.pct > 0 {
+            info.cpu_throttle_percentage = Some(u64::from(self.pct));
+        } else if let Some(limits) = self.limits.as_ref().filter(|_| self.limited) {
+            info.dirty_limit_throttle_time_per_round = Some(limits.throttle_time_per_round());
+            info.dirty_limit_ring_full_time = Some(limits.ring_full_time());
+        } else {
+            return;
+        }
+        info.x_cpu_throttled = Some(self.throttled());
     }
 
     /// Each vCPU's time asleep for the throttle since the migration started.
-    pub(crate) fn throttled(&self) -> GuestStall {
+    fn throttled(&self) -> GuestStall {
         let vcpus: Vec<VcpuStall> = self
             .vcpus
             .iter()
@@ -111,10 +177,13 @@ impl AutoConverge {
     }
 }
 
-impl Drop for AutoConverge {
+impl Drop for Converge {
     fn drop(&mut self) {
         for v in &self.vcpus {
             v.throttle.set(0);
+        }
+        if let Some(limits) = &self.limits {
+            limits.end_migration();
         }
     }
 }
@@ -155,25 +224,27 @@ mod tests {
     fn two_fast_periods_in_a_row_throttle_and_dropping_lifts_it() {
         let v = vcpus();
         let p = Parameters::default();
-        let mut c = AutoConverge::new(&v, &p);
+        let mut c = Converge::new(Mechanism::AutoConverge, &v, None, &p);
         c.period.0 -= PERIOD;
-        assert_eq!(
-            c.after_sync(60, 100, &p),
-            0,
-            "one fast period is not enough"
-        );
+        c.after_sync(60, 100, &p);
+        assert_eq!(c.percentage(), 0, "one fast period is not enough");
         c.period.0 -= PERIOD;
-        assert_eq!(c.after_sync(60, 100, &p), 20);
+        c.after_sync(60, 100, &p);
+        assert_eq!(c.percentage(), 20);
         assert!(v.iter().all(|v| v.throttle.percentage() == 20));
         // A slow period between does not reset the count (QEMU's rule).
         c.period.0 -= PERIOD;
-        assert_eq!(c.after_sync(60, 100, &p), 20);
+        c.after_sync(60, 100, &p);
+        assert_eq!(c.percentage(), 20);
         c.period.0 -= PERIOD;
-        assert_eq!(c.after_sync(10, 100, &p), 20);
+        c.after_sync(10, 100, &p);
+        assert_eq!(c.percentage(), 20);
         c.period.0 -= PERIOD;
-        assert_eq!(c.after_sync(60, 100, &p), 30);
+        c.after_sync(60, 100, &p);
+        assert_eq!(c.percentage(), 30);
         // Within a period, nothing is decided.
-        assert_eq!(c.after_sync(1000, 1, &p), 30);
+        c.after_sync(1000, 1, &p);
+        assert_eq!(c.percentage(), 30);
         drop(c);
         assert!(v.iter().all(|v| v.throttle.percentage() == 0), "lifted");
         let at_start = Parameters {
@@ -181,7 +252,7 @@ mod tests {
             x_cpu_throttle_at_start: true,
             ..Parameters::default()
         };
-        let c = AutoConverge::new(&v, &at_start);
+        let c = Converge::new(Mechanism::AutoConverge, &v, None, &at_start);
         assert!(
             v.iter().all(|v| v.throttle.percentage() == 63),
             "from the start"

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use strum::IntoEnumIterator;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::converge::Mechanism;
 use super::format;
 use super::transport::{self, Uri};
 use crate::protocol::events::{EventKind, MigrationChange};
-use strum::IntoEnumIterator;
-
 use crate::protocol::migration::{Capability, CapabilityStatus, SetCapabilities};
 use crate::protocol::migration::{MigrationInfo, Parameters, RamStats, SetParameters, Status};
 
@@ -42,9 +42,20 @@ pub enum Error {
     /// Capabilities cannot change while a migration runs (QEMU's words).
     #[error("There's a migration process in progress")]
     CapabilitiesBusy,
-    /// A capability kvmscope knows of but does not offer.
-    #[error("the {0} capability is not offered by this VMM yet")]
-    NotOffered(&'static str),
+    /// `dirty-limit` on a VM without a dirty ring (QEMU's words, then ours).
+    #[error("dirty-limit requires KVM with accelerator property 'dirty-ring-size' set (start the VM with --dirty-log ring)")]
+    DirtyLimitNeedsRing,
+    /// `dirty-limit` and `auto-converge` together (QEMU's words).
+    #[error("dirty-limit conflicts with auto-converge either of then available currently")]
+    DirtyLimitConflict,
+    /// `vcpu-dirty-limit` below 1 MB/s (the value given).
+    #[error("Parameter 'vcpu-dirty-limit' expects a rate of at least 1 MB/s, not {0}")]
+    DirtyLimit(u64),
+    /// `x-vcpu-dirty-limit-period` out of 1 to 1000 ms (the value given).
+    #[error(
+        "Parameter 'x-vcpu-dirty-limit-period' expects a value between 1 and 1000 ms, not {0}"
+    )]
+    DirtyLimitPeriod(u64),
     /// The `migration` thread could not be spawned.
     #[error("starting the migration thread")]
     Spawn(#[source] std::io::Error),
@@ -58,6 +69,8 @@ struct Inner {
     params: Parameters,
     /// `auto-converge` is on.
     auto_converge: bool,
+    /// `dirty-limit` is on.
+    dirty_limit: bool,
     /// Each event with the run state's change count when it was queued, so
     /// the control plane can put `STOP`/`RESUME` in order around it.
     events: VecDeque<(u64, Event)>,
@@ -98,6 +111,7 @@ impl Migration {
                 info: MigrationInfo::default(),
                 params: Parameters::default(),
                 auto_converge: false,
+                dirty_limit: false,
                 events: VecDeque::new(),
                 started: None,
                 incoming: false,
@@ -198,6 +212,15 @@ impl Migration {
                 return Err(Error::Throttle(name, v));
             }
         }
+        if let Some(v) = p.vcpu_dirty_limit.filter(|&v| v == 0) {
+            return Err(Error::DirtyLimit(v));
+        }
+        if let Some(v) = p
+            .x_vcpu_dirty_limit_period
+            .filter(|v| !(1..=1000).contains(v))
+        {
+            return Err(Error::DirtyLimitPeriod(v));
+        }
         let mut inner = self.lock();
         let params = &mut inner.params;
         params.max_bandwidth = p.max_bandwidth.unwrap_or(params.max_bandwidth);
@@ -214,46 +237,64 @@ impl Migration {
         params.x_cpu_throttle_at_start = p
             .x_cpu_throttle_at_start
             .unwrap_or(params.x_cpu_throttle_at_start);
+        params.vcpu_dirty_limit = p.vcpu_dirty_limit.unwrap_or(params.vcpu_dirty_limit);
+        params.x_vcpu_dirty_limit_period = p
+            .x_vcpu_dirty_limit_period
+            .unwrap_or(params.x_vcpu_dirty_limit_period);
+        params.x_vcpu_dirty_limit_at_start = p
+            .x_vcpu_dirty_limit_at_start
+            .unwrap_or(params.x_vcpu_dirty_limit_at_start);
         Ok(())
     }
 
     /// `query-migrate-capabilities`.
     pub(crate) fn capabilities(&self) -> Vec<CapabilityStatus> {
-        let auto_converge = self.lock().auto_converge;
+        let inner = self.lock();
         Capability::iter()
             .map(|capability| CapabilityStatus {
                 capability,
-                state: capability == Capability::AutoConverge && auto_converge,
+                state: match capability {
+                    Capability::AutoConverge => inner.auto_converge,
+                    Capability::DirtyLimit => inner.dirty_limit,
+                },
             })
             .collect()
     }
 
-    /// Whether `auto-converge` is on.
-    pub(crate) fn auto_converge(&self) -> bool {
-        self.lock().auto_converge
+    /// The mechanism that makes the migration converge, if a capability asks for one.
+    pub(crate) fn mechanism(&self) -> Option<Mechanism> {
+        let inner = self.lock();
+        if inner.dirty_limit {
+            Some(Mechanism::DirtyLimit)
+        } else {
+            inner.auto_converge.then_some(Mechanism::AutoConverge)
+        }
     }
 
-    /// `migrate-set-capabilities`: all or nothing, not while a migration runs.
+    /// `migrate-set-capabilities`: all or nothing, not while a migration
+    /// runs; `ring`: whether the VM has a dirty ring (`dirty-limit` needs one).
     ///
     /// # Errors
-    /// A migration runs, or a capability is not offered.
-    pub(crate) fn set_capabilities(&self, caps: &SetCapabilities) -> Result<(), Error> {
+    /// A migration runs, `dirty-limit` without a ring or with `auto-converge`.
+    pub(crate) fn set_capabilities(&self, caps: &SetCapabilities, ring: bool) -> Result<(), Error> {
         let mut inner = self.lock();
         if inner.info.status.is_some_and(|s| !s.is_final()) {
             return Err(Error::CapabilitiesBusy);
         }
-        if caps
-            .capabilities
-            .iter()
-            .any(|c| c.capability == Capability::DirtyLimit && c.state)
-        {
-            return Err(Error::NotOffered("dirty-limit"));
-        }
+        let (mut auto_converge, mut dirty_limit) = (inner.auto_converge, inner.dirty_limit);
         for c in &caps.capabilities {
-            if c.capability == Capability::AutoConverge {
-                inner.auto_converge = c.state;
+            match c.capability {
+                Capability::AutoConverge => auto_converge = c.state,
+                Capability::DirtyLimit => dirty_limit = c.state,
             }
         }
+        if dirty_limit && !ring {
+            return Err(Error::DirtyLimitNeedsRing);
+        }
+        if dirty_limit && auto_converge {
+            return Err(Error::DirtyLimitConflict);
+        }
+        (inner.auto_converge, inner.dirty_limit) = (auto_converge, dirty_limit);
         Ok(())
     }
 

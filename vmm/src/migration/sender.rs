@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use zerocopy::IntoBytes;
 
-use super::converge::AutoConverge;
+use super::converge::Converge;
 use super::device;
 use super::format::{self, Kind, PassRecord, Writer};
 use super::handle::Migration;
@@ -132,12 +132,8 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
         m.update(|i| i.x_guest_stall = Some(stall));
     }
     // The throttle is lifted here, whatever the outcome, before the guest runs on.
-    if let Some(c) = p.converge.take().filter(|c| c.percentage() > 0) {
-        let (pct, throttled) = (u64::from(c.percentage()), c.throttled());
-        m.update(|i| {
-            i.cpu_throttle_percentage = Some(pct);
-            i.x_cpu_throttled = Some(throttled);
-        });
+    if let Some(c) = p.converge.take() {
+        m.update(|i| c.report(i));
     }
     drop(p);
     match result {
@@ -211,7 +207,7 @@ struct Precopy<'a> {
     /// What the migration has cost the guest since it took the dirty log.
     observed: Option<Period>,
     /// The auto-converge throttle, with the capability on (lifted when dropped).
-    converge: Option<AutoConverge>,
+    converge: Option<Converge>,
 }
 
 /// The pass in progress: pages it sends, and the pages sent before it, its
@@ -297,10 +293,14 @@ impl<'a> Precopy<'a> {
         self.w = Some(w);
         self.expect_reply(format::REPLY_READY)?;
         self.observed = self.baseline.take().map(Baseline::begin);
-        self.converge = self
-            .m
-            .auto_converge()
-            .then(|| AutoConverge::new(&self.src.vcpus, &self.m.parameters()));
+        self.converge = self.m.mechanism().map(|mechanism| {
+            Converge::new(
+                mechanism,
+                &self.src.vcpus,
+                Some(self.src.dirty_limits.clone()),
+                &self.m.parameters(),
+            )
+        });
         let consumer = self.src.dirty.subscribe()?;
         let setup = self.m.elapsed_ms();
         self.m.update(|i| i.setup_time = Some(setup));
@@ -346,10 +346,9 @@ impl<'a> Precopy<'a> {
             self.wire_bytes() - bytes0,
         );
         let params = self.m.parameters();
-        let throttle = self.converge.as_mut().map(|c| {
-            let pct = c.after_sync(dirtied, pass_bytes, &params);
-            (u64::from(pct), c.throttled())
-        });
+        if let Some(c) = self.converge.as_mut() {
+            c.after_sync(dirtied, pass_bytes, &params);
+        }
         let expected = expected_ms(dirty.count(), self.last_rate);
         let note = self.convergence_note(dirty.count(), expected);
         self.prev_dirty = Some(dirty.count());
@@ -360,10 +359,8 @@ impl<'a> Precopy<'a> {
             i.expected_downtime = Some(expected);
             i.x_not_converging = note;
             i.x_guest_stall = stall;
-            // As QEMU: the percentage only once auto-converge has throttled.
-            if let Some((pct, throttled)) = throttle.filter(|(pct, _)| *pct > 0) {
-                i.cpu_throttle_percentage = Some(pct);
-                i.x_cpu_throttled = Some(throttled);
+            if let Some(c) = &self.converge {
+                c.report(i);
             }
         });
         self.m

@@ -28,6 +28,8 @@ pub(crate) struct Source {
     pub(crate) msr_list: Arc<Vec<u32>>,
     /// The VM as the stream's config section describes it.
     pub(crate) config: ConfigRecord,
+    /// The vCPUs' dirty limits (the `dirty-limit` capability sets them).
+    pub(crate) dirty_limits: Arc<crate::vcpu::dirty_limit::Limits>,
 }
 
 impl Source {
@@ -58,6 +60,7 @@ impl Source {
             vcpus: vm.vcpus.iter().map(|v| v.shared.clone()).collect(),
             main: vm.event_sender(),
             msr_list: Arc::new(msr_list),
+            dirty_limits: vm.dirty_limits.clone(),
             config: ConfigRecord {
                 memory: c.memory,
                 tsc_khz,

@@ -138,10 +138,18 @@ pub struct MigrationInfo {
     /// QEMU's: the auto-converge throttle in force (or last in force), %.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_throttle_percentage: Option<u64>,
-    /// kvmscope: the time each vCPU slept for auto-converge since the
-    /// migration started (its guest did not run).
+    /// kvmscope: the time each vCPU slept for auto-converge or its dirty
+    /// limit since the migration started (its guest did not run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_cpu_throttled: Option<GuestStall>,
+    /// QEMU's, with dirty-limit once it limits: the longest time a vCPU
+    /// slept per ring's worth of pages over its last period, us.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dirty_limit_throttle_time_per_round: Option<u64>,
+    /// QEMU's, with dirty-limit once it limits: the time a vCPU fills its
+    /// ring at the vCPUs' mean dirty rate, us.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dirty_limit_ring_full_time: Option<u64>,
 }
 
 /// The vCPU time a guest lost to dirty tracking over a period, as
@@ -163,6 +171,38 @@ pub struct VcpuStall {
     pub cpu_index: usize,
     /// Its stall, ms.
     pub ms: f64,
+}
+
+/// QEMU's `DirtyLimitInfo` (`query-vcpu-dirty-limit`), rates in MB/s (2^20 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DirtyLimitInfo {
+    /// The vCPU's index.
+    pub cpu_index: usize,
+    /// Its limit.
+    pub limit_rate: u64,
+    /// Its dirty rate over the last period of its limit.
+    pub current_rate: u64,
+}
+
+/// `set-vcpu-dirty-limit`'s arguments (QEMU's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SetDirtyLimitArgs {
+    /// One vCPU; every vCPU when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_index: Option<usize>,
+    /// The limit, MB/s; 0 cancels it.
+    pub dirty_rate: u64,
+}
+
+/// `cancel-vcpu-dirty-limit`'s arguments (QEMU's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CancelDirtyLimitArgs {
+    /// One vCPU; every vCPU when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_index: Option<usize>,
 }
 
 /// QEMU's `MigrationParameters`, the part kvmscope uses.
@@ -188,6 +228,16 @@ pub struct Parameters {
     /// pre-copy starts instead of after two periods of dirtying too fast (the
     /// throttle `query-readiness` predicts is needed: `converge`).
     pub(crate) x_cpu_throttle_at_start: bool,
+    /// The dirty limit the `dirty-limit` capability sets on every vCPU, MB/s
+    /// (QEMU's default 1).
+    pub(crate) vcpu_dirty_limit: u64,
+    /// The period a vCPU's dirty rate is measured and limited over, ms
+    /// (QEMU's default 1000).
+    pub(crate) x_vcpu_dirty_limit_period: u64,
+    /// kvmscope: with dirty-limit, set the limit as pre-copy starts instead
+    /// of after two periods of dirtying too fast (the limit
+    /// `query-readiness` predicts is needed: `converge`).
+    pub(crate) x_vcpu_dirty_limit_at_start: bool,
 }
 
 impl Parameters {
@@ -209,6 +259,9 @@ impl Default for Parameters {
             cpu_throttle_increment: 10,
             max_cpu_throttle: 99,
             x_cpu_throttle_at_start: false,
+            vcpu_dirty_limit: 1,
+            x_vcpu_dirty_limit_period: crate::vcpu::dirty_limit::DEFAULT_PERIOD_MS,
+            x_vcpu_dirty_limit_at_start: false,
         }
     }
 }
@@ -241,6 +294,15 @@ pub struct SetParameters {
     /// New [`Parameters::x_cpu_throttle_at_start`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) x_cpu_throttle_at_start: Option<bool>,
+    /// New [`Parameters::vcpu_dirty_limit`], MB/s, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) vcpu_dirty_limit: Option<u64>,
+    /// New [`Parameters::x_vcpu_dirty_limit_period`], 1 to 1000 ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) x_vcpu_dirty_limit_period: Option<u64>,
+    /// New [`Parameters::x_vcpu_dirty_limit_at_start`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) x_vcpu_dirty_limit_at_start: Option<bool>,
 }
 
 /// A migration capability (QEMU's `MigrationCapability`, the ones kvmscope knows).
@@ -250,8 +312,9 @@ pub enum Capability {
     /// Throttle every vCPU in steps while the guest dirties memory faster
     /// than half the rate it is sent (`cpu-throttle-*` parameters).
     AutoConverge,
-    /// Limit each vCPU's dirty rate through the dirty ring (QEMU 8.1+);
-    /// not offered by this kvmscope yet: setting it is refused.
+    /// Limit each vCPU's dirty rate to `vcpu-dirty-limit` through the dirty
+    /// ring once the guest dirties too fast (QEMU 8.1+); a ring VM only, not
+    /// with auto-converge.
     DirtyLimit,
 }
 

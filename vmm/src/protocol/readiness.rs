@@ -214,6 +214,22 @@ pub struct ConvergeReply {
     pub prediction: PredictionReply,
 }
 
+/// The dirty limit that makes a migration converge
+/// (`query-readiness`'s `converge_dirty_limit`, a ring VM's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DirtyLimitReply {
+    /// The limit per vCPU, MB/s (set it as `vcpu-dirty-limit`, with
+    /// `x-vcpu-dirty-limit-at-start` and the `dirty-limit` capability).
+    pub vcpu_dirty_limit: u64,
+    /// The vCPUs it slows (the others dirty less than it).
+    pub vcpus: Vec<usize>,
+    /// vCPU time the limit would take from the guest, seconds.
+    pub throttle_seconds: Option<f64>,
+    /// The limited migration's prediction.
+    pub prediction: PredictionReply,
+}
+
 /// The link a prediction is for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LinkFigure {
@@ -252,6 +268,10 @@ pub struct ReadinessReport {
     /// or none is needed).
     #[serde(default)]
     pub converge: Option<ConvergeReply>,
+    /// When it does not converge on a ring VM: the largest dirty limit per
+    /// vCPU that would make it, and that migration's prediction.
+    #[serde(default)]
+    pub converge_dirty_limit: Option<DirtyLimitReply>,
     /// The link and downtime limit the prediction is for.
     pub link: LinkFigure,
     /// The report for people.

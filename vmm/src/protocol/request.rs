@@ -312,6 +312,12 @@ pub enum Command {
     #[serde(rename = "migrate_cancel")]
     #[strum(serialize = "migrate_cancel")]
     MigrateCancel(NoArgs),
+    /// Limit the dirty page rate of one vCPU or all (a ring VM; QEMU 8.1+'s).
+    SetVcpuDirtyLimit(super::migration::SetDirtyLimitArgs),
+    /// Lift the dirty limit of one vCPU or all.
+    CancelVcpuDirtyLimit(super::migration::CancelDirtyLimitArgs),
+    /// The vCPUs with a dirty limit: limit and current rate, MB/s.
+    QueryVcpuDirtyLimit(NoArgs),
 }
 
 impl Command {

@@ -203,6 +203,7 @@ fn every_listed_command_round_trips_through_serde() {
             "get-stats-fd" | "query-stats" => json!({"target": "vm"}),
             "guest-command" => json!({"vcpu": 0, "command": "exits count=1"}),
             "migrate" => json!({"uri": "unix:/tmp/m.sock"}),
+            "set-vcpu-dirty-limit" => json!({"dirty-rate": 5}),
             "migrate-set-capabilities" => {
                 json!({"capabilities": [{"capability": "auto-converge", "state": true}]})
             }

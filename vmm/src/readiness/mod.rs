@@ -95,6 +95,7 @@ pub(crate) fn measure(
         scan,
         prediction: None,
         converge: None,
+        converge_dirty_limit: None,
         estimate_used: "",
         link: report::Link::default(),
     };

@@ -9,8 +9,8 @@ use super::model::{self, Inputs, Prediction};
 use super::options::Options;
 use super::scan::Scan;
 use crate::protocol::readiness::{
-    ConvergeReply, DirtyRateFigure, EstimateError, LinkFigure, MappedFigure, Pages,
-    ReadinessReport, ScanFigure, StallFigure, TimedPages, VcpuStallFigure,
+    ConvergeReply, DirtyLimitReply, DirtyRateFigure, EstimateError, LinkFigure, MappedFigure,
+    Pages, ReadinessReport, ScanFigure, StallFigure, TimedPages, VcpuStallFigure,
 };
 use crate::units::{format_bytes, saturating_u64};
 use crate::vcpu::stall::{Stall, FAULT_COST};
@@ -103,6 +103,10 @@ pub struct Report {
     /// When the prediction does not converge: the smallest auto-converge
     /// throttle under which it would (`None` also when even 99 % would not).
     pub converge: Option<Converge>,
+    /// When the prediction does not converge on a ring VM: the largest dirty
+    /// limit per vCPU under which it would (`None` also when even 1 MB/s
+    /// would not, or the window gave no per-vCPU rates).
+    pub converge_dirty_limit: Option<LimitChoice>,
     /// Which non-zero estimate the prediction used.
     pub estimate_used: &'static str,
     /// The link and downtime limit the prediction is for.
@@ -267,10 +271,21 @@ impl Report {
             costs: model::Costs::default(),
         };
         let prediction = model::predict(&inputs)?;
-        self.converge = if prediction.converges {
-            None
+        let entry_rates = self.dirty_rate.as_ref().and_then(|d| {
+            let secs = d.value.window.as_secs_f64();
+            d.value.per_vcpu.as_ref().filter(|_| secs > 0.0).map(|e| {
+                e.iter()
+                    .map(|&n| n as f64 * 4096.0 / secs)
+                    .collect::<Vec<_>>()
+            })
+        });
+        (self.converge, self.converge_dirty_limit) = if prediction.converges {
+            (None, None)
         } else {
-            smallest_throttle(&inputs)
+            (
+                smallest_throttle(&inputs),
+                entry_rates.and_then(|r| largest_dirty_limit(&inputs, &r)),
+            )
         };
         self.prediction = Some(prediction);
         self.estimate_used = used;
@@ -329,6 +344,12 @@ impl Report {
             prediction: self.prediction.as_ref().map(Prediction::to_reply),
             converge: self.converge.as_ref().map(|c| ConvergeReply {
                 cpu_throttle_percentage: u64::from(c.pct),
+                throttle_seconds: Some(c.throttle_seconds).filter(|s| s.is_finite()),
+                prediction: c.prediction.to_reply(),
+            }),
+            converge_dirty_limit: self.converge_dirty_limit.as_ref().map(|c| DirtyLimitReply {
+                vcpu_dirty_limit: c.mb,
+                vcpus: c.vcpus.clone(),
                 throttle_seconds: Some(c.throttle_seconds).filter(|s| s.is_finite()),
                 prediction: c.prediction.to_reply(),
             }),
@@ -509,6 +530,18 @@ impl Report {
                     let _ = writeln!(s, "no throttle up to 99 % would make it converge");
                 }
             }
+            if let Some(c) = &self.converge_dirty_limit {
+                let _ = writeln!(
+                    s,
+                    "converges with dirty-limit at {} MB/s per vCPU from the start (vcpu-dirty-limit {0}, x-vcpu-dirty-limit-at-start; limits vCPUs {:?}): transferred {}  total-time {}  downtime {}; the limit takes {} of vCPU time",
+                    c.mb,
+                    c.vcpus,
+                    format_bytes(c.prediction.total_bytes),
+                    ms(c.prediction.total_seconds),
+                    ms(c.prediction.downtime),
+                    ms(c.throttle_seconds)
+                );
+            }
         }
     }
 }
@@ -577,6 +610,7 @@ mod tests {
             }),
             prediction: None,
             converge: None,
+            converge_dirty_limit: None,
             estimate_used: "",
             link: Link::default(),
         }
@@ -696,6 +730,7 @@ mod tests {
             keys(&wire),
             [
                 "converge",
+                "converge_dirty_limit",
                 "dirty_rate",
                 "estimate_used",
                 "guest_stall",
@@ -798,6 +833,49 @@ mod tests {
     }
 
     #[test]
+    fn the_dirty_limit_chosen_is_the_largest_that_converges_and_spares_the_quiet_vcpu() {
+        use crate::vcpu::dirty_limit::MB;
+        let inputs = Inputs {
+            total_pages: 32_768,
+            nonzero_pages: 32_768,
+            dirty_rate: 20_000.0,
+            working_set: Some(8_192),
+            backed_pages: None,
+            bandwidth: Some(20e6),
+            max_downtime: 0.3,
+            vcpus: 2,
+            max_rounds: None,
+            stall_per_page: None,
+            costs: model::Costs::default(),
+        };
+        // vCPU 0 writes it all; vCPU 1 dirties 0.5 MB/s.
+        let rates = [20_000.0 * 4096.0, 0.5 * MB as f64];
+        let c = largest_dirty_limit(&inputs, &rates).expect("a limit converges");
+        assert!(c.prediction.converges);
+        assert_eq!(c.vcpus, vec![0], "only the writer is limited");
+        // One MB/s more: vCPU 0's share is capped at it, vCPU 1's kept.
+        let more = ((c.mb + 1) * MB) as f64 / 4096.0;
+        let total = rates.iter().sum::<f64>();
+        let looser = Inputs {
+            dirty_rate: (inputs.dirty_rate * rates[0] / total).min(more)
+                + inputs.dirty_rate * rates[1] / total,
+            ..inputs
+        };
+        assert!(
+            !model::predict(&looser).unwrap().converges,
+            "{} MB/s is the largest",
+            c.mb
+        );
+        assert!(c.throttle_seconds > 0.0);
+        let hopeless = Inputs {
+            bandwidth: Some(1.0),
+            ..inputs
+        };
+        assert!(largest_dirty_limit(&hopeless, &rates).is_none());
+        assert!(largest_dirty_limit(&inputs, &[0.0, 0.0]).is_none());
+    }
+
+    #[test]
     fn the_throttle_chosen_is_the_smallest_that_converges() {
         let inputs = Inputs {
             total_pages: 32_768,
@@ -870,6 +948,81 @@ fn smallest_throttle(inputs: &Inputs) -> Option<Converge> {
         throttle_seconds: prediction.total_seconds * f64::from(hi) / 100.0 * inputs.vcpus as f64,
         prediction,
     })
+}
+
+/// The largest dirty limit per vCPU, MB/s (2^20 bytes), under which the
+/// migration `inputs` describe would converge, and its prediction. `rates`
+/// are the vCPUs' ring-entry rates over the window, bytes/s; the model's
+/// write rate is shared out in their proportion. A limit `L` caps a vCPU's
+/// ring entries, so a vCPU over it writes at most `L` of new pages: its
+/// share of the write rate, capped at `L` (the model's rate of a saturated
+/// working set is a lower bound, so the cap is what holds). A vCPU under the
+/// limit is not slowed. No round limit, as for the throttle.
+fn largest_dirty_limit(inputs: &Inputs, rates: &[f64]) -> Option<LimitChoice> {
+    use crate::vcpu::dirty_limit::MB;
+    let total: f64 = rates.iter().sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let under = |mb: u64| {
+        let limit = (mb * MB) as f64;
+        let dirty_rate = rates
+            .iter()
+            .map(|&r| {
+                let share = inputs.dirty_rate * r / total;
+                if r > limit {
+                    share.min(limit / 4096.0)
+                } else {
+                    share
+                }
+            })
+            .sum();
+        let limited = Inputs {
+            dirty_rate,
+            max_rounds: None,
+            ..*inputs
+        };
+        model::predict(&limited).ok().filter(|p| p.converges)
+    };
+    under(1)?;
+    // Convergence only gets harder as the limit grows: the last that
+    // converges, by bisection up to the fastest vCPU's rate.
+    let top = saturating_u64(rates.iter().copied().fold(0.0, f64::max) / MB as f64) + 1;
+    let (mut lo, mut hi) = (1u64, top);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if under(mid).is_some() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let limit = (lo * MB) as f64;
+    under(lo).map(|prediction| LimitChoice {
+        mb: lo,
+        vcpus: (0..rates.len()).filter(|&i| rates[i] > limit).collect(),
+        // A limited vCPU sleeps the share of its time it would dirty over
+        // the limit, for the whole migration.
+        throttle_seconds: prediction.total_seconds
+            * rates
+                .iter()
+                .map(|r| (1.0 - limit / r).max(0.0))
+                .sum::<f64>(),
+        prediction,
+    })
+}
+
+/// The largest dirty limit that makes a migration converge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitChoice {
+    /// The limit per vCPU, MB/s.
+    pub(crate) mb: u64,
+    /// The vCPUs it slows (the others dirty less than it).
+    pub(crate) vcpus: Vec<usize>,
+    /// The limited migration's prediction.
+    pub(crate) prediction: Prediction,
+    /// vCPU time the limit takes from the guest over it, seconds.
+    pub(crate) throttle_seconds: f64,
 }
 
 /// The smallest auto-converge throttle that makes a migration converge.

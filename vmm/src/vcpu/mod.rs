@@ -20,6 +20,7 @@ use crate::kick;
 use crate::memory::GuestMemory;
 use crate::workload::Command;
 
+pub mod dirty_limit;
 pub(crate) mod faults;
 mod parked;
 mod registers;
@@ -57,6 +58,8 @@ pub(crate) struct Vcpu {
     resume: Option<Site>,
     /// While throttled: when the running timeslice ends.
     slice_end: Option<Instant>,
+    /// While its dirty rate is limited: its token bucket.
+    bucket: Option<dirty_limit::Bucket>,
 }
 
 /// What a vCPU thread tells whoever runs the VM. The vCPU knows nothing of
@@ -107,6 +110,7 @@ impl Vcpu {
             waiting: None,
             resume: None,
             slice_end: None,
+            bucket: None,
         }
     }
 
@@ -244,6 +248,9 @@ impl Vcpu {
                 return s;
             }
             self.throttle_pause();
+            if let Some(s) = self.dirty_limit_pause() {
+                return s;
+            }
             if self.shared.pending.load(Ordering::Acquire) {
                 continue;
             }
@@ -283,6 +290,71 @@ impl Vcpu {
         let after = Instant::now();
         self.shared.throttle.add_slept(after - now);
         self.slice_end = Some(after + throttle::TIMESLICE);
+    }
+
+    /// While its dirty rate is limited (`dirty_limit`): after a harvest of its
+    /// ring or at the end of each timeslice, harvests the ring, spends what
+    /// it holds and sleeps off any debt, in short steps, giving way to a
+    /// pause, a stop or a lifted limit at once.
+    fn dirty_limit_pause(&mut self) -> Option<State> {
+        let limit = self.shared.dirty_limit.limit_mb() * dirty_limit::MB;
+        let Some(dirty) = self.dirty.clone().filter(|_| limit > 0) else {
+            self.bucket = None;
+            return None;
+        };
+        let index = self.shared.index;
+        let period = self.shared.dirty_limit.period();
+        let harvest = || {
+            dirty
+                .harvest_vcpu(index)
+                .map(|_| dirty.ring_entries(index))
+                .map_err(|e| VcpuError::HarvestDirtyRing(Arc::new(e)))
+        };
+        let now = Instant::now();
+        let bucket = match &mut self.bucket {
+            Some(b) if !b.due(now, dirty.ring_entries(index)) => return None,
+            Some(b) => b,
+            // What the ring held before the limit is not the limit's: the
+            // count starts after a harvest.
+            None => match harvest() {
+                Ok(entries) => self
+                    .bucket
+                    .insert(dirty_limit::Bucket::new(now, entries, limit, period)),
+                Err(e) => return Some(State::Finished(Outcome::Error(e))),
+            },
+        };
+        let entries = match harvest() {
+            Ok(entries) => entries,
+            Err(e) => return Some(State::Finished(Outcome::Error(e))),
+        };
+        let owed = bucket.owe(now, entries, limit, period);
+        let until = now + owed;
+        let mut at = now;
+        // Slept in steps, each counted as it ends (the time slept is current
+        // for readers), until paid, paused, stopped or lifted.
+        while !owed.is_zero() {
+            let left = until.saturating_duration_since(at);
+            if left.is_zero()
+                || self.shared.pending.load(Ordering::Acquire)
+                || self.shared.dirty_limit.limit_mb() == 0
+            {
+                break;
+            }
+            std::thread::sleep(left.min(throttle::STEP));
+            let after = Instant::now();
+            self.shared.throttle.add_slept(after - at);
+            bucket.slept(after - at);
+            at = after;
+        }
+        bucket.next_check = at + throttle::TIMESLICE;
+        let ring = match dirty.mode() {
+            crate::dirty::DirtyMode::Ring(n) => u64::from(n),
+            crate::dirty::DirtyMode::Bitmap => 0,
+        };
+        if let Some(f) = bucket.end_period(at, period, ring) {
+            self.shared.dirty_limit.publish(f);
+        }
+        None
     }
 
     /// One KVM_RUN, with the exit copied out of `kvm_run`.

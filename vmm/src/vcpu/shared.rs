@@ -173,7 +173,10 @@ pub struct VcpuShared {
     /// When the last observation of the guest (a window, a migration) ended.
     pub(crate) observed_until: Mutex<Option<Instant>>,
     /// Its CPU throttle (auto-converge), 0 % unless a migration sets one.
+    /// Its time slept counts the dirty limit's sleeps too.
     pub throttle: super::throttle::Throttle,
+    /// Its dirty page rate limit (`set-vcpu-dirty-limit`, `dirty-limit`).
+    pub dirty_limit: super::dirty_limit::DirtyLimit,
 }
 
 impl VcpuShared {
@@ -199,11 +202,18 @@ impl VcpuShared {
             observed_until: Mutex::new(None),
             stall_ns: AtomicU64::new(0),
             throttle: super::throttle::Throttle::default(),
+            dirty_limit: super::dirty_limit::DirtyLimit::default(),
             watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
             wake: Condvar::new(),
             pending: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the vCPU must be kicked out of `KVM_RUN` every timeslice: it
+    /// is throttled, or its dirty rate limited.
+    pub(crate) fn throttled(&self) -> bool {
+        self.throttle.percentage() > 0 || self.dirty_limit.limit_mb() > 0
     }
 
     /// Tells the watcher, if any, that results or the state changed.

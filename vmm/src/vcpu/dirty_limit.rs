@@ -1,0 +1,420 @@
+//! A vCPU's dirty page rate limit: QEMU's `set-vcpu-dirty-limit` and its
+//! `dirty-limit` migration capability, done from exact counts.
+//!
+//! QEMU (8.1+) measures each vCPU's dirty rate once a period from its dirty
+//! ring and adjusts a sleep taken on every ring-full exit until the measured
+//! rate meets the limit, which takes several periods to settle. kvmscope
+//! counts the ring entries each vCPU has produced (every harvest, whoever
+//! does it: `DirtyLog::ring_entries`) and keeps a token bucket per vCPU: the
+//! limit accrues as bytes over time, at most one period's worth (the burst),
+//! each dirtied page spends 4 KiB, and a vCPU in debt sleeps until it is
+//! not. The vCPU thread looks after each ring-full exit and every
+//! [`super::throttle::TIMESLICE`] (the main loop kicks limited vCPUs out of
+//! `KVM_RUN` that often, harvesting their ring first), so the rate holds
+//! from the first period. A vCPU that dirties nothing never sleeps.
+//!
+//! The rates are QEMU's "MB/s": 2^20 bytes a second.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::dirty::{Consumer, DirtyLog, DirtyMode};
+use crate::protocol::migration::DirtyLimitInfo;
+
+use super::VcpuShared;
+
+/// QEMU's MB in dirty rates: 2^20 bytes.
+pub const MB: u64 = 1 << 20;
+
+/// Bytes a ring entry stands for (one 4 KiB page).
+const PAGE_BYTES: u64 = 4096;
+
+/// QEMU's `x-vcpu-dirty-limit-period` default, ms.
+pub const DEFAULT_PERIOD_MS: u64 = 1000;
+
+/// One vCPU's dirty limit, as set, and what it has done over the last period.
+#[derive(Debug, Default)]
+pub struct DirtyLimit {
+    /// The limit, MB/s (0: none).
+    limit_mb: AtomicU64,
+    /// The period the rate is measured over and a burst allowed, ms.
+    period_ms: AtomicU64,
+    /// The vCPU's dirty rate over its last period while limited, bytes/s.
+    current: AtomicU64,
+    /// Time slept for the limit per ring's worth of pages dirtied over the
+    /// last period, us (what QEMU calls the throttle time per full ring).
+    per_round_us: AtomicU64,
+}
+
+impl DirtyLimit {
+    /// Limits the vCPU to `mb` MB/s measured over `period_ms` (0 lifts it).
+    pub(crate) fn set(&self, mb: u64, period_ms: u64) {
+        self.period_ms.store(period_ms.max(1), Ordering::Relaxed);
+        self.limit_mb.store(mb, Ordering::Release);
+        if mb == 0 {
+            self.current.store(0, Ordering::Relaxed);
+            self.per_round_us.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The limit in force, MB/s (0: none).
+    pub fn limit_mb(&self) -> u64 {
+        self.limit_mb.load(Ordering::Acquire)
+    }
+
+    /// The vCPU's dirty rate over its last period while limited, MB/s.
+    pub fn current_mb(&self) -> u64 {
+        self.current.load(Ordering::Relaxed) / MB
+    }
+
+    /// The vCPU's dirty rate over its last period while limited, bytes/s.
+    pub fn current_bytes(&self) -> u64 {
+        self.current.load(Ordering::Relaxed)
+    }
+
+    /// Time slept per ring's worth of pages over the last period, us.
+    pub fn per_round_us(&self) -> u64 {
+        self.per_round_us.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn period(&self) -> Duration {
+        Duration::from_millis(self.period_ms.load(Ordering::Relaxed).max(1))
+    }
+
+    pub(crate) fn publish(&self, figures: PeriodFigures) {
+        self.current.store(figures.rate, Ordering::Relaxed);
+        self.per_round_us
+            .store(figures.per_round_us, Ordering::Relaxed);
+    }
+}
+
+/// Why a dirty limit cannot be set (QEMU's words where QEMU has them).
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// The VM has no dirty ring (QEMU: the `dirty-ring-size` property).
+    #[error("dirty page limit feature requires KVM with accelerator property 'dirty-ring-size' set' (start the VM with --dirty-log ring)")]
+    NoRing,
+    /// No vCPU of that index.
+    #[error("incorrect cpu index specified")]
+    CpuIndex,
+    /// A migration with the `dirty-limit` capability owns the limits.
+    #[error("can't set dirty page rate limit while migration is running")]
+    Migrating,
+    /// Logging could not be turned on for the limit.
+    #[error("turning dirty logging on for the limit")]
+    Logging(#[source] crate::dirty::Error),
+}
+
+/// The VM's dirty limits: which vCPUs have one, and dirty logging held on
+/// while any does (a ring VM logs only while somebody holds the log).
+pub(crate) struct Limits {
+    vcpus: Vec<Arc<VcpuShared>>,
+    dirty: Arc<DirtyLog>,
+    /// The hold on logging, while any limit is in force.
+    hold: Mutex<Option<Consumer>>,
+    /// A migration's `dirty-limit` owns the limits (standalone changes refused).
+    migrating: std::sync::atomic::AtomicBool,
+}
+
+impl Limits {
+    pub(crate) fn new(vcpus: Vec<Arc<VcpuShared>>, dirty: Arc<DirtyLog>) -> Limits {
+        Limits {
+            vcpus,
+            dirty,
+            hold: Mutex::new(None),
+            migrating: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The VM's ring size in entries, if it has a ring.
+    pub(crate) fn ring(&self) -> Option<u32> {
+        match self.dirty.configured() {
+            Some(DirtyMode::Ring(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// `set-vcpu-dirty-limit`: limits vCPU `cpu` (every vCPU when `None`) to
+    /// `mb` MB/s over periods of `period_ms`; 0 MB/s cancels, as in QEMU.
+    ///
+    /// # Errors
+    /// No ring, no such vCPU, a migration owns the limits, logging failed.
+    pub(crate) fn set(
+        &self,
+        cpu: Option<usize>,
+        mb: u64,
+        period_ms: u64,
+    ) -> Result<(), LimitError> {
+        if self.migrating.load(Ordering::Acquire) {
+            return Err(LimitError::Migrating);
+        }
+        self.apply(cpu, mb, period_ms)
+    }
+
+    /// `cancel-vcpu-dirty-limit`.
+    ///
+    /// # Errors
+    /// As [`Limits::set`].
+    pub(crate) fn cancel(&self, cpu: Option<usize>) -> Result<(), LimitError> {
+        self.set(cpu, 0, DEFAULT_PERIOD_MS)
+    }
+
+    fn apply(&self, cpu: Option<usize>, mb: u64, period_ms: u64) -> Result<(), LimitError> {
+        if self.ring().is_none() {
+            return Err(LimitError::NoRing);
+        }
+        let chosen: Vec<&Arc<VcpuShared>> = match cpu {
+            Some(i) => vec![self.vcpus.get(i).ok_or(LimitError::CpuIndex)?],
+            None => self.vcpus.iter().collect(),
+        };
+        let mut hold = crate::lock(&self.hold);
+        if mb > 0 && hold.is_none() {
+            *hold = Some(self.dirty.subscribe().map_err(LimitError::Logging)?);
+        }
+        for v in chosen {
+            v.dirty_limit.set(mb, period_ms);
+        }
+        if self.vcpus.iter().all(|v| v.dirty_limit.limit_mb() == 0) {
+            // Nobody limited: logging is let go (dropping the consumer).
+            *hold = None;
+        }
+        Ok(())
+    }
+
+    /// A migration's `dirty-limit`: limits every vCPU and owns the limits
+    /// until [`Limits::end_migration`].
+    pub(crate) fn for_migration(&self, mb: u64, period_ms: u64) -> Result<(), LimitError> {
+        self.migrating.store(true, Ordering::Release);
+        self.apply(None, mb, period_ms)
+    }
+
+    /// The migration is over: every limit is lifted (QEMU cancels them all).
+    pub(crate) fn end_migration(&self) {
+        if self.migrating.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.apply(None, 0, DEFAULT_PERIOD_MS) {
+                log::warn!("migration: lifting the dirty limits: {e}");
+            }
+        }
+    }
+
+    /// `query-vcpu-dirty-limit`: the vCPUs with a limit.
+    pub(crate) fn query(&self) -> Vec<DirtyLimitInfo> {
+        self.vcpus
+            .iter()
+            .filter(|v| v.dirty_limit.limit_mb() > 0)
+            .map(|v| DirtyLimitInfo {
+                cpu_index: v.index,
+                limit_rate: v.dirty_limit.limit_mb(),
+                current_rate: v.dirty_limit.current_mb(),
+            })
+            .collect()
+    }
+
+    /// QEMU's `dirty-limit-throttle-time-per-round`: the longest sleep per
+    /// ring's worth of pages of any vCPU over its last period, us.
+    pub(crate) fn throttle_time_per_round(&self) -> u64 {
+        self.vcpus
+            .iter()
+            .map(|v| v.dirty_limit.per_round_us())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// QEMU's `dirty-limit-ring-full-time`: the time a vCPU fills its ring at
+    /// the vCPUs' mean dirty rate, us (0 when none dirties).
+    pub(crate) fn ring_full_time(&self) -> u64 {
+        let n = self.vcpus.len().max(1) as u64;
+        let mean = self
+            .vcpus
+            .iter()
+            .map(|v| v.dirty_limit.current_bytes())
+            .sum::<u64>()
+            / n;
+        ring_full_time_us(u64::from(self.ring().unwrap_or(0)), mean)
+    }
+}
+
+/// What a vCPU did over one period of its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeriodFigures {
+    /// Bytes dirtied per second.
+    pub(crate) rate: u64,
+    /// Time slept per ring's worth of pages, us.
+    pub(crate) per_round_us: u64,
+}
+
+/// The vCPU thread's token bucket for its limit.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    /// Bytes the vCPU may still dirty (negative: its debt).
+    tokens: f64,
+    /// When the tokens were last topped up.
+    at: Instant,
+    /// Ring entries counted so far.
+    entries: u64,
+    /// When the vCPU next looks, unless its ring was harvested before.
+    pub(crate) next_check: Instant,
+    /// The current period: its start, the entries then, the time slept in it.
+    period: (Instant, u64, Duration),
+}
+
+impl Bucket {
+    /// A full bucket (one period's burst), its count starting at `entries`,
+    /// for a vCPU limited to `limit` bytes/s over `period`.
+    pub(crate) fn new(now: Instant, entries: u64, limit: u64, period: Duration) -> Bucket {
+        Bucket {
+            tokens: limit as f64 * period.as_secs_f64(),
+            at: now,
+            entries,
+            next_check: now + super::throttle::TIMESLICE,
+            period: (now, entries, Duration::ZERO),
+        }
+    }
+
+    /// Whether the vCPU should look now: its slice is over, or its ring was
+    /// harvested (a ring-full exit, a sync) since it last looked.
+    pub(crate) fn due(&self, now: Instant, entries: u64) -> bool {
+        now >= self.next_check || entries != self.entries
+    }
+
+    /// Tops the bucket up to `now` at `limit` bytes/s (at most one `period`'s
+    /// worth), spends the ring entries counted since the last look (`entries`
+    /// is the running total) and returns the sleep the vCPU owes.
+    pub(crate) fn owe(
+        &mut self,
+        now: Instant,
+        entries: u64,
+        limit: u64,
+        period: Duration,
+    ) -> Duration {
+        let limit = limit.max(1) as f64;
+        let burst = limit * period.as_secs_f64();
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + limit * elapsed).min(burst);
+        self.at = now;
+        let spent = entries.saturating_sub(self.entries) * PAGE_BYTES;
+        self.entries = entries;
+        self.tokens -= spent as f64;
+        if self.tokens >= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(-self.tokens / limit)
+    }
+
+    /// Records `d` slept for the limit (the bucket refills over it at the next look).
+    pub(crate) fn slept(&mut self, d: Duration) {
+        self.period.2 += d;
+    }
+
+    /// At a look: when the period is over, its figures (and a new period
+    /// starts); `ring` is the ring's size in entries.
+    pub(crate) fn end_period(
+        &mut self,
+        now: Instant,
+        period: Duration,
+        ring: u64,
+    ) -> Option<PeriodFigures> {
+        let (start, entries0, slept) = self.period;
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < period {
+            return None;
+        }
+        let pages = self.entries.saturating_sub(entries0);
+        let rate = (pages * PAGE_BYTES) as f64 / elapsed.as_secs_f64();
+        let per_round_us = if pages == 0 {
+            0
+        } else {
+            crate::units::saturating_u64(slept.as_secs_f64() * 1e6 * ring as f64 / pages as f64)
+        };
+        self.period = (now, self.entries, Duration::ZERO);
+        Some(PeriodFigures {
+            rate: crate::units::saturating_u64(rate),
+            per_round_us,
+        })
+    }
+}
+
+/// QEMU's estimate of the time a vCPU takes to fill its ring at `rate`
+/// bytes/s (`dirty-limit-ring-full-time`), us; 0 for a vCPU that does not dirty.
+pub(crate) fn ring_full_time_us(ring_entries: u64, rate: u64) -> u64 {
+    if rate == 0 {
+        return 0;
+    }
+    crate::units::saturating_u64((ring_entries * PAGE_BYTES) as f64 / rate as f64 * 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: u64 = 4 * MB;
+
+    /// A bucket emptied of its burst, as after a period of writes.
+    fn empty(t0: Instant, entries: u64, period: Duration) -> Bucket {
+        let mut b = Bucket::new(t0, entries, LIMIT, period);
+        b.tokens = 0.0;
+        b
+    }
+
+    #[test]
+    fn a_vcpu_within_its_limit_owes_nothing_and_one_over_it_owes_the_excess() {
+        let t0 = Instant::now();
+        let mut b = empty(t0, 100, Duration::from_secs(1));
+        let second = Duration::from_secs(1);
+        // One second at 4 MB/s allows 1,024 pages; 1,000 dirtied: no debt.
+        assert_eq!(b.owe(t0 + second, 1_100, LIMIT, second), Duration::ZERO);
+        // 2,048 more pages in the next 0.5 s (0.5 s of allowance, 512 pages,
+        // plus the 24 pages left): 1,512 pages over, owed at 1,024 a second.
+        let owed = b.owe(t0 + second + second / 2, 3_148, LIMIT, second);
+        let want = (3_148.0 - 1_100.0 - 24.0 - 512.0) / 1_024.0;
+        assert!(
+            (owed.as_secs_f64() - want).abs() < 1e-6,
+            "{owed:?} vs {want}"
+        );
+    }
+
+    #[test]
+    fn the_burst_is_one_period_of_the_limit() {
+        let t0 = Instant::now();
+        let period = Duration::from_millis(100);
+        let mut b = Bucket::new(t0, 0, LIMIT, period);
+        assert_eq!(
+            b.owe(t0, 102, LIMIT, period),
+            Duration::ZERO,
+            "a full burst at first"
+        );
+        b.tokens = 0.0;
+        // Idle for ten seconds: only 100 ms of allowance (102.4 pages) kept.
+        let owed = b.owe(t0 + Duration::from_secs(10), 302, LIMIT, period);
+        let want = (200.0 - 102.4) / 1_024.0;
+        assert!((owed.as_secs_f64() - want).abs() < 1e-6, "{owed:?}");
+    }
+
+    #[test]
+    fn a_period_reports_its_rate_and_the_sleep_per_full_ring() {
+        let t0 = Instant::now();
+        let period = Duration::from_secs(1);
+        let mut b = empty(t0, 0, period);
+        let _ = b.owe(t0 + period / 2, 512, LIMIT, period);
+        b.slept(Duration::from_millis(250));
+        assert_eq!(b.end_period(t0 + period / 2, period, 256), None, "not over");
+        let _ = b.owe(t0 + period * 2, 1_024, LIMIT, period);
+        let f = b.end_period(t0 + period * 2, period, 256).unwrap();
+        assert_eq!(f.rate, 1_024 * 4096 / 2);
+        // 250 ms for four rings of 256 entries.
+        assert_eq!(f.per_round_us, 62_500);
+        b.next_check = t0 + period * 3;
+        assert!(!b.due(t0 + period * 2, 1_024));
+        assert!(
+            b.due(t0 + period * 2, 1_025),
+            "a harvest is looked at at once"
+        );
+    }
+
+    #[test]
+    fn the_ring_full_time_is_the_rings_bytes_at_the_rate() {
+        assert_eq!(ring_full_time_us(4096, 16 * MB), 1_000_000);
+        assert_eq!(ring_full_time_us(4096, 0), 0);
+    }
+}

@@ -1,0 +1,325 @@
+//! Dirty limits (QEMU 8.1+'s `set-vcpu-dirty-limit` and the `dirty-limit`
+//! migration capability) on a ring VM: a writer is held to its limit while a
+//! vCPU that barely dirties runs on unslowed; a guest that cannot converge
+//! completes with dirty-limit; the limits are lifted when the migration
+//! completes or is cancelled; what cannot apply is refused with QEMU's words.
+
+mod common;
+
+use std::time::Duration;
+
+use common::migration::{migrate, query, queue, Dest};
+use common::ServedVm;
+use kvmscope::client::migrate::{Converge, MigrateConfig};
+use kvmscope::client::Client;
+use kvmscope::dirty::DirtyMode;
+use kvmscope::migration::Status;
+use serde_json::{json, Value};
+
+const MEM: u64 = 128 << 20;
+
+/// A ring VM of two vCPUs: vCPU 0 rewrites 32 MiB as fast as it can, vCPU
+/// 1 spins and writes ten pages a second (far under any limit), for a
+/// minute (a migration that does not converge completes when they stop).
+fn ring_guest(test: &str) -> ServedVm {
+    let src = ServedVm::start_with(test, MEM, 2, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Ring(4096));
+    });
+    let mut c = src.client();
+    common::migration::guest(&mut c, 0, "touch size=32M");
+    queue(&mut c, 0, "dirty ws=32M rate=max for=60s");
+    queue(&mut c, 1, "dirty offset=64M ws=1M rate=10 for=60s");
+    src
+}
+
+fn limits(c: &mut Client) -> Value {
+    c.execute("query-vcpu-dirty-limit", json!({})).unwrap().0
+}
+
+/// Each vCPU's time slept for a throttle or limit, ns (the VMM's own stats).
+fn slept(c: &mut Client) -> Vec<u64> {
+    let (v, _) = c
+        .execute(
+            "query-stats",
+            json!({"target": "vcpu", "providers": [{"provider": "kvmscope", "names": ["throttled_ns"]}]}),
+        )
+        .unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["stats"][0]["value"].as_u64().unwrap())
+        .collect()
+}
+
+/// vCPU 0's time slept once it stops growing (the stats files are
+/// refreshed every 100 ms): fails if it grows for seconds.
+fn settled(c: &mut Client) -> u64 {
+    let mut last = slept(c)[0];
+    common::wait_for("vCPU 0 to stop sleeping", Duration::from_secs(3), || {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = slept(c)[0];
+        let same = now == last;
+        last = now;
+        same.then_some(now)
+    })
+}
+
+#[test]
+fn a_writer_is_held_to_its_limit_and_a_vcpu_under_it_never_sleeps() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let vm = ring_guest("dl-hold");
+    let mut c = vm.client();
+    assert_eq!(limits(&mut c), json!([]), "no limit yet");
+    c.execute("set-vcpu-dirty-limit", json!({"dirty-rate": 8}))
+        .unwrap();
+    // Three periods of one second: the current rate is the last one's.
+    std::thread::sleep(Duration::from_millis(3200));
+    let l = limits(&mut c);
+    let l = l.as_array().unwrap();
+    assert_eq!(l.len(), 2, "both vCPUs limited: {l:?}");
+    assert_eq!(l[0]["limit-rate"], 8);
+    let writer = l[0]["current-rate"].as_u64().unwrap();
+    // Untracked it writes far over 100 MB/s; held, at most the limit plus
+    // what one 10 ms look may let through.
+    assert!(
+        (1..=10).contains(&writer),
+        "the writer dirtied {writer} MB/s"
+    );
+    assert_eq!(l[1]["current-rate"], 0, "the quiet vCPU: {l:?}");
+    let s = slept(&mut c);
+    assert!(s[0] > 1_000_000_000, "the writer slept {} ns", s[0]);
+    assert_eq!(s[1], 0, "the quiet vCPU never slept for the limit");
+    // Cancelled for vCPU 0 only: it runs free, vCPU 1 keeps its limit.
+    c.execute("cancel-vcpu-dirty-limit", json!({"cpu-index": 0}))
+        .unwrap();
+    let l = limits(&mut c);
+    assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
+    assert_eq!(l[0]["cpu-index"], 1);
+    let before = settled(&mut c);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(slept(&mut c)[0], before, "no sleep after the cancel");
+    // 0 MB/s cancels, as in QEMU.
+    c.execute(
+        "set-vcpu-dirty-limit",
+        json!({"cpu-index": 1, "dirty-rate": 0}),
+    )
+    .unwrap();
+    assert_eq!(limits(&mut c), json!([]));
+    let e = format!(
+        "{:?}",
+        c.execute(
+            "set-vcpu-dirty-limit",
+            json!({"cpu-index": 2, "dirty-rate": 1})
+        )
+        .unwrap_err()
+    );
+    assert!(e.contains("incorrect cpu index specified"), "{e}");
+    let (status, _) = c.execute("query-status", json!({})).unwrap();
+    assert_eq!(status["status"], "running");
+}
+
+/// A link far slower than the writer dirties (20 MB/s).
+fn slow_link(extra: Value) -> Value {
+    let mut v = json!({"max-bandwidth": 20_000_000, "downtime-limit": 300, "vcpu-dirty-limit": 2});
+    v.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    v
+}
+
+fn dirty_limit_on(c: &mut Client) {
+    c.execute(
+        "migrate-set-capabilities",
+        json!({"capabilities": [{"capability": "dirty-limit", "state": true}]}),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_guest_that_cannot_converge_completes_with_dirty_limit_and_the_limits_are_lifted() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ring_guest("dl-done");
+    dirty_limit_on(&mut src.client());
+    let dest = Dest::start("dl-done-dst", |_, _| {});
+    let info = migrate(&src, &dest.uri, slow_link(json!({})));
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
+    assert!(info.dirty_limit_ring_full_time.is_some(), "{info:?}");
+    assert!(info.dirty_limit_throttle_time_per_round.is_some());
+    assert_eq!(info.cpu_throttle_percentage, None, "no auto-converge");
+    let throttled = info.x_cpu_throttled.expect("x-cpu-throttled");
+    assert!(throttled.vcpus[0].ms > 0.0, "{throttled:?}");
+    assert_eq!(
+        throttled.vcpus[1].ms, 0.0,
+        "the vCPU that dirties 40 KB/s was not slowed: {throttled:?}"
+    );
+    // Lifted on the source as it ends; none on the destination.
+    assert_eq!(limits(&mut src.client()), json!([]));
+    assert_eq!(limits(&mut dest.client()), json!([]));
+    let (g, _) = dest
+        .client()
+        .execute("query-guest", json!({"vcpus": [0, 1]}))
+        .unwrap();
+    assert_eq!(g[0]["state"], "running", "{g}");
+    dest.quit();
+}
+
+#[test]
+fn a_cancel_lifts_the_limits_and_standalone_limits_wait_for_the_migration() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ring_guest("dl-cancel");
+    let mut c = src.client();
+    dirty_limit_on(&mut c);
+    let dest = Dest::start("dl-cancel-dst", |_, _| {});
+    c.execute(
+        "migrate-set-parameters",
+        slow_link(json!({"x-vcpu-dirty-limit-at-start": true})),
+    )
+    .unwrap();
+    c.execute("migrate", json!({"uri": dest.uri})).unwrap();
+    common::wait_for("the limits", Duration::from_secs(30), || {
+        (limits(&mut c).as_array().unwrap().len() == 2).then_some(())
+    });
+    let e = format!(
+        "{:?}",
+        c.execute("set-vcpu-dirty-limit", json!({"dirty-rate": 100}))
+            .unwrap_err()
+    );
+    assert!(
+        e.contains("can't set dirty page rate limit while migration is running"),
+        "{e}"
+    );
+    c.execute("migrate_cancel", json!({})).unwrap();
+    let info = common::wait_for("the cancel", Duration::from_secs(30), || {
+        let i = query(&mut c);
+        i.status.is_some_and(Status::is_final).then_some(i)
+    });
+    assert_eq!(info.status, Some(Status::Cancelled));
+    assert_eq!(limits(&mut c), json!([]), "lifted by the cancel");
+    let before = settled(&mut c);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(slept(&mut c)[0], before, "the writer runs free");
+    drop(dest);
+}
+
+#[test]
+fn converge_auto_on_a_ring_vm_limits_the_writer_from_the_start() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ring_guest("dl-auto");
+    let dest = Dest::start("dl-auto-dst", |_, _| {});
+    let config = MigrateConfig {
+        socket: src.socket.clone(),
+        to: dest.uri.clone(),
+        bandwidth: Some(20_000_000),
+        max_downtime: Some(Duration::from_millis(300)),
+        max_rounds: None,
+        predict: true,
+        converge: Some(Converge::Auto),
+        json: false,
+    };
+    let mut out = Vec::new();
+    let done = kvmscope::client::migrate::migrate(&config, &mut out).unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(done, "{text}");
+    assert!(
+        text.contains("limiting every vCPU's dirty rate to "),
+        "{text}"
+    );
+    let info = query(&mut src.client());
+    let throttled = info.x_cpu_throttled.expect("x-cpu-throttled");
+    assert!(throttled.vcpus[0].ms > 0.0, "{throttled:?}");
+    assert_eq!(throttled.vcpus[1].ms, 0.0, "{throttled:?}");
+    assert!(text.contains("dirty-limit ring full time: "), "{text}");
+    dest.quit();
+}
+
+#[test]
+fn what_cannot_apply_is_refused_in_qemus_words() {
+    require_kvm!();
+    let bitmap = ServedVm::start_with("dl-refused", 64 << 20, 1, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Bitmap);
+    });
+    let mut c = bitmap.client();
+    let set_caps = |c: &mut Client, caps: Value| {
+        c.execute("migrate-set-capabilities", json!({ "capabilities": caps }))
+            .map_err(|e| format!("{e:?}"))
+    };
+    let e = set_caps(
+        &mut c,
+        json!([{"capability": "dirty-limit", "state": true}]),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("dirty-limit requires KVM with accelerator property 'dirty-ring-size' set"),
+        "{e}"
+    );
+    let e = format!(
+        "{:?}",
+        c.execute("set-vcpu-dirty-limit", json!({"dirty-rate": 1}))
+            .unwrap_err()
+    );
+    assert!(e.contains("'dirty-ring-size' set"), "{e}");
+    assert!(set_caps(&mut c, json!([{"capability": "xbzrle", "state": true}])).is_err());
+    for (name, bad, says) in [
+        ("vcpu-dirty-limit", 0, "at least 1 MB/s, not 0"),
+        (
+            "x-vcpu-dirty-limit-period",
+            0,
+            "between 1 and 1000 ms, not 0",
+        ),
+        (
+            "x-vcpu-dirty-limit-period",
+            1001,
+            "between 1 and 1000 ms, not 1001",
+        ),
+    ] {
+        let e = format!(
+            "{:?}",
+            c.execute("migrate-set-parameters", json!({ name: bad }))
+                .unwrap_err()
+        );
+        assert!(e.contains(says), "{name}={bad}: {e}");
+    }
+    let (p, _) = c.execute("query-migrate-parameters", json!({})).unwrap();
+    assert_eq!(
+        (&p["vcpu-dirty-limit"], &p["x-vcpu-dirty-limit-period"]),
+        (&json!(1), &json!(1000)),
+        "QEMU's defaults, unchanged by the refusals"
+    );
+    drop(c);
+    bitmap.quit();
+    let ring = ServedVm::start_with("dl-conflict", 64 << 20, 1, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Ring(4096));
+    });
+    let mut c = ring.client();
+    let e = set_caps(
+        &mut c,
+        json!([{"capability": "auto-converge", "state": true},
+               {"capability": "dirty-limit", "state": true}]),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("dirty-limit conflicts with auto-converge"),
+        "{e}"
+    );
+    let (caps, _) = c.execute("query-migrate-capabilities", json!({})).unwrap();
+    assert_eq!(
+        caps,
+        json!([{"capability": "auto-converge", "state": false},
+               {"capability": "dirty-limit", "state": false}]),
+        "all or nothing"
+    );
+    assert!(set_caps(
+        &mut c,
+        json!([{"capability": "dirty-limit", "state": true}])
+    )
+    .is_ok());
+}
