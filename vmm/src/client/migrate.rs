@@ -16,10 +16,10 @@ use crate::protocol::migration::{Capability, MigrationInfo, Parameters, SetParam
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Converge {
     /// The intervention the prediction says is needed, from the start (none
-    /// if it converges as it is): on a ring VM the largest dirty limit per
-    /// vCPU that converges (`dirty-limit`, `vcpu-dirty-limit`,
-    /// `x-vcpu-dirty-limit-at-start`), which slows only the vCPUs that dirty
-    /// faster; otherwise the smallest auto-converge throttle
+    /// if it converges as it is): on a ring VM the dirty limit per vCPU
+    /// that converges at the least vCPU time taken from the guest
+    /// (`dirty-limit`, `vcpu-dirty-limit`, `x-vcpu-dirty-limit-at-start`),
+    /// which slows only the vCPUs that dirty faster; otherwise the smallest auto-converge throttle
     /// (`cpu-throttle-initial`, `x-cpu-throttle-at-start`), stepping up from
     /// there if the guest still dirties too fast.
     Auto,
@@ -164,7 +164,7 @@ impl Plan {
                     ..neither_at_start
                 },
                 predicted: Some((**limited).clone()),
-                said: Some(format!("limiting every vCPU's dirty rate to {mb} MB/s from the start (the largest dirty limit the model finds converging; vCPUs that dirty less run on)")),
+                said: Some(format!("limiting every vCPU's dirty rate to {mb} MB/s from the start (of the dirty limits the model finds converging, the one that takes the least vCPU time from the guest; vCPUs that dirty less run on)")),
                 ..plan(false, true)
             };
         }

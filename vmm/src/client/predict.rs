@@ -37,8 +37,9 @@ pub(crate) struct Predicted {
     /// When it does not converge: the smallest auto-converge throttle, %,
     /// that would make it, and that migration's figures.
     pub(crate) converge: Option<(u64, Box<Predicted>)>,
-    /// When it does not converge on a ring VM: the largest dirty limit per
-    /// vCPU, MB/s, that would make it, and that migration's figures.
+    /// When it does not converge on a ring VM: the dirty limit per vCPU,
+    /// MB/s, that would make it at the least cost to the guest, and that
+    /// migration's figures.
     pub(crate) dirty_limit: Option<(u64, Box<Predicted>)>,
 }
 

@@ -268,8 +268,9 @@ pub struct ReadinessReport {
     /// or none is needed).
     #[serde(default)]
     pub converge: Option<ConvergeReply>,
-    /// When it does not converge on a ring VM: the largest dirty limit per
-    /// vCPU that would make it, and that migration's prediction.
+    /// When it does not converge on a ring VM: the dirty limit per vCPU
+    /// that would make it at the least cost to the guest, and that
+    /// migration's prediction.
     #[serde(default)]
     pub converge_dirty_limit: Option<DirtyLimitReply>,
     /// The link and downtime limit the prediction is for.
