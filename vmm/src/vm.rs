@@ -189,7 +189,7 @@ pub struct Vm {
     /// on at run time while a consumer (a migration) holds it.
     pub(crate) dirty: Arc<DirtyLog>,
     /// The vCPUs' dirty page rate limits (a ring VM's).
-    pub(crate) dirty_limits: Arc<crate::vcpu::dirty_limit::Limits>,
+    pub(crate) dirty_limits: Arc<crate::vcpu::limits::Limits>,
     unstarted: Vec<Vcpu>,
     events_tx: Sender<VmEvent>,
     events: Receiver<VmEvent>,
@@ -292,7 +292,7 @@ impl Vm {
             vcpu_stats.push(stats);
             unstarted.push(vcpu);
         }
-        let dirty_limits = Arc::new(crate::vcpu::dirty_limit::Limits::new(
+        let dirty_limits = Arc::new(crate::vcpu::limits::Limits::new(
             vcpus.iter().map(|v| v.shared.clone()).collect(),
             dirty.clone(),
         ));

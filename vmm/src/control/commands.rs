@@ -706,7 +706,7 @@ impl Handler {
 /// `qmp_capabilities`: this server offers no capabilities to enable (QEMU's
 /// `oob` included), so any named is refused.
 /// A dirty-limit command's reply (QEMU's errors are all `GenericError`).
-fn limit_outcome(r: Result<(), crate::vcpu::dirty_limit::LimitError>) -> Outcome {
+fn limit_outcome(r: Result<(), crate::vcpu::limits::LimitError>) -> Outcome {
     match r {
         Ok(()) => Outcome::ret(json!({})),
         Err(e) => Outcome::generic(crate::error_chain(&e)),

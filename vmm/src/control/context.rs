@@ -50,7 +50,7 @@ pub(crate) struct Context {
     /// `run --readiness-every`.
     pub(crate) periodic: Option<Periodic>,
     /// The vCPUs' dirty limits (`set-vcpu-dirty-limit` and friends).
-    pub(crate) dirty_limits: Arc<crate::vcpu::dirty_limit::Limits>,
+    pub(crate) dirty_limits: Arc<crate::vcpu::limits::Limits>,
 }
 
 impl Context {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::protocol::migration::{GuestStall, MigrationInfo, Parameters, VcpuStall};
-use crate::vcpu::dirty_limit::Limits;
+use crate::vcpu::limits::Limits;
 use crate::vcpu::VcpuShared;
 
 /// Shortest period between two throttle decisions (QEMU's, one second).

@@ -29,7 +29,7 @@ pub(crate) struct Source {
     /// The VM as the stream's config section describes it.
     pub(crate) config: ConfigRecord,
     /// The vCPUs' dirty limits (the `dirty-limit` capability sets them).
-    pub(crate) dirty_limits: Arc<crate::vcpu::dirty_limit::Limits>,
+    pub(crate) dirty_limits: Arc<crate::vcpu::limits::Limits>,
 }
 
 impl Source {

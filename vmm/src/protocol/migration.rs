@@ -244,6 +244,9 @@ impl Parameters {
     /// The default `downtime-limit`, ms (QEMU's): the one place it is
     /// written; [`Parameters::default`] and every other default take it.
     pub(crate) const DEFAULT_DOWNTIME_LIMIT_MS: u64 = 300;
+
+    /// The default `x-vcpu-dirty-limit-period`, ms (QEMU's).
+    pub(crate) const DEFAULT_DIRTY_LIMIT_PERIOD_MS: u64 = 1000;
 }
 
 impl Default for Parameters {
@@ -260,7 +263,7 @@ impl Default for Parameters {
             max_cpu_throttle: 99,
             x_cpu_throttle_at_start: false,
             vcpu_dirty_limit: 1,
-            x_vcpu_dirty_limit_period: crate::vcpu::dirty_limit::DEFAULT_PERIOD_MS,
+            x_vcpu_dirty_limit_period: Parameters::DEFAULT_DIRTY_LIMIT_PERIOD_MS,
             x_vcpu_dirty_limit_at_start: false,
         }
     }

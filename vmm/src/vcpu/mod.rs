@@ -22,6 +22,7 @@ use crate::workload::Command;
 
 pub mod dirty_limit;
 pub(crate) mod faults;
+pub(crate) mod limits;
 mod parked;
 mod registers;
 mod shared;

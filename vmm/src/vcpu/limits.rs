@@ -1,0 +1,157 @@
+//! The VM's dirty limits (`set-vcpu-dirty-limit`, the `dirty-limit`
+//! capability): which vCPUs have one (each vCPU keeps its own, in
+//! [`super::dirty_limit`]), and dirty logging held on while any does.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::dirty_limit::{ring_full_time_us, DEFAULT_PERIOD_MS};
+use super::shared::VcpuShared;
+use crate::dirty::{Consumer, DirtyLog, DirtyMode};
+use crate::protocol::migration::DirtyLimitInfo;
+
+/// Why a dirty limit cannot be set (QEMU's words where QEMU has them).
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// The VM has no dirty ring (QEMU: the `dirty-ring-size` property).
+    #[error("dirty page limit feature requires KVM with accelerator property 'dirty-ring-size' set' (start the VM with --dirty-log ring)")]
+    NoRing,
+    /// No vCPU of that index.
+    #[error("incorrect cpu index specified")]
+    CpuIndex,
+    /// A migration with the `dirty-limit` capability owns the limits.
+    #[error("can't set dirty page rate limit while migration is running")]
+    Migrating,
+    /// Logging could not be turned on for the limit.
+    #[error("turning dirty logging on for the limit")]
+    Logging(#[source] crate::dirty::Error),
+}
+
+/// The VM's dirty limits: which vCPUs have one, and dirty logging held on
+/// while any does (a ring VM logs only while somebody holds the log).
+pub(crate) struct Limits {
+    vcpus: Vec<Arc<VcpuShared>>,
+    dirty: Arc<DirtyLog>,
+    /// The hold on logging, while any limit is in force.
+    hold: Mutex<Option<Consumer>>,
+    /// A migration's `dirty-limit` owns the limits (standalone changes refused).
+    migrating: AtomicBool,
+}
+
+impl Limits {
+    pub(crate) fn new(vcpus: Vec<Arc<VcpuShared>>, dirty: Arc<DirtyLog>) -> Limits {
+        Limits {
+            vcpus,
+            dirty,
+            hold: Mutex::new(None),
+            migrating: AtomicBool::new(false),
+        }
+    }
+
+    /// The VM's ring size in entries, if it has a ring.
+    pub(crate) fn ring(&self) -> Option<u32> {
+        match self.dirty.configured() {
+            Some(DirtyMode::Ring(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// `set-vcpu-dirty-limit`: limits vCPU `cpu` (every vCPU when `None`) to
+    /// `mb` MB/s over periods of `period_ms`; 0 MB/s cancels, as in QEMU.
+    ///
+    /// # Errors
+    /// No ring, no such vCPU, a migration owns the limits, logging failed.
+    pub(crate) fn set(
+        &self,
+        cpu: Option<usize>,
+        mb: u64,
+        period_ms: u64,
+    ) -> Result<(), LimitError> {
+        if self.migrating.load(Ordering::Acquire) {
+            return Err(LimitError::Migrating);
+        }
+        self.apply(cpu, mb, period_ms)
+    }
+
+    /// `cancel-vcpu-dirty-limit`.
+    ///
+    /// # Errors
+    /// As [`Limits::set`].
+    pub(crate) fn cancel(&self, cpu: Option<usize>) -> Result<(), LimitError> {
+        self.set(cpu, 0, DEFAULT_PERIOD_MS)
+    }
+
+    fn apply(&self, cpu: Option<usize>, mb: u64, period_ms: u64) -> Result<(), LimitError> {
+        if self.ring().is_none() {
+            return Err(LimitError::NoRing);
+        }
+        let chosen: Vec<&Arc<VcpuShared>> = match cpu {
+            Some(i) => vec![self.vcpus.get(i).ok_or(LimitError::CpuIndex)?],
+            None => self.vcpus.iter().collect(),
+        };
+        let mut hold = crate::lock(&self.hold);
+        if mb > 0 && hold.is_none() {
+            *hold = Some(self.dirty.subscribe().map_err(LimitError::Logging)?);
+        }
+        for v in chosen {
+            v.dirty_limit.set(mb, period_ms);
+        }
+        if self.vcpus.iter().all(|v| v.dirty_limit.limit_mb() == 0) {
+            // Nobody limited: logging is let go (dropping the consumer).
+            *hold = None;
+        }
+        Ok(())
+    }
+
+    /// A migration's `dirty-limit`: limits every vCPU and owns the limits
+    /// until [`Limits::end_migration`].
+    pub(crate) fn for_migration(&self, mb: u64, period_ms: u64) -> Result<(), LimitError> {
+        self.migrating.store(true, Ordering::Release);
+        self.apply(None, mb, period_ms)
+    }
+
+    /// The migration is over: every limit is lifted (QEMU cancels them all).
+    pub(crate) fn end_migration(&self) {
+        if self.migrating.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.apply(None, 0, DEFAULT_PERIOD_MS) {
+                log::warn!("migration: lifting the dirty limits: {e}");
+            }
+        }
+    }
+
+    /// `query-vcpu-dirty-limit`: the vCPUs with a limit.
+    pub(crate) fn query(&self) -> Vec<DirtyLimitInfo> {
+        self.vcpus
+            .iter()
+            .filter(|v| v.dirty_limit.limit_mb() > 0)
+            .map(|v| DirtyLimitInfo {
+                cpu_index: v.index,
+                limit_rate: v.dirty_limit.limit_mb(),
+                current_rate: v.dirty_limit.current_mb(),
+            })
+            .collect()
+    }
+
+    /// QEMU's `dirty-limit-throttle-time-per-round`: the longest sleep per
+    /// ring's worth of pages of any vCPU over its last period, us.
+    pub(crate) fn throttle_time_per_round(&self) -> u64 {
+        self.vcpus
+            .iter()
+            .map(|v| v.dirty_limit.per_round_us())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// QEMU's `dirty-limit-ring-full-time`: the time a vCPU fills its ring at
+    /// the vCPUs' mean dirty rate, us (0 when none dirties).
+    pub(crate) fn ring_full_time(&self) -> u64 {
+        let n = self.vcpus.len().max(1) as u64;
+        let mean = self
+            .vcpus
+            .iter()
+            .map(|v| v.dirty_limit.current_bytes())
+            .sum::<u64>()
+            / n;
+        ring_full_time_us(u64::from(self.ring().unwrap_or(0)), mean)
+    }
+}
