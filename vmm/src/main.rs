@@ -127,7 +127,7 @@ struct MigrateArgs {
     /// slowed), otherwise the smallest auto-converge throttle of every vCPU;
     /// `auto-converge` steps blindly as QEMU does (20 %, then +10 % after two
     /// periods of dirtying too fast); `dirty-limit` limits every vCPU to the
-    /// VMM's `vcpu-dirty-limit` (default 1 MB/s) after two such periods, as
+    /// VMM's `vcpu-dirty-limit` (1 MB/s unless set) after two such periods, as
     /// QEMU 8.1+ does (ring VMs only); `off` turns both off. Default: the
     /// VMM's capabilities as they are. Throttles and limits are lifted when
     /// the migration ends.

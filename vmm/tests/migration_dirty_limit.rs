@@ -38,10 +38,15 @@ fn limits(c: &mut Client) -> Value {
 
 /// Each vCPU's time slept for a throttle or limit, ns (the VMM's own stats).
 fn slept(c: &mut Client) -> Vec<u64> {
+    own_stat(c, "throttled_ns")
+}
+
+/// Each vCPU's value of one of the VMM's own stats.
+fn own_stat(c: &mut Client, name: &str) -> Vec<u64> {
     let (v, _) = c
         .execute(
             "query-stats",
-            json!({"target": "vcpu", "providers": [{"provider": "kvmscope", "names": ["throttled_ns"]}]}),
+            json!({"target": "vcpu", "providers": [{"provider": "kvmscope", "names": [name]}]}),
         )
         .unwrap();
     v.as_array()
@@ -90,6 +95,13 @@ fn a_writer_is_held_to_its_limit_and_a_vcpu_under_it_never_sleeps() {
     let s = slept(&mut c);
     assert!(s[0] > 1_000_000_000, "the writer slept {} ns", s[0]);
     assert_eq!(s[1], 0, "the quiet vCPU never slept for the limit");
+    // The VMM's own stats show the limit and the rate (refreshed every 100 ms).
+    assert_eq!(
+        own_stat(&mut c, "dirty_limit_bytes_per_second"),
+        [8 << 20, 8 << 20]
+    );
+    let rate = own_stat(&mut c, "dirty_limit_rate_bytes_per_second")[0];
+    assert!(rate > 0 && rate <= 10 << 20, "{rate}");
     // Cancelled for vCPU 0 only: it runs free, vCPU 1 keeps its limit.
     c.execute("cancel-vcpu-dirty-limit", json!({"cpu-index": 0}))
         .unwrap();
@@ -267,9 +279,16 @@ fn what_cannot_apply_is_refused_in_qemus_words() {
             .unwrap_err()
     );
     assert!(e.contains("'dirty-ring-size' set"), "{e}");
+    // Nothing to cancel without a ring: QEMU returns quietly.
+    c.execute("cancel-vcpu-dirty-limit", json!({})).unwrap();
     assert!(set_caps(&mut c, json!([{"capability": "xbzrle", "state": true}])).is_err());
     for (name, bad, says) in [
-        ("vcpu-dirty-limit", 0, "at least 1 MB/s, not 0"),
+        ("vcpu-dirty-limit", 0, "from 1 to 16777216 MB/s, not 0"),
+        (
+            "vcpu-dirty-limit",
+            1u64 << 44,
+            "from 1 to 16777216 MB/s, not 17592186044416",
+        ),
         (
             "x-vcpu-dirty-limit-period",
             0,

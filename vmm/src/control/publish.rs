@@ -1,6 +1,6 @@
 //! The `vmm-stats` thread: every [`PUBLISH_PERIOD`] it copies what the VMM
 //! counts (exits per reason, the guest's stall, ring-full time, the
-//! auto-converge throttle, a migration's progress) into the VMM's own stats files (`crate::vmmstats`), the one
+//! auto-converge throttle, dirty limits, a migration's progress) into the VMM's own stats files (`crate::vmmstats`), the one
 //! writer of those values. Readiness figures are written by whoever measured
 //! them (`deferred`). A reader `pread`s the files whenever it likes: no
 //! request, no lock shared with it.
@@ -99,6 +99,18 @@ pub(crate) fn publish(s: &Sources) {
             i,
             VcpuStat::ThrottlePercentage,
             u64::from(v.throttle.percentage()),
+        );
+        let limit = v.dirty_limit.limit_mb() * crate::vcpu::dirty_limit::MB;
+        s.stats
+            .set_vcpu(i, VcpuStat::DirtyLimitBytesPerSecond, limit);
+        s.stats.set_vcpu(
+            i,
+            VcpuStat::DirtyLimitRateBytesPerSecond,
+            if limit > 0 {
+                v.dirty_limit.current_bytes()
+            } else {
+                0
+            },
         );
     }
     s.stats.set_vm(VmStat::GuestStallNs, stall);

@@ -346,6 +346,15 @@ impl DirtyLog {
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
+    /// Ring entries vCPU `vcpu` has produced since boot: those harvested and
+    /// those its ring holds now (counted, not taken, so that the ring is not
+    /// reset, which would protect its pages again).
+    pub(crate) fn ring_entries_now(&self, vcpu: usize) -> u64 {
+        let state = self.lock();
+        let pending = state.rings.get(vcpu).map_or(0, ring::Ring::pending);
+        self.ring_entries(vcpu) + pending
+    }
+
     fn count_harvested(&self, vcpu: usize, n: u64) {
         if let Some(c) = self.harvested.get(vcpu) {
             c.fetch_add(n, Ordering::Relaxed);

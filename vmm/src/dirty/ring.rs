@@ -69,6 +69,22 @@ impl Ring {
         })
     }
 
+    /// How many entries KVM has published and nobody harvested yet (read
+    /// without taking them).
+    pub(crate) fn pending(&self) -> u64 {
+        let ring = self.map.as_volatile_slice();
+        let mut n = 0u32;
+        while n < self.entries {
+            let at = (self.fetch.wrapping_add(n) & (self.entries - 1)) as usize * GFN_BYTES;
+            let flags: u32 = ring.load(at, Ordering::Acquire).unwrap_or(0);
+            if flags & GFN_DIRTY == 0 {
+                break;
+            }
+            n += 1;
+        }
+        u64::from(n)
+    }
+
     /// Hands every published entry's page (its offset in slot 0) to `record`,
     /// marking the entry for reset; returns how many there were.
     pub(crate) fn harvest(&mut self, mut record: impl FnMut(u64)) -> u64 {

@@ -430,7 +430,7 @@ pub(crate) fn render(samples: &Shared) -> String {
         per_vcpu_ns(
             &mut out,
             "kvmscope_throttled_seconds_total",
-            "Time the vCPU slept for a migration's auto-converge throttle (its guest did not run).",
+            "Time the vCPU slept for auto-converge's throttle or its dirty limit (its guest did not run).",
             &|v| u64::try_from(v.throttle.slept().as_nanos()).unwrap_or(u64::MAX),
         );
         let _ = writeln!(out, "# HELP kvmscope_cpu_throttle_percent The auto-converge throttle in force on the vCPU (0: none).\n# TYPE kvmscope_cpu_throttle_percent gauge");
@@ -439,6 +439,14 @@ pub(crate) fn render(samples: &Shared) -> String {
                 out,
                 "kvmscope_cpu_throttle_percent{{{vm},vcpu=\"{i}\"}} {}",
                 v.throttle.percentage()
+            );
+        }
+        let _ = writeln!(out, "# HELP kvmscope_dirty_limit_bytes_per_second The vCPU's dirty page rate limit in force (set-vcpu-dirty-limit, dirty-limit; 0: none).\n# TYPE kvmscope_dirty_limit_bytes_per_second gauge");
+        for (i, v) in samples.vcpus.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "kvmscope_dirty_limit_bytes_per_second{{{vm},vcpu=\"{i}\"}} {}",
+                v.dirty_limit.limit_mb() * crate::vcpu::dirty_limit::MB
             );
         }
         let _ = writeln!(out, "# HELP kvmscope_guest_phase Latest guest phase marker ((seq << 8) | command code).\n# TYPE kvmscope_guest_phase gauge");

@@ -50,8 +50,8 @@ pub(crate) struct Converge {
     high: u32,
     /// The auto-converge throttle in force, %.
     pct: u32,
-    /// The dirty limits are set.
-    limited: bool,
+    /// The dirty limit set, MB/s (0: none yet).
+    limited: u64,
     /// Each vCPU's throttle sleep before the migration.
     slept_before: Vec<Duration>,
 }
@@ -72,9 +72,13 @@ impl Converge {
             period: (Instant::now(), 0, 0),
             high: 0,
             pct: 0,
-            limited: false,
+            limited: 0,
             slept_before: vcpus.iter().map(|v| v.throttle.slept()).collect(),
         };
+        if let (Mechanism::DirtyLimit, Some(limits)) = (mechanism, &c.limits) {
+            // From now on the migration owns the limits, as in QEMU.
+            limits.begin_migration();
+        }
         let at_start = match mechanism {
             Mechanism::AutoConverge => p.x_cpu_throttle_at_start,
             Mechanism::DirtyLimit => p.x_vcpu_dirty_limit_at_start,
@@ -98,28 +102,35 @@ impl Converge {
                     self.pct
                 );
             }
-            Mechanism::DirtyLimit if !self.limited => {
-                let Some(limits) = &self.limits else {
-                    return;
-                };
-                match limits.for_migration(p.vcpu_dirty_limit, p.x_vcpu_dirty_limit_period) {
-                    Ok(()) => {
-                        self.limited = true;
-                        log::info!(
-                            "migration: dirty-limit limits every vCPU to {} MB/s{when}",
-                            p.vcpu_dirty_limit
-                        );
-                    }
-                    Err(e) => log::warn!("migration: dirty-limit: {e}"),
-                }
-            }
+            Mechanism::DirtyLimit if self.limited == 0 => self.limit(p, when),
             Mechanism::DirtyLimit => {}
+        }
+    }
+
+    /// Limits every vCPU to `vcpu-dirty-limit`.
+    fn limit(&mut self, p: &Parameters, when: &str) {
+        let Some(limits) = &self.limits else {
+            return;
+        };
+        match limits.for_migration(p.vcpu_dirty_limit, p.x_vcpu_dirty_limit_period) {
+            Ok(()) => {
+                self.limited = p.vcpu_dirty_limit;
+                log::info!(
+                    "migration: dirty-limit limits every vCPU to {} MB/s{when}",
+                    p.vcpu_dirty_limit
+                );
+            }
+            Err(e) => log::warn!("migration: dirty-limit: {e}"),
         }
     }
 
     /// After a sync: the bytes dirtied since the last one and the bytes sent
     /// meanwhile.
     pub(crate) fn after_sync(&mut self, dirtied: u64, sent: u64, p: &Parameters) {
+        if self.limited != 0 && self.limited != p.vcpu_dirty_limit {
+            // `vcpu-dirty-limit` changed under way: in force at once, as in QEMU.
+            self.limit(p, " (changed)");
+        }
         let (start, d, s) = &mut self.period;
         *d += dirtied;
         *s += sent;
@@ -142,14 +153,15 @@ impl Converge {
         self.pct
     }
 
-    /// Puts what the throttle has done in `query-migrate`'s record, as QEMU
-    /// shows it: the percentage once auto-converge has throttled, the
-    /// dirty-limit figures once it limits; kvmscope's `x-cpu-throttled` with
-    /// either.
+    /// Puts what the throttle has done in `query-migrate`'s record: the
+    /// percentage once auto-converge has throttled, the dirty-limit figures
+    /// once the limits are set (QEMU's fields; kept in the final record,
+    /// where QEMU drops them with the limits); kvmscope's `x-cpu-throttled`
+    /// with either.
     pub(crate) fn report(&self, info: &mut MigrationInfo) {
         if self.pct > 0 {
             info.cpu_throttle_percentage = Some(u64::from(self.pct));
-        } else if let Some(limits) = self.limits.as_ref().filter(|_| self.limited) {
+        } else if let Some(limits) = self.limits.as_ref().filter(|_| self.limited != 0) {
             info.dirty_limit_throttle_time_per_round = Some(limits.throttle_time_per_round());
             info.dirty_limit_ring_full_time = Some(limits.ring_full_time());
         } else {

@@ -48,8 +48,11 @@ pub enum Error {
     /// `dirty-limit` and `auto-converge` together (QEMU's words).
     #[error("dirty-limit conflicts with auto-converge either of then available currently")]
     DirtyLimitConflict,
-    /// `vcpu-dirty-limit` below 1 MB/s (the value given).
-    #[error("Parameter 'vcpu-dirty-limit' expects a rate of at least 1 MB/s, not {0}")]
+    /// `vcpu-dirty-limit` out of 1 MB/s to `MAX_DIRTY_RATE_MB` (the value given).
+    #[error(
+        "Parameter 'vcpu-dirty-limit' expects a rate from 1 to {max} MB/s, not {0}",
+        max = crate::vcpu::limits::MAX_DIRTY_RATE_MB
+    )]
     DirtyLimit(u64),
     /// `x-vcpu-dirty-limit-period` out of 1 to 1000 ms (the value given).
     #[error(
@@ -212,7 +215,10 @@ impl Migration {
                 return Err(Error::Throttle(name, v));
             }
         }
-        if let Some(v) = p.vcpu_dirty_limit.filter(|&v| v == 0) {
+        if let Some(v) = p
+            .vcpu_dirty_limit
+            .filter(|&v| v == 0 || v > crate::vcpu::limits::MAX_DIRTY_RATE_MB)
+        {
             return Err(Error::DirtyLimit(v));
         }
         if let Some(v) = p

@@ -4,14 +4,17 @@
 //! QEMU (8.1+) measures each vCPU's dirty rate once a period from its dirty
 //! ring and adjusts a sleep taken on every ring-full exit until the measured
 //! rate meets the limit, which takes several periods to settle. kvmscope
-//! counts the ring entries each vCPU has produced (every harvest, whoever
-//! does it: `DirtyLog::ring_entries`) and keeps a token bucket per vCPU: the
-//! limit accrues as bytes over time, at most one period's worth (the burst),
-//! each dirtied page spends 4 KiB, and a vCPU in debt sleeps until it is
-//! not. The vCPU thread looks after each ring-full exit and every
-//! [`super::throttle::TIMESLICE`] (the main loop kicks limited vCPUs out of
-//! `KVM_RUN` that often, harvesting their ring first), so the rate holds
-//! from the first period. A vCPU that dirties nothing never sleeps.
+//! counts the ring entries each vCPU has produced (harvested, whoever did it,
+//! and still in its ring: `DirtyLog::ring_entries_now`) and keeps a token
+//! bucket per vCPU: the limit accrues as bytes over time, at most one
+//! period's worth (the burst), each entry spends 4 KiB, and a vCPU in debt
+//! sleeps until it is not. The vCPU thread looks after each ring-full exit
+//! and every [`super::throttle::TIMESLICE`] (the main loop kicks limited
+//! vCPUs out of `KVM_RUN` that often), so the rate holds from the first
+//! period. Looking does not reset the ring; the vCPU harvests it once a
+//! period, as QEMU's reaper does, so that a page rewritten all the time
+//! counts about once a period, as in QEMU. A vCPU that dirties nothing
+//! never sleeps.
 //!
 //! The rates are QEMU's "MB/s": 2^20 bytes a second.
 
@@ -103,8 +106,10 @@ pub(crate) struct Bucket {
     at: Instant,
     /// Ring entries counted so far.
     entries: u64,
-    /// When the vCPU next looks, unless its ring was harvested before.
+    /// When the vCPU next looks.
     pub(crate) next_check: Instant,
+    /// When it last harvested its ring for the limit.
+    harvested: Instant,
     /// The current period: its start, the entries then, the time slept in it.
     period: (Instant, u64, Duration),
 }
@@ -118,14 +123,25 @@ impl Bucket {
             at: now,
             entries,
             next_check: now + super::throttle::TIMESLICE,
+            harvested: now,
             period: (now, entries, Duration::ZERO),
         }
     }
 
-    /// Whether the vCPU should look now: its slice is over, or its ring was
-    /// harvested (a ring-full exit, a sync) since it last looked.
-    pub(crate) fn due(&self, now: Instant, entries: u64) -> bool {
-        now >= self.next_check || entries != self.entries
+    /// Whether the vCPU should look now (its slice is over, or a ring-full
+    /// exit set `next_check` to now).
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        now >= self.next_check
+    }
+
+    /// Whether the ring is due for its harvest of the period (and, if so,
+    /// the next one counts from `now`).
+    pub(crate) fn harvest_due(&mut self, now: Instant, period: Duration) -> bool {
+        if now.saturating_duration_since(self.harvested) < period {
+            return false;
+        }
+        self.harvested = now;
+        true
     }
 
     /// Tops the bucket up to `now` at `limit` bytes/s (at most one `period`'s
@@ -255,11 +271,10 @@ mod tests {
         // 250 ms for four rings of 256 entries.
         assert_eq!(f.per_round_us, 62_500);
         b.next_check = t0 + period * 3;
-        assert!(!b.due(t0 + period * 2, 1_024));
-        assert!(
-            b.due(t0 + period * 2, 1_025),
-            "a harvest is looked at at once"
-        );
+        assert!(!b.due(t0 + period * 2));
+        assert!(b.due(t0 + period * 3));
+        assert!(b.harvest_due(t0 + period, period), "once a period");
+        assert!(!b.harvest_due(t0 + period * 3 / 2, period));
     }
 
     #[test]

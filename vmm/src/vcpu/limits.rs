@@ -2,13 +2,16 @@
 //! capability): which vCPUs have one (each vCPU keeps its own, in
 //! [`super::dirty_limit`]), and dirty logging held on while any does.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::dirty_limit::{ring_full_time_us, DEFAULT_PERIOD_MS};
 use super::shared::VcpuShared;
 use crate::dirty::{Consumer, DirtyLog, DirtyMode};
 use crate::protocol::migration::DirtyLimitInfo;
+
+/// The highest limit taken, MB/s (2^24: 16 TiB/s, far past any guest; the
+/// limit in bytes/s then stays well inside 64 bits).
+pub const MAX_DIRTY_RATE_MB: u64 = 1 << 24;
 
 /// Why a dirty limit cannot be set (QEMU's words where QEMU has them).
 #[derive(Debug, thiserror::Error)]
@@ -19,23 +22,36 @@ pub enum LimitError {
     /// No vCPU of that index.
     #[error("incorrect cpu index specified")]
     CpuIndex,
-    /// A migration with the `dirty-limit` capability owns the limits.
-    #[error("can't set dirty page rate limit while migration is running")]
-    Migrating,
+    /// A limit past [`MAX_DIRTY_RATE_MB`] (the value given).
+    #[error("dirty-rate must be at most {MAX_DIRTY_RATE_MB} MB/s, not {0}")]
+    TooHigh(u64),
+    /// A migration with the `dirty-limit` capability owns the limits
+    /// (`set` or `cancel`, QEMU's words).
+    #[error("can't {0} dirty page rate limit while migration is running")]
+    Migrating(&'static str),
     /// Logging could not be turned on for the limit.
     #[error("turning dirty logging on for the limit")]
     Logging(#[source] crate::dirty::Error),
 }
 
+/// What the lock guards: the hold on logging and who owns the limits.
+#[derive(Default)]
+struct State {
+    /// The hold on logging, while any limit is in force.
+    hold: Option<Consumer>,
+    /// A migration with `dirty-limit` runs: it owns the limits (standalone
+    /// changes are refused, as in QEMU).
+    migrating: bool,
+}
+
 /// The VM's dirty limits: which vCPUs have one, and dirty logging held on
-/// while any does (a ring VM logs only while somebody holds the log).
+/// while any does (a ring VM logs only while somebody holds the log). Every
+/// change happens under one lock, so a migration's start and end and a
+/// standalone `set` or `cancel` never interleave.
 pub(crate) struct Limits {
     vcpus: Vec<Arc<VcpuShared>>,
     dirty: Arc<DirtyLog>,
-    /// The hold on logging, while any limit is in force.
-    hold: Mutex<Option<Consumer>>,
-    /// A migration's `dirty-limit` owns the limits (standalone changes refused).
-    migrating: AtomicBool,
+    state: Mutex<State>,
 }
 
 impl Limits {
@@ -43,8 +59,7 @@ impl Limits {
         Limits {
             vcpus,
             dirty,
-            hold: Mutex::new(None),
-            migrating: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
         }
     }
 
@@ -60,28 +75,46 @@ impl Limits {
     /// `mb` MB/s over periods of `period_ms`; 0 MB/s cancels, as in QEMU.
     ///
     /// # Errors
-    /// No ring, no such vCPU, a migration owns the limits, logging failed.
+    /// No ring, no such vCPU, too high, a migration owns the limits, logging failed.
     pub(crate) fn set(
         &self,
         cpu: Option<usize>,
         mb: u64,
         period_ms: u64,
     ) -> Result<(), LimitError> {
-        if self.migrating.load(Ordering::Acquire) {
-            return Err(LimitError::Migrating);
+        if mb > MAX_DIRTY_RATE_MB {
+            return Err(LimitError::TooHigh(mb));
         }
-        self.apply(cpu, mb, period_ms)
+        let mut state = crate::lock(&self.state);
+        if state.migrating {
+            return Err(LimitError::Migrating(if mb == 0 {
+                "cancel"
+            } else {
+                "set"
+            }));
+        }
+        self.apply(&mut state, cpu, mb, period_ms)
     }
 
-    /// `cancel-vcpu-dirty-limit`.
+    /// `cancel-vcpu-dirty-limit`; nothing to do on a VM without a ring (as
+    /// QEMU returns).
     ///
     /// # Errors
-    /// As [`Limits::set`].
+    /// No such vCPU, a migration owns the limits.
     pub(crate) fn cancel(&self, cpu: Option<usize>) -> Result<(), LimitError> {
+        if self.ring().is_none() {
+            return Ok(());
+        }
         self.set(cpu, 0, DEFAULT_PERIOD_MS)
     }
 
-    fn apply(&self, cpu: Option<usize>, mb: u64, period_ms: u64) -> Result<(), LimitError> {
+    fn apply(
+        &self,
+        state: &mut State,
+        cpu: Option<usize>,
+        mb: u64,
+        period_ms: u64,
+    ) -> Result<(), LimitError> {
         if self.ring().is_none() {
             return Err(LimitError::NoRing);
         }
@@ -89,31 +122,40 @@ impl Limits {
             Some(i) => vec![self.vcpus.get(i).ok_or(LimitError::CpuIndex)?],
             None => self.vcpus.iter().collect(),
         };
-        let mut hold = crate::lock(&self.hold);
-        if mb > 0 && hold.is_none() {
-            *hold = Some(self.dirty.subscribe().map_err(LimitError::Logging)?);
+        if mb > 0 && state.hold.is_none() {
+            state.hold = Some(self.dirty.subscribe().map_err(LimitError::Logging)?);
         }
         for v in chosen {
-            v.dirty_limit.set(mb, period_ms);
+            v.dirty_limit.set(mb.min(MAX_DIRTY_RATE_MB), period_ms);
         }
         if self.vcpus.iter().all(|v| v.dirty_limit.limit_mb() == 0) {
             // Nobody limited: logging is let go (dropping the consumer).
-            *hold = None;
+            state.hold = None;
         }
         Ok(())
     }
 
-    /// A migration's `dirty-limit`: limits every vCPU and owns the limits
-    /// until [`Limits::end_migration`].
-    pub(crate) fn for_migration(&self, mb: u64, period_ms: u64) -> Result<(), LimitError> {
-        self.migrating.store(true, Ordering::Release);
-        self.apply(None, mb, period_ms)
+    /// A migration with `dirty-limit` starts: it owns the limits from now
+    /// until [`Limits::end_migration`] (standalone changes are refused).
+    pub(crate) fn begin_migration(&self) {
+        crate::lock(&self.state).migrating = true;
     }
 
-    /// The migration is over: every limit is lifted (QEMU cancels them all).
+    /// The migration's `dirty-limit`: every vCPU limited to `mb` MB/s.
+    ///
+    /// # Errors
+    /// Logging could not be turned on (the limits are then as before).
+    pub(crate) fn for_migration(&self, mb: u64, period_ms: u64) -> Result<(), LimitError> {
+        let mut state = crate::lock(&self.state);
+        self.apply(&mut state, None, mb, period_ms)
+    }
+
+    /// The migration is over: every limit is lifted (QEMU cancels them
+    /// all) and standalone limits are taken again.
     pub(crate) fn end_migration(&self) {
-        if self.migrating.swap(false, Ordering::AcqRel) {
-            if let Err(e) = self.apply(None, 0, DEFAULT_PERIOD_MS) {
+        let mut state = crate::lock(&self.state);
+        if std::mem::take(&mut state.migrating) {
+            if let Err(e) = self.apply(&mut state, None, 0, DEFAULT_PERIOD_MS) {
                 log::warn!("migration: lifting the dirty limits: {e}");
             }
         }

@@ -298,46 +298,46 @@ impl Vcpu {
     /// it holds and sleeps off any debt, in short steps, giving way to a
     /// pause, a stop or a lifted limit at once.
     fn dirty_limit_pause(&mut self) -> Option<State> {
-        let limit = self.shared.dirty_limit.limit_mb() * dirty_limit::MB;
-        let Some(dirty) = self.dirty.clone().filter(|_| limit > 0) else {
+        let mb = self.shared.dirty_limit.limit_mb();
+        if mb == 0 {
             self.bucket = None;
             return None;
+        }
+        let Some(dirty) = &self.dirty else {
+            return None;
         };
+        let limit = mb.saturating_mul(dirty_limit::MB);
         let index = self.shared.index;
         let period = self.shared.dirty_limit.period();
-        let harvest = || {
-            dirty
-                .harvest_vcpu(index)
-                .map(|_| dirty.ring_entries(index))
-                .map_err(|e| VcpuError::HarvestDirtyRing(Arc::new(e)))
-        };
         let now = Instant::now();
         let bucket = match &mut self.bucket {
-            Some(b) if !b.due(now, dirty.ring_entries(index)) => return None,
+            Some(b) if !b.due(now) => return None,
             Some(b) => b,
-            // What the ring held before the limit is not the limit's: the
-            // count starts after a harvest.
-            None => match harvest() {
-                Ok(entries) => self
-                    .bucket
-                    .insert(dirty_limit::Bucket::new(now, entries, limit, period)),
-                Err(e) => return Some(State::Finished(Outcome::Error(e))),
-            },
+            // What the ring held before the limit is not the limit's.
+            None => self.bucket.insert(dirty_limit::Bucket::new(
+                now,
+                dirty.ring_entries_now(index),
+                limit,
+                period,
+            )),
         };
-        let entries = match harvest() {
-            Ok(entries) => entries,
-            Err(e) => return Some(State::Finished(Outcome::Error(e))),
-        };
-        let owed = bucket.owe(now, entries, limit, period);
+        if bucket.harvest_due(now, period) {
+            if let Err(e) = dirty.harvest_vcpu(index) {
+                return Some(State::Finished(Outcome::Error(
+                    VcpuError::HarvestDirtyRing(Arc::new(e)),
+                )));
+            }
+        }
+        let owed = bucket.owe(now, dirty.ring_entries_now(index), limit, period);
         let until = now + owed;
         let mut at = now;
         // Slept in steps, each counted as it ends (the time slept is current
-        // for readers), until paid, paused, stopped or lifted.
+        // for readers), until paid, paused, stopped or the limit changed.
         while !owed.is_zero() {
             let left = until.saturating_duration_since(at);
             if left.is_zero()
                 || self.shared.pending.load(Ordering::Acquire)
-                || self.shared.dirty_limit.limit_mb() == 0
+                || self.shared.dirty_limit.limit_mb() != mb
             {
                 break;
             }
@@ -438,9 +438,13 @@ impl Vcpu {
         }
     }
 
-    /// KVM_EXIT_DIRTY_RING_FULL: empties this vCPU's ring into the tracker.
-    fn harvest_dirty_ring(&self) -> Option<State> {
+    /// KVM_EXIT_DIRTY_RING_FULL: empties this vCPU's ring into the tracker
+    /// (a dirty-limited vCPU then looks at its limit at once).
+    fn harvest_dirty_ring(&mut self) -> Option<State> {
         let t = Instant::now();
+        if let Some(b) = &mut self.bucket {
+            b.next_check = t;
+        }
         let harvested = self
             .dirty
             .as_ref()

@@ -118,16 +118,23 @@ pub enum VcpuStat {
     GuestStallNs,
     /// Time its thread spent harvesting its full dirty ring.
     DirtyRingFullNs,
-    /// Time it slept for auto-converge's throttle (its guest did not run).
+    /// Time it slept for auto-converge's throttle or its dirty limit (its
+    /// guest did not run).
     ThrottledNs,
     /// The throttle in force, % (0: none).
     ThrottlePercentage,
+    /// Its dirty limit in force, bytes/s (0: none).
+    DirtyLimitBytesPerSecond,
+    /// Its dirty rate over the last period of its limit, bytes/s (0 unlimited).
+    DirtyLimitRateBytesPerSecond,
 }
 
 impl VcpuStat {
     fn def(self) -> Def {
         let (kind, unit, exponent) = match self {
-            VcpuStat::ThrottlePercentage => (StatType::Instant, Unit::None, 0),
+            VcpuStat::ThrottlePercentage
+            | VcpuStat::DirtyLimitBytesPerSecond
+            | VcpuStat::DirtyLimitRateBytesPerSecond => (StatType::Instant, Unit::None, 0),
             _ => (StatType::Cumulative, Unit::Seconds, -9),
         };
         Def {
