@@ -2,7 +2,7 @@
 //! migration capability) on a ring VM: a writer is held to its limit while a
 //! vCPU that barely dirties runs on unslowed; a guest that cannot converge
 //! completes with dirty-limit; the limits are lifted when the migration
-//! completes or is cancelled; what cannot apply is refused with QEMU's words.
+//! completes, fails or is cancelled; what cannot apply is refused with QEMU's words.
 
 mod common;
 
@@ -219,6 +219,65 @@ fn a_cancel_lifts_the_limits_and_standalone_limits_wait_for_the_migration() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(slept(&mut c)[0], before, "the writer runs free");
     drop(dest);
+}
+
+/// A destination that takes the config, says ready, reads for `for_` and
+/// hangs up.
+fn dying_destination(test: &str, for_: Duration) -> (String, std::thread::JoinHandle<()>) {
+    use kvmscope::migration::format::{self, Kind, Reader};
+    use std::io::Read;
+    let path = common::socket_path(test).with_file_name("dying.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let uri = format!("unix:{}", path.display());
+    let thread = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+        let mut out = s.try_clone().unwrap();
+        let mut r = Reader::start(s).unwrap();
+        let (kind, len) = r.section().unwrap();
+        assert_eq!(kind, Kind::Config);
+        let mut buf = vec![0; len as usize];
+        r.read_exact(&mut buf, "the config").unwrap();
+        format::write_reply(&mut out, format::REPLY_READY, "").unwrap();
+        let end = std::time::Instant::now() + for_;
+        let mut sink = [0u8; 1 << 16];
+        while std::time::Instant::now() < end {
+            if r.inner().read(&mut sink).unwrap_or(0) == 0 {
+                break;
+            }
+        }
+    });
+    (uri, thread)
+}
+
+#[test]
+fn a_failed_migration_lifts_the_limits() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ring_guest("dl-fail");
+    let mut c = src.client();
+    dirty_limit_on(&mut c);
+    let (uri, dest) = dying_destination("dl-fail-dst", Duration::from_millis(1500));
+    c.execute(
+        "migrate-set-parameters",
+        slow_link(json!({"x-vcpu-dirty-limit-at-start": true})),
+    )
+    .unwrap();
+    c.execute("migrate", json!({ "uri": uri })).unwrap();
+    common::wait_for("the limits", Duration::from_secs(10), || {
+        (limits(&mut c).as_array().unwrap().len() == 2).then_some(())
+    });
+    dest.join().unwrap();
+    let info = common::migration::wait_final(&mut c);
+    assert_eq!(info.status, Some(Status::Failed), "{info:?}");
+    assert_eq!(limits(&mut c), json!([]), "lifted by the failure");
+    let before = settled(&mut c);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(slept(&mut c)[0], before, "the writer runs free");
+    // Standalone limits are taken again once the migration is over.
+    c.execute("set-vcpu-dirty-limit", json!({"dirty-rate": 50}))
+        .unwrap();
+    assert_eq!(limits(&mut c).as_array().unwrap().len(), 2);
 }
 
 #[test]
