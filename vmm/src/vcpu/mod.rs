@@ -329,11 +329,19 @@ impl Vcpu {
             }
         }
         let owed = bucket.owe(now, dirty.ring_entries_now(index), limit, period);
+        let ring = match dirty.mode() {
+            crate::dirty::DirtyMode::Ring(n) => u64::from(n),
+            crate::dirty::DirtyMode::Bitmap => 0,
+        };
         let until = now + owed;
         let mut at = now;
         // Slept in steps, each counted as it ends (the time slept is current
-        // for readers), until paid, paused, stopped or the limit changed.
-        while !owed.is_zero() {
+        // for readers, and a period that ends in a long sleep is published),
+        // until paid, paused, stopped or the limit changed.
+        loop {
+            if let Some(f) = bucket.end_period(at, period, ring) {
+                self.shared.dirty_limit.publish(f);
+            }
             let left = until.saturating_duration_since(at);
             if left.is_zero()
                 || self.shared.pending.load(Ordering::Acquire)
@@ -348,13 +356,6 @@ impl Vcpu {
             at = after;
         }
         bucket.next_check = at + throttle::TIMESLICE;
-        let ring = match dirty.mode() {
-            crate::dirty::DirtyMode::Ring(n) => u64::from(n),
-            crate::dirty::DirtyMode::Bitmap => 0,
-        };
-        if let Some(f) = bucket.end_period(at, period, ring) {
-            self.shared.dirty_limit.publish(f);
-        }
         None
     }
 
