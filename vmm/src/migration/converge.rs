@@ -6,7 +6,8 @@
 //! last step; periods under it between do not reset the count, as in QEMU):
 //! - auto-converge throttles every vCPU (`vcpu::throttle`), first to
 //!   `cpu-throttle-initial` %, then `cpu-throttle-increment` % more each
-//!   time, up to `max-cpu-throttle`;
+//!   time (with `cpu-throttle-tailslow`, no more than what would bring the
+//!   dirty bytes to the trigger, as QEMU), up to `max-cpu-throttle`;
 //! - dirty-limit limits every vCPU's dirty rate to `vcpu-dirty-limit` MB/s
 //!   (`vcpu::dirty_limit`), once: a vCPU that does not dirty memory runs on.
 //!
@@ -84,16 +85,17 @@ impl Converge {
             Mechanism::DirtyLimit => p.x_vcpu_dirty_limit_at_start,
         };
         if at_start {
-            c.step(p, " from the start");
+            c.step(p, " from the start", None);
         }
         c
     }
 
-    /// The next step: a higher throttle, or the dirty limits.
-    fn step(&mut self, p: &Parameters, when: &str) {
+    /// The next step: a higher throttle, or the dirty limits; `period`: the
+    /// bytes dirtied and sent over the period that triggered it.
+    fn step(&mut self, p: &Parameters, when: &str, period: Option<(u64, u64)>) {
         match self.mechanism {
             Mechanism::AutoConverge => {
-                self.pct = next_step(self.pct, p);
+                self.pct = next_step(self.pct, p, period);
                 for v in &self.vcpus {
                     v.throttle.set(self.pct);
                 }
@@ -141,7 +143,8 @@ impl Converge {
             self.high += 1;
             if self.high >= 2 {
                 self.high = 0;
-                self.step(p, "");
+                let period = (*d, *s);
+                self.step(p, "", Some(period));
             }
         }
         self.period = (Instant::now(), 0, 0);
@@ -201,13 +204,24 @@ impl Drop for Converge {
 }
 
 /// QEMU's step: the initial throttle first, then the increment, capped.
-fn next_step(pct: u32, p: &Parameters) -> u32 {
+/// With `cpu-throttle-tailslow`, the increment is at most what would bring
+/// the bytes dirtied over the triggering `period` (dirtied, sent) down to
+/// the trigger's share of the bytes sent, the guest's CPU share scaled by
+/// that ratio (QEMU's "ideal CPU percentage").
+fn next_step(pct: u32, p: &Parameters, period: Option<(u64, u64)>) -> u32 {
     let cap = |v: u64| u32::try_from(v.min(99)).unwrap_or(99);
     if pct == 0 {
-        cap(p.cpu_throttle_initial.min(p.max_cpu_throttle))
-    } else {
-        cap((u64::from(pct) + p.cpu_throttle_increment).min(p.max_cpu_throttle))
+        return cap(p.cpu_throttle_initial.min(p.max_cpu_throttle));
     }
+    let mut increment = p.cpu_throttle_increment;
+    if let (true, Some((dirtied, sent))) = (p.cpu_throttle_tailslow, period) {
+        let cpu_now = 100 - u64::from(pct);
+        let cpu_ideal = crate::units::saturating_u64(
+            cpu_now as f64 * (sent * TRIGGER_PERCENT / 100) as f64 / dirtied.max(1) as f64,
+        );
+        increment = increment.min(cpu_now.saturating_sub(cpu_ideal));
+    }
+    cap((u64::from(pct) + increment).min(p.max_cpu_throttle))
 }
 
 #[cfg(test)]
@@ -221,15 +235,29 @@ mod tests {
     #[test]
     fn steps_start_at_the_initial_throttle_and_stop_at_the_maximum() {
         let p = Parameters::default();
-        assert_eq!(next_step(0, &p), 20);
-        assert_eq!(next_step(20, &p), 30);
-        assert_eq!(next_step(95, &p), 99);
+        assert_eq!(next_step(0, &p, None), 20);
+        assert_eq!(next_step(20, &p, None), 30);
+        assert_eq!(next_step(95, &p, None), 99);
         let capped = Parameters {
             max_cpu_throttle: 50,
             ..Parameters::default()
         };
-        assert_eq!(next_step(45, &capped), 50);
-        assert_eq!(next_step(50, &capped), 50);
+        assert_eq!(next_step(45, &capped, None), 50);
+        assert_eq!(next_step(50, &capped, None), 50);
+        // Tailslow: at 60 % the guest runs 40 %; dirtying 55 for 100 sent
+        // (the trigger: 50), the ideal share is 40 * 50 / 55 = 36 %, so the
+        // step is 4, not 10.
+        let tailslow = Parameters {
+            cpu_throttle_tailslow: true,
+            ..Parameters::default()
+        };
+        assert_eq!(next_step(60, &tailslow, Some((55, 100))), 64);
+        assert_eq!(
+            next_step(60, &tailslow, Some((500, 100))),
+            70,
+            "far off: the full increment"
+        );
+        assert_eq!(next_step(60, &p, Some((55, 100))), 70, "without tailslow");
     }
 
     #[test]

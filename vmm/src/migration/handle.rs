@@ -240,6 +240,9 @@ impl Migration {
             .cpu_throttle_increment
             .unwrap_or(params.cpu_throttle_increment);
         params.max_cpu_throttle = p.max_cpu_throttle.unwrap_or(params.max_cpu_throttle);
+        params.cpu_throttle_tailslow = p
+            .cpu_throttle_tailslow
+            .unwrap_or(params.cpu_throttle_tailslow);
         params.x_cpu_throttle_at_start = p
             .x_cpu_throttle_at_start
             .unwrap_or(params.x_cpu_throttle_at_start);

@@ -224,6 +224,9 @@ pub struct Parameters {
     pub(crate) cpu_throttle_increment: u64,
     /// The most it throttles, % (QEMU's default 99).
     pub(crate) max_cpu_throttle: u64,
+    /// At the tail, step by no more than what brings the dirty rate to the
+    /// trigger threshold (QEMU's default false).
+    pub(crate) cpu_throttle_tailslow: bool,
     /// kvmscope: with auto-converge, throttle to `cpu-throttle-initial` as
     /// pre-copy starts instead of after two periods of dirtying too fast (the
     /// throttle `query-readiness` predicts is needed: `converge`).
@@ -261,6 +264,7 @@ impl Default for Parameters {
             cpu_throttle_initial: 20,
             cpu_throttle_increment: 10,
             max_cpu_throttle: 99,
+            cpu_throttle_tailslow: false,
             x_cpu_throttle_at_start: false,
             vcpu_dirty_limit: 1,
             x_vcpu_dirty_limit_period: Parameters::DEFAULT_DIRTY_LIMIT_PERIOD_MS,
@@ -294,6 +298,9 @@ pub struct SetParameters {
     /// New [`Parameters::max_cpu_throttle`], 1 to 99.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) max_cpu_throttle: Option<u64>,
+    /// New [`Parameters::cpu_throttle_tailslow`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cpu_throttle_tailslow: Option<bool>,
     /// New [`Parameters::x_cpu_throttle_at_start`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) x_cpu_throttle_at_start: Option<bool>,
