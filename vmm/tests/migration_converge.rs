@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::migration::{migrate, query, queue, Dest};
 use common::ServedVm;
-use kvmscope::client::migrate::{Converge, MigrateConfig};
 use kvmscope::dirty::DirtyMode;
 use kvmscope::migration::Status;
 use serde_json::{json, Value};
@@ -139,20 +138,7 @@ fn converge_auto_throttles_from_the_start_to_what_the_model_chose() {
     let _serial = common::migration::serial();
     let src = busy_guest("conv-auto");
     let dest = Dest::start("conv-auto-dst", |_, _| {});
-    let config = MigrateConfig {
-        socket: src.socket.clone(),
-        to: dest.uri.clone(),
-        bandwidth: Some(20_000_000),
-        max_downtime: Some(Duration::from_millis(300)),
-        max_rounds: None,
-        predict: true,
-        converge: Some(Converge::Auto),
-        json: false,
-    };
-    let mut out = Vec::new();
-    let done = kvmscope::client::migrate::migrate(&config, &mut out).unwrap();
-    let text = String::from_utf8_lossy(&out);
-    assert!(done, "{text}");
+    let text = common::migration::converge_auto(&src, &dest.uri);
     let chosen: u64 = text
         .split("throttling every vCPU to ")
         .nth(1)

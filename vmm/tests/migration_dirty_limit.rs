@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use common::migration::{migrate, query, queue, Dest};
 use common::ServedVm;
-use kvmscope::client::migrate::{Converge, MigrateConfig};
 use kvmscope::client::Client;
 use kvmscope::dirty::DirtyMode;
 use kvmscope::migration::Status;
@@ -286,20 +285,7 @@ fn converge_auto_on_a_ring_vm_limits_the_writer_from_the_start() {
     let _serial = common::migration::serial();
     let src = ring_guest("dl-auto");
     let dest = Dest::start("dl-auto-dst", |_, _| {});
-    let config = MigrateConfig {
-        socket: src.socket.clone(),
-        to: dest.uri.clone(),
-        bandwidth: Some(20_000_000),
-        max_downtime: Some(Duration::from_millis(300)),
-        max_rounds: None,
-        predict: true,
-        converge: Some(Converge::Auto),
-        json: false,
-    };
-    let mut out = Vec::new();
-    let done = kvmscope::client::migrate::migrate(&config, &mut out).unwrap();
-    let text = String::from_utf8_lossy(&out);
-    assert!(done, "{text}");
+    let text = common::migration::converge_auto(&src, &dest.uri);
     assert!(
         text.contains("limiting every vCPU's dirty rate to "),
         "{text}"

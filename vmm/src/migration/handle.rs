@@ -228,31 +228,7 @@ impl Migration {
             return Err(Error::DirtyLimitPeriod(v));
         }
         let mut inner = self.lock();
-        let params = &mut inner.params;
-        params.max_bandwidth = p.max_bandwidth.unwrap_or(params.max_bandwidth);
-        params.downtime_limit = p.downtime_limit.unwrap_or(params.downtime_limit);
-        params.x_max_rounds = p.x_max_rounds.unwrap_or(params.x_max_rounds);
-        params.x_check_ram = p.x_check_ram.unwrap_or(params.x_check_ram);
-        params.cpu_throttle_initial = p
-            .cpu_throttle_initial
-            .unwrap_or(params.cpu_throttle_initial);
-        params.cpu_throttle_increment = p
-            .cpu_throttle_increment
-            .unwrap_or(params.cpu_throttle_increment);
-        params.max_cpu_throttle = p.max_cpu_throttle.unwrap_or(params.max_cpu_throttle);
-        params.cpu_throttle_tailslow = p
-            .cpu_throttle_tailslow
-            .unwrap_or(params.cpu_throttle_tailslow);
-        params.x_cpu_throttle_at_start = p
-            .x_cpu_throttle_at_start
-            .unwrap_or(params.x_cpu_throttle_at_start);
-        params.vcpu_dirty_limit = p.vcpu_dirty_limit.unwrap_or(params.vcpu_dirty_limit);
-        params.x_vcpu_dirty_limit_period = p
-            .x_vcpu_dirty_limit_period
-            .unwrap_or(params.x_vcpu_dirty_limit_period);
-        params.x_vcpu_dirty_limit_at_start = p
-            .x_vcpu_dirty_limit_at_start
-            .unwrap_or(params.x_vcpu_dirty_limit_at_start);
+        p.apply_to(&mut inner.params);
         Ok(())
     }
 

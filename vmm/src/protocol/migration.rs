@@ -315,6 +315,33 @@ pub struct SetParameters {
     pub(crate) x_vcpu_dirty_limit_at_start: Option<bool>,
 }
 
+impl SetParameters {
+    /// Puts the members given in `params`, the others left as they are.
+    pub(crate) fn apply_to(self, params: &mut Parameters) {
+        macro_rules! given {
+            ($($member:ident),*) => {
+                $(if let Some(v) = self.$member {
+                    params.$member = v;
+                })*
+            };
+        }
+        given!(
+            max_bandwidth,
+            downtime_limit,
+            x_max_rounds,
+            x_check_ram,
+            cpu_throttle_initial,
+            cpu_throttle_increment,
+            max_cpu_throttle,
+            cpu_throttle_tailslow,
+            x_cpu_throttle_at_start,
+            vcpu_dirty_limit,
+            x_vcpu_dirty_limit_period,
+            x_vcpu_dirty_limit_at_start
+        );
+    }
+}
+
 /// A migration capability (QEMU's `MigrationCapability`, the ones kvmscope knows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::EnumIter)]
 #[serde(rename_all = "kebab-case")]

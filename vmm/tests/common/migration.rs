@@ -194,3 +194,25 @@ pub fn value(result: &Value, i: usize) -> u64 {
     assert_eq!(result["status"], "ok", "{result}");
     result["values"][i].as_u64().expect("a result value")
 }
+
+/// `kvmscope migrate --predict --converge auto` of `src` to `uri` over
+/// 20 MB/s with a 300 ms downtime limit: its report, having checked that it
+/// completed.
+pub fn converge_auto(src: &ServedVm, uri: &str) -> String {
+    use kvmscope::client::migrate::{Converge, MigrateConfig};
+    let config = MigrateConfig {
+        socket: src.socket.clone(),
+        to: uri.to_string(),
+        bandwidth: Some(20_000_000),
+        max_downtime: Some(Duration::from_millis(300)),
+        max_rounds: None,
+        predict: true,
+        converge: Some(Converge::Auto),
+        json: false,
+    };
+    let mut out = Vec::new();
+    let done = kvmscope::client::migrate::migrate(&config, &mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    assert!(done, "{text}");
+    text
+}
