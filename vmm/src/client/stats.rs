@@ -78,10 +78,14 @@ pub(crate) fn receive(
         requests.push((StatsTarget::Vcpu, Some(selector)));
     }
     let mut out = Vec::new();
-    let providers = [StatsProvider::Kvm, StatsProvider::Kvmscope];
-    for provider in providers.into_iter().take(if own { 2 } else { 1 }) {
+    // KVM's (the request names no provider, as from any client), then the
+    // VMM's own when asked for.
+    let mut providers = vec![(StatsProvider::Kvm, None)];
+    if own {
+        providers.push((StatsProvider::Kvmscope, Some(StatsProvider::Kvmscope)));
+    }
+    for (provider, asked) in providers {
         for (target, vcpu) in &requests {
-            let asked = (provider == StatsProvider::Kvmscope).then_some(provider);
             let files = match client.get_provider_stats_fd(asked, *target, *vcpu) {
                 Ok(files) => files,
                 // A VMM before the `kvmscope` provider: KVM's stats only.

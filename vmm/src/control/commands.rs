@@ -221,7 +221,6 @@ impl Handler {
         }
     }
 
-    /// Runs one command (capability negotiation is the plane's business).
     /// Called on the plane's periodic sweep: starts the periodic readiness
     /// measurement when it is due.
     pub(crate) fn on_sweep(&mut self) {
@@ -236,6 +235,7 @@ impl Handler {
         }
     }
 
+    /// Runs one command (capability negotiation is the plane's business).
     pub(crate) fn execute(&mut self, command: Command) -> Outcome {
         match command {
             Command::QmpCapabilities(a) => negotiate(&a),
@@ -518,10 +518,7 @@ impl Handler {
                 StatsProvider::Cryptodev => continue,
             };
             match fds.results(args.target, &list, &filter) {
-                Ok(Value::Array(entries)) => results.extend(entries.into_iter().map(|mut e| {
-                    e["provider"] = json!(provider.name());
-                    e
-                })),
+                Ok(Value::Array(entries)) => results.extend(of_provider(entries, provider)),
                 Ok(_) => {}
                 Err(e) => return Outcome::generic(crate::error_chain(&e)),
             }
@@ -551,10 +548,7 @@ impl Handler {
                 .into_iter()
                 .chain(fds.vcpus.first().filter(|_| vcpu).map(StatsFd::schema));
             if let Value::Array(entries) = kvm_stats::json::query_stats_schemas(schemas) {
-                out.extend(entries.into_iter().map(|mut e| {
-                    e["provider"] = json!(provider.name());
-                    e
-                }));
+                out.extend(of_provider(entries, provider));
             }
         }
         ret(Value::Array(out))
@@ -725,9 +719,19 @@ fn negotiate(args: &CapabilitiesArgs) -> Outcome {
     }
 }
 
-/// The stat-name filter of a `query-stats`: QEMU's per-provider `names` (of
-/// the `kvm` provider) and kvmscope's `names`, both applied. `None` when the
-/// request names providers but not `kvm`: then nothing matches.
+/// Each entry of a provider's `StatsResult`s or `StatsSchema`s, its
+/// `provider` member set.
+fn of_provider(entries: Vec<Value>, provider: StatsProvider) -> impl Iterator<Item = Value> {
+    entries.into_iter().map(move |mut e| {
+        e["provider"] = json!(provider.name());
+        e
+    })
+}
+
+/// The providers a `query-stats` asks for, each with its stat-name filter:
+/// every provider (kvm first) when it names none, as QEMU; a provider's
+/// `names` given more than once add up, and one entry without `names` asks
+/// for every stat; kvmscope's top-level `names` narrows each (both apply).
 fn stats_filters(args: &QueryStatsArgs) -> Vec<(StatsProvider, NameFilter)> {
     let asked: Vec<(StatsProvider, Option<Vec<String>>)> = match &args.providers {
         None => vec![(StatsProvider::Kvm, None), (StatsProvider::Kvmscope, None)],

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kvm_stats::Mapped;
+use kvm_stats::{Mapped, Sample, StatsFd};
 
 use super::provider::{Figures, Provider};
 use super::targets::{ProviderStats, Registry};
@@ -166,12 +166,8 @@ impl Figures for KvmscopeFigures<'_> {
         self.reg
             .targets
             .values()
-            .filter_map(|t| Some((t, t.own.as_ref()?)))
-            .flat_map(|(t, own)| {
-                own.vcpus.iter().enumerate().map(move |(i, (fd, sample))| {
-                    Source::new(format!("{},vcpu=\"{i}\"", t.labels), Values::Fd(fd, sample))
-                })
-            })
+            .filter_map(|t| Some(vcpu_sources(&t.labels, &t.own.as_ref()?.vcpus)))
+            .flatten()
             .collect()
     }
 
@@ -179,11 +175,18 @@ impl Figures for KvmscopeFigures<'_> {
         self.reg
             .targets
             .values()
-            .flat_map(|t| {
-                t.vcpus.iter().enumerate().map(move |(i, (fd, sample))| {
-                    Source::new(format!("{},vcpu=\"{i}\"", t.labels), Values::Fd(fd, sample))
-                })
-            })
+            .flat_map(|t| vcpu_sources(&t.labels, &t.vcpus))
             .collect()
     }
+}
+
+/// One source per vCPU stats file of a VM, labelled with the VM's labels
+/// and the vCPU's index.
+fn vcpu_sources<'a>(
+    labels: &'a str,
+    vcpus: &'a [(StatsFd, Sample)],
+) -> impl Iterator<Item = Source<'a>> {
+    vcpus.iter().enumerate().map(move |(i, (fd, sample))| {
+        Source::new(format!("{labels},vcpu=\"{i}\""), Values::Fd(fd, sample))
+    })
 }

@@ -179,13 +179,12 @@ impl VmmStats {
         self.vm.get(stat as usize)
     }
 
-    /// Sets vCPU `index`'s count of exits for `reason`.
+    /// Sets vCPU `index`'s count of exits for `reason` (the counters come
+    /// first, in `Reason::ALL` order, which is the enum's: a reason's
+    /// discriminant is its place).
     pub fn set_exits(&self, index: usize, reason: Reason, value: u64) {
-        if let (Some(f), Some(at)) = (
-            self.vcpus.get(index),
-            Reason::ALL.iter().position(|r| *r == reason),
-        ) {
-            f.set(at, value);
+        if let Some(f) = self.vcpus.get(index) {
+            f.set(reason as usize, value);
         }
     }
 
@@ -237,6 +236,13 @@ mod tests {
         assert_eq!(sample.values(id), [123]);
         let vcpu1 = StatsFd::new_strict(s.vcpus()[1].reader().unwrap()).unwrap();
         assert_eq!(vcpu1.schema().id(), "kvmscope-42/vcpu-1");
+        assert!(
+            Reason::ALL
+                .iter()
+                .enumerate()
+                .all(|(i, r)| *r as usize == i),
+            "a reason's discriminant is its place in Reason::ALL"
+        );
         s.set_exits(1, Reason::ALL[0], 7);
         s.set_vcpu(1, VcpuStat::DirtyRingFullNs, 9);
         let mut sample = vcpu1.new_sample();
