@@ -122,9 +122,10 @@ struct MigrateArgs {
     predict: bool,
     /// Make a migration that would not converge converge: `auto` asks the
     /// VMM's readiness model what is needed and sets it from the start (nothing
-    /// when it converges as it is): on a `--dirty-log ring` VM the largest
-    /// dirty limit per vCPU that converges (only vCPUs dirtying faster are
-    /// slowed), otherwise the smallest auto-converge throttle of every vCPU;
+    /// when it converges as it is): on a `--dirty-log ring` VM the dirty
+    /// limit per vCPU that converges at the least vCPU time taken from the
+    /// guest (only vCPUs dirtying faster are slowed), otherwise the smallest
+    /// auto-converge throttle of every vCPU;
     /// `auto-converge` steps blindly as QEMU does (20 %, then +10 % after two
     /// periods of dirtying too fast); `dirty-limit` limits every vCPU to the
     /// VMM's `vcpu-dirty-limit` (1 MB/s unless set) after two such periods, as
