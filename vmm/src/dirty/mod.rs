@@ -233,6 +233,14 @@ impl DirtyLog {
         self.configured
     }
 
+    /// The ring's size in entries, for a VM started with a ring.
+    pub(crate) fn ring_size(&self) -> Option<u32> {
+        match self.configured {
+            Some(DirtyMode::Ring(n)) => Some(n),
+            _ => None,
+        }
+    }
+
     /// The mode consumers get: the configured one, or the bitmap turned on at run time.
     pub(crate) fn mode(&self) -> DirtyMode {
         self.configured.unwrap_or(DirtyMode::Bitmap)

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::dirty_limit::{ring_full_time_us, DEFAULT_PERIOD_MS};
 use super::shared::VcpuShared;
-use crate::dirty::{Consumer, DirtyLog, DirtyMode};
+use crate::dirty::{Consumer, DirtyLog};
 use crate::protocol::migration::DirtyLimitInfo;
 
 /// The highest limit taken, MB/s (2^24: 16 TiB/s, far past any guest; the
@@ -65,10 +65,7 @@ impl Limits {
 
     /// The VM's ring size in entries, if it has a ring.
     pub(crate) fn ring(&self) -> Option<u32> {
-        match self.dirty.configured() {
-            Some(DirtyMode::Ring(n)) => Some(n),
-            _ => None,
-        }
+        self.dirty.ring_size()
     }
 
     /// `set-vcpu-dirty-limit`: limits vCPU `cpu` (every vCPU when `None`) to

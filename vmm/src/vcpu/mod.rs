@@ -63,6 +63,30 @@ pub(crate) struct Vcpu {
     bucket: Option<dirty_limit::Bucket>,
 }
 
+/// Sleeps from `now` to `until` in [`throttle::STEP`]s, each counted in
+/// the vCPU's time slept as it ends (current for readers), stopping at
+/// once for a pause or stop, or when `go_on` (given the time and the
+/// step just slept) returns false; returns when it stopped.
+fn sleep_until(
+    shared: &VcpuShared,
+    now: Instant,
+    until: Instant,
+    mut go_on: impl FnMut(Instant, Duration) -> bool,
+) -> Instant {
+    let mut at = now;
+    while at < until && !shared.pending.load(Ordering::Acquire) {
+        std::thread::sleep((until - at).min(throttle::STEP));
+        let after = Instant::now();
+        shared.throttle.add_slept(after - at);
+        let step = after - at;
+        at = after;
+        if !go_on(at, step) {
+            break;
+        }
+    }
+    at
+}
+
 /// What a vCPU thread tells whoever runs the VM. The vCPU knows nothing of
 /// the main loop: the VM gives it a [`Reporter`] that turns each report into
 /// one of the main loop's messages.
@@ -281,22 +305,15 @@ impl Vcpu {
             return;
         }
         let until = now + throttle::sleep_after_slice(pct);
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.shared.pending.load(Ordering::Acquire) {
-                break;
-            }
-            std::thread::sleep(left.min(throttle::STEP));
-        }
-        let after = Instant::now();
-        self.shared.throttle.add_slept(after - now);
+        let after = sleep_until(&self.shared, now, until, |_, _| true);
         self.slice_end = Some(after + throttle::TIMESLICE);
     }
 
-    /// While its dirty rate is limited (`dirty_limit`): after a harvest of its
-    /// ring or at the end of each timeslice, harvests the ring, spends what
-    /// it holds and sleeps off any debt, in short steps, giving way to a
-    /// pause, a stop or a lifted limit at once.
+    /// While its dirty rate is limited (`dirty_limit`): after a ring-full
+    /// exit or at the end of each timeslice, counts the entries its ring has
+    /// produced (harvesting it once a period), spends them and sleeps off any
+    /// debt, in short steps, giving way to a pause, a stop or a changed limit
+    /// at once.
     fn dirty_limit_pause(&mut self) -> Option<State> {
         let mb = self.shared.dirty_limit.limit_mb();
         if mb == 0 {
@@ -329,32 +346,21 @@ impl Vcpu {
             }
         }
         let owed = bucket.owe(now, dirty.ring_entries_now(index), limit, period);
-        let ring = match dirty.mode() {
-            crate::dirty::DirtyMode::Ring(n) => u64::from(n),
-            crate::dirty::DirtyMode::Bitmap => 0,
-        };
-        let until = now + owed;
-        let mut at = now;
-        // Slept in steps, each counted as it ends (the time slept is current
-        // for readers, and a period that ends in a long sleep is published),
-        // until paid, paused, stopped or the limit changed.
-        loop {
+        let ring = u64::from(dirty.ring_size().unwrap_or(0));
+        let shared = &self.shared;
+        let publish = |bucket: &mut dirty_limit::Bucket, at| {
             if let Some(f) = bucket.end_period(at, period, ring) {
-                self.shared.dirty_limit.publish(f);
+                shared.dirty_limit.publish(f);
             }
-            let left = until.saturating_duration_since(at);
-            if left.is_zero()
-                || self.shared.pending.load(Ordering::Acquire)
-                || self.shared.dirty_limit.limit_mb() != mb
-            {
-                break;
-            }
-            std::thread::sleep(left.min(throttle::STEP));
-            let after = Instant::now();
-            self.shared.throttle.add_slept(after - at);
-            bucket.slept(after - at);
-            at = after;
-        }
+        };
+        publish(bucket, now);
+        // A period that ends in a long sleep is published as it ends; the
+        // sleep stops early when the limit changes.
+        let at = sleep_until(shared, now, now + owed, |at, step| {
+            bucket.slept(step);
+            publish(bucket, at);
+            shared.dirty_limit.limit_mb() == mb
+        });
         bucket.next_check = at + throttle::TIMESLICE;
         None
     }
