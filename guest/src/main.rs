@@ -79,6 +79,13 @@ impl Mbox {
             self.set(addr_of_mut!((*m).result_seq), seq);
         }
     }
+    /// The guest's progress counter, picked up where it stands (it may have
+    /// come with a migration).
+    fn progress(&self) -> workload::Progress {
+        // SAFETY: addr_of_mut! only forms the field's address, inside the mailbox page.
+        let at = unsafe { addr_of_mut!((*self.0).progress) };
+        workload::Progress::new(at, self.get(at))
+    }
     /// Copies `msg` into the mailbox text area; returns the bytes copied.
     pub fn put_text(&self, msg: &[u8]) -> usize {
         let n = msg.len().min(TEXT_MAX);
@@ -110,7 +117,7 @@ extern "C" fn guest_main(index: u64, mailbox: u64) -> ! {
     loop {
         let (cmd, seq, args) = mb.command();
         port::out(PORT_PHASE, ((seq << 8) | (cmd & 0xff)) as u32);
-        let (status, result) = workload::run(&boot, cmd, &args);
+        let (status, result) = workload::run(&boot, cmd, &args, &mut mb.progress());
         mb.put_result(seq, status, result);
         port::out(PORT_DONE, seq as u32);
     }

@@ -11,6 +11,27 @@ pub struct Boot {
     pub tsc_khz: u64,
 }
 
+/// The mailbox's `progress` counter: one unit of work done, stored at once,
+/// so the VMM sees the guest's pace while a command runs.
+pub struct Progress {
+    at: *mut u64,
+    done: u64,
+}
+
+impl Progress {
+    /// The counter at `at`, which holds `done` now.
+    pub fn new(at: *mut u64, done: u64) -> Self {
+        Progress { at, done }
+    }
+
+    #[inline(always)]
+    fn step(&mut self) {
+        self.done = self.done.wrapping_add(1);
+        // SAFETY: `at` is the progress field of this vCPU's mailbox page.
+        unsafe { core::ptr::write_volatile(self.at, self.done) };
+    }
+}
+
 /// A page range inside the arena, validated.
 struct Range {
     first: u64,
@@ -36,17 +57,17 @@ fn rdtsc() -> u64 {
 }
 
 /// Runs one command; returns its status and result words.
-pub fn run(boot: &Boot, cmd: u64, args: &[u64; 6]) -> (u64, [u64; 3]) {
+pub fn run(boot: &Boot, cmd: u64, args: &[u64; 6], p: &mut Progress) -> (u64, [u64; 3]) {
     let start = rdtsc();
     let r = match cmd {
-        CMD_TOUCH => touch(boot, args, args[3] | 1),
-        CMD_TOUCH_ZERO => touch(boot, args, 0),
-        CMD_READ => read(boot, args),
-        CMD_DIRTY => dirty(boot, args),
-        CMD_EXITS => Some(exits(boot, args[0], args[1])),
+        CMD_TOUCH => touch(boot, args, args[3] | 1, p),
+        CMD_TOUCH_ZERO => touch(boot, args, 0, p),
+        CMD_READ => read(boot, args, p),
+        CMD_DIRTY => dirty(boot, args, p),
+        CMD_EXITS => Some(exits(boot, args[0], args[1], p)),
         CMD_PANIC => panic!("guest panic requested (argument {})", args[0]),
         CMD_FAULT => fault(),
-        CMD_VERIFY => verify(boot, args),
+        CMD_VERIFY => verify(boot, args, p),
         _ => return (STATUS_UNKNOWN_COMMAND, [0; 3]),
     };
     match r {
@@ -57,7 +78,7 @@ pub fn run(boot: &Boot, cmd: u64, args: &[u64; 6]) -> (u64, [u64; 3]) {
 
 /// Fills whole pages with `pattern` (mixed with the page address so pages differ),
 /// or with zeros when `pattern` is 0.
-fn touch(boot: &Boot, args: &[u64; 6], pattern: u64) -> Option<(u64, u64)> {
+fn touch(boot: &Boot, args: &[u64; 6], pattern: u64, p: &mut Progress) -> Option<(u64, u64)> {
     let r = range(boot, args[0], args[1], args[2])?;
     let mut written = 0;
     let mut page = 0;
@@ -70,6 +91,7 @@ fn touch(boot: &Boot, args: &[u64; 6], pattern: u64) -> Option<(u64, u64)> {
             unsafe { core::ptr::write_volatile(words.add(w), value) };
         }
         written += 1;
+        p.step();
         page += r.stride;
     }
     Some((written, 0))
@@ -77,7 +99,7 @@ fn touch(boot: &Boot, args: &[u64; 6], pattern: u64) -> Option<(u64, u64)> {
 
 /// Counts the pages of a range that do not hold what `touch` (or
 /// `touch-zero`, for pattern 0) wrote.
-fn verify(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
+fn verify(boot: &Boot, args: &[u64; 6], p: &mut Progress) -> Option<(u64, u64)> {
     let r = range(boot, args[0], args[1], args[2])?;
     let pattern = args[3];
     let (mut checked, mut bad, mut page) = (0, 0, 0);
@@ -96,18 +118,20 @@ fn verify(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
         }
         bad += u64::from(!same);
         checked += 1;
+        p.step();
         page += r.stride;
     }
     Some((checked, bad))
 }
 
-fn read(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
+fn read(boot: &Boot, args: &[u64; 6], p: &mut Progress) -> Option<(u64, u64)> {
     let r = range(boot, args[0], args[1], args[2])?;
     let (mut count, mut xor, mut page) = (0, 0, 0);
     while page < r.pages {
         // SAFETY: inside the arena, identity-mapped.
         xor ^= unsafe { core::ptr::read_volatile((r.first + page * PAGE_SIZE) as *const u64) };
         count += 1;
+        p.step();
         page += r.stride;
     }
     Some((count, xor))
@@ -129,7 +153,7 @@ impl Rng {
 /// distinct pages can be counted without a bitmap.
 const DIRTY_MAGIC: u64 = 0xd1;
 
-fn dirty(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
+fn dirty(boot: &Boot, args: &[u64; 6], progress: &mut Progress) -> Option<(u64, u64)> {
     let r = range(boot, args[0], args[1], 1)?;
     let (rate, us, seed) = (args[2], args[3], args[4]);
     if r.pages == 0 || boot.tsc_khz == 0 {
@@ -165,17 +189,20 @@ fn dirty(boot: &Boot, args: &[u64; 6]) -> Option<(u64, u64)> {
             core::ptr::write_volatile(p, tag | (writes & 0xffff_ffff));
         }
         writes += 1;
+        progress.step();
     }
     Some((writes, distinct))
 }
 
-fn exits(boot: &Boot, ports: u64, mmio: u64) -> (u64, u64) {
+fn exits(boot: &Boot, ports: u64, mmio: u64, p: &mut Progress) -> (u64, u64) {
     for i in 0..ports {
         port::out(PORT_EXIT_TEST, i as u32);
+        p.step();
     }
     for i in 0..mmio {
         // SAFETY: no memory is behind this address: the access exits to the VMM as MMIO.
         unsafe { core::ptr::write_volatile(boot.mmio_addr as *mut u32, i as u32) };
+        p.step();
     }
     (ports, mmio)
 }

@@ -289,6 +289,8 @@ impl Vm {
             {
                 let _ = vcpu.shared.faults.set(counter);
             }
+            let counter = crate::vcpu::progress::Counter::new(mem.clone(), vcpu.shared.index);
+            let _ = vcpu.shared.progress.set(counter);
             vcpu_stats.push(stats);
             unstarted.push(vcpu);
         }

@@ -342,3 +342,52 @@ fn query_commands_lists_every_command() {
         .collect();
     assert_eq!(names, kvmscope::protocol::Command::names());
 }
+
+#[test]
+fn the_guest_counts_its_own_progress_and_query_guest_reads_it() {
+    require_kvm!();
+    let vm = ServedVm::start("progress", MEM, 2);
+    let mut c = vm.client();
+    let progress = |c: &mut kvmscope::client::Client, vcpu: usize| {
+        let (g, _) = c.execute("query-guest", json!({"vcpus": [vcpu]})).unwrap();
+        g[0]["progress"].as_u64().expect("progress is a count")
+    };
+    let before = progress(&mut c, 0);
+    // A page touched, read or written and an exit made are a unit each.
+    for command in [
+        "touch size=4M",
+        "read size=2M stride=2",
+        "exits ports=10 mmio=5",
+    ] {
+        let (done, _) = c
+            .execute(
+                "guest-command",
+                json!({"vcpu": 0, "command": command, "wait": true}),
+            )
+            .unwrap();
+        assert_eq!(done["results"][0]["status"], "ok", "{command}");
+    }
+    assert_eq!(progress(&mut c, 0) - before, 1024 + 256 + 15);
+    assert_eq!(progress(&mut c, 1), 0, "vCPU 1 has run nothing");
+    // While a command runs, the count moves at its pace (the VMM reads it
+    // without an exit), and its rate over the last second is the pace.
+    c.execute(
+        "guest-command",
+        json!({"vcpu": 1, "command": "dirty ws=4M rate=2000/s for=3s"}),
+    )
+    .unwrap();
+    let rate = common::wait_for(
+        "a progress rate",
+        std::time::Duration::from_secs(10),
+        || {
+            let (g, _) = c.execute("query-guest", json!({"vcpus": [1]})).unwrap();
+            let p = g[0]["progress"].as_u64().unwrap();
+            let r = g[0]["progress-per-second"].as_f64()?;
+            (p > 2000 && r > 0.0).then_some(r)
+        },
+    );
+    assert!(
+        (1500.0..2500.0).contains(&rate),
+        "paced at 2000/s, read {rate}/s"
+    );
+}

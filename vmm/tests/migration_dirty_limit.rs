@@ -155,6 +155,8 @@ fn a_guest_that_cannot_converge_completes_with_dirty_limit_and_the_limits_are_li
     let _serial = common::migration::serial();
     let src = ring_guest("dl-done");
     dirty_limit_on(&mut src.client());
+    // A second of the guest's own pace, for the rate before (below).
+    std::thread::sleep(Duration::from_millis(1200));
     let dest = Dest::start("dl-done-dst", |_, _| {});
     let info = migrate(&src, &dest.uri, slow_link(json!({})));
     assert_eq!(
@@ -171,6 +173,19 @@ fn a_guest_that_cannot_converge_completes_with_dirty_limit_and_the_limits_are_li
     assert_eq!(
         throttled.vcpus[1].ms, 0.0,
         "the vCPU that dirties 40 KB/s was not slowed: {throttled:?}"
+    );
+    // As the guest counts its own writes: the writer's pace fell to a small
+    // share of its untracked one, the quiet vCPU's (10 a second) did not.
+    let progress = info.x_guest_progress.expect("x-guest-progress");
+    let share = |v: usize| {
+        progress.vcpus[v]
+            .percent_of_before()
+            .expect("a rate before")
+    };
+    assert!(share(0) < 10.0, "the limited writer: {progress:?}");
+    assert!(
+        (60.0..140.0).contains(&share(1)),
+        "the quiet vCPU: {progress:?}"
     );
     // Lifted on the source as it ends; none on the destination.
     assert_eq!(limits(&mut src.client()), json!([]));

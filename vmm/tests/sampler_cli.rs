@@ -67,10 +67,18 @@ fn run_exports_a_series_plot_draws_and_a_metrics_page_that_validates() {
     );
     let pid = format!("kvmscope_info{{vm=\"web-01\",pid=\"{}\"", child.id());
     assert!(page.contains(&pid), "{page}");
+    // The guest's own count: the 1,024 pages touched before `exits` began.
+    let progress = common::metric(&page, "kvmscope_guest_progress_total", &[]);
+    assert!(progress >= Some(1024.0), "{progress:?}");
     let text = std::fs::read_to_string(&series).unwrap();
     let (_, points) = kvmscope::sampler::record::parse_csv(&text).unwrap();
     assert!(points.len() > 20, "{} points", points.len());
     assert!(points.last().unwrap().mapped_bytes() >= 4 << 20);
+    assert_eq!(
+        points.last().unwrap().vcpus[0].progress,
+        1024 + 20,
+        "touch, then 10 + 10 exits"
+    );
     // `kvmscope plot` is there unless the build left the `plot` feature out.
     if cfg!(feature = "plot") {
         let png = dir.join("series.png");

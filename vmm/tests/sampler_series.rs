@@ -119,7 +119,19 @@ fn counters_never_go_down_across_samples() {
         for (x, y) in a.ours.iter().zip(&b.ours) {
             assert!(y >= x, "our counter went down: {x} -> {y}");
         }
+        assert!(b.progress >= a.progress, "the guest's count went down");
     }
+    // The guest's own count: 512 pages touched, 600 exits, ~500 writes.
+    let last = &points.last().unwrap().vcpus[0];
+    assert!(
+        (512 + 600 + 400..512 + 600 + 600).contains(&last.progress),
+        "{}",
+        last.progress
+    );
+    assert!(
+        points.iter().any(|p| p.vcpus[0].progress_per_s > 0.0),
+        "a tick saw the count move"
+    );
     let exits = header
         .kvm_stats
         .iter()
@@ -154,6 +166,7 @@ fn csv_export_matches_the_ring() {
             (&p.vcpus[0].kvm, &p.vcpus[0].ours, p.vcpus[0].phase),
             (&r.vcpus[0].kvm, &r.vcpus[0].ours, r.vcpus[0].phase)
         );
+        assert_eq!(p.vcpus[0].progress, r.vcpus[0].progress);
     }
 }
 

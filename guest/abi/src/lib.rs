@@ -7,7 +7,7 @@
 #![warn(missing_docs)]
 
 /// Bumped whenever anything below changes meaning.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Guest page size used throughout the ABI.
 pub const PAGE_SIZE: u64 = 4096;
@@ -156,6 +156,13 @@ pub struct Mailbox {
     pub result: [u64; 3],
     /// Console or panic text; its length travels in eax.
     pub text: [u8; TEXT_MAX],
+    /// The guest's own count of the work its commands have done since boot
+    /// (pages touched, read or verified, page writes of `dirty`, exits of
+    /// `exits`), stored as it goes, never only at a command's end. The VMM
+    /// reads it whenever it likes, without an exit: how much the guest got
+    /// done while something (a migration, a throttle) slowed it. It lives in
+    /// guest RAM, so a migration carries it over.
+    pub progress: u64,
 }
 
 /// Byte offsets of the mailbox fields, for the VMM's guest-memory accessors.
@@ -187,6 +194,8 @@ pub mod mailbox_offset {
     pub const RESULT: u64 = 128;
     /// Offset of [`Mailbox::text`](super::Mailbox::text).
     pub const TEXT: u64 = 152;
+    /// Offset of [`Mailbox::progress`](super::Mailbox::progress).
+    pub const PROGRESS: u64 = 2200;
 }
 
 const _: () = assert!(core::mem::size_of::<Mailbox>() as u64 <= PAGE_SIZE);
@@ -196,6 +205,7 @@ const _: () =
     assert!(core::mem::offset_of!(Mailbox, result_seq) as u64 == mailbox_offset::RESULT_SEQ);
 const _: () = assert!(core::mem::offset_of!(Mailbox, result) as u64 == mailbox_offset::RESULT);
 const _: () = assert!(core::mem::offset_of!(Mailbox, text) as u64 == mailbox_offset::TEXT);
+const _: () = assert!(core::mem::offset_of!(Mailbox, progress) as u64 == mailbox_offset::PROGRESS);
 const _: () = assert!(MAILBOX_BASE + MAX_VCPUS * PAGE_SIZE <= IMAGE_BASE);
 const _: () = assert!(PD_ADDR + MAX_PD_PAGES * PAGE_SIZE <= MAILBOX_BASE);
 const _: () = assert!(STACK_BASE + MAX_VCPUS * STACK_SIZE <= ARENA_BASE);

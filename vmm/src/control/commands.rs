@@ -660,6 +660,8 @@ impl Handler {
             "queued": shared.queued(),
             "phase": shared.phase.load(Ordering::Relaxed),
             "last-result": shared.results().last().map(result_json),
+            "progress": shared.guest_progress(),
+            "progress-per-second": shared.progress_per_second(),
         });
         let (state, detail) = match shared.state() {
             VcpuState::Booting => ("booting", None),

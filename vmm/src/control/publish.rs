@@ -8,11 +8,12 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::exits::Reason;
 use crate::migration::Migration;
 use crate::protocol::migration::Status;
+use crate::vcpu::progress::Meter;
 use crate::vcpu::VcpuShared;
 use crate::vmmstats::{VcpuStat, VmStat, VmmStats, PUBLISH_PERIOD};
 
@@ -52,10 +53,11 @@ pub(crate) fn start(sources: Sources) -> std::io::Result<Publisher> {
         .name("vmm-stats".into())
         .spawn(move || {
             let (stopped, wake) = &*theirs;
+            let mut meter = Meter::default();
             let mut done = crate::lock(stopped);
             while !*done {
                 drop(done);
-                publish(&sources);
+                publish(&sources, &mut meter);
                 done = crate::lock(stopped);
                 done = match wake.wait_timeout(done, PUBLISH_PERIOD) {
                     Ok((guard, _)) => guard,
@@ -63,7 +65,7 @@ pub(crate) fn start(sources: Sources) -> std::io::Result<Publisher> {
                 };
             }
             // One last time, so that a reader after the end sees the final counts.
-            publish(&sources);
+            publish(&sources, &mut meter);
         })?;
     Ok(Publisher {
         stop,
@@ -78,10 +80,20 @@ pub(crate) fn now_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// One copy of every value.
-pub(crate) fn publish(s: &Sources) {
+/// One copy of every value; the guest's progress rates are kept over
+/// `meter`'s readings (and stored in each vCPU's shared part, where a
+/// migration takes its rate before).
+pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
+    let progress: Vec<Option<u64>> = s.vcpus.iter().map(|v| v.guest_progress()).collect();
+    let rates = meter.add(Instant::now(), progress.clone());
     let mut stall = 0u64;
     for (i, v) in s.vcpus.iter().enumerate() {
+        v.set_progress_per_second(rates[i]);
+        s.stats
+            .set_vcpu(i, VcpuStat::GuestProgress, progress[i].unwrap_or(0));
+        // Rounded to whole units/s: what an Instant stat holds.
+        let rate = rates[i].map_or(0, |r| crate::units::saturating_u64(r.round()));
+        s.stats.set_vcpu(i, VcpuStat::GuestProgressPerSecond, rate);
         for &r in Reason::ALL {
             s.stats.set_exits(i, r, v.counters.reason(r));
         }

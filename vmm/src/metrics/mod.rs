@@ -449,6 +449,15 @@ pub(crate) fn render(samples: &Shared) -> String {
                 v.dirty_limit.limit_mb() * crate::vcpu::dirty_limit::MB
             );
         }
+        let _ = writeln!(out, "# HELP kvmscope_guest_progress_total The guest's own count of its work (pages touched or read, page writes; guest ABI progress): its rate against itself shows what a migration or throttle cost it.\n# TYPE kvmscope_guest_progress_total counter");
+        for (i, v) in samples.vcpus.iter().enumerate() {
+            if let Some(n) = v.guest_progress() {
+                let _ = writeln!(
+                    out,
+                    "kvmscope_guest_progress_total{{{vm},vcpu=\"{i}\"}} {n}"
+                );
+            }
+        }
         let _ = writeln!(out, "# HELP kvmscope_guest_phase Latest guest phase marker ((seq << 8) | command code).\n# TYPE kvmscope_guest_phase gauge");
         for (i, v) in p.vcpus.iter().enumerate() {
             let _ = writeln!(out, "kvmscope_guest_phase{{{vm},vcpu=\"{i}\"}} {}", v.phase);

@@ -30,11 +30,12 @@ use super::writer::{self, Control, Counts, PageWriter};
 use crate::dirty::{self, Bitmap};
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::protocol::events::{EventKind, MigrationPass};
-use crate::protocol::migration::{GuestStall, VcpuStall};
+use crate::protocol::migration::{GuestProgress, GuestStall, VcpuProgress, VcpuStall};
 use crate::protocol::migration::{RamStats, Status};
 use crate::units::saturating_u64;
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
 use crate::vcpu::stall::{Baseline, Period, Stall};
+use crate::vcpu::{progress, VcpuShared};
 
 /// How long the main loop and the vCPUs get to pause, and each vCPU to give its state.
 const PAUSE_LIMIT: Duration = Duration::from_secs(5);
@@ -131,6 +132,9 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
         let stall = guest_stall(&observed.end());
         m.update(|i| i.x_guest_stall = Some(stall));
     }
+    if let Some(progress) = p.guest_progress() {
+        m.update(|i| i.x_guest_progress = Some(progress));
+    }
     // The throttle is lifted here, whatever the outcome, before the guest runs on.
     if let Some(c) = p.converge.take() {
         m.update(|i| c.report(i));
@@ -208,6 +212,10 @@ struct Precopy<'a> {
     observed: Option<Period>,
     /// The auto-converge throttle, with the capability on (lifted when dropped).
     converge: Option<Converge>,
+    /// Each vCPU's progress rate, as its guest counts it, before the migration.
+    progress_before: Vec<Option<f64>>,
+    /// Its progress since pre-copy started.
+    progress: Option<progress::Period>,
 }
 
 /// The pass in progress: pages it sends, and the pages sent before it, its
@@ -242,7 +250,28 @@ impl<'a> Precopy<'a> {
             baseline: Some(baseline),
             observed: None,
             converge: None,
+            progress_before: src.vcpus.iter().map(|v| v.progress_per_second()).collect(),
+            progress: None,
         }
+    }
+
+    /// `x-guest-progress` now.
+    fn guest_progress(&self) -> Option<GuestProgress> {
+        let p = self.progress.as_ref()?;
+        let figures = p.figures(&progress_counts(&self.src.vcpus));
+        let vcpus = figures
+            .iter()
+            .enumerate()
+            .filter_map(|(cpu_index, f)| {
+                Some(VcpuProgress {
+                    cpu_index,
+                    units: f.done?,
+                    per_second: f.per_second.unwrap_or(0.0),
+                    before_per_second: f.before_per_second,
+                })
+            })
+            .collect();
+        Some(GuestProgress { vcpus })
     }
 
     fn writer(&mut self) -> Result<&mut PageWriter<'a, Conn>, Error> {
@@ -304,6 +333,10 @@ impl<'a> Precopy<'a> {
         let consumer = self.src.dirty.subscribe()?;
         let setup = self.m.elapsed_ms();
         self.m.update(|i| i.setup_time = Some(setup));
+        self.progress = Some(progress::Period::begin(
+            progress_counts(&self.src.vcpus),
+            std::mem::take(&mut self.progress_before),
+        ));
         self.m.set_status(Status::Active);
         let runs = match crate::memory::region(&self.src.mem) {
             Some(ram) => pages::classify(ram)?,
@@ -354,11 +387,13 @@ impl<'a> Precopy<'a> {
         self.prev_dirty = Some(dirty.count());
         let ram = self.ram.clone();
         let stall = self.observed.as_ref().map(|o| guest_stall(&o.stall()));
+        let progress = self.guest_progress();
         self.m.update(|i| {
             i.ram = Some(ram);
             i.expected_downtime = Some(expected);
             i.x_not_converging = note;
             i.x_guest_stall = stall;
+            i.x_guest_progress = progress;
             if let Some(c) = &self.converge {
                 c.report(i);
             }
@@ -437,6 +472,9 @@ impl<'a> Precopy<'a> {
             return Err(Error::PauseTimeout(PAUSE_LIMIT));
         }
         step("vCPUs parked");
+        if let Some(p) = self.progress.as_mut() {
+            p.end(progress_counts(&self.src.vcpus));
+        }
         self.m.set_status(Status::Device);
         self.ram.precopy_bytes = self.wire_bytes();
         let snapshots = self.snapshots()?;
@@ -563,6 +601,11 @@ impl Control for Live<'_> {
         let ram = r.clone();
         self.m.update(|i| i.ram = Some(ram));
     }
+}
+
+/// Every vCPU's progress count now, as its guest keeps it.
+fn progress_counts(vcpus: &[Arc<VcpuShared>]) -> Vec<Option<u64>> {
+    vcpus.iter().map(|v| v.guest_progress()).collect()
 }
 
 /// A stall as `query-migrate` reports it.

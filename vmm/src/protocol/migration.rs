@@ -135,6 +135,11 @@ pub struct MigrationInfo {
     /// the migration started, measured (docs/MIGRATION.md); on a source.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_guest_stall: Option<GuestStall>,
+    /// kvmscope: each vCPU's work as its guest counts it (guest ABI
+    /// `progress`) from the start of pre-copy to the stop, against its rate
+    /// over the second before the migration; on a source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_guest_progress: Option<GuestProgress>,
     /// QEMU's: the auto-converge throttle in force (or last in force), %.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_throttle_percentage: Option<u64>,
@@ -171,6 +176,41 @@ pub struct VcpuStall {
     pub cpu_index: usize,
     /// Its stall, ms.
     pub ms: f64,
+}
+
+/// The guest's own progress over a migration (`x-guest-progress`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct GuestProgress {
+    /// Each vCPU's.
+    pub vcpus: Vec<VcpuProgress>,
+}
+
+/// One vCPU's progress: units are its guest's (pages touched or read, page
+/// writes), comparable only while it runs the same kind of command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct VcpuProgress {
+    /// The vCPU's index.
+    pub cpu_index: usize,
+    /// Units done since pre-copy started (until the stop, once stopped).
+    pub units: u64,
+    /// Units per second over that time.
+    pub per_second: f64,
+    /// Units per second over the second before the migration (absent when
+    /// not known: no second of readings yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_per_second: Option<f64>,
+}
+
+impl VcpuProgress {
+    /// Its rate during the migration as a share of the rate before, % (absent
+    /// without a rate before, or when the vCPU did nothing before).
+    pub fn percent_of_before(&self) -> Option<f64> {
+        self.before_per_second
+            .filter(|b| *b > 0.0)
+            .map(|b| 100.0 * self.per_second / b)
+    }
 }
 
 /// QEMU's `DirtyLimitInfo` (`query-vcpu-dirty-limit`), rates in MB/s (2^20 bytes).

@@ -96,6 +96,19 @@ pub struct VcpuRecord {
     /// Our exits per second since the previous tick (NaN when not known).
     #[serde(deserialize_with = "nullable_f64")]
     pub our_exits_per_s: f64,
+    /// The guest's own count of its work (guest ABI `progress`); 0 in a
+    /// series written before it existed.
+    #[serde(default)]
+    pub progress: u64,
+    /// That count per second since the previous tick.
+    #[serde(default, deserialize_with = "nullable_f64")]
+    pub progress_per_s: f64,
+    /// vCPU time lost to dirty tracking over the observations ended so far, ns.
+    #[serde(default)]
+    pub stall_ns: u64,
+    /// Time slept for a throttle or dirty limit so far, ns.
+    #[serde(default)]
+    pub throttled_ns: u64,
 }
 
 /// Any record of a JSON-lines series, as read back (each record type writes

@@ -347,6 +347,10 @@ impl Drop for Sampler {
     }
 }
 
+/// A vCPU's running totals at a tick, for rates at the next: KVM's
+/// `exits`, our exits, the guest's progress.
+type Totals = (u64, u64, u64);
+
 /// The thread's side.
 struct Worker {
     shared: Arc<Shared>,
@@ -355,7 +359,7 @@ struct Worker {
     writer: Option<export::Writer>,
     interval: Duration,
     samples: Vec<Sample>,
-    prev: Option<(Instant, Vec<(u64, u64)>)>,
+    prev: Option<(Instant, Vec<Totals>)>,
     started: Instant,
 }
 
@@ -464,7 +468,7 @@ impl Worker {
             .map(|(t, _)| now.saturating_duration_since(*t).as_secs_f64());
         let prev = self.prev.take().map(|(_, v)| v);
         let mut totals = prev.unwrap_or_default();
-        totals.resize(self.vcpus.len(), (0, 0));
+        totals.resize(self.vcpus.len(), (0, 0, 0));
         for (i, (vp, vcpu)) in p.vcpus.iter_mut().zip(&self.vcpus).enumerate() {
             let s = &self.samples[i + 1];
             vp.phase = vcpu.phase.load(Ordering::Relaxed);
@@ -481,7 +485,11 @@ impl Worker {
             };
             vp.exits_per_s = rate(exits, totals[i].0);
             vp.our_exits_per_s = rate(ours, totals[i].1);
-            totals[i] = (exits, ours);
+            vp.progress = vcpu.guest_progress().unwrap_or(0);
+            vp.progress_per_s = rate(vp.progress, totals[i].2);
+            vp.stall_ns = vcpu.stall_ns.load(Ordering::Relaxed);
+            vp.throttled_ns = u64::try_from(vcpu.throttle.slept().as_nanos()).unwrap_or(u64::MAX);
+            totals[i] = (exits, ours, vp.progress);
         }
         self.prev = Some((now, totals));
     }

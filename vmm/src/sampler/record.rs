@@ -25,7 +25,20 @@ pub struct VcpuPoint {
     pub exits_per_s: f64,
     /// Our exits per second since the previous tick.
     pub our_exits_per_s: f64,
+    /// The guest's own count of its work (guest ABI `progress`; 0 without).
+    pub progress: u64,
+    /// That count per second since the previous tick.
+    pub progress_per_s: f64,
+    /// vCPU time the guest lost to dirty tracking over the observations
+    /// (readiness windows, migrations) ended so far, ns.
+    pub stall_ns: u64,
+    /// Time the vCPU slept for a throttle or dirty limit so far, ns.
+    pub throttled_ns: u64,
 }
+
+/// The CSV columns after the exit rates (a series written before they
+/// existed lacks them; they read as 0 there).
+pub const GUEST_COLUMNS: [&str; 4] = ["progress", "progress_per_s", "stall_ns", "throttled_ns"];
 
 /// One tick.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -111,6 +124,7 @@ impl SeriesHeader {
         cols.extend(our_names().iter().map(|s| format!("our_{s}")));
         cols.push("exits_per_s".into());
         cols.push("our_exits_per_s".into());
+        cols.extend(GUEST_COLUMNS.iter().map(|s| s.to_string()));
         cols.join(",")
     }
 }
@@ -143,6 +157,10 @@ impl Point {
             cells.extend(v.kvm.iter().chain(&v.ours).map(u64::to_string));
             cells.push(format!("{:.3}", v.exits_per_s));
             cells.push(format!("{:.3}", v.our_exits_per_s));
+            cells.push(v.progress.to_string());
+            cells.push(format!("{:.3}", v.progress_per_s));
+            cells.push(v.stall_ns.to_string());
+            cells.push(v.throttled_ns.to_string());
             out.push_str(&cells.join(","));
             out.push('\n');
         }
@@ -171,6 +189,10 @@ fn sample_record(p: &Point, header: &SeriesHeader) -> SampleRecord {
                 .collect(),
             exits_per_s: v.exits_per_s,
             our_exits_per_s: v.our_exits_per_s,
+            progress: v.progress,
+            progress_per_s: v.progress_per_s,
+            stall_ns: v.stall_ns,
+            throttled_ns: v.throttled_ns,
         })
         .collect();
     SampleRecord {
@@ -211,6 +233,10 @@ fn into_point(r: SampleRecord, header: &SeriesHeader, line: usize) -> Result<Poi
                 ours,
                 exits_per_s: v.exits_per_s,
                 our_exits_per_s: v.our_exits_per_s,
+                progress: v.progress,
+                progress_per_s: v.progress_per_s,
+                stall_ns: v.stall_ns,
+                throttled_ns: v.throttled_ns,
             })
         })
         .collect::<Result<_, ParseError>>()?;
@@ -274,7 +300,9 @@ pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
         .map(str::to_string)
         .collect();
     let ours = our_names().len();
-    let width = 8 + kvm_stats.len() + ours + 2;
+    let rates_end = 8 + kvm_stats.len() + ours + 2;
+    let guest = cols.len() == rates_end + GUEST_COLUMNS.len() && cols[rates_end..] == GUEST_COLUMNS;
+    let width = rates_end + if guest { GUEST_COLUMNS.len() } else { 0 };
     if cols.len() != width || cols[..2] != ["seq", "time_s"] {
         return Err(ParseError::Bad {
             line: 1,
@@ -316,12 +344,20 @@ pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
         }
         let k0 = 8 + kvm_stats.len();
         let point = points.last_mut().ok_or(ParseError::NoHeader)?;
+        let (int_or_0, float_or_0) = (
+            |k: usize| if guest { int(k) } else { Ok(0) },
+            |k: usize| if guest { float(k) } else { Ok(0.0) },
+        );
         point.vcpus.push(VcpuPoint {
             phase: int(7)?,
             kvm: (8..k0).map(int).collect::<Result<_, _>>()?,
             ours: (k0..k0 + ours).map(int).collect::<Result<_, _>>()?,
-            exits_per_s: float(width - 2)?,
-            our_exits_per_s: float(width - 1)?,
+            exits_per_s: float(rates_end - 2)?,
+            our_exits_per_s: float(rates_end - 1)?,
+            progress: int_or_0(rates_end)?,
+            progress_per_s: float_or_0(rates_end + 1)?,
+            stall_ns: int_or_0(rates_end + 2)?,
+            throttled_ns: int_or_0(rates_end + 3)?,
         });
     }
     let vcpus = points.first().map_or(0, |p| p.vcpus.len());
@@ -360,6 +396,10 @@ mod tests {
             ours: (0..Reason::ALL.len() as u64).map(|i| i + n).collect(),
             exits_per_s: 12.5,
             our_exits_per_s: 2.25,
+            progress: n * 1000,
+            progress_per_s: 250.5,
+            stall_ns: n * 7,
+            throttled_ns: n * 11,
         };
         let points = vec![
             Point {

@@ -24,6 +24,7 @@ pub mod dirty_limit;
 pub(crate) mod faults;
 pub(crate) mod limits;
 mod parked;
+pub(crate) mod progress;
 mod registers;
 mod shared;
 pub(crate) mod snapshot;

@@ -177,6 +177,11 @@ pub struct VcpuShared {
     pub throttle: super::throttle::Throttle,
     /// Its dirty page rate limit (`set-vcpu-dirty-limit`, `dirty-limit`).
     pub dirty_limit: super::dirty_limit::DirtyLimit,
+    /// Where its guest counts its own work ([`super::progress`]); set by the VM.
+    pub(crate) progress: OnceLock<super::progress::Counter>,
+    /// That count's rate over the last second, units/s as `f64` bits (NaN:
+    /// not known yet); kept by the `vmm-stats` thread.
+    progress_rate: AtomicU64,
 }
 
 impl VcpuShared {
@@ -203,11 +208,29 @@ impl VcpuShared {
             stall_ns: AtomicU64::new(0),
             throttle: super::throttle::Throttle::default(),
             dirty_limit: super::dirty_limit::DirtyLimit::default(),
+            progress: OnceLock::new(),
+            progress_rate: AtomicU64::new(f64::NAN.to_bits()),
             watcher: OnceLock::new(),
             inbox: Mutex::new(inbox),
             wake: Condvar::new(),
             pending: AtomicBool::new(false),
         }
+    }
+
+    /// The guest's own count of its work so far (`None`: no counter).
+    pub(crate) fn guest_progress(&self) -> Option<u64> {
+        self.progress.get()?.read()
+    }
+
+    /// That count's rate over the last second, units/s (`None`: not known).
+    pub(crate) fn progress_per_second(&self) -> Option<f64> {
+        Some(f64::from_bits(self.progress_rate.load(Ordering::Relaxed))).filter(|r| !r.is_nan())
+    }
+
+    /// Sets [`VcpuShared::progress_per_second`].
+    pub(crate) fn set_progress_per_second(&self, rate: Option<f64>) {
+        let bits = rate.unwrap_or(f64::NAN).to_bits();
+        self.progress_rate.store(bits, Ordering::Relaxed);
     }
 
     /// Whether the vCPU must be kicked out of `KVM_RUN` every timeslice: it

@@ -127,6 +127,11 @@ pub enum VcpuStat {
     DirtyLimitBytesPerSecond,
     /// Its dirty rate over the last period of its limit, bytes/s (0 unlimited).
     DirtyLimitRateBytesPerSecond,
+    /// The guest's own count of the work it has done (guest ABI `progress`:
+    /// pages touched or read, page writes; `vcpu::progress`).
+    GuestProgress,
+    /// That count's rate over the last second, units/s (0 until known).
+    GuestProgressPerSecond,
 }
 
 impl VcpuStat {
@@ -134,7 +139,9 @@ impl VcpuStat {
         let (kind, unit, exponent) = match self {
             VcpuStat::ThrottlePercentage
             | VcpuStat::DirtyLimitBytesPerSecond
-            | VcpuStat::DirtyLimitRateBytesPerSecond => (StatType::Instant, Unit::None, 0),
+            | VcpuStat::DirtyLimitRateBytesPerSecond
+            | VcpuStat::GuestProgressPerSecond => (StatType::Instant, Unit::None, 0),
+            VcpuStat::GuestProgress => (StatType::Cumulative, Unit::None, 0),
             _ => (StatType::Cumulative, Unit::Seconds, -9),
         };
         Def {

@@ -57,6 +57,7 @@ pub fn vcpu(phase: u64, exits_per_s: f64, our_exits_per_s: f64) -> VcpuPoint {
         ours: vec![0; our_names().len()],
         exits_per_s,
         our_exits_per_s,
+        ..VcpuPoint::default()
     }
 }
 
