@@ -14,6 +14,9 @@ child (killed when the script ends, however it ends), driven with
   misleads   workloads where the mapped-page estimate is far off
   migration  readiness predictions against real live migrations to a second
              kvmscope (experiments_migration.py)
+  converge   the migration part's throttled cells: guests that cannot converge,
+             with --converge auto, dirty-limit and auto-converge side by side
+             (experiments_converge.py)
   (series)   two sampled runs drawn with `kvmscope plot`
 
     python3 scripts/experiments.py --docs               # full matrix into docs/experiments/, and the doc

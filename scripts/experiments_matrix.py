@@ -23,6 +23,10 @@ def mislead_cases(unit):
 # Migration cells: (memory, vCPUs, hugepages, write, fraction, dirty, link, downtime limit ms);
 # dirty is 0, slow, near (0.9x of a 1 Gbit/s link's page rate) or above (every vCPU
 # but the first at full speed); see experiments_migration.py.
+# Throttled migration cells (experiments_converge.py): (shape, dirty log, --converge).
+CONVERGE_FULL = [(shape, "ring", how) for shape in ("sweep", "random", "two-writers")
+                 for how in ("auto", "dirty-limit", "auto-converge")] + [("sweep", "bitmap", "auto")]
+
 MIGRATION_FULL = [
     ("256M", 1, False, "nonzero", 0.5, "0", "unlimited", 300),
     ("256M", 1, True, "nonzero", 0.5, "0", "1Gbit", 300),
@@ -71,6 +75,13 @@ FULL = {
     "migration_cells": MIGRATION_FULL,
     "migration_ws": 128 * MIB,
     "migration_dirty_s": 6,
+    "converge_cells": CONVERGE_FULL,
+    "converge_memory": "256M",
+    "converge_ws": 96 * MIB,
+    "converge_repeats": 20000,
+    "converge_lead": 2.0,
+    "converge_link": "100MB/s",
+    "converge_limit_ms": 300,
     "stall_modes": ["bitmap", "ring"],
     "stall_windows": [0.5, 2.0],
     "stall_memory": "256M",
@@ -101,6 +112,13 @@ SMALL = {
     "migration_cells": MIGRATION_SMALL,
     "migration_ws": 16 * MIB,
     "migration_dirty_s": 3,
+    "converge_cells": [("random", "ring", "auto")],
+    "converge_memory": "96M",
+    "converge_ws": 24 * MIB,
+    "converge_repeats": 4000,
+    "converge_lead": 1.0,
+    "converge_link": "20MB/s",
+    "converge_limit_ms": 300,
     "stall_modes": ["ring"],
     "stall_windows": [0.5],
     "stall_memory": "64M",
@@ -117,11 +135,13 @@ _ESTIMATE = [
     "mapped_us", "resident_us", "written_us", "scan_us",
 ]
 
+from experiments_converge import COLUMNS as _CONVERGE  # noqa: E402
 from experiments_migration import COLUMNS as _MIGRATION  # noqa: E402
 from experiments_stall import COLUMNS as _STALL  # noqa: E402
 
 COLUMNS = {
     "migration": _MIGRATION,
+    "converge": _CONVERGE,
     "stall": _STALL,
     "estimates": ["memory", "memory_bytes", "hugepages", "dirty_log", "write", "fraction", "arena_pages",
                   "touched_pages", "nonzero_written", "touch_s"] + _ESTIMATE,

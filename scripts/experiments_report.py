@@ -8,6 +8,7 @@ import os
 import re
 import statistics
 
+import experiments_report_converge
 import experiments_report_migration
 from charts import Series, bar_chart, bytes_label, line_chart
 
@@ -424,7 +425,8 @@ def update_docs(out, path):
     blocks = {"run": block_run(meta)}
     for name, make in (("estimates", block_estimates), ("cost", block_cost), ("dirtyrate", block_dirtyrate),
                        ("observer", block_observer), ("misleads", block_misleads),
-                       ("migration", experiments_report_migration.block_migration), ("stall", block_stall)):
+                       ("migration", experiments_report_migration.block_migration),
+                       ("converge", experiments_report_converge.block_converge), ("stall", block_stall)):
         rows = load(out, name)
         blocks[name] = make(rows) if rows else "(not run)\n"
     text = open(path).read() if os.path.exists(path) else skeleton(blocks)

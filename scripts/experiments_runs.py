@@ -6,6 +6,7 @@ import statistics
 import subprocess
 import time
 
+from experiments_converge import run_converge
 from experiments_migration import run_migration
 from experiments_stall import run_stall
 from experiments_vm import Vm, log
@@ -260,5 +261,5 @@ def run_series(binary, m, out):
 
 
 EXPERIMENTS = {"estimates": run_estimates, "cost": run_cost, "dirtyrate": run_dirtyrate,
-               "observer": run_observer, "misleads": run_misleads, "migration": run_migration,
+               "observer": run_observer, "misleads": run_misleads, "migration": run_migration, "converge": run_converge,
                "stall": run_stall}

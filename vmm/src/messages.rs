@@ -53,6 +53,8 @@ pub enum VmEvent {
     Control(RunRequest, Sender<Result<(), RunStateError>>),
     /// The `migration-in` thread has ended (loaded, failed or stopped).
     Loaded,
+    /// A vCPU was throttled or dirty-limited: kick it at once, then every timeslice.
+    Throttled,
 }
 
 impl VmEvent {

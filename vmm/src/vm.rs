@@ -294,9 +294,13 @@ impl Vm {
             vcpu_stats.push(stats);
             unstarted.push(vcpu);
         }
+        let throttled = events_tx.clone();
         let dirty_limits = Arc::new(crate::vcpu::limits::Limits::new(
             vcpus.iter().map(|v| v.shared.clone()).collect(),
             dirty.clone(),
+            Box::new(move || {
+                let _ = throttled.send(VmEvent::Throttled);
+            }),
         ));
         Ok(Vm {
             dirty,

@@ -112,6 +112,7 @@ fn small_matrix_writes_every_csv_with_its_rows() {
         ("observer", 4),
         ("misleads", 28),
         ("stall", 5),
+        ("converge", 1),
     ] {
         assert_eq!(Csv::read(out, name).rows.len(), rows, "rows of {name}.csv");
     }
@@ -139,6 +140,35 @@ fn the_stall_of_an_idle_or_reading_guest_is_zero_and_a_full_speed_writers_is_not
             _ => {}
         }
     }
+}
+
+#[test]
+fn a_writer_over_the_link_completes_under_converge_auto_and_the_reader_is_not_slowed() {
+    require_kvm!();
+    let rows = Csv::read(small_run(), "converge").rows;
+    let row = &rows[0];
+    assert_eq!(row["status"], "completed", "{row:?}");
+    assert_eq!(row["pred_verdict"], "converges", "{row:?}");
+    assert!(
+        Csv::num(row, "downtime_ms") <= Csv::num(row, "limit_ms"),
+        "{row:?}"
+    );
+    // A dirty limit from the start: the writer sleeps, the reader does not.
+    assert!(
+        row["set"].starts_with("limit ") && row["set"].ends_with(" at start"),
+        "{row:?}"
+    );
+    let slept: Vec<f64> = row["throttled_ms"]
+        .split('/')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(slept[0] > 0.0 && slept[1] == 0.0, "{row:?}");
+    // The guest's own count: the writer wrote far less than untracked.
+    let kept: Vec<f64> = row["kept_pct"]
+        .split('/')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(kept[0] < 10.0, "{row:?}");
 }
 
 #[test]
@@ -312,6 +342,7 @@ fn charts_series_plots_and_the_doc_are_generated() {
         "observer",
         "misleads",
         "migration",
+        "converge",
     ] {
         let begin = format!("<!-- BEGIN generated:{block} -->\n");
         let at = text.find(&begin).map(|i| i + begin.len());

@@ -81,8 +81,10 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     } else {
         None
     };
+    let mut converged = None;
     if let Some(how) = config.converge {
-        let throttled = converge(&mut client, how, predicted.as_ref(), config.json, out)?;
+        let (throttled, set) = converge(&mut client, how, predicted.as_ref(), config.json, out)?;
+        converged = Some(set);
         if let (Some(p), Some(t)) = (predicted.as_mut(), throttled) {
             // The migration that runs is the throttled one: its prediction is the one to check.
             let text = std::mem::take(&mut p.text);
@@ -111,6 +113,9 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         let mut v = serde_json::to_value(&info).map_err(|e| Error::BadReply(e.to_string()))?;
         if let Some(p) = &predicted {
             v["x-predicted"] = super::predict::to_json(p, &info, limit);
+        }
+        if let Some(set) = converged {
+            v["x-converge"] = set;
         }
         writeln!(
             out,
@@ -176,7 +181,7 @@ impl Plan {
                     ..neither_at_start
                 },
                 predicted: Some((**throttled).clone()),
-                said: Some(format!("throttling every vCPU to {pct} % from the start (the smallest throttle the model finds converging)")),
+                said: Some(format!("throttling every vCPU to {pct} % from the start (the smallest throttle the model finds converging without auto-converge stepping further)")),
                 ..plan(true, false)
             };
         }
@@ -194,25 +199,32 @@ impl Plan {
 }
 
 /// `--converge`: sets the capabilities and parameters the plan says; the
-/// throttled prediction when one was set.
+/// throttled prediction when one was set, and what was set (`--json`'s
+/// `x-converge`: the throttle or limit it started with, to set against the
+/// one the migration ends with).
 fn converge(
     client: &mut Client,
     how: Converge,
     predicted: Option<&Predicted>,
     json: bool,
     out: &mut dyn Write,
-) -> Result<Option<Predicted>, Error> {
+) -> Result<(Option<Predicted>, serde_json::Value), Error> {
     let plan = Plan::of(how, predicted);
     if let Some(said) = plan.said.as_ref().filter(|_| !json) {
         writeln!(out, "--converge auto: {said}")?;
     }
+    let set = serde_json::json!({
+        "capabilities": {"auto-converge": plan.auto_converge, "dirty-limit": plan.dirty_limit},
+        "parameters": plan.parameters,
+        "said": plan.said,
+    });
     client.migrate_set_parameters(plan.parameters)?;
     // Both in one request: the VMM refuses them on together.
     client.migrate_set_capabilities(&[
         (Capability::AutoConverge, plan.auto_converge),
         (Capability::DirtyLimit, plan.dirty_limit),
     ])?;
-    Ok(plan.predicted)
+    Ok((plan.predicted, set))
 }
 
 /// `--predict`: the readiness prediction for the link just set (its

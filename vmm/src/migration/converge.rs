@@ -27,8 +27,8 @@ use crate::vcpu::VcpuShared;
 const PERIOD: Duration = Duration::from_secs(1);
 
 /// The share of the sent bytes the guest may dirty over a period before it
-/// counts as too fast (QEMU's `throttle-trigger-threshold` default), %.
-const TRIGGER_PERCENT: u64 = 50;
+/// counts as too fast, %.
+const TRIGGER_PERCENT: u64 = Parameters::THROTTLE_TRIGGER_PERCENT;
 
 /// Which capability makes the migration converge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +98,9 @@ impl Converge {
                 self.pct = next_step(self.pct, p, period);
                 for v in &self.vcpus {
                     v.throttle.set(self.pct);
+                }
+                if let Some(limits) = &self.limits {
+                    limits.wake_main_loop();
                 }
                 log::info!(
                     "migration: auto-converge throttles every vCPU to {} %{when}",

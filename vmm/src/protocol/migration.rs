@@ -290,6 +290,12 @@ impl Parameters {
 
     /// The default `x-vcpu-dirty-limit-period`, ms (QEMU's).
     pub(crate) const DEFAULT_DIRTY_LIMIT_PERIOD_MS: u64 = 1000;
+
+    /// The share of the sent bytes the guest may dirty over a period before
+    /// auto-converge counts it as too fast and steps (QEMU's
+    /// `throttle-trigger-threshold` default, which kvmscope does not let
+    /// change), %.
+    pub(crate) const THROTTLE_TRIGGER_PERCENT: u64 = 50;
 }
 
 impl Default for Parameters {

@@ -99,8 +99,44 @@ pub(crate) struct Inputs {
     /// protected (a write-protection fault, its share of ring-full exits),
     /// seconds, as a dirty-rate window measured it; `None`: not measured.
     pub(crate) stall_per_page: Option<f64>,
+    /// vCPUs held to a dirty limit from pre-copy's start, beyond
+    /// `dirty_rate` (which then holds only the others'); `None`: none.
+    pub(crate) limited: Option<Limited>,
     /// Costs beyond the wire.
     pub(crate) costs: Costs,
+}
+
+/// What vCPUs held to a dirty limit from pre-copy's start write: each
+/// vCPU's token bucket starts full (a period of its limit, `burst`) and is
+/// looked at every timeslice, so in its first slice a vCPU writes at its
+/// unlimited (tracked) rate, `first` pages, and then sleeps off what it
+/// took beyond the burst. By `t` seconds into pre-copy the limited vCPUs
+/// have written `max(first, burst + rate·t)` pages (all of them new: under
+/// a limit each ring entry is a page written since its last harvest).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Limited {
+    /// Their limits together, pages/s.
+    pub(crate) rate: f64,
+    /// Their buckets' bursts together, pages.
+    pub(crate) burst: f64,
+    /// What they write in their first timeslice at their unlimited rate, pages.
+    pub(crate) first: f64,
+}
+
+impl Limited {
+    /// Pages written by `t` seconds into pre-copy.
+    fn by(&self, t: f64) -> f64 {
+        if t <= 0.0 {
+            0.0
+        } else {
+            self.first.max(self.burst + self.rate * t)
+        }
+    }
+
+    /// Pages written between `a` and `b` seconds into pre-copy.
+    fn between(&self, a: f64, b: f64) -> u64 {
+        saturating_u64((self.by(b) - self.by(a)).max(0.0).ceil())
+    }
 }
 
 /// One pre-copy pass.
@@ -235,6 +271,15 @@ impl Inputs {
         saturating_u64(distinct.ceil()).min(self.total_pages)
     }
 
+    /// Pages dirty at the sync after a pass from `a` to `b` seconds into
+    /// pre-copy: the rate's over its length, and the limited vCPUs'.
+    fn dirtied_between(&self, a: f64, b: f64) -> u64 {
+        let limited = self.limited.map_or(0, |l| l.between(a, b));
+        self.dirtied(b - a)
+            .saturating_add(limited)
+            .min(self.total_pages)
+    }
+
     /// Pass 0's time: its bytes at the rate, or reading every backed page at
     /// the local rate when that is longer (zero-filled RAM is read, not sent).
     fn pass0(&self) -> Round {
@@ -279,7 +324,8 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
     check(i)?;
     let mut rounds = vec![i.pass0()];
     let limit = i.max_rounds.filter(|&r| r > 0);
-    let mut dirty = i.dirtied(rounds[0].seconds);
+    let mut elapsed = rounds[0].seconds;
+    let mut dirty = i.dirtied_between(0.0, elapsed);
     let mut diverged: Option<String> = None;
     let (converges, reason) = loop {
         let done = rounds.len() as u64;
@@ -305,7 +351,8 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
         }
         let next = i.round(dirty, dirty_pass_bytes(dirty));
         rounds.push(next);
-        dirty = i.dirtied(next.seconds);
+        dirty = i.dirtied_between(elapsed, elapsed + next.seconds);
+        elapsed += next.seconds;
     };
     let forced = !converges && limit.is_some_and(|l| rounds.len() as u64 >= l);
     let stop = (converges || forced).then(|| i.stop(dirty));

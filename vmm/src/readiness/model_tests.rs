@@ -25,6 +25,7 @@ fn inputs() -> Inputs {
         vcpus: 1,
         max_rounds: None,
         stall_per_page: None,
+        limited: None,
         costs: no_costs(),
     }
 }
@@ -292,6 +293,7 @@ fn the_stall_is_one_fault_per_page_dirtied_in_each_pass_at_the_measured_cost() {
     let p = predict(&Inputs {
         dirty_rate: 10.0,
         stall_per_page: Some(3e-6),
+        limited: None,
         ..inputs()
     })
     .unwrap();
@@ -312,6 +314,7 @@ fn the_stall_is_one_fault_per_page_dirtied_in_each_pass_at_the_measured_cost() {
     let never = predict(&Inputs {
         dirty_rate: 150.0,
         stall_per_page: Some(3e-6),
+        limited: None,
         ..inputs()
     })
     .unwrap();
@@ -320,8 +323,36 @@ fn the_stall_is_one_fault_per_page_dirtied_in_each_pass_at_the_measured_cost() {
     // An idle guest dirties nothing and loses nothing.
     let idle = predict(&Inputs {
         stall_per_page: Some(3e-6),
+        limited: None,
         ..inputs()
     })
     .unwrap();
     assert_eq!(idle.stall, Some(0.0));
+}
+
+#[test]
+fn a_limited_vcpu_writes_its_first_slice_then_sleeps_it_off_then_writes_at_its_limit() {
+    // Pass 0 takes ~3.985 s. Limited at 10 pages/s with a 10-page burst, a
+    // first slice of 120 pages: by 3.985 s it has written max(120, 10 +
+    // 39.85) = 120 pages (still asleep), not the 40 the limit alone says.
+    let held = Limited {
+        rate: 10.0,
+        burst: 10.0,
+        first: 120.0,
+    };
+    let p = predict(&Inputs {
+        limited: Some(held),
+        ..inputs()
+    })
+    .unwrap();
+    assert_eq!(pages(&p)[..2], [1000, 120]);
+    // Pass 1 (120 pages, ~1.2 s) ends at ~5.2 s: 62 pages owed are paid off
+    // by then (10 + 52 = 62 < 120), so it wrote nothing more: the stop
+    // takes what is left, nothing.
+    assert_eq!(p.stop_and_copy.unwrap().pages, 0);
+    assert!(p.converges, "{}", p.reason);
+    // Paid off at 11 s (10 + 10·11 = 120); then the limit's rate.
+    assert_eq!(held.between(10.0, 11.0), 0);
+    assert_eq!(held.between(20.0, 21.0), 10);
+    assert_eq!(held.between(0.0, 0.001), 120, "the first slice at once");
 }

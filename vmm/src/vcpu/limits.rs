@@ -52,15 +52,28 @@ pub(crate) struct Limits {
     vcpus: Vec<Arc<VcpuShared>>,
     dirty: Arc<DirtyLog>,
     state: Mutex<State>,
+    /// Tells the main loop a throttle or limit was set, so that it kicks
+    /// the vCPUs at once and every timeslice from then (it may otherwise
+    /// sleep up to a second first, while a writer overdraws its limit).
+    wake: Wake,
 }
 
+/// The callback [`Limits::wake_main_loop`] calls (the VM's: a message to its main loop).
+pub(crate) type Wake = Box<dyn Fn() + Send + Sync>;
+
 impl Limits {
-    pub(crate) fn new(vcpus: Vec<Arc<VcpuShared>>, dirty: Arc<DirtyLog>) -> Limits {
+    pub(crate) fn new(vcpus: Vec<Arc<VcpuShared>>, dirty: Arc<DirtyLog>, wake: Wake) -> Limits {
         Limits {
             vcpus,
             dirty,
             state: Mutex::new(State::default()),
+            wake,
         }
+    }
+
+    /// Tells the main loop that a vCPU is now throttled or limited.
+    pub(crate) fn wake_main_loop(&self) {
+        (self.wake)();
     }
 
     /// The VM's ring size in entries, if it has a ring.
@@ -124,6 +137,9 @@ impl Limits {
         }
         for v in chosen {
             v.dirty_limit.set(mb.min(MAX_DIRTY_RATE_MB), period_ms);
+        }
+        if mb > 0 {
+            self.wake_main_loop();
         }
         if self.vcpus.iter().all(|v| v.dirty_limit.limit_mb() == 0) {
             // Nobody limited: logging is let go (dropping the consumer).

@@ -1,0 +1,178 @@
+"""The `converge` part (the migration part's throttled cells): guests that
+cannot converge by themselves, migrated with each way of making them
+converge, side by side.
+
+Each cell is a fresh source (`kvmscope run --socket`, ring or bitmap log)
+whose first vCPUs dirty memory faster than the link sends it (a sequential
+sweep, a random writer, two random writers) while its last vCPU reads
+memory and dirties none; after a lead (the rates settle, the destination
+listens) `kvmscope migrate --predict --json --converge HOW` moves it to a
+second `kvmscope run --incoming`:
+
+- auto: what the readiness model chose, from the start (a dirty limit on a
+  ring VM, a CPU throttle on a bitmap VM);
+- dirty-limit: QEMU 8.1+'s, every vCPU limited to `vcpu-dirty-limit`
+  (1 MB/s by default) after two periods of dirtying too fast;
+- auto-converge: QEMU's blind steps (20 %, then +10 %).
+
+A row holds the prediction of the throttled migration and the outcome
+field by field (`query-migrate`'s names), the throttle set first and the
+one in force at the end, and per vCPU: time asleep for the throttle, and
+its progress as the guest counts it (`x-guest-progress`) during pre-copy
+against its untracked pace (the guest's count read twice through
+`query-guest` before any tracking): a writer's with every vCPU running, a
+reader's while it runs alone (the writers' memory traffic slows a reader
+by half here, so "with the writers running" would credit a throttle that
+stops them with speeding the reader up)."""
+
+import json
+import subprocess
+import time
+
+from experiments_migration import Dest
+from experiments_vm import Vm, log
+
+MIB = 1 << 20
+# Bytes of commands per guest-command request (requests are at most 64 KiB).
+REQUEST_BYTES = 60_000
+
+
+def shapes(ws, arena):
+    """name -> (vCPUs, {vCPU: (role, command)}): the last vCPU reads the
+    whole arena (a word a page, the writers' pages too: reads dirty
+    nothing), over and over."""
+    sweep = "touch size=%d" % ws
+    writer = lambda seed: "dirty ws=%d rate=max for=600s seed=%d" % (ws, seed)  # noqa: E731
+    reader = "read size=%d" % arena
+    return {
+        "sweep": (2, {0: ("sweeps", sweep), 1: ("reads", reader)}),
+        "random": (2, {0: ("writes", writer(1)), 1: ("reads", reader)}),
+        "two-writers": (3, {0: ("writes", writer(1)), 1: ("writes", writer(2)), 2: ("reads", reader)}),
+    }
+
+
+def queue(vm, vcpu, command, repeats):
+    """Queues `command` `repeats` times on `vcpu` (a one-off command once)."""
+    if command.startswith("dirty"):
+        vm.start(command, vcpu=vcpu)
+        return
+    while repeats > 0:
+        n = min(repeats, REQUEST_BYTES // (len(command) + 2))
+        vm.call("guest-command", vcpu=vcpu, command="; ".join([command] * n))
+        repeats -= n
+
+
+def untracked_rates(vm, vcpus, seconds):
+    """Each vCPU's progress per second over `seconds`, from the guest's own
+    count (two `query-guest` reads)."""
+    def counts():
+        return time.monotonic(), [g["progress"] for g in vm.call("query-guest", vcpus=list(range(vcpus)))]
+    t0, c0 = counts()
+    time.sleep(seconds)
+    t1, c1 = counts()
+    return [(b - a) / (t1 - t0) for a, b in zip(c0, c1)]
+
+
+def run_converge(binary, m):
+    rows = []
+    for shape, mode, how in m["converge_cells"]:
+        row = converge_cell(binary, m, shape, mode, how)
+        rows.append(row)
+        log("converge %-11s %-6s %-13s: %s in %s ms (predicted %s), downtime %s ms, %s passes, set %s, end %s, "
+            "kept %s %%, throttled %s ms" % (shape, mode, how, row["status"], row["total_ms"], row["pred_total_ms"],
+                                              row["downtime_ms"], row["passes"], row["set"], row["end"],
+                                              row["kept_pct"], row["throttled_ms"]))
+    return rows
+
+
+def converge_cell(binary, m, shape, mode, how):
+    src = Vm(binary, m["converge_memory"], dirty_log=mode, vcpus=3 if shape == "two-writers" else 2)
+    vcpus, work = shapes(m["converge_ws"], src.arena["size"])[shape]
+    dst = None
+    try:
+        # The readers alone first: their own untracked pace, which the
+        # writers' memory traffic lowers once they start.
+        # A first read of a page maps it (the host's zero page): a reader's
+        # first pass runs at half its pace, so one pass comes first.
+        readers = [v for v, (role, _) in work.items() if role == "reads"]
+        for v in readers:
+            src.guest(work[v][1], vcpu=v)
+            queue(src, v, work[v][1], m["converge_repeats"])
+        time.sleep(0.3)
+        alone = untracked_rates(src, vcpus, m["converge_lead"] / 2)
+        for v, (_, command) in work.items():
+            if v not in readers:
+                queue(src, v, command, m["converge_repeats"])
+        time.sleep(0.5)  # every vCPU under way
+        untracked = untracked_rates(src, vcpus, m["converge_lead"])
+        for v in readers:
+            untracked[v] = alone[v]
+        dst = Dest(binary)
+        cmd = [binary, "migrate", "--socket", src.socket, "--to", dst.uri, "--bandwidth", m["converge_link"],
+               "--max-downtime", "%dms" % m["converge_limit_ms"], "--predict", "--json", "--converge", how]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if "{" not in out.stdout:
+            raise RuntimeError("kvmscope migrate: %s" % out.stderr[-2000:])
+        j = json.loads(out.stdout[out.stdout.index("{"):])
+        return row_of(shape, mode, how, m, work, untracked, j)
+    finally:
+        if dst is not None:
+            dst.close()
+        src.close()
+
+
+def what_was_set(j):
+    """The throttle or limit set before the migration, and the one in force at its end."""
+    set_ = j.get("x-converge", {})
+    caps, params = set_.get("capabilities", {}), set_.get("parameters", {})
+    if caps.get("dirty-limit"):
+        mb = params.get("vcpu-dirty-limit", 1)
+        at_start = params.get("x-vcpu-dirty-limit-at-start")
+        limited = j.get("dirty-limit-ring-full-time") is not None
+        return ("limit %s MB/s%s" % (mb, " at start" if at_start else ""),
+                "limit %s MB/s" % mb if limited else "none set")
+    if caps.get("auto-converge"):
+        first = params.get("cpu-throttle-initial", 20)
+        at_start = params.get("x-cpu-throttle-at-start")
+        end = j.get("cpu-throttle-percentage")
+        return ("throttle %s %%%s" % (first, " at start" if at_start else ""),
+                "throttle %s %%" % end if end is not None else "none set")
+    return "none", "none"
+
+
+def row_of(shape, mode, how, m, work, untracked, j):
+    fields = j.get("x-predicted", {}).get("fields", {})
+    pred = lambda k: (fields.get(k) or {}).get("predicted")  # noqa: E731
+    ram = j.get("ram", {})
+    throttled = {v["cpu-index"]: v["ms"] for v in j.get("x-cpu-throttled", {}).get("vcpus", [])}
+    progress = {v["cpu-index"]: v for v in j.get("x-guest-progress", {}).get("vcpus", [])}
+    roles, kept, during = [], [], []
+    for v in sorted(work):
+        roles.append(work[v][0])
+        p = progress.get(v, {}).get("per-second")
+        during.append("" if p is None else round(p))
+        kept.append("" if p is None or untracked[v] <= 0 else round(100 * p / untracked[v], 1))
+    set_, end = what_was_set(j)
+    limit = m["converge_limit_ms"]
+    down = j.get("downtime")
+    return {
+        "shape": shape, "mode": mode, "how": how, "link": m["converge_link"], "limit_ms": limit,
+        "status": j.get("status"), "set": set_, "end": end,
+        "pred_verdict": {True: "converges", False: "no"}.get(
+            (j.get("x-predicted") or {}).get("converges", {}).get("predicted"), ""),
+        "verdict": "converges" if j.get("status") == "completed" and down is not None and down <= limit else "no",
+        "pred_transferred": pred("transferred") or "", "transferred": ram.get("transferred"),
+        "pred_total_ms": pred("total-time") or "", "total_ms": j.get("total-time"),
+        "pred_downtime_ms": pred("downtime") or "", "downtime_ms": down,
+        "pred_passes": pred("dirty-sync-count") or "", "passes": ram.get("dirty-sync-count"),
+        "throttled_ms": "/".join(str(round(throttled.get(v, 0))) for v in sorted(work)),
+        "stall_ms": round(j.get("x-guest-stall", {}).get("total-ms", 0)),
+        "roles": "/".join(roles), "untracked_per_s": "/".join(str(round(u)) for u in untracked),
+        "during_per_s": "/".join(str(d) for d in during), "kept_pct": "/".join(str(k) for k in kept),
+    }
+
+
+COLUMNS = ["shape", "mode", "how", "link", "limit_ms", "status", "set", "end", "pred_verdict", "verdict",
+           "pred_transferred", "transferred", "pred_total_ms", "total_ms", "pred_downtime_ms", "downtime_ms",
+           "pred_passes", "passes", "throttled_ms", "stall_ms", "roles", "untracked_per_s", "during_per_s",
+           "kept_pct"]

@@ -1,0 +1,74 @@
+"""The converge part's generated block of docs/EXPERIMENTS.md: each throttled
+migration cell side by side (what was set, predicted and actual, the
+guest's price per vCPU), then the goals of the convergence issue."""
+
+from experiments_report_migration import pct, rel, table
+
+
+def split(row, key):
+    """A per-vCPU column ("985/0") as numbers (None where empty)."""
+    return [float(x) if x not in ("", None) else None for x in str(row[key]).split("/")]
+
+
+def kept(row):
+    """Each vCPU's progress kept, as "role %" strings."""
+    roles = str(row["roles"]).split("/")
+    return ", ".join("%s %s" % (r, "–" if k is None else "%.0f %%" % k) for r, k in zip(roles, split(row, "kept_pct")))
+
+
+def block_converge(rows):
+    out = []
+    for r in rows:
+        predicted = r["pred_total_ms"] not in ("", None)
+        out.append((
+            "%s, %s" % (r["shape"], r["mode"]), "`%s`" % r["how"], "%s → %s" % (r["set"], r["end"]),
+            "%s / %s (%s)" % (r["pred_total_ms"], r["total_ms"], pct(rel(r["pred_total_ms"], r["total_ms"])))
+            if predicted else "– / %s" % r["total_ms"],
+            "%.1f / %.1f (%s)" % (r["pred_transferred"] / 1e6, r["transferred"] / 1e6,
+                                  pct(rel(r["pred_transferred"], r["transferred"])))
+            if predicted else "– / %.1f" % (r["transferred"] / 1e6),
+            "%s / %s" % (r["downtime_ms"], r["limit_ms"]),
+            "%s / %s" % (r["pred_passes"] if predicted else "–", r["passes"]),
+            r["throttled_ms"], kept(r)))
+    header = ["guest", "--converge", "set first → in force at the end", "total ms, predicted / actual",
+              "MB sent, predicted / actual", "downtime / limit, ms", "passes", "vCPU time asleep, ms",
+              "guest's progress kept"]
+    return table(header, out) + "\n" + goals(rows)
+
+
+def goals(rows):
+    auto = [r for r in rows if r["how"] == "auto"]
+    within_limit = [r for r in auto if r["status"] == "completed" and r["downtime_ms"] <= r["limit_ms"]]
+    faster = []
+    for r in auto:
+        slow = [o for o in rows if o["how"] == "auto-converge" and o["shape"] == r["shape"] and o["mode"] == r["mode"]]
+        if slow:
+            faster.append((r, slow[0]["total_ms"] / r["total_ms"]))
+    steady = [r for r in auto if r["set"].replace(" at start", "") == r["end"]]
+    right = [r for r in auto if r["pred_verdict"] == r["verdict"]]
+    close = [r for r in auto if all(abs(rel(r["pred_" + k], r[k]) or 0) <= 0.15 for k in ("transferred", "total_ms"))]
+    # The readers under a mechanism that throttles only vCPUs that dirty memory.
+    readers = [(r, k) for r in rows if r["how"] in ("auto", "dirty-limit") and r["mode"] == "ring"
+               for role, k in zip(str(r["roles"]).split("/"), split(r, "kept_pct")) if role == "reads"]
+    slept = [r for r in rows if r["how"] in ("auto", "dirty-limit") and r["mode"] == "ring"
+             and split(r, "throttled_ms")[-1] == 0]
+    ring = [r for r in rows if r["how"] in ("auto", "dirty-limit") and r["mode"] == "ring"]
+    lines = [
+        ("every non-converging cell completes with `--converge auto`, downtime within its limit",
+         "%d of %d" % (len(within_limit), len(auto)), len(within_limit) == len(auto)),
+        ("`--converge auto` ≥ 3x faster in total time than `auto-converge` on the same cells",
+         ", ".join("%s %.1fx" % (r["shape"], x) for r, x in faster), all(x >= 3 for _, x in faster)),
+        ("the throttle set first within 25 % of the one it ends with",
+         "%d of %d (same in every dirty-limit cell)" % (len(steady), len(auto)), len(steady) == len(auto)),
+        ("the throttled prediction: verdict right in every cell",
+         "%d of %d" % (len(right), len(auto)), len(right) == len(auto)),
+        ("transferred and total time within 15 % in 90 % of cells",
+         "%d of %d" % (len(close), len(auto)), len(close) >= 0.9 * len(auto)),
+        ("vCPUs that do not dirty memory are not throttled under a dirty limit",
+         "asleep 0 ms in %d of %d ring cells" % (len(slept), len(ring)), len(slept) == len(ring)),
+        ("... and keep ≥ 99 % of their untracked progress",
+         ", ".join("%.0f %%" % k for _, k in readers if k is not None),
+         all(k is not None and k >= 99 for _, k in readers)),
+    ]
+    return table(["goal (issue 22)", "this run", ""],
+                 [(g, got, "met" if ok else "**not met**") for g, got, ok in lines])
