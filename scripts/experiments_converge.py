@@ -15,6 +15,10 @@ second `kvmscope run --incoming`:
   (1 MB/s by default) after two periods of dirtying too fast;
 - auto-converge: QEMU's blind steps (20 %, then +10 %).
 
+A control cell migrates the same guest with its writers idle (`--converge
+off`): the reader's pace during a migration that throttles nothing (the
+migration's own traffic shares the host's caches and cores with it).
+
 A row holds the prediction of the throttled migration and the outcome
 field by field (`query-migrate`'s names), the throttle set first and the
 one in force at the end, and per vCPU: time asleep for the throttle, and
@@ -48,6 +52,10 @@ def shapes(ws, arena):
         "sweep": (2, {0: ("sweeps", sweep), 1: ("reads", reader)}),
         "random": (2, {0: ("writes", writer(1)), 1: ("reads", reader)}),
         "two-writers": (3, {0: ("writes", writer(1)), 1: ("writes", writer(2)), 2: ("reads", reader)}),
+        # The control: the sweep's memory written once, then nothing to
+        # throttle: the reader's pace while a migration moves the same
+        # memory over the same link.
+        "reader-only": (2, {0: ("wrote", sweep), 1: ("reads", reader)}),
     }
 
 
@@ -100,8 +108,10 @@ def converge_cell(binary, m, shape, mode, how):
             queue(src, v, work[v][1], m["converge_repeats"])
         time.sleep(0.3)
         alone = untracked_rates(src, vcpus, m["converge_lead"] / 2)
-        for v, (_, command) in work.items():
-            if v not in readers:
+        for v, (role, command) in work.items():
+            if role == "wrote":  # once, before the migration: data to send
+                src.guest(command, vcpu=v)
+            elif v not in readers:
                 queue(src, v, command, m["converge_repeats"])
         time.sleep(0.5)  # every vCPU under way
         untracked = untracked_rates(src, vcpus, m["converge_lead"])

@@ -25,7 +25,8 @@ def mislead_cases(unit):
 # but the first at full speed); see experiments_migration.py.
 # Throttled migration cells (experiments_converge.py): (shape, dirty log, --converge).
 CONVERGE_FULL = [(shape, "ring", how) for shape in ("sweep", "random", "two-writers")
-                 for how in ("auto", "dirty-limit", "auto-converge")] + [("sweep", "bitmap", "auto")]
+                 for how in ("auto", "dirty-limit", "auto-converge")] + [("sweep", "bitmap", "auto"),
+                                                                         ("reader-only", "ring", "off")]
 
 MIGRATION_FULL = [
     ("256M", 1, False, "nonzero", 0.5, "0", "unlimited", 300),

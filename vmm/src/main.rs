@@ -44,7 +44,9 @@ enum Cmd {
     /// The whole story: start a VMM with a socket, drive the guest through it,
     /// and show how the stats move, read through fds received from it.
     Demo(DemoArgs),
-    /// Draw a series from `run --samples-out` (mapped memory, exit rates, phases) as SVG or PNG.
+    /// Draw a series from `run --samples-out` (mapped memory, exit rates,
+    /// phases, and the guest's own progress per second when the series has
+    /// it) as SVG or PNG.
     #[cfg(feature = "plot")]
     Plot(PlotArgs),
     /// Ask a running VMM whether its guest is ready to live-migrate: non-zero
@@ -269,10 +271,10 @@ struct PlotArgs {
     /// Height in pixels.
     #[arg(long, default_value_t = kvmscope::plot::DEFAULT_HEIGHT)]
     height: u32,
-    /// Draw only this vCPU's exit rates and phases.
+    /// Draw only this vCPU's exit rates, progress and phases.
     #[arg(long, value_name = "N")]
     vcpu: Option<usize>,
-    /// Scale of the exit-rate axis.
+    /// Scale of the exit-rate and progress axes.
     #[arg(long, value_enum, default_value_t)]
     rates: kvmscope::plot::RateScale,
 }

@@ -205,6 +205,7 @@ fn a_cancel_lifts_the_limits_and_standalone_limits_wait_for_the_migration() {
     let src = ring_guest("dl-cancel");
     let mut c = src.client();
     dirty_limit_on(&mut c);
+    let untracked = writer_pace(&mut c);
     let dest = Dest::start("dl-cancel-dst", |_, _| {});
     c.execute(
         "migrate-set-parameters",
@@ -234,7 +235,21 @@ fn a_cancel_lifts_the_limits_and_standalone_limits_wait_for_the_migration() {
     let before = settled(&mut c);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(slept(&mut c)[0], before, "the writer runs free");
+    // As the guest counts it: back to (about) its pace before the migration.
+    let after = writer_pace(&mut c);
+    assert!(
+        after > untracked / 2.0,
+        "{after} writes/s after the cancel against {untracked} before"
+    );
     drop(dest);
+}
+
+/// vCPU 0's writes per second over the last second, as its guest counts
+/// them, once a second of them has been seen.
+fn writer_pace(c: &mut Client) -> f64 {
+    std::thread::sleep(Duration::from_millis(1100));
+    let (g, _) = c.execute("query-guest", json!({"vcpus": [0]})).unwrap();
+    g[0]["progress-per-second"].as_f64().expect("a pace")
 }
 
 /// A destination that takes the config, says ready, reads for `for_` and

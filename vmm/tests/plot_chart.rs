@@ -320,3 +320,28 @@ fn png_has_the_signature_and_the_requested_size() {
         (SAMPLES, PHASE_LABELS.len())
     );
 }
+
+#[test]
+fn a_series_with_the_guests_progress_gets_a_third_panel_and_one_without_does_not() {
+    let (_, mut points) = experiment();
+    let plain = Document::parse(&svg_of(&points, &opts()))
+        .expect("xml")
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .any(|n| n.text().is_some_and(|t| t.contains("Guest progress")));
+    assert!(!plain, "no progress, no panel");
+    for (i, p) in points.iter_mut().enumerate() {
+        p.vcpus[0].progress_per_s = 1000.0 + i as f64;
+    }
+    let svg = svg_of(&points, &opts());
+    let doc = Document::parse(&svg).expect("xml");
+    let texts = texts(&doc);
+    assert!(texts.iter().any(|t| t == "Guest progress"), "{texts:?}");
+    assert!(
+        texts.iter().any(|t| t.starts_with("guest units/s")),
+        "{texts:?}"
+    );
+    // vCPU 0's colour: its KVM exit rate and its progress, a line each; vCPU
+    // 1's progress is 0 (a flat line at the axis' floor).
+    assert_eq!(lines(&doc, rate_color(0, Rate::Kvm)), [SAMPLES, SAMPLES]);
+}

@@ -150,6 +150,9 @@ pub(crate) struct Chart<'a> {
     time: Range<f64>,
     bytes: ByteAxis,
     rates: RateAxis,
+    /// The guest's own progress per second (a third panel), when the series
+    /// carries it (guest ABI `progress`; older series and other guests do not).
+    progress: Option<RateAxis>,
     /// Whether text is drawn (not when a bitmap has no font to draw it with).
     text: bool,
 }
@@ -192,6 +195,11 @@ impl<'a> Chart<'a> {
             .fold(f64::NEG_INFINITY, f64::max);
         let max_bytes = points.iter().map(|p| total_bytes(p)).fold(0.0, f64::max);
         let max_rate = max_rate(&points, &vcpus);
+        let max_progress = max_progress(&points, &vcpus);
+        let axis = |max| match opts.rates {
+            RateScale::Log => RateAxis::log(max),
+            RateScale::Linear => RateAxis::linear(max),
+        };
         Ok(Chart {
             opts,
             header,
@@ -202,10 +210,8 @@ impl<'a> Chart<'a> {
             available,
             time: axes::time_range(t0, t1),
             bytes: ByteAxis::new(max_bytes),
-            rates: match opts.rates {
-                RateScale::Log => RateAxis::log(max_rate),
-                RateScale::Linear => RateAxis::linear(max_rate),
-            },
+            rates: axis(max_rate),
+            progress: (max_progress > 0.0).then(|| axis(max_progress)),
             text: true,
         })
     }
@@ -224,19 +230,31 @@ impl<'a> Chart<'a> {
         root.fill(&WHITE)?;
         self.draw_title(root)?;
         let (w, h) = root.dim_in_pixel();
-        let panel_h = h.saturating_sub(TOP + BOTTOM + GAP) / 2;
+        // Panels below the first carry time labels under them.
+        let below = if self.progress.is_some() { 2 } else { 1 };
+        let panel_h = h.saturating_sub(TOP + below * (BOTTOM + GAP)) / (below + 1);
         let width = w.saturating_sub(RIGHT);
-        let top = root.clone().shrink((0, TOP), (width, panel_h));
-        let bottom = root
-            .clone()
-            .shrink((0, TOP + panel_h + GAP), (width, panel_h + BOTTOM));
-        let x_of = self.draw_bytes(&top)?;
-        self.draw_rates(&bottom)?;
         let px = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+        let top = root.clone().shrink((0, TOP), (width, panel_h));
+        let x_of = self.draw_bytes(&top)?;
         let upper = (px(TOP), px(TOP + panel_h));
-        let lower = (px(TOP + panel_h + GAP), px(TOP + 2 * panel_h + GAP));
-        let markers = self.draw_markers(root, &x_of, (upper.0, lower.1))?;
-        self.draw_legend(root, px(width + 18), [upper, lower])?;
+        // The n-th panel below the first: its area (labels included) and plot rows.
+        let nth = |n: u32| {
+            let y = TOP + panel_h + GAP + (n - 1) * (panel_h + BOTTOM + GAP);
+            let area = root.clone().shrink((0, y), (width, panel_h + BOTTOM));
+            (area, (px(y), px(y + panel_h)))
+        };
+        let (area, lower) = nth(1);
+        self.draw_rates(&area)?;
+        let mut rows = vec![upper, lower];
+        if let Some(axis) = &self.progress {
+            let (area, third) = nth(2);
+            self.draw_progress(&area, axis)?;
+            rows.push(third);
+        }
+        let last = rows.last().map_or(upper.1, |r| r.1);
+        let markers = self.draw_markers(root, &x_of, (upper.0, last))?;
+        self.draw_legend(root, px(width + 18), &rows)?;
         Ok(markers)
     }
 
@@ -360,22 +378,39 @@ impl<'a> Chart<'a> {
         Ok(())
     }
 
-    /// One rate's line in runs of samples with a finite rate: the pen lifts
-    /// over samples that lack the vCPU or whose rate is NaN or infinite.
-    fn rate_runs(&self, vcpu: usize, rate: Rate) -> Vec<Vec<(f64, f64)>> {
-        let (mut runs, mut run) = (Vec::new(), Vec::new());
-        for p in &self.points {
-            let value = p.vcpus.get(vcpu).map(|v| rate.of(v));
-            match value.filter(|r| r.is_finite()) {
-                Some(r) => run.push((p.time_s, self.rates.y(r))),
-                None if !run.is_empty() => runs.push(std::mem::take(&mut run)),
-                None => {}
+    /// The third panel: per vCPU, the guest's own count of its work per
+    /// second (what a throttle, a dirty limit or tracking took from it).
+    fn draw_progress<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        axis: &RateAxis,
+    ) -> Drawing<(), DB> {
+        let mut chart = ChartBuilder::on(area)
+            .y_label_area_size(LEFT)
+            .x_label_area_size(BOTTOM)
+            .build_cartesian_2d(self.time.clone(), axis.clone())?;
+        let title = match axis {
+            RateAxis::Log { .. } => "guest units/s (log)",
+            RateAxis::Linear { .. } => "guest units/s",
+        };
+        let label = |v: &f64| axis.label(*v);
+        self.panel(&mut chart, title, &label)?;
+        for &vcpu in &self.vcpus {
+            let style = rate_color(vcpu, Rate::Kvm).stroke_width(2);
+            for run in runs(&self.points, axis, |p| {
+                p.vcpus.get(vcpu).map(|v| v.progress_per_s)
+            }) {
+                draw_line(&mut chart, run, style)?;
             }
         }
-        if !run.is_empty() {
-            runs.push(run);
-        }
-        runs
+        Ok(())
+    }
+
+    /// One rate's line in runs of samples with a finite rate.
+    fn rate_runs(&self, vcpu: usize, rate: Rate) -> Vec<Vec<(f64, f64)>> {
+        runs(&self.points, &self.rates, |p| {
+            p.vcpus.get(vcpu).map(|v| rate.of(v))
+        })
     }
 
     /// A panel's background, grid, frame, tick labels and axis titles, and
@@ -434,7 +469,8 @@ impl<'a> Chart<'a> {
         (y0, y1): (i32, i32),
     ) -> Drawing<usize, DB> {
         let groups = markers::group(&self.changes, |t| f64::from(x_of(t)), MARKER_MIN_PX);
-        let panel_h = f64::from(y1 - y0 - GAP_PX) / 2.0;
+        let panels = if self.progress.is_some() { 3.0 } else { 2.0 };
+        let panel_h = f64::from(y1 - y0 - GAP_PX) / panels;
         let max_chars = saturating_usize(((panel_h - 10.0) / LABEL_CHAR_PX).max(4.0));
         for g in &groups {
             let (x, color) = (x_of(g.time_s), markers::command_color(g.code));
@@ -468,6 +504,37 @@ fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
         chart.draw_series(std::iter::once(PathElement::new(points, style)))?;
     }
     Ok(())
+}
+
+/// A line in runs of samples with a finite value on `axis`: the pen lifts
+/// over samples that lack the vCPU or whose value is NaN or infinite.
+fn runs(
+    points: &[&Point],
+    axis: &RateAxis,
+    value: impl Fn(&Point) -> Option<f64>,
+) -> Vec<Vec<(f64, f64)>> {
+    let (mut runs, mut run) = (Vec::new(), Vec::new());
+    for p in points {
+        match value(p).filter(|r| r.is_finite()) {
+            Some(r) => run.push((p.time_s, axis.y(r))),
+            None if !run.is_empty() => runs.push(std::mem::take(&mut run)),
+            None => {}
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    runs
+}
+
+/// The largest finite guest progress rate of the vCPUs shown, 0 if none.
+fn max_progress(points: &[&Point], vcpus: &[usize]) -> f64 {
+    points
+        .iter()
+        .flat_map(|p| vcpus.iter().filter_map(|&i| p.vcpus.get(i)))
+        .map(|v| v.progress_per_s)
+        .filter(|r| r.is_finite())
+        .fold(0.0, f64::max)
 }
 
 /// The largest finite rate of the vCPUs shown, 0 if none.

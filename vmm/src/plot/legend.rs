@@ -20,8 +20,14 @@ impl Chart<'_> {
         &self,
         root: &DrawingArea<DB, Shift>,
         x: i32,
-        [upper, lower]: [(i32, i32); 2],
+        rows: &[(i32, i32)],
     ) -> Drawing<(), DB> {
+        let (Some(&upper), Some(&lower)) = (rows.first(), rows.get(1)) else {
+            return Ok(());
+        };
+        if let Some(&third) = rows.get(2) {
+            self.draw_progress_legend(root, x, third)?;
+        }
         let mut y = upper.0 + 4;
         self.heading(root, (x, y), "Mapped memory")?;
         for ((name, fill, _), _) in LAYERS
@@ -68,6 +74,28 @@ impl Chart<'_> {
         if shown < self.vcpus.len() {
             let more = format!("and {} more vCPUs", self.vcpus.len() - shown);
             root.draw(&Text::new(more, (x, y + ROW), self.font(TEXT, INK)))?;
+        }
+        Ok(())
+    }
+
+    fn draw_progress_legend<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        x: i32,
+        (top, _): (i32, i32),
+    ) -> Drawing<(), DB> {
+        let y = top + 4;
+        self.heading(root, (x, y), "Guest progress")?;
+        for (i, line) in [
+            "its own count per second:",
+            "pages touched or read,",
+            "page writes (vCPU colours)",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let at = (x, y + ROW * (1 + i32::try_from(i).unwrap_or(0)));
+            root.draw(&Text::new(*line, at, self.font(TEXT, INK)))?;
         }
         Ok(())
     }
