@@ -199,6 +199,15 @@ fn demo_runs_every_phase_end_to_end_and_cleans_up() {
         .expect("phase 1 reports pages_4k");
     assert!(b >= a + 256, "pages_4k {a}->{b}:\n{text}");
     assert!(text.contains("Migration status: completed"), "{text}");
+    // A throttled migration: the writer outruns the link, --converge auto limits it.
+    assert!(
+        text.contains("--converge auto: limiting every vCPU's dirty rate to "),
+        "{text}"
+    );
+    assert!(
+        text.contains("guest progress (units/s, its own count): vCPU 0 "),
+        "{text}"
+    );
     // The VM keeps its name across the migration.
     assert!(text.starts_with("VM \"kvmscope-demo\", VMM pid"), "{text}");
     assert!(

@@ -113,6 +113,15 @@ impl Drop for Vmm {
 /// The downtime limit the demo predicts and migrates with: the migration
 /// parameters' default.
 const DEMO_DOWNTIME: Duration = Duration::from_millis(Parameters::DEFAULT_DOWNTIME_LIMIT_MS);
+/// The demo migration's link for a writer over `ws` bytes, bytes/s: one
+/// that takes twice the downtime limit to send the working set, so that a
+/// full-speed writer over it converges only when throttled.
+fn demo_link(ws: u64) -> u64 {
+    let limit_ms = u64::try_from(DEMO_DOWNTIME.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    ws.saturating_mul(1000) / (2 * limit_ms)
+}
 
 /// The VM's name on both sides of the migration step: the `vm` label and
 /// `query-name` stay the same when the guest moves.
@@ -228,7 +237,7 @@ fn migration_step(
     let tmp = |suffix: &str| socket.with_extension(suffix);
     let (incoming, dst_socket) = (tmp("in.sock"), tmp("dst.sock"));
     let uri = format!("unix:{}", incoming.display());
-    writeln!(out, "migration: start a second kvmscope with --incoming {uri}, write {} more, and move the guest there while it dirties memory (10 Gbit/s, {} ms)", format_bytes(size), DEMO_DOWNTIME.as_millis())?;
+    writeln!(out, "migration: start a second kvmscope with --incoming {uri}, write {} more, and move the guest there while it rewrites {} as fast as it can, over a {:.1} MB/s link it cannot keep up with ({} ms downtime limit): --converge auto limits the writer from the start", format_bytes(size), format_bytes(4 * size), demo_link(4 * size) as f64 / 1e6, DEMO_DOWNTIME.as_millis())?;
     let mut dst = Vmm::spawn_run(
         &config.exe,
         &dst_socket,
@@ -241,18 +250,20 @@ fn migration_step(
     )?;
     let fresh = format!("touch offset={} size={size} pattern=0xd5", 2 * size);
     client.guest_command(0, &fresh, true)?;
-    let dirty = format!("dirty ws={size} rate=2000/s for=1s");
+    // Over four phases' worth, past the ranges checked on the other side:
+    // a writer with a working set the link cannot send within the downtime.
+    let dirty = format!("dirty offset={} ws={} rate=max for=4s", 3 * size, 4 * size);
     client.guest_command(0, &dirty, false)?;
     wait_listening(&mut dst, &incoming, config.startup_timeout)?;
     let mut report = Vec::new();
     let migrate = super::migrate::MigrateConfig {
         socket: socket.to_path_buf(),
         to: uri,
-        bandwidth: Some(1_250_000_000),
+        bandwidth: Some(demo_link(4 * size)),
         max_downtime: Some(DEMO_DOWNTIME),
         max_rounds: None,
         predict: false,
-        converge: None,
+        converge: Some(super::migrate::Converge::Auto),
         json: false,
     };
     super::migrate::migrate(&migrate, &mut report)?;
