@@ -17,6 +17,9 @@ child (killed when the script ends, however it ends), driven with
   converge   the migration part's throttled cells: guests that cannot converge,
              with --converge auto, dirty-limit and auto-converge side by side
              (experiments_converge.py)
+  published  the prediction a VMM publishes in its own stats (run
+             --readiness-every), read at a random moment, against the
+             migration started then (experiments_published.py)
   (series)   two sampled runs drawn with `kvmscope plot`
 
     python3 scripts/experiments.py --docs               # full matrix into docs/experiments/, and the doc

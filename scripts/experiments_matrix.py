@@ -76,6 +76,11 @@ FULL = {
     "migration_cells": MIGRATION_FULL,
     "migration_ws": 128 * MIB,
     "migration_dirty_s": 6,
+    "published_cells": ["idle", "slow", "near", "above", "sweeps", "idle", "slow", "near", "above", "sweeps"],
+    "published_memory": "256M",
+    "published_ws": 64 * MIB,
+    "published_every_s": 3.0,
+    "published_window_s": 1.0,
     "converge_cells": CONVERGE_FULL,
     "converge_memory": "256M",
     "converge_ws": 96 * MIB,
@@ -113,6 +118,11 @@ SMALL = {
     "migration_cells": MIGRATION_SMALL,
     "migration_ws": 16 * MIB,
     "migration_dirty_s": 3,
+    "published_cells": ["slow"],
+    "published_memory": "64M",
+    "published_ws": 8 * MIB,
+    "published_every_s": 1.0,
+    "published_window_s": 0.5,
     "converge_cells": [("random", "ring", "auto")],
     "converge_memory": "96M",
     "converge_ws": 24 * MIB,
@@ -138,11 +148,13 @@ _ESTIMATE = [
 
 from experiments_converge import COLUMNS as _CONVERGE  # noqa: E402
 from experiments_migration import COLUMNS as _MIGRATION  # noqa: E402
+from experiments_published import COLUMNS as _PUBLISHED  # noqa: E402
 from experiments_stall import COLUMNS as _STALL  # noqa: E402
 
 COLUMNS = {
     "migration": _MIGRATION,
     "converge": _CONVERGE,
+    "published": _PUBLISHED,
     "stall": _STALL,
     "estimates": ["memory", "memory_bytes", "hugepages", "dirty_log", "write", "fraction", "arena_pages",
                   "touched_pages", "nonzero_written", "touch_s"] + _ESTIMATE,

@@ -10,6 +10,7 @@ import statistics
 
 import experiments_report_converge
 import experiments_report_migration
+import experiments_report_published
 from charts import Series, bar_chart, bytes_label, line_chart
 
 PAGE = 4096
@@ -426,7 +427,8 @@ def update_docs(out, path):
     for name, make in (("estimates", block_estimates), ("cost", block_cost), ("dirtyrate", block_dirtyrate),
                        ("observer", block_observer), ("misleads", block_misleads),
                        ("migration", experiments_report_migration.block_migration),
-                       ("converge", experiments_report_converge.block_converge), ("stall", block_stall)):
+                       ("converge", experiments_report_converge.block_converge),
+                       ("published", experiments_report_published.block_published), ("stall", block_stall)):
         rows = load(out, name)
         blocks[name] = make(rows) if rows else "(not run)\n"
     text = open(path).read() if os.path.exists(path) else skeleton(blocks)

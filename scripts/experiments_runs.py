@@ -8,6 +8,7 @@ import time
 
 from experiments_converge import run_converge
 from experiments_migration import run_migration
+from experiments_published import run_published
 from experiments_stall import run_stall
 from experiments_vm import Vm, log
 
@@ -261,5 +262,5 @@ def run_series(binary, m, out):
 
 
 EXPERIMENTS = {"estimates": run_estimates, "cost": run_cost, "dirtyrate": run_dirtyrate,
-               "observer": run_observer, "misleads": run_misleads, "migration": run_migration, "converge": run_converge,
+               "observer": run_observer, "misleads": run_misleads, "migration": run_migration, "converge": run_converge, "published": run_published,
                "stall": run_stall}

@@ -84,7 +84,7 @@ class Vm:
     second one, for commands sent while a reply is pending on the first)."""
 
     def __init__(self, binary, memory, hugepages=False, dirty_log=None, samples_out=None, sample_interval="off",
-                 vcpus=1):
+                 vcpus=1, extra=()):
         self.dir = tempfile.mkdtemp(prefix="kvmscope-exp-")
         self.socket = os.path.join(self.dir, "ctl.sock")
         args = [binary, "run", "--socket", self.socket, "--memory", memory, "--sample-interval", sample_interval]
@@ -92,6 +92,7 @@ class Vm:
         args += ["--hugepages"] if hugepages else []
         args += ["--dirty-log", dirty_log] if dirty_log else []
         args += ["--samples-out", samples_out] if samples_out else []
+        args += list(extra)
         self.log_path = os.path.join(self.dir, "run.log")
         with open(self.log_path, "w") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

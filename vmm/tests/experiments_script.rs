@@ -113,6 +113,7 @@ fn small_matrix_writes_every_csv_with_its_rows() {
         ("misleads", 28),
         ("stall", 5),
         ("converge", 1),
+        ("published", 1),
     ] {
         assert_eq!(Csv::read(out, name).rows.len(), rows, "rows of {name}.csv");
     }
@@ -169,6 +170,26 @@ fn a_writer_over_the_link_completes_under_converge_auto_and_the_reader_is_not_sl
         .map(|x| x.parse().unwrap())
         .collect();
     assert!(kept[0] < 10.0, "{row:?}");
+}
+
+#[test]
+fn the_published_prediction_read_at_a_random_moment_matches_the_migration_then() {
+    require_kvm!();
+    let rows = Csv::read(small_run(), "published").rows;
+    let row = &rows[0];
+    assert_eq!(row["pred_verdict"], row["verdict"], "{row:?}");
+    assert_eq!(
+        row["verdict"], "converges",
+        "a slow writer converges: {row:?}"
+    );
+    let (p, a) = (
+        Csv::num(row, "pred_transferred"),
+        Csv::num(row, "transferred"),
+    );
+    assert!((p - a).abs() <= 0.10 * a, "{row:?}");
+    // Read after a measurement, at most a period and its window later.
+    let age = Csv::num(row, "age_s");
+    assert!((0.0..=2.0 * 1.0 + 0.5 + 1.0).contains(&age), "{row:?}");
 }
 
 #[test]
@@ -343,6 +364,7 @@ fn charts_series_plots_and_the_doc_are_generated() {
         "misleads",
         "migration",
         "converge",
+        "published",
     ] {
         let begin = format!("<!-- BEGIN generated:{block} -->\n");
         let at = text.find(&begin).map(|i| i + begin.len());

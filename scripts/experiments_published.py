@@ -1,0 +1,111 @@
+"""The `published` part: the migration prediction a VMM publishes in its own
+stats (`run --readiness-every`, provider `kvmscope`, what `kvmscope exporter`
+shows with no request), read at a random moment, against a real migration
+started at that moment.
+
+Each cell is a fresh source (`kvmscope run --socket --dirty-log ring
+--readiness-every P`) with the migration parameters set (link, downtime
+limit, a round limit so that a guest that never converges still ends), whose
+guest writes its working set once and then runs the cell's workload. At a
+moment drawn at random (seeded per cell) after the first measurement, the
+script reads the VMM's own VM stats (`query-stats`, provider `kvmscope`:
+the same values the exporter's page renders) and at once migrates the guest
+to a second `kvmscope run --incoming`. The row holds what the page said
+(and how old it was) against what the migration did."""
+
+import random
+import time
+
+from experiments_migration import Dest, migrate
+from experiments_vm import Vm, log
+
+MIB = 1 << 20
+LINK = 125_000_000  # 1 Gbit/s
+LIMIT_MS = 300
+MAX_ROUNDS = 4
+
+
+def workloads(ws):
+    """name -> the command vCPU 0 runs after writing the working set."""
+    return {
+        "idle": None,
+        "slow": "dirty ws=%d rate=2000/s for=600s" % ws,
+        "near": "dirty ws=%d rate=27000/s for=600s" % ws,
+        "above": "dirty ws=%d rate=max for=600s" % ws,
+        "sweeps": "; ".join(["touch size=%d" % ws] * 2000),
+    }
+
+
+def own_stats(vm):
+    """The VMM's own VM stats, name -> value."""
+    reply = vm.call("query-stats", target="vm", providers=[{"provider": "kvmscope"}])
+    return {s["name"]: s["value"] for r in reply for s in r["stats"]}
+
+
+def run_published(binary, m):
+    rows = []
+    for i, name in enumerate(m["published_cells"]):
+        row = published_cell(binary, m, name, random.Random(i + 1))
+        rows.append(row)
+        log("published %-6s read %.1f s after the measurement: %s / %s, transferred %s / %s B, total %s / %s ms, "
+            "downtime %s / %s ms" % (name, row["age_s"], row["pred_verdict"], row["verdict"], row["pred_transferred"],
+                                     row["transferred"], row["pred_total_ms"], row["total_ms"],
+                                     row["pred_downtime_ms"], row["downtime_ms"]))
+    return rows
+
+
+def published_cell(binary, m, name, rng):
+    every = m["published_every_s"]
+    src = Vm(binary, m["published_memory"], dirty_log="ring",
+             extra=["--readiness-every", "%gs" % every, "--readiness-window", "%gs" % m["published_window_s"]])
+    dst = None
+    try:
+        src.call("migrate-set-parameters", **{"max-bandwidth": LINK, "downtime-limit": LIMIT_MS,
+                                              "x-max-rounds": MAX_ROUNDS})
+        ws = m["published_ws"]
+        src.guest("touch size=%d" % ws)
+        command = workloads(ws)[name]
+        if command:
+            src.start(command)
+        # At a random moment once a measurement has been published.
+        deadline = time.monotonic() + 10 * every
+        while own_stats(src).get("readiness_at_ns", 0) == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no readiness figures published after %g s" % (10 * every))
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, 2 * every))
+        page = own_stats(src)
+        age = time.time() - page["readiness_at_ns"] / 1e9
+        dst = Dest(binary)
+        info = migrate(src, dst.uri)
+        if info.get("status") != "completed":
+            raise RuntimeError("migration %s: %s" % (info.get("status"), info.get("error-desc")))
+        return row_of(name, m, page, age, info)
+    finally:
+        if dst is not None:
+            dst.close()
+        src.close()
+
+
+def row_of(name, m, page, age, info):
+    never = (1 << 64) - 1
+    ms = lambda ns: "" if ns >= never else round(ns / 1e6)  # noqa: E731
+    ram = info.get("ram", {})
+    return {
+        "workload": name, "memory": m["published_memory"], "ws_bytes": m["published_ws"],
+        "every_s": m["published_every_s"], "window_s": m["published_window_s"], "age_s": round(age, 2),
+        "dirty_bytes_per_s": page.get("readiness_dirty_bytes_per_second"),
+        "pred_nonzero": page.get("readiness_nonzero"),
+        "pred_verdict": "converges" if page.get("prediction_converges") else "no",
+        "verdict": "converges" if info.get("expected-downtime", 0) <= LIMIT_MS else "no",
+        "pred_transferred": page.get("prediction_transferred"), "transferred": ram.get("transferred"),
+        "pred_total_ms": ms(page.get("prediction_total_time_ns", never)), "total_ms": info.get("total-time"),
+        "pred_downtime_ms": ms(page.get("prediction_downtime_ns", never)), "downtime_ms": info.get("downtime"),
+        "pred_throttle_pct": page.get("prediction_throttle_percentage"),
+        "passes": ram.get("dirty-sync-count"),
+    }
+
+
+COLUMNS = ["workload", "memory", "ws_bytes", "every_s", "window_s", "age_s", "dirty_bytes_per_s", "pred_nonzero",
+           "pred_verdict", "verdict", "pred_transferred", "transferred", "pred_total_ms", "total_ms",
+           "pred_downtime_ms", "downtime_ms", "pred_throttle_pct", "passes"]

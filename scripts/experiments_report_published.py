@@ -1,0 +1,30 @@
+"""The published part's generated block of docs/EXPERIMENTS.md: what a
+VMM's own stats said at a random moment against the migration started then."""
+
+from experiments_report_migration import pct, rel, table
+
+
+def block_published(rows):
+    out = []
+    for r in rows:
+        fig = lambda k, scale=1.0, unit="": (  # noqa: E731
+            "%s / %s (%s)" % (fmt(r["pred_" + k], scale), fmt(r[k], scale), pct(rel(r["pred_" + k], r[k])))
+            if r["pred_" + k] not in ("", None) else "never / %s" % fmt(r[k], scale))
+        out.append(("`%s`" % r["workload"], "%.1f s" % r["age_s"], "%s / %s" % (r["pred_verdict"], r["verdict"]),
+                    fig("transferred", 1e6), fig("total_ms"), fig("downtime_ms"), r["passes"]))
+    header = ["workload", "page read after the measurement", "verdict, page / actual", "MB sent, page / actual",
+              "total ms, page / actual", "downtime ms, page / actual", "passes"]
+    right = sum(1 for r in rows if r["pred_verdict"] == r["verdict"])
+    conv = [r for r in rows if r["verdict"] == "converges" and r["pred_verdict"] == "converges"]
+    close = sum(1 for r in conv if abs(rel(r["pred_transferred"], r["transferred"]) or 0) <= 0.10)
+    ages = sorted(r["age_s"] for r in rows)
+    summary = ("\nVerdict right in %d of %d cells; bytes within 10 %% in %d of %d cells both call converging; "
+               "the page was %.1f-%.1f s old when read.\n" % (right, len(rows), close, len(conv), ages[0], ages[-1]))
+    return table(header, out) + summary
+
+
+def fmt(x, scale):
+    if x in ("", None):
+        return "–"
+    v = float(x) / scale
+    return "%.1f" % v if scale != 1.0 else "%.0f" % v
