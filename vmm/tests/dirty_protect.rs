@@ -135,3 +135,44 @@ fn written_since_boot_counts_the_guest_writes_not_the_initially_set_bits() {
         assert!(vm.stop(Duration::from_secs(1)).is_empty());
     }
 }
+
+#[test]
+fn a_peek_counts_what_kvm_holds_and_loses_nothing_for_the_next_take() {
+    require_kvm!();
+    let paths = [
+        (Some(DirtyMode::Ring(4096)), true),
+        (None, true),
+        (None, false),
+        (Some(DirtyMode::Bitmap), true),
+    ];
+    for (mode, manual) in paths {
+        let mut vm = vm(mode, manual);
+        let window = vm.dirty().subscribe().unwrap();
+        vm.start().unwrap();
+        let path = (mode, vm.dirty().protection());
+        run_and_wait(&mut vm, "touch offset=1M size=64K", 1);
+        // Not folded yet: the ring's entries or KVM's bitmap hold them.
+        let first = window.peek_count().unwrap();
+        assert!((16..16 + 64).contains(&first), "{path:?}: {first}");
+        run_and_wait(&mut vm, "touch offset=2M size=128K", 2);
+        let second = window.peek_count().unwrap();
+        assert!(
+            second >= first + 32 && second < first + 32 + 64,
+            "{path:?}: {first} then {second}"
+        );
+        let taken = window.take().unwrap();
+        assert_eq!(taken.count_range(arena() + 256, 16), 16, "{path:?}");
+        assert_eq!(taken.count_range(arena() + 512, 32), 32, "{path:?}");
+        assert!(
+            taken.count() >= second,
+            "{path:?}: {second} peeked, {} taken",
+            taken.count()
+        );
+        assert!(
+            window.peek_count().unwrap() < 64,
+            "{path:?}: an empty window again"
+        );
+        drop(window);
+        assert!(vm.stop(Duration::from_secs(1)).is_empty());
+    }
+}

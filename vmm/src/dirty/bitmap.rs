@@ -35,6 +35,17 @@ impl Bitmap {
         }
     }
 
+    /// Pages in the set or in `other` (a KVM bitmap), without adding them.
+    pub(crate) fn count_with_words(&self, other: &[u64]) -> u64 {
+        self.count
+            + self
+                .words
+                .iter()
+                .zip(other)
+                .map(|(w, o)| u64::from((o & !w).count_ones()))
+                .sum::<u64>()
+    }
+
     /// Adds every page of `other` (a set of the same size).
     pub(crate) fn or(&mut self, other: &Bitmap) {
         self.or_words(&other.words);

@@ -477,6 +477,46 @@ impl Consumer {
         }
     }
 
+    /// Distinct pages dirtied since the last take, counting what KVM holds
+    /// and nobody folded yet, without re-protecting anything where the log
+    /// allows it: a ring's published entries are read in place (not reset),
+    /// a manual-protect bitmap is copied (not cleared). A whole-slot bitmap
+    /// cannot be read without clearing it, so it is folded as
+    /// [`sync`](Consumer::sync) does (its pages are protected again).
+    ///
+    /// # Errors
+    /// The KVM call failed.
+    pub fn peek_count(&self) -> Result<u64, Error> {
+        let log = &self.log;
+        let mut state = log.lock();
+        let peeks = !state.rings.is_empty()
+            || !state.logging
+            || matches!(log.protection, Protection::Manual { .. });
+        if !peeks {
+            log.fold(&mut state)?;
+        }
+        let State {
+            rings,
+            consumers,
+            logging,
+            ..
+        } = &*state;
+        let Some((_, w)) = consumers.iter().find(|(i, _)| *i == self.id) else {
+            return Ok(0);
+        };
+        if !rings.is_empty() {
+            let mut seen = w.pages.clone();
+            rings.iter().for_each(|r| r.peek(|page| seen.set(page)));
+            return Ok(seen.count());
+        }
+        if *logging && peeks {
+            let size = usize::try_from(log.pages * 4096).unwrap_or(usize::MAX);
+            let words = log.vm.get_dirty_log(0, size).map_err(Error::GetLog)?;
+            return Ok(w.pages.count_with_words(&words));
+        }
+        Ok(w.pages.count())
+    }
+
     /// The pages dirtied since the last take, leaving the window empty.
     ///
     /// # Errors

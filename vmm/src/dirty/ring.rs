@@ -72,17 +72,27 @@ impl Ring {
     /// How many entries KVM has published and nobody harvested yet (read
     /// without taking them).
     pub(crate) fn pending(&self) -> u64 {
+        let mut n = 0;
+        self.peek(|_| n += 1);
+        n
+    }
+
+    /// Hands every published entry's page to `record` without taking it:
+    /// the entries stay for the next harvest, so nothing is reset and no
+    /// page is protected again.
+    pub(crate) fn peek(&self, mut record: impl FnMut(u64)) {
         let ring = self.map.as_volatile_slice();
-        let mut n = 0u32;
-        while n < self.entries {
+        for n in 0..self.entries {
             let at = (self.fetch.wrapping_add(n) & (self.entries - 1)) as usize * GFN_BYTES;
             let flags: u32 = ring.load(at, Ordering::Acquire).unwrap_or(0);
             if flags & GFN_DIRTY == 0 {
-                break;
+                return;
             }
-            n += 1;
+            match ring.read_obj::<u64>(at + 8) {
+                Ok(page) => record(page),
+                Err(_) => return,
+            }
         }
-        u64::from(n)
     }
 
     /// Hands every published entry's page (its offset in slot 0) to `record`,

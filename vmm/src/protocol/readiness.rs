@@ -63,12 +63,30 @@ pub struct DirtyRateFigure {
     pub per_vcpu: Option<Vec<u64>>,
     /// Microseconds it took.
     pub took_us: f64,
-    /// Distinct pages at about half the window.
+    /// Distinct pages at about half the window (0 when no count was taken there).
     pub half_window_pages: u64,
+    /// Distinct pages at 1/32, 1/16, ... 1/2 of the window: how the count
+    /// grew (absent from VMMs before it).
+    #[serde(default)]
+    pub curve: Vec<CurvePoint>,
     /// The write rate behind the window, pages per second (docs/READINESS.md).
     pub model_rate: Option<f64>,
     /// The working set the writes spread over, when the window saturated.
     pub model_working_set: Option<u64>,
+    /// How the model takes distinct pages to grow with time: `linear` (no
+    /// working set seen), `uniform` (random writes over the set) or
+    /// `sequential` (sweeps of the set); empty from VMMs before it.
+    #[serde(default)]
+    pub model_growth: String,
+}
+
+/// One count of a dirty-rate window's curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    /// Seconds into the window.
+    pub s: f64,
+    /// Distinct pages dirtied by then.
+    pub pages: u64,
 }
 
 /// The vCPU time the guest lost to dirty tracking over a dirty-rate window:

@@ -136,6 +136,12 @@ pub fn measure_vm(
     measure(&mut guest, options, progress)
 }
 
+/// Counts taken before a window's end: at 1/2, 1/4, ... 1/32 of it.
+const CURVE_POINTS: u32 = 5;
+/// No count is taken sooner than this into a window (a count that early
+/// says more about scheduling than about the guest).
+pub(crate) const CURVE_STEP_MIN: Duration = Duration::from_millis(5);
+
 /// Distinct pages written during a window of `calc_time`, and what the
 /// window cost the guest (from before the log is taken until it is let go).
 fn dirty_rate(
@@ -149,12 +155,20 @@ fn dirty_rate(
     let period = Baseline::start(vcpus).begin();
     let window = d.subscribe()?;
     let started = Instant::now();
-    // Distinct pages at half time too (the window keeps accumulating): how
-    // much the second half added tells a rate from a working set it saturates.
-    std::thread::sleep(calc_time / 2);
-    let half = window.sync(|w| w.pages.count())?;
-    let half_at = started.elapsed();
-    std::thread::sleep(calc_time.saturating_sub(half_at));
+    // Distinct pages at 1/32, 1/16, ... 1/2 of the window too, counted in
+    // place (the window keeps accumulating, and nothing is protected again
+    // where the log allows it): how the count grew tells a rate from a
+    // working set it saturates, and a sweep from random writes.
+    let mut curve = Vec::with_capacity(CURVE_POINTS as usize);
+    for k in (1..=CURVE_POINTS).rev() {
+        let at = calc_time / (1 << k);
+        if at < CURVE_STEP_MIN {
+            continue;
+        }
+        std::thread::sleep(at.saturating_sub(started.elapsed()));
+        curve.push((window.peek_count()?, started.elapsed()));
+    }
+    std::thread::sleep(calc_time.saturating_sub(started.elapsed()));
     let (pages, per_vcpu) = window.sync(|w| (w.pages.count(), w.per_vcpu.clone()))?;
     drop(window);
     let stall = period.end();
@@ -170,7 +184,7 @@ fn dirty_rate(
         pages,
         pages_per_s: pages as f64 / window.as_secs_f64(),
         per_vcpu,
-        half: (half, half_at),
+        curve,
         stall,
     })
 }

@@ -78,10 +78,9 @@ pub(crate) struct Inputs {
     pub(crate) nonzero_pages: u64,
     /// Pages the guest dirties per second.
     pub(crate) dirty_rate: f64,
-    /// The working set the guest's writes spread over: distinct pages after
-    /// `t` are `W·(1 − e^(−rate·t/W))` (uniform writes); `None` when unknown,
-    /// then `rate·t`, capped by `total_pages`.
-    pub(crate) working_set: Option<u64>,
+    /// How the guest's writes spread over its memory: how many distinct
+    /// pages `dirty_rate` makes in a given time.
+    pub(crate) growth: Growth,
     /// Pages the host backs (the sender reads each of them in pass 0, zero or
     /// not; `mincore`'s count); `None`: the non-zero pages.
     pub(crate) backed_pages: Option<u64>,
@@ -104,6 +103,47 @@ pub(crate) struct Inputs {
     pub(crate) limited: Option<Limited>,
     /// Costs beyond the wire.
     pub(crate) costs: Costs,
+}
+
+/// How distinct dirty pages grow with time at a write rate `r`, as a
+/// dirty-rate window saw them grow (`report::DirtyRate::growth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Growth {
+    /// No working set seen: `r·t`, capped by guest RAM.
+    Linear,
+    /// Writes spread uniformly over `W` pages: `W·(1 − e^(−r·t/W))`.
+    Uniform(u64),
+    /// Writes that sweep `W` pages in order: `min(r·t, W)` (every page
+    /// written once before any is written again).
+    Sequential(u64),
+}
+
+impl Growth {
+    /// The working set, when one was seen.
+    pub(crate) fn working_set(self) -> Option<u64> {
+        match self {
+            Growth::Linear => None,
+            Growth::Uniform(w) | Growth::Sequential(w) => Some(w),
+        }
+    }
+
+    /// Its name in reports: `linear`, `uniform` or `sequential`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Growth::Linear => "linear",
+            Growth::Uniform(_) => "uniform",
+            Growth::Sequential(_) => "sequential",
+        }
+    }
+
+    /// Distinct pages after `writes` writes.
+    pub(crate) fn distinct(self, writes: f64) -> f64 {
+        match self {
+            Growth::Uniform(w) if w > 0 => w as f64 * -(-writes / w as f64).exp_m1(),
+            Growth::Sequential(w) => writes.min(w as f64),
+            _ => writes,
+        }
+    }
 }
 
 /// What vCPUs held to a dirty limit from pre-copy's start write: each
@@ -263,11 +303,7 @@ impl Inputs {
 
     /// Pages dirty after `seconds` of the guest running.
     fn dirtied(&self, seconds: f64) -> u64 {
-        let writes = self.dirty_rate * seconds;
-        let distinct = match self.working_set {
-            Some(w) if w > 0 => w as f64 * -(-writes / w as f64).exp_m1(),
-            _ => writes,
-        };
+        let distinct = self.growth.distinct(self.dirty_rate * seconds);
         saturating_u64(distinct.ceil()).min(self.total_pages)
     }
 

@@ -18,7 +18,7 @@ fn inputs() -> Inputs {
         total_pages: 1000,
         nonzero_pages: 400,
         dirty_rate: 0.0,
-        working_set: None,
+        growth: Growth::Linear,
         backed_pages: None,
         bandwidth: Some(LINK),
         max_downtime: 0.3,
@@ -134,19 +134,38 @@ fn writes_over_a_working_set_saturate_it() {
     // 100 pages/s over 100 pages for 1 s: 100·(1 − e^−1) = 63.2 distinct → 64.
     let i = Inputs {
         dirty_rate: 100.0,
-        working_set: Some(100),
+        growth: Growth::Uniform(100),
         ..inputs()
     };
     assert_eq!(i.dirtied(1.0), 64);
     assert_eq!(i.dirtied(100.0), 100);
     assert_eq!(
         Inputs {
-            working_set: None,
+            growth: Growth::Linear,
             ..i
         }
         .dirtied(1.0),
         100
     );
+}
+
+#[test]
+fn a_sweep_counts_up_at_its_rate_until_its_set_is_whole() {
+    // 100 pages/s sweeping 100 pages: every write a new page until all 100
+    // are written, where random writes would have repeated some.
+    let i = Inputs {
+        dirty_rate: 100.0,
+        growth: Growth::Sequential(100),
+        ..inputs()
+    };
+    assert_eq!(i.dirtied(0.5), 50);
+    assert_eq!(i.dirtied(1.0), 100);
+    assert_eq!(i.dirtied(100.0), 100);
+    let uniform = Inputs {
+        growth: Growth::Uniform(100),
+        ..i
+    };
+    assert!(uniform.dirtied(0.5) < i.dirtied(0.5));
 }
 
 #[test]
@@ -181,7 +200,7 @@ fn pass_zero_takes_the_time_to_read_every_backed_page() {
 fn small_working_set_converges_even_when_dirtying_fast() {
     let p = predict(&Inputs {
         dirty_rate: 150.0,
-        working_set: Some(20),
+        growth: Growth::Uniform(20),
         ..inputs()
     })
     .unwrap();
@@ -196,7 +215,7 @@ fn working_set_over_the_downtime_never_converges_when_dirtying_fast() {
     // on the wire, over 0.3 s).
     let p = predict(&Inputs {
         dirty_rate: 150.0,
-        working_set: Some(50),
+        growth: Growth::Uniform(50),
         ..inputs()
     })
     .unwrap();

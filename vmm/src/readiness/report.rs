@@ -5,12 +5,12 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::error::Error;
-use super::model::{self, Inputs, Prediction};
+use super::model::{self, Growth, Inputs, Prediction};
 use super::options::Options;
 use super::scan::Scan;
 use crate::protocol::readiness::{
-    ConvergeReply, DirtyLimitReply, DirtyRateFigure, EstimateError, LinkFigure, MappedFigure,
-    Pages, ReadinessReport, ScanFigure, StallFigure, TimedPages, VcpuStallFigure,
+    ConvergeReply, CurvePoint, DirtyLimitReply, DirtyRateFigure, EstimateError, LinkFigure,
+    MappedFigure, Pages, ReadinessReport, ScanFigure, StallFigure, TimedPages, VcpuStallFigure,
 };
 use crate::units::{format_bytes, saturating_u64};
 use crate::vcpu::stall::{Stall, FAULT_COST};
@@ -39,8 +39,10 @@ pub struct DirtyRate {
     pub pages_per_s: f64,
     /// Ring entries harvested per vCPU (ring mode).
     pub(crate) per_vcpu: Option<Vec<u64>>,
-    /// Distinct pages at about half the window, and when.
-    pub(crate) half: (u64, Duration),
+    /// Distinct pages at 1/32, 1/16, ... 1/2 of the window (those at least
+    /// [`CURVE_STEP_MIN`](super::CURVE_STEP_MIN) in), and when: how the count
+    /// grew.
+    pub(crate) curve: Vec<(u64, Duration)>,
     /// What the window cost the guest.
     pub stall: Stall,
 }
@@ -58,29 +60,97 @@ impl DirtyRate {
         (faults > 0).then(|| self.stall.total().as_secs_f64() / faults as f64)
     }
 
-    /// The write rate and working set behind the window, for writes spread
-    /// uniformly over a working set `W` at `r` pages/s: distinct pages after
-    /// `t` are `W·(1 − e^(−r·t/W))`. With `x = e^(−r·t½/W)` from the two
-    /// counts (`p/p½ = 1 + x` when `t = 2·t½`), `W = p½/(1 − x)` and
-    /// `r = −W·ln x / t½`. When the second half added as much as the first
-    /// (no saturation seen) the rate is the window's and the set unknown; when
-    /// it added next to nothing (saturated by half time) `x` is taken as 0.05:
-    /// the set is what was seen, the rate at least `3·W / t½`.
-    pub(crate) fn rate_and_working_set(&self) -> (f64, Option<u64>) {
-        let (p_half, t_half) = (self.half.0 as f64, self.half.1.as_secs_f64());
-        let (p, t) = (self.pages as f64, self.window.as_secs_f64());
-        let linear = (self.pages_per_s, None);
-        if p_half < 64.0 || t_half <= 0.0 || (t / t_half - 2.0).abs() > 0.2 {
-            return linear;
-        }
-        let x = p / p_half - 1.0;
-        if x >= 0.9 {
-            return linear;
-        }
-        let x = x.max(0.05);
-        let w = p_half / (1.0 - x);
-        (-w * x.ln() / t_half, Some(saturating_u64(w.round())))
+    /// Distinct pages at about half the window (the last point of the
+    /// curve, when it lies near half).
+    pub(crate) fn half(&self) -> Option<u64> {
+        let end = self.window.as_secs_f64();
+        self.curve
+            .last()
+            .filter(|(_, t)| t.as_secs_f64() > 0.0 && (end / t.as_secs_f64() - 2.0).abs() <= 0.2)
+            .map(|&(p, _)| p)
     }
+
+    /// The write rate behind the window, pages/s, and how its distinct pages
+    /// grow ([`Growth`]), fitted to the curve. When the window's second half
+    /// added as much as its first (no working set seen), or the window has
+    /// too few pages or points, the rate is the window's and the growth
+    /// linear. Otherwise two shapes are fitted and the closer one (in the
+    /// log of each point's count) is taken:
+    /// - sequential, `min(r·t, W)`: a sweep counts up at its write rate until
+    ///   its set is full, so `r` is the steepest count-over-time of the curve
+    ///   and `W` what the window saw;
+    /// - uniform, `W·(1 − e^(−r·t/W))`: for each `W` tried (from what the
+    ///   window saw to 20 times that), each point gives an `r`; their
+    ///   geometric mean is the fit for that `W`, and the `W` that fits best
+    ///   is taken.
+    ///
+    /// A curve already flat at its first point (a set filled faster than
+    /// that) gives only a lower bound on `r`: the first point's count over
+    /// its time.
+    pub(crate) fn growth(&self) -> (f64, Growth) {
+        let end = self.window.as_secs_f64();
+        let linear = (self.pages_per_s, Growth::Linear);
+        let points: Vec<(f64, f64)> = self
+            .curve
+            .iter()
+            .map(|&(p, t)| (t.as_secs_f64(), p as f64))
+            .chain([(end, self.pages as f64)])
+            .filter(|&(t, p)| t > 0.0 && p >= MIN_FIT_PAGES)
+            .collect();
+        let (Some(half), [.., _, _]) = (self.half(), points.as_slice()) else {
+            return linear;
+        };
+        if half < MIN_FIT_PAGES as u64 || self.pages as f64 / half as f64 - 1.0 >= 0.9 {
+            return linear;
+        }
+        let seen = self.pages;
+        let (r_seq, misfit_seq) = fit_sequential(&points, seen as f64);
+        let (r_uni, w_uni, misfit_uni) = fit_uniform(&points, seen as f64);
+        if misfit_seq < misfit_uni {
+            (r_seq, Growth::Sequential(seen))
+        } else {
+            (r_uni, Growth::Uniform(saturating_u64(w_uni.round())))
+        }
+    }
+}
+
+/// Pages below which a count says too little about a rate.
+const MIN_FIT_PAGES: f64 = 64.0;
+
+/// How far counts `points` (time, pages) are from `model`: the sum of the
+/// squared logs of their ratios.
+fn misfit(points: &[(f64, f64)], model: impl Fn(f64) -> f64) -> f64 {
+    points
+        .iter()
+        .map(|&(t, p)| (model(t).max(1.0) / p).ln().powi(2))
+        .sum()
+}
+
+/// A sweep of `w` pages: its rate (the steepest count over time) and misfit.
+fn fit_sequential(points: &[(f64, f64)], w: f64) -> (f64, f64) {
+    let r = points.iter().map(|&(t, p)| p / t).fold(0.0, f64::max);
+    (r, misfit(points, |t| (r * t).min(w)))
+}
+
+/// Uniform writes: the rate, the working set and the misfit of the set
+/// (from `seen` pages up) that fits best.
+fn fit_uniform(points: &[(f64, f64)], seen: f64) -> (f64, f64, f64) {
+    const STEPS: i32 = 200;
+    let mut best = (0.0, seen, f64::INFINITY);
+    for k in 0..=STEPS {
+        // 1.0005x to 20x the pages seen, geometrically.
+        let w = seen * 1.0005 * (20.0f64 / 1.0005).powf(f64::from(k) / f64::from(STEPS));
+        let logs: Vec<f64> = points
+            .iter()
+            .map(|&(t, p)| (-w * (-p / w).ln_1p() / t).ln())
+            .collect();
+        let r = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
+        let m = misfit(points, |t| Growth::Uniform(w as u64).distinct(r * t));
+        if m < best.2 {
+            best = (r, w, m);
+        }
+    }
+    best
 }
 
 /// What the report holds.
@@ -250,15 +320,15 @@ impl Report {
             Some(s) => (s.value.nonzero_pages, "scan"),
             None => (self.mapped_pages().min(self.ram_pages), "mapped"),
         };
-        let (rate, working_set) = self
+        let (rate, growth) = self
             .dirty_rate
             .as_ref()
-            .map_or((0.0, None), |d| d.value.rate_and_working_set());
+            .map_or((0.0, Growth::Linear), |d| d.value.growth());
         let inputs = Inputs {
             total_pages: self.ram_pages,
             nonzero_pages: nonzero,
             dirty_rate: rate,
-            working_set,
+            growth,
             backed_pages: Some(self.resident.value),
             bandwidth: options.bandwidth,
             max_downtime: options.max_downtime.as_secs_f64(),
@@ -322,7 +392,7 @@ impl Report {
             resident: timed(&self.resident),
             written_since_boot: self.written.as_ref().map(timed),
             dirty_rate: self.dirty_rate.as_ref().map(|d| {
-                let (rate, working_set) = d.value.rate_and_working_set();
+                let (rate, growth) = d.value.growth();
                 DirtyRateFigure {
                     mode: d.value.mode.to_string(),
                     window_s: d.value.window.as_secs_f64(),
@@ -331,9 +401,19 @@ impl Report {
                     bytes_per_s: d.value.pages_per_s * 4096.0,
                     per_vcpu: d.value.per_vcpu.clone(),
                     took_us: us(d.took),
-                    half_window_pages: d.value.half.0,
+                    half_window_pages: d.value.half().unwrap_or(0),
+                    curve: d
+                        .value
+                        .curve
+                        .iter()
+                        .map(|&(pages, t)| CurvePoint {
+                            s: t.as_secs_f64(),
+                            pages,
+                        })
+                        .collect(),
                     model_rate: Some(rate).filter(|r| r.is_finite()),
-                    model_working_set: working_set,
+                    model_working_set: growth.working_set(),
+                    model_growth: growth.name().to_string(),
                 }
             }),
             guest_stall: self
@@ -443,6 +523,16 @@ impl Report {
         if let Some(per) = &d.per_vcpu {
             let _ = writeln!(s, "  per vCPU (ring entries): {per:?}");
         }
+        let (rate, growth) = d.growth();
+        let _ = match growth.working_set() {
+            Some(w) => writeln!(
+                s,
+                "  model: {} writes at {rate:.0} pages/s over a working set of {w} pages ({})",
+                growth.name(),
+                format_bytes(w * 4096)
+            ),
+            None => writeln!(s, "  model: {rate:.0} pages/s, no working set seen"),
+        };
         let f = stall_figure(&d.stall);
         let per: Vec<String> = f.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
         let _ = writeln!(
@@ -617,16 +707,25 @@ mod tests {
         }
     }
 
-    fn window(pages: u64, half: u64) -> DirtyRate {
+    /// A window of `ms` whose distinct pages after `t` seconds are `count(t)`,
+    /// counted as the window counts them.
+    fn window_of(ms: u64, count: impl Fn(f64) -> f64) -> DirtyRate {
+        let window = Duration::from_millis(ms);
+        let curve = (1..=5u32)
+            .rev()
+            .map(|k| window / (1 << k))
+            .map(|t| (count(t.as_secs_f64()).round() as u64, t))
+            .collect();
+        let pages = count(window.as_secs_f64()).round() as u64;
         DirtyRate {
             mode: "dirty-bitmap",
-            window: Duration::from_millis(500),
+            window,
             pages,
-            pages_per_s: pages as f64 * 2.0,
+            pages_per_s: pages as f64 / window.as_secs_f64(),
             per_vcpu: None,
-            half: (half, Duration::from_millis(250)),
+            curve,
             stall: Stall {
-                period: Duration::from_millis(500),
+                period: window,
                 vcpus: vec![Duration::from_millis(40), Duration::from_millis(10)],
                 faults: vec![15_000, 3_000],
                 system: vec![None, None],
@@ -634,25 +733,60 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_saturated_window_gives_the_write_rate_and_the_working_set() {
-        // 20 000 writes/s over 10 000 pages: 3 935 distinct at 0.25 s, 6 321 at 0.5 s.
-        let (rate, ws) = window(6321, 3935).rate_and_working_set();
-        assert!((rate / 20_000.0 - 1.0).abs() < 0.01, "{rate}");
-        assert!(ws.is_some_and(|w| w.abs_diff(10_000) < 100), "{ws:?}");
+    fn window(pages: u64, half: u64) -> DirtyRate {
+        let mut w = window_of(500, |_| pages as f64);
+        w.curve = vec![(half, Duration::from_millis(250))];
+        w
+    }
+
+    fn near(got: f64, want: f64, within: f64) -> bool {
+        (got / want - 1.0).abs() < within
     }
 
     #[test]
-    fn a_window_saturated_by_half_time_gives_the_set_it_saw() {
-        let (rate, ws) = window(5000, 4990).rate_and_working_set();
-        assert!(ws.is_some_and(|w| w.abs_diff(5000) < 300), "{ws:?}");
-        assert!(rate > 3.0 * 5000.0 / 0.25 * 0.9, "{rate}");
+    fn random_writes_fit_a_uniform_working_set() {
+        // 20 000 writes/s over 10 000 pages, a 500 ms window.
+        let w = window_of(500, |t| Growth::Uniform(10_000).distinct(20_000.0 * t));
+        let (rate, growth) = w.growth();
+        assert!(near(rate, 20_000.0, 0.02), "{rate}");
+        assert!(
+            matches!(growth, Growth::Uniform(s) if s.abs_diff(10_000) < 200),
+            "{growth:?}"
+        );
+    }
+
+    #[test]
+    fn a_sweep_fits_sequential_growth_at_its_write_rate() {
+        // 340 000 pages/s sweeping 24 600 pages, full 72 ms in: a 1 s window
+        // sees the set whole from 125 ms on.
+        let w = window_of(1000, |t| (340_000.0 * t).min(24_600.0));
+        let (rate, growth) = w.growth();
+        assert!(near(rate, 340_000.0, 0.01), "{rate}");
+        assert_eq!(growth, Growth::Sequential(24_600));
+        // The same sweep fitted as random writes from the window's two halves
+        // alone (the old model) put the rate at less than half of that.
+        let (old, _) = window(24_600, 24_600).growth();
+        assert!(old < 0.5 * 340_000.0, "{old}");
+    }
+
+    #[test]
+    fn a_window_saturated_by_its_first_count_gives_the_set_and_a_lower_bound() {
+        let w = window_of(1000, |_| 5000.0);
+        let (rate, growth) = w.growth();
+        assert_eq!(growth.working_set(), Some(5000));
+        // At least the first count (31.25 ms in) over its time.
+        assert!(rate >= 5000.0 / 0.03125 * 0.99, "{rate}");
     }
 
     #[test]
     fn an_unsaturated_window_is_a_plain_rate() {
-        assert_eq!(window(2000, 1000).rate_and_working_set(), (4000.0, None));
-        assert_eq!(window(40, 20).rate_and_working_set(), (80.0, None));
+        assert_eq!(window(2000, 1000).growth(), (4000.0, Growth::Linear));
+        assert_eq!(window(40, 20).growth(), (80.0, Growth::Linear));
+        let steady = window_of(1000, |t| 9000.0 * t);
+        assert_eq!(steady.growth(), (9000.0, Growth::Linear));
+        let mut no_half = window_of(1000, |t| (340_000.0 * t).min(24_600.0));
+        no_half.curve.pop();
+        assert_eq!(no_half.growth().1, Growth::Linear);
     }
 
     #[test]
@@ -763,8 +897,10 @@ mod tests {
             keys(&wire["dirty_rate"]),
             [
                 "bytes_per_s",
+                "curve",
                 "half_window_pages",
                 "mode",
+                "model_growth",
                 "model_rate",
                 "model_working_set",
                 "pages",
@@ -840,7 +976,7 @@ mod tests {
             total_pages: 32_768,
             nonzero_pages: 32_768,
             dirty_rate: 20_000.0,
-            working_set: Some(8_192),
+            growth: Growth::Uniform(8_192),
             backed_pages: None,
             bandwidth: Some(20e6),
             max_downtime: 0.3,
@@ -920,6 +1056,28 @@ mod tests {
         };
         assert!(smallest_throttle(&hopeless).is_none());
     }
+
+    #[test]
+    fn the_largest_throttle_is_chosen_when_only_it_converges_even_above_the_trigger() {
+        // A writer making 260,000 new pages/s over a 32 MiB set (a random
+        // writer here, where every new page takes a fault) on a 20 MB/s
+        // link: at 99 % it still dirties 10.7 MB/s, over the trigger's half
+        // of the link, but its passes shrink, and auto-converge has no step
+        // left to take.
+        let inputs = Inputs {
+            dirty_rate: 260_000.0,
+            growth: Growth::Sequential(8_193),
+            ..too_fast(1)
+        };
+        let at_99 = Inputs {
+            dirty_rate: 2_600.0,
+            ..inputs
+        };
+        assert!(at_99.dirty_rate * model::DIRTY_PAGE_WIRE as f64 > 0.5 * at_99.rate());
+        assert!(model::predict(&at_99).unwrap().converges);
+        let c = smallest_throttle(&inputs).expect("99 % converges");
+        assert_eq!(c.pct, 99);
+    }
 }
 
 /// The smallest auto-converge throttle, % (1 to 99), under which the
@@ -929,6 +1087,7 @@ mod tests {
 /// `100 - pct` % of the time, so it dirties that share of its rate. No
 /// round limit: the question is whether it converges, not when it is cut.
 fn smallest_throttle(inputs: &Inputs) -> Option<Converge> {
+    const MAX_THROTTLE: u32 = 99;
     let trigger = crate::protocol::migration::Parameters::THROTTLE_TRIGGER_PERCENT as f64 / 100.0;
     let converges = |pct: u32| {
         let throttled = Inputs {
@@ -939,17 +1098,18 @@ fn smallest_throttle(inputs: &Inputs) -> Option<Converge> {
         // Under a throttle that leaves the guest dirtying more than the
         // trigger's share of what the link sends, auto-converge steps on
         // (it did, 82 -> 92 %, on a sweep the model had converge at 82 %
-        // in 12 passes): the throttle chosen is one it keeps.
+        // in 12 passes): the throttle chosen is one it keeps. At 99 % there
+        // is no step left to take.
         let dirty_bytes = throttled.dirty_rate * model::DIRTY_PAGE_WIRE as f64;
-        (dirty_bytes <= trigger * throttled.rate())
+        (pct >= MAX_THROTTLE || dirty_bytes <= trigger * throttled.rate())
             .then(|| model::predict(&throttled).ok())
             .flatten()
             .filter(|p| p.converges)
     };
     // Convergence only gets easier as the throttle grows: the first that
     // converges, by bisection.
-    converges(99)?;
-    let (mut lo, mut hi) = (0u32, 99u32);
+    converges(MAX_THROTTLE)?;
+    let (mut lo, mut hi) = (0u32, MAX_THROTTLE);
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
         if converges(mid).is_some() {
@@ -1045,7 +1205,7 @@ fn limit_choice(inputs: &Inputs, rates: &[f64], mb: u64) -> Option<LimitChoice> 
     }
     let limited = Inputs {
         dirty_rate: free,
-        working_set: None,
+        growth: Growth::Linear,
         max_rounds: None,
         limited: (held.rate > 0.0).then_some(held),
         ..*inputs

@@ -58,8 +58,9 @@ pub(crate) struct Vcpu {
     waiting: Option<Waiting>,
     /// Where a restored vCPU picks up (set on a migration's destination).
     resume: Option<Site>,
-    /// While throttled: when the running timeslice ends.
-    slice_end: Option<Instant>,
+    /// While throttled: when the running timeslice began (its last sleep
+    /// ended, or it started or resumed).
+    slice_start: Option<Instant>,
     /// While its dirty rate is limited: its token bucket.
     bucket: Option<dirty_limit::Bucket>,
 }
@@ -135,7 +136,7 @@ impl Vcpu {
             current: None,
             waiting: None,
             resume: None,
-            slice_end: None,
+            slice_start: None,
             bucket: None,
         }
     }
@@ -263,6 +264,8 @@ impl Vcpu {
             Control::Stop => State::Finished(Outcome::Stopped),
             _ => {
                 self.shared.pending.store(false, Ordering::Release);
+                // Parked is not running: a throttled slice starts again.
+                self.slice_start = None;
                 State::Running
             }
         }
@@ -291,23 +294,27 @@ impl Vcpu {
         }
     }
 
-    /// While throttled (`throttle`): at the end of each timeslice, sleeps the
-    /// share of time the guest must not run, in short steps, giving way to a
-    /// pause or stop at once.
+    /// While throttled (`throttle`): once a timeslice has run, sleeps the
+    /// share of time the guest must not run for the time it did run, in
+    /// short steps, giving way to a pause or stop at once. The slice ends at
+    /// the first kick after a timeslice, so it runs 10 to 20 ms; sleeping
+    /// for a nominal 10 ms would leave the guest half as much time again as
+    /// the throttle allows (measured: a sweep at 96 % dirtied 1.5 times
+    /// what 4 % of its time writes).
     fn throttle_pause(&mut self) {
         let pct = self.shared.throttle.percentage();
         if pct == 0 {
-            self.slice_end = None;
+            self.slice_start = None;
             return;
         }
         let now = Instant::now();
-        let end = *self.slice_end.get_or_insert(now + throttle::TIMESLICE);
-        if now < end {
+        let ran = now - *self.slice_start.get_or_insert(now);
+        if ran < throttle::TIMESLICE {
             return;
         }
-        let until = now + throttle::sleep_after_slice(pct);
+        let until = now + throttle::sleep_after(ran, pct);
         let after = sleep_until(&self.shared, now, until, |_, _| true);
-        self.slice_end = Some(after + throttle::TIMESLICE);
+        self.slice_start = Some(after);
     }
 
     /// While its dirty rate is limited (`dirty_limit`): after a ring-full

@@ -1,6 +1,7 @@
 //! CPU throttling, as QEMU's auto-converge does it: a throttled vCPU runs its
-//! guest for a [`TIMESLICE`] and then sleeps `pct / (100 - pct)` of one, so
-//! that its guest runs `100 - pct` % of the time. The VM kicks throttled
+//! guest for a [`TIMESLICE`] (until the first kick after one) and then
+//! sleeps `pct / (100 - pct)` of the time it ran, so that its guest runs
+//! `100 - pct` % of the time. The VM kicks throttled
 //! vCPUs out of `KVM_RUN` every timeslice (a guest that never exits would
 //! otherwise run on); the vCPU thread sleeps in its own loop, in short steps
 //! that give way at once to a pause or a stop.
@@ -44,10 +45,13 @@ impl Throttle {
     }
 }
 
-/// How long a vCPU throttled to `pct` % sleeps after each timeslice.
-pub(crate) fn sleep_after_slice(pct: u32) -> Duration {
+/// How long a vCPU throttled to `pct` % sleeps after running for `ran`
+/// (a timeslice or more: it runs until the first kick after one), so that
+/// it runs `100 - pct` % of the time. A slice is counted at most twice
+/// [`TIMESLICE`], the most a kick every timeslice lets it run.
+pub(crate) fn sleep_after(ran: Duration, pct: u32) -> Duration {
     let pct = pct.min(99);
-    TIMESLICE * pct / (100 - pct)
+    ran.min(2 * TIMESLICE) * pct / (100 - pct)
 }
 
 #[cfg(test)]
@@ -56,15 +60,24 @@ mod tests {
 
     #[test]
     fn a_throttled_vcpu_runs_100_less_pct_percent_of_the_time() {
-        for pct in [20, 50, 90, 99] {
-            let sleep = sleep_after_slice(pct).as_secs_f64();
-            let ran = TIMESLICE.as_secs_f64() / (TIMESLICE.as_secs_f64() + sleep);
-            assert!(
-                (ran - f64::from(100 - pct) / 100.0).abs() < 1e-9,
-                "{pct}: {ran}"
-            );
+        // Whatever the slice ran (a kick ends it 0-10 ms after a timeslice).
+        for slice in [TIMESLICE, TIMESLICE * 3 / 2, TIMESLICE * 2] {
+            for pct in [20, 50, 90, 96, 99] {
+                let sleep = sleep_after(slice, pct).as_secs_f64();
+                let ran = slice.as_secs_f64() / (slice.as_secs_f64() + sleep);
+                assert!(
+                    (ran - f64::from(100 - pct) / 100.0).abs() < 1e-9,
+                    "{pct} % after {slice:?}: ran {ran}"
+                );
+            }
         }
-        assert_eq!(sleep_after_slice(0), Duration::ZERO);
-        assert_eq!(sleep_after_slice(150), sleep_after_slice(99));
+        assert_eq!(sleep_after(TIMESLICE, 0), Duration::ZERO);
+        assert_eq!(sleep_after(TIMESLICE, 150), sleep_after(TIMESLICE, 99));
+        // A slice stretched past two timeslices (the thread was not
+        // scheduled) sleeps as for two: a throttle never sleeps for long.
+        assert_eq!(
+            sleep_after(Duration::from_secs(1), 50),
+            sleep_after(2 * TIMESLICE, 50)
+        );
     }
 }
