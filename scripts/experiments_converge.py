@@ -31,10 +31,12 @@ stops them with speeding the reader up)."""
 
 import json
 import subprocess
+import threading
 import time
 
 from experiments_migration import Dest
-from experiments_vm import Vm, log
+from experiments_vm import Vm, call, log
+from kvmscope_client import Connection
 
 MIB = 1 << 20
 # Bytes of commands per guest-command request (requests are at most 64 KiB).
@@ -70,6 +72,39 @@ def queue(vm, vcpu, command, repeats):
         repeats -= n
 
 
+class Refill:
+    """Keeps the readers' queues from running dry for as long as a cell
+    lasts: a reader reads the whole arena thousands of times a second, and a
+    queue long enough for the slowest migration (30 s and more) would be
+    hundreds of thousands of commands, all of them sent in the stop. A
+    thread of its own, with its own connection, tops each reader up to
+    `LOW + BATCH` commands every 200 ms."""
+
+    LOW, BATCH = 1000, 2000
+
+    def __init__(self, vm, readers, command):
+        self.conn = Connection(vm.socket, 60)
+        self.readers, self.command = readers, command
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        try:
+            while not self.stop.wait(0.2):
+                for g in call(self.conn, "query-guest", {"vcpus": self.readers}):
+                    if g.get("queued", 0) < self.LOW:
+                        call(self.conn, "guest-command",
+                             {"vcpu": g["vcpu"], "command": "; ".join([self.command[g["vcpu"]]] * self.BATCH)})
+        except (OSError, RuntimeError, ValueError):
+            pass  # the VM is going away
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.conn.sock.close()
+
+
 def untracked_rates(vm, vcpus, seconds):
     """Each vCPU's progress per second over `seconds`, from the guest's own
     count (two `query-guest` reads)."""
@@ -96,7 +131,7 @@ def run_converge(binary, m):
 def converge_cell(binary, m, shape, mode, how):
     src = Vm(binary, m["converge_memory"], dirty_log=mode, vcpus=3 if shape == "two-writers" else 2)
     vcpus, work = shapes(m["converge_ws"], src.arena["size"])[shape]
-    dst = None
+    dst = refill = None
     try:
         # The readers alone first: their own untracked pace, which the
         # writers' memory traffic lowers once they start.
@@ -105,7 +140,7 @@ def converge_cell(binary, m, shape, mode, how):
         readers = [v for v, (role, _) in work.items() if role == "reads"]
         for v in readers:
             src.guest(work[v][1], vcpu=v)
-            queue(src, v, work[v][1], m["converge_repeats"])
+        refill = Refill(src, readers, {v: work[v][1] for v in readers})
         time.sleep(0.3)
         alone = untracked_rates(src, vcpus, m["converge_lead"] / 2)
         for v, (role, command) in work.items():
@@ -126,6 +161,8 @@ def converge_cell(binary, m, shape, mode, how):
         j = json.loads(out.stdout[out.stdout.index("{"):])
         return row_of(shape, mode, how, m, work, untracked, j)
     finally:
+        if refill is not None:
+            refill.close()
         if dst is not None:
             dst.close()
         src.close()

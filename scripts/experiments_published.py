@@ -97,6 +97,9 @@ def row_of(name, m, page, age, info):
         "dirty_bytes_per_s": page.get("readiness_dirty_bytes_per_second"),
         "pred_nonzero": page.get("readiness_nonzero"),
         "pred_verdict": "converges" if page.get("prediction_converges") else "no",
+        # Converged: the sender stopped because what was left fit the limit
+        # (its stop test, what the model's verdict predicts), not because
+        # x-max-rounds forced it; the downtime measured is its own column.
         "verdict": "converges" if info.get("expected-downtime", 0) <= LIMIT_MS else "no",
         "pred_transferred": page.get("prediction_transferred"), "transferred": ram.get("transferred"),
         "pred_total_ms": ms(page.get("prediction_total_time_ns", never)), "total_ms": info.get("total-time"),

@@ -19,7 +19,10 @@ def block_published(rows):
     close = sum(1 for r in conv if abs(rel(r["pred_transferred"], r["transferred"]) or 0) <= 0.10)
     ages = sorted(r["age_s"] for r in rows)
     summary = ("\nVerdict right in %d of %d cells; bytes within 10 %% in %d of %d cells both call converging; "
-               "the page was %.1f-%.1f s old when read.\n" % (right, len(rows), close, len(conv), ages[0], ages[-1]))
+               "the page was %.1f-%.1f s old when read. Actual verdict: the sender stopped because what was left fit "
+               "the downtime limit (its stop test, which the model predicts), not because `x-max-rounds` forced "
+               "the stop; the downtime measured is in its own column.\n"
+               % (right, len(rows), close, len(conv), ages[0], ages[-1]))
     return table(header, out) + summary
 
 

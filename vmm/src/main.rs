@@ -45,8 +45,9 @@ enum Cmd {
     /// and show how the stats move, read through fds received from it.
     Demo(DemoArgs),
     /// Draw a series from `run --samples-out` (mapped memory, exit rates,
-    /// phases, and the guest's own progress per second when the series has
-    /// it) as SVG or PNG.
+    /// phases; when the series has them, the guest's own progress per second
+    /// and each vCPU's time lost to dirty tracking and to throttles) as SVG
+    /// or PNG.
     #[cfg(feature = "plot")]
     Plot(PlotArgs),
     /// Ask a running VMM whether its guest is ready to live-migrate: non-zero

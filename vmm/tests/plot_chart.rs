@@ -345,3 +345,38 @@ fn a_series_with_the_guests_progress_gets_a_third_panel_and_one_without_does_not
     // 1's progress is 0 (a flat line at the axis' floor).
     assert_eq!(lines(&doc, rate_color(0, Rate::Kvm)), [SAMPLES, SAMPLES]);
 }
+
+#[test]
+fn a_series_whose_vcpus_lost_time_gets_a_panel_of_the_shares_lost() {
+    let (_, mut points) = experiment();
+    let has_panel = |svg: &str| {
+        texts(&Document::parse(svg).expect("xml"))
+            .iter()
+            .any(|t| t == "vCPU time lost")
+    };
+    assert!(
+        !has_panel(&svg_of(&points, &opts())),
+        "nothing lost, no panel"
+    );
+    // From sample 5 (50 ms) on, vCPU 1 loses 10 % of its time to a stall
+    // and sleeps 30 %; vCPU 0 loses nothing.
+    let t0 = points[0].time_s;
+    for p in points.iter_mut() {
+        let ms = ((p.time_s - t0) * 1000.0).round() as u64;
+        let from5 = ms.saturating_sub(50);
+        p.vcpus[1].stall_ns = from5 * 100_000;
+        p.vcpus[1].throttled_ns = from5 * 300_000;
+    }
+    let svg = svg_of(&points, &opts());
+    assert!(has_panel(&svg));
+    let doc = Document::parse(&svg).expect("xml");
+    // vCPU 1: its stall in its colour (after its exit rate), its time asleep
+    // in the lighter shade (after ours): one line each, a vertex a sample but
+    // the first (no share before it).
+    let stall = lines(&doc, rate_color(1, Rate::Kvm));
+    assert_eq!(stall.last(), Some(&(SAMPLES - 1)), "{stall:?}");
+    let asleep = lines(&doc, rate_color(1, Rate::Ours));
+    assert_eq!(asleep.last(), Some(&(SAMPLES - 1)), "{asleep:?}");
+    let texts = texts(&doc);
+    assert!(texts.iter().any(|t| t == "vCPU time lost (%)"), "{texts:?}");
+}

@@ -237,7 +237,7 @@ fn migration_step(
     let tmp = |suffix: &str| socket.with_extension(suffix);
     let (incoming, dst_socket) = (tmp("in.sock"), tmp("dst.sock"));
     let uri = format!("unix:{}", incoming.display());
-    writeln!(out, "migration: start a second kvmscope with --incoming {uri}, write {} more, and move the guest there while it rewrites {} as fast as it can, over a {:.1} MB/s link it cannot keep up with ({} ms downtime limit): --converge auto limits the writer from the start", format_bytes(size), format_bytes(4 * size), demo_link(4 * size) as f64 / 1e6, DEMO_DOWNTIME.as_millis())?;
+    writeln!(out, "migration: start a second kvmscope with --incoming {uri}, write {} more, and move the guest there while it rewrites {} as fast as it can, over a {}/s link it cannot keep up with ({} ms downtime limit): --converge auto limits the writer from the start", format_bytes(size), format_bytes(4 * size), format_bytes(demo_link(4 * size)), DEMO_DOWNTIME.as_millis())?;
     let mut dst = Vmm::spawn_run(
         &config.exe,
         &dst_socket,

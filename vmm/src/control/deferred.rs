@@ -93,6 +93,9 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
         link_from: from,
         vcpus: ctx.vcpus.len() as u64,
         max_rounds: params.map_or(0, |p| p.x_max_rounds),
+        dirty_limit_period: Duration::from_millis(
+            params.unwrap_or_default().x_vcpu_dirty_limit_period,
+        ),
         ..Options::default()
     }
 }

@@ -449,7 +449,7 @@ pub(crate) fn render(samples: &Shared) -> String {
                 v.dirty_limit.limit_mb() * crate::vcpu::dirty_limit::MB
             );
         }
-        let _ = writeln!(out, "# HELP kvmscope_guest_progress_total The guest's own count of its work (pages touched or read, page writes; guest ABI progress): its rate against itself shows what a migration or throttle cost it.\n# TYPE kvmscope_guest_progress_total counter");
+        let _ = writeln!(out, "# HELP kvmscope_guest_progress_total The guest's own count of its work (pages touched, read or verified, page writes, exits; guest ABI progress), as the guest stores it (a guest that lowers it reads as a counter reset): its rate against itself shows what a migration or throttle cost it.\n# TYPE kvmscope_guest_progress_total counter");
         for (i, v) in samples.vcpus.iter().enumerate() {
             if let Some(n) = v.guest_progress() {
                 let _ = writeln!(

@@ -1,7 +1,8 @@
-//! The chart, drawn with plotters on any backend (SVG or an RGB buffer): two
-//! panels sharing the time axis (mapped bytes by page size above, exit rates
-//! per vCPU below), phase markers across both, a title, and the legend in the
-//! right margin (`legend.rs`).
+//! The chart, drawn with plotters on any backend (SVG or an RGB buffer):
+//! panels sharing the time axis (mapped bytes by page size on top, exit rates
+//! per vCPU below; when the series carries them, the guest's own progress and
+//! the vCPU time it lost to dirty tracking and throttling), phase markers
+//! across them all, a title, and the legend in the right margin (`legend.rs`).
 
 use std::ops::Range;
 
@@ -30,7 +31,6 @@ const TOP: u32 = 64;
 const BOTTOM: u32 = 52;
 /// Space between the two panels.
 const GAP: u32 = 26;
-const GAP_PX: i32 = 26;
 /// Phase changes closer than this share one marker line.
 const MARKER_MIN_PX: f64 = 13.0;
 /// Rough width of one character of a marker label, to cut labels that would not fit.
@@ -153,6 +153,10 @@ pub(crate) struct Chart<'a> {
     /// The guest's own progress per second (a third panel), when the series
     /// carries it (guest ABI `progress`; older series and other guests do not).
     progress: Option<RateAxis>,
+    /// Each point's share of each shown vCPU's time lost since the point
+    /// before, % ([`Lost`]), and the axis for it: a panel of its own when
+    /// the series shows any loss (the guest columns; older series lack them).
+    lost: Option<(Vec<Vec<Lost>>, RateAxis)>,
     /// Whether text is drawn (not when a bitmap has no font to draw it with).
     text: bool,
 }
@@ -196,6 +200,13 @@ impl<'a> Chart<'a> {
         let max_bytes = points.iter().map(|p| total_bytes(p)).fold(0.0, f64::max);
         let max_rate = max_rate(&points, &vcpus);
         let max_progress = max_progress(&points, &vcpus);
+        let lost = lost_shares(&points, &vcpus);
+        let max_lost = lost
+            .iter()
+            .flatten()
+            .flat_map(|l| [l.stall, l.throttled])
+            .flatten()
+            .fold(0.0, f64::max);
         let axis = |max| match opts.rates {
             RateScale::Log => RateAxis::log(max),
             RateScale::Linear => RateAxis::linear(max),
@@ -212,6 +223,7 @@ impl<'a> Chart<'a> {
             bytes: ByteAxis::new(max_bytes),
             rates: axis(max_rate),
             progress: (max_progress > 0.0).then(|| axis(max_progress)),
+            lost: (max_lost > 0.0).then(|| (lost, RateAxis::linear(max_lost.min(100.0)))),
             text: true,
         })
     }
@@ -231,7 +243,7 @@ impl<'a> Chart<'a> {
         self.draw_title(root)?;
         let (w, h) = root.dim_in_pixel();
         // Panels below the first carry time labels under them.
-        let below = if self.progress.is_some() { 2 } else { 1 };
+        let below = self.panels() - 1;
         let panel_h = h.saturating_sub(TOP + below * (BOTTOM + GAP)) / (below + 1);
         let width = w.saturating_sub(RIGHT);
         let px = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
@@ -246,16 +258,34 @@ impl<'a> Chart<'a> {
         };
         let (area, lower) = nth(1);
         self.draw_rates(&area)?;
-        let mut rows = vec![upper, lower];
+        let mut rows = Rows {
+            upper,
+            lower,
+            progress: None,
+            lost: None,
+        };
+        let mut next = 2;
         if let Some(axis) = &self.progress {
-            let (area, third) = nth(2);
+            let (area, row) = nth(next);
             self.draw_progress(&area, axis)?;
-            rows.push(third);
+            rows.progress = Some(row);
+            next += 1;
         }
-        let last = rows.last().map_or(upper.1, |r| r.1);
-        let markers = self.draw_markers(root, &x_of, (upper.0, last))?;
+        if let Some((shares, axis)) = &self.lost {
+            let (area, row) = nth(next);
+            self.draw_lost(&area, shares, axis)?;
+            rows.lost = Some(row);
+        }
+        let last = rows.lost.or(rows.progress).unwrap_or(lower).1;
+        let markers = self.draw_markers(root, &x_of, (upper.0, last), panel_h)?;
         self.draw_legend(root, px(width + 18), &rows)?;
         Ok(markers)
+    }
+
+    /// Panels drawn: mapped memory, exit rates, and the guest's where the
+    /// series carries them.
+    fn panels(&self) -> u32 {
+        2 + u32::from(self.progress.is_some()) + u32::from(self.lost.is_some())
     }
 
     /// A text style in `color`, invisible when text is left out.
@@ -397,7 +427,7 @@ impl<'a> Chart<'a> {
         self.panel(&mut chart, title, &label)?;
         for &vcpu in &self.vcpus {
             let style = rate_color(vcpu, Rate::Kvm).stroke_width(2);
-            for run in runs(&self.points, axis, |p| {
+            for run in runs(&self.points, axis, |_, p| {
                 p.vcpus.get(vcpu).map(|v| v.progress_per_s)
             }) {
                 draw_line(&mut chart, run, style)?;
@@ -406,9 +436,40 @@ impl<'a> Chart<'a> {
         Ok(())
     }
 
+    /// The last panel: per vCPU, the share of its time lost since the sample
+    /// before to dirty tracking (its stall, a thick line in its colour) and
+    /// to a throttle or dirty limit (asleep, a thin line in a lighter shade).
+    fn draw_lost<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        shares: &[Vec<Lost>],
+        axis: &RateAxis,
+    ) -> Drawing<(), DB> {
+        let mut chart = ChartBuilder::on(area)
+            .y_label_area_size(LEFT)
+            .x_label_area_size(BOTTOM)
+            .build_cartesian_2d(self.time.clone(), axis.clone())?;
+        let label = |v: &f64| format!("{} %", axis.label(*v));
+        self.panel(&mut chart, "vCPU time lost (%)", &label)?;
+        for (k, _) in self.vcpus.iter().enumerate() {
+            let vcpu = self.vcpus[k];
+            let kinds: [(Rate, fn(&Lost) -> Option<f64>); 2] =
+                [(Rate::Kvm, |l| l.stall), (Rate::Ours, |l| l.throttled)];
+            for (rate, of) in kinds {
+                let style = rate.style(rate_color(vcpu, rate));
+                for run in runs(&self.points, axis, |i, _| {
+                    shares.get(i).and_then(|s| of(&s[k]))
+                }) {
+                    draw_line(&mut chart, run, style)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// One rate's line in runs of samples with a finite rate.
     fn rate_runs(&self, vcpu: usize, rate: Rate) -> Vec<Vec<(f64, f64)>> {
-        runs(&self.points, &self.rates, |p| {
+        runs(&self.points, &self.rates, |_, p| {
             p.vcpus.get(vcpu).map(|v| rate.of(v))
         })
     }
@@ -467,11 +528,11 @@ impl<'a> Chart<'a> {
         root: &DrawingArea<DB, Shift>,
         x_of: &dyn Fn(f64) -> i32,
         (y0, y1): (i32, i32),
+        panel_h: u32,
     ) -> Drawing<usize, DB> {
         let groups = markers::group(&self.changes, |t| f64::from(x_of(t)), MARKER_MIN_PX);
-        let panels = if self.progress.is_some() { 3.0 } else { 2.0 };
-        let panel_h = f64::from(y1 - y0 - GAP_PX) / panels;
-        let max_chars = saturating_usize(((panel_h - 10.0) / LABEL_CHAR_PX).max(4.0));
+        // A label runs down the top panel only.
+        let max_chars = saturating_usize(((f64::from(panel_h) - 10.0) / LABEL_CHAR_PX).max(4.0));
         for g in &groups {
             let (x, color) = (x_of(g.time_s), markers::command_color(g.code));
             let rule = [(x, y0), (x, y1)];
@@ -506,16 +567,17 @@ fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
     Ok(())
 }
 
-/// A line in runs of samples with a finite value on `axis`: the pen lifts
-/// over samples that lack the vCPU or whose value is NaN or infinite.
+/// A line in runs of samples with a finite value on `axis` (`value` is
+/// given each sample and its index): the pen lifts over samples that lack
+/// the vCPU or whose value is NaN or infinite.
 fn runs(
     points: &[&Point],
     axis: &RateAxis,
-    value: impl Fn(&Point) -> Option<f64>,
+    value: impl Fn(usize, &Point) -> Option<f64>,
 ) -> Vec<Vec<(f64, f64)>> {
     let (mut runs, mut run) = (Vec::new(), Vec::new());
-    for p in points {
-        match value(p).filter(|r| r.is_finite()) {
+    for (i, p) in points.iter().enumerate() {
+        match value(i, p).filter(|r| r.is_finite()) {
             Some(r) => run.push((p.time_s, axis.y(r))),
             None if !run.is_empty() => runs.push(std::mem::take(&mut run)),
             None => {}
@@ -525,6 +587,52 @@ fn runs(
         runs.push(run);
     }
     runs
+}
+
+/// The pixel rows (top, bottom) of each panel drawn, for the legend.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rows {
+    pub(super) upper: (i32, i32),
+    pub(super) lower: (i32, i32),
+    pub(super) progress: Option<(i32, i32)>,
+    pub(super) lost: Option<(i32, i32)>,
+}
+
+/// One vCPU's time lost between two samples, % of the time between them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Lost {
+    /// To dirty tracking (its stall).
+    pub(crate) stall: Option<f64>,
+    /// Asleep for a throttle or a dirty limit.
+    pub(crate) throttled: Option<f64>,
+}
+
+/// Per point, per vCPU shown (in `vcpus`' order), the share of its time
+/// lost since the point before: none for the first point, for a vCPU a
+/// point lacks, or where a count went down (a migration's destination
+/// counts from its own start).
+pub(crate) fn lost_shares(points: &[&Point], vcpus: &[usize]) -> Vec<Vec<Lost>> {
+    let share = |a: u64, b: u64, secs: f64| {
+        (secs > 0.0 && b >= a).then(|| ((b - a) as f64 / 1e9 / secs * 100.0).min(100.0))
+    };
+    let mut out = vec![vec![Lost::default(); vcpus.len()]];
+    for w in points.windows(2) {
+        let secs = w[1].time_s - w[0].time_s;
+        out.push(
+            vcpus
+                .iter()
+                .map(|&i| match (w[0].vcpus.get(i), w[1].vcpus.get(i)) {
+                    (Some(a), Some(b)) => Lost {
+                        stall: share(a.stall_ns, b.stall_ns, secs),
+                        throttled: share(a.throttled_ns, b.throttled_ns, secs),
+                    },
+                    _ => Lost::default(),
+                })
+                .collect(),
+        );
+    }
+    out.truncate(points.len());
+    out
 }
 
 /// The largest finite guest progress rate of the vCPUs shown, 0 if none.
@@ -568,6 +676,40 @@ fn shorten(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lost_shares_are_per_interval_and_skip_counts_that_went_down() {
+        let at = |t: f64, stall_ms: u64, slept_ms: u64| Point {
+            seq: 0,
+            time_s: t,
+            pages_4k: 0,
+            pages_2m: 0,
+            pages_1g: 0,
+            vcpus: vec![VcpuPoint {
+                stall_ns: stall_ms * 1_000_000,
+                throttled_ns: slept_ms * 1_000_000,
+                ..VcpuPoint::default()
+            }],
+        };
+        // 0.1 s apart: 5 ms stalled and 50 ms asleep, then a restart (a
+        // migration's destination counts from 0), then 100 % capped.
+        let points = [
+            at(0.0, 0, 0),
+            at(0.1, 5, 50),
+            at(0.2, 0, 0),
+            at(0.3, 500, 0),
+        ];
+        let refs: Vec<&Point> = points.iter().collect();
+        let l = lost_shares(&refs, &[0]);
+        assert_eq!(l.len(), 4);
+        assert_eq!(l[0][0], Lost::default());
+        assert!(l[1][0].stall.is_some_and(|s| (s - 5.0).abs() < 1e-9));
+        assert!(l[1][0].throttled.is_some_and(|s| (s - 50.0).abs() < 1e-9));
+        assert_eq!(l[2][0], Lost::default(), "counts went down");
+        assert_eq!(l[3][0].stall, Some(100.0));
+        // A vCPU the series lacks has no share.
+        assert_eq!(lost_shares(&refs, &[3])[1][0], Lost::default());
+    }
 
     #[test]
     fn clean_replaces_control_characters_only() {

@@ -5,7 +5,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::chart::{rate_color, Chart, Drawing, Rate, INK, LAYERS, TEXT};
+use super::chart::{rate_color, Chart, Drawing, Rate, Rows, INK, LAYERS, TEXT};
 
 /// Height of one legend row, in pixels.
 const ROW: i32 = 18;
@@ -15,18 +15,19 @@ const LIGHT_GREY: RGBColor = RGBColor(0xaa, 0xaa, 0xaa);
 
 impl Chart<'_> {
     /// Draws the legend at `x`, one part beside each panel (`(top, bottom)`
-    /// pixel rows of the upper and the lower panel).
+    /// pixel rows of each).
     pub(super) fn draw_legend<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, Shift>,
         x: i32,
-        rows: &[(i32, i32)],
+        rows: &Rows,
     ) -> Drawing<(), DB> {
-        let (Some(&upper), Some(&lower)) = (rows.first(), rows.get(1)) else {
-            return Ok(());
-        };
-        if let Some(&third) = rows.get(2) {
-            self.draw_progress_legend(root, x, third)?;
+        let (upper, lower) = (rows.upper, rows.lower);
+        if let Some(row) = rows.progress {
+            self.draw_progress_legend(root, x, row)?;
+        }
+        if let Some(row) = rows.lost {
+            self.draw_lost_legend(root, x, row)?;
         }
         let mut y = upper.0 + 4;
         self.heading(root, (x, y), "Mapped memory")?;
@@ -97,6 +98,24 @@ impl Chart<'_> {
             let at = (x, y + ROW * (1 + i32::try_from(i).unwrap_or(0)));
             root.draw(&Text::new(*line, at, self.font(TEXT, INK)))?;
         }
+        Ok(())
+    }
+
+    fn draw_lost_legend<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        x: i32,
+        (top, _): (i32, i32),
+    ) -> Drawing<(), DB> {
+        let mut y = top + 4;
+        self.heading(root, (x, y), "vCPU time lost")?;
+        y += ROW;
+        self.entry(root, (x, y), Sample::Line(GREY, 2), "to dirty tracking")?;
+        y += ROW;
+        let asleep = Sample::Line(LIGHT_GREY, 1);
+        self.entry(root, (x, y), asleep, "asleep: throttle, limit")?;
+        y += ROW;
+        root.draw(&Text::new("(vCPU colours)", (x, y), self.font(TEXT, INK)))?;
         Ok(())
     }
 

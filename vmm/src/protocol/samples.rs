@@ -103,7 +103,9 @@ pub struct VcpuRecord {
     /// That count per second since the previous tick.
     #[serde(default, deserialize_with = "nullable_f64")]
     pub progress_per_s: f64,
-    /// vCPU time lost to dirty tracking over the observations ended so far, ns.
+    /// vCPU time lost to dirty tracking so far, ns: over the observations
+    /// that ended, and so far in those still open (it may then go down a
+    /// little: an open observation's excess over the rate before it).
     #[serde(default)]
     pub stall_ns: u64,
     /// Time slept for a throttle or dirty limit so far, ns.

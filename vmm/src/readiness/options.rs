@@ -25,6 +25,9 @@ pub struct Options {
     pub vcpus: u64,
     /// `x-max-rounds` (0: none).
     pub max_rounds: u64,
+    /// `x-vcpu-dirty-limit-period`: a dirty limit's bucket holds one
+    /// period of it.
+    pub dirty_limit_period: Duration,
 }
 
 impl Default for Options {
@@ -37,6 +40,7 @@ impl Default for Options {
             link_from: "default",
             vcpus: 1,
             max_rounds: 0,
+            dirty_limit_period: Duration::from_millis(Parameters::DEFAULT_DIRTY_LIMIT_PERIOD_MS),
         }
     }
 }

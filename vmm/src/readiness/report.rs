@@ -355,7 +355,8 @@ impl Report {
         } else {
             (
                 smallest_throttle(&inputs),
-                entry_rates.and_then(|r| cheapest_dirty_limit(&inputs, &r)),
+                entry_rates
+                    .and_then(|r| cheapest_dirty_limit(&inputs, &r, options.dirty_limit_period)),
             )
         };
         self.prediction = Some(prediction);
@@ -971,6 +972,9 @@ mod tests {
 
     /// 128 MiB, a writer rewriting 32 MiB at 20,000 pages/s over 20 MB/s:
     /// it does not converge unhelped.
+    /// The default dirty-limit period.
+    const PERIOD: Duration = Duration::from_millis(crate::vcpu::dirty_limit::DEFAULT_PERIOD_MS);
+
     fn too_fast(vcpus: u64) -> Inputs {
         Inputs {
             total_pages: 32_768,
@@ -994,13 +998,13 @@ mod tests {
         let inputs = too_fast(2);
         // vCPU 0 writes it all; vCPU 1 dirties 0.5 MB/s.
         let rates = [20_000.0 * 4096.0, 0.5 * MB as f64];
-        let c = cheapest_dirty_limit(&inputs, &rates).expect("a limit converges");
+        let c = cheapest_dirty_limit(&inputs, &rates, PERIOD).expect("a limit converges");
         assert!(c.prediction.converges);
         assert_eq!(c.vcpus, vec![0], "only the writer is limited");
         assert!(c.throttle_seconds > 0.0);
         // No limit that converges costs the guest noticeably less.
         let costs: Vec<(u64, f64)> = (1..=80)
-            .filter_map(|mb| limit_choice(&inputs, &rates, mb))
+            .filter_map(|mb| limit_choice(&inputs, &rates, mb, PERIOD))
             .map(|l| (l.mb, l.throttle_seconds))
             .collect();
         assert!(costs.len() > 1, "{costs:?}");
@@ -1011,13 +1015,21 @@ mod tests {
             c.throttle_seconds
         );
         // A limit past the link never converges: every entry a new page.
-        assert!(limit_choice(&inputs, &rates, 20).is_none());
+        assert!(limit_choice(&inputs, &rates, 20, PERIOD).is_none());
         let hopeless = Inputs {
             bandwidth: Some(1.0),
             ..inputs
         };
-        assert!(cheapest_dirty_limit(&hopeless, &rates).is_none());
-        assert!(cheapest_dirty_limit(&inputs, &[0.0, 0.0]).is_none());
+        assert!(cheapest_dirty_limit(&hopeless, &rates, PERIOD).is_none());
+        assert!(cheapest_dirty_limit(&inputs, &[0.0, 0.0], PERIOD).is_none());
+        // A longer x-vcpu-dirty-limit-period fills a bigger bucket first:
+        // more is sent for the same limit.
+        let long = limit_choice(&inputs, &rates, c.mb, PERIOD * 5).map(|l| l.prediction);
+        assert!(
+            long.as_ref()
+                .is_none_or(|p| p.total_bytes > c.prediction.total_bytes),
+            "{long:?}"
+        );
     }
 
     #[test]
@@ -1139,12 +1151,12 @@ fn smallest_throttle(inputs: &Inputs) -> Option<Converge> {
 /// sequential sweep limited near the link seem to converge when its passes
 /// do not shrink. A vCPU under the limit is not slowed. No round limit, as
 /// for the throttle.
-fn cheapest_dirty_limit(inputs: &Inputs, rates: &[f64]) -> Option<LimitChoice> {
+fn cheapest_dirty_limit(inputs: &Inputs, rates: &[f64], period: Duration) -> Option<LimitChoice> {
     use crate::vcpu::dirty_limit::MB;
     if rates.iter().sum::<f64>() <= 0.0 {
         return None;
     }
-    let converges = |mb| limit_choice(inputs, rates, mb);
+    let converges = |mb| limit_choice(inputs, rates, mb, period);
     converges(1)?;
     // Convergence only gets harder as the limit grows: the last that
     // converges, by bisection up to the fastest vCPU's rate.
@@ -1178,7 +1190,7 @@ fn cheapest_dirty_limit(inputs: &Inputs, rates: &[f64]) -> Option<LimitChoice> {
 }
 
 /// The migration under a dirty limit of `mb` MB/s per vCPU, if it converges.
-fn limit_choice(inputs: &Inputs, rates: &[f64], mb: u64) -> Option<LimitChoice> {
+fn limit_choice(inputs: &Inputs, rates: &[f64], mb: u64, period: Duration) -> Option<LimitChoice> {
     let total: f64 = rates.iter().sum();
     let limit = (mb * crate::vcpu::dirty_limit::MB) as f64;
     let (mut free, mut held) = (
@@ -1190,7 +1202,7 @@ fn limit_choice(inputs: &Inputs, rates: &[f64], mb: u64) -> Option<LimitChoice> 
         },
     );
     let slice = crate::vcpu::throttle::TIMESLICE.as_secs_f64();
-    let period = crate::vcpu::dirty_limit::DEFAULT_PERIOD_MS as f64 / 1e3;
+    let period = period.as_secs_f64();
     for &r in rates {
         let share = inputs.dirty_rate * r / total;
         if r > limit {

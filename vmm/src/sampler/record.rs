@@ -29,8 +29,9 @@ pub struct VcpuPoint {
     pub progress: u64,
     /// That count per second since the previous tick.
     pub progress_per_s: f64,
-    /// vCPU time the guest lost to dirty tracking over the observations
-    /// (readiness windows, migrations) ended so far, ns.
+    /// vCPU time the guest lost to dirty tracking so far, ns: over the
+    /// observations (readiness windows, migrations) that ended, and so far
+    /// in those still open.
     pub stall_ns: u64,
     /// Time the vCPU slept for a throttle or dirty limit so far, ns.
     pub throttled_ns: u64,

@@ -53,7 +53,9 @@ pub(crate) struct Meter {
 impl Meter {
     /// Adds the counts read at `at` (one per vCPU, `None` where unreadable)
     /// and returns each vCPU's rate, units per second, over the readings of
-    /// the last [`RATE_SPAN`]: `None` until they span half of it.
+    /// the last [`RATE_SPAN`]: `None` until they span half of it, and while
+    /// the count read is below the one a span ago (the count is the guest's
+    /// to write: a guest that lowers it has no rate until a span has passed).
     pub(crate) fn add(&mut self, at: Instant, counts: Vec<Option<u64>>) -> Vec<Option<f64>> {
         let n = counts.len();
         self.readings.push_back((at, counts));
@@ -72,7 +74,7 @@ impl Meter {
         (0..n)
             .map(|i| match (first.get(i).copied().flatten(), last[i]) {
                 (Some(a), Some(b)) if span >= RATE_SPAN.as_secs_f64() / 2.0 => {
-                    Some(b.wrapping_sub(a) as f64 / span)
+                    b.checked_sub(a).map(|d| d as f64 / span)
                 }
                 _ => None,
             })
@@ -116,7 +118,8 @@ impl Period {
         (0..self.at_start.len())
             .map(|i| {
                 let done = match (self.at_start[i], now.get(i).copied().flatten()) {
-                    (Some(a), Some(b)) => Some(b.wrapping_sub(a)),
+                    // A guest that lowered its count has no figure.
+                    (Some(a), Some(b)) => b.checked_sub(a),
                     _ => None,
                 };
                 Figures {
@@ -163,6 +166,21 @@ mod tests {
         m.add(at(1000), vec![Some(1000), Some(7)]);
         let r = m.add(at(2000), vec![Some(4000), Some(7)]);
         assert_eq!(r, [Some(3000.0), Some(0.0)]);
+    }
+
+    #[test]
+    fn a_guest_that_lowers_its_count_has_no_rate_until_a_span_has_passed() {
+        let mut m = Meter::default();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        m.add(at(0), vec![Some(u64::MAX - 5)]);
+        // Down to 0: not a rate of 2^64 units a second.
+        assert_eq!(m.add(at(600), vec![Some(0)]), [None]);
+        assert_eq!(m.add(at(1000), vec![Some(100)]), [None]);
+        assert_eq!(m.add(at(1600), vec![Some(700)]), [Some(700.0)]);
+        let p = Period::begin(vec![Some(50)], vec![None]);
+        assert_eq!(p.figures(&[Some(10)])[0].done, None);
+        assert_eq!(p.figures(&[Some(10)])[0].per_second, None);
     }
 
     #[test]

@@ -170,6 +170,9 @@ pub struct VcpuShared {
     pub(crate) ring_full_ns: AtomicU64,
     /// The guest's stall over every observation that has ended, ns.
     pub(crate) stall_ns: AtomicU64,
+    /// Where the observations still open started on this vCPU
+    /// ([`super::stall::stall_so_far`]).
+    pub(crate) open_stalls: Mutex<Vec<super::stall::Open>>,
     /// When the last observation of the guest (a window, a migration) ended.
     pub(crate) observed_until: Mutex<Option<Instant>>,
     /// Its CPU throttle (auto-converge), 0 % unless a migration sets one.
@@ -206,6 +209,7 @@ impl VcpuShared {
             ring_full_ns: AtomicU64::new(0),
             observed_until: Mutex::new(None),
             stall_ns: AtomicU64::new(0),
+            open_stalls: Mutex::new(Vec::new()),
             throttle: super::throttle::Throttle::default(),
             dirty_limit: super::dirty_limit::DirtyLimit::default(),
             progress: OnceLock::new(),
@@ -217,8 +221,12 @@ impl VcpuShared {
         }
     }
 
-    /// The guest's own count of its work so far (`None`: no counter).
+    /// The guest's own count of its work so far (`None`: no counter, or
+    /// the guest has not run yet: on a migration's destination the count
+    /// is the source's only once the vCPU's state is restored, and a rate
+    /// taken across its arrival would be the guest's whole count at once).
     pub(crate) fn guest_progress(&self) -> Option<u64> {
+        self.first_exit.get()?;
         self.progress.get()?.read()
     }
 
