@@ -60,7 +60,18 @@ fn a_window_over_a_writing_guest_reports_its_stall_and_over_an_idle_one_none() {
     guest(&mut c, 0, "touch offset=0 size=32M");
     queue(&mut c, 0, "dirty offset=0 ws=32M rate=max for=4s");
     wait_running(&vm);
-    let busy = window(&vm, 1.0);
+    let busy = std::thread::scope(|s| {
+        let w = s.spawn(|| window(&vm, 1.0));
+        // While the window runs, the samples already show its stall so far
+        // (not only once it ends).
+        let open = common::wait_for("a sample with a stall", Duration::from_secs(10), || {
+            let (v, _) = c.execute("query-samples", json!({"max": 1})).ok()?;
+            let ns = v["samples"][0]["vcpus"][0]["stall_ns"].as_u64()?;
+            (ns > 0).then(|| !w.is_finished())
+        });
+        assert!(open, "the stall showed only once the window had ended");
+        w.join().expect("the window")
+    });
     let ms = stall_ms(&busy);
     let period_ms = busy["guest_stall"]["period_s"].as_f64().unwrap() * 1e3;
     // A ring of 4,096 entries under 8,192 pages rewritten as fast as the

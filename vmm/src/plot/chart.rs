@@ -451,8 +451,7 @@ impl<'a> Chart<'a> {
             .build_cartesian_2d(self.time.clone(), axis.clone())?;
         let label = |v: &f64| format!("{} %", axis.label(*v));
         self.panel(&mut chart, "vCPU time lost (%)", &label)?;
-        for (k, _) in self.vcpus.iter().enumerate() {
-            let vcpu = self.vcpus[k];
+        for (k, &vcpu) in self.vcpus.iter().enumerate() {
             let kinds: [(Rate, fn(&Lost) -> Option<f64>); 2] =
                 [(Rate::Kvm, |l| l.stall), (Rate::Ours, |l| l.throttled)];
             for (rate, of) in kinds {
