@@ -119,7 +119,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kvmscope", default="target/release/kvmscope")
     ap.add_argument("--period", default="10s", help="--readiness-every (default 10s)")
-    ap.add_argument("--window", default="1s", help="--readiness-window (default 1s)")
+    ap.add_argument("--window", default="500ms", help="--readiness-window (default 500ms, as kvmscope run's)")
     ap.add_argument("--periods", type=int, default=4, help="periods to watch (default 4)")
     ap.add_argument("--workloads", default="dirty,touch", help="of: " + ", ".join(WORKLOADS))
     a = ap.parse_args()

@@ -350,19 +350,28 @@ struct RunArgs {
     /// SIGINT/SIGTERM or `quit` stop an incoming migration at any point.
     #[arg(long, default_value = "30s", value_name = "DUR", requires = "incoming")]
     incoming_idle_timeout: Period,
-    /// Measure migration readiness every DUR (e.g. 60s): a dirty-rate window
-    /// of --readiness-window, the mapped-pages estimate and the prediction for
-    /// the migration parameters, published in the VMM's own stats (provider
-    /// kvmscope) where `kvmscope exporter` shows them with no request. The
-    /// guest pays for dirty tracking during the windows only. Needs --socket
-    /// and --dirty-log.
-    #[arg(long, value_name = "DUR", requires_all = ["socket", "dirty_log"])]
+    /// Measure migration readiness every DUR (90s when given no value): a
+    /// dirty-rate window of --readiness-window, the mapped-pages estimate and
+    /// the prediction for the migration parameters, published in the VMM's
+    /// own stats (provider kvmscope) where `kvmscope exporter` shows them with
+    /// no request. The guest pays for dirty tracking during the windows only:
+    /// a guest writing as fast as it can loses about the window's length of
+    /// its work each time, and a little more (by default 0.5 s every 90 s:
+    /// 0.55-0.7 % measured; docs/BENCHMARKS.md). Needs --socket and
+    /// --dirty-log.
+    #[arg(
+        long,
+        value_name = "DUR",
+        num_args = 0..=1,
+        default_missing_value = "90s",
+        requires_all = ["socket", "dirty_log"]
+    )]
     readiness_every: Option<Period>,
     /// The dirty-rate window of each --readiness-every measurement (shorter
     /// than the period).
     #[arg(
         long,
-        default_value = "1s",
+        default_value = "500ms",
         value_name = "DUR",
         requires = "readiness_every"
     )]

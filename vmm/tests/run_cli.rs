@@ -296,4 +296,19 @@ fn readiness_every_needs_a_socket_and_dirty_logging_and_a_window_shorter_than_it
         err.contains("--readiness-window (2s) must be shorter than --readiness-every (1s)"),
         "{err}"
     );
+    // Given no value, the period is 90 s.
+    let (code, err) = run(&[
+        "--dirty-log",
+        "ring",
+        "--socket",
+        "/tmp/kvmscope-never.sock",
+        "--readiness-window",
+        "120s",
+        "--readiness-every",
+    ]);
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("--readiness-window (120s) must be shorter than --readiness-every (90s)"),
+        "{err}"
+    );
 }
