@@ -452,7 +452,7 @@ impl<'a> Chart<'a> {
         let label = |v: &f64| format!("{} %", axis.label(*v));
         self.panel(&mut chart, "vCPU time lost (%)", &label)?;
         for (k, &vcpu) in self.vcpus.iter().enumerate() {
-            let kinds: [(Rate, fn(&Lost) -> Option<f64>); 2] =
+            let kinds: [(Rate, LostOf); 2] =
                 [(Rate::Kvm, |l| l.stall), (Rate::Ours, |l| l.throttled)];
             for (rate, of) in kinds {
                 let style = rate.style(rate_color(vcpu, rate));
@@ -596,6 +596,9 @@ pub(super) struct Rows {
     pub(super) progress: Option<(i32, i32)>,
     pub(super) lost: Option<(i32, i32)>,
 }
+
+/// Which of a [`Lost`]'s shares a line draws.
+type LostOf = fn(&Lost) -> Option<f64>;
 
 /// One vCPU's time lost between two samples, % of the time between them.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

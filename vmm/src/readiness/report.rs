@@ -100,7 +100,7 @@ impl DirtyRate {
         let (Some(half), [.., _, _]) = (self.half(), points.as_slice()) else {
             return linear;
         };
-        if half < MIN_FIT_PAGES as u64 || self.pages as f64 / half as f64 - 1.0 >= 0.9 {
+        if (half as f64) < MIN_FIT_PAGES || self.pages as f64 / half as f64 - 1.0 >= 0.9 {
             return linear;
         }
         let seen = self.pages;
@@ -145,7 +145,9 @@ fn fit_uniform(points: &[(f64, f64)], seen: f64) -> (f64, f64, f64) {
             .map(|&(t, p)| (-w * (-p / w).ln_1p() / t).ln())
             .collect();
         let r = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
-        let m = misfit(points, |t| Growth::Uniform(w as u64).distinct(r * t));
+        let m = misfit(points, |t| {
+            Growth::Uniform(saturating_u64(w)).distinct(r * t)
+        });
         if m < best.2 {
             best = (r, w, m);
         }
@@ -715,9 +717,9 @@ mod tests {
         let curve = (1..=5u32)
             .rev()
             .map(|k| window / (1 << k))
-            .map(|t| (count(t.as_secs_f64()).round() as u64, t))
+            .map(|t| (saturating_u64(count(t.as_secs_f64()).round()), t))
             .collect();
-        let pages = count(window.as_secs_f64()).round() as u64;
+        let pages = saturating_u64(count(window.as_secs_f64()).round());
         DirtyRate {
             mode: "dirty-bitmap",
             window,
