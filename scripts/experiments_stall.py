@@ -11,7 +11,12 @@ taken on the tracked one while both run. Three figures per cell:
   sweeps, which both run to their end);
 - throughput lost: for a writer with a time limit, the tracked guest's
   writes short of the untracked one's, as seconds at the untracked rate;
-  for a fixed amount of work (sweeps), how much longer it took.
+  for a fixed amount of work (sweeps), how much longer it took;
+- work lost, by the guest's own count (guest ABI `progress`, read through
+  `query-guest` with no exit): in the tracked VM alone, its pace over the
+  half second before the window against what it did from the window's start
+  to 0.3 s after its end (the faults the window leaves behind), as seconds
+  at that pace. One VM, so the other VM's noise is not in it.
 
 An idle guest and a reader are there to show zero.
 """
@@ -23,7 +28,10 @@ from experiments_vm import Vm, log
 
 MIB = 1 << 20
 COLUMNS = ["workload", "what", "dirty_log", "window_s", "reported_s", "time_lost_s", "throughput_lost_s",
-           "untracked_work", "tracked_work", "error_vs_time", "error_vs_throughput"]
+           "untracked_work", "tracked_work", "error_vs_time", "error_vs_throughput", "work_lost_s",
+           "error_vs_work"]
+# After the window, how long its aftermath (pages left protected) is counted.
+AFTER_S = 0.3
 
 
 def workloads(ws, seconds):
@@ -53,6 +61,11 @@ def guest_ticks(vm):
             fields = f.read().rsplit(")", 1)[1].split()
         return int(fields[11]), int(fields[12])
     raise RuntimeError("no vcpu0 thread in %s" % task)
+
+
+def progress(vm):
+    """The guest's own count on vCPU 0, and when it was read."""
+    return time.monotonic(), vm.call("query-guest", vcpus=[0])[0].get("progress") or 0
 
 
 def finish(vms, seqs, started):
@@ -88,8 +101,13 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
         before = [guest_ticks(vm) for vm in (plain, tracked)]
         started = time.monotonic()
         seqs = [vm.start(command) for vm in (plain, tracked)] if command else None
-        time.sleep(m["stall_lead"])
+        time.sleep(m["stall_lead"] - 0.5)
+        pace_from = progress(tracked)
+        time.sleep(0.5)
+        window_from = progress(tracked)
         report = tracked.readiness(False, window)
+        time.sleep(AFTER_S)
+        window_to = progress(tracked)
         if seqs:
             results, took = finish((plain, tracked), seqs, started)
         else:
@@ -109,10 +127,24 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
         # time, so the time-based loss means nothing here; the delay does.
         row.update(untracked_work=round(took[0], 3), tracked_work=round(took[1], 3),
                    throughput_lost_s=round(took[1] - took[0], 3), time_lost_s=None)
+    row["work_lost_s"] = work_lost(pace_from, window_from, window_to)
+    w = row["work_lost_s"]
+    row["error_vs_work"] = round(reported / w - 1, 3) if w is not None and w > 0.02 else None
     lost = row["time_lost_s"]
     row["error_vs_time"] = round(reported / lost - 1, 3) if lost is not None and lost > 0.02 else None
     t = row.get("throughput_lost_s")
     row["error_vs_throughput"] = round(reported / t - 1, 3) if t and t > 0.02 else None
-    log("stall %s %s window %.1fs: reported %.3fs, guest time lost %s s, throughput lost %s s"
-        % (mode, name, window, reported, lost, t))
+    log("stall %s %s window %.1fs: reported %.3fs, guest time lost %s s, throughput lost %s s, work lost %s s"
+        % (mode, name, window, reported, lost, t, w))
     return row
+
+
+def work_lost(before, start, end):
+    """Seconds of work the guest did not do from `start` to `end` at its pace
+    from `before` to `start` (each a (time, count) reading); None when it had
+    no pace (idle, or its work ended before the window)."""
+    (t0, c0), (t1, c1), (t2, c2) = before, start, end
+    if t1 <= t0 or c1 <= c0:
+        return None
+    pace = (c1 - c0) / (t1 - t0)
+    return round(max(0.0, (t2 - t1) - (c2 - c1) / pace), 3)

@@ -170,9 +170,9 @@ pub struct VcpuShared {
     pub(crate) ring_full_ns: AtomicU64,
     /// The guest's stall over every observation that has ended, ns.
     pub(crate) stall_ns: AtomicU64,
-    /// Where the observations still open started on this vCPU
-    /// ([`super::stall::stall_so_far`]).
-    pub(crate) open_stalls: Mutex<Vec<super::stall::Open>>,
+    /// Where the observations still open started on this vCPU (kept by
+    /// `stall`, so that a stall so far can be read at any moment).
+    pub(crate) open_stalls: Mutex<Vec<OpenObservation>>,
     /// When the last observation of the guest (a window, a migration) ended.
     pub(crate) observed_until: Mutex<Option<Instant>>,
     /// Its CPU throttle (auto-converge), 0 % unless a migration sets one.
@@ -185,6 +185,26 @@ pub struct VcpuShared {
     /// That count's rate over the last second, units/s as `f64` bits (NaN:
     /// not known yet); kept by the `vmm-stats` thread.
     progress_rate: AtomicU64,
+}
+
+/// Where an observation still open (a readiness window, a migration) started
+/// on a vCPU: its counts then and their rates before, as `stall` reads them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OpenObservation {
+    /// The observation's number.
+    pub(crate) period: u64,
+    /// When it started.
+    pub(crate) at: Instant,
+    /// `pf_taken` then.
+    pub(crate) faults: u64,
+    /// Time in ring-full exits then, ns.
+    pub(crate) ring_ns: u64,
+    /// The vCPU thread's system time then, ns.
+    pub(crate) system_ns: Option<u64>,
+    /// `pf_taken` per second before it.
+    pub(crate) faults_per_s: f64,
+    /// System time, ns per second, before it.
+    pub(crate) system_ns_per_s: f64,
 }
 
 impl VcpuShared {

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::shared::VcpuShared;
+use super::shared::{OpenObservation, VcpuShared};
 
 /// What one write-protection fault taken for dirty logging costs the guest:
 /// 2.6 µs, measured on this `kvm_pvm` host (a sweep over 16,384 re-protected
@@ -104,16 +104,8 @@ impl Stall {
     }
 }
 
-/// A period's start on one vCPU, kept on the vCPU while the period is open,
-/// so that its stall so far can be read at any moment ([`stall_so_far`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Open {
-    period: u64,
-    start: Reading,
-    rates: Rates,
-}
-
-/// Numbers the periods, to find a period's [`Open`] entries again.
+/// Numbers the periods, to find a period's entries among the vCPUs' open
+/// observations again.
 static PERIODS: AtomicU64 = AtomicU64::new(0);
 
 /// The vCPU's stall so far: over every observation that ended, and so far
@@ -124,16 +116,25 @@ static PERIODS: AtomicU64 = AtomicU64::new(0);
 /// the guest stops writing).
 pub(crate) fn stall_so_far(v: &VcpuShared) -> Duration {
     let ended = Duration::from_nanos(v.stall_ns.load(Ordering::Relaxed));
-    let open: Vec<Open> = crate::lock(&v.open_stalls).clone();
+    let open: Vec<OpenObservation> = crate::lock(&v.open_stalls).clone();
     if open.is_empty() {
         return ended;
     }
     let Some(now) = read(v) else { return ended };
-    ended
-        + open
-            .iter()
-            .map(|o| excess(&o.start, &o.rates, &now).0)
-            .sum::<Duration>()
+    let so_far = |o: &OpenObservation| {
+        let start = Reading {
+            at: o.at,
+            faults: o.faults,
+            ring_ns: o.ring_ns,
+            system_ns: o.system_ns,
+        };
+        let rates = Rates {
+            faults: o.faults_per_s,
+            system_ns: o.system_ns_per_s,
+        };
+        excess(&start, &rates, &now).0
+    };
+    ended + open.iter().map(so_far).sum::<Duration>()
 }
 
 /// The readings a period's rate before is taken from: taken before the
@@ -183,10 +184,14 @@ impl Baseline {
             .collect();
         for (v, s) in self.vcpus.iter().zip(&start) {
             if let Some((start, rates)) = *s {
-                crate::lock(&v.open_stalls).push(Open {
+                crate::lock(&v.open_stalls).push(OpenObservation {
                     period: id,
-                    start,
-                    rates,
+                    at: start.at,
+                    faults: start.faults,
+                    ring_ns: start.ring_ns,
+                    system_ns: start.system_ns,
+                    faults_per_s: rates.faults,
+                    system_ns_per_s: rates.system_ns,
                 });
             }
         }
@@ -203,7 +208,7 @@ impl Baseline {
 /// A period during which something observes the guest; its stall so far
 /// from [`Period::stall`].
 pub(crate) struct Period {
-    /// Its number, in the vCPUs' [`Open`] entries.
+    /// Its number, in the vCPUs' open observations.
     id: u64,
     vcpus: Vec<Arc<VcpuShared>>,
     /// Per vCPU: the reading at the start and the rates before it.
