@@ -14,7 +14,7 @@ taken on the tracked one while both run. Three figures per cell:
   for a fixed amount of work (sweeps), how much longer it took;
 - work lost, by the guest's own count (guest ABI `progress`, read through
   `query-guest` with no exit): in the tracked VM alone, its pace over the
-  half second before the window against what it did from the window's start
+  lead's second half, before the window, against what it did from the window's start
   to 0.3 s after its end (the faults the window leaves behind), as seconds
   at that pace. One VM, so the other VM's noise is not in it.
 
@@ -101,9 +101,10 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
         before = [guest_ticks(vm) for vm in (plain, tracked)]
         started = time.monotonic()
         seqs = [vm.start(command) for vm in (plain, tracked)] if command else None
-        time.sleep(m["stall_lead"] - 0.5)
+        # The pace before the window: over the lead's second half.
+        time.sleep(m["stall_lead"] / 2)
         pace_from = progress(tracked)
-        time.sleep(0.5)
+        time.sleep(m["stall_lead"] / 2)
         window_from = progress(tracked)
         report = tracked.readiness(False, window)
         time.sleep(AFTER_S)
