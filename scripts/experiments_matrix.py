@@ -94,6 +94,7 @@ FULL = {
     "stall_ws": 64 * MIB,
     "stall_seconds": 4.0,
     "stall_lead": 1.0,
+    "stall_migrations": [(mode, name) for mode in ("bitmap", "ring") for name in ("random-max", "random-paced")],
 }
 
 SMALL = {

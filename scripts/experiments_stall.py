@@ -19,11 +19,20 @@ taken on the tracked one while both run. Three figures per cell:
   at that pace. One VM, so the other VM's noise is not in it.
 
 An idle guest and a reader are there to show zero.
+
+Migration cells (`migration_cells`): the same writers in a source that
+`kvmscope migrate` moves to a second kvmscope over a 1 Gbit/s link, at most
+four passes: the reported stall is `query-migrate`'s `x-guest-stall`, the
+work lost is from `x-guest-progress` (the guest's own count over pre-copy
+against its untracked pace over the second before the migration).
 """
 
+import json
 import os
+import subprocess
 import time
 
+from experiments_migration import Dest
 from experiments_vm import Vm, log
 
 MIB = 1 << 20
@@ -37,7 +46,9 @@ AFTER_S = 0.3
 def workloads(ws, seconds):
     """(name, what, command, kind): kind `timed` (work done in `seconds`),
     `fixed` (time to finish), `none` (no work to compare)."""
-    sweeps = max(4, int(seconds * 100))
+    # A sweep of a quarter of the set takes about 1 ms untracked: enough of
+    # them to outlast the window (a first version's ended before it began).
+    sweeps = max(4, int(seconds * 1000))
     return [
         ("random-max", "random writes over %d MiB, as fast as it can" % (ws // MIB),
          "dirty ws=%d rate=max for=%gs" % (ws, seconds), "timed"),
@@ -61,6 +72,24 @@ def guest_ticks(vm):
             fields = f.read().rsplit(")", 1)[1].split()
         return int(fields[11]), int(fields[12])
     raise RuntimeError("no vcpu0 thread in %s" % task)
+
+
+# Bytes of commands per guest-command request (requests are at most 64 KiB).
+REQUEST_BYTES = 60_000
+
+
+def start_all(vm, command):
+    """Queues `command` (commands joined by "; "), in requests under the
+    limit; the sequence number of its last command."""
+    parts, seq = command.split("; "), None
+    while parts:
+        n, size = 0, 0
+        while n < len(parts) and size + len(parts[n]) + 2 <= REQUEST_BYTES:
+            size += len(parts[n]) + 2
+            n += 1
+        seq = vm.start("; ".join(parts[:max(n, 1)]))
+        parts = parts[max(n, 1):]
+    return seq
 
 
 def progress(vm):
@@ -90,7 +119,47 @@ def run_stall(binary, m):
         for window in m["stall_windows"]:
             for name, what, command, kind in workloads(m["stall_ws"], m["stall_seconds"]):
                 rows.append(stall_cell(binary, m, mode, window, name, what, command, kind))
+    for mode, name in m.get("stall_migrations", []):
+        rows.append(migration_cell(binary, m, mode, name))
     return rows
+
+
+def migration_cell(binary, m, mode, name):
+    """A migration of a writing guest: the stall `query-migrate` reports
+    against the work the guest's own count says it lost during pre-copy."""
+    ws = m["stall_ws"]
+    _, what, command, _ = next(w for w in workloads(ws, 60) if w[0] == name)
+    src = Vm(binary, m["stall_memory"], dirty_log=mode)
+    dst = None
+    try:
+        src.guest("touch size=%d" % ws)
+        src.start(command)
+        time.sleep(1.5)  # a second of untracked pace for `before-per-second`
+        dst = Dest(binary)
+        cmd = [binary, "migrate", "--socket", src.socket, "--to", dst.uri, "--bandwidth", "1Gbit",
+               "--max-downtime", "300ms", "--max-rounds", "4", "--json"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if "{" not in out.stdout:
+            raise RuntimeError("kvmscope migrate: %s" % out.stderr[-2000:])
+        j = json.loads(out.stdout[out.stdout.index("{"):])
+    finally:
+        if dst is not None:
+            dst.close()
+        src.close()
+    reported = j.get("x-guest-stall", {}).get("total-ms", 0) / 1e3
+    p = (j.get("x-guest-progress", {}).get("vcpus") or [{}])[0]
+    before, during, units = p.get("before-per-second"), p.get("per-second"), p.get("units")
+    precopy = units / during if during and units else None
+    lost = (round(max(0.0, (before - during) / before * precopy), 3)
+            if before and precopy is not None else None)
+    row = {"workload": "migration, " + name, "what": what + "; migrated, 1 Gbit/s", "dirty_log": mode,
+           "window_s": round(precopy, 3) if precopy else 0.0, "reported_s": reported, "time_lost_s": None,
+           "throughput_lost_s": None, "untracked_work": round(before) if before else None,
+           "tracked_work": round(during) if during else None, "work_lost_s": lost,
+           "error_vs_work": round(reported / lost - 1, 3) if lost and lost > 0.02 else None}
+    log("stall %s migration %s: pre-copy %s s, reported %.3fs, work lost %s s" % (mode, name, row["window_s"],
+                                                                               reported, lost))
+    return row
 
 
 def stall_cell(binary, m, mode, window, name, what, command, kind):
@@ -100,7 +169,7 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
             vm.guest("touch size=%d" % ws)
         before = [guest_ticks(vm) for vm in (plain, tracked)]
         started = time.monotonic()
-        seqs = [vm.start(command) for vm in (plain, tracked)] if command else None
+        seqs = [start_all(vm, command) for vm in (plain, tracked)] if command else None
         # The pace before the window: over the lead's second half.
         time.sleep(m["stall_lead"] / 2)
         pace_from = progress(tracked)
