@@ -93,8 +93,10 @@ def start_all(vm, command):
 
 
 def progress(vm):
-    """The guest's own count on vCPU 0, and when it was read."""
-    return time.monotonic(), vm.call("query-guest", vcpus=[0])[0].get("progress") or 0
+    """The guest's own count on vCPU 0, when it was read, and whether the
+    vCPU was running a command then."""
+    g = vm.call("query-guest", vcpus=[0])[0]
+    return time.monotonic(), g.get("progress") or 0, g.get("state") == "running"
 
 
 def finish(vms, seqs, started):
@@ -211,10 +213,10 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
 
 def work_lost(before, start, end):
     """Seconds of work the guest did not do from `start` to `end` at its pace
-    from `before` to `start` (each a (time, count) reading); None when it had
-    no pace (idle, or its work ended before the window)."""
-    (t0, c0), (t1, c1), (t2, c2) = before, start, end
-    if t1 <= t0 or c1 <= c0:
+    from `before` to `start` (each a `progress` reading); None when it had
+    no pace (idle) or its work ended before the last reading."""
+    (t0, c0, _), (t1, c1, _), (t2, c2, running) = before, start, end
+    if t1 <= t0 or c1 <= c0 or not running:
         return None
     pace = (c1 - c0) / (t1 - t0)
     return round(max(0.0, (t2 - t1) - (c2 - c1) / pace), 3)
