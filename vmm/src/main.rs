@@ -295,7 +295,9 @@ struct RunArgs {
     #[arg(long)]
     hugepages: bool,
     /// KVM dirty-page tracking on guest RAM, for `readiness`: `bitmap`
-    /// (KVM_GET_DIRTY_LOG) or `ring[:ENTRIES]` (per-vCPU dirty ring, default 4096 entries).
+    /// (KVM_GET_DIRTY_LOG) or `ring[:ENTRIES]` (per-vCPU dirty ring, default
+    /// 65536 entries, 1 MiB per vCPU: a smaller ring fills and is reset more
+    /// often, and each reset makes the guest fault on its pages again).
     #[arg(long, value_name = "MODE")]
     dirty_log: Option<DirtyLog>,
     /// Boot this ELF instead of the built-in guest (it must follow docs/GUEST_ABI.md).
@@ -356,9 +358,10 @@ struct RunArgs {
     /// own stats (provider kvmscope) where `kvmscope exporter` shows them with
     /// no request. The guest pays for dirty tracking during the windows only:
     /// a guest writing as fast as it can loses about the window's length of
-    /// its work each time, and a little more (by default 0.5 s every 90 s:
-    /// 0.55-0.7 % measured; docs/BENCHMARKS.md). Needs --socket and
-    /// --dirty-log.
+    /// its work each time with a small ring (ring:4096), about one fault per
+    /// page it writes with the default ring or the bitmap (by default 0.5 s
+    /// every 90 s: 0.06-0.13 % measured, 0.55-0.7 % with ring:4096;
+    /// docs/BENCHMARKS.md). Needs --socket and --dirty-log.
     #[arg(
         long,
         value_name = "DUR",

@@ -188,7 +188,7 @@ fn count_stays_within_its_bounds() {
 #[test]
 fn dirty_log_names_bitmap_and_rings() {
     assert_eq!("bitmap".parse(), Ok(DirtyLog::Bitmap));
-    assert_eq!("ring".parse(), Ok(DirtyLog::Ring(4096)));
+    assert_eq!("ring".parse(), Ok(DirtyLog::Ring(65536)));
     assert_eq!("ring:65536".parse(), Ok(DirtyLog::Ring(65536)));
     for bad in ["ring:", "ring:big", "bitmap:4", "log"] {
         assert_eq!(
