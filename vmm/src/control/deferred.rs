@@ -86,16 +86,16 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
         (None, Some(p)) => (p.max_bandwidth, "migration-parameters"),
         (None, None) => (1_250_000_000, "default"),
     };
-    let limit = params.unwrap_or_default().downtime_limit;
+    let p = params.unwrap_or_default();
     Options {
         bandwidth: (bandwidth > 0).then_some(bandwidth as f64),
-        max_downtime: args.max_downtime.unwrap_or(Duration::from_millis(limit)),
+        max_downtime: args
+            .max_downtime
+            .unwrap_or(Duration::from_millis(p.downtime_limit)),
         link_from: from,
         vcpus: ctx.vcpus.len() as u64,
-        max_rounds: params.map_or(0, |p| p.x_max_rounds),
-        dirty_limit_period: Duration::from_millis(
-            params.unwrap_or_default().x_vcpu_dirty_limit_period,
-        ),
+        max_rounds: p.x_max_rounds,
+        dirty_limit_period: Duration::from_millis(p.x_vcpu_dirty_limit_period),
         ..Options::default()
     }
 }

@@ -387,8 +387,7 @@ impl DirtyLog {
             return self.reset_rings();
         }
         if *logging {
-            let size = usize::try_from(self.pages * 4096).unwrap_or(usize::MAX);
-            let words = self.vm.get_dirty_log(0, size).map_err(Error::GetLog)?;
+            let words = self.read_bitmap()?;
             since_start.or_words(&words);
             for (_, w) in consumers.iter_mut() {
                 w.pages.or_words(&words);
@@ -400,6 +399,13 @@ impl DirtyLog {
             }
         }
         Ok(())
+    }
+
+    /// Slot 0's dirty bitmap as KVM holds it (`KVM_GET_DIRTY_LOG`: with
+    /// manual protect a copy; otherwise KVM clears it and protects the pages).
+    fn read_bitmap(&self) -> Result<Vec<u64>, Error> {
+        let size = usize::try_from(self.pages * 4096).unwrap_or(usize::MAX);
+        self.vm.get_dirty_log(0, size).map_err(Error::GetLog)
     }
 
     /// Re-registers slot 0 with logging on or off.
@@ -489,32 +495,31 @@ impl Consumer {
     pub fn peek_count(&self) -> Result<u64, Error> {
         let log = &self.log;
         let mut state = log.lock();
-        let peeks = !state.rings.is_empty()
-            || !state.logging
-            || matches!(log.protection, Protection::Manual { .. });
-        if !peeks {
+        // What KVM holds and no window has yet: copied where that protects
+        // nothing, folded (protected again) where it cannot be.
+        let pending = if !state.rings.is_empty() || !state.logging {
+            None
+        } else if matches!(log.protection, Protection::Manual { .. }) {
+            Some(log.read_bitmap()?)
+        } else {
             log.fold(&mut state)?;
-        }
-        let State {
-            rings,
-            consumers,
-            logging,
-            ..
-        } = &*state;
-        let Some((_, w)) = consumers.iter().find(|(i, _)| *i == self.id) else {
+            None
+        };
+        let Some((_, w)) = state.consumers.iter().find(|(i, _)| *i == self.id) else {
             return Ok(0);
         };
-        if !rings.is_empty() {
-            let mut seen = w.pages.clone();
-            rings.iter().for_each(|r| r.peek(|page| seen.set(page)));
-            return Ok(seen.count());
-        }
-        if *logging && peeks {
-            let size = usize::try_from(log.pages * 4096).unwrap_or(usize::MAX);
-            let words = log.vm.get_dirty_log(0, size).map_err(Error::GetLog)?;
+        if let Some(words) = pending {
             return Ok(w.pages.count_with_words(&words));
         }
-        Ok(w.pages.count())
+        if state.rings.is_empty() {
+            return Ok(w.pages.count());
+        }
+        let mut seen = w.pages.clone();
+        state
+            .rings
+            .iter()
+            .for_each(|r| r.peek(|page| seen.set(page)));
+        Ok(seen.count())
     }
 
     /// The pages dirtied since the last take, leaving the window empty.

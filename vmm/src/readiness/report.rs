@@ -714,7 +714,7 @@ mod tests {
     /// counted as the window counts them.
     fn window_of(ms: u64, count: impl Fn(f64) -> f64) -> DirtyRate {
         let window = Duration::from_millis(ms);
-        let curve = (1..=5u32)
+        let curve = (1..=super::super::CURVE_POINTS)
             .rev()
             .map(|k| window / (1 << k))
             .map(|t| (saturating_u64(count(t.as_secs_f64()).round()), t))

@@ -187,24 +187,35 @@ pub struct VcpuShared {
     progress_rate: AtomicU64,
 }
 
+/// A vCPU's counts at a moment, as `stall` reads them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reading {
+    pub(super) at: Instant,
+    /// `pf_taken`.
+    pub(super) faults: u64,
+    /// Time spent in ring-full exits, ns.
+    pub(super) ring_ns: u64,
+    /// The vCPU thread's system time, ns (`None`: `/proc` unreadable).
+    pub(super) system_ns: Option<u64>,
+}
+
+/// A vCPU's rates before an observation: what it would have done anyway.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Rates {
+    /// `pf_taken` per second.
+    pub(super) faults: f64,
+    /// System time, ns per second.
+    pub(super) system_ns: f64,
+}
+
 /// Where an observation still open (a readiness window, a migration) started
-/// on a vCPU: its counts then and their rates before, as `stall` reads them.
+/// on a vCPU: its counts then and their rates before.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OpenObservation {
     /// The observation's number.
-    pub(crate) period: u64,
-    /// When it started.
-    pub(crate) at: Instant,
-    /// `pf_taken` then.
-    pub(crate) faults: u64,
-    /// Time in ring-full exits then, ns.
-    pub(crate) ring_ns: u64,
-    /// The vCPU thread's system time then, ns.
-    pub(crate) system_ns: Option<u64>,
-    /// `pf_taken` per second before it.
-    pub(crate) faults_per_s: f64,
-    /// System time, ns per second, before it.
-    pub(crate) system_ns_per_s: f64,
+    pub(super) period: u64,
+    pub(super) start: Reading,
+    pub(super) rates: Rates,
 }
 
 impl VcpuShared {

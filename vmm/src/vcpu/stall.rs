@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::shared::{OpenObservation, VcpuShared};
+use super::shared::{OpenObservation, Rates, Reading, VcpuShared};
 
 /// What one write-protection fault taken for dirty logging costs the guest:
 /// 2.6 µs, measured on this `kvm_pvm` host (a sweep over 16,384 re-protected
@@ -48,18 +48,6 @@ const MIN_BASELINE: Duration = Duration::from_millis(50);
 /// baseline that starts sooner than this after the last observation would
 /// count those tracking faults as the guest's own, so it is not used.
 const AFTERMATH: Duration = Duration::from_secs(2);
-
-/// A vCPU's counts at a moment.
-#[derive(Debug, Clone, Copy)]
-struct Reading {
-    at: Instant,
-    /// `pf_taken`.
-    faults: u64,
-    /// Time spent in ring-full exits, ns.
-    ring_ns: u64,
-    /// The vCPU thread's system time, ns (`None`: `/proc` unreadable).
-    system_ns: Option<u64>,
-}
 
 fn read(v: &VcpuShared) -> Option<Reading> {
     let at = Instant::now();
@@ -121,20 +109,11 @@ pub(crate) fn stall_so_far(v: &VcpuShared) -> Duration {
         return ended;
     }
     let Some(now) = read(v) else { return ended };
-    let so_far = |o: &OpenObservation| {
-        let start = Reading {
-            at: o.at,
-            faults: o.faults,
-            ring_ns: o.ring_ns,
-            system_ns: o.system_ns,
-        };
-        let rates = Rates {
-            faults: o.faults_per_s,
-            system_ns: o.system_ns_per_s,
-        };
-        excess(&start, &rates, &now).0
-    };
-    ended + open.iter().map(so_far).sum::<Duration>()
+    ended
+        + open
+            .iter()
+            .map(|o| excess(&o.start, &o.rates, &now).0)
+            .sum::<Duration>()
 }
 
 /// The readings a period's rate before is taken from: taken before the
@@ -186,12 +165,8 @@ impl Baseline {
             if let Some((start, rates)) = *s {
                 crate::lock(&v.open_stalls).push(OpenObservation {
                     period: id,
-                    at: start.at,
-                    faults: start.faults,
-                    ring_ns: start.ring_ns,
-                    system_ns: start.system_ns,
-                    faults_per_s: rates.faults,
-                    system_ns_per_s: rates.system_ns,
+                    start,
+                    rates,
                 });
             }
         }
@@ -267,15 +242,6 @@ impl Period {
         }
         stall
     }
-}
-
-/// A vCPU's rates before a period: what it would have done anyway.
-#[derive(Debug, Clone, Copy, Default)]
-struct Rates {
-    /// `pf_taken` per second.
-    faults: f64,
-    /// System time, ns per second.
-    system_ns: f64,
 }
 
 /// One vCPU's stall, excess faults and excess system time from `s` (with
