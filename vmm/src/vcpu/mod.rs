@@ -296,7 +296,8 @@ impl Vcpu {
 
     /// While throttled (`throttle`): once a timeslice has run, sleeps the
     /// share of time the guest must not run for the time it did run, in
-    /// short steps, giving way to a pause or stop at once. The slice ends at
+    /// short steps, giving way at once to a pause, a stop or a throttle
+    /// lowered or lifted. The slice ends at
     /// the first kick after a timeslice, so it runs 10 to 20 ms; sleeping
     /// for a nominal 10 ms would leave the guest half as much time again as
     /// the throttle allows (measured: a sweep at 96 % dirtied 1.5 times
@@ -313,7 +314,12 @@ impl Vcpu {
             return;
         }
         let until = now + throttle::sleep_after(ran, pct);
-        let after = sleep_until(&self.shared, now, until, |_, _| true);
+        // A lowered or lifted throttle ends the sleep (at 99 % it is up to
+        // two seconds); the next slice sleeps for the new percentage.
+        let throttle = &self.shared.throttle;
+        let after = sleep_until(&self.shared, now, until, |_, _| {
+            throttle.percentage() >= pct
+        });
         self.slice_start = Some(after);
     }
 
