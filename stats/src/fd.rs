@@ -57,6 +57,12 @@ impl StatsFd {
         &self.schema
     }
 
+    /// Shares `other`'s descriptors where they are the same as this fd's
+    /// (see [`Schema::share_descriptors`]); says whether they now are.
+    pub fn share_descriptors(&mut self, other: &Schema) -> bool {
+        self.schema.share_descriptors(other)
+    }
+
     /// A sample sized for this fd (the one allocation; reuse it for every read).
     pub fn new_sample(&self) -> Sample {
         Sample::new(&self.schema)

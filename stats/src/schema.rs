@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
@@ -68,6 +69,14 @@ impl Target {
 pub struct Schema {
     header: Header,
     id: String,
+    table: Arc<Table>,
+}
+
+/// What the schemas of one layout have in common (every vCPU of one kernel):
+/// the descriptors and their lookups, shared once [`Schema::share_descriptors`]
+/// has found them equal.
+#[derive(Debug)]
+struct Table {
     stats: Vec<Descriptor>,
     ids: Vec<StatId>,
     by_name: HashMap<String, usize>,
@@ -102,12 +111,37 @@ impl Schema {
         Ok(Self {
             header,
             id,
-            stats,
-            ids,
-            by_name,
-            data_size,
-            layout,
+            table: Arc::new(Table {
+                stats,
+                ids,
+                by_name,
+                data_size,
+                layout,
+            }),
         })
+    }
+
+    /// Makes this schema share `other`'s descriptors if they are the same
+    /// (compared in full, not by [`Schema::layout`]'s fingerprint), and says
+    /// whether they now are shared. A reader of many fds then keeps one copy
+    /// per layout, and [`Schema::shares_descriptors`] tells in O(1) that a
+    /// [`StatId`] of one is the same stat in the other. The header and id
+    /// string stay this file's own.
+    pub fn share_descriptors(&mut self, other: &Schema) -> bool {
+        if self.shares_descriptors(other) {
+            return true;
+        }
+        if self.table.layout != other.table.layout || self.table.stats != other.table.stats {
+            return false;
+        }
+        self.table = Arc::clone(&other.table);
+        true
+    }
+
+    /// Whether the two schemas share their descriptors (see
+    /// [`Schema::share_descriptors`]): an id of one is then valid in the other.
+    pub fn shares_descriptors(&self, other: &Schema) -> bool {
+        Arc::ptr_eq(&self.table, &other.table)
     }
 
     /// Like [`Schema::read`], and fails on the first [`Warning`] as the kernel selftest would.
@@ -128,7 +162,7 @@ impl Schema {
     /// same stats at the same places, as every vCPU of one kernel does, so a
     /// reader of many fds can look at one schema per layout.
     pub fn layout(&self) -> u64 {
-        self.layout
+        self.table.layout
     }
 
     /// The header as read.
@@ -148,51 +182,52 @@ impl Schema {
 
     /// All descriptors, in file order.
     pub fn stats(&self) -> &[Descriptor] {
-        &self.stats
+        &self.table.stats
     }
 
     /// Number of stats.
     pub fn len(&self) -> usize {
-        self.stats.len()
+        self.table.stats.len()
     }
 
     /// True if the file declares no stats.
     pub fn is_empty(&self) -> bool {
-        self.stats.is_empty()
+        self.table.stats.is_empty()
     }
 
     /// The stat called `name`, in O(1).
     pub fn find(&self, name: &str) -> Option<StatId> {
-        self.by_name
+        self.table
+            .by_name
             .get(name)
-            .and_then(|&i| self.ids.get(i))
+            .and_then(|&i| self.table.ids.get(i))
             .copied()
     }
 
     /// The stat at position `index` of [`Schema::stats`].
     pub fn stat_id(&self, index: usize) -> Option<StatId> {
-        self.ids.get(index).copied()
+        self.table.ids.get(index).copied()
     }
 
     /// The descriptor of `id`; `None` for an id of another schema that is out of range.
     pub fn get(&self, id: StatId) -> Option<&Descriptor> {
-        self.stats.get(id.index())
+        self.table.stats.get(id.index())
     }
 
     /// Every stat with its descriptor, in file order.
     pub fn iter(&self) -> impl Iterator<Item = (StatId, &Descriptor)> + '_ {
-        self.ids.iter().copied().zip(&self.stats)
+        self.table.ids.iter().copied().zip(&self.table.stats)
     }
 
     /// Bytes of the data block the descriptors use (largest `offset + size * 8`); a sample
     /// reads this much.
     pub fn data_size(&self) -> u64 {
-        self.data_size
+        self.table.data_size
     }
 
     /// What the schema uses that this library does not know (see [`crate::strict`]).
     pub fn warnings(&self) -> Vec<Warning> {
-        strict::warnings(&self.stats)
+        strict::warnings(&self.table.stats)
     }
 }
 

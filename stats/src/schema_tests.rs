@@ -75,6 +75,31 @@ fn find_returns_every_stat_and_none_for_unknown_names() {
 }
 
 #[test]
+fn equal_descriptors_are_shared_and_others_are_not() {
+    let mut vcpu1 = every_kind();
+    vcpu1.id = "kvm-4242/vcpu-1".to_owned();
+    let first = parse(&every_kind().build()).expect("valid file");
+    let mut second = parse(&vcpu1.build()).expect("valid file");
+    assert!(!second.shares_descriptors(&first));
+    assert!(second.share_descriptors(&first));
+    assert!(second.shares_descriptors(&first) && first.shares_descriptors(&second));
+    // The file's own header and id string stay its own.
+    assert_eq!(second.id(), "kvm-4242/vcpu-1");
+    let id = first.find("wait_lin_hist").expect("present");
+    assert_eq!(second.get(id), first.get(id));
+    // One field differs (every other the same): not shared, fingerprint or not.
+    let mut other = every_kind();
+    if let Some((d, _)) = other.stats.get_mut(1) {
+        d.exponent = -6;
+    }
+    let mut third = parse(&other.build()).expect("valid file");
+    assert!(!third.share_descriptors(&first));
+    assert!(!third.shares_descriptors(&first));
+    let ns = first.find("halt_wait_ns").expect("present");
+    assert_ne!(third.get(ns), first.get(ns));
+}
+
+#[test]
 fn parse_accepts_blocks_in_any_order() {
     let b = every_kind();
     let needed = b

@@ -37,14 +37,7 @@ impl Provider for KvmscopeVms {
         let mut reg = lock(&self.registry);
         let mut failed = Vec::new();
         for (path, t) in reg.targets.iter_mut() {
-            let own = t
-                .own
-                .iter_mut()
-                .flat_map(|o| std::iter::once(&mut o.vm).chain(o.vcpus.iter_mut()));
-            let reads = std::iter::once(&mut t.vm)
-                .chain(t.vcpus.iter_mut())
-                .chain(own);
-            for (fd, sample) in reads {
+            for (fd, sample) in t.stats_mut() {
                 self.fds_read += 1;
                 if let Err(e) = fd.read_sample(sample) {
                     self.read_errors += 1;

@@ -92,6 +92,44 @@ pub(crate) struct Target {
     client: Option<Client>,
 }
 
+impl Target {
+    /// Every stats file with its latest sample: KVM's (the VM's, then each
+    /// vCPU's), then the VMM's own in the same order.
+    pub(crate) fn stats_mut(&mut self) -> impl Iterator<Item = &mut (StatsFd, Sample)> {
+        let own = self
+            .own
+            .iter_mut()
+            .flat_map(|o| std::iter::once(&mut o.vm).chain(o.vcpus.iter_mut()));
+        std::iter::once(&mut self.vm)
+            .chain(self.vcpus.iter_mut())
+            .chain(own)
+    }
+}
+
+/// Makes `target`'s stats files share their descriptors with files of the
+/// same layout among `attached` and among its own (every vCPU of one kernel
+/// has the same; `Schema::share_descriptors` compares them in full): a host
+/// keeps one copy per layout, and the page, which looks up each stat in
+/// every file, finds it in one place.
+fn share_descriptors(target: &mut Target, attached: &mut Registry) {
+    fn learn(fd: &mut StatsFd, known: &mut Vec<kvm_stats::Schema>) {
+        let layout = fd.schema().layout();
+        match known.iter().find(|k| k.layout() == layout) {
+            Some(k) => {
+                fd.share_descriptors(k);
+            }
+            None => known.push(fd.schema().clone()),
+        }
+    }
+    let mut known = Vec::new();
+    for (fd, _) in attached.targets.values_mut().flat_map(Target::stats_mut) {
+        learn(fd, &mut known);
+    }
+    for (fd, _) in target.stats_mut() {
+        learn(fd, &mut known);
+    }
+}
+
 /// One provider's stats files of a VM (KVM's, or the VMM's own) and their
 /// latest samples.
 pub(crate) struct ProviderStats {
@@ -292,6 +330,8 @@ impl Discovery {
                         target.vcpus.len(),
                         path.display()
                     );
+                    let mut target = target;
+                    share_descriptors(&mut target, &mut reg);
                     reg.failures.remove(&path);
                     reg.targets.insert(path, target);
                 }
@@ -656,5 +696,65 @@ mod tests {
         // The budget is for the VM's fds together.
         let mut budget = 32;
         assert!(within_budget(file_of(&small), &mut budget).is_err());
+    }
+
+    fn target(vm: &[u8], vcpus: &[&[u8]]) -> Target {
+        let open = |b: &[u8]| within_budget(file_of(b), &mut VM_STATS_BUDGET.clone()).unwrap();
+        Target {
+            name: "t".into(),
+            pid: 1,
+            memory: 0,
+            backend: "pvm".into(),
+            labels: String::new(),
+            vm: open(vm),
+            vcpus: vcpus.iter().map(|b| open(b)).collect(),
+            socket: None,
+            own: None,
+            client: None,
+        }
+    }
+
+    #[test]
+    fn files_of_one_layout_share_descriptors_across_vms_and_no_others_do() {
+        let vcpu = |i: u32| {
+            StatsFileBuilder::new(&format!("kvm-1/vcpu-{i}"))
+                .counter("exits", 1)
+                .counter("halt_exits", 2)
+                .build()
+        };
+        let (v0, v1) = (vcpu(0), vcpu(1));
+        let vm = StatsFileBuilder::new("kvm-1")
+            .counter("pages_4k", 3)
+            .build();
+        let mut reg = Registry::default();
+        let mut first = target(&vm, &[&v0, &v1]);
+        share_descriptors(&mut first, &mut reg);
+        let (a, b) = (first.vcpus[0].0.schema(), first.vcpus[1].0.schema());
+        assert!(a.shares_descriptors(b), "one VM's vCPUs");
+        assert!(
+            !a.shares_descriptors(first.vm.0.schema()),
+            "a VM's file is another layout"
+        );
+        assert_eq!(b.id(), "kvm-1/vcpu-1", "each keeps its own id");
+        reg.targets.insert("a".into(), first);
+        // A second VM's vCPUs share the first VM's; a vCPU of another kernel
+        // (one stat more) does not.
+        let other = StatsFileBuilder::new("kvm-2/vcpu-1")
+            .counter("exits", 1)
+            .counter("halt_exits", 2)
+            .counter("new_stat", 0)
+            .build();
+        let mut second = target(&vm, &[&v0, &other]);
+        share_descriptors(&mut second, &mut reg);
+        let known = reg.targets["a".as_ref() as &std::path::Path].vcpus[0]
+            .0
+            .schema();
+        assert!(second.vcpus[0].0.schema().shares_descriptors(known));
+        assert!(!second.vcpus[1].0.schema().shares_descriptors(known));
+        assert!(second
+            .vm
+            .0
+            .schema()
+            .shares_descriptors(reg.targets.values().next().unwrap().vm.0.schema()));
     }
 }

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use kvm_stats::{Descriptor, Sample, StatType, StatsFd, Unit};
+use kvm_stats::{Descriptor, Sample, Schema, StatType, StatsFd, Unit};
 
 use crate::exits::Reason;
 use crate::sampler::Shared;
@@ -87,6 +87,33 @@ pub(crate) fn in_base_units(raw: u64, d: &Descriptor) -> f64 {
     }
 }
 
+/// A raw value in base units as the page writes it: exact decimal digits
+/// where the unit is a negative power of ten (nanoseconds as seconds: 3 ns
+/// is `0.000000003`, 1,250,000,000 ns `1.25`), written straight into `out`
+/// (a host's page has thousands of them); through `f64` otherwise.
+fn write_in_base_units(out: &mut String, raw: u64, d: &Descriptor) {
+    let digits = usize::from(d.exponent.unsigned_abs());
+    let scale = u32::try_from(digits)
+        .ok()
+        .and_then(|e| 10u64.checked_pow(e));
+    match scale {
+        Some(scale) if d.exponent < 0 && d.base.radix() == Some(10) => {
+            let mut num = itoa::Buffer::new();
+            out.push_str(num.format(raw / scale));
+            let frac = raw % scale;
+            if frac != 0 {
+                let frac = num.format(frac);
+                out.push('.');
+                out.extend(std::iter::repeat_n('0', digits.saturating_sub(frac.len())));
+                out.push_str(frac.trim_end_matches('0'));
+            }
+        }
+        _ => {
+            let _ = write!(out, "{}", in_base_units(raw, d));
+        }
+    }
+}
+
 /// A KVM stat's Prometheus name (with its base unit).
 pub(crate) fn metric_name(prefix: &str, d: &Descriptor) -> String {
     let name = match d.unit {
@@ -136,7 +163,11 @@ impl Family {
         let les = if kind == "histogram" {
             (0..usize::from(d.size))
                 .map(|i| match d.bucket_bounds(i).and_then(|(_, upper)| upper) {
-                    Some(upper) => format!("{}", in_base_units(upper.saturating_sub(1), d)),
+                    Some(upper) => {
+                        let mut le = String::new();
+                        write_in_base_units(&mut le, upper.saturating_sub(1), d);
+                        le
+                    }
                     None => "+Inf".to_string(),
                 })
                 .collect()
@@ -179,7 +210,7 @@ impl Family {
     /// through `itoa`, not through the formatting machinery.
     fn write_values(&self, out: &mut String, d: &Descriptor, values: &[u64], labels: &str) {
         let mut num = itoa::Buffer::new();
-        let line = |out: &mut String, suffix: &str, le: Option<&str>, value: &str| {
+        let start = |out: &mut String, suffix: &str, le: Option<&str>| {
             out.push_str(&self.full);
             out.push_str(suffix);
             out.push('{');
@@ -190,6 +221,9 @@ impl Family {
                 out.push('"');
             }
             out.push_str("} ");
+        };
+        let line = |out: &mut String, suffix: &str, le: Option<&str>, value: &str| {
+            start(out, suffix, le);
             out.push_str(value);
             out.push('\n');
         };
@@ -198,7 +232,9 @@ impl Family {
             if self.integral {
                 line(out, "", None, num.format(raw));
             } else {
-                line(out, "", None, &in_base_units(raw, d).to_string());
+                start(out, "", None);
+                write_in_base_units(out, raw, d);
+                out.push('\n');
             }
             return;
         }
@@ -225,27 +261,36 @@ pub(crate) enum Values<'a> {
     Listed(&'a [(Descriptor, Vec<u64>)]),
 }
 
+/// Where a stat is in the first source that has it: its id there and that
+/// source's schema.
+type Hint<'a> = Option<(kvm_stats::StatId, &'a Schema)>;
+
 impl<'a> Values<'a> {
-    /// Every stat of the source, with its id where it has one.
-    fn stats(self) -> Box<dyn Iterator<Item = (Option<kvm_stats::StatId>, &'a Descriptor)> + 'a> {
+    /// Every stat of the source, with its id and schema where it has them.
+    fn stats(self) -> Box<dyn Iterator<Item = (Hint<'a>, &'a Descriptor)> + 'a> {
         match self {
-            Values::Fd(fd, _) => Box::new(fd.schema().iter().map(|(id, d)| (Some(id), d))),
+            Values::Fd(fd, _) => {
+                let schema = fd.schema();
+                Box::new(schema.iter().map(move |(id, d)| (Some((id, schema)), d)))
+            }
             Values::Listed(list) => Box::new(list.iter().map(|(d, _)| (None, d))),
         }
     }
 
-    /// The stat called `name`: its descriptor in this source and its values;
-    /// `hint` is where a source of the same layout has it, tried first.
-    fn find(
-        self,
-        name: &str,
-        hint: Option<kvm_stats::StatId>,
-    ) -> Option<(&'a Descriptor, &'a [u64])> {
+    /// The stat called `name`: its descriptor in this source and its values.
+    /// `hint` is where another source has it: taken as it is where the two
+    /// share their descriptors (one pointer compared: a page of hundreds of
+    /// fds would otherwise touch every fd's descriptor of every stat), tried
+    /// first where not.
+    fn find(self, name: &str, hint: Hint<'_>) -> Option<(&'a Descriptor, &'a [u64])> {
         match self {
             Values::Fd(fd, sample) => {
                 let schema = fd.schema();
-                let id = match hint.and_then(|id| schema.get(id).map(|same| (id, same))) {
-                    Some((id, same)) if same.name == name => Some(id),
+                let id = match hint {
+                    Some((id, from)) if schema.shares_descriptors(from) => Some(id),
+                    Some((id, _)) if schema.get(id).is_some_and(|same| same.name == name) => {
+                        Some(id)
+                    }
                     _ => schema.find(name),
                 }?;
                 Some((schema.get(id)?, sample.values(id)))
@@ -301,7 +346,7 @@ pub(crate) fn write_sources(
         (true, false) => "kvmscope VMM's own VM",
         (true, true) => "kvmscope VMM's own vCPU",
     };
-    for (first_id, d) in every_stat(sources)
+    for (hint, d) in every_stat(sources)
         .into_iter()
         .filter(|(_, d)| keep(&d.name))
     {
@@ -310,7 +355,7 @@ pub(crate) fn write_sources(
         };
         family.write_header(out, d, whose, seen);
         for source in sources.iter().filter(|s| s.shows(&d.name)) {
-            if let Some((own, values)) = source.values.find(&d.name, first_id) {
+            if let Some((own, values)) = source.values.find(&d.name, hint) {
                 family.write_values(out, own, values, &source.labels);
             }
         }
@@ -322,7 +367,7 @@ pub(crate) fn write_sources(
 /// first one's still shows them all), with the id it has in the first source
 /// that has it. A name that is not metric-name material (`[A-Za-z0-9_]`,
 /// not starting with a digit) is left out, and said once in the log.
-fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Option<kvm_stats::StatId>, &'a Descriptor)> {
+fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Hint<'a>, &'a Descriptor)> {
     let mut names = HashSet::new();
     let mut stats = Vec::new();
     // Sources of one layout (every vCPU of one kernel) have the same stats:
@@ -492,4 +537,41 @@ pub(crate) fn render(samples: &Shared) -> String {
         );
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use kvm_stats::{Base, Descriptor, StatType, Unit};
+
+    fn written(raw: u64, base: Base, exponent: i16) -> String {
+        let d = Descriptor {
+            name: "t".into(),
+            flags: 0,
+            kind: StatType::Cumulative,
+            unit: Unit::Seconds,
+            base,
+            exponent,
+            size: 1,
+            offset: 0,
+            bucket_size: 0,
+        };
+        let mut out = String::new();
+        super::write_in_base_units(&mut out, raw, &d);
+        out
+    }
+
+    #[test]
+    fn base_units_are_exact_decimals_for_powers_of_ten() {
+        assert_eq!(written(3, Base::Pow10, -9), "0.000000003");
+        assert_eq!(written(1_250_000_000, Base::Pow10, -9), "1.25");
+        assert_eq!(written(5_000_000_000, Base::Pow10, -9), "5");
+        assert_eq!(written(0, Base::Pow10, -9), "0");
+        assert_eq!(written(u64::MAX, Base::Pow10, -9), "18446744073.709551615");
+        assert_eq!(written(1_234, Base::Pow10, -3), "1.234");
+        assert_eq!(written(7, Base::Pow10, -19), "0.0000000000000000007");
+        // Past 10^19, and other bases, through f64 as before.
+        assert_eq!(written(7, Base::Pow10, -20), format!("{}", 7e-20));
+        assert_eq!(written(3, Base::Pow2, -1), "1.5");
+        assert_eq!(written(3, Base::Pow2, 10), "3072");
+    }
 }
