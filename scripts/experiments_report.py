@@ -395,14 +395,18 @@ def block_stall(rows):
         rep, lost, thr = v(r, "reported_s"), v(r, "time_lost_s"), v(r, "throughput_lost_s")
         ev, et = v(r, "error_vs_time"), v(r, "error_vs_throughput")
         work, ew = r.get("work_lost_s"), r.get("error_vs_work")  # absent from runs before it
+        cpu, ec, wait = r.get("work_lost_on_cpu_s"), r.get("error_vs_on_cpu"), r.get("waited_s")
         pct = lambda e: "%+.0f %%" % (100 * e) if e is not None else "–"  # noqa: E731
+        num = lambda x: "%.3f" % x if x is not None else "–"  # noqa: E731
         out.append(("`%s`" % r["workload"], r["dirty_log"], "%.1f s" % float(r["window_s"]),
-                    "%.3f" % rep, "%.3f" % work if work is not None else "–", pct(ew),
-                    "%.3f" % lost if lost is not None else "–",
-                    "%.3f" % thr if thr is not None else "–", pct(ev), pct(et)))
+                    "%.3f" % rep, num(work), pct(ew), num(cpu), pct(ec), num(wait),
+                    num(lost), num(thr), pct(ev), pct(et)))
     header = ["workload", "dirty log", "window", "reported stall, s", "work lost (guest's count), s",
-              "reported vs work lost", "guest time lost, s", "throughput lost, s", "reported vs time lost",
+              "reported vs work lost", "work lost on its vCPU's clock, s", "reported vs that",
+              "extra wait for a CPU, s", "guest time lost, s", "throughput lost, s", "reported vs time lost",
               "reported vs throughput lost"]
+    on_cpu = [r for r in rows if r.get("error_vs_on_cpu") is not None]
+    within_cpu = sum(1 for r in on_cpu if abs(r["error_vs_on_cpu"]) <= 0.25)
     cells = [r for r in rows if r.get("error_vs_work") is not None]
     within = sum(1 for r in cells if abs(r["error_vs_work"]) <= 0.25)
     lossy = [r for r in rows if (r.get("work_lost_s") or 0) > 0.05 * float(r["window_s"])]
@@ -410,9 +414,10 @@ def block_stall(rows):
     zero = [r for r in rows if v(r, "time_lost_s") is not None and v(r, "time_lost_s") <= 0.02]
     quiet = sum(1 for r in zero if v(r, "reported_s") <= 0.02)
     summary = ("\nReported within ±25 %% of the work the guest lost by its own count in %d of %d cells where it "
-               "lost more than 20 ms; reported as zero in %d of the %d cells where it lost more than 5 %% of the "
-               "window; at most 20 ms in %d of %d cells where its guest time lost was none.\n"
-               % (within, len(cells), unseen, len(lossy), quiet, len(zero)))
+               "lost more than 20 ms (%d of %d counted on its vCPU thread's clock); reported as zero in %d of the "
+               "%d cells where it lost more than 5 %% of the window; at most 20 ms in %d of %d cells where its "
+               "guest time lost was none.\n"
+               % (within, len(cells), within_cpu, len(on_cpu), unseen, len(lossy), quiet, len(zero)))
     return table(header, out) + summary
 
 

@@ -16,7 +16,12 @@ taken on the tracked one while both run. Three figures per cell:
   `query-guest` with no exit): in the tracked VM alone, its pace over the
   lead's second half, before the window, against what it did from the window's start
   to 0.3 s after its end (the faults the window leaves behind), as seconds
-  at that pace. One VM, so the other VM's noise is not in it.
+  at that pace. One VM, so the other VM's noise is not in it;
+- the same on its vCPU thread's clock (schedstat's time on a CPU): the vCPU
+  time that did no guest work, leaving out the time the thread waited for a
+  CPU while the host ran something else (on two cores, the other VM, the
+  VMMs' threads and this script), which the wall-clock figure reads as loss;
+  `waited_s` is that extra waiting.
 
 An idle guest and a reader are there to show zero.
 
@@ -38,7 +43,7 @@ from experiments_vm import Vm, log
 MIB = 1 << 20
 COLUMNS = ["workload", "what", "dirty_log", "window_s", "reported_s", "time_lost_s", "throughput_lost_s",
            "untracked_work", "tracked_work", "error_vs_time", "error_vs_throughput", "work_lost_s",
-           "error_vs_work"]
+           "error_vs_work", "work_lost_on_cpu_s", "error_vs_on_cpu", "waited_s"]
 # After the window, how long its aftermath (pages left protected) is counted.
 AFTER_S = 0.3
 
@@ -61,17 +66,28 @@ def workloads(ws, seconds):
     ]
 
 
-def guest_ticks(vm):
-    """User (guest) and system time of the VM's vCPU 0 thread, clock ticks."""
+def vcpu0_task(vm):
+    """/proc's directory of the VM's vCPU 0 thread."""
     task = "/proc/%d/task" % vm.proc.pid
     for tid in os.listdir(task):
         with open(os.path.join(task, tid, "comm")) as f:
-            if f.read().strip() != "vcpu0":
-                continue
-        with open(os.path.join(task, tid, "stat")) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]), int(fields[12])
+            if f.read().strip() == "vcpu0":
+                return os.path.join(task, tid)
     raise RuntimeError("no vcpu0 thread in %s" % task)
+
+
+def guest_ticks(vm):
+    """User (guest) and system time of the VM's vCPU 0 thread, clock ticks."""
+    with open(os.path.join(vcpu0_task(vm), "stat")) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+def on_cpu_s(vm):
+    """Seconds the VM's vCPU 0 thread has run on a CPU (schedstat's first
+    field, nanoseconds): its time less the time it waited to be run."""
+    with open(os.path.join(vcpu0_task(vm), "schedstat")) as f:
+        return int(f.read().split()[0]) / 1e9
 
 
 # Bytes of commands per guest-command request (requests are at most 64 KiB).
@@ -93,10 +109,10 @@ def start_all(vm, command):
 
 
 def progress(vm):
-    """The guest's own count on vCPU 0, when it was read, and whether the
-    vCPU was running a command then."""
+    """The guest's own count on vCPU 0, when it was read, whether the vCPU
+    was running a command then, and its thread's time on a CPU."""
     g = vm.call("query-guest", vcpus=[0])[0]
-    return time.monotonic(), g.get("progress") or 0, g.get("state") == "running"
+    return time.monotonic(), g.get("progress") or 0, g.get("state") == "running", on_cpu_s(vm)
 
 
 def finish(vms, seqs, started):
@@ -136,14 +152,22 @@ def migration_cell(binary, m, mode, name):
     try:
         src.guest("touch size=%d" % ws)
         src.start(command)
-        time.sleep(1.5)  # a second of untracked pace for `before-per-second`
+        # A second of untracked pace for `before-per-second`; its second
+        # half is the pace on the vCPU's clock.
+        time.sleep(0.75)
+        pace_from = progress(src)
         dst = Dest(binary)
+        time.sleep(0.75)
+        start = progress(src)
         cmd = [binary, "migrate", "--socket", src.socket, "--to", dst.uri, "--bandwidth", "1Gbit",
                "--max-downtime", "300ms", "--max-rounds", "4", "--json"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if "{" not in out.stdout:
             raise RuntimeError("kvmscope migrate: %s" % out.stderr[-2000:])
         j = json.loads(out.stdout[out.stdout.index("{"):])
+        # Stopped at the end of pre-copy: its count and time on a CPU stand
+        # still from there.
+        end = progress(src)
     finally:
         if dst is not None:
             dst.close()
@@ -159,6 +183,8 @@ def migration_cell(binary, m, mode, name):
            "throughput_lost_s": None, "untracked_work": round(before) if before else None,
            "tracked_work": round(during) if during else None, "work_lost_s": lost,
            "error_vs_work": round(reported / lost - 1, 3) if lost and lost > 0.02 else None}
+    c = work_lost(pace_from, start, end, on_cpu=True, ran_to_end=False)
+    row.update(work_lost_on_cpu_s=c, error_vs_on_cpu=round(reported / c - 1, 3) if c and c > 0.02 else None)
     log("stall %s migration %s: pre-copy %s s, reported %.3fs, work lost %s s" % (mode, name, row["window_s"],
                                                                                reported, lost))
     return row
@@ -202,6 +228,10 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
     row["work_lost_s"] = work_lost(pace_from, window_from, window_to)
     w = row["work_lost_s"]
     row["error_vs_work"] = round(reported / w - 1, 3) if w is not None and w > 0.02 else None
+    row["work_lost_on_cpu_s"] = work_lost(pace_from, window_from, window_to, on_cpu=True)
+    c = row["work_lost_on_cpu_s"]
+    row["error_vs_on_cpu"] = round(reported / c - 1, 3) if c is not None and c > 0.02 else None
+    row["waited_s"] = waited(pace_from, window_from, window_to)
     lost = row["time_lost_s"]
     row["error_vs_time"] = round(reported / lost - 1, 3) if lost is not None and lost > 0.02 else None
     t = row.get("throughput_lost_s")
@@ -211,12 +241,30 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
     return row
 
 
-def work_lost(before, start, end):
+def work_lost(before, start, end, on_cpu=False, ran_to_end=True):
     """Seconds of work the guest did not do from `start` to `end` at its pace
     from `before` to `start` (each a `progress` reading); None when it had
-    no pace (idle) or its work ended before the last reading."""
-    (t0, c0, _), (t1, c1, _), (t2, c2, running) = before, start, end
-    if t1 <= t0 or c1 <= c0 or not running:
+    no pace (idle) or its work ended before the last reading. `on_cpu`:
+    time and pace counted in its vCPU thread's time on a CPU rather than on
+    the clock, so that time the thread waited for a CPU (the host's other
+    work: on two cores, the other VM, the VMMs' threads, this script) is
+    not read as loss; what is left is vCPU time that did no guest work.
+    `ran_to_end` False: the vCPU was stopped before `end` (a migration's
+    source), its work not ended."""
+    at = 3 if on_cpu else 0
+    (t0, c0, _), (t1, c1, _), (t2, c2, running) = [(p[at], p[1], p[2]) for p in (before, start, end)]
+    if t1 <= t0 or c1 <= c0 or (ran_to_end and not running):
         return None
     pace = (c1 - c0) / (t1 - t0)
     return round(max(0.0, (t2 - t1) - (c2 - c1) / pace), 3)
+
+
+def waited(before, start, end):
+    """Seconds the vCPU thread waited for a CPU from `start` to `end` beyond
+    its share of waiting from `before` to `start` (the host's contention
+    that the window's span added)."""
+    (t0, r0), (t1, r1), (t2, r2) = [(p[0], p[3]) for p in (before, start, end)]
+    if t1 <= t0:
+        return None
+    share = 1 - (r1 - r0) / (t1 - t0)
+    return round(((t2 - t1) - (r2 - r1)) - share * (t2 - t1), 3)
