@@ -387,16 +387,12 @@ impl<'a> Chart<'a> {
 
     /// The bottom panel: per vCPU, KVM's exit rate and ours, in the vCPU's colours.
     fn draw_rates<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Drawing<(), DB> {
-        let mut chart = ChartBuilder::on(area)
-            .y_label_area_size(LEFT)
-            .x_label_area_size(BOTTOM)
-            .build_cartesian_2d(self.time.clone(), self.rates.clone())?;
         let title = match self.rates {
             RateAxis::Log { .. } => "exits/s (log scale)",
             RateAxis::Linear { .. } => "exits/s",
         };
         let label = |v: &f64| self.rates.label(*v);
-        self.panel(&mut chart, title, &label)?;
+        let mut chart = self.rate_panel(area, &self.rates, title, &label)?;
         for &vcpu in &self.vcpus {
             for rate in [Rate::Kvm, Rate::Ours] {
                 let style = rate.style(rate_color(vcpu, rate));
@@ -415,16 +411,12 @@ impl<'a> Chart<'a> {
         area: &DrawingArea<DB, Shift>,
         axis: &RateAxis,
     ) -> Drawing<(), DB> {
-        let mut chart = ChartBuilder::on(area)
-            .y_label_area_size(LEFT)
-            .x_label_area_size(BOTTOM)
-            .build_cartesian_2d(self.time.clone(), axis.clone())?;
         let title = match axis {
             RateAxis::Log { .. } => "guest units/s (log)",
             RateAxis::Linear { .. } => "guest units/s",
         };
         let label = |v: &f64| axis.label(*v);
-        self.panel(&mut chart, title, &label)?;
+        let mut chart = self.rate_panel(area, axis, title, &label)?;
         for &vcpu in &self.vcpus {
             let style = rate_color(vcpu, Rate::Kvm).stroke_width(2);
             for run in runs(&self.points, axis, |_, p| {
@@ -445,12 +437,8 @@ impl<'a> Chart<'a> {
         shares: &[Vec<Lost>],
         axis: &RateAxis,
     ) -> Drawing<(), DB> {
-        let mut chart = ChartBuilder::on(area)
-            .y_label_area_size(LEFT)
-            .x_label_area_size(BOTTOM)
-            .build_cartesian_2d(self.time.clone(), axis.clone())?;
         let label = |v: &f64| format!("{} %", axis.label(*v));
-        self.panel(&mut chart, "vCPU time lost (%)", &label)?;
+        let mut chart = self.rate_panel(area, axis, "vCPU time lost (%)", &label)?;
         for (k, &vcpu) in self.vcpus.iter().enumerate() {
             let kinds: [(Rate, LostOf); 2] =
                 [(Rate::Kvm, |l| l.stall), (Rate::Ours, |l| l.throttled)];
@@ -464,6 +452,23 @@ impl<'a> Chart<'a> {
             }
         }
         Ok(())
+    }
+
+    /// A panel under the top one: time along the bottom (with its tick
+    /// labels), `axis` up the side, drawn by [`Self::panel`].
+    fn rate_panel<'p, DB: DrawingBackend>(
+        &self,
+        area: &'p DrawingArea<DB, Shift>,
+        axis: &RateAxis,
+        title: &str,
+        y_label: &dyn Fn(&f64) -> String,
+    ) -> Drawing<ChartContext<'p, DB, Cartesian2d<RangedCoordf64, RateAxis>>, DB> {
+        let mut chart = ChartBuilder::on(area)
+            .y_label_area_size(LEFT)
+            .x_label_area_size(BOTTOM)
+            .build_cartesian_2d(self.time.clone(), axis.clone())?;
+        self.panel(&mut chart, title, y_label)?;
+        Ok(chart)
     }
 
     /// One rate's line in runs of samples with a finite rate.
