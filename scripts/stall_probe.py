@@ -12,7 +12,7 @@ import argparse
 import os
 import time
 
-from experiments_stall import progress, vcpu0_task
+from experiments_stall import guest_ticks, progress
 from experiments_vm import Vm
 
 MIB = 1 << 20
@@ -21,10 +21,8 @@ AFTER_S = 0.3
 
 def cpu_times(vm):
     """User and system seconds of the VM's vCPU 0 thread."""
-    with open(os.path.join(vcpu0_task(vm), "stat")) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    return tuple(t / tick for t in guest_ticks(vm))
 
 
 def probe(binary, mode, window):
