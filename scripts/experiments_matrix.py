@@ -92,8 +92,9 @@ FULL = {
     "stall_windows": [0.5, 2.0],
     "stall_memory": "256M",
     "stall_ws": 64 * MIB,
-    "stall_seconds": 4.0,
+    "stall_seconds": 5.0,
     "stall_lead": 1.0,
+    "stall_repeats": 3,
     "stall_migrations": [(mode, name) for mode in ("bitmap", "ring") for name in ("random-max", "random-paced")],
 }
 

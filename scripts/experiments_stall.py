@@ -34,6 +34,7 @@ against its untracked pace over the second before the migration).
 
 import json
 import os
+import statistics
 import subprocess
 import time
 
@@ -43,7 +44,7 @@ from experiments_vm import Vm, log
 MIB = 1 << 20
 COLUMNS = ["workload", "what", "dirty_log", "window_s", "reported_s", "time_lost_s", "throughput_lost_s",
            "untracked_work", "tracked_work", "error_vs_time", "error_vs_throughput", "work_lost_s",
-           "error_vs_work", "work_lost_on_cpu_s", "error_vs_on_cpu", "waited_s"]
+           "error_vs_work", "work_lost_on_cpu_s", "error_vs_on_cpu", "waited_s", "repeats"]
 # After the window, how long its aftermath (pages left protected) is counted.
 AFTER_S = 0.3
 
@@ -136,7 +137,9 @@ def run_stall(binary, m):
     for mode in m["stall_modes"]:
         for window in m["stall_windows"]:
             for name, what, command, kind in workloads(m["stall_ws"], m["stall_seconds"]):
-                rows.append(stall_cell(binary, m, mode, window, name, what, command, kind))
+                runs = [stall_cell(binary, m, mode, window, name, what, command, kind)
+                        for _ in range(m.get("stall_repeats", 1))]
+                rows.append(median_row(runs))
     for mode, name in m.get("stall_migrations", []):
         rows.append(migration_cell(binary, m, mode, name))
     return rows
@@ -206,6 +209,12 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
         report = tracked.readiness(False, window)
         time.sleep(AFTER_S)
         window_to = progress(tracked)
+        # The pace after, over as long again: the loss is taken at the mean
+        # of the paces before and after, so that a pace drifting steadily
+        # (this host's: ~0.1 s per 2 s, docs/EXPERIMENTS.md section 7) is
+        # not read as loss or gain.
+        time.sleep(m["stall_lead"] / 2)
+        pace_to = progress(tracked)
         if seqs:
             results, took = finish((plain, tracked), seqs, started)
         else:
@@ -225,10 +234,10 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
         # time, so the time-based loss means nothing here; the delay does.
         row.update(untracked_work=round(took[0], 3), tracked_work=round(took[1], 3),
                    throughput_lost_s=round(took[1] - took[0], 3), time_lost_s=None)
-    row["work_lost_s"] = work_lost(pace_from, window_from, window_to)
+    row["work_lost_s"] = work_lost(pace_from, window_from, window_to, after=pace_to)
     w = row["work_lost_s"]
     row["error_vs_work"] = round(reported / w - 1, 3) if w is not None and w > 0.02 else None
-    row["work_lost_on_cpu_s"] = work_lost(pace_from, window_from, window_to, on_cpu=True)
+    row["work_lost_on_cpu_s"] = work_lost(pace_from, window_from, window_to, on_cpu=True, after=pace_to)
     c = row["work_lost_on_cpu_s"]
     row["error_vs_on_cpu"] = round(reported / c - 1, 3) if c is not None and c > 0.02 else None
     row["waited_s"] = waited(pace_from, window_from, window_to)
@@ -241,10 +250,32 @@ def stall_cell(binary, m, mode, window, name, what, command, kind):
     return row
 
 
-def work_lost(before, start, end, on_cpu=False, ran_to_end=True):
+def median_row(runs):
+    """One row for a cell run several times: each figure's median over the
+    runs that have it (the guest's pace drifts from run to run, the stall
+    does not); the errors are taken again from the medians."""
+    row = dict(runs[0])
+    for k, v in row.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            values = [r[k] for r in runs if r.get(k) is not None]
+            row[k] = round(statistics.median(values), 3) if values else None
+    for k in COLUMNS:
+        if k not in row:
+            values = [r[k] for r in runs if r.get(k) is not None]
+            row[k] = round(statistics.median(values), 3) if values else None
+    for err, lost in (("error_vs_work", "work_lost_s"), ("error_vs_on_cpu", "work_lost_on_cpu_s"),
+                      ("error_vs_time", "time_lost_s"), ("error_vs_throughput", "throughput_lost_s")):
+        w = row.get(lost)
+        row[err] = round(row["reported_s"] / w - 1, 3) if w is not None and w > 0.02 else None
+    row["repeats"] = len(runs)
+    return row
+
+
+def work_lost(before, start, end, on_cpu=False, ran_to_end=True, after=None):
     """Seconds of work the guest did not do from `start` to `end` at its pace
-    from `before` to `start` (each a `progress` reading); None when it had
-    no pace (idle) or its work ended before the last reading. `on_cpu`:
+    from `before` to `start` (each a `progress` reading), or at the mean of
+    that pace and its pace from `end` to `after` when it was still running
+    then; None when it had no pace (idle) or its work ended before `end`. `on_cpu`:
     time and pace counted in its vCPU thread's time on a CPU rather than on
     the clock, so that time the thread waited for a CPU (the host's other
     work: on two cores, the other VM, the VMMs' threads, this script) is
@@ -256,6 +287,10 @@ def work_lost(before, start, end, on_cpu=False, ran_to_end=True):
     if t1 <= t0 or c1 <= c0 or (ran_to_end and not running):
         return None
     pace = (c1 - c0) / (t1 - t0)
+    if after is not None and after[2]:
+        t3, c3 = after[at], after[1]
+        if t3 > t2 and c3 > c2:
+            pace = (pace + (c3 - c2) / (t3 - t2)) / 2
     return round(max(0.0, (t2 - t1) - (c2 - c1) / pace), 3)
 
 

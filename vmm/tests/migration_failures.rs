@@ -107,11 +107,20 @@ fn assert_source_runs_on(src: &ServedVm, info: &kvmscope::migration::MigrationIn
     assert_eq!(value(&r[1], 0), 1, "and it runs");
 }
 
+/// A source whose vCPU 1 rewrites 4 MiB as fast as it can, running before
+/// this returns: every pass finds pages dirtied, so a migration with a
+/// downtime limit of 0 never stops by itself (a paced writer could leave a
+/// short pass clean, and the migration completed before the pass where the
+/// destination was to die).
 fn busy_source(test: &str) -> ServedVm {
     let src = ServedVm::start(test, MEM, 2);
     let mut c = src.client();
     guest(&mut c, 0, "touch size=1M");
-    queue(&mut c, 1, "dirty offset=8M ws=4M rate=20000/s for=20s");
+    queue(&mut c, 1, "dirty offset=8M ws=4M rate=max for=20s");
+    wait_for("vCPU 1 to write", Duration::from_secs(10), || {
+        let (v, _) = c.execute("query-guest", json!({"vcpus": [1]})).ok()?;
+        (v[0]["progress"].as_u64()? > 0).then_some(())
+    });
     src
 }
 

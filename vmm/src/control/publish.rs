@@ -97,6 +97,8 @@ pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
         for &r in Reason::ALL {
             s.stats.set_exits(i, r, v.counters.reason(r));
         }
+        // Aftermaths over by now join the running total first.
+        crate::vcpu::stall::settle(v);
         let own = v.stall_ns.load(Ordering::Relaxed);
         stall = stall.saturating_add(own);
         s.stats.set_vcpu(i, VcpuStat::GuestStallNs, own);

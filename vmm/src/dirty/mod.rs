@@ -63,6 +63,16 @@ mod nr {
 }
 use nr::KVM_RESET_DIRTY_RINGS;
 
+/// What a fold does to the pages it harvests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protect {
+    /// Protects them again, so that their next write is logged (a consumer
+    /// goes on looking).
+    Again,
+    /// Leaves them writable where the log allows it (nobody goes on looking).
+    Leave,
+}
+
 /// The pages one consumer has not looked at yet.
 #[derive(Debug, Clone)]
 pub struct Window {
@@ -268,7 +278,8 @@ impl DirtyLog {
     pub fn subscribe(self: &Arc<Self>) -> Result<Consumer, Error> {
         let mut state = self.lock();
         let holds = !self.logs_from_boot();
-        self.fold(&mut state)?;
+        // Protected again: the new window must see the next write to every page.
+        self.fold(&mut state, Protect::Again)?;
         if holds && state.holders == 0 {
             self.set_logging(true)?;
             state.logging = true;
@@ -306,7 +317,13 @@ impl DirtyLog {
             return Ok(None);
         }
         let mut state = self.lock();
-        self.fold(&mut state)?;
+        // Nobody else looking: a page already counted need not fault again.
+        let protect = if state.consumers.is_empty() {
+            Protect::Leave
+        } else {
+            Protect::Again
+        };
+        self.fold(&mut state, protect)?;
         Ok(Some(state.since_start.count()))
     }
 
@@ -369,8 +386,9 @@ impl DirtyLog {
         }
     }
 
-    /// Folds what KVM logged since the last fold into every consumer.
-    fn fold(&self, state: &mut State) -> Result<(), Error> {
+    /// Folds what KVM logged since the last fold into every consumer, and
+    /// protects those pages again or leaves them writable (`protect`).
+    fn fold(&self, state: &mut State, protect: Protect) -> Result<(), Error> {
         let State {
             rings,
             since_start,
@@ -384,7 +402,13 @@ impl DirtyLog {
                 let n = ring.harvest(|page| record(since_start, consumers, vcpu, page));
                 self.count_harvested(vcpu, n);
             }
-            return self.reset_rings();
+            // Left: the harvested entries stay marked until the next reset,
+            // which protects their pages then (a subscribe resets before it
+            // turns logging on, which protects every page anyway).
+            return match protect {
+                Protect::Again => self.reset_rings(),
+                Protect::Leave => Ok(()),
+            };
         }
         if *logging {
             let words = self.read_bitmap()?;
@@ -392,9 +416,11 @@ impl DirtyLog {
             for (_, w) in consumers.iter_mut() {
                 w.pages.or_words(&words);
             }
-            if matches!(self.protection, Protection::Manual { .. }) {
+            if matches!(self.protection, Protection::Manual { .. }) && protect == Protect::Again {
                 // Folded everywhere: hand back exactly those bits, which
-                // write-protects their pages again.
+                // write-protects their pages again. Left set, they are
+                // read again at the next fold (where `since_start` has them
+                // already) and cleared then.
                 protect::clear(&self.vm, 0, &words, self.pages)?;
             }
         }
@@ -435,8 +461,9 @@ impl DirtyLog {
         if holds {
             state.holders = state.holders.saturating_sub(1);
             if state.holders == 0 && state.logging {
-                // What the ring still holds goes to `since_start` only.
-                self.fold(&mut state)?;
+                // What the ring still holds goes to `since_start` only, and
+                // its pages stay writable: nobody logs them any more.
+                self.fold(&mut state, Protect::Leave)?;
                 state.logging = false;
                 self.set_logging(false)?;
             }
@@ -469,8 +496,34 @@ impl Consumer {
     /// # Errors
     /// The KVM call failed.
     pub fn sync<T>(&self, f: impl FnOnce(&mut Window) -> T) -> Result<T, Error> {
+        self.look(false, f)
+    }
+
+    /// The consumer's last look: [`sync`](Consumer::sync), then gone. Where
+    /// no other consumer is left to need them logged, the pages it folds
+    /// stay writable (a ring's entries are not reset, a manual-protect
+    /// bitmap is not cleared), so that a guest does not fault once more on
+    /// every page it wrote while it was watched, after the watching ended
+    /// (on this host that doubled a window's cost to a busy writer). A
+    /// whole-slot bitmap protects what it reads whatever is asked.
+    ///
+    /// # Errors
+    /// The KVM call failed.
+    pub fn finish<T>(self, f: impl FnOnce(&mut Window) -> T) -> Result<T, Error> {
+        self.look(true, f)
+    }
+
+    /// Folds and hands the window to `f`; `last`: the consumer's last look,
+    /// which leaves the pages writable if no other consumer is there (told
+    /// under the same lock as the fold, so that none subscribes between).
+    fn look<T>(&self, last: bool, f: impl FnOnce(&mut Window) -> T) -> Result<T, Error> {
         let mut state = self.log.lock();
-        self.log.fold(&mut state)?;
+        let protect = if last && state.consumers.len() <= 1 {
+            Protect::Leave
+        } else {
+            Protect::Again
+        };
+        self.log.fold(&mut state, protect)?;
         let window = state
             .consumers
             .iter_mut()
@@ -502,7 +555,7 @@ impl Consumer {
         } else if matches!(log.protection, Protection::Manual { .. }) {
             Some(log.read_bitmap()?)
         } else {
-            log.fold(&mut state)?;
+            log.fold(&mut state, Protect::Again)?;
             None
         };
         let Some((_, w)) = state.consumers.iter().find(|(i, _)| *i == self.id) else {

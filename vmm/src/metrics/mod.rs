@@ -463,7 +463,7 @@ pub(crate) fn render(samples: &Shared) -> String {
         per_vcpu_ns(
             &mut out,
             "kvmscope_guest_stall_seconds_total",
-            "vCPU time the guest lost to dirty tracking over every readiness window and migration that has ended (docs/READINESS.md).",
+            "vCPU time the guest lost to dirty tracking over every readiness window and migration that has ended, and in the 2 s after each (its pages left protected; docs/READINESS.md).",
             &|v| v.stall_ns.load(Ordering::Relaxed),
         );
         per_vcpu_ns(

@@ -347,7 +347,7 @@ impl<'a> Precopy<'a> {
         while !self.fits(&dirty) {
             dirty = self.pass_and_sync(&data_runs(&dirty), &consumer)?;
         }
-        self.stop_and_copy(dirty, &consumer)
+        self.stop_and_copy(dirty, consumer)
     }
 
     /// Sends one pass, then syncs the dirty log: the pages to send next.
@@ -457,7 +457,7 @@ impl<'a> Precopy<'a> {
 
     /// Holds the guest paused, takes the vCPUs' state, sends the last dirty
     /// pages, the state and the trailer, and waits for `completed`.
-    fn stop_and_copy(&mut self, dirty: Bitmap, consumer: &dirty::Consumer) -> Result<(), Error> {
+    fn stop_and_copy(&mut self, dirty: Bitmap, consumer: dirty::Consumer) -> Result<(), Error> {
         let stopped = Instant::now();
         let step = |what: &str| log::debug!("migration: {what} at {:?}", stopped.elapsed());
         run_state(&self.src.main, RunRequest::Hold).map_err(Error::Pause)?;
@@ -479,7 +479,9 @@ impl<'a> Precopy<'a> {
         self.ram.precopy_bytes = self.wire_bytes();
         let snapshots = self.snapshots()?;
         step("vCPU state read");
-        let mut last = consumer.take()?;
+        // The last look: should the migration fail from here and the guest
+        // run on, what it wrote during pre-copy does not fault again.
+        let mut last = consumer.finish(|w| std::mem::replace(&mut w.pages, Bitmap::new(0)))?;
         last.or(&dirty);
         step("dirty log synced");
         let pages0 = self.pages_sent();

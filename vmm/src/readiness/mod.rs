@@ -169,8 +169,9 @@ fn dirty_rate(
         curve.push((window.peek_count()?, started.elapsed()));
     }
     std::thread::sleep(calc_time.saturating_sub(started.elapsed()));
-    let (pages, per_vcpu) = window.sync(|w| (w.pages.count(), w.per_vcpu.clone()))?;
-    drop(window);
+    // The last look leaves the pages written in the window writable: they
+    // do not fault once more after it.
+    let (pages, per_vcpu) = window.finish(|w| (w.pages.count(), w.per_vcpu.clone()))?;
     let stall = period.end();
     let window = started.elapsed();
     let mode = match d.mode() {

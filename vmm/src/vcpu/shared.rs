@@ -216,6 +216,10 @@ pub(crate) struct OpenObservation {
     pub(super) period: u64,
     pub(super) start: Reading,
     pub(super) rates: Rates,
+    /// `None` while the observation runs; once it ended, until when its
+    /// aftermath is counted (the pages it left protected fault once more
+    /// when the guest next writes them).
+    pub(super) until: Option<Instant>,
 }
 
 impl VcpuShared {

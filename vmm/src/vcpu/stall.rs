@@ -19,7 +19,18 @@
 //!
 //! The stall is the larger of the two: the measured one is tick-grained
 //! (10 ms) and counts any extra kernel time; the counted one is there where
-//! `/proc` cannot be read. Neither sees what tracking costs the guest while
+//! `/proc` cannot be read.
+//!
+//! An observation's cost does not end with it: a page it protected and
+//! the guest did not write while it ran faults once when the guest next
+//! writes it (KVM does not give write access back when logging stops). So
+//! after an observation ends, each vCPU goes on counting its excess for
+//! [`AFTERMATH`] and adds it to its running total (the metrics page, the
+//! VMM's own stats, the samples series); the observation's own figure (a
+//! window's reply, `query-migrate`) is what it cost while it ran. The log's
+//! last look leaves the pages written during an observation writable
+//! (`dirty::Consumer::finish`), so for a guest that wrote its pages during
+//! the observation there is little aftermath left. Neither sees what tracking costs the guest while
 //! it runs (TLB and shadow-page refills after each re-protection): against
 //! the guest's own count of its writes, the throughput lost was about 2.3
 //! times the measured stall with the ring here (docs/READINESS.md). A
@@ -42,12 +53,13 @@ pub const FAULT_COST: Duration = Duration::from_nanos(2_600);
 /// shorter one (or none), the rate before counts as zero.
 const MIN_BASELINE: Duration = Duration::from_millis(50);
 
-/// How long after an observation ends its faults go on: the pages it left
-/// protected fault once more when the guest next writes them (with logging
-/// off too: KVM does not give write access back when logging stops). A
-/// baseline that starts sooner than this after the last observation would
-/// count those tracking faults as the guest's own, so it is not used.
-const AFTERMATH: Duration = Duration::from_secs(2);
+/// How long after an observation ends its faults are still counted as its
+/// cost: the pages it left protected fault once more when the guest next
+/// writes them (with logging off too: KVM does not give write access back
+/// when logging stops). A baseline that starts sooner than this after the
+/// last observation would count those faults as the guest's own, so it is
+/// not used.
+pub(crate) const AFTERMATH: Duration = Duration::from_secs(2);
 
 fn read(v: &VcpuShared) -> Option<Reading> {
     let at = Instant::now();
@@ -96,13 +108,15 @@ impl Stall {
 /// observations again.
 static PERIODS: AtomicU64 = AtomicU64::new(0);
 
-/// The vCPU's stall so far: over every observation that ended, and so far
-/// in those still open (the samples series takes it, so that a window's
+/// The vCPU's stall so far: over every observation that ended (with the
+/// aftermaths that are over), and so far in those still open and in the
+/// aftermaths still counting (the samples series takes it, so that a window's
 /// stall shows while it runs, not all at once at its end). Reads the vCPU's
 /// counts only while an observation is open. Unlike the ended ones' total,
 /// it may go down (a period's excess over its rate before falls again when
 /// the guest stops writing).
 pub(crate) fn stall_so_far(v: &VcpuShared) -> Duration {
+    settle(v);
     let ended = Duration::from_nanos(v.stall_ns.load(Ordering::Relaxed));
     let open: Vec<OpenObservation> = crate::lock(&v.open_stalls).clone();
     if open.is_empty() {
@@ -114,6 +128,35 @@ pub(crate) fn stall_so_far(v: &VcpuShared) -> Duration {
             .iter()
             .map(|o| excess(&o.start, &o.rates, &now).0)
             .sum::<Duration>()
+}
+
+/// Adds the aftermaths that are over to the vCPU's running total (their
+/// excess until now: a little past their end, at the rate before, which
+/// the excess leaves out). The VMM's stats thread calls it every period;
+/// reads the vCPU's counts only when one is over.
+pub(crate) fn settle(v: &VcpuShared) {
+    settle_until(v, Instant::now());
+}
+
+/// Adds the aftermaths over by `now` (all of them, given a time past
+/// every end) to the running total.
+fn settle_until(v: &VcpuShared, now: Instant) {
+    let mut open = crate::lock(&v.open_stalls);
+    if !open.iter().any(|o| o.until.is_some_and(|u| u <= now)) {
+        return;
+    }
+    let Some(reading) = read(v) else { return };
+    let mut added = Duration::ZERO;
+    open.retain(|o| match o.until {
+        Some(u) if u <= now => {
+            added += excess(&o.start, &o.rates, &reading).0;
+            false
+        }
+        _ => true,
+    });
+    drop(open);
+    let ns = u64::try_from(added.as_nanos()).unwrap_or(u64::MAX);
+    v.stall_ns.fetch_add(ns, Ordering::Relaxed);
 }
 
 /// The readings a period's rate before is taken from: taken before the
@@ -137,6 +180,12 @@ impl Baseline {
     /// it would have taken anyway.
     pub(crate) fn begin(self) -> Period {
         let id = PERIODS.fetch_add(1, Ordering::Relaxed);
+        // An aftermath still counting ends here: from now on this period
+        // counts the vCPU's faults (none is counted twice).
+        let far = Instant::now() + AFTERMATH;
+        for v in &self.vcpus {
+            settle_until(v, far);
+        }
         let start: Vec<Option<(Reading, Rates)>> = self
             .vcpus
             .iter()
@@ -167,6 +216,7 @@ impl Baseline {
                     period: id,
                     start,
                     rates,
+                    until: None,
                 });
             }
         }
@@ -216,10 +266,21 @@ impl Period {
     fn close(&mut self, stall: &Stall) {
         self.ended = true;
         let now = Instant::now();
-        for (v, d) in self.vcpus.iter().zip(&stall.vcpus) {
+        for ((v, d), start) in self.vcpus.iter().zip(&stall.vcpus).zip(&self.start) {
             let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
             v.stall_ns.fetch_add(ns, Ordering::Relaxed);
-            crate::lock(&v.open_stalls).retain(|o| o.period != self.id);
+            let aftermath = start.and_then(|(_, rates)| {
+                read(v).map(|r| OpenObservation {
+                    period: self.id,
+                    start: r,
+                    rates,
+                    until: Some(r.at + AFTERMATH),
+                })
+            });
+            let mut open = crate::lock(&v.open_stalls);
+            open.retain(|o| o.period != self.id);
+            open.extend(aftermath);
+            drop(open);
             *crate::lock(&v.observed_until) = Some(now);
         }
     }
