@@ -399,10 +399,11 @@ def block_stall(rows):
         pct = lambda e: "%+.0f %%" % (100 * e) if e is not None else "–"  # noqa: E731
         num = lambda x: "%.3f" % x if x is not None else "–"  # noqa: E731
         out.append(("`%s`" % r["workload"], r["dirty_log"], "%.1f s" % float(r["window_s"]),
-                    "%.3f" % rep, num(work), pct(ew), num(cpu), pct(ec), num(wait),
+                    str(r.get("repeats") or 1), "%.3f" % rep, num(r.get("counted_s")), num(work), pct(ew), num(cpu), pct(ec), num(wait),
                     num(lost), num(thr), pct(ev), pct(et)))
-    header = ["workload", "dirty log", "window", "reported stall, s", "work lost (guest's count), s",
-              "reported vs work lost", "work lost on its vCPU's clock, s", "reported vs that",
+    header = ["workload", "dirty log", "window", "runs (medians)", "reported stall (the reply), s",
+              "counted stall (running total, same span as the loss), s", "work lost (guest's count), s",
+              "counted vs work lost", "work lost on its vCPU's clock, s", "counted vs that",
               "extra wait for a CPU, s", "guest time lost, s", "throughput lost, s", "reported vs time lost",
               "reported vs throughput lost"]
     on_cpu = [r for r in rows if r.get("error_vs_on_cpu") is not None]
@@ -413,7 +414,7 @@ def block_stall(rows):
     unseen = sum(1 for r in lossy if v(r, "reported_s") <= 0.0)
     zero = [r for r in rows if v(r, "time_lost_s") is not None and v(r, "time_lost_s") <= 0.02]
     quiet = sum(1 for r in zero if v(r, "reported_s") <= 0.02)
-    summary = ("\nReported within ±25 %% of the work the guest lost by its own count in %d of %d cells where it "
+    summary = ("\nCounted within ±25 %% of the work the guest lost by its own count in %d of %d cells where it "
                "lost more than 20 ms (%d of %d counted on its vCPU thread's clock); reported as zero in %d of the "
                "%d cells where it lost more than 5 %% of the window; at most 20 ms in %d of %d cells where its "
                "guest time lost was none.\n"

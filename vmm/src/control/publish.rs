@@ -97,9 +97,8 @@ pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
         for &r in Reason::ALL {
             s.stats.set_exits(i, r, v.counters.reason(r));
         }
-        // Aftermaths over by now join the running total first.
-        crate::vcpu::stall::settle(v);
-        let own = v.stall_ns.load(Ordering::Relaxed);
+        // So far, observations still open and their aftermaths included.
+        let own = u64::try_from(crate::vcpu::stall::shown(v).as_nanos()).unwrap_or(u64::MAX);
         stall = stall.saturating_add(own);
         s.stats.set_vcpu(i, VcpuStat::GuestStallNs, own);
         s.stats.set_vcpu(

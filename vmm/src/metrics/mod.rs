@@ -463,8 +463,8 @@ pub(crate) fn render(samples: &Shared) -> String {
         per_vcpu_ns(
             &mut out,
             "kvmscope_guest_stall_seconds_total",
-            "vCPU time the guest lost to dirty tracking over every readiness window and migration that has ended, and in the 2 s after each (its pages left protected; docs/READINESS.md).",
-            &|v| v.stall_ns.load(Ordering::Relaxed),
+            "vCPU time the guest lost to dirty tracking in readiness windows and migrations, so far in those still running, and in the 2 s after each (the pages it left protected; docs/READINESS.md).",
+            &|v| u64::try_from(crate::vcpu::stall::shown(v).as_nanos()).unwrap_or(u64::MAX),
         );
         per_vcpu_ns(
             &mut out,

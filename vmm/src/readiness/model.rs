@@ -147,7 +147,7 @@ impl Growth {
 }
 
 /// What vCPUs held to a dirty limit from pre-copy's start write: each
-/// vCPU's token bucket starts full (a period of its limit, `burst`) and is
+/// vCPU's token bucket starts full (its burst: 20 ms of its limit) and is
 /// looked at every timeslice, so in its first slice a vCPU writes at its
 /// unlimited (tracked) rate, `first` pages, and then sleeps off what it
 /// took beyond the burst. By `t` seconds into pre-copy the limited vCPUs

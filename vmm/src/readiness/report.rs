@@ -1024,14 +1024,14 @@ mod tests {
         };
         assert!(cheapest_dirty_limit(&hopeless, &rates, PERIOD).is_none());
         assert!(cheapest_dirty_limit(&inputs, &[0.0, 0.0], PERIOD).is_none());
-        // A longer x-vcpu-dirty-limit-period fills a bigger bucket first:
-        // more is sent for the same limit.
+        // The bucket saves up 20 ms of the limit whatever the period
+        // (x-vcpu-dirty-limit-period), less only for a shorter period.
         let long = limit_choice(&inputs, &rates, c.mb, PERIOD * 5).map(|l| l.prediction);
-        assert!(
-            long.as_ref()
-                .is_none_or(|p| p.total_bytes > c.prediction.total_bytes),
-            "{long:?}"
-        );
+        assert_eq!(long.as_ref(), Some(&c.prediction));
+        let short = limit_choice(&inputs, &rates, c.mb, Duration::from_millis(5))
+            .expect("a smaller burst converges too")
+            .prediction;
+        assert!(short.total_bytes <= c.prediction.total_bytes, "{short:?}");
     }
 
     #[test]
@@ -1204,15 +1204,15 @@ fn limit_choice(inputs: &Inputs, rates: &[f64], mb: u64, period: Duration) -> Op
         },
     );
     let slice = crate::vcpu::throttle::TIMESLICE.as_secs_f64();
-    let period = period.as_secs_f64();
+    let burst = crate::vcpu::dirty_limit::burst(period).as_secs_f64();
     for &r in rates {
         let share = inputs.dirty_rate * r / total;
         if r > limit {
-            // Its bucket: a period's burst, then the limit; in its first
-            // slice it writes at its tracked rate (and sleeps it off).
+            // Its bucket: its burst, then the limit; in its first slice it
+            // writes at its tracked rate (and sleeps it off).
             held.rate += limit / 4096.0;
-            held.burst += limit * period / 4096.0;
-            held.first += (r / 4096.0 * slice).max(limit * period / 4096.0);
+            held.burst += limit * burst / 4096.0;
+            held.first += (r / 4096.0 * slice).max(limit * burst / 4096.0);
         } else {
             free += share;
         }

@@ -170,6 +170,8 @@ pub struct VcpuShared {
     pub(crate) ring_full_ns: AtomicU64,
     /// The guest's stall over every observation that has ended, ns.
     pub(crate) stall_ns: AtomicU64,
+    /// The most `stall::shown` has shown, ns.
+    pub(crate) stall_shown_ns: AtomicU64,
     /// Where the observations still open started on this vCPU (kept by
     /// `stall`, so that a stall so far can be read at any moment).
     pub(crate) open_stalls: Mutex<Vec<OpenObservation>>,
@@ -244,6 +246,7 @@ impl VcpuShared {
             ring_full_ns: AtomicU64::new(0),
             observed_until: Mutex::new(None),
             stall_ns: AtomicU64::new(0),
+            stall_shown_ns: AtomicU64::new(0),
             open_stalls: Mutex::new(Vec::new()),
             throttle: super::throttle::Throttle::default(),
             dirty_limit: super::dirty_limit::DirtyLimit::default(),

@@ -30,12 +30,10 @@
 //! window's reply, `query-migrate`) is what it cost while it ran. The log's
 //! last look leaves the pages written during an observation writable
 //! (`dirty::Consumer::finish`), so for a guest that wrote its pages during
-//! the observation there is little aftermath left. Neither sees what tracking costs the guest while
-//! it runs (TLB and shadow-page refills after each re-protection): against
-//! the guest's own count of its writes, the throughput lost was about 2.3
-//! times the measured stall with the ring here (docs/READINESS.md). A
-//! sleeping vCPU (an idle guest, a vCPU held paused) reports no stall; a
-//! migration's downtime is reported apart.
+//! the observation there is little aftermath left (before that, a full-speed
+//! writer lost about twice what its window reported, in the faults after it;
+//! docs/READINESS.md). A sleeping vCPU (an idle guest, a vCPU held paused)
+//! reports no stall; a migration's downtime is reported apart.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -130,11 +128,22 @@ pub(crate) fn stall_so_far(v: &VcpuShared) -> Duration {
             .sum::<Duration>()
 }
 
+/// The vCPU's stall as shown to readers (the VMM's own stats, the metrics
+/// page, the samples series): [`stall_so_far`], never less than shown
+/// before, so that it reads as a counter while an observation runs (an open
+/// observation's excess over its rate before may fall back a little; the
+/// total catches up when it ends).
+pub(crate) fn shown(v: &VcpuShared) -> Duration {
+    let now = u64::try_from(stall_so_far(v).as_nanos()).unwrap_or(u64::MAX);
+    let before = v.stall_shown_ns.fetch_max(now, Ordering::Relaxed);
+    Duration::from_nanos(before.max(now))
+}
+
 /// Adds the aftermaths that are over to the vCPU's running total (their
 /// excess until now: a little past their end, at the rate before, which
-/// the excess leaves out). The VMM's stats thread calls it every period;
-/// reads the vCPU's counts only when one is over.
-pub(crate) fn settle(v: &VcpuShared) {
+/// the excess leaves out). Every read of the stall so far calls it (the
+/// VMM's stats thread: every 100 ms); reads the counts only when one is over.
+fn settle(v: &VcpuShared) {
     settle_until(v, Instant::now());
 }
 
