@@ -93,6 +93,7 @@ FULL = {
     "stall_memory": "256M",
     "stall_ws": 64 * MIB,
     "stall_large_ws": 512 * MIB,
+    "stall_four_windows": [0.5, 2.0],
     "stall_seconds": 5.0,
     "stall_lead": 1.0,
     "stall_repeats": 3,

@@ -23,7 +23,9 @@ taken on the tracked one while both run. Three figures per cell:
   VMMs' threads and this script), which the wall-clock figure reads as loss;
   `waited_s` is that extra waiting.
 
-An idle guest and a reader are there to show zero.
+An idle guest and a reader are there to show zero. Four-vCPU cells
+(`four_vcpus_cell`): one tracked VM whose vCPUs run a full-speed writer over
+the large set, a paced writer, a reader and nothing, a row per vCPU.
 
 Migration cells (`migration_cells`): the same writers in a source that
 `kvmscope migrate` moves to a second kvmscope over a 1 Gbit/s link, at most
@@ -71,27 +73,27 @@ def workloads(ws, seconds, large=None):
     ]
 
 
-def vcpu0_task(vm):
-    """/proc's directory of the VM's vCPU 0 thread."""
+def vcpu_task(vm, vcpu=0):
+    """/proc's directory of the VM's vCPU thread `vcpu`."""
     task = "/proc/%d/task" % vm.proc.pid
     for tid in os.listdir(task):
         with open(os.path.join(task, tid, "comm")) as f:
-            if f.read().strip() == "vcpu0":
+            if f.read().strip() == "vcpu%d" % vcpu:
                 return os.path.join(task, tid)
-    raise RuntimeError("no vcpu0 thread in %s" % task)
+    raise RuntimeError("no vcpu%d thread in %s" % (vcpu, task))
 
 
 def guest_ticks(vm):
     """User (guest) and system time of the VM's vCPU 0 thread, clock ticks."""
-    with open(os.path.join(vcpu0_task(vm), "stat")) as f:
+    with open(os.path.join(vcpu_task(vm), "stat")) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]), int(fields[12])
 
 
-def on_cpu_s(vm):
-    """Seconds the VM's vCPU 0 thread has run on a CPU (schedstat's first
+def on_cpu_s(vm, vcpu=0):
+    """Seconds the VM's vCPU thread has run on a CPU (schedstat's first
     field, nanoseconds): its time less the time it waited to be run."""
-    with open(os.path.join(vcpu0_task(vm), "schedstat")) as f:
+    with open(os.path.join(vcpu_task(vm, vcpu), "schedstat")) as f:
         return int(f.read().split()[0]) / 1e9
 
 
@@ -99,25 +101,25 @@ def on_cpu_s(vm):
 REQUEST_BYTES = 60_000
 
 
-def start_all(vm, command):
-    """Queues `command` (commands joined by "; "), in requests under the
-    limit; the sequence number of its last command."""
+def start_all(vm, command, vcpu=0):
+    """Queues `command` (commands joined by "; ") on `vcpu`, in requests
+    under the limit; the sequence number of its last command."""
     parts, seq = command.split("; "), None
     while parts:
         n, size = 0, 0
         while n < len(parts) and size + len(parts[n]) + 2 <= REQUEST_BYTES:
             size += len(parts[n]) + 2
             n += 1
-        seq = vm.start("; ".join(parts[:max(n, 1)]))
+        seq = vm.start("; ".join(parts[:max(n, 1)]), vcpu=vcpu)
         parts = parts[max(n, 1):]
     return seq
 
 
-def progress(vm):
-    """The guest's own count on vCPU 0, when it was read, whether the vCPU
+def progress(vm, vcpu=0):
+    """The guest's own count on a vCPU, when it was read, whether the vCPU
     was running a command then, and its thread's time on a CPU."""
-    g = vm.call("query-guest", vcpus=[0])[0]
-    return time.monotonic(), g.get("progress") or 0, g.get("state") == "running", on_cpu_s(vm)
+    g = vm.call("query-guest", vcpus=[vcpu])[0]
+    return time.monotonic(), g.get("progress") or 0, g.get("state") == "running", on_cpu_s(vm, vcpu)
 
 
 def finish(vms, seqs, started):
@@ -145,8 +147,62 @@ def run_stall(binary, m):
                 runs = [stall_cell(binary, m, mode, window, name, what, command, kind, ws)
                         for _ in range(m.get("stall_repeats", 1))]
                 rows.append(median_row(runs))
+        for window in m.get("stall_four_windows", []):
+            runs = [four_vcpus_cell(binary, m, mode, window) for _ in range(m.get("stall_repeats", 1))]
+            rows.extend(median_row([r[i] for r in runs]) for i in range(len(runs[0])))
     for mode, name in m.get("stall_migrations", []):
         rows.append(migration_cell(binary, m, mode, name))
+    return rows
+
+
+def four_vcpus_cell(binary, m, mode, window):
+    """One tracked VM of four vCPUs, each with its own workload (a
+    full-speed writer over the large set, a paced writer over a set of its
+    own, a reader, an idle one), a window over all of them: a row per vCPU,
+    its share of the window's reply and of the VMM's running total against
+    the work its own count says it lost (no untracked twin: eight vCPUs on
+    two cores would bury the figures in waiting; the loss on the vCPU's
+    clock leaves the waiting out)."""
+    ws, large, seconds = m["stall_ws"], m["stall_large_ws"], m["stall_seconds"]
+    roles = [("random-max-large", "random writes over %d MiB, as fast as it can" % (large // MIB),
+              "dirty offset=0 ws=%d rate=max for=%gs" % (large, seconds)),
+             ("random-paced", "random writes over %d MiB at 20,000 pages/s" % (ws // MIB),
+              "dirty offset=%d ws=%d rate=20000/s for=%gs" % (large, ws, seconds)),
+             # A word a page: 1.3 ms per read of 512 MiB, so 5,000 outlast the cell.
+             ("read", "reads of %d MiB" % (large // MIB), "; ".join(["read size=%d" % large] * 5000)),
+             ("idle", "nothing", None)]
+    memory = large + ws + 64 * MIB
+    with Vm(binary, "%dM" % (memory // MIB), dirty_log=mode, vcpus=4) as vm:
+        vm.guest("touch size=%d" % (large + ws))
+        for i, (_, _, command) in enumerate(roles):
+            if command:
+                start_all(vm, command, vcpu=i)
+        read = lambda: [progress(vm, i) for i in range(4)]  # noqa: E731
+        time.sleep(m["stall_lead"] / 2)
+        pace_from = read()
+        time.sleep(m["stall_lead"] / 2)
+        window_from, total_from = read(), own_stall_s(vm, 4)
+        report = vm.readiness(False, window)
+        time.sleep(AFTER_S)
+        window_to, total_to = read(), own_stall_s(vm, 4)
+        time.sleep(m["stall_lead"] / 2)
+        pace_to = read()
+    rows = []
+    for i, (name, what, command) in enumerate(roles):
+        reported = report["guest_stall"]["vcpus"][i]["ms"] / 1e3
+        counted = round(total_to[i] - total_from[i], 4)
+        row = {"workload": "4 vCPUs: %d, %s" % (i, name), "what": what, "dirty_log": mode,
+               "window_s": round(report["dirty_rate"]["window_s"], 3), "reported_s": reported, "counted_s": counted}
+        if command:
+            for key, on_cpu in (("work_lost_s", False), ("work_lost_on_cpu_s", True)):
+                row[key] = work_lost(pace_from[i], window_from[i], window_to[i], on_cpu=on_cpu, after=pace_to[i])
+            for err, key in (("error_vs_work", "work_lost_s"), ("error_vs_on_cpu", "work_lost_on_cpu_s")):
+                w = row[key]
+                row[err] = round(counted / w - 1, 3) if w is not None and w > 0.02 else None
+            row["waited_s"] = waited(pace_from[i], window_from[i], window_to[i])
+        rows.append(row)
+    log("stall %s 4 vCPUs window %.1fs: counted %s s, work lost %s s"
+        % (mode, window, [r["counted_s"] for r in rows], [r.get("work_lost_on_cpu_s") for r in rows]))
     return rows
 
 
@@ -260,13 +316,16 @@ def stall_cell(binary, m, mode, window, name, what, command, kind, ws):
     return row
 
 
-def own_stall_s(vm):
-    """vCPU 0's running stall total, as the VMM's own stats say (provider
+def own_stall_s(vm, vcpus=1):
+    """Each vCPU's running stall total, as the VMM's own stats say (provider
     `kvmscope`, `guest_stall_ns`: observations so far and their
-    aftermaths), seconds."""
-    r = vm.call("query-stats", target="vcpu", vcpus=["/machine/unattached/device[0]"],
+    aftermaths), seconds; vCPU 0's alone for `vcpus` 1."""
+    paths = ["/machine/unattached/device[%d]" % i for i in range(vcpus)]
+    r = vm.call("query-stats", target="vcpu", vcpus=paths,
                 providers=[{"provider": "kvmscope", "names": ["guest_stall_ns"]}])
-    return r[0]["stats"][0]["value"] / 1e9
+    totals = {e["qom-path"]: e["stats"][0]["value"] / 1e9 for e in r}
+    values = [totals[p] for p in paths]
+    return values[0] if vcpus == 1 else values
 
 
 def parse_size(text):
