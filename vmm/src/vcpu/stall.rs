@@ -150,12 +150,14 @@ fn settle(v: &VcpuShared) {
 /// Adds the aftermaths over by `now` (all of them, given a time past
 /// every end) to the running total.
 fn settle_until(v: &VcpuShared, now: Instant) {
-    let mut open = crate::lock(&v.open_stalls);
-    if !open.iter().any(|o| o.until.is_some_and(|u| u <= now)) {
+    let due = |o: &OpenObservation| o.until.is_some_and(|u| u <= now);
+    if !crate::lock(&v.open_stalls).iter().any(due) {
         return;
     }
+    // Read without the lock held (a `pread` and a `/proc` read).
     let Some(reading) = read(v) else { return };
     let mut added = Duration::ZERO;
+    let mut open = crate::lock(&v.open_stalls);
     open.retain(|o| match o.until {
         Some(u) if u <= now => {
             added += excess(&o.start, &o.rates, &reading).0;
