@@ -97,7 +97,8 @@ FULL = {
     "stall_seconds": 5.0,
     "stall_lead": 1.0,
     "stall_repeats": 3,
-    "stall_migrations": [(mode, name) for mode in ("bitmap", "ring") for name in ("random-max", "random-paced")],
+    "stall_migrations": [(mode, name) for mode in ("bitmap", "ring")
+                         for name in ("random-max", "random-max-large", "random-paced")],
 }
 
 SMALL = {

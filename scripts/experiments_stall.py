@@ -209,9 +209,10 @@ def four_vcpus_cell(binary, m, mode, window):
 def migration_cell(binary, m, mode, name):
     """A migration of a writing guest: the stall `query-migrate` reports
     against the work the guest's own count says it lost during pre-copy."""
-    ws = m["stall_ws"]
-    _, what, command, _, _ = next(w for w in workloads(ws, 60) if w[0] == name)
-    src = Vm(binary, m["stall_memory"], dirty_log=mode)
+    _, what, command, _, ws = next(w for w in workloads(m["stall_ws"], 60, m.get("stall_large_ws"))
+                                   if w[0] == name)
+    memory = max(parse_size(m["stall_memory"]), ws + 64 * MIB)
+    src = Vm(binary, "%dM" % (memory // MIB), dirty_log=mode)
     dst = None
     try:
         src.guest("touch size=%d" % ws)
