@@ -360,7 +360,7 @@ struct RunArgs {
     /// a guest writing as fast as it can loses about the window's length of
     /// its work each time with a small ring (ring:4096), about one fault per
     /// page it writes with the default ring or the bitmap (by default 0.5 s
-    /// every 90 s: 0.06-0.13 % measured, 0.55-0.7 % with ring:4096;
+    /// every 90 s: 0.03-0.15 % measured, 0.55-0.7 % with ring:4096;
     /// docs/BENCHMARKS.md). Needs --socket and --dirty-log.
     #[arg(
         long,

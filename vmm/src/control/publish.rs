@@ -98,7 +98,7 @@ pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
             s.stats.set_exits(i, r, v.counters.reason(r));
         }
         // So far, observations still open and their aftermaths included.
-        let own = u64::try_from(crate::vcpu::stall::shown(v).as_nanos()).unwrap_or(u64::MAX);
+        let own = crate::vcpu::stall::shown_ns(v);
         stall = stall.saturating_add(own);
         s.stats.set_vcpu(i, VcpuStat::GuestStallNs, own);
         s.stats.set_vcpu(

@@ -464,7 +464,7 @@ pub(crate) fn render(samples: &Shared) -> String {
             &mut out,
             "kvmscope_guest_stall_seconds_total",
             "vCPU time the guest lost to dirty tracking in readiness windows and migrations, so far in those still running, and in the 2 s after each (the pages it left protected; docs/READINESS.md).",
-            &|v| u64::try_from(crate::vcpu::stall::shown(v).as_nanos()).unwrap_or(u64::MAX),
+            &crate::vcpu::stall::shown_ns,
         );
         per_vcpu_ns(
             &mut out,

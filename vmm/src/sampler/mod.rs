@@ -487,8 +487,7 @@ impl Worker {
             vp.our_exits_per_s = rate(ours, totals[i].1);
             vp.progress = vcpu.guest_progress().unwrap_or(0);
             vp.progress_per_s = rate(vp.progress, totals[i].2);
-            vp.stall_ns =
-                u64::try_from(crate::vcpu::stall::shown(vcpu).as_nanos()).unwrap_or(u64::MAX);
+            vp.stall_ns = crate::vcpu::stall::shown_ns(vcpu);
             vp.throttled_ns = u64::try_from(vcpu.throttle.slept().as_nanos()).unwrap_or(u64::MAX);
             totals[i] = (exits, ours, vp.progress);
         }

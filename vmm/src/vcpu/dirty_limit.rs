@@ -8,13 +8,13 @@
 //! and still in its ring: `DirtyLog::ring_entries_now`) and keeps a token
 //! bucket per vCPU: the limit accrues as bytes over time, at most
 //! [`burst`]'s worth (two looks' worth, not a period's), each entry spends
-//! 4 KiB, and a vCPU in debt sleeps until it is not. The vCPU thread looks after each ring-full exit
-//! and every [`super::throttle::TIMESLICE`] (the main loop kicks limited
-//! vCPUs out of `KVM_RUN` that often), so the rate holds from the first
-//! period. Looking does not reset the ring; the vCPU harvests it once a
-//! period, as QEMU's reaper does, so that a page rewritten all the time
-//! counts about once a period, as in QEMU. A vCPU that dirties nothing
-//! never sleeps.
+//! 4 KiB, and a vCPU in debt sleeps until it is not. The vCPU thread looks
+//! after each ring-full exit and every [`super::throttle::TIMESLICE`] (the
+//! main loop kicks limited vCPUs out of `KVM_RUN` that often), so the rate
+//! holds from the first period. Looking does not reset the ring; the vCPU
+//! harvests it once a period, as QEMU's reaper does, so that a page
+//! rewritten all the time counts about once a period, as in QEMU. A vCPU
+//! that dirties nothing never sleeps.
 //!
 //! The rates are QEMU's "MB/s": 2^20 bytes a second.
 
@@ -166,9 +166,9 @@ impl Bucket {
         period: Duration,
     ) -> Duration {
         let limit = limit.max(1) as f64;
-        let burst = limit * burst(period).as_secs_f64();
+        let most = limit * burst(period).as_secs_f64();
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + limit * elapsed).min(burst);
+        self.tokens = (self.tokens + limit * elapsed).min(most);
         self.at = now;
         let spent = entries.saturating_sub(self.entries) * PAGE_BYTES;
         self.entries = entries;

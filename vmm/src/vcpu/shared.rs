@@ -170,7 +170,7 @@ pub struct VcpuShared {
     pub(crate) ring_full_ns: AtomicU64,
     /// The guest's stall over every observation that has ended, ns.
     pub(crate) stall_ns: AtomicU64,
-    /// The most `stall::shown` has shown, ns.
+    /// The most `stall::shown_ns` has shown.
     pub(crate) stall_shown_ns: AtomicU64,
     /// Where the observations still open started on this vCPU (kept by
     /// `stall`, so that a stall so far can be read at any moment).

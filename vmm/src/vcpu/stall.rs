@@ -57,7 +57,7 @@ const MIN_BASELINE: Duration = Duration::from_millis(50);
 /// when logging stops). A baseline that starts sooner than this after the
 /// last observation would count those faults as the guest's own, so it is
 /// not used.
-pub(crate) const AFTERMATH: Duration = Duration::from_secs(2);
+const AFTERMATH: Duration = Duration::from_secs(2);
 
 fn read(v: &VcpuShared) -> Option<Reading> {
     let at = Instant::now();
@@ -113,7 +113,7 @@ static PERIODS: AtomicU64 = AtomicU64::new(0);
 /// counts only while an observation is open. Unlike the ended ones' total,
 /// it may go down (a period's excess over its rate before falls again when
 /// the guest stops writing).
-pub(crate) fn stall_so_far(v: &VcpuShared) -> Duration {
+fn stall_so_far(v: &VcpuShared) -> Duration {
     settle(v);
     let ended = Duration::from_nanos(v.stall_ns.load(Ordering::Relaxed));
     let open: Vec<OpenObservation> = crate::lock(&v.open_stalls).clone();
@@ -129,14 +129,14 @@ pub(crate) fn stall_so_far(v: &VcpuShared) -> Duration {
 }
 
 /// The vCPU's stall as shown to readers (the VMM's own stats, the metrics
-/// page, the samples series): [`stall_so_far`], never less than shown
+/// page, the samples series), ns: [`stall_so_far`], never less than shown
 /// before, so that it reads as a counter while an observation runs (an open
 /// observation's excess over its rate before may fall back a little; the
 /// total catches up when it ends).
-pub(crate) fn shown(v: &VcpuShared) -> Duration {
+pub(crate) fn shown_ns(v: &VcpuShared) -> u64 {
     let now = u64::try_from(stall_so_far(v).as_nanos()).unwrap_or(u64::MAX);
     let before = v.stall_shown_ns.fetch_max(now, Ordering::Relaxed);
-    Duration::from_nanos(before.max(now))
+    before.max(now)
 }
 
 /// Adds the aftermaths that are over to the vCPU's running total (their
@@ -158,12 +158,11 @@ fn settle_until(v: &VcpuShared, now: Instant) {
     let Some(reading) = read(v) else { return };
     let mut added = Duration::ZERO;
     let mut open = crate::lock(&v.open_stalls);
-    open.retain(|o| match o.until {
-        Some(u) if u <= now => {
+    open.retain(|o| {
+        if due(o) {
             added += excess(&o.start, &o.rates, &reading).0;
-            false
         }
-        _ => true,
+        !due(o)
     });
     drop(open);
     let ns = u64::try_from(added.as_nanos()).unwrap_or(u64::MAX);
@@ -257,8 +256,7 @@ pub(crate) struct Period {
 impl Drop for Period {
     fn drop(&mut self) {
         if !self.ended {
-            let stall = self.stall();
-            self.close(&stall);
+            self.close();
         }
     }
 }
@@ -269,24 +267,29 @@ impl Period {
     /// observations that overlap count twice), remembering when, for the next
     /// baseline. A period dropped without `end` ends the same way.
     pub(crate) fn end(mut self) -> Stall {
-        let stall = self.stall();
-        self.close(&stall);
-        stall
+        self.close()
     }
 
-    fn close(&mut self, stall: &Stall) {
+    /// Measures the stall and ends the period: each vCPU's aftermath starts
+    /// from the very reading the stall ended at.
+    fn close(&mut self) -> Stall {
         self.ended = true;
+        let (stall, readings) = self.measure();
         let now = Instant::now();
-        for ((v, d), start) in self.vcpus.iter().zip(&stall.vcpus).zip(&self.start) {
+        for (((v, d), start), end) in self
+            .vcpus
+            .iter()
+            .zip(&stall.vcpus)
+            .zip(&self.start)
+            .zip(readings)
+        {
             let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
             v.stall_ns.fetch_add(ns, Ordering::Relaxed);
-            let aftermath = start.and_then(|(_, rates)| {
-                read(v).map(|r| OpenObservation {
-                    period: self.id,
-                    start: r,
-                    rates,
-                    until: Some(r.at + AFTERMATH),
-                })
+            let aftermath = start.zip(end).map(|((_, rates), r)| OpenObservation {
+                period: self.id,
+                start: r,
+                rates,
+                until: Some(r.at + AFTERMATH),
             });
             let mut open = crate::lock(&v.open_stalls);
             open.retain(|o| o.period != self.id);
@@ -294,25 +297,34 @@ impl Period {
             drop(open);
             *crate::lock(&v.observed_until) = Some(now);
         }
+        stall
     }
 
     /// The stall from the start until now: per vCPU, its faults beyond its
     /// rate before at [`FAULT_COST`] each, and its time in ring-full exits.
     pub(crate) fn stall(&self) -> Stall {
+        self.measure().0
+    }
+
+    /// [`Period::stall`], with each vCPU's reading it was taken from.
+    fn measure(&self) -> (Stall, Vec<Option<Reading>>) {
         let mut stall = Stall {
             period: self.started.elapsed(),
             ..Stall::default()
         };
+        let mut readings = Vec::with_capacity(self.vcpus.len());
         for (v, start) in self.vcpus.iter().zip(&self.start) {
-            let (d, faults, system) = match (start, read(v)) {
-                (Some((s, rates)), Some(n)) => excess(s, rates, &n),
+            let now = read(v);
+            let (d, faults, system) = match (start, &now) {
+                (Some((s, rates)), Some(n)) => excess(s, rates, n),
                 _ => (Duration::ZERO, 0, None),
             };
             stall.vcpus.push(d);
             stall.faults.push(faults);
             stall.system.push(system);
+            readings.push(now);
         }
-        stall
+        (stall, readings)
     }
 }
 
