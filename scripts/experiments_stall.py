@@ -326,14 +326,15 @@ def median_row(runs):
     """One row for a cell run several times: each figure's median over the
     runs that have it (the guest's pace drifts from run to run, the stall
     does not); the errors are taken again from the medians."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
     row = dict(runs[0])
-    for k, v in row.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            values = [r[k] for r in runs if r.get(k) is not None]
-            row[k] = round(statistics.median(values), 3) if values else None
-    for k in COLUMNS:
-        if k not in row:
-            values = [r[k] for r in runs if r.get(k) is not None]
+    # Every figure, including one the first run lacks (None, or absent)
+    # and a later run has.
+    for k in list(row) + [k for k in COLUMNS if k not in row]:
+        if row.get(k) is None or number(row[k]):
+            values = [r[k] for r in runs if number(r.get(k))]
             row[k] = round(statistics.median(values), 3) if values else None
     row["repeats"] = len(runs)
     return with_errors(row)

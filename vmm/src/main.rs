@@ -58,7 +58,8 @@ enum Cmd {
     Migrate(MigrateArgs),
     /// One telemetry agent per host: every VM's KVM stats on one Prometheus
     /// page, read through stats fds taken once from each VMM's control socket
-    /// (one pread per fd per scrape; no request to any VMM, no vCPU kicked).
+    /// (one pread per KVM stats fd per scrape, the VMMs' own stats files
+    /// mapped; no request to any VMM, no vCPU kicked).
     /// Runs until SIGINT/SIGTERM. See docs/EXPORTER.md.
     Exporter(ExporterArgs),
 }

@@ -90,12 +90,33 @@ fn fake_vmm(
     vcpus: Arc<Vec<std::fs::File>>,
     after: After,
 ) {
+    fake_vmm_with_own(path, greet, vm, vcpus, None, after);
+}
+
+/// The VMM's own stats files a fake VMM hands out: the VM's and the vCPUs'.
+type Own = Option<(Arc<std::fs::File>, Arc<Vec<std::fs::File>>)>;
+
+/// `fake_vmm`, answering the exporter's request for the VMM's own stats
+/// with `own`'s files (as a kvmscope without them does when `None`).
+fn fake_vmm_with_own(
+    path: &Path,
+    greet: String,
+    vm: Arc<std::fs::File>,
+    vcpus: Arc<Vec<std::fs::File>>,
+    own: Own,
+    after: After,
+) {
     let listener = UnixListener::bind(path).unwrap();
     let after = Arc::new(after);
     std::thread::spawn(move || {
         for mut s in listener.incoming().flatten() {
-            let (greet, vm, vcpus, after) =
-                (greet.clone(), vm.clone(), vcpus.clone(), after.clone());
+            let (greet, vm, vcpus, own, after) = (
+                greet.clone(),
+                vm.clone(),
+                vcpus.clone(),
+                own.clone(),
+                after.clone(),
+            );
             std::thread::spawn(move || {
                 let mut r = BufReader::new(s.try_clone().unwrap());
                 let _ = s.write_all(greet.as_bytes());
@@ -109,10 +130,37 @@ fn fake_vmm(
                         let reply = format!("{{\"return\":{{\"fds\":[{}]}}}}\n", entries.join(","));
                         send_with_fds(&s, &reply, &files);
                         // The exporter then asks for the VMM's own stats:
-                        // answered as a kvmscope without them answers.
+                        // answered as a kvmscope without them answers, or
+                        // with `own`'s files (the VM's, then the vCPUs').
                         line.clear();
                         if r.read_line(&mut line).is_ok_and(|n| n > 0) {
-                            let _ = s.write_all(b"{\"error\":{\"class\":\"GenericError\",\"desc\":\"Parameter 'provider' is unexpected\"}}\n");
+                            match &own {
+                                None => {
+                                    let _ = s.write_all(b"{\"error\":{\"class\":\"GenericError\",\"desc\":\"Parameter 'provider' is unexpected\"}}\n");
+                                }
+                                Some((own_vm, own_vcpus)) => {
+                                    send_with_fds(
+                                        &s,
+                                        "{\"return\":{\"fds\":[{\"target\":\"vm\",\"id\":\"x\"}]}}\n",
+                                        &[own_vm],
+                                    );
+                                    line.clear();
+                                    let _ = r.read_line(&mut line);
+                                    let files: Vec<&std::fs::File> = own_vcpus.iter().collect();
+                                    let entries: Vec<String> = (0..files.len())
+                                        .map(|i| {
+                                            format!(
+                                                "{{\"target\":\"vcpu\",\"vcpu\":{i},\"id\":\"x\"}}"
+                                            )
+                                        })
+                                        .collect();
+                                    let reply = format!(
+                                        "{{\"return\":{{\"fds\":[{}]}}}}\n",
+                                        entries.join(",")
+                                    );
+                                    send_with_fds(&s, &reply, &files);
+                                }
+                            }
                         }
                         after(&mut s, &mut r);
                         return;
@@ -282,6 +330,75 @@ fn forged_stats_files_are_refused_and_an_honest_vm_keeps_its_lines() {
         "{families} vCPU lines for {} stats",
         vcpu_stats.schema().iter().count()
     );
+    common::check_with_promtool(&p);
+}
+
+/// A memfd named as the VMM's own stats files are, holding a stats file
+/// with one counter; sealed against shrinking or not. Returns it (writable)
+/// and a read-only fd of it, as `get-stats-fd` hands out.
+fn own_stats_memfd(sealed: bool) -> (std::fs::File, std::fs::File) {
+    use rustix::fs::{MemfdFlags, OFlags, SealFlags};
+    let bytes = kvm_stats::builder::StatsFileBuilder::new("kvmscope-1/vm")
+        .counter("exits_hlt", 5)
+        .build();
+    let fd = rustix::fs::memfd_create(kvmscope::vmmstats::MEMFD_NAME, MemfdFlags::ALLOW_SEALING)
+        .unwrap();
+    let mut file = std::fs::File::from(fd);
+    file.write_all(&bytes).unwrap();
+    if sealed {
+        rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+    }
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+    let reader =
+        rustix::fs::open(path.as_str(), OFlags::RDONLY, rustix::fs::Mode::empty()).unwrap();
+    (file, std::fs::File::from(reader))
+}
+
+#[test]
+fn own_stats_a_vmm_could_shrink_are_read_with_pread_and_shrinking_them_drops_only_that_vm() {
+    // Mapped, a file its owner truncates would fault (SIGBUS) in every
+    // later read and take the exporter down; read with pread, the read
+    // comes back short and only that VM is dropped.
+    require_kvm!();
+    let dir = test_dir("exh-shrink");
+    let real = RealStats::new();
+    let (own_vm, own_vm_reader) = own_stats_memfd(false);
+    let (_own_vcpu, own_vcpu_reader) = own_stats_memfd(false);
+    fake_vmm_with_own(
+        &dir.join("shrinker.sock"),
+        greeting("shrinker", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        Some((Arc::new(own_vm_reader), Arc::new(vec![own_vcpu_reader]))),
+        Box::new(|_, r| {
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+        }),
+    );
+    let honest = RealStats::new();
+    fake_vmm(
+        &dir.join("honest.sock"),
+        greeting("honest", 1),
+        Arc::new(honest.vm.try_clone().unwrap()),
+        Arc::new(vec![honest.vcpu.try_clone().unwrap()]),
+        Box::new(|_, r| {
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+        }),
+    );
+    let e = exporter(&dir, Duration::from_secs(2));
+    let own_hlt =
+        |p: &str| common::metric(p, "kvmscope_vmm_vm_exits_hlt_total", &["vm=\"shrinker\""]);
+    page_within(&e, "both up, the shrinker's own stats read", LIMIT, |p| {
+        up(p, "honest.sock") == Some(1.0) && own_hlt(p) == Some(5.0)
+    });
+    own_vm.set_len(0).unwrap();
+    let p = page_within(&e, "the shrinker dropped", LIMIT, |p| {
+        own_hlt(p).is_none()
+            && common::metric(p, "kvmscope_exporter_read_errors_total", &[])
+                .is_some_and(|n| n >= 1.0)
+    });
+    assert_eq!(up(&p, "honest.sock"), Some(1.0), "{p}");
     common::check_with_promtool(&p);
 }
 

@@ -131,6 +131,37 @@ fn vms_in_the_directory_are_on_the_page_with_their_labels_and_kernel_values() {
     );
     assert!(common::metric(&page, "kvmscope_exporter_scrape_duration_seconds", &[]).is_some());
     assert_eq!(e.vms(), 3);
+    // The VMMs' own stats files (sealed memfds) are read through read-only
+    // mappings, not with a pread each: every file a VMM maps to write, the
+    // exporter (this process) maps too.
+    for v in [&a, &b, &c] {
+        let files = own_stats_mappings(&v.pid().to_string());
+        assert!(!files.is_empty(), "VMM {} maps its stats files", v.pid());
+        let mapped = own_stats_mappings("self");
+        assert!(
+            files.iter().all(|(inode, _)| mapped.contains_key(inode)),
+            "the exporter maps {mapped:?}, VMM {} has {files:?}",
+            v.pid()
+        );
+        assert!(
+            mapped.values().all(|perms| perms.starts_with("r--s")),
+            "read-only and shared: {mapped:?}"
+        );
+    }
+}
+
+/// The VMM stats files (`/memfd:kvmscope-stats`) process `pid` has mapped:
+/// inode and permissions.
+fn own_stats_mappings(pid: &str) -> std::collections::BTreeMap<u64, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("/memfd:kvmscope-stats"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.get(4)?.parse().ok()?, f.get(1)?.to_string()))
+        })
+        .collect()
 }
 
 #[test]

@@ -37,13 +37,9 @@ impl Provider for KvmscopeVms {
         let mut reg = lock(&self.registry);
         let mut failed = Vec::new();
         for (path, t) in reg.targets.iter_mut() {
-            for (fd, sample) in t.stats_mut() {
-                self.fds_read += 1;
-                if let Err(e) = fd.read_sample(sample) {
-                    self.read_errors += 1;
-                    failed.push((path.clone(), e));
-                    break;
-                }
+            if let Err(e) = t.read(&mut self.fds_read) {
+                self.read_errors += 1;
+                failed.push((path.clone(), e));
             }
         }
         for (path, e) in failed {

@@ -106,8 +106,7 @@ impl Exporter {
         ];
         let filter = config.stats;
         let mut counters = page::Counters::default();
-        let render =
-            move || -> Arc<str> { page::render(&mut providers, &mut counters, &filter).into() };
+        let render = move || page::render(&mut providers, &mut counters, &filter);
         let server = http::Server::start(
             config.listen,
             "exporter",

@@ -8,18 +8,55 @@
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::provider::{Figures, Provider};
 use crate::metrics::write_sources;
 
-/// Running totals the page reports about the exporter itself.
+/// How old the open-fd count on the page may be: counting walks
+/// `/proc/self/fd`, a thousand entries on a host of 100 VMs.
+const OPEN_FDS_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// What the page keeps from one scrape to the next: running totals about
+/// the exporter itself, and the last page's buffer.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     /// Scrapes served.
     pub(crate) scrapes: u64,
-    /// The last page's length: the next one is allocated at that size.
-    pub(crate) last_len: usize,
+    /// The last page, rendered again in place once no reply holds it: a
+    /// host's page is megabytes, and a fresh buffer each scrape cost a page
+    /// fault per 4 KiB written and an `munmap` after.
+    page: Option<Arc<String>>,
+    /// The exporter's open fds, and when they were counted.
+    open_fds: Option<(Instant, u64)>,
+}
+
+impl Counters {
+    /// An empty buffer for the next page: the last one's where no reply
+    /// holds it any more, else a new one of its size.
+    fn buffer(&mut self) -> String {
+        match self.page.take().map(Arc::try_unwrap) {
+            Some(Ok(mut text)) => {
+                text.clear();
+                text
+            }
+            Some(Err(held)) => String::with_capacity(held.len() + 4096),
+            None => String::new(),
+        }
+    }
+
+    /// The exporter's open fds, counted at most once per `OPEN_FDS_MAX_AGE`.
+    fn open_fds(&mut self) -> u64 {
+        match self.open_fds {
+            Some((at, n)) if at.elapsed() < OPEN_FDS_MAX_AGE => n,
+            _ => {
+                let n = super::targets::open_fds();
+                self.open_fds = Some((Instant::now(), n));
+                n
+            }
+        }
+    }
 }
 
 /// Reads every provider and renders the page.
@@ -27,30 +64,32 @@ pub(crate) fn render(
     providers: &mut [Box<dyn Provider>],
     counters: &mut Counters,
     filter: &kvm_stats::NameFilter,
-) -> String {
+) -> Arc<String> {
     let started = Instant::now();
+    let mut text = counters.buffer();
+    let out = &mut text;
     let figures: Vec<Box<dyn Figures + '_>> = providers.iter_mut().map(|p| p.read()).collect();
     counters.scrapes += 1;
-    let mut out = String::with_capacity(counters.last_len + 4096);
     for f in &figures {
-        f.write_families(&mut out);
+        f.write_families(out);
     }
     let keep = |name: &str| filter.matches(name);
     let mut seen = HashSet::new();
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vm_stats()).collect();
-    write_sources(&mut out, &vms, "kvmscope_kvm_vm_", &mut seen, &keep);
+    write_sources(out, &vms, "kvmscope_kvm_vm_", &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vcpu_stats()).collect();
-    write_sources(&mut out, &vcpus, "kvmscope_kvm_vcpu_", &mut seen, &keep);
+    write_sources(out, &vcpus, "kvmscope_kvm_vcpu_", &mut seen, &keep);
     // The VMMs' own stats, `--stats` choosing among them by name too.
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vmm_vm_stats()).collect();
-    write_sources(&mut out, &vms, "kvmscope_vmm_vm_", &mut seen, &keep);
+    write_sources(out, &vms, "kvmscope_vmm_vm_", &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vmm_vcpu_stats()).collect();
-    write_sources(&mut out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
+    write_sources(out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
     drop(figures);
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", counters.scrapes);
-    let _ = writeln!(out, "# HELP kvmscope_exporter_open_fds Fds the exporter has open (stats fds, control connections and the rest).\n# TYPE kvmscope_exporter_open_fds gauge\nkvmscope_exporter_open_fds {}", super::targets::open_fds());
+    let _ = writeln!(out, "# HELP kvmscope_exporter_open_fds Fds the exporter has open (stats fds, control connections and the rest), counted at most once a second.\n# TYPE kvmscope_exporter_open_fds gauge\nkvmscope_exporter_open_fds {}", counters.open_fds());
     let _ = writeln!(out, "# HELP kvmscope_exporter_fd_limit The exporter's soft limit on open files; a VM whose stats fds would leave fewer than 64 free is not attached (up 0, see the log).\n# TYPE kvmscope_exporter_fd_limit gauge\nkvmscope_exporter_fd_limit {}", super::targets::fd_limit());
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrape_duration_seconds Time this scrape took to read every fd and render the page.\n# TYPE kvmscope_exporter_scrape_duration_seconds gauge\nkvmscope_exporter_scrape_duration_seconds {}", started.elapsed().as_secs_f64());
-    counters.last_len = out.len();
-    out
+    let page = Arc::new(text);
+    counters.page = Some(page.clone());
+    page
 }

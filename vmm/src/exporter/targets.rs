@@ -29,6 +29,7 @@ use crate::protocol::migration::Status;
 use crate::protocol::reply::RunState;
 use crate::protocol::request::StatsProvider;
 use crate::protocol::{StatsTarget, VcpuSelector};
+use crate::vmmstats::view::View;
 use crate::vmmstats::MEMFD_NAME;
 
 /// Longest time between two scans of the socket directories.
@@ -96,12 +97,41 @@ impl Target {
     /// Every stats file with its latest sample: KVM's (the VM's, then each
     /// vCPU's), then the VMM's own in the same order.
     pub(crate) fn stats_mut(&mut self) -> impl Iterator<Item = &mut (StatsFd, Sample)> {
-        let own = self
-            .own
-            .iter_mut()
-            .flat_map(|o| std::iter::once(&mut o.vm).chain(o.vcpus.iter_mut()));
+        self.sources_mut().map(|(file, _)| file)
+    }
+
+    /// Reads every stats file into its sample: KVM's with one `pread` each,
+    /// the VMM's own through their mappings where they have one. Counts
+    /// the files read into `read`.
+    ///
+    /// # Errors
+    /// The first file that cannot be read (the VM is then dropped).
+    pub(crate) fn read(&mut self, read: &mut u64) -> kvm_stats::Result<()> {
+        for ((fd, sample), view) in self.sources_mut() {
+            *read += 1;
+            match view {
+                Some(view) => sample.read_from(view, fd.schema())?,
+                None => fd.read_sample(sample)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Every stats file with its sample and its mapping, if it has one.
+    fn sources_mut(&mut self) -> impl Iterator<Item = (&mut (StatsFd, Sample), Option<&View>)> {
+        let own = self.own.iter_mut().flat_map(|o| {
+            let views = o
+                .views
+                .iter()
+                .map(Option::as_ref)
+                .chain(std::iter::repeat(None));
+            std::iter::once(&mut o.vm)
+                .chain(o.vcpus.iter_mut())
+                .zip(views)
+        });
         std::iter::once(&mut self.vm)
             .chain(self.vcpus.iter_mut())
+            .map(|file| (file, None))
             .chain(own)
     }
 }
@@ -137,6 +167,10 @@ pub(crate) struct ProviderStats {
     pub(crate) vm: (StatsFd, Sample),
     /// Each vCPU's, by index.
     pub(crate) vcpus: Vec<(StatsFd, Sample)>,
+    /// The VMM's own files mapped read-only (`vmmstats::view`), the VM's
+    /// then each vCPU's: read with no syscall. Empty for KVM's files, and
+    /// `None` for a file that cannot be mapped safely (read with `pread`).
+    views: Vec<Option<View>>,
 }
 
 /// A socket the exporter could not attach to, and why.
@@ -598,7 +632,23 @@ fn take_stats(
         .take(vcpus)
         .map(|(_, f)| open_stats(f, vcpu_kind, budget))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(ProviderStats { vm, vcpus })
+    let views = match provider {
+        Some(StatsProvider::Kvmscope) => std::iter::once(&vm)
+            .chain(&vcpus)
+            .map(|(fd, _)| {
+                View::of(fd.file(), fd.schema())
+                    .map_err(|e| {
+                        log::warn!(
+                            "exporter: {}: reading its own stats with pread, not mapped: {e}",
+                            path.display()
+                        );
+                    })
+                    .ok()
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(ProviderStats { vm, vcpus, views })
 }
 
 /// A received fd as a stats source: it must be the kernel's stats file of

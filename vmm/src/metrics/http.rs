@@ -74,7 +74,9 @@ pub(crate) struct Page {
     /// Its `Content-Type`.
     pub(crate) content_type: &'static str,
     /// Renders the body, on the server thread, for each `GET` and `HEAD`.
-    pub(crate) render: Box<dyn FnMut() -> Arc<str> + Send>,
+    /// Replies in flight share it; a renderer may take its buffer back
+    /// (`Arc::get_mut`) once no reply holds it.
+    pub(crate) render: Box<dyn FnMut() -> Arc<String> + Send>,
 }
 
 /// The running server; dropping it stops the thread and closes every connection.
@@ -234,7 +236,7 @@ pub(crate) fn answer(head: &[u8], path: &str) -> Answer {
 /// A reply: its head, and its body if one is sent.
 struct Reply {
     head: Vec<u8>,
-    body: Option<Arc<str>>,
+    body: Option<Arc<String>>,
 }
 
 fn reply(answer: Answer, page: &mut Page) -> Reply {
@@ -245,7 +247,7 @@ fn reply(answer: Answer, page: &mut Page) -> Reply {
         );
         Reply {
             head: head.into_bytes(),
-            body: Some(body.into()),
+            body: Some(Arc::new(body)),
         }
     };
     let path = page.path;
@@ -379,7 +381,7 @@ impl Conn {
         let State::Writing { reply, sent } = &mut self.state else {
             return Step::Keep;
         };
-        let body = reply.body.as_deref().map_or(&[][..], str::as_bytes);
+        let body = reply.body.as_deref().map_or(&[][..], String::as_bytes);
         loop {
             let rest = match reply.head.get(*sent..) {
                 Some(r) if !r.is_empty() => r,
@@ -423,7 +425,7 @@ impl Conn {
     fn expire(&mut self, page: &mut Page) {
         if let State::Reading(_) = self.state {
             let r = reply(Answer::Timeout, page);
-            let body = r.body.as_deref().unwrap_or_default();
+            let body = r.body.as_deref().map_or("", String::as_str);
             let _ = self
                 .stream
                 .write_all(&[r.head, body.as_bytes().to_vec()].concat());

@@ -96,12 +96,12 @@ fn page() -> Page {
     Page {
         path: "/metrics",
         content_type: "text/plain; version=0.0.4; charset=utf-8",
-        render: Box::new(|| Arc::from("a 1\n")),
+        render: Box::new(|| Arc::new("a 1\n".to_string())),
     }
 }
 
 fn text(r: &Reply) -> String {
-    let body = r.body.as_deref().unwrap_or_default();
+    let body = r.body.as_deref().map_or("", String::as_str);
     format!("{}{body}", String::from_utf8_lossy(&r.head))
 }
 

@@ -41,13 +41,13 @@ impl MetricsServer {
     pub fn start(addr: SocketAddr, samples: Arc<Shared>) -> Result<MetricsServer, Error> {
         // One page per sampler tick, shared by every scrape of that tick: a
         // crowd of scrapers costs one render, and replies in flight share it.
-        let mut cached: Option<(u64, Arc<str>)> = None;
+        let mut cached: Option<(u64, Arc<String>)> = None;
         let render = move || {
             let seq = samples.last_seq();
             match &cached {
                 Some((s, page)) if *s == seq && seq != 0 => page.clone(),
                 _ => {
-                    let page: Arc<str> = render(&samples).into();
+                    let page = Arc::new(render(&samples));
                     cached = Some((seq, page.clone()));
                     page
                 }

@@ -9,6 +9,7 @@
 //! [`PUBLISH_PERIOD`]), and is stored atomically.
 
 pub mod file;
+pub mod view;
 
 use std::borrow::Cow;
 use std::time::Duration;

@@ -1,0 +1,196 @@
+//! A reader's view of a VMM's own stats file received over a socket: the
+//! file mapped read-only, its data block read with one load per value and
+//! no syscall. A host exporter reads hundreds of these per scrape, and a
+//! `pread` of a memfd costs more than one of KVM's stats fds (page cache
+//! lookup, access time); the file never changes size, so a mapping reads
+//! what `pread` would.
+//!
+//! Only a file sealed against shrinking is mapped: a peer that could
+//! truncate it would make every later load fault (`SIGBUS`) in the reader.
+//! Any other file is read with `pread`, as any KVM stats file is.
+
+use std::fs::File;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvm_stats::{ReadAt, Schema};
+use rustix::fs::SealFlags;
+use vm_memory::mmap::{MmapRegion, MmapRegionBuilder};
+use vm_memory::{FileOffset, VolatileMemory};
+
+/// Why a stats file is read with `pread` rather than through a mapping.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    /// Its seals could not be read (not a memfd: KVM's own stats fds).
+    #[error("reading its seals")]
+    Seals(#[source] io::Error),
+    /// Its owner could still shrink it under the mapping.
+    #[error("it is not sealed against shrinking")]
+    NotSealed,
+    /// The data block is not where a mapping can load whole values.
+    #[error("its data block at {0} is not 8-byte aligned")]
+    Misaligned(u32),
+    /// The file is shorter than its header says.
+    #[error("it is {size} bytes, its data block ends at {end}")]
+    Short {
+        /// The file's size.
+        size: u64,
+        /// Where its data block ends.
+        end: u64,
+    },
+    /// Its size could not be read.
+    #[error("reading its size")]
+    Size(#[source] io::Error),
+    /// The mapping failed.
+    #[error("mapping it read-only")]
+    Map(#[source] vm_memory::mmap::MmapRegionError),
+}
+
+/// A stats file mapped read-only, from its start to the end of its data block.
+pub struct View {
+    map: MmapRegion,
+}
+
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View")
+            .field("len", &self.map.size())
+            .finish()
+    }
+}
+
+impl View {
+    /// Maps `file`, whose schema is `schema`, if it is sealed against
+    /// shrinking and long enough for its data block.
+    ///
+    /// # Errors
+    /// Why it is not mapped; the caller reads it with `pread` instead.
+    pub fn of(file: &File, schema: &Schema) -> Result<View, ViewError> {
+        let seals = rustix::fs::fcntl_get_seals(file).map_err(|e| ViewError::Seals(e.into()))?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(ViewError::NotSealed);
+        }
+        let offset = schema.header().data_offset;
+        if offset % 8 != 0 {
+            return Err(ViewError::Misaligned(offset));
+        }
+        let end = u64::from(offset) + schema.data_size();
+        let size = file.metadata().map_err(ViewError::Size)?.len();
+        if size < end {
+            return Err(ViewError::Short { size, end });
+        }
+        let len = usize::try_from(end).map_err(|_| ViewError::Short { size, end })?;
+        let file = file.try_clone().map_err(ViewError::Size)?;
+        let map = MmapRegionBuilder::new(len)
+            .with_file_offset(FileOffset::new(file, 0))
+            .with_mmap_prot(libc::PROT_READ)
+            .with_mmap_flags(libc::MAP_SHARED)
+            .build()
+            .map_err(ViewError::Map)?;
+        Ok(View { map })
+    }
+}
+
+/// Reads whole 8-byte values, each with one atomic load, as the VMM stores
+/// them: a value is never torn, though two may come from different instants
+/// (as with KVM's own stats). Offsets and lengths that are not whole values
+/// read nothing (`Sample::read_from` then says the data was cut short).
+impl ReadAt for View {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let Ok(start) = usize::try_from(offset) else {
+            return Ok(0);
+        };
+        if start % 8 != 0 {
+            return Ok(0);
+        }
+        let mut read = 0;
+        for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
+            let Ok(cell) = self.map.get_atomic_ref::<AtomicU64>(start + i * 8) else {
+                break;
+            };
+            chunk.copy_from_slice(&cell.load(Ordering::Acquire).to_ne_bytes());
+            read += 8;
+        }
+        Ok(read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmmstats::{Def, StatsFile};
+    use kvm_stats::{StatType, StatsFd, Unit};
+    use std::borrow::Cow;
+    use std::io::Write as _;
+
+    fn defs() -> Vec<Def> {
+        ["exits_io", "guest_stall_ns"]
+            .into_iter()
+            .map(|n| Def {
+                name: Cow::Borrowed(n),
+                kind: StatType::Cumulative,
+                unit: Unit::None,
+                exponent: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_view_reads_each_store_as_pread_does() {
+        let f = StatsFile::new("kvmscope-1/vm", &defs()).unwrap();
+        let fd = StatsFd::new_strict(f.reader().unwrap()).unwrap();
+        let view = View::of(fd.file(), fd.schema()).unwrap();
+        let (mut by_view, mut by_pread) = (fd.new_sample(), fd.new_sample());
+        for (a, b) in [(1, 2), (41, u64::MAX)] {
+            f.set(0, a);
+            f.set(1, b);
+            by_view.read_from(&view, fd.schema()).unwrap();
+            fd.read_sample(&mut by_pread).unwrap();
+            assert_eq!(by_view.words(), [a, b]);
+            assert_eq!(by_view.words(), by_pread.words());
+        }
+    }
+
+    /// A VMM stats file, and an unsealed memfd holding its bytes but the
+    /// last `len_less`.
+    fn copy_in_memfd(len_less: usize) -> (StatsFd, File) {
+        let f = StatsFile::new("kvmscope-1/vm", &defs()).unwrap();
+        let fd = StatsFd::new_strict(f.reader().unwrap()).unwrap();
+        let bytes = std::fs::read(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(fd.file())
+        ))
+        .unwrap();
+        let memfd =
+            rustix::fs::memfd_create("copy", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap();
+        let mut memfd = File::from(memfd);
+        memfd.write_all(&bytes[..bytes.len() - len_less]).unwrap();
+        (fd, memfd)
+    }
+
+    #[test]
+    fn a_file_its_owner_could_shrink_is_not_mapped() {
+        // The same bytes in an unsealed memfd; and a plain file, which has
+        // no seals to read at all.
+        let (fd, memfd) = copy_in_memfd(0);
+        assert!(matches!(
+            View::of(&memfd, fd.schema()),
+            Err(ViewError::NotSealed)
+        ));
+        let plain = tempfile::tempfile().unwrap();
+        assert!(matches!(
+            View::of(&plain, fd.schema()),
+            Err(ViewError::Seals(_))
+        ));
+    }
+
+    #[test]
+    fn a_sealed_file_shorter_than_its_data_block_is_not_mapped() {
+        let (fd, memfd) = copy_in_memfd(8);
+        rustix::fs::fcntl_add_seals(&memfd, SealFlags::SHRINK).unwrap();
+        assert!(matches!(
+            View::of(&memfd, fd.schema()),
+            Err(ViewError::Short { .. })
+        ));
+    }
+}
