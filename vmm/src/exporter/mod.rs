@@ -105,8 +105,8 @@ impl Exporter {
             Box::new(qemu),
         ];
         let filter = config.stats;
-        let mut counters = page::Counters::default();
-        let render = move || page::render(&mut providers, &mut counters, &filter);
+        let mut kept = page::Kept::default();
+        let render = move || page::render(&mut providers, &mut kept, &filter);
         let server = http::Server::start(
             config.listen,
             "exporter",

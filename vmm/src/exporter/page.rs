@@ -21,9 +21,9 @@ const OPEN_FDS_MAX_AGE: Duration = Duration::from_secs(1);
 /// What the page keeps from one scrape to the next: running totals about
 /// the exporter itself, and the last page's buffer.
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub(crate) struct Kept {
     /// Scrapes served.
-    pub(crate) scrapes: u64,
+    scrapes: u64,
     /// The last page, rendered again in place once no reply holds it: a
     /// host's page is megabytes, and a fresh buffer each scrape cost a page
     /// fault per 4 KiB written and an `munmap` after.
@@ -32,7 +32,7 @@ pub(crate) struct Counters {
     open_fds: Option<(Instant, u64)>,
 }
 
-impl Counters {
+impl Kept {
     /// An empty buffer for the next page: the last one's where no reply
     /// holds it any more, else a new one of its size.
     fn buffer(&mut self) -> String {
@@ -62,14 +62,14 @@ impl Counters {
 /// Reads every provider and renders the page.
 pub(crate) fn render(
     providers: &mut [Box<dyn Provider>],
-    counters: &mut Counters,
+    kept: &mut Kept,
     filter: &kvm_stats::NameFilter,
 ) -> Arc<String> {
     let started = Instant::now();
-    let mut text = counters.buffer();
+    let mut text = kept.buffer();
     let out = &mut text;
     let figures: Vec<Box<dyn Figures + '_>> = providers.iter_mut().map(|p| p.read()).collect();
-    counters.scrapes += 1;
+    kept.scrapes += 1;
     for f in &figures {
         f.write_families(out);
     }
@@ -85,11 +85,41 @@ pub(crate) fn render(
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vmm_vcpu_stats()).collect();
     write_sources(out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
     drop(figures);
-    let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", counters.scrapes);
-    let _ = writeln!(out, "# HELP kvmscope_exporter_open_fds Fds the exporter has open (stats fds, control connections and the rest), counted at most once a second.\n# TYPE kvmscope_exporter_open_fds gauge\nkvmscope_exporter_open_fds {}", counters.open_fds());
+    let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", kept.scrapes);
+    let _ = writeln!(out, "# HELP kvmscope_exporter_open_fds Fds the exporter has open (stats fds, control connections and the rest), counted at most once a second.\n# TYPE kvmscope_exporter_open_fds gauge\nkvmscope_exporter_open_fds {}", kept.open_fds());
     let _ = writeln!(out, "# HELP kvmscope_exporter_fd_limit The exporter's soft limit on open files; a VM whose stats fds would leave fewer than 64 free is not attached (up 0, see the log).\n# TYPE kvmscope_exporter_fd_limit gauge\nkvmscope_exporter_fd_limit {}", super::targets::fd_limit());
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrape_duration_seconds Time this scrape took to read every fd and render the page.\n# TYPE kvmscope_exporter_scrape_duration_seconds gauge\nkvmscope_exporter_scrape_duration_seconds {}", started.elapsed().as_secs_f64());
     let page = Arc::new(text);
-    counters.page = Some(page.clone());
+    kept.page = Some(page.clone());
     page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrapes(page: &str) -> &str {
+        page.lines()
+            .find(|l| l.starts_with("kvmscope_exporter_scrapes_total "))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_page_a_reply_still_holds_is_never_written_over_and_a_free_one_is_reused() {
+        let (mut kept, filter) = (Kept::default(), kvm_stats::NameFilter::all());
+        let first = render(&mut [], &mut kept, &filter);
+        let at = first.as_ptr();
+        // A reply still sending the first page: the second is rendered
+        // elsewhere, and the first reads as it did.
+        let second = render(&mut [], &mut kept, &filter);
+        assert_ne!(second.as_ptr(), at);
+        assert_eq!(scrapes(&first), "kvmscope_exporter_scrapes_total 1");
+        assert_eq!(scrapes(&second), "kvmscope_exporter_scrapes_total 2");
+        // Every reply done: the third is rendered in the second's buffer.
+        let (at, capacity) = (second.as_ptr(), second.capacity());
+        drop((first, second));
+        let third = render(&mut [], &mut kept, &filter);
+        assert_eq!((third.as_ptr(), third.capacity()), (at, capacity));
+        assert_eq!(scrapes(&third), "kvmscope_exporter_scrapes_total 3");
+    }
 }

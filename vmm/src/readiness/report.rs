@@ -732,6 +732,7 @@ mod tests {
                 vcpus: vec![Duration::from_millis(40), Duration::from_millis(10)],
                 faults: vec![15_000, 3_000],
                 system: vec![None, None],
+                waited: vec![None, None],
             },
         }
     }

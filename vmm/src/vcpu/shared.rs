@@ -177,6 +177,10 @@ pub struct VcpuShared {
     pub(crate) open_stalls: Mutex<Vec<OpenObservation>>,
     /// When the last observation of the guest (a window, a migration) ended.
     pub(crate) observed_until: Mutex<Option<Instant>>,
+    /// The vCPU thread's time waiting for a CPU, ns, read every 100 ms over
+    /// the last seconds (`stall::note_waiting`): its usual waiting, for an
+    /// observation that takes no baseline of its own (a readiness window).
+    pub(crate) waits: Mutex<VecDeque<(Instant, u64)>>,
     /// Its CPU throttle (auto-converge), 0 % unless a migration sets one.
     /// Its time slept counts the dirty limit's sleeps too.
     pub throttle: super::throttle::Throttle,
@@ -199,6 +203,9 @@ pub(crate) struct Reading {
     pub(super) ring_ns: u64,
     /// The vCPU thread's system time, ns (`None`: `/proc` unreadable).
     pub(super) system_ns: Option<u64>,
+    /// The time the vCPU thread has waited for a CPU while runnable
+    /// (schedstat's run delay), ns (`None`: `/proc` unreadable).
+    pub(super) wait_ns: Option<u64>,
 }
 
 /// A vCPU's rates before an observation: what it would have done anyway.
@@ -208,6 +215,10 @@ pub(crate) struct Rates {
     pub(super) faults: f64,
     /// System time, ns per second.
     pub(super) system_ns: f64,
+    /// Time waiting for a CPU, ns per second; `None` without a baseline
+    /// (unlike faults and system time, a vCPU may wait much of its time
+    /// whether or not it is observed, so no rate is not a rate of zero).
+    pub(super) wait_ns: Option<f64>,
 }
 
 /// Where an observation still open (a readiness window, a migration) started
@@ -245,6 +256,7 @@ impl VcpuShared {
             faults: OnceLock::new(),
             ring_full_ns: AtomicU64::new(0),
             observed_until: Mutex::new(None),
+            waits: Mutex::new(VecDeque::new()),
             stall_ns: AtomicU64::new(0),
             stall_shown_ns: AtomicU64::new(0),
             open_stalls: Mutex::new(Vec::new()),

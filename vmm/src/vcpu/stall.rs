@@ -19,7 +19,18 @@
 //!
 //! The stall is the larger of the two: the measured one is tick-grained
 //! (10 ms) and counts any extra kernel time; the counted one is there where
-//! `/proc` cannot be read.
+//! `/proc` cannot be read. To it is added the time the vCPU thread waited
+//! for a CPU while it could have run, beyond its rate before
+//! (`/proc/self/task/TID/schedstat`'s run delay, ns): where vCPUs and the
+//! VMM's threads share too few cores, the harvests, the migration's sender
+//! and the other vCPUs' extra kernel time take turns from every vCPU, one
+//! that dirties nothing included (a reader beside a tracked writer on two
+//! cores lost up to 0.22 s of a 2 s window that way, of which its system
+//! time showed 0.04 s; docs/EXPERIMENTS.md). A readiness window takes no
+//! baseline of its own: its usual waiting comes from readings taken every
+//! 100 ms over the last seconds ([`note_waiting`]). Anything else that
+//! starts to load the host during an observation counts too: the figure is
+//! what the guest lost while it was observed, beyond its usual.
 //!
 //! An observation's cost does not end with it: a page it protected and
 //! the guest did not write while it ran faults once when the guest next
@@ -67,7 +78,16 @@ fn read(v: &VcpuShared) -> Option<Reading> {
         faults,
         ring_ns: v.ring_full_ns.load(Ordering::Relaxed),
         system_ns: v.tid.get().and_then(|&tid| system_time_ns(tid)),
+        wait_ns: v.tid.get().and_then(|&tid| run_delay_ns(tid)),
     })
+}
+
+/// The time a thread of this process has waited for a CPU while runnable,
+/// ns: `/proc/self/task/TID/schedstat`'s second field (time on a CPU, run
+/// delay, timeslices).
+fn run_delay_ns(tid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    text.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A thread of this process's system time so far, ns, from
@@ -93,6 +113,10 @@ pub struct Stall {
     /// Each vCPU thread's system time beyond its rate before the period
     /// (`None` where `/proc` could not be read).
     pub system: Vec<Option<Duration>>,
+    /// Each vCPU thread's time waiting for a CPU beyond its rate before the
+    /// period (`None` where `/proc` could not be read or there was no rate
+    /// before: not counted then).
+    pub waited: Vec<Option<Duration>>,
 }
 
 impl Stall {
@@ -124,7 +148,7 @@ fn stall_so_far(v: &VcpuShared) -> Duration {
     ended
         + open
             .iter()
-            .map(|o| excess(&o.start, &o.rates, &now).0)
+            .map(|o| excess(&o.start, &o.rates, &now).lost)
             .sum::<Duration>()
 }
 
@@ -160,13 +184,59 @@ fn settle_until(v: &VcpuShared, now: Instant) {
     let mut open = crate::lock(&v.open_stalls);
     open.retain(|o| {
         if due(o) {
-            added += excess(&o.start, &o.rates, &reading).0;
+            added += excess(&o.start, &o.rates, &reading).lost;
         }
         !due(o)
     });
     drop(open);
     let ns = u64::try_from(added.as_nanos()).unwrap_or(u64::MAX);
     v.stall_ns.fetch_add(ns, Ordering::Relaxed);
+}
+
+/// How far back [`note_waiting`]'s readings go.
+const WAITS_KEPT: Duration = Duration::from_secs(3);
+/// Shortest span of those readings a usual waiting rate is taken from.
+const WAITS_MIN_SPAN: Duration = Duration::from_millis(500);
+/// Least time between two of them.
+const WAITS_STEP: Duration = Duration::from_millis(90);
+
+/// Notes the vCPU thread's waiting for a CPU so far (the VMM's stats thread,
+/// every 100 ms), keeping the last [`WAITS_KEPT`]: what the vCPU usually
+/// waits, for an observation with no baseline of its own.
+pub(crate) fn note_waiting(v: &VcpuShared) {
+    let due = |at: Instant| {
+        crate::lock(&v.waits)
+            .back()
+            .is_none_or(|&(last, _)| at.saturating_duration_since(last) >= WAITS_STEP)
+    };
+    let Some(&tid) = v.tid.get() else { return };
+    if !due(Instant::now()) {
+        return;
+    }
+    // Read without the lock held.
+    let Some(ns) = run_delay_ns(tid) else { return };
+    let at = Instant::now();
+    let mut waits = crate::lock(&v.waits);
+    waits.push_back((at, ns));
+    while waits
+        .front()
+        .is_some_and(|&(t, _)| at.saturating_duration_since(t) > WAITS_KEPT)
+    {
+        waits.pop_front();
+    }
+}
+
+/// The vCPU's usual waiting, ns per second, from [`note_waiting`]'s
+/// readings since `since` (none taken during or just after an observation:
+/// its waiting is not the usual), over at least [`WAITS_MIN_SPAN`].
+fn usual_waiting(v: &VcpuShared, since: Option<Instant>) -> Option<f64> {
+    let waits = crate::lock(&v.waits);
+    let first = waits
+        .iter()
+        .find(|(at, _)| since.is_none_or(|s| *at >= s))?;
+    let last = waits.back()?;
+    let span = last.0.saturating_duration_since(first.0);
+    (span >= WAITS_MIN_SPAN).then(|| last.1.saturating_sub(first.1) as f64 / span.as_secs_f64())
 }
 
 /// The readings a period's rate before is taken from: taken before the
@@ -206,17 +276,27 @@ impl Baseline {
                 let rate = before
                     .filter(|b| now.at.saturating_duration_since(b.at) >= MIN_BASELINE)
                     .filter(|b| quiet_since.is_none_or(|q| q <= b.at))
-                    .map_or(Rates::default(), |b| {
-                        let seconds = now.at.saturating_duration_since(b.at).as_secs_f64();
-                        let system = match (now.system_ns, b.system_ns) {
-                            (Some(n), Some(b)) => n.saturating_sub(b) as f64 / seconds,
-                            _ => 0.0,
-                        };
-                        Rates {
-                            faults: now.faults.saturating_sub(b.faults) as f64 / seconds,
-                            system_ns: system,
-                        }
-                    });
+                    .map_or_else(
+                        || Rates {
+                            // Without a baseline, faults and system time count
+                            // from zero (this backend takes neither untracked),
+                            // but waiting does not: a vCPU on a busy host may
+                            // wait much of its time, observed or not.
+                            wait_ns: usual_waiting(v, quiet_since),
+                            ..Rates::default()
+                        },
+                        |b| {
+                            let seconds = now.at.saturating_duration_since(b.at).as_secs_f64();
+                            let per_second = |n: Option<u64>, b: Option<u64>| {
+                                Some(n?.saturating_sub(b?) as f64 / seconds)
+                            };
+                            Rates {
+                                faults: now.faults.saturating_sub(b.faults) as f64 / seconds,
+                                system_ns: per_second(now.system_ns, b.system_ns).unwrap_or(0.0),
+                                wait_ns: per_second(now.wait_ns, b.wait_ns),
+                            }
+                        },
+                    );
                 Some((now, rate))
             })
             .collect();
@@ -315,44 +395,64 @@ impl Period {
         let mut readings = Vec::with_capacity(self.vcpus.len());
         for (v, start) in self.vcpus.iter().zip(&self.start) {
             let now = read(v);
-            let (d, faults, system) = match (start, &now) {
+            let e = match (start, &now) {
                 (Some((s, rates)), Some(n)) => excess(s, rates, n),
-                _ => (Duration::ZERO, 0, None),
+                _ => Excess::default(),
             };
-            stall.vcpus.push(d);
-            stall.faults.push(faults);
-            stall.system.push(system);
+            stall.vcpus.push(e.lost);
+            stall.faults.push(e.faults);
+            stall.system.push(e.system);
+            stall.waited.push(e.waited);
             readings.push(now);
         }
         (stall, readings)
     }
 }
 
-/// One vCPU's stall, excess faults and excess system time from `s` (with
-/// the rates before it) to `n`: the larger of the measured system time and
-/// the counted faults and ring-full exits.
-fn excess(s: &Reading, rates: &Rates, n: &Reading) -> (Duration, u64, Option<Duration>) {
-    let seconds = n.at.saturating_duration_since(s.at).as_secs_f64();
+/// What one vCPU did beyond its rates before, from one reading to another.
+#[derive(Debug, Default, PartialEq)]
+struct Excess {
+    /// Its stall: the larger of the measured system time and the counted
+    /// faults and ring-full exits, plus the time it waited for a CPU, at
+    /// most the time that passed.
+    lost: Duration,
+    /// Faults beyond its rate.
+    faults: u64,
+    /// System time beyond its rate (`None`: `/proc` unreadable).
+    system: Option<Duration>,
+    /// Time waiting for a CPU beyond its rate (`None`: `/proc` unreadable,
+    /// or no rate before to measure it against).
+    waited: Option<Duration>,
+}
+
+/// One vCPU's excess from `s` (with the rates before it) to `n`.
+fn excess(s: &Reading, rates: &Rates, n: &Reading) -> Excess {
+    let elapsed = n.at.saturating_duration_since(s.at);
+    let seconds = elapsed.as_secs_f64();
     let usual = crate::units::saturating_u64((seconds * rates.faults).round());
     let faults = n.faults.saturating_sub(s.faults).saturating_sub(usual);
     let ring = Duration::from_nanos(n.ring_ns.saturating_sub(s.ring_ns));
     let counted = FAULT_COST.saturating_mul(u32::try_from(faults).unwrap_or(u32::MAX)) + ring;
-    let system = match (s.system_ns, n.system_ns) {
-        (Some(s), Some(n)) => {
-            let usual = crate::units::saturating_u64(seconds * rates.system_ns);
-            Some(Duration::from_nanos(
-                n.saturating_sub(s).saturating_sub(usual),
-            ))
-        }
-        _ => None,
+    let beyond = |s: Option<u64>, n: Option<u64>, rate: f64| {
+        let usual = crate::units::saturating_u64(seconds * rate);
+        Some(Duration::from_nanos(
+            n?.saturating_sub(s?).saturating_sub(usual),
+        ))
     };
+    let system = beyond(s.system_ns, n.system_ns, rates.system_ns);
+    let waited = rates
+        .wait_ns
+        .and_then(|rate| beyond(s.wait_ns, n.wait_ns, rate));
     // A vCPU cannot lose more than the time that passed: the counted
     // measure at a fixed cost per fault could say so when faults come
     // cheaper than that (389,416 in 1.004 s: 1.04 s at 2.6 us).
-    let lost = counted
-        .max(system.unwrap_or_default())
-        .min(n.at.saturating_duration_since(s.at));
-    (lost, faults, system)
+    let lost = (counted.max(system.unwrap_or_default()) + waited.unwrap_or_default()).min(elapsed);
+    Excess {
+        lost,
+        faults,
+        system,
+        waited,
+    }
 }
 
 #[cfg(test)]
@@ -365,6 +465,7 @@ mod tests {
             faults,
             ring_ns: 0,
             system_ns: system_ms.map(|ms| ms * 1_000_000),
+            wait_ns: None,
         }
     }
 
@@ -375,23 +476,83 @@ mod tests {
         let before = Rates {
             faults: 1_000.0,
             system_ns: 10_000_000.0,
+            wait_ns: Some(0.0),
         };
         // 11,000 faults, 1,000 of them usual: 26 ms counted; 60 ms of system
         // time, 10 usual: 50 ms measured, the larger.
-        let (d, faults, system) = excess(
+        let e = excess(
             &reading(t0, 0, Some(0)),
             &before,
             &reading(t1, 11_000, Some(60)),
         );
-        assert_eq!(faults, 10_000);
-        assert_eq!(system, Some(Duration::from_millis(50)));
-        assert_eq!(d, Duration::from_millis(50));
+        assert_eq!(e.faults, 10_000);
+        assert_eq!(e.system, Some(Duration::from_millis(50)));
+        assert_eq!(e.lost, Duration::from_millis(50));
         // Faults at 2.6 us each that would add up to more than the second.
-        let (d, _, _) = excess(
+        let e = excess(
             &reading(t0, 0, None),
             &Rates::default(),
             &reading(t1, 500_000, None),
         );
-        assert_eq!(d, Duration::from_secs(1));
+        assert_eq!(e.lost, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn waiting_for_a_cpu_beyond_the_rate_before_adds_to_the_stall() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(1);
+        // Before: 100 ms of waiting a second. Over the second: 40 ms of
+        // system time (no excess faults) and 250 ms of waiting, 150 beyond
+        // the usual: 190 ms lost. A vCPU that writes nothing (no system
+        // time, no faults) loses its extra waiting alone.
+        let before = Rates {
+            faults: 0.0,
+            system_ns: 0.0,
+            wait_ns: Some(100_000_000.0),
+        };
+        let waiting = |ms: u64, system_ms, at| Reading {
+            wait_ns: Some(ms * 1_000_000),
+            ..reading(at, 0, Some(system_ms))
+        };
+        let e = excess(&waiting(0, 0, t0), &before, &waiting(250, 40, t1));
+        assert_eq!(e.waited, Some(Duration::from_millis(150)));
+        assert_eq!(e.lost, Duration::from_millis(190));
+        let e = excess(&waiting(0, 0, t0), &before, &waiting(180, 0, t1));
+        assert_eq!(e.lost, Duration::from_millis(80));
+        // Less waiting than usual takes nothing away.
+        let e = excess(&waiting(0, 0, t0), &before, &waiting(20, 40, t1));
+        assert_eq!(e.waited, Some(Duration::ZERO));
+        assert_eq!(e.lost, Duration::from_millis(40));
+        // Unreadable at either end, or no rate before (the vCPU may wait
+        // that much as a rule): no waiting counted.
+        let e = excess(&reading(t0, 0, Some(0)), &before, &waiting(250, 40, t1));
+        assert_eq!(e.waited, None);
+        assert_eq!(e.lost, Duration::from_millis(40));
+        let e = excess(&waiting(0, 0, t0), &Rates::default(), &waiting(250, 40, t1));
+        assert_eq!(e.waited, None);
+        assert_eq!(e.lost, Duration::from_millis(40));
+    }
+
+    #[test]
+    fn the_usual_waiting_comes_from_the_readings_since_the_last_observation() {
+        let v = VcpuShared::new(0);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // 40 ms of waiting a second for a second, then 400 ms a second (an
+        // observation's aftermath, say) over the next half.
+        crate::lock(&v.waits).extend([
+            (at(0), 0),
+            (at(500), 20_000_000),
+            (at(1_000), 40_000_000),
+            (at(1_500), 240_000_000),
+        ]);
+        let rate = usual_waiting(&v, None).unwrap();
+        assert!((rate - 160_000_000.0).abs() < 1.0, "{rate}");
+        // Since the first second only: 200 ms over 0.5 s.
+        let rate = usual_waiting(&v, Some(at(1_000))).unwrap();
+        assert!((rate - 400_000_000.0).abs() < 1.0, "{rate}");
+        // Readings over less than half a second say nothing.
+        assert_eq!(usual_waiting(&v, Some(at(1_200))), None);
+        assert_eq!(usual_waiting(&VcpuShared::new(1), None), None);
     }
 }
