@@ -1014,6 +1014,13 @@ mod tests {
         // A high limit drags the migration on with the writer asleep most
         // of it: the choice is a low one.
         assert!(c.mb <= 10, "{} MB/s chosen", c.mb);
+        // Limited from the start, it writes at its write rate from when
+        // logging starts until its first look, half a timeslice on average:
+        // at 1 MB/s (256 pages a second) that slice is most of the last pass.
+        let slice = 385_000.0 * crate::vcpu::throttle::TIMESLICE.as_secs_f64() / 2.0;
+        let low = limit_choice(&inputs, &rates, 1, PERIOD).expect("1 MB/s converges");
+        let last = low.prediction.stop_and_copy.map_or(0, |r| r.pages);
+        assert!(last as f64 >= slice, "{last} pages in the last pass");
         if let Some(high) = limit_choice(&inputs, &rates, 80, PERIOD) {
             assert!(
                 high.throttle_seconds > 2.0 * c.throttle_seconds,
