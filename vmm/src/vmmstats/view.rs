@@ -11,12 +11,12 @@
 
 use std::fs::File;
 use std::io;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvm_stats::{ReadAt, Schema};
 use rustix::fs::SealFlags;
-use vm_memory::mmap::{MmapRegion, MmapRegionBuilder};
-use vm_memory::{FileOffset, VolatileMemory};
+use rustix::mm::{MapFlags, ProtFlags};
 
 /// Why a stats file is read with `pread` rather than through a mapping.
 #[derive(Debug, thiserror::Error)]
@@ -43,19 +43,26 @@ pub enum ViewError {
     Size(#[source] io::Error),
     /// The mapping failed.
     #[error("mapping it read-only")]
-    Map(#[source] vm_memory::mmap::MmapRegionError),
+    Map(#[source] io::Error),
 }
 
-/// A stats file mapped read-only, from its start to the end of its data block.
+/// A stats file mapped read-only, from its start to the end of its data
+/// block. The mapping holds no fd: the exporter's fd budget counts the
+/// file once.
 pub struct View {
-    map: MmapRegion,
+    ptr: NonNull<u8>,
+    len: usize,
 }
+
+// SAFETY: the mapping is read-only and only read with atomic loads; it is
+// unmapped once, on drop, by its only owner.
+unsafe impl Send for View {}
+// SAFETY: as above: shared references only load.
+unsafe impl Sync for View {}
 
 impl std::fmt::Debug for View {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("View")
-            .field("len", &self.map.size())
-            .finish()
+        f.debug_struct("View").field("len", &self.len).finish()
     }
 }
 
@@ -80,14 +87,49 @@ impl View {
             return Err(ViewError::Short { size, end });
         }
         let len = usize::try_from(end).map_err(|_| ViewError::Short { size, end })?;
-        let file = file.try_clone().map_err(ViewError::Size)?;
-        let map = MmapRegionBuilder::new(len)
-            .with_file_offset(FileOffset::new(file, 0))
-            .with_mmap_prot(libc::PROT_READ)
-            .with_mmap_flags(libc::MAP_SHARED)
-            .build()
-            .map_err(ViewError::Map)?;
-        Ok(View { map })
+        if len == 0 {
+            return Err(ViewError::Short { size, end });
+        }
+        // SAFETY: a new shared read-only mapping at an address the kernel
+        // picks, so nothing already mapped is touched; the file is sealed
+        // against shrinking and at least `len` long, so every byte of the
+        // mapping stays backed while it is mapped.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ,
+                MapFlags::SHARED,
+                file,
+                0,
+            )
+        }
+        .map_err(|e| ViewError::Map(e.into()))?;
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| ViewError::Map(io::Error::other("mmap returned a null address")))?;
+        Ok(View { ptr, len })
+    }
+
+    /// The 8-byte value at `offset`, loaded atomically; `None` past the
+    /// mapping or off an 8-byte boundary.
+    fn load(&self, offset: usize) -> Option<u64> {
+        if offset % 8 != 0 || offset.checked_add(8)? > self.len {
+            return None;
+        }
+        // SAFETY: `offset` is 8-aligned and the 8 bytes lie inside the
+        // mapping (whose start is page-aligned), which lives as long as
+        // `self`; the writer (the VMM) stores these words only atomically,
+        // and this side only loads, atomically.
+        let cell = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) };
+        Some(cell.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `len` are the mapping `of` made, unmapped here
+        // once; no reference into it outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
@@ -105,10 +147,10 @@ impl ReadAt for View {
         }
         let mut read = 0;
         for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
-            let Ok(cell) = self.map.get_atomic_ref::<AtomicU64>(start + i * 8) else {
+            let Some(value) = self.load(start + i * 8) else {
                 break;
             };
-            chunk.copy_from_slice(&cell.load(Ordering::Acquire).to_ne_bytes());
+            chunk.copy_from_slice(&value.to_ne_bytes());
             read += 8;
         }
         Ok(read)
@@ -166,6 +208,32 @@ mod tests {
         let mut memfd = File::from(memfd);
         memfd.write_all(&bytes[..bytes.len() - len_less]).unwrap();
         (fd, memfd)
+    }
+
+    /// This process's fds open on the file whose inode is `ino`.
+    fn fds_on(ino: u64) -> usize {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::metadata(e.path()).is_ok_and(|m| m.ino() == ino))
+            .count()
+    }
+
+    #[test]
+    fn a_view_holds_no_fd_and_reads_on_after_the_file_is_closed() {
+        use std::os::unix::fs::MetadataExt;
+        let f = StatsFile::new("kvmscope-1/vm", &defs()).unwrap();
+        let fd = StatsFd::new_strict(f.reader().unwrap()).unwrap();
+        let ino = fd.file().metadata().unwrap().ino();
+        let before = fds_on(ino);
+        let view = View::of(fd.file(), fd.schema()).unwrap();
+        assert_eq!(fds_on(ino), before, "the mapping keeps no fd of its own");
+        let (schema, mut sample) = (fd.schema().clone(), fd.new_sample());
+        drop(fd);
+        f.set(1, 7);
+        sample.read_from(&view, &schema).unwrap();
+        assert_eq!(sample.words(), [0, 7]);
     }
 
     #[test]
