@@ -231,9 +231,12 @@ impl Vm {
     /// The step that failed.
     pub fn new(config: VmConfig) -> Result<Vm, Error> {
         kick::install().map_err(Error::Signal)?;
+        let started = Instant::now();
         let kvm = open_kvm(config.vcpus)?;
         let fd = kvm.create_vm().map_err(Error::CreateVm)?;
+        let created = started.elapsed();
         let mem = memory::create(config.memory, config.hugepages)?;
+        let allocated = started.elapsed();
         let entry = load_image(&mem, config.guest.as_deref())?;
         boot::write_boot_structures(&mem)?;
         // Manual protect is for the bitmap, and must precede the slot so that
@@ -261,9 +264,14 @@ impl Vm {
             memory: config.memory,
             events: &events_tx,
         };
+        let registered = started.elapsed();
         let built = (0..config.vcpus)
             .map(|i| setup.build(i))
             .collect::<Result<Vec<_>, _>>()?;
+        log::debug!(
+            "vm: KVM VM created in {created:?}, guest RAM at {allocated:?}, memory registered at {registered:?}, vCPUs built at {:?}",
+            started.elapsed()
+        );
         let (mut vcpu_fds, mut parts) = (Vec::new(), Vec::new());
         for b in built {
             vcpu_fds.push(b.fd_dup);

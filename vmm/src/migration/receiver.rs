@@ -245,6 +245,10 @@ impl Incoming {
         match read_config(&mut reader, given) {
             Ok(config) => {
                 reader.inner().clear_deadline();
+                log::debug!(
+                    "migration stream: header and config read at {} ms",
+                    m.elapsed_ms()
+                );
                 Ok(Incoming { reader, config })
             }
             Err(e) => {
@@ -336,6 +340,10 @@ impl Incoming {
 
     fn receive_inner(&mut self, mem: &GuestMemory, m: &Migration) -> Result<Vec<Snapshot>, Error> {
         format::write_reply(self.reader.inner(), format::REPLY_READY, "")?;
+        log::debug!(
+            "migration stream: ready (VM built) at {} ms",
+            m.elapsed_ms()
+        );
         m.set_status(Status::Active);
         let pages = self.config.memory / format::PAGE_SIZE;
         let mut l = Loading {

@@ -314,13 +314,16 @@ impl<'a> Precopy<'a> {
     }
 
     fn stream(&mut self, uri: &Uri) -> Result<(), Error> {
+        let started = self.m.elapsed_ms();
         let conn = Conn::connect(uri)?;
+        let connected = self.m.elapsed_ms();
         self.set_stall(&conn, PRECOPY_STALL)?;
         self.m.set_conn(conn.try_clone().ok());
         let mut w = PageWriter::new(Writer::start(conn)?, &self.src.mem);
         w.section(Kind::Config, &[self.src.config.as_bytes()])?;
         self.w = Some(w);
         self.expect_reply(format::REPLY_READY)?;
+        let ready = self.m.elapsed_ms();
         self.observed = self.baseline.take().map(Baseline::begin);
         self.converge = self.m.mechanism().map(|mechanism| {
             Converge::new(
@@ -332,6 +335,9 @@ impl<'a> Precopy<'a> {
         });
         let consumer = self.src.dirty.subscribe()?;
         let setup = self.m.elapsed_ms();
+        log::debug!(
+            "migration setup: from {started} ms, connected at {connected} ms, destination ready at {ready} ms, logging on at {setup} ms"
+        );
         self.m.update(|i| i.setup_time = Some(setup));
         self.progress = Some(progress::Period::begin(
             progress_counts(&self.src.vcpus),
