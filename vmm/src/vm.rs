@@ -239,6 +239,7 @@ impl Vm {
         let allocated = started.elapsed();
         let entry = load_image(&mem, config.guest.as_deref())?;
         boot::write_boot_structures(&mem)?;
+        let loaded = started.elapsed();
         // Manual protect is for the bitmap, and must precede the slot so that
         // its bitmap starts all set rather than the slot write-protected.
         let protection = match config.dirty_log {
@@ -247,10 +248,12 @@ impl Vm {
         };
         // Only a bitmap VM logs from boot; a ring VM logs while observed.
         register_memory(&fd, &mem, config.dirty_log == Some(DirtyMode::Bitmap))?;
+        let registered = started.elapsed();
         if let Some(DirtyMode::Ring(entries)) = config.dirty_log {
             // Before any vCPU exists, as KVM requires.
             dirty::enable_ring(&fd, entries)?;
         }
+        let ring = started.elapsed();
         let vm_stats = StatsFd::new(kvm_stats::ioctl::get_stats_fd(&fd)?)?;
         let (events_tx, events) = channel();
         let cpuid = kvm
@@ -264,12 +267,12 @@ impl Vm {
             memory: config.memory,
             events: &events_tx,
         };
-        let registered = started.elapsed();
+        let cpuid_at = started.elapsed();
         let built = (0..config.vcpus)
             .map(|i| setup.build(i))
             .collect::<Result<Vec<_>, _>>()?;
         log::debug!(
-            "vm: KVM VM created in {created:?}, guest RAM at {allocated:?}, memory registered at {registered:?}, vCPUs built at {:?}",
+            "vm: KVM VM created in {created:?}, guest RAM at {allocated:?}, guest image at {loaded:?}, memory registered at {registered:?}, dirty ring at {ring:?}, stats and CPUID at {cpuid_at:?}, vCPUs built at {:?}",
             started.elapsed()
         );
         let (mut vcpu_fds, mut parts) = (Vec::new(), Vec::new());
