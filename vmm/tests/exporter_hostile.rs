@@ -81,6 +81,25 @@ fn send_with_fds(s: &UnixStream, line: &str, files: &[&std::fs::File]) {
 /// What a fake VMM does once the exporter has asked for the vCPU stats fds.
 type After = Box<dyn Fn(&mut UnixStream, &mut BufReader<UnixStream>) + Send + Sync>;
 
+/// Reads and ignores whatever the exporter sends next, until it hangs up.
+fn drain() -> After {
+    Box::new(|_, r| {
+        let mut line = String::new();
+        while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
+    })
+}
+
+/// A well-behaved fake VMM at `dir/honest.sock` handing out `real`'s stats.
+fn honest_vmm(dir: &Path, real: &RealStats) {
+    fake_vmm(
+        &dir.join("honest.sock"),
+        greeting("honest", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        drain(),
+    );
+}
+
 /// A fake VMM: greets as kvmscope does, answers negotiation and
 /// `query-status`, hands out `vm`'s and `vcpus`' fds, then runs `after`.
 fn fake_vmm(
@@ -298,22 +317,10 @@ fn forged_stats_files_are_refused_and_an_honest_vm_keeps_its_lines() {
         greeting("forger", 1),
         file(),
         Arc::new(vec![std::fs::File::open(&path).unwrap()]),
-        Box::new(|_, r| {
-            let mut line = String::new();
-            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
-        }),
+        drain(),
     );
     let real = RealStats::new();
-    fake_vmm(
-        &dir.join("honest.sock"),
-        greeting("honest", 1),
-        Arc::new(real.vm.try_clone().unwrap()),
-        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
-        Box::new(|_, r| {
-            let mut line = String::new();
-            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
-        }),
-    );
+    honest_vmm(&dir, &real);
     let e = exporter(&dir, Duration::from_secs(2));
     let p = page_within(&e, "honest up, forger down", LIMIT, |p| {
         up(p, "honest.sock") == Some(1.0) && up(p, "forger.sock") == Some(0.0)
@@ -370,22 +377,10 @@ fn own_stats_a_vmm_could_shrink_are_read_with_pread_and_shrinking_them_drops_onl
         Arc::new(real.vm.try_clone().unwrap()),
         Arc::new(vec![real.vcpu.try_clone().unwrap()]),
         Some((Arc::new(own_vm_reader), Arc::new(vec![own_vcpu_reader]))),
-        Box::new(|_, r| {
-            let mut line = String::new();
-            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
-        }),
+        drain(),
     );
     let honest = RealStats::new();
-    fake_vmm(
-        &dir.join("honest.sock"),
-        greeting("honest", 1),
-        Arc::new(honest.vm.try_clone().unwrap()),
-        Arc::new(vec![honest.vcpu.try_clone().unwrap()]),
-        Box::new(|_, r| {
-            let mut line = String::new();
-            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
-        }),
-    );
+    honest_vmm(&dir, &honest);
     let e = exporter(&dir, Duration::from_secs(2));
     let own_hlt =
         |p: &str| common::metric(p, "kvmscope_vmm_vm_exits_hlt_total", &["vm=\"shrinker\""]);
@@ -413,10 +408,7 @@ fn more_vcpu_fds_than_the_greeting_names_are_closed() {
         greeting("many", 1),
         Arc::new(real.vm.try_clone().unwrap()),
         Arc::new(many),
-        Box::new(|_, r| {
-            let mut line = String::new();
-            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
-        }),
+        drain(),
     );
     let before = common::open_fds();
     let e = exporter(&dir, Duration::from_secs(2));
@@ -436,19 +428,13 @@ fn a_socket_renamed_over_a_live_one_is_attached_and_the_old_vm_dropped() {
     require_kvm!();
     let dir = test_dir("exh-rename");
     let real = RealStats::new();
-    let quiet = || -> After {
-        Box::new(|_, r| {
-            let mut line = String::new();
-            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
-        })
-    };
     let live = dir.join("vm.sock");
     fake_vmm(
         &live,
         greeting("old", 1),
         Arc::new(real.vm.try_clone().unwrap()),
         Arc::new(vec![real.vcpu.try_clone().unwrap()]),
-        quiet(),
+        drain(),
     );
     let e = exporter(&dir, Duration::from_secs(2));
     page_within(&e, "old up", LIMIT, |p| p.contains("vm=\"old\""));
@@ -460,7 +446,7 @@ fn a_socket_renamed_over_a_live_one_is_attached_and_the_old_vm_dropped() {
         greeting("new", 1),
         Arc::new(real.vm.try_clone().unwrap()),
         Arc::new(vec![real.vcpu.try_clone().unwrap()]),
-        quiet(),
+        drain(),
     );
     std::fs::rename(&staging, &live).unwrap();
     // Before: the old VM stayed on the page and the new socket was never tried.
@@ -480,10 +466,7 @@ fn a_vm_whose_fds_would_spend_the_open_file_budget_is_down_and_says_why() {
         greeting("vm", 1),
         Arc::new(real.vm.try_clone().unwrap()),
         Arc::new(vec![real.vcpu.try_clone().unwrap()]),
-        Box::new(|_, r| {
-            let mut line = String::new();
-            while r.read_line(&mut line).is_ok_and(|n| n > 0) {}
-        }),
+        drain(),
     );
     // An exporter whose hard limit is 70 open files: what it holds at start
     // plus the VM's 2 stats fds plus the 64 kept free do not fit.
