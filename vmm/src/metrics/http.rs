@@ -75,7 +75,7 @@ pub(crate) struct Page {
     pub(crate) content_type: &'static str,
     /// Renders the body, on the server thread, for each `GET` and `HEAD`.
     /// Replies in flight share it; a renderer may take its buffer back
-    /// (`Arc::get_mut`) once no reply holds it.
+    /// (`Arc::try_unwrap`) once no reply holds it.
     pub(crate) render: Box<dyn FnMut() -> Arc<String> + Send>,
 }
 

@@ -183,10 +183,11 @@ fn settle_until(v: &VcpuShared, now: Instant) {
     let mut added = Duration::ZERO;
     let mut open = crate::lock(&v.open_stalls);
     open.retain(|o| {
-        if due(o) {
+        let over = due(o);
+        if over {
             added += excess(&o.start, &o.rates, &reading).lost;
         }
-        !due(o)
+        !over
     });
     drop(open);
     let ns = u64::try_from(added.as_nanos()).unwrap_or(u64::MAX);
@@ -204,13 +205,9 @@ const WAITS_STEP: Duration = Duration::from_millis(90);
 /// every 100 ms), keeping the last [`WAITS_KEPT`]: what the vCPU usually
 /// waits, for an observation with no baseline of its own.
 pub(crate) fn note_waiting(v: &VcpuShared) {
-    let due = |at: Instant| {
-        crate::lock(&v.waits)
-            .back()
-            .is_none_or(|&(last, _)| at.saturating_duration_since(last) >= WAITS_STEP)
-    };
     let Some(&tid) = v.tid.get() else { return };
-    if !due(Instant::now()) {
+    let last = crate::lock(&v.waits).back().map(|&(at, _)| at);
+    if last.is_some_and(|at| at.elapsed() < WAITS_STEP) {
         return;
     }
     // Read without the lock held.

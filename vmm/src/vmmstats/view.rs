@@ -142,9 +142,6 @@ impl ReadAt for View {
         let Ok(start) = usize::try_from(offset) else {
             return Ok(0);
         };
-        if start % 8 != 0 {
-            return Ok(0);
-        }
         let mut read = 0;
         for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
             let Some(value) = self.load(start + i * 8) else {
