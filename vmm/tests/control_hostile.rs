@@ -172,10 +172,7 @@ fn clients_that_never_negotiated_are_not_evicted_for_a_new_one() {
 
 #[test]
 fn an_elf_with_nothing_to_load_is_a_load_error_said_once() {
-    let dir = common::socket_path("hostile-elf")
-        .parent()
-        .unwrap()
-        .to_path_buf();
+    let dir = common::test_dir("hostile-elf");
     let run = |image: &[u8]| {
         let path = dir.join("guest.elf");
         std::fs::write(&path, image).unwrap();

@@ -8,7 +8,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,10 +17,6 @@ use kvmscope::vm::{Vm, VmConfig};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-fn test_dir(test: &str) -> PathBuf {
-    common::socket_path(test).parent().unwrap().to_path_buf()
-}
 
 fn exporter(dir: &Path, timeout: Duration) -> Exporter {
     common::exporter::over(dir, timeout)
@@ -211,7 +207,7 @@ fn up(page: &str, socket: &str) -> Option<f64> {
 #[test]
 fn a_vmm_that_dribbles_its_answer_after_a_migration_holds_up_no_scrape() {
     require_kvm!();
-    let dir = test_dir("exh-dribble");
+    let dir = common::test_dir("exh-dribble");
     let real = RealStats::new();
     let vm = Arc::new(real.vm.try_clone().unwrap());
     let vcpus = Arc::new(vec![real.vcpu.try_clone().unwrap()]);
@@ -264,7 +260,7 @@ fn a_vmm_that_dribbles_its_answer_after_a_migration_holds_up_no_scrape() {
 
 #[test]
 fn a_greeting_dribbled_or_without_end_is_down_within_the_attach_timeout() {
-    let dir = test_dir("exh-greet");
+    let dir = common::test_dir("exh-greet");
     let slow = UnixListener::bind(dir.join("slow.sock")).unwrap();
     std::thread::spawn(move || {
         for mut s in slow.incoming().flatten() {
@@ -299,7 +295,7 @@ fn a_greeting_dribbled_or_without_end_is_down_within_the_attach_timeout() {
 #[test]
 fn forged_stats_files_are_refused_and_an_honest_vm_keeps_its_lines() {
     require_kvm!();
-    let dir = test_dir("exh-forged");
+    let dir = common::test_dir("exh-forged");
     // A regular file laid out as a stats file, with a stat whose name holds
     // a line of the page's own.
     let forged = kvm_stats::builder::StatsFileBuilder::new("kvm-1")
@@ -367,7 +363,7 @@ fn own_stats_a_vmm_could_shrink_are_read_with_pread_and_shrinking_them_drops_onl
     // later read and take the exporter down; read with pread, the read
     // comes back short and only that VM is dropped.
     require_kvm!();
-    let dir = test_dir("exh-shrink");
+    let dir = common::test_dir("exh-shrink");
     let real = RealStats::new();
     let (own_vm, own_vm_reader) = own_stats_memfd(false);
     let (_own_vcpu, own_vcpu_reader) = own_stats_memfd(false);
@@ -400,7 +396,7 @@ fn own_stats_a_vmm_could_shrink_are_read_with_pread_and_shrinking_them_drops_onl
 #[test]
 fn more_vcpu_fds_than_the_greeting_names_are_closed() {
     require_kvm!();
-    let dir = test_dir("exh-fds");
+    let dir = common::test_dir("exh-fds");
     let real = RealStats::new();
     let many: Vec<std::fs::File> = (0..200).map(|_| real.vcpu.try_clone().unwrap()).collect();
     fake_vmm(
@@ -426,7 +422,7 @@ fn more_vcpu_fds_than_the_greeting_names_are_closed() {
 #[test]
 fn a_socket_renamed_over_a_live_one_is_attached_and_the_old_vm_dropped() {
     require_kvm!();
-    let dir = test_dir("exh-rename");
+    let dir = common::test_dir("exh-rename");
     let real = RealStats::new();
     let live = dir.join("vm.sock");
     fake_vmm(
@@ -440,7 +436,8 @@ fn a_socket_renamed_over_a_live_one_is_attached_and_the_old_vm_dropped() {
     page_within(&e, "old up", LIMIT, |p| p.contains("vm=\"old\""));
     // A new VMM binds elsewhere and its socket is renamed over the live one
     // (the old VMM still runs and keeps its connection open).
-    let staging = test_dir("exh-rename-new").join("new.sock");
+    let staging_dir = common::test_dir("exh-rename-new");
+    let staging = staging_dir.join("new.sock");
     fake_vmm(
         &staging,
         greeting("new", 1),
@@ -459,7 +456,7 @@ fn a_socket_renamed_over_a_live_one_is_attached_and_the_old_vm_dropped() {
 #[test]
 fn a_vm_whose_fds_would_spend_the_open_file_budget_is_down_and_says_why() {
     require_kvm!();
-    let dir = test_dir("exh-fdbudget");
+    let dir = common::test_dir("exh-fdbudget");
     let real = RealStats::new();
     fake_vmm(
         &dir.join("vm.sock"),
@@ -500,7 +497,7 @@ fn a_vm_whose_fds_would_spend_the_open_file_budget_is_down_and_says_why() {
 #[test]
 fn an_attached_vm_stays_attached_past_its_attach_deadline() {
     require_kvm!();
-    let dir = test_dir("exh-steady");
+    let dir = common::test_dir("exh-steady");
     let real = RealStats::new();
     let attaches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = attaches.clone();

@@ -82,14 +82,10 @@ fn up(page: &str, vm: &str, pid: u32) -> bool {
     ) == Some(1.0)
 }
 
-fn test_dir(test: &str) -> PathBuf {
-    common::socket_path(test).parent().unwrap().to_path_buf()
-}
-
 #[test]
 fn vms_in_the_directory_are_on_the_page_with_their_labels_and_kernel_values() {
     require_kvm!();
-    let dir = test_dir("exp-three");
+    let dir = common::test_dir("exp-three");
     let a = Vmm::start(&dir.join("a.sock"), &["--vcpus", "2"]);
     let b = Vmm::start(&dir.join("b.sock"), &["--name", "web-01"]);
     let e = exporter(&dir, Duration::from_secs(2));
@@ -167,7 +163,7 @@ fn own_stats_mappings(pid: &str) -> std::collections::BTreeMap<u64, String> {
 #[test]
 fn a_vmm_that_measures_readiness_shows_its_prediction_and_one_that_does_not_shows_none() {
     require_kvm!();
-    let dir = test_dir("exp-ready");
+    let dir = common::test_dir("exp-ready");
     let measures = Vmm::start(
         &dir.join("fresh.sock"),
         &[
@@ -230,7 +226,7 @@ fn a_vmm_that_measures_readiness_shows_its_prediction_and_one_that_does_not_show
 #[test]
 fn a_killed_vmm_leaves_the_page_and_its_fds_are_closed() {
     require_kvm!();
-    let dir = test_dir("exp-kill");
+    let dir = common::test_dir("exp-kill");
     let a = Vmm::start(&dir.join("a.sock"), &[]);
     let mut b = Vmm::start(&dir.join("b.sock"), &["--vcpus", "2"]);
     let e = exporter(&dir, Duration::from_secs(2));
@@ -255,7 +251,7 @@ fn a_killed_vmm_leaves_the_page_and_its_fds_are_closed() {
 #[test]
 fn a_vmm_that_never_answers_or_speaks_garbage_is_skipped_without_delaying_the_page() {
     require_kvm!();
-    let dir = test_dir("exp-bad");
+    let dir = common::test_dir("exp-bad");
     let a = Vmm::start(&dir.join("a.sock"), &[]);
     // Accepts (the kernel's backlog) and never says a word.
     let _silent = UnixListener::bind(dir.join("silent.sock")).unwrap();
@@ -281,8 +277,9 @@ fn a_vmm_that_never_answers_or_speaks_garbage_is_skipped_without_delaying_the_pa
 fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_new_pid() {
     require_kvm!();
     let _serial = common::migration::serial();
-    let dir = test_dir("exp-mig");
-    let elsewhere = test_dir("exp-mig-in").join("in.sock");
+    let dir = common::test_dir("exp-mig");
+    let elsewhere_dir = common::test_dir("exp-mig-in");
+    let elsewhere = elsewhere_dir.join("in.sock");
     let src = Vmm::start(&dir.join("src.sock"), &["--name", "db-1"]);
     let e = exporter(&dir, Duration::from_secs(2));
     page_when(&e, "the source on the page", |p| up(p, "db-1", src.pid()));
@@ -352,8 +349,9 @@ fn qemu(monitor: &Path) -> Option<Child> {
 #[test]
 fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
     require_kvm!();
-    let dir = test_dir("exp-qemu");
-    let monitor = test_dir("exp-qemu-mon").join("qmp.sock");
+    let dir = common::test_dir("exp-qemu");
+    let monitor_dir = common::test_dir("exp-qemu-mon");
+    let monitor = monitor_dir.join("qmp.sock");
     let Some(mut q) = qemu(&monitor) else {
         return;
     };
@@ -361,7 +359,7 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
     let a = Vmm::start(&dir.join("a.sock"), &[]);
     let e = Exporter::start(ExporterConfig {
         listen: ([127, 0, 0, 1], 0).into(),
-        dirs: vec![dir.clone()],
+        dirs: vec![dir.to_path_buf()],
         sockets: vec![],
         attach_timeout: Duration::from_secs(2),
         stats: kvm_stats::NameFilter::all(),

@@ -113,6 +113,38 @@ pub fn socket_path(test: &str) -> PathBuf {
     dir.join("ctl.sock")
 }
 
+/// A fresh directory under the temp dir for one test, removed with what is
+/// in it when dropped (a test's sockets, fake stats files and images).
+pub struct TestDir(tempfile::TempDir);
+
+impl std::ops::Deref for TestDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<Path> for TestDir {
+    fn as_ref(&self) -> &Path {
+        self
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TestDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.path().as_os_str()
+    }
+}
+
+/// A `TestDir` named after the test and this process.
+pub fn test_dir(test: &str) -> TestDir {
+    tempfile::Builder::new()
+        .prefix(&format!("kvmscope-test-{}-{test}-", std::process::id()))
+        .tempdir()
+        .map(TestDir)
+        .expect("creating a test directory")
+}
+
 /// A VMM run in this process (`run::run` on a thread) serving a control socket.
 pub struct ServedVm {
     pub socket: PathBuf,
