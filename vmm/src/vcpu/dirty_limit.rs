@@ -99,6 +99,18 @@ impl DirtyLimit {
     }
 }
 
+/// How soon after a look a kick is taken for the next one: half a
+/// timeslice. The main loop kicks limited vCPUs every timeslice on its own
+/// clock, and the vCPU's look after a kick comes a little after the kick
+/// was sent; a look due a whole slice later missed the next kick, which
+/// arrives a little early by the same amount, about every other time, and
+/// the vCPU wrote on for a second slice before it counted (a limited
+/// writer's first slice, which the model counts as one, was 10-20 ms).
+const LOOK_AFTER: Duration = match super::throttle::TIMESLICE.checked_div(2) {
+    Some(half) => half,
+    None => Duration::ZERO,
+};
+
 /// What a vCPU did over one period of its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PeriodFigures {
@@ -133,10 +145,16 @@ impl Bucket {
             tokens: limit as f64 * burst(period).as_secs_f64(),
             at: now,
             entries,
-            next_check: now + super::throttle::TIMESLICE,
+            next_check: now + LOOK_AFTER,
             harvested: now,
             period: (now, entries, Duration::ZERO),
         }
+    }
+
+    /// After a look that ended at `at` (its sleep included): the next is
+    /// taken at the first kick [`LOOK_AFTER`] on, one timeslice later.
+    pub(crate) fn looked(&mut self, at: Instant) {
+        self.next_check = at + LOOK_AFTER;
     }
 
     /// Whether the vCPU should look now (its slice is over, or a ring-full
@@ -294,6 +312,23 @@ mod tests {
         assert!(b.due(t0 + period * 3));
         assert!(b.harvest_due(t0 + period, period), "once a period");
         assert!(!b.harvest_due(t0 + period * 3 / 2, period));
+    }
+
+    #[test]
+    fn after_a_look_the_next_kicks_timeslice_is_a_look_even_when_it_comes_a_little_early() {
+        let t0 = Instant::now();
+        let slice = crate::vcpu::throttle::TIMESLICE;
+        let mut b = Bucket::new(t0, 0, LIMIT, Duration::from_secs(1));
+        assert!(
+            !b.due(t0 + Duration::from_millis(1)),
+            "a kick just after a look"
+        );
+        // The main loop's next kick, sent a slice after the last one, which
+        // this look followed by 50 us.
+        assert!(b.due(t0 + slice - Duration::from_micros(50)));
+        b.looked(t0 + slice);
+        assert!(!b.due(t0 + slice + Duration::from_millis(1)));
+        assert!(b.due(t0 + slice * 2 - Duration::from_micros(50)));
     }
 
     #[test]

@@ -375,7 +375,7 @@ impl Vcpu {
             publish(bucket, at);
             shared.dirty_limit.limit_mb() == mb
         });
-        bucket.next_check = at + throttle::TIMESLICE;
+        bucket.looked(at);
         None
     }
 
