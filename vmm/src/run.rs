@@ -464,8 +464,9 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
 }
 
 /// `kvmscope run --incoming`: waits for one migration stream, builds the VM
-/// it describes (checked against `incoming`), loads it and runs the guest on
-/// from where the source stopped. With a control socket, it serves
+/// it describes (checked against `incoming`; built before listening where
+/// `incoming` gives memory and vCPUs), loads it and runs the guest on from
+/// where the source stopped. With a control socket, it serves
 /// `query-migrate` while loading.
 ///
 /// # Errors
@@ -494,8 +495,27 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     let (mut vm, stream) = match &incoming {
         None => (Vm::new(config.vm.clone())?, None),
         Some(given) => {
+            // Built before listening where the command line says what it
+            // will be, so that no source waits for it: registering guest
+            // RAM with KVM waits for an SRCU grace period, which took 0.5 to
+            // 32 s on a busy host here (docs/MIGRATION.md).
+            let ahead = given.ahead(&config.vm).map(Vm::new).transpose()?;
             let stream = Incoming::accept(given, &migration, &incoming_stop(&config, &migration))?;
-            match Vm::new(stream.vm_config(&config.vm)) {
+            let wanted = stream.vm_config(&config.vm);
+            let built = match ahead {
+                Some(vm) if *vm.config() == wanted => Ok(vm),
+                ahead => {
+                    if let Some(vm) = ahead {
+                        log::info!(
+                            "migration stream: its VM ({}) is not the one built ahead ({}): building it",
+                            receiver::describe(&wanted),
+                            receiver::describe(vm.config())
+                        );
+                    }
+                    Vm::new(wanted)
+                }
+            };
+            match built {
                 Ok(vm) => (vm, Some(stream)),
                 Err(e) => {
                     stream.refuse(&e);

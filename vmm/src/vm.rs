@@ -27,7 +27,7 @@ use crate::workload::Command;
 use crate::x86_64::{paging, regs};
 
 /// Everything needed to build a VM.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmConfig {
     /// Bytes of guest RAM.
     pub memory: u64,

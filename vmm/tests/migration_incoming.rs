@@ -38,6 +38,8 @@ impl DestProcess {
             .arg("--socket")
             .arg(&socket)
             .args(extra)
+            // What it decides along the way is logged at info.
+            .env("RUST_LOG", "kvmscope=info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).expect("a stderr file"))
             .spawn()
@@ -255,4 +257,63 @@ fn a_source_behind_fifty_idle_peers_is_answered_within_the_header_deadline() {
         kvmscope::migration::format::REPLY_READY
     );
     drop(idle);
+}
+
+/// Whether process `pid` holds a KVM VM fd.
+fn holds_a_kvm_vm(pid: u32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok).any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|to| to.as_os_str() == "anon_inode:kvm-vm")
+    })
+}
+
+#[test]
+fn given_memory_and_vcpus_the_destination_builds_its_vm_before_it_listens() {
+    require_kvm!();
+    // Told nothing of the VM, it waits for the stream's config to build one.
+    let told_nothing = DestProcess::start("in-ahead-none", &[]);
+    assert!(!holds_a_kvm_vm(told_nothing.child.id()));
+    drop(told_nothing);
+    let dest = DestProcess::start("in-ahead", &["--memory", "64M", "--vcpus", "1"]);
+    assert!(
+        holds_a_kvm_vm(dest.child.id()),
+        "no VM once it listens; stderr: {}",
+        dest.stderr()
+    );
+    let mut s = dest.connect();
+    s.write_all(&header_and_config()).unwrap();
+    assert_eq!(
+        read_reply_code(&mut s, Duration::from_secs(30)),
+        kvmscope::migration::format::REPLY_READY
+    );
+    assert!(
+        !dest.stderr().contains("built ahead"),
+        "the stream's VM is the one built: {}",
+        dest.stderr()
+    );
+}
+
+#[test]
+fn a_stream_whose_vm_differs_from_the_one_built_ahead_in_what_was_not_given_gets_its_own() {
+    require_kvm!();
+    let dest = DestProcess::start("in-ahead-other", &["--memory", "64M", "--vcpus", "1"]);
+    // The same 64 MiB, one-vCPU guest, from a source that logs to a bitmap
+    // (the config record's dirty mode, 24 bytes into it).
+    let mut stream = header_and_config();
+    stream[56..60].copy_from_slice(&1u32.to_le_bytes());
+    let mut s = dest.connect();
+    s.write_all(&stream).unwrap();
+    assert_eq!(
+        read_reply_code(&mut s, Duration::from_secs(30)),
+        kvmscope::migration::format::REPLY_READY
+    );
+    let stderr = dest.stderr();
+    assert!(
+        stderr.contains(
+            "its VM (64 MiB, 1 vCPU(s), dirty log bitmap) is not the one built ahead (64 MiB, 1 vCPU(s), no dirty log): building it"
+        ),
+        "{stderr}"
+    );
 }

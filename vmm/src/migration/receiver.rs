@@ -113,6 +113,23 @@ pub struct IncomingConfig {
     pub idle_timeout: Duration,
 }
 
+impl IncomingConfig {
+    /// The VM to build before the stream arrives, as QEMU's `-incoming`
+    /// builds its machine first: where `--memory` and `--vcpus` were both
+    /// given, `base` with them, and with `--hugepages` and `--dirty-log` as
+    /// given (none where not). A stream whose VM differs in what was not
+    /// given gets a VM built for it (`Incoming::vm_config`).
+    pub(crate) fn ahead(&self, base: &VmConfig) -> Option<VmConfig> {
+        Some(VmConfig {
+            memory: self.memory?,
+            vcpus: self.vcpus?,
+            hugepages: self.hugepages.unwrap_or(false),
+            dirty_log: self.dirty_log,
+            ..base.clone()
+        })
+    }
+}
+
 /// `--incoming-idle-timeout`'s default: far above any pause of a live
 /// source (its stop-and-copy, a slow pass), short enough that a dead one is
 /// noticed.
@@ -146,6 +163,17 @@ fn mode_of(c: &ConfigRecord) -> Option<DirtyMode> {
 
 fn mode_name(m: Option<DirtyMode>) -> String {
     m.map_or("no dirty log".into(), |m| format!("dirty log {m}"))
+}
+
+/// A VM's size and tracking, as a log line names them.
+pub(crate) fn describe(c: &VmConfig) -> String {
+    let pages = if c.hugepages { ", huge pages" } else { "" };
+    format!(
+        "{}, {} vCPU(s), {}{pages}",
+        crate::units::format_bytes(c.memory),
+        c.vcpus,
+        mode_name(c.dirty_log)
+    )
 }
 
 /// Checks the stream's VM against what this VMM was given.
