@@ -307,7 +307,7 @@ fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_
         }
     };
     common::wait_for("the destination listening", LIMIT, || {
-        elsewhere.exists().then_some(())
+        common::unix_listening(&elsewhere).then_some(())
     });
     let mut c = Client::connect(&src.socket).unwrap();
     c.execute("migrate", json!({"uri": uri})).unwrap();
@@ -355,7 +355,9 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
     let Some(mut q) = qemu(&monitor) else {
         return;
     };
-    common::wait_for("QEMU's monitor", LIMIT, || monitor.exists().then_some(()));
+    common::wait_for("QEMU's monitor", LIMIT, || {
+        common::unix_listening(&monitor).then_some(())
+    });
     let a = Vmm::start(&dir.join("a.sock"), &[]);
     let e = Exporter::start(ExporterConfig {
         listen: ([127, 0, 0, 1], 0).into(),

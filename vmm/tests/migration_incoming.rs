@@ -51,7 +51,7 @@ impl DestProcess {
             stderr,
         };
         common::wait_for("the destination to listen", Duration::from_secs(20), || {
-            d.listen.exists().then_some(())
+            common::unix_listening(&d.listen).then_some(())
         });
         d
     }

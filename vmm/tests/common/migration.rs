@@ -130,7 +130,7 @@ impl Drop for Dest {
 fn listening_check(uri: &str) -> impl Fn() -> bool {
     let uri = uri.to_string();
     move || match uri.split_once(':') {
-        Some(("unix", path)) => std::path::Path::new(path).exists(),
+        Some(("unix", path)) => super::unix_listening(std::path::Path::new(path)),
         Some(("tcp", addr)) => {
             let port = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
             let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();

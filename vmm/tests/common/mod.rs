@@ -113,6 +113,23 @@ pub fn socket_path(test: &str) -> PathBuf {
     dir.join("ctl.sock")
 }
 
+/// Whether a Unix socket at `path` is listening (`/proc/net/unix`'s
+/// `__SO_ACCEPTCON` flag), not only bound: the path exists from `bind`, and a
+/// connection made before `listen` is refused. For a socket bound where it
+/// is (a migration destination's, QEMU's monitor); the table names a socket
+/// by the path it was bound to, so one renamed into place after `listen`
+/// (a VMM's control socket) is never found here, and needs no such wait.
+pub fn unix_listening(path: &Path) -> bool {
+    const ACCEPTCON: u32 = 0x0001_0000;
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    table.lines().skip(1).any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        f.len() >= 8
+            && Path::new(f[7]) == path
+            && u32::from_str_radix(f[3], 16).is_ok_and(|flags| flags & ACCEPTCON != 0)
+    })
+}
+
 /// A fresh directory under the temp dir for one test, removed with what is
 /// in it when dropped (a test's sockets, fake stats files and images).
 pub struct TestDir(tempfile::TempDir);
