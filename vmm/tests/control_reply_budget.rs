@@ -91,22 +91,24 @@ fn the_memory_of_pages_nobody_read_is_given_back_when_their_clients_go() {
     require_kvm!();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vm.sock");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-        .args([
-            "run",
-            "--memory",
-            "64M",
-            "--vcpus",
-            "8",
-            "--sample-interval",
-            "1ms",
-        ])
-        .args(["--sample-buffer", "2048", "--socket"])
-        .arg(&socket)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let mut child = common::KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args([
+                "run",
+                "--memory",
+                "64M",
+                "--vcpus",
+                "8",
+                "--sample-interval",
+                "1ms",
+            ])
+            .args(["--sample-buffer", "2048", "--socket"])
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
     common::wait_for("the socket", Duration::from_secs(30), || {
         socket.exists().then_some(())
     });
@@ -149,5 +151,5 @@ fn the_memory_of_pages_nobody_read_is_given_back_when_their_clients_go() {
         kept >> 20
     );
     let _ = c.execute("quit", json!({}));
-    let _ = child.wait();
+    let _ = child.0.wait();
 }

@@ -130,6 +130,20 @@ pub fn unix_listening(path: &Path) -> bool {
     })
 }
 
+/// A child process killed (and reaped) when dropped, so that a test that
+/// fails leaves no VMM running: one that holds the test's stderr also keeps
+/// `cargo test`'s output open.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
 /// A fresh directory under the temp dir for one test, removed with what is
 /// in it when dropped (a test's sockets, fake stats files and images).
 pub struct TestDir(tempfile::TempDir);
