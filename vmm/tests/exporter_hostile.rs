@@ -85,11 +85,12 @@ fn drain() -> After {
     })
 }
 
-/// A well-behaved fake VMM at `dir/honest.sock` handing out `real`'s stats.
-fn honest_vmm(dir: &Path, real: &RealStats) {
+/// A well-behaved fake VMM named `name` at `socket`, handing out `real`'s
+/// stats.
+fn honest_vmm(socket: &Path, name: &str, real: &RealStats) {
     fake_vmm(
-        &dir.join("honest.sock"),
-        greeting("honest", 1),
+        socket,
+        greeting(name, 1),
         Arc::new(real.vm.try_clone().unwrap()),
         Arc::new(vec![real.vcpu.try_clone().unwrap()]),
         drain(),
@@ -316,7 +317,7 @@ fn forged_stats_files_are_refused_and_an_honest_vm_keeps_its_lines() {
         drain(),
     );
     let real = RealStats::new();
-    honest_vmm(&dir, &real);
+    honest_vmm(&dir.join("honest.sock"), "honest", &real);
     let e = exporter(&dir, Duration::from_secs(2));
     let p = page_within(&e, "honest up, forger down", LIMIT, |p| {
         up(p, "honest.sock") == Some(1.0) && up(p, "forger.sock") == Some(0.0)
@@ -376,7 +377,7 @@ fn own_stats_a_vmm_could_shrink_are_read_with_pread_and_shrinking_them_drops_onl
         drain(),
     );
     let honest = RealStats::new();
-    honest_vmm(&dir, &honest);
+    honest_vmm(&dir.join("honest.sock"), "honest", &honest);
     let e = exporter(&dir, Duration::from_secs(2));
     let own_hlt =
         |p: &str| common::metric(p, "kvmscope_vmm_vm_exits_hlt_total", &["vm=\"shrinker\""]);
@@ -425,26 +426,14 @@ fn a_socket_renamed_over_a_live_one_is_attached_and_the_old_vm_dropped() {
     let dir = common::test_dir("exh-rename");
     let real = RealStats::new();
     let live = dir.join("vm.sock");
-    fake_vmm(
-        &live,
-        greeting("old", 1),
-        Arc::new(real.vm.try_clone().unwrap()),
-        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
-        drain(),
-    );
+    honest_vmm(&live, "old", &real);
     let e = exporter(&dir, Duration::from_secs(2));
     page_within(&e, "old up", LIMIT, |p| p.contains("vm=\"old\""));
     // A new VMM binds elsewhere and its socket is renamed over the live one
     // (the old VMM still runs and keeps its connection open).
     let staging_dir = common::test_dir("exh-rename-new");
     let staging = staging_dir.join("new.sock");
-    fake_vmm(
-        &staging,
-        greeting("new", 1),
-        Arc::new(real.vm.try_clone().unwrap()),
-        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
-        drain(),
-    );
+    honest_vmm(&staging, "new", &real);
     std::fs::rename(&staging, &live).unwrap();
     // Before: the old VM stayed on the page and the new socket was never tried.
     let p = page_within(&e, "new up, old gone", Duration::from_secs(10), |p| {
@@ -458,13 +447,7 @@ fn a_vm_whose_fds_would_spend_the_open_file_budget_is_down_and_says_why() {
     require_kvm!();
     let dir = common::test_dir("exh-fdbudget");
     let real = RealStats::new();
-    fake_vmm(
-        &dir.join("vm.sock"),
-        greeting("vm", 1),
-        Arc::new(real.vm.try_clone().unwrap()),
-        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
-        drain(),
-    );
+    honest_vmm(&dir.join("vm.sock"), "vm", &real);
     // An exporter whose hard limit is 70 open files: what it holds at start
     // plus the VM's 2 stats fds plus the 64 kept free do not fit.
     let port = common::free_port();
