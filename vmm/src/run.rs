@@ -504,16 +504,17 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
             let wanted = stream.vm_config(&config.vm);
             let built = match ahead {
                 Some(vm) if *vm.config() == wanted => Ok(vm),
-                ahead => {
-                    if let Some(vm) = ahead {
-                        log::info!(
-                            "migration stream: its VM ({}) is not the one built ahead ({}): building it",
-                            receiver::describe(&wanted),
-                            receiver::describe(vm.config())
-                        );
-                    }
+                Some(vm) => {
+                    log::info!(
+                        "migration stream: its VM ({}) is not the one built ahead ({}): building it",
+                        receiver::describe(&wanted),
+                        receiver::describe(vm.config())
+                    );
+                    // Its memory goes before the next is made.
+                    drop(vm);
                     Vm::new(wanted)
                 }
+                None => Vm::new(wanted),
             };
             match built {
                 Ok(vm) => (vm, Some(stream)),

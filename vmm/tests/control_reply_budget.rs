@@ -108,7 +108,7 @@ fn the_memory_of_pages_nobody_read_is_given_back_when_their_clients_go() {
             .spawn()
             .unwrap(),
     );
-    let pid = child.0.id();
+    let pid = child.id();
     common::wait_for("the socket", Duration::from_secs(30), || {
         socket.exists().then_some(())
     });
@@ -151,5 +151,5 @@ fn the_memory_of_pages_nobody_read_is_given_back_when_their_clients_go() {
         kept >> 20
     );
     let _ = c.execute("quit", json!({}));
-    let _ = child.0.wait();
+    let _ = child.wait();
 }

@@ -18,7 +18,7 @@ const LIMIT: Duration = Duration::from_secs(30);
 
 /// A `kvmscope run --socket` child, killed on drop.
 struct Vmm {
-    child: Child,
+    child: common::KillOnDrop,
     socket: PathBuf,
 }
 
@@ -40,7 +40,7 @@ impl Vmm {
             .spawn()
             .unwrap();
         let vmm = Vmm {
-            child,
+            child: common::KillOnDrop(child),
             socket: socket.to_path_buf(),
         };
         common::wait_for("the VMM's socket", LIMIT, || {
@@ -51,13 +51,6 @@ impl Vmm {
 
     fn pid(&self) -> u32 {
         self.child.id()
-    }
-}
-
-impl Drop for Vmm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -302,7 +295,7 @@ fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_
             .spawn()
             .unwrap();
         Vmm {
-            child,
+            child: common::KillOnDrop(child),
             socket: dir.join("dst.sock"),
         }
     };

@@ -10,26 +10,29 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use kvmscope::client::Client;
 use serde_json::json;
 
-/// A destination process: its control socket, where it listens, its stderr file.
+/// A destination process: its control socket, where it listens, its stderr
+/// file. Dropped, it is killed, then its directory removed (fields drop in
+/// order).
 struct DestProcess {
-    child: Child,
+    child: common::KillOnDrop,
     socket: PathBuf,
     listen: PathBuf,
     stderr: PathBuf,
+    _dir: common::TestDir,
 }
 
 impl DestProcess {
     /// Starts `kvmscope run --incoming unix:DIR/incoming.sock --socket DIR/ctl.sock`
     /// with `extra` options, and waits until it listens.
     fn start(test: &str, extra: &[&str]) -> DestProcess {
-        let socket = common::socket_path(test);
-        let dir = socket.parent().expect("a test directory").to_path_buf();
+        let dir = common::test_dir(test);
+        let socket = dir.join("ctl.sock");
         let listen = dir.join("incoming.sock");
         let stderr = dir.join("stderr");
         let child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
@@ -45,10 +48,11 @@ impl DestProcess {
             .spawn()
             .expect("starting kvmscope");
         let d = DestProcess {
-            child,
+            child: common::KillOnDrop(child),
             socket,
             listen,
             stderr,
+            _dir: dir,
         };
         common::wait_for("the destination to listen", Duration::from_secs(20), || {
             common::unix_listening(&d.listen).then_some(())
@@ -97,18 +101,6 @@ impl DestProcess {
             stderr.contains(says),
             "stderr does not say '{says}': {stderr}"
         );
-    }
-}
-
-impl Drop for DestProcess {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if let Some(dir) = self.socket.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
     }
 }
 

@@ -135,6 +135,19 @@ pub fn unix_listening(path: &Path) -> bool {
 /// `cargo test`'s output open.
 pub struct KillOnDrop(pub std::process::Child);
 
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if self.0.try_wait().ok().flatten().is_none() {
