@@ -25,6 +25,7 @@
 
 pub use kvmscope_guest_abi as abi;
 pub(crate) mod backend;
+pub mod backing;
 pub mod boot;
 pub mod client;
 pub mod control;

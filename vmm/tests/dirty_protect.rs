@@ -85,6 +85,46 @@ fn a_window_sees_pages_written_after_it_and_not_the_initially_set_bits() {
     }
 }
 
+/// With initially-set bits, the bits of pages the host never backed are left
+/// set when a window starts, and told apart from writes by what backs them
+/// later: a write into a never-backed 2 MiB of guest RAM madvised for huge
+/// pages backs all 512 of its pages at once, yet the window sees the one
+/// page written, and the next write to a neighbour in a later take.
+#[test]
+fn a_write_that_backs_a_huge_page_is_one_page_written_not_512() {
+    require_kvm!();
+    let mut vm = Vm::new(VmConfig {
+        memory: MEMORY,
+        hugepages: true,
+        ..VmConfig::default()
+    })
+    .unwrap();
+    vm.start().unwrap();
+    let path = vm.dirty().protection();
+    run_and_wait(&mut vm, "touch size=2M", 1);
+    let window = vm.dirty().subscribe().unwrap();
+    // 8 MiB into the arena (2 MiB-aligned): never backed before.
+    let first = arena() + 2048;
+    run_and_wait(&mut vm, "touch offset=8M size=4K", 2);
+    let pages = window.take().unwrap();
+    assert!(pages.contains(first), "{path:?}: the page written");
+    assert_eq!(
+        pages.count_range(first, 512),
+        1,
+        "{path:?}: its huge page's 511 others were backed, not written"
+    );
+    assert!(pages.count() < 1 + 64, "{path:?}: {}", pages.count());
+    run_and_wait(&mut vm, "touch offset=8196K size=4K", 3);
+    let next = window.take().unwrap();
+    assert_eq!(next.count_range(first, 512), 1, "{path:?}");
+    assert!(
+        next.contains(first + 1),
+        "{path:?}: the neighbour written next"
+    );
+    drop(window);
+    assert!(vm.stop(Duration::from_secs(1)).is_empty());
+}
+
 #[test]
 fn a_harvested_page_is_logged_again_only_when_written_again() {
     require_kvm!();

@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::migration::{guest, migrate, query, queue, value, Dest};
+use common::migration::{
+    assert_completed, guest, migrate, query, queue, start_migration, value, wait_final, Dest,
+};
 use common::ServedVm;
 use kvmscope::migration::Status;
 use serde_json::json;
@@ -54,12 +56,7 @@ fn a_four_vcpu_guest_busy_on_every_vcpu_arrives_whole_and_finishes_its_work() {
     let (exits, _) = c.execute("query-exits", json!({})).unwrap();
     let dest = Dest::start("mig-four-dst", |_, _| {});
     let info = migrate(&src, &dest.uri, json!({"x-check-ram": true}));
-    assert_eq!(
-        info.status,
-        Some(Status::Completed),
-        "{:?}",
-        info.error_desc
-    );
+    assert_completed(&info);
     assert_eq!(info.x_vm_state.as_deref(), Some("postmigrate"));
     let mut d = dest.client();
     let arrived = query(&mut d);
@@ -119,24 +116,13 @@ fn a_guest_moves_twice_and_keeps_what_each_host_wrote() {
     guest(&mut a, 0, "touch offset=0 size=1M pattern=0xa1");
     let b = Dest::start("mig-twice-b", |_, _| {});
     let info = migrate(&src, &b.uri, json!({}));
-    assert_eq!(
-        info.status,
-        Some(Status::Completed),
-        "{:?}",
-        info.error_desc
-    );
+    assert_completed(&info);
     let mut bc = b.client();
     guest(&mut bc, 0, "touch offset=1M size=1M pattern=0xb2");
     let c = Dest::start("mig-twice-c", |_, _| {});
-    bc.execute("migrate-set-parameters", json!({})).unwrap();
-    bc.execute("migrate", json!({"uri": c.uri})).unwrap();
-    let info = common::migration::wait_final(&mut bc);
-    assert_eq!(
-        info.status,
-        Some(Status::Completed),
-        "{:?}",
-        info.error_desc
-    );
+    start_migration(&mut bc, &c.uri, json!({}));
+    let info = wait_final(&mut bc);
+    assert_completed(&info);
     let mut cc = c.client();
     let r = guest(
         &mut cc,
@@ -157,12 +143,7 @@ fn the_source_sends_migration_events_and_ends_postmigrate() {
     let mut watcher = src.client();
     let dest = Dest::start("mig-events-dst", |_, _| {});
     let info = migrate(&src, &dest.uri, json!({}));
-    assert_eq!(
-        info.status,
-        Some(Status::Completed),
-        "{:?}",
-        info.error_desc
-    );
+    assert_completed(&info);
     watcher
         .send_line(br#"{"execute": "query-status"}"#)
         .unwrap();
@@ -243,12 +224,7 @@ fn the_destinations_stats_fds_sampler_metrics_and_readiness_work_after_resume() 
         config.name = Some("web-01".into());
     });
     let info = migrate(&src, &dest.uri, json!({}));
-    assert_eq!(
-        info.status,
-        Some(Status::Completed),
-        "{:?}",
-        info.error_desc
-    );
+    assert_completed(&info);
     let mut d = dest.client();
     guest(&mut d, 0, "exits count=100");
     let (fds, files) = d
@@ -288,12 +264,7 @@ fn a_ring_mode_guest_on_huge_pages_arrives_with_its_modes_and_data() {
     queue(&mut c, 1, "dirty offset=16M ws=4M rate=5000/s for=500ms");
     let dest = Dest::start("mig-ring-dst", |_, _| {});
     let info = migrate(&src, &dest.uri, json!({"x-check-ram": true}));
-    assert_eq!(
-        info.status,
-        Some(Status::Completed),
-        "{:?}",
-        info.error_desc
-    );
+    assert_completed(&info);
     let mut d = dest.client();
     assert_eq!(query(&mut d).x_ram_crc32, info.x_ram_crc32);
     let (vm, _) = d.execute("query-vm", json!({})).unwrap();
@@ -304,6 +275,34 @@ fn a_ring_mode_guest_on_huge_pages_arrives_with_its_modes_and_data() {
         .execute("query-readiness", json!({"calc-time": 0.05}))
         .unwrap();
     assert_eq!(report["dirty_rate"]["mode"], "dirty-ring", "{report}");
+    dest.quit();
+}
+
+/// A VM started without a dirty-log mode turns the bitmap on when the
+/// migration starts, leaving set the bits of pages the host never backed
+/// (`dirty/unbacked.rs`); what a writer backs during pre-copy, a huge page
+/// at a time, still arrives.
+#[test]
+fn huge_pages_a_writer_backs_during_pre_copy_arrive() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start_with("mig-fresh", MEM, 2, |c| c.vm.hugepages = true);
+    let mut c = src.client();
+    guest(&mut c, 0, "touch size=4M pattern=0x77");
+    let dest = Dest::start("mig-fresh-dst", |_, _| {});
+    // Round 0 sends 4 MiB at 3 MB/s, about 1.4 s from the end of the setup
+    // (a few hundred ms); the writer starts 0.6 s after the migration, so
+    // in it, into four huge pages never backed when logging began.
+    let params = json!({"x-check-ram": true, "max-bandwidth": 3_000_000});
+    start_migration(&mut c, &dest.uri, params);
+    let writer = "wait for=600ms; dirty offset=16M ws=8M rate=2000/s for=1s";
+    queue(&mut c, 1, writer);
+    let info = wait_final(&mut c);
+    assert_completed(&info);
+    let mut d = dest.client();
+    assert_eq!(query(&mut d).x_ram_crc32, info.x_ram_crc32);
+    let r = guest(&mut d, 0, "verify size=4M pattern=0x77");
+    assert_eq!(value(&r[0], 2), 0);
     dest.quit();
 }
 
@@ -328,12 +327,7 @@ fn a_vcpu_in_a_vmm_side_wait_finishes_it_and_its_queue_on_the_destination() {
     );
     let dest = Dest::start("mig-wait-dst", |_, _| {});
     let info = migrate(&src, &dest.uri, json!({}));
-    assert_eq!(
-        info.status,
-        Some(Status::Completed),
-        "{:?}",
-        info.error_desc
-    );
+    assert_completed(&info);
     let mut d = dest.client();
     let r = guest(&mut d, 0, "verify offset=1M size=4K pattern=0x99");
     assert_eq!(
@@ -360,12 +354,7 @@ fn a_guest_migrates_over_tcp_on_loopback() {
     let dest = Dest::start_tcp("mig-tcp-dst");
     assert!(dest.uri.starts_with("tcp:127.0.0.1:"));
     let info = migrate(&src, &dest.uri, json!({}));
-    assert_eq!(
-        info.status,
-        Some(Status::Completed),
-        "{:?}",
-        info.error_desc
-    );
+    assert_completed(&info);
     let r = guest(&mut dest.client(), 0, "verify size=1M pattern=0x3c");
     assert_eq!(value(&r[0], 2), 0);
     dest.quit();

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use kvmscope::migration::pages::{classify, Backing};
+use kvmscope::backing::{classify, Backing};
 use vm_memory::{Bytes, VolatileMemory};
 
 struct SwapFile(Option<PathBuf>);

@@ -27,6 +27,42 @@ impl Bitmap {
         }
     }
 
+    /// Adds the pages `[first, first + n)`, a word at a time where it can;
+    /// pages past the end are ignored.
+    pub(crate) fn set_run(&mut self, first: u64, n: u64) {
+        let end = (first + n).min(self.words.len() as u64 * 64);
+        let mut p = first;
+        while p < end {
+            let bits = (end - p).min(64 - p % 64);
+            let mask = if bits == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << bits) - 1) << (p % 64)
+            };
+            if let Some(w) = self.words.get_mut((p / 64) as usize) {
+                self.count += u64::from((mask & !*w).count_ones());
+                *w |= mask;
+            }
+            p += bits;
+        }
+    }
+
+    /// Removes a page.
+    pub(crate) fn unset(&mut self, page: u64) {
+        if let Some(w) = self.words.get_mut((page / 64) as usize) {
+            let bit = 1u64 << (page % 64);
+            if *w & bit != 0 {
+                *w &= !bit;
+                self.count -= 1;
+            }
+        }
+    }
+
+    /// The set as KVM lays out a bitmap: 64 pages a word, page 0 in bit 0.
+    pub(crate) fn words(&self) -> &[u64] {
+        &self.words
+    }
+
     /// Adds every page set in `other` (a KVM bitmap, 64 pages a word).
     pub(crate) fn or_words(&mut self, other: &[u64]) {
         for (w, o) in self.words.iter_mut().zip(other) {
@@ -137,6 +173,24 @@ mod tests {
         b.or_words(&[0b11, 1 << 63]);
         assert_eq!(b.count(), 3);
         assert!(b.contains(0) && b.contains(1) && b.contains(127));
+    }
+
+    #[test]
+    fn set_run_and_unset_keep_the_count() {
+        let mut b = Bitmap::new(320);
+        b.set(70);
+        b.set_run(60, 140);
+        assert_eq!(b.count(), 140);
+        assert!(!b.contains(59) && b.contains(60) && b.contains(199) && !b.contains(200));
+        assert_eq!(b.words()[1], u64::MAX);
+        b.set_run(290, 64);
+        assert_eq!(b.count(), 140 + 30, "pages past the end are ignored");
+        b.unset(70);
+        b.unset(70);
+        b.unset(1000);
+        assert_eq!(b.count(), 169);
+        assert!(!b.contains(70));
+        assert_eq!(b.iter().count() as u64, b.count());
     }
 
     #[test]

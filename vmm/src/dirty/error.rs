@@ -27,6 +27,10 @@ pub enum Error {
     /// first page of the chunk is given.
     #[error("KVM_CLEAR_DIRTY_LOG from page {0}")]
     ClearLog(u64, #[source] std::io::Error),
+    /// The page map could not be scanned for the pages backed since logging
+    /// was turned on (it could be then).
+    #[error("PAGEMAP_SCAN over guest RAM, which worked when logging was turned on, failed")]
+    Backing,
     /// Handing harvested ring entries back to KVM failed.
     #[error("KVM_RESET_DIRTY_RINGS")]
     ResetRings(#[source] std::io::Error),

@@ -15,6 +15,9 @@
 //! VM's life (KVM allows it only before vCPUs exist); KVM refuses the bitmap
 //! once the ring is on (this kernel has no
 //! `KVM_CAP_DIRTY_LOG_RING_WITH_BITMAP`), so a ring VM always uses its ring.
+//! Turning the bitmap on at run time with initially-set bits clears (and so
+//! protects) only the pages that hold data; the bits of the others stay set
+//! and are told apart from writes at each fold (`unbacked.rs`).
 //!
 //! Users: the VM (`vm.rs`) builds it, vCPU threads harvest a full ring,
 //! readiness and migration subscribe. It depends on nothing above it.
@@ -23,6 +26,7 @@ pub(crate) mod bitmap;
 mod error;
 pub mod protect;
 pub(crate) mod ring;
+mod unbacked;
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +41,7 @@ use crate::memory::{self, GuestMemory};
 pub(crate) use bitmap::Bitmap;
 pub use error::Error;
 pub use protect::Protection;
+use unbacked::Unbacked;
 
 /// Which dirty tracking a VM uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +114,9 @@ struct State {
     holders: u32,
     /// The slot is registered with KVM_MEM_LOG_DIRTY_PAGES.
     logging: bool,
+    /// Pages the host had not backed when logging was turned on with
+    /// initially-set bits, whose bits were left set (`unbacked.rs`).
+    unbacked: Option<Unbacked>,
 }
 
 /// A VM's dirty tracking, shared by the vCPU threads (ring-full exits) and consumers.
@@ -186,6 +194,7 @@ impl DirtyLog {
             next_id: 0,
             holders: 0,
             logging: configured == Some(DirtyMode::Bitmap),
+            unbacked: None,
         };
         let offered = protect::offered(&vm);
         let log = DirtyLog {
@@ -199,8 +208,10 @@ impl DirtyLog {
             state: Mutex::new(state),
             harvested: vcpu_fds.iter().map(|_| AtomicU64::new(0)).collect(),
         };
-        if log.logs_from_boot() {
-            log.arm()?;
+        if log.logs_from_boot() && protection == Protection::INITIALLY_SET {
+            // Before any vCPU runs, every bit at once: a VM that logs from
+            // boot would pay `arm`'s page map scan at every fold for its life.
+            protect::clear_all(&log.vm, 0, log.pages)?;
         }
         match configured {
             Some(DirtyMode::Ring(_)) => log::info!("dirty log: {}", log.mode()),
@@ -224,16 +235,35 @@ impl DirtyLog {
         self.offered
     }
 
-    /// Clears the bits `INITIALLY_SET` set when logging was turned on (they
-    /// are not writes), chunk by chunk; each chunk's pages are protected, and
-    /// logged, from its clear on. A no-op without initially-set.
-    fn arm(&self) -> Result<(), Error> {
-        if self.protection
-            == (Protection::Manual {
-                initially_set: true,
-            })
-        {
-            protect::clear_all(&self.vm, 0, self.pages)?;
+    /// Clears the bits `INITIALLY_SET` set when logging was turned on at run
+    /// time (they are not writes), chunk by chunk; each chunk's pages are
+    /// protected, and logged, from its clear on. Only the bits of pages that
+    /// hold data are cleared where the page map says which: the others are
+    /// left set and told apart from writes at each fold (`unbacked.rs`), so
+    /// that the cost follows the memory the guest uses, not its size. A
+    /// no-op without initially-set.
+    fn arm(&self, state: &mut State) -> Result<(), Error> {
+        state.unbacked = None;
+        if self.protection != Protection::INITIALLY_SET {
+            return Ok(());
+        }
+        let t = std::time::Instant::now();
+        let scanned = memory::region(&self.mem).and_then(|r| Unbacked::scan(r, self.pages));
+        match scanned {
+            Some((data, unbacked)) => {
+                let scan = t.elapsed();
+                let calls = protect::clear(&self.vm, 0, data.words(), self.pages)?;
+                log::debug!(
+                    "dirty log: armed the {} pages that hold data ({calls} clears, {:?}; page map scan {scan:?}), left {} unbacked pages set",
+                    data.count(),
+                    t.elapsed() - scan,
+                    unbacked.count()
+                );
+                state.unbacked = Some(unbacked);
+            }
+            None => {
+                protect::clear_all(&self.vm, 0, self.pages)?;
+            }
         }
         Ok(())
     }
@@ -283,7 +313,7 @@ impl DirtyLog {
         if holds && state.holders == 0 {
             self.set_logging(true)?;
             state.logging = true;
-            if let Err(e) = self.arm() {
+            if let Err(e) = self.arm(&mut state) {
                 // Nobody holds the log: let it go rather than log for no one.
                 state.logging = false;
                 if let Err(off) = self.set_logging(false) {
@@ -394,6 +424,7 @@ impl DirtyLog {
             since_start,
             consumers,
             logging,
+            unbacked,
             ..
         } = state;
         if !rings.is_empty() {
@@ -411,12 +442,19 @@ impl DirtyLog {
             };
         }
         if *logging {
-            let words = self.read_bitmap()?;
+            let mut words = self.read_bitmap()?;
+            let mut cleared = false;
+            if let Some(unbacked) = unbacked.as_mut() {
+                cleared = self.sort_unbacked(unbacked, &mut words, protect)?;
+            }
             since_start.or_words(&words);
             for (_, w) in consumers.iter_mut() {
                 w.pages.or_words(&words);
             }
-            if matches!(self.protection, Protection::Manual { .. }) && protect == Protect::Again {
+            if !cleared
+                && matches!(self.protection, Protection::Manual { .. })
+                && protect == Protect::Again
+            {
                 // Folded everywhere: hand back exactly those bits, which
                 // write-protects their pages again. Left set, they are
                 // read again at the next fold (where `since_start` has them
@@ -425,6 +463,44 @@ impl DirtyLog {
             }
         }
         Ok(())
+    }
+
+    /// Leaves in `words` (the bitmap as read) only the writes among the bits
+    /// of `unbacked`'s pages: those the host backs now and that were written
+    /// (`unbacked.rs`). With `Protect::Again` it clears, in the same calls,
+    /// the bits `words` keeps and those of every page backed since, before
+    /// it reads their content, and returns true (done clearing).
+    fn sort_unbacked(
+        &self,
+        unbacked: &mut Unbacked,
+        words: &mut [u64],
+        protect: Protect,
+    ) -> Result<bool, Error> {
+        let Some(region) = memory::region(&self.mem) else {
+            return Ok(false);
+        };
+        let fresh = unbacked.fresh(region)?;
+        unbacked.mask(words);
+        if protect == Protect::Leave {
+            // A written page's bit stays set and is read again at the next
+            // fold, as any other's; a zero page of a huge one stays in the set.
+            let written = fresh.written(region);
+            unbacked.forget(written.iter().copied());
+            written
+                .into_iter()
+                .for_each(|p| unbacked::set_bit(words, p));
+            return Ok(false);
+        }
+        let mut clear = words.to_vec();
+        fresh.all().for_each(|p| unbacked::set_bit(&mut clear, p));
+        protect::clear(&self.vm, 0, &clear, self.pages)?;
+        unbacked.forget(fresh.all());
+        // Protected first: a write after this read is logged by KVM.
+        fresh
+            .written(region)
+            .into_iter()
+            .for_each(|p| unbacked::set_bit(words, p));
+        Ok(true)
     }
 
     /// Slot 0's dirty bitmap as KVM holds it (`KVM_GET_DIRTY_LOG`: with
@@ -465,6 +541,7 @@ impl DirtyLog {
                 // its pages stay writable: nobody logs them any more.
                 self.fold(&mut state, Protect::Leave)?;
                 state.logging = false;
+                state.unbacked = None;
                 self.set_logging(false)?;
             }
         }
@@ -553,7 +630,18 @@ impl Consumer {
         let pending = if !state.rings.is_empty() || !state.logging {
             None
         } else if matches!(log.protection, Protection::Manual { .. }) {
-            Some(log.read_bitmap()?)
+            let mut words = log.read_bitmap()?;
+            let region = memory::region(&log.mem);
+            if let (Some(unbacked), Some(region)) = (&state.unbacked, region) {
+                // The bits left set are not writes; pages backed since and
+                // written are (counted, nothing cleared).
+                let fresh = unbacked.fresh(region)?;
+                unbacked.mask(&mut words);
+                for p in fresh.written(region) {
+                    unbacked::set_bit(&mut words, p);
+                }
+            }
+            Some(words)
         } else {
             log.fold(&mut state, Protect::Again)?;
             None

@@ -53,6 +53,13 @@ pub enum Protection {
     },
 }
 
+impl Protection {
+    /// Manual protection with initially-set bits.
+    pub const INITIALLY_SET: Protection = Protection::Manual {
+        initially_set: true,
+    };
+}
+
 impl std::fmt::Display for Protection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -4,7 +4,8 @@
 //! - [`format`](mod@format): the versioned stream (headers, sections, trailer);
 //! - [`transport`]: `unix:PATH` and `tcp:HOST:PORT`, and the destination's
 //!   watched reads (idle deadline, stop);
-//! - [`pages`]: which pages the host ever backed (page map), zero checks;
+//! - [`crate::backing`] (outside: dirty tracking uses it too): which pages
+//!   the host ever backed (page map), zero checks;
 //! - [`writer`]: the page writer: runs, batching into sections, zero pages,
 //!   counters, pacing to `max-bandwidth`;
 //! - [`sender`]: the source's pre-copy policy (passes, the stop test, the
@@ -28,7 +29,6 @@ pub(crate) mod digest;
 pub mod format;
 pub(crate) mod handle;
 pub mod handshake;
-pub mod pages;
 pub(crate) mod prefetch;
 pub mod receiver;
 pub(crate) mod sender;

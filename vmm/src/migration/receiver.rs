@@ -17,9 +17,9 @@ use super::device;
 use super::format::{self, ConfigRecord, Kind, PageRun, PassRecord, Reader, RunKind};
 use super::handle::Migration;
 use super::handshake::{self, HEADER_WAIT};
-use super::pages::Backing;
 use super::prefetch::{populate, Prefetch};
 use super::transport::{self, halt_of, Halt, Listener, Stop, Uri, Watched};
+use crate::backing::Backing;
 use crate::dirty::{Bitmap, DirtyMode};
 use crate::memory::GuestMemory;
 use crate::protocol::migration::{RamStats, Status};
@@ -395,7 +395,7 @@ impl Incoming {
         // would only fault memory in (2,000 faults in the stop's path for a
         // 512 MiB guest). Without the page map, everything below the arena,
         // where boot writes go.
-        match crate::memory::region(mem).map(|r| super::pages::classify(r)) {
+        match crate::memory::region(mem).map(|r| crate::backing::classify(r)) {
             Some(Ok(runs)) => runs
                 .iter()
                 .filter(|(_, _, b)| *b == Backing::Data)

@@ -18,7 +18,7 @@ use vm_memory::{Bytes, GuestAddress};
 use zerocopy::IntoBytes;
 
 use super::format::{self, Kind, PageRun, RunKind, Writer};
-use super::pages::{self, Backing};
+use crate::backing::{self as pages, Backing};
 use crate::memory::GuestMemory;
 
 /// A RAM section is sent once its payload reaches this size.

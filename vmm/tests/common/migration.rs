@@ -157,11 +157,26 @@ pub fn query(c: &mut Client) -> MigrationInfo {
 /// Sets `params`, starts `migrate` to `uri` and waits for the end; returns the final status.
 pub fn migrate(src: &ServedVm, uri: &str, params: Value) -> MigrationInfo {
     let mut c = src.client();
+    start_migration(&mut c, uri, params);
+    wait_final(&mut c)
+}
+
+/// Sets `params` and starts `migrate` to `uri`, without waiting.
+pub fn start_migration(c: &mut Client, uri: &str, params: Value) {
     c.execute("migrate-set-parameters", params)
         .expect("migrate-set-parameters");
     c.execute("migrate", json!({ "uri": uri }))
         .expect("migrate");
-    wait_final(&mut c)
+}
+
+/// Asserts that a migration completed, showing its error if it did not.
+pub fn assert_completed(info: &MigrationInfo) {
+    assert_eq!(
+        info.status,
+        Some(Status::Completed),
+        "{:?}",
+        info.error_desc
+    );
 }
 
 /// Waits until a migration is over.

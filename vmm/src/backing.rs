@@ -1,6 +1,7 @@
-//! Which pages of guest RAM the host ever backed, so that round 0 sends the
-//! rest as zero without reading them (reading would fault in a page per
-//! page). `mincore` cannot tell: it says "not resident" both for a page never
+//! Which pages of guest RAM the host ever backed: a migration's round 0
+//! sends the rest as zero without reading them (reading would fault in a
+//! page per page), and dirty logging leaves their initially-set bits set
+//! rather than protect pages that have no mapping ([`data_runs`]). `mincore` cannot tell: it says "not resident" both for a page never
 //! touched and for one swapped out, and a swapped-out page holds data. The
 //! page map can: `PAGEMAP_SCAN` (Linux 6.7+) returns present, swapped and
 //! zero-page ranges in one call per few thousand ranges; without it each
@@ -37,6 +38,7 @@ pub enum Backing {
 const PAGE_IS_PRESENT: u64 = 1 << 3;
 const PAGE_IS_SWAPPED: u64 = 1 << 4;
 const PAGE_IS_PFNZERO: u64 = 1 << 5;
+const PAGE_IS_HUGE: u64 = 1 << 6;
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAP: u64 = 1 << 62;
 
@@ -72,7 +74,7 @@ pub(crate) struct PageRegion {
 /// The macro makes a `pub fn`; this module keeps the ioctl number out of the
 /// crate's API.
 mod nr {
-    use crate::migration::pages::PmScanArg;
+    use crate::backing::PmScanArg;
     vmm_sys_util::ioctl_iowr_nr!(PAGEMAP_SCAN, b'f' as u32, 16, PmScanArg);
 }
 use nr::PAGEMAP_SCAN;
@@ -158,6 +160,43 @@ pub fn classify(region: &MmapRegion<()>) -> Result<Vec<(u64, u64, Backing)>, Err
     }
 }
 
+/// A run of pages that hold data (present or swapped out, not the shared
+/// zero page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DataRun {
+    /// The run's first page, counted from the region's start.
+    pub(crate) first: u64,
+    /// Pages in the run.
+    pub(crate) count: u64,
+    /// Backed by a transparent huge page: a write to one of its 4 KiB pages
+    /// backs all 512, so that being backed says nothing of the others.
+    pub(crate) huge: bool,
+}
+
+/// The runs of `region` (a mapping of this process) that hold data, by
+/// `PAGEMAP_SCAN` alone: `None` where this kernel has no such ioctl (reading
+/// a `/proc/self/pagemap` entry per page of a large guest costs more than the
+/// callers save).
+pub(crate) fn data_runs(region: &MmapRegion<()>) -> Option<Vec<DataRun>> {
+    let file = File::open("/proc/self/pagemap").ok()?;
+    let base = region.as_ptr() as u64;
+    let end = base + region.size() as u64;
+    let regions = scan(&file, base, end - base)?;
+    let runs = regions
+        .iter()
+        .filter(|r| region_backing(r.categories) == Backing::Data)
+        .filter_map(|r| {
+            let (start, stop) = (r.start.max(base), r.end.min(end));
+            (start < stop).then(|| DataRun {
+                first: (start - base) / 4096,
+                count: (stop - start) / 4096,
+                huge: r.categories & PAGE_IS_HUGE != 0,
+            })
+        })
+        .collect();
+    Some(runs)
+}
+
 /// `PAGEMAP_SCAN` over the range; `None` if this kernel has no such ioctl.
 fn scan(file: &File, base: u64, len: u64) -> Option<Vec<PageRegion>> {
     let mut regions = Vec::new();
@@ -172,7 +211,7 @@ fn scan(file: &File, base: u64, len: u64) -> Option<Vec<PageRegion>> {
             vec: buf.as_mut_ptr() as u64,
             vec_len: buf.len() as u64,
             category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_PFNZERO,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_PFNZERO | PAGE_IS_HUGE,
             ..Default::default()
         };
         // SAFETY: `arg` points the kernel at `buf`, which holds `vec_len`
