@@ -4,6 +4,8 @@
 //! - the VMM's cost of starting a window (subscribe → armed) on a guest
 //!   started without a mode (the bitmap turned on at run time), 512 MiB of it
 //!   written just before, by guest size;
+//! - the same on a VM that logs from boot (what a readiness window needs),
+//!   with and without 512 MiB written since the last look;
 //! - the guest's stall: writes of `dirty rate=max` in the 100 ms segment in
 //!   which the window starts, against the segments before it.
 //!
@@ -14,6 +16,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::median;
+use kvmscope::dirty::DirtyMode;
 use kvmscope::vm::{Vm, VmConfig};
 use kvmscope::workload::parse_sequence;
 
@@ -22,9 +25,14 @@ const TOUCH: &str = "touch size=512M";
 const SEGMENT: &str = "dirty ws=4M rate=max for=100ms";
 
 fn vm(memory: u64, manual: bool) -> Vm {
+    vm_with(memory, manual, None)
+}
+
+fn vm_with(memory: u64, manual: bool, dirty_log: Option<DirtyMode>) -> Vm {
     let mut vm = Vm::new(VmConfig {
         memory,
         dirty_manual_protect: manual,
+        dirty_log,
         ..Default::default()
     })
     .expect("VM");
@@ -55,10 +63,28 @@ fn path(manual: bool) -> &'static str {
 /// Median and largest time of `subscribe` over 5 windows, 512 MiB rewritten
 /// before each (so that there is as much mapped to protect each time).
 fn start_cost(memory: u64, manual: bool) -> (f64, f64) {
-    let mut vm = vm(memory, manual);
+    windows(&mut vm(memory, manual), true)
+}
+
+/// The same on a VM that logs from boot (`--dirty-log bitmap`, what a
+/// readiness window needs), manual protect: the start folds what was written
+/// since the last look and protects it again. `rewrite`: 512 MiB written
+/// before each window (as above); otherwise written once, before a first
+/// window that is not counted, and nothing since.
+fn start_cost_from_boot(memory: u64, rewrite: bool) -> (f64, f64) {
+    let mut vm = vm_with(memory, true, Some(DirtyMode::Bitmap));
+    run(&mut vm, TOUCH);
+    drop(vm.dirty().subscribe().expect("subscribe"));
+    windows(&mut vm, rewrite)
+}
+
+/// Times 5 `subscribe`s (`rewrite`: `TOUCH` before each), then stops the VM.
+fn windows(vm: &mut Vm, rewrite: bool) -> (f64, f64) {
     let mut times = Vec::new();
     for _ in 0..5 {
-        run(&mut vm, TOUCH);
+        if rewrite {
+            run(vm, TOUCH);
+        }
         let t = Instant::now();
         let window = vm.dirty().subscribe().expect("subscribe");
         times.push(t.elapsed().as_secs_f64() * 1e3);
@@ -107,6 +133,18 @@ fn main() {
                 "  {gib:>2} GiB, {}: {med:>7.2} ms / {max:>7.2} ms",
                 path(manual)
             );
+        }
+    }
+    println!("starting a window on a VM that logs from boot (bitmap, manual protect), median / max of 5:");
+    for gib in [1, 16] {
+        for rewrite in [true, false] {
+            let (med, max) = start_cost_from_boot(gib * GIB, rewrite);
+            let what = if rewrite {
+                "512 MiB written since the last look"
+            } else {
+                "nothing written since the last look"
+            };
+            println!("  {gib:>2} GiB, {what}: {med:>7.2} ms / {max:>7.2} ms");
         }
     }
     println!("guest writes of '{SEGMENT}' in the segment a window starts in, / the segments before (1.0: no stall), 16 GiB guest, {TOUCH} first, median of 3:");
