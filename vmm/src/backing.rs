@@ -151,13 +151,38 @@ pub(crate) fn runs_from_regions(
 /// # Errors
 /// The page map could not be opened or read.
 pub fn classify(region: &MmapRegion<()>) -> Result<Vec<(u64, u64, Backing)>, Error> {
+    classify_range(region, 0, u64::MAX)
+}
+
+/// [`classify`] for the pages `[first, first + count)` of `region` (cut at
+/// its end); pages are still counted from the region's start.
+///
+/// # Errors
+/// The page map could not be opened or read.
+pub(crate) fn classify_range(
+    region: &MmapRegion<()>,
+    first: u64,
+    count: u64,
+) -> Result<Vec<(u64, u64, Backing)>, Error> {
     let file = File::open("/proc/self/pagemap").map_err(Error::Open)?;
-    let base = region.as_ptr() as u64;
-    let len = region.size();
-    match scan(&file, base, len as u64) {
-        Some(regions) => Ok(runs_from_regions(base, len as u64, &regions)),
-        None => read_entries(file, base, len as u64),
-    }
+    let (base, len) = span(region, first, count);
+    let runs = match scan(&file, base, len) {
+        Some(regions) => runs_from_regions(base, len, &regions),
+        None => read_entries(file, base, len)?,
+    };
+    Ok(runs
+        .into_iter()
+        .map(|(f, n, b)| (f + first, n, b))
+        .collect())
+}
+
+/// The host addresses of pages `[first, first + count)` of `region`, cut at
+/// its end: the start and the length in bytes.
+fn span(region: &MmapRegion<()>, first: u64, count: u64) -> (u64, u64) {
+    let pages = region.size() as u64 / 4096;
+    let first = first.min(pages);
+    let count = count.min(pages - first);
+    (region.as_ptr() as u64 + first * 4096, count * 4096)
 }
 
 /// A run of pages that hold data (present or swapped out, not the shared
@@ -173,22 +198,24 @@ pub(crate) struct DataRun {
     pub(crate) huge: bool,
 }
 
-/// The runs of `region` (a mapping of this process) that hold data, by
-/// `PAGEMAP_SCAN` alone: `None` where this kernel has no such ioctl (reading
-/// a `/proc/self/pagemap` entry per page of a large guest costs more than the
-/// callers save).
-pub(crate) fn data_runs(region: &MmapRegion<()>) -> Option<Vec<DataRun>> {
+/// The runs of pages `[first, first + count)` of `region` (a mapping of this
+/// process; cut at its end) that hold data, by `PAGEMAP_SCAN` alone: `None`
+/// where this kernel has no such ioctl (reading a `/proc/self/pagemap` entry
+/// per page of a large guest costs more than the callers save). Pages are
+/// counted from the region's start.
+pub(crate) fn data_runs(region: &MmapRegion<()>, first: u64, count: u64) -> Option<Vec<DataRun>> {
     let file = File::open("/proc/self/pagemap").ok()?;
-    let base = region.as_ptr() as u64;
-    let end = base + region.size() as u64;
-    let regions = scan(&file, base, end - base)?;
+    let (base, len) = span(region, first, count);
+    let end = base + len;
+    let regions = scan(&file, base, len)?;
+    let origin = region.as_ptr() as u64;
     let runs = regions
         .iter()
         .filter(|r| region_backing(r.categories) == Backing::Data)
         .filter_map(|r| {
             let (start, stop) = (r.start.max(base), r.end.min(end));
             (start < stop).then(|| DataRun {
-                first: (start - base) / 4096,
+                first: (start - origin) / 4096,
                 count: (stop - start) / 4096,
                 huge: r.categories & PAGE_IS_HUGE != 0,
             })

@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use kvmscope::backing::Backing;
 use kvmscope::dirty::{DirtyMode, Protection};
 use kvmscope::vm::{Vm, VmConfig};
 use kvmscope::workload::parse_sequence;
@@ -123,6 +124,52 @@ fn a_write_that_backs_a_huge_page_is_one_page_written_not_512() {
     );
     drop(window);
     assert!(vm.stop(Duration::from_secs(1)).is_empty());
+}
+
+/// A consumer that arms its pages itself (a migration's first pass): with
+/// initially-set bits, writes before a range is armed are not in its window
+/// (it reads them after arming), writes after are; the backing it is handed
+/// is the pages' as armed.
+#[test]
+fn a_range_armed_by_its_reader_logs_the_writes_after_its_arming_only() {
+    require_kvm!();
+    for manual in [true, false] {
+        let mut vm = vm(None, manual);
+        vm.start().unwrap();
+        let path = vm.dirty().protection();
+        run_and_wait(&mut vm, "touch size=1M", 1);
+        let window = vm.dirty().subscribe_unarmed().unwrap();
+        run_and_wait(&mut vm, "touch size=64K", 2);
+        let runs = window.arm(0, PAGES).unwrap();
+        assert_eq!(
+            runs.iter().map(|r| r.1).sum::<u64>(),
+            PAGES,
+            "{path:?}: every page"
+        );
+        let data = |p: u64| {
+            runs.iter()
+                .any(|&(f, n, b)| b == Backing::Data && (f..f + n).contains(&p))
+        };
+        assert!(data(arena()) && data(arena() + 255), "{path:?}: {runs:?}");
+        assert!(!data(arena() + 2048), "{path:?}: never backed");
+        run_and_wait(&mut vm, "touch offset=128K size=64K", 3);
+        let pages = window.take().unwrap();
+        // The whole-slot fallback protects every page as logging starts:
+        // its window starts at the subscription, arming or not.
+        let before = if path == Some(Protection::INITIALLY_SET) {
+            0
+        } else {
+            16
+        };
+        assert_eq!(
+            pages.count_range(arena(), 16),
+            before,
+            "{path:?}: written before arming"
+        );
+        assert_eq!(pages.count_range(arena() + 32, 16), 16, "{path:?}: after");
+        drop(window);
+        assert!(vm.stop(Duration::from_secs(1)).is_empty());
+    }
 }
 
 #[test]

@@ -31,6 +31,9 @@ pub enum Error {
     /// was turned on (it could be then).
     #[error("PAGEMAP_SCAN over guest RAM, which worked when logging was turned on, failed")]
     Backing,
+    /// The page map could not be read for the backing of the pages armed.
+    #[error("reading the page map")]
+    Pages(#[source] crate::backing::Error),
     /// Handing harvested ring entries back to KVM failed.
     #[error("KVM_RESET_DIRTY_RINGS")]
     ResetRings(#[source] std::io::Error),

@@ -22,6 +22,7 @@
 //! Users: the VM (`vm.rs`) builds it, vCPU threads harvest a full ring,
 //! readiness and migration subscribe. It depends on nothing above it.
 
+mod arming;
 pub(crate) mod bitmap;
 mod error;
 pub mod protect;
@@ -117,6 +118,9 @@ struct State {
     /// Pages the host had not backed when logging was turned on with
     /// initially-set bits, whose bits were left set (`unbacked.rs`).
     unbacked: Option<Unbacked>,
+    /// Chunks of [`protect::CHUNK_PAGES`] whose initially-set bits are not
+    /// cleared yet, by index (`arming.rs`); empty once every one is.
+    unarmed: Vec<bool>,
 }
 
 /// A VM's dirty tracking, shared by the vCPU threads (ring-full exits) and consumers.
@@ -195,6 +199,7 @@ impl DirtyLog {
             holders: 0,
             logging: configured == Some(DirtyMode::Bitmap),
             unbacked: None,
+            unarmed: Vec::new(),
         };
         let offered = protect::offered(&vm);
         let log = DirtyLog {
@@ -235,39 +240,6 @@ impl DirtyLog {
         self.offered
     }
 
-    /// Clears the bits `INITIALLY_SET` set when logging was turned on at run
-    /// time (they are not writes), chunk by chunk; each chunk's pages are
-    /// protected, and logged, from its clear on. Only the bits of pages that
-    /// hold data are cleared where the page map says which: the others are
-    /// left set and told apart from writes at each fold (`unbacked.rs`), so
-    /// that the cost follows the memory the guest uses, not its size. A
-    /// no-op without initially-set.
-    fn arm(&self, state: &mut State) -> Result<(), Error> {
-        state.unbacked = None;
-        if self.protection != Protection::INITIALLY_SET {
-            return Ok(());
-        }
-        let t = std::time::Instant::now();
-        let scanned = memory::region(&self.mem).and_then(|r| Unbacked::scan(r, self.pages));
-        match scanned {
-            Some((data, unbacked)) => {
-                let scan = t.elapsed();
-                let calls = protect::clear(&self.vm, 0, data.words(), self.pages)?;
-                log::debug!(
-                    "dirty log: armed the {} pages that hold data ({calls} clears, {:?}; page map scan {scan:?}), left {} unbacked pages set",
-                    data.count(),
-                    t.elapsed() - scan,
-                    unbacked.count()
-                );
-                state.unbacked = Some(unbacked);
-            }
-            None => {
-                protect::clear_all(&self.vm, 0, self.pages)?;
-            }
-        }
-        Ok(())
-    }
-
     /// The mode the VM was started with, if any.
     pub(crate) fn configured(&self) -> Option<DirtyMode> {
         self.configured
@@ -306,6 +278,24 @@ impl DirtyLog {
     /// # Errors
     /// The KVM call that failed.
     pub fn subscribe(self: &Arc<Self>) -> Result<Consumer, Error> {
+        self.subscribe_armed(true)
+    }
+
+    /// Like [`subscribe`](DirtyLog::subscribe), but where this consumer turns
+    /// a bitmap with initially-set bits on, nothing is protected yet: the
+    /// consumer arms the pages a range at a time with [`Consumer::arm`] and
+    /// reads them after (a migration's first pass, which sends every page
+    /// anyway, so that turning logging on stalls nothing). A fold before
+    /// every range is armed arms the rest first, whoever asks (the arming
+    /// consumer's reads after [`Consumer::arm`] still come after).
+    ///
+    /// # Errors
+    /// The KVM call that failed.
+    pub fn subscribe_unarmed(self: &Arc<Self>) -> Result<Consumer, Error> {
+        self.subscribe_armed(false)
+    }
+
+    fn subscribe_armed(self: &Arc<Self>, armed: bool) -> Result<Consumer, Error> {
         let mut state = self.lock();
         let holds = !self.logs_from_boot();
         // Protected again: the new window must see the next write to every page.
@@ -313,9 +303,11 @@ impl DirtyLog {
         if holds && state.holders == 0 {
             self.set_logging(true)?;
             state.logging = true;
-            if let Err(e) = self.arm(&mut state) {
+            if let Err(e) = self.arm(&mut state, armed) {
                 // Nobody holds the log: let it go rather than log for no one.
                 state.logging = false;
+                state.unbacked = None;
+                state.unarmed.clear();
                 if let Err(off) = self.set_logging(false) {
                     log::warn!("dirty log: {}", crate::error_chain(&off));
                 }
@@ -425,6 +417,7 @@ impl DirtyLog {
             consumers,
             logging,
             unbacked,
+            unarmed,
             ..
         } = state;
         if !rings.is_empty() {
@@ -442,6 +435,11 @@ impl DirtyLog {
             };
         }
         if *logging {
+            if unarmed.contains(&true) {
+                // Someone looks before every range is armed: arm the rest
+                // (a consumer arming its ranges reads them after anyway).
+                self.arm_rest(unbacked.as_mut(), unarmed)?;
+            }
             let mut words = self.read_bitmap()?;
             let mut cleared = false;
             if let Some(unbacked) = unbacked.as_mut() {
@@ -542,6 +540,7 @@ impl DirtyLog {
                 self.fold(&mut state, Protect::Leave)?;
                 state.logging = false;
                 state.unbacked = None;
+                state.unarmed.clear();
                 self.set_logging(false)?;
             }
         }

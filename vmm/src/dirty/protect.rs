@@ -146,7 +146,16 @@ pub(crate) fn clear_all(vm: &VmFd, slot: u32, pages: u64) -> Result<u32, Error> 
 
 /// One `KVM_CLEAR_DIRTY_LOG` of the pages from `first` (a multiple of 64)
 /// whose bits are set in `bits`, up to [`CHUNK_PAGES`] and the slot's end.
-fn clear_chunk(vm: &VmFd, slot: u32, first: u64, pages: u64, bits: &[u64]) -> Result<(), Error> {
+///
+/// # Errors
+/// `ClearLog` naming `first`.
+pub(crate) fn clear_chunk(
+    vm: &VmFd,
+    slot: u32,
+    first: u64,
+    pages: u64,
+    bits: &[u64],
+) -> Result<(), Error> {
     // KVM wants a multiple of 64 pages unless the range ends the slot.
     let n = CHUNK_PAGES
         .min(pages.saturating_sub(first))

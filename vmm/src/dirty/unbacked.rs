@@ -25,7 +25,7 @@ use vm_memory::{Bytes as _, GuestRegionMmap, MemoryRegionAddress};
 
 use super::bitmap::Bitmap;
 use super::error::Error;
-use crate::backing;
+use crate::backing::{self, DataRun};
 
 /// Pages whose bits were left set when logging was turned on.
 #[derive(Debug)]
@@ -43,22 +43,31 @@ pub(crate) struct Fresh {
 }
 
 impl Unbacked {
-    /// Scans `region` (guest RAM, `pages` pages) as logging is turned on:
-    /// the pages that hold data, whose bits are to be cleared (which
-    /// protects them), and the set of the others. `None` where the kernel
-    /// has no `PAGEMAP_SCAN`.
-    pub(crate) fn scan(region: &GuestRegionMmap<()>, pages: u64) -> Option<(Bitmap, Unbacked)> {
-        let runs = backing::data_runs(region)?;
-        let mut data = Bitmap::new(pages);
-        let mut unbacked = Bitmap::new(pages);
-        let mut at = 0;
+    /// An empty set for a slot of `pages` pages.
+    pub(crate) fn new(pages: u64) -> Unbacked {
+        Unbacked {
+            pages: Bitmap::new(pages),
+        }
+    }
+
+    /// Scans pages `[first, end)` of `region` (guest RAM) as they are armed:
+    /// adds those that hold no data to the set and returns the runs that do
+    /// (their bits are to be cleared, which protects them). `None` where the
+    /// kernel has no `PAGEMAP_SCAN`.
+    pub(crate) fn scan(
+        &mut self,
+        region: &GuestRegionMmap<()>,
+        first: u64,
+        end: u64,
+    ) -> Option<Vec<DataRun>> {
+        let runs = backing::data_runs(region, first, end.saturating_sub(first))?;
+        let mut at = first;
         for r in &runs {
-            data.set_run(r.first, r.count);
-            unbacked.set_run(at, r.first.saturating_sub(at));
+            self.pages.set_run(at, r.first.saturating_sub(at));
             at = r.first + r.count;
         }
-        unbacked.set_run(at, pages.saturating_sub(at));
-        Some((data, Unbacked { pages: unbacked }))
+        self.pages.set_run(at, end.saturating_sub(at));
+        Some(runs)
     }
 
     /// Pages in the set.
@@ -72,7 +81,7 @@ impl Unbacked {
     /// `Backing`: the page map could not be scanned (it could when logging
     /// was turned on).
     pub(crate) fn fresh(&self, region: &GuestRegionMmap<()>) -> Result<Fresh, Error> {
-        let runs = backing::data_runs(region).ok_or(Error::Backing)?;
+        let runs = backing::data_runs(region, 0, u64::MAX).ok_or(Error::Backing)?;
         let mut fresh = Fresh::default();
         for r in runs {
             let pages = self.pages.iter_range(r.first, r.first + r.count);

@@ -333,7 +333,10 @@ impl<'a> Precopy<'a> {
                 &self.m.parameters(),
             )
         });
-        let consumer = self.src.dirty.subscribe()?;
+        // Nothing is protected yet: pass 0 arms each range just before it
+        // reads it (`dirty::Consumer::arm`), so that logging starts without
+        // a stall and the guest's faults spread over the pass.
+        let consumer = self.src.dirty.subscribe_unarmed()?;
         let setup = self.m.elapsed_ms();
         log::debug!(
             "migration setup: from {started} ms, connected at {connected} ms, destination ready at {ready} ms, logging on at {setup} ms"
@@ -349,25 +352,39 @@ impl<'a> Precopy<'a> {
             None => Vec::new(),
         };
         self.send_plan(&runs)?;
-        let mut dirty = self.pass_and_sync(&runs, &consumer)?;
+        let mut dirty = self.pass_and_sync(&runs, Pass::First, &consumer)?;
         while !self.fits(&dirty) {
-            dirty = self.pass_and_sync(&data_runs(&dirty), &consumer)?;
+            dirty = self.pass_and_sync(&data_runs(&dirty), Pass::Dirty, &consumer)?;
         }
         self.stop_and_copy(dirty, consumer)
     }
 
     /// Sends one pass, then syncs the dirty log: the pages to send next.
+    /// `runs` are the pass's pages; the first pass sends them as each range
+    /// reads when armed, a range of [`dirty::protect::CHUNK_PAGES`] at a time.
     fn pass_and_sync(
         &mut self,
         runs: &[(u64, u64, Backing)],
+        pass: Pass,
         consumer: &dirty::Consumer,
     ) -> Result<Bitmap, Error> {
         let (t0, bytes0, pages0) = (Instant::now(), self.wire_bytes(), self.pages_sent());
+        let pages = runs.iter().map(|r| r.1).sum();
         self.live = PassProgress {
-            pages: runs.iter().map(|r| r.1).sum(),
+            pages,
             from: (pages0, t0, bytes0),
         };
-        self.send_runs(runs)?;
+        match pass {
+            Pass::Dirty => self.send_runs(runs)?,
+            Pass::First => {
+                let mut first = 0;
+                while first < pages {
+                    let n = dirty::protect::CHUNK_PAGES.min(pages - first);
+                    self.send_runs(&consumer.arm(first, n)?)?;
+                    first += n;
+                }
+            }
+        }
         self.end_pass(pages0)?;
         let dirty = consumer.take()?;
         let secs = t0.elapsed().as_secs_f64().max(1e-6);
@@ -576,6 +593,15 @@ impl<'a> Precopy<'a> {
         };
         Ok(w.send_runs(runs, &mut ctl)?)
     }
+}
+
+/// Which pass [`Precopy::pass_and_sync`] sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Pass 0: every page, each range armed for logging just before it is read.
+    First,
+    /// A later pass: the pages dirtied during the one before.
+    Dirty,
 }
 
 /// What the writer asks of the migration between sections: cancel,
