@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from experiments_vm import unix_listening
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = os.path.join(ROOT, "fuzz/corpus/migration_stream/ok-config-only")
 REPLY_READY = 1
@@ -70,7 +72,7 @@ class Dest:
 
     def listening(self):
         if not self.tcp:
-            return os.path.exists(self.addr)
+            return unix_listening(self.addr)
         port = "%04X" % self.addr[1]
         with open("/proc/net/tcp") as f:
             return any(l.split()[1].endswith(":" + port) and l.split()[3] == "0A"

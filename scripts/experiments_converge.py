@@ -152,7 +152,7 @@ def converge_cell(binary, m, shape, mode, how):
         untracked = untracked_rates(src, vcpus, m["converge_lead"])
         for v in readers:
             untracked[v] = alone[v]
-        dst = Dest(binary)
+        dst = Dest(binary, like=src)
         cmd = [binary, "migrate", "--socket", src.socket, "--to", dst.uri, "--bandwidth", m["converge_link"],
                "--max-downtime", "%dms" % m["converge_limit_ms"], "--predict", "--json", "--converge", how]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

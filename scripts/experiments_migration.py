@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 
-from experiments_vm import LIVE, Vm, call, die_with_parent, log, shut_down
+from experiments_vm import LIVE, Vm, call, die_with_parent, log, shut_down, unix_listening
 from kvmscope_client import Connection
 
 MIB = 1 << 20
@@ -34,21 +34,26 @@ CALC_TIME = 0.5
 
 
 class Dest:
-    """A `kvmscope run --incoming unix:PATH --socket` child."""
+    """A `kvmscope run --incoming unix:PATH --socket` child; given `like` (the
+    source's Vm), it builds the same VM before it listens, as QEMU's
+    `-incoming` builds its machine, so that no slow build (a new memory slot
+    can wait seconds for an SRCU grace period on a busy host) falls inside
+    a migration's setup."""
 
-    def __init__(self, binary):
+    def __init__(self, binary, like=None):
         self.dir = tempfile.mkdtemp(prefix="kvmscope-mig-")
         self.uri = "unix:" + os.path.join(self.dir, "in.sock")
         self.socket = os.path.join(self.dir, "ctl.sock")
         self.log_path = os.path.join(self.dir, "run.log")
         args = [binary, "run", "--incoming", self.uri, "--socket", self.socket, "--sample-interval", "off"]
+        args += like.shape if like is not None else []
         with open(self.log_path, "w") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          preexec_fn=die_with_parent)
         LIVE.add(self)
         self.conn = None
         deadline = time.monotonic() + 30
-        while not os.path.exists(self.uri[5:]):
+        while not unix_listening(self.uri[5:]):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the destination did not listen: %s" % self.tail())
             time.sleep(0.005)
@@ -144,7 +149,7 @@ def migration_cell(binary, c, ws, seconds):
         src.call("migrate-set-parameters", **{"max-bandwidth": bandwidth, "downtime-limit": c["limit_ms"],
                                               "x-max-rounds": MAX_ROUNDS})
         rep = src.readiness(scan=True, calc_time=CALC_TIME if dirty else 0.0)
-        dst = Dest(binary)
+        dst = Dest(binary, like=src)
         info = migrate(src, dst.uri)
         if info.get("status") != "completed":
             raise RuntimeError("migration %s: %s" % (info.get("status"), info.get("error-desc")))

@@ -76,7 +76,7 @@ def published_cell(binary, m, name, rng):
         time.sleep(rng.uniform(0, 2 * every))
         page = own_stats(src)
         age = time.time() - page["readiness_at_ns"] / 1e9
-        dst = Dest(binary)
+        dst = Dest(binary, like=src)
         info = migrate(src, dst.uri)
         if info.get("status") != "completed":
             raise RuntimeError("migration %s: %s" % (info.get("status"), info.get("error-desc")))

@@ -218,7 +218,7 @@ def migration_cell(binary, m, mode, name):
         # half is the pace on the vCPU's clock.
         time.sleep(0.75)
         pace_from = progress(src)
-        dst = Dest(binary)
+        dst = Dest(binary, like=src)
         time.sleep(0.75)
         start = progress(src)
         cmd = [binary, "migrate", "--socket", src.socket, "--to", dst.uri, "--bandwidth", "1Gbit",

@@ -79,6 +79,18 @@ def shut_down(child, conn, *others):
     shutil.rmtree(child.dir, ignore_errors=True)
 
 
+def unix_listening(path):
+    """Whether a Unix socket is bound at `path` and listening: the path
+    exists from its bind, and a connection before the listen is refused.
+    /proc/net/unix sets __SO_ACCEPTCON (0x10000) in the flags of a listener."""
+    with open("/proc/net/unix") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7] == path and int(fields[3], 16) & 0x10000:
+                return True
+    return False
+
+
 class Vm:
     """One `kvmscope run --socket` child, with a connection to it (and a
     second one, for commands sent while a reply is pending on the first)."""
@@ -87,10 +99,11 @@ class Vm:
                  vcpus=1, extra=()):
         self.dir = tempfile.mkdtemp(prefix="kvmscope-exp-")
         self.socket = os.path.join(self.dir, "ctl.sock")
-        args = [binary, "run", "--socket", self.socket, "--memory", memory, "--sample-interval", sample_interval]
-        args += ["--vcpus", str(vcpus)] if vcpus != 1 else []
-        args += ["--hugepages"] if hugepages else []
-        args += ["--dirty-log", dirty_log] if dirty_log else []
+        # What a destination needs to build the same VM before it listens.
+        self.shape = ["--memory", memory, "--vcpus", str(vcpus)]
+        self.shape += ["--hugepages"] if hugepages else []
+        self.shape += ["--dirty-log", dirty_log] if dirty_log else []
+        args = [binary, "run", "--socket", self.socket, "--sample-interval", sample_interval] + self.shape
         args += ["--samples-out", samples_out] if samples_out else []
         args += list(extra)
         self.log_path = os.path.join(self.dir, "run.log")
