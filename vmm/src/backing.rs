@@ -102,7 +102,7 @@ pub(crate) fn region_backing(categories: u64) -> Backing {
 }
 
 /// Appends a run, merging it with the last one when they touch and match.
-fn push(runs: &mut Vec<(u64, u64, Backing)>, first: u64, count: u64, b: Backing) {
+pub(crate) fn push(runs: &mut Vec<(u64, u64, Backing)>, first: u64, count: u64, b: Backing) {
     if count == 0 {
         return;
     }
@@ -222,6 +222,17 @@ pub(crate) fn data_runs(region: &MmapRegion<()>, first: u64, count: u64) -> Opti
         })
         .collect();
     Some(runs)
+}
+
+/// Whether this kernel has `PAGEMAP_SCAN` (Linux 6.7+), tried once on a
+/// page of this process.
+pub fn scan_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let page = vec![0u8; 2 * 4096];
+        let base = (page.as_ptr() as u64).next_multiple_of(4096);
+        File::open("/proc/self/pagemap").is_ok_and(|f| scan(&f, base, 4096).is_some())
+    })
 }
 
 /// `PAGEMAP_SCAN` over the range; `None` if this kernel has no such ioctl.

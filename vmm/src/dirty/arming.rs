@@ -35,9 +35,7 @@ impl DirtyLog {
         if self.protection != Protection::INITIALLY_SET {
             return Ok(());
         }
-        let scans =
-            memory::region(&self.mem).is_some_and(|r| backing::data_runs(r, 0, 1).is_some());
-        if !scans {
+        if memory::region(&self.mem).is_none() || !backing::scan_supported() {
             protect::clear_all(&self.vm, 0, self.pages)?;
             return Ok(());
         }
@@ -109,7 +107,11 @@ impl Consumer {
     /// then, as runs `(first page, count, backing)` in order: read them after
     /// this, and each write that the read does not see is logged. A range
     /// within a chunk arms the whole chunk; the chunk's other pages are
-    /// returned, classified afresh, when asked for.
+    /// returned, classified afresh, when asked for. A page whose bit was left
+    /// set as never backed is returned as never backed (read as zero)
+    /// whatever backs it now: every consumer then holds zero for every page
+    /// of that set, which is what a fold that finds one backed but all zero
+    /// takes it to hold (it was written after, and is logged then).
     ///
     /// # Errors
     /// The page map could not be scanned or read, or KVM refused a clear.
@@ -135,12 +137,37 @@ impl Consumer {
             };
             match armed {
                 Some(data) => push_runs(&mut runs, &data, at, stop),
-                None => runs
-                    .extend(backing::classify_range(region, at, stop - at).map_err(Error::Pages)?),
+                None => {
+                    let now =
+                        backing::classify_range(region, at, stop - at).map_err(Error::Pages)?;
+                    match state.unbacked.as_ref() {
+                        Some(u) => overlay(&mut runs, &now, u),
+                        None => runs.extend(now),
+                    }
+                }
             }
             at = stop;
         }
         Ok(runs)
+    }
+}
+
+/// Appends `now` (runs of an armed range, classified afresh) with the pages
+/// of `unbacked` in it as never backed.
+fn overlay(runs: &mut Vec<(u64, u64, Backing)>, now: &[(u64, u64, Backing)], unbacked: &Unbacked) {
+    for &(first, count, b) in now {
+        if b == Backing::None {
+            backing::push(runs, first, count, b);
+            continue;
+        }
+        for p in first..first + count {
+            let b = if unbacked.contains(p) {
+                Backing::None
+            } else {
+                b
+            };
+            backing::push(runs, p, 1, b);
+        }
     }
 }
 

@@ -435,19 +435,29 @@ impl DirtyLog {
             };
         }
         if *logging {
-            if unarmed.contains(&true) {
+            if protect == Protect::Again && unarmed.contains(&true) {
                 // Someone looks before every range is armed: arm the rest
                 // (a consumer arming its ranges reads them after anyway).
+                // Not for a last look, after which nobody logs.
                 self.arm_rest(unbacked.as_mut(), unarmed)?;
             }
             let mut words = self.read_bitmap()?;
             let mut cleared = false;
+            let mut failed = None;
             if let Some(unbacked) = unbacked.as_mut() {
-                cleared = self.sort_unbacked(unbacked, &mut words, protect)?;
+                match self.sort_unbacked(unbacked, &mut words, protect) {
+                    Ok(done) => cleared = done,
+                    // `words` holds every page the failed clear may have
+                    // protected: recorded below before the error is told.
+                    Err(e) => failed = Some(e),
+                }
             }
             since_start.or_words(&words);
             for (_, w) in consumers.iter_mut() {
                 w.pages.or_words(&words);
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
             if !cleared
                 && matches!(self.protection, Protection::Manual { .. })
@@ -491,8 +501,15 @@ impl DirtyLog {
         }
         let mut clear = words.to_vec();
         fresh.all().for_each(|p| unbacked::set_bit(&mut clear, p));
-        protect::clear(&self.vm, 0, &clear, self.pages)?;
+        let cleared = protect::clear(&self.vm, 0, &clear, self.pages);
         unbacked.forget(fresh.all());
+        if let Err(e) = cleared {
+            // Some chunks were cleared (protected) before the one KVM
+            // refused: every page that could be among them goes to the
+            // consumers as written, so that none loses a write.
+            fresh.all().for_each(|p| unbacked::set_bit(words, p));
+            return Err(e);
+        }
         // Protected first: a write after this read is logged by KVM.
         fresh
             .written(region)
@@ -536,8 +553,14 @@ impl DirtyLog {
             state.holders = state.holders.saturating_sub(1);
             if state.holders == 0 && state.logging {
                 // What the ring still holds goes to `since_start` only, and
-                // its pages stay writable: nobody logs them any more.
-                self.fold(&mut state, Protect::Leave)?;
+                // its pages stay writable: nobody logs them any more. Logging
+                // goes off even if that fails: nobody is left to need it.
+                if let Err(e) = self.fold(&mut state, Protect::Leave) {
+                    log::warn!(
+                        "dirty log: the last look before logging goes off: {}",
+                        crate::error_chain(&e)
+                    );
+                }
                 state.logging = false;
                 state.unbacked = None;
                 state.unarmed.clear();
@@ -629,6 +652,13 @@ impl Consumer {
         let pending = if !state.rings.is_empty() || !state.logging {
             None
         } else if matches!(log.protection, Protection::Manual { .. }) {
+            if state.unarmed.contains(&true) {
+                // As a fold would: the bits of chunks not armed are not writes.
+                let State {
+                    unbacked, unarmed, ..
+                } = &mut *state;
+                log.arm_rest(unbacked.as_mut(), unarmed)?;
+            }
             let mut words = log.read_bitmap()?;
             let region = memory::region(&log.mem);
             if let (Some(unbacked), Some(region)) = (&state.unbacked, region) {

@@ -70,6 +70,11 @@ impl Unbacked {
         Some(runs)
     }
 
+    /// Whether `page` is in the set.
+    pub(crate) fn contains(&self, page: u64) -> bool {
+        self.pages.contains(page)
+    }
+
     /// Pages in the set.
     pub(crate) fn count(&self) -> u64 {
         self.pages.count()
