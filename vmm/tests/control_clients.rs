@@ -231,12 +231,14 @@ fn demo_runs_every_phase_end_to_end_and_cleans_up() {
 fn sigterm_stops_the_vmm_and_removes_its_socket() {
     require_kvm!();
     let socket = common::socket_path("sigterm");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-        .args(["run", "--memory", "64M", "--socket"])
-        .arg(&socket)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = common::KillOnDrop::new(
+        Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args(["run", "--memory", "64M", "--socket"])
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let ready = Client::connect_when_ready(&socket, Duration::from_secs(20), || {
         match child.try_wait() {
             Ok(None) => Ok(()),

@@ -91,7 +91,7 @@ fn the_memory_of_pages_nobody_read_is_given_back_when_their_clients_go() {
     require_kvm!();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vm.sock");
-    let mut child = common::KillOnDrop(
+    let mut child = common::KillOnDrop::new(
         std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
             .args([
                 "run",

@@ -451,18 +451,20 @@ fn a_vm_whose_fds_would_spend_the_open_file_budget_is_down_and_says_why() {
     // An exporter whose hard limit is 70 open files: what it holds at start
     // plus the VM's 2 stats fds plus the 64 kept free do not fit.
     let port = common::free_port();
-    let mut child = std::process::Command::new("prlimit")
-        .args([
-            "--nofile=70:70",
-            env!("CARGO_BIN_EXE_kvmscope"),
-            "exporter",
-            "--vm-sockets",
-        ])
-        .arg(&dir)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("prlimit (util-linux) runs the exporter");
+    let mut child = common::KillOnDrop::new(
+        std::process::Command::new("prlimit")
+            .args([
+                "--nofile=70:70",
+                env!("CARGO_BIN_EXE_kvmscope"),
+                "exporter",
+                "--vm-sockets",
+            ])
+            .arg(&dir)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("prlimit (util-linux) runs the exporter"),
+    );
     let p = common::wait_for("the VM down, the limit on the page", LIMIT, || {
         common::scrape(port).filter(|p| up(p, "vm.sock") == Some(0.0))
     });

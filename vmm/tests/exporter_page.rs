@@ -7,7 +7,7 @@ mod common;
 use std::io::Write;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kvmscope::client::Client;
@@ -40,7 +40,7 @@ impl Vmm {
             .spawn()
             .unwrap();
         let vmm = Vmm {
-            child: common::KillOnDrop(child),
+            child: common::KillOnDrop::new(child),
             socket: socket.to_path_buf(),
         };
         common::wait_for("the VMM's socket", LIMIT, || {
@@ -295,7 +295,7 @@ fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_
             .spawn()
             .unwrap();
         Vmm {
-            child: common::KillOnDrop(child),
+            child: common::KillOnDrop::new(child),
             socket: dir.join("dst.sock"),
         }
     };
@@ -312,7 +312,7 @@ fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_
 }
 
 /// A paused QEMU (no guest code needed for its stats) with a QMP monitor.
-fn qemu(monitor: &Path) -> Option<Child> {
+fn qemu(monitor: &Path) -> Option<common::KillOnDrop> {
     let spawned = Command::new("qemu-system-x86_64")
         .args([
             "-enable-kvm",
@@ -328,7 +328,7 @@ fn qemu(monitor: &Path) -> Option<Child> {
         .stderr(Stdio::null())
         .spawn();
     match spawned {
-        Ok(c) => Some(c),
+        Ok(c) => Some(common::KillOnDrop::new(c)),
         Err(e) if std::env::var("KVMSCOPE_REQUIRE_KVM").as_deref() == Ok("1") => {
             panic!("qemu-system-x86_64 is required in CI: {e}")
         }

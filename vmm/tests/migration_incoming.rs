@@ -48,7 +48,7 @@ impl DestProcess {
             .spawn()
             .expect("starting kvmscope");
         let d = DestProcess {
-            child: common::KillOnDrop(child),
+            child: common::KillOnDrop::new(child),
             socket,
             listen,
             stderr,

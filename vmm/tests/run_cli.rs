@@ -83,20 +83,22 @@ fn guest_panic_exits_nonzero_with_a_report() {
 /// A two-vCPU run with long workloads, stopped by `signal` once both vCPU
 /// threads run: its exit status and its output.
 fn stopped_by(signal: i32) -> (std::process::ExitStatus, std::process::Output) {
-    let mut child = kvmscope()
-        .args([
-            "run",
-            "--memory",
-            "32M",
-            "--vcpus",
-            "2",
-            "--workload",
-            "all: dirty ws=1M rate=1000/s for=60s",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::KillOnDrop::new(
+        kvmscope()
+            .args([
+                "run",
+                "--memory",
+                "32M",
+                "--vcpus",
+                "2",
+                "--workload",
+                "all: dirty ws=1M rate=1000/s for=60s",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     // Wait until the guest runs: its dirty command shows up in the stats only once
     // booted, so poll the process's threads for the vCPU threads instead.
     let pid = child.id();
@@ -148,14 +150,16 @@ fn sigint_stops_the_vm_in_order_with_status_0_as_documented() {
 fn metrics_addr_alone_keeps_the_vm_up_after_its_workload_until_sigterm() {
     require_kvm!();
     let port = common::free_port();
-    let mut child = kvmscope()
-        .args(["run", "--memory", "32M", "--sample-interval", "2ms"])
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .args(["--workload", "exits ports=5 mmio=0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::KillOnDrop::new(
+        kvmscope()
+            .args(["run", "--memory", "32M", "--sample-interval", "2ms"])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--workload", "exits ports=5 mmio=0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     // Port writes: READY, PHASE, 5 to the exit-test port, then DONE, the last
     // before the vCPU runs out of work (where a run without serving ends).
     let ticks = common::wait_for("the workload's last exit", Duration::from_secs(20), || {
@@ -200,13 +204,15 @@ fn a_guest_that_never_checks_in_exits_5_naming_the_deadline_and_registers() {
     let image = common::elf::ElfImage::exec(entry, &common::elf::SPIN).bytes();
     let path = common::socket_path("boot-timeout").with_file_name("spin.elf");
     std::fs::write(&path, image).unwrap();
-    let mut child = kvmscope()
-        .args(["run", "--memory", "32M", "--boot-timeout", "1s", "--guest"])
-        .arg(&path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::KillOnDrop::new(
+        kvmscope()
+            .args(["run", "--memory", "32M", "--boot-timeout", "1s", "--guest"])
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let status = common::wait_for(
         "kvmscope to give up on the guest",
         Duration::from_secs(30),
@@ -246,13 +252,15 @@ fn a_fifo_as_the_guest_is_refused_at_once() {
     let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: `path` is a NUL-terminated string that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
-    let mut child = kvmscope()
-        .args(["run", "--memory", "32M", "--guest"])
-        .arg(&fifo)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::KillOnDrop::new(
+        kvmscope()
+            .args(["run", "--memory", "32M", "--guest"])
+            .arg(&fifo)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     // Bounded: before the fix, opening the FIFO waited for a writer for ever.
     let status = common::wait_for(
         "kvmscope to refuse the FIFO",

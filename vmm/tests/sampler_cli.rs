@@ -26,28 +26,30 @@ fn run_exports_a_series_plot_draws_and_a_metrics_page_that_validates() {
     std::fs::create_dir_all(&dir).unwrap();
     let series = dir.join("series.csv");
     let port = common::free_port();
-    let mut child = kvmscope()
-        .args([
-            "run",
-            "--memory",
-            "64M",
-            "--sample-interval",
-            "5ms",
-            "--samples-out",
-        ])
-        .arg(&series)
-        .args([
-            "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
-            "--name",
-            "web-01",
-            "--workload",
-            "touch size=4M; wait for=1s; exits count=10",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::KillOnDrop::new(
+        kvmscope()
+            .args([
+                "run",
+                "--memory",
+                "64M",
+                "--sample-interval",
+                "5ms",
+                "--samples-out",
+            ])
+            .arg(&series)
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+                "--name",
+                "web-01",
+                "--workload",
+                "touch size=4M; wait for=1s; exits count=10",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let page = common::wait_for("the metrics page", Duration::from_secs(20), || {
         page_after_the_workload(port)
     });

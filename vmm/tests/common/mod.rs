@@ -133,27 +133,46 @@ pub fn unix_listening(path: &Path) -> bool {
 /// A child process killed (and reaped) when dropped, so that a test that
 /// fails leaves no VMM running: one that holds the test's stderr also keeps
 /// `cargo test`'s output open.
-pub struct KillOnDrop(pub std::process::Child);
+pub struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    /// Holds `child` until dropped.
+    pub fn new(child: std::process::Child) -> KillOnDrop {
+        KillOnDrop(Some(child))
+    }
+
+    /// Waits for the child and collects its piped output, as
+    /// `Child::wait_with_output` (nothing is left to kill after).
+    pub fn wait_with_output(mut self) -> std::io::Result<std::process::Output> {
+        self.0
+            .take()
+            .expect("a child until dropped")
+            .wait_with_output()
+    }
+}
 
 impl std::ops::Deref for KillOnDrop {
     type Target = std::process::Child;
     fn deref(&self) -> &std::process::Child {
-        &self.0
+        self.0.as_ref().expect("a child until dropped")
     }
 }
 
 impl std::ops::DerefMut for KillOnDrop {
     fn deref_mut(&mut self) -> &mut std::process::Child {
-        &mut self.0
+        self.0.as_mut().expect("a child until dropped")
     }
 }
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
+        let Some(child) = self.0.as_mut() else {
+            return;
+        };
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
         }
-        let _ = self.0.wait();
+        let _ = child.wait();
     }
 }
 
