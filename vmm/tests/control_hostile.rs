@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::ServedVm;
-use kvmscope::control::{Limits, MAX_CLIENTS};
+use kvmscope::control::{Limits, MAX_CLIENTS, RESERVED_CLIENTS};
 use kvmscope::sampler::SamplerConfig;
 use serde_json::Value;
 
@@ -165,6 +165,52 @@ fn clients_that_never_negotiated_are_not_evicted_for_a_new_one() {
                 "a raw client was closed or sent to: {other:?} {:?}",
                 String::from_utf8_lossy(&buf)
             ),
+        }
+    }
+    vm.quit();
+}
+
+#[test]
+fn clients_that_connect_and_say_nothing_cannot_lock_the_operator_out() {
+    require_kvm!();
+    let vm = ServedVm::start("hostile-silent", MEM, 1);
+    // Every slot, the reserved ones too, taken by clients that never negotiate.
+    let silent: Vec<_> = (0..MAX_CLIENTS + RESERVED_CLIENTS)
+        .map(|_| raw(&vm, false))
+        .collect();
+    // Within a second of their connecting, none is closed for a newcomer.
+    let early = UnixStream::connect(&vm.socket).unwrap();
+    early
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let refused = line(&mut BufReader::new(early));
+    assert!(
+        refused["error"]["desc"]
+            .as_str()
+            .is_some_and(|d| d.contains("all are busy")),
+        "{refused}"
+    );
+    // After it, the one that connected first makes room (before: refused
+    // until the handshake deadline, 10 s, closed them).
+    std::thread::sleep(Duration::from_millis(1200));
+    let (mut op, mut r) = raw(&vm, true);
+    op.write_all(b"{\"execute\":\"query-status\"}\n").unwrap();
+    assert_eq!(line(&mut r)["return"]["status"], "running");
+    let (_, first) = &silent[0];
+    first
+        .get_ref()
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut why = String::new();
+    let mut first = BufReader::new(first.get_ref().try_clone().unwrap());
+    first.read_line(&mut why).unwrap();
+    assert!(why.contains("never negotiated"), "{why}");
+    for (s, _) in &silent[1..] {
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 256];
+        match (&*s).read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("another silent client was closed: {other:?}"),
         }
     }
     vm.quit();

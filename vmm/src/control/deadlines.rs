@@ -9,6 +9,9 @@
 //!   libvirt hold their monitor connection for the VM's life), but when the
 //!   server is full, the longest-idle client with nothing outstanding is
 //!   closed to make room, so the operator can always connect.
+//! - When even the reserved slots are taken, a client that never negotiated
+//!   and has said nothing for a second after connecting is closed to make
+//!   room, so that silent connections cannot lock everyone out.
 //!
 //! Each client closed for a deadline gets an error line saying which.
 
@@ -91,5 +94,31 @@ impl Plane {
             }
             None => false,
         }
+    }
+
+    /// When every slot, reserved ones included, is taken: closes the client
+    /// that connected longest ago of those that never negotiated and sent
+    /// nothing unread, at least [`EVICT_MIN_IDLE`] after connecting (a QMP
+    /// tool negotiates within milliseconds), to admit a new one. Returns
+    /// whether one was closed and whether it held a reserved slot. Without
+    /// this, clients that connect and say nothing could fill every slot for
+    /// the whole handshake deadline, and reconnect as each is closed.
+    pub(super) fn evict_silent(&mut self, ops: &mut EventOps) -> Option<bool> {
+        let now = Instant::now();
+        let (token, reserved) = self
+            .clients
+            .iter()
+            .filter(|(_, c)| {
+                !c.negotiated
+                    && now.saturating_duration_since(c.connected) >= EVICT_MIN_IDLE
+                    && c.partial_since.is_none()
+                    && !c.has_pending_input()
+            })
+            .min_by_key(|(_, c)| c.connected)
+            .map(|(&token, c)| (token, c.reserved))?;
+        let why = "closed to make room for a new client (this one never negotiated)";
+        log::info!("control: client {token}: {why}");
+        self.close_with(token, ops, why);
+        Some(reserved)
     }
 }

@@ -165,6 +165,9 @@ impl Plane {
         if reserved < RESERVED_CLIENTS {
             return Ok(true);
         }
+        if let Some(reserved) = self.evict_silent(ops) {
+            return Ok(reserved);
+        }
         Err(format!(
             "this VMM serves at most {MAX_CLIENTS} clients at once (and {RESERVED_CLIENTS} more for query-status and quit) and all are busy; try again later"
         ))
