@@ -286,13 +286,14 @@ struct RunArgs {
     /// Guest RAM (a multiple of 2M, from 16M to 65534M, i.e. 64G less 2M),
     /// e.g. 512M or 2G. K, M, G, T and KiB, MiB, GiB, TiB are binary (1G = 2^30
     /// bytes); KB, MB, GB, TB are decimal (1GB = 10^9 bytes) [default: 256M;
-    /// with --incoming, the stream's; given with --vcpus, the VM is built
-    /// before the stream arrives, which must then match].
+    /// with --incoming, the stream's; given with --vcpus, the VM is built,
+    /// and --socket served, before the stream arrives, which must then
+    /// match].
     #[arg(long)]
     memory: Option<Size>,
     /// Number of vCPUs, one thread each [default: 1; with --incoming, the
-    /// stream's; given with --memory, the VM is built before the stream
-    /// arrives].
+    /// stream's; given with --memory, the VM is built, and --socket served,
+    /// before the stream arrives].
     #[arg(long)]
     vcpus: Option<usize>,
     /// Back guest RAM with transparent huge pages (MADV_HUGEPAGE).

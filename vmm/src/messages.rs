@@ -51,7 +51,8 @@ pub enum VmEvent {
     Signal(i32),
     /// The control plane asks the main loop to change the VM's run state.
     Control(RunRequest, Sender<Result<(), RunStateError>>),
-    /// The `migration-in` thread has ended (loaded, failed or stopped).
+    /// The `migration-in` thread has ended (a source found or the stream
+    /// loaded, failed or stopped).
     Loaded,
     /// A vCPU was throttled or dirty-limited: kick it at once, then every timeslice.
     Throttled,

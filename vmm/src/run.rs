@@ -475,6 +475,32 @@ pub fn run_incoming(config: RunConfig, incoming: IncomingConfig) -> Result<Summa
     run_vm(config, Some(incoming))
 }
 
+/// Waits for a migration source. Where the command line says what the VM
+/// will be, the VM is built before listening, so that no source waits for
+/// it (registering guest RAM with KVM waits for an SRCU grace period, which
+/// took 0.5 to 32 s on a busy host here, docs/MIGRATION.md), and its control
+/// socket, sampler and metrics serve while it waits, as QEMU's `-incoming`
+/// serves QMP: an orchestrator can connect to the destination before it
+/// starts the source. Returns the stream and, built ahead, the VM and what
+/// serves it.
+fn wait_for_source(
+    config: &RunConfig,
+    given: &IncomingConfig,
+    migration: &Arc<Migration>,
+) -> Result<(Incoming, Option<(Vm, Services)>), Error> {
+    let stop = incoming_stop(config, migration);
+    let Some(mut vm) = given.ahead(&config.vm).map(Vm::new).transpose()? else {
+        return Ok((Incoming::accept(given, migration, &stop)?, None));
+    };
+    if config.handle_signals {
+        crate::signals::forward_termination(vm.event_sender());
+    }
+    let services = Services::start(config, &vm, migration)?;
+    services.status.set(RunState::Inmigrate);
+    let stream = migration::watch::accept(given, &mut vm, migration, &stop)?;
+    Ok((stream, Some((vm, services))))
+}
+
 /// What stops an incoming migration: `quit`, a signal taken by the signal
 /// thread, `migrate_cancel` (all through the migration handle), or before
 /// that thread exists, a pending SIGINT/SIGTERM.
@@ -492,32 +518,30 @@ fn incoming_stop(config: &RunConfig, m: &Arc<Migration>) -> migration::transport
 
 fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary, Error> {
     let migration = Arc::new(Migration::new());
-    let (mut vm, stream) = match &incoming {
-        None => (Vm::new(config.vm.clone())?, None),
+    let (mut vm, stream, early) = match &incoming {
+        None => (Vm::new(config.vm.clone())?, None, None),
         Some(given) => {
-            // Built before listening where the command line says what it
-            // will be, so that no source waits for it: registering guest
-            // RAM with KVM waits for an SRCU grace period, which took 0.5 to
-            // 32 s on a busy host here (docs/MIGRATION.md).
-            let ahead = given.ahead(&config.vm).map(Vm::new).transpose()?;
-            let stream = Incoming::accept(given, &migration, &incoming_stop(&config, &migration))?;
+            let (stream, early) = wait_for_source(&config, given, &migration)?;
             let wanted = stream.vm_config(&config.vm);
-            let built = match ahead {
-                Some(vm) if *vm.config() == wanted => Ok(vm),
-                Some(vm) => {
+            let built = match early {
+                Some((vm, services)) if *vm.config() == wanted => Ok((vm, Some(services))),
+                Some((vm, services)) => {
                     log::info!(
-                        "migration stream: its VM ({}) is not the one built ahead ({}): building it",
+                        "migration stream: its VM ({}) is not the one built ahead ({}): building it; the control socket comes up again with it",
                         receiver::describe(&wanted),
                         receiver::describe(vm.config())
                     );
-                    // Its memory goes before the next is made.
+                    // Its clients go with it, and its memory before the next is made.
+                    for w in services.stop() {
+                        log::warn!("{w}");
+                    }
                     drop(vm);
-                    Vm::new(wanted)
+                    Vm::new(wanted).map(|vm| (vm, None))
                 }
-                None => Vm::new(wanted),
+                None => Vm::new(wanted).map(|vm| (vm, None)),
             };
             match built {
-                Ok(vm) => (vm, Some(stream)),
+                Ok((vm, services)) => (vm, Some(stream), services),
                 Err(e) => {
                     stream.refuse(&e);
                     return Err(e.into());
@@ -530,7 +554,10 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     if config.handle_signals {
         crate::signals::forward_termination(vm.event_sender());
     }
-    let services = Services::start(&config, &vm, &migration)?;
+    let services = match early {
+        Some(services) => services,
+        None => Services::start(&config, &vm, &migration)?,
+    };
     if let Some(stream) = stream {
         services.status.set(RunState::Inmigrate);
         migration::watch::load(stream, &mut vm, &migration)?;

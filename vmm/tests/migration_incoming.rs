@@ -287,6 +287,31 @@ fn given_memory_and_vcpus_the_destination_builds_its_vm_before_it_listens() {
     );
 }
 
+/// Built ahead, a destination serves its control socket before any source
+/// connects, as QEMU's `-incoming` serves QMP: an orchestrator connects to
+/// it first (before: the socket came only with the source's config), sees
+/// `inmigrate`, has run-state changes refused, and can stop the wait.
+#[test]
+fn built_ahead_the_destination_serves_its_control_socket_before_a_source_connects() {
+    require_kvm!();
+    let mut dest = DestProcess::start("in-ahead-ctl", &["--memory", "64M", "--vcpus", "1"]);
+    let mut c = Client::connect(&dest.socket).expect("the control socket, with no source yet");
+    c.set_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (status, _) = c.execute("query-status", json!({})).unwrap();
+    assert_eq!(status["status"], "inmigrate", "{status}");
+    let (m, _) = c.execute("query-migrate", json!({})).unwrap();
+    assert_eq!(m["status"], "setup", "{m}");
+    let e = c.execute("cont", json!({})).expect_err("cont is refused");
+    assert!(
+        kvmscope::error_chain(&e).contains("inmigrate"),
+        "{}",
+        kvmscope::error_chain(&e)
+    );
+    c.execute("quit", json!({})).expect("quit is answered");
+    dest.assert_failed(STOP_LIMIT, "stopped by quit while waiting for the source");
+    assert!(!dest.socket.exists(), "its control socket is gone");
+}
+
 #[test]
 fn a_stream_whose_vm_differs_from_the_one_built_ahead_in_what_was_not_given_gets_its_own() {
     require_kvm!();
@@ -308,4 +333,9 @@ fn a_stream_whose_vm_differs_from_the_one_built_ahead_in_what_was_not_given_gets
         ),
         "{stderr}"
     );
+    // The control socket came up again with the VM built for the stream.
+    let mut c = Client::connect(&dest.socket).expect("the control socket again");
+    c.set_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (status, _) = c.execute("query-status", json!({})).unwrap();
+    assert_eq!(status["status"], "inmigrate", "{status}");
 }

@@ -1,15 +1,17 @@
-//! What keeps a destination stoppable while the stream loads: the load runs
-//! on a `migration-in` thread, and the main thread answers termination
-//! signals and the control plane meanwhile (`quit` stops the load, other
-//! run-state changes are refused while `inmigrate`). The loading thread's
-//! reads ([`Watched`](super::transport::Watched)) see the stop within a
+//! What keeps a destination stoppable while it waits for its source and
+//! while the stream loads: the wait and the load run on a `migration-in`
+//! thread, and the main thread answers termination signals and the control
+//! plane meanwhile (`quit` stops them, other run-state changes are refused
+//! while `inmigrate`). The thread's waits and reads
+//! ([`Watched`](super::transport::Watched)) see the stop within a
 //! [`TICK`](super::transport::TICK).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::handle::Migration;
-use super::receiver::{Error, Incoming};
+use super::receiver::{Error, Incoming, IncomingConfig};
+use super::transport::Stop;
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::vm::Vm;
 
@@ -22,15 +24,46 @@ use crate::vm::Vm;
 /// As [`Incoming::finish`]; `Stopped` when told to stop.
 pub(crate) fn load(stream: Incoming, vm: &mut Vm, m: &Arc<Migration>) -> Result<(), Error> {
     let mem = vm.mem.clone();
-    let done = vm.event_sender();
     let ours = m.clone();
+    let (stream, received) = on_the_side(vm, m, move || {
+        let mut stream = stream;
+        let received = stream.receive(&mem, &ours);
+        (stream, received)
+    })?;
+    stream.finish(vm, m, received)
+}
+
+/// Waits for a source on a `migration-in` thread while this (main) thread
+/// takes the events of `vm`, a VM built ahead whose control socket already
+/// serves: `quit` or a termination signal stops the wait (through `m`, which
+/// `stop` reads), other run-state requests are refused.
+///
+/// # Errors
+/// As [`Incoming::accept`].
+pub(crate) fn accept(
+    given: &IncomingConfig,
+    vm: &mut Vm,
+    m: &Arc<Migration>,
+    stop: &Stop,
+) -> Result<Incoming, Error> {
+    let (given, ours, stop) = (given.clone(), m.clone(), stop.clone());
+    on_the_side(vm, m, move || Incoming::accept(&given, &ours, &stop))?
+}
+
+/// Runs `work` on a `migration-in` thread and answers `vm`'s events on this
+/// one until it ends; returns what it returned.
+fn on_the_side<T: Send + 'static>(
+    vm: &mut Vm,
+    m: &Arc<Migration>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
+    let done = vm.event_sender();
     let worker = std::thread::Builder::new()
         .name("migration-in".into())
         .spawn(move || {
-            let mut stream = stream;
-            let received = stream.receive(&mem, &ours);
+            let out = work();
             let _ = done.send(VmEvent::Loaded);
-            (stream, received)
+            out
         })
         .map_err(Error::Spawn)?;
     while !worker.is_finished() {
@@ -47,8 +80,7 @@ pub(crate) fn load(stream: Incoming, vm: &mut Vm, m: &Arc<Migration>) -> Result<
             _ => {}
         }
     }
-    let (stream, received) = worker
+    Ok(worker
         .join()
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-    stream.finish(vm, m, received)
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
 }
