@@ -24,7 +24,11 @@ fn with_limits(limits: Limits) -> impl FnOnce(&mut kvmscope::run::RunConfig) {
 
 /// A raw client past its greeting (negotiated when asked).
 fn raw(vm: &ServedVm, negotiate: bool) -> (UnixStream, BufReader<UnixStream>) {
-    let s = UnixStream::connect(&vm.socket).unwrap();
+    raw_at(&vm.socket, negotiate)
+}
+
+fn raw_at(socket: &std::path::Path, negotiate: bool) -> (UnixStream, BufReader<UnixStream>) {
+    let s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     let mut greeting = String::new();
@@ -214,6 +218,56 @@ fn clients_that_connect_and_say_nothing_cannot_lock_the_operator_out() {
         }
     }
     vm.quit();
+}
+
+/// A VMM run as users run it (no RUST_LOG) says on stderr that it refuses
+/// clients, once in a while rather than once per connection.
+#[test]
+fn refused_clients_are_warned_about_by_default_once_in_a_while() {
+    require_kvm!();
+    let dir = common::test_dir("hostile-warn");
+    let (socket, stderr) = (dir.join("vm.sock"), dir.join("stderr"));
+    let mut vmm = common::KillOnDrop::new(
+        Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args([
+                "run",
+                "--memory",
+                "32M",
+                "--sample-interval",
+                "off",
+                "--socket",
+            ])
+            .arg(&socket)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // Renamed into place once it listens: no client needed to see it.
+    common::wait_for("the control socket", Duration::from_secs(20), || {
+        socket.exists().then_some(())
+    });
+    let _silent: Vec<_> = (0..MAX_CLIENTS + RESERVED_CLIENTS)
+        .map(|_| raw_at(&socket, false))
+        .collect();
+    for _ in 0..3 {
+        let refused = UnixStream::connect(&socket).unwrap();
+        refused
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let l = line(&mut BufReader::new(refused));
+        assert!(l.to_string().contains("all are busy"), "{l}");
+    }
+    // SAFETY: a signal to the process this test started.
+    assert_eq!(unsafe { libc::kill(vmm.id() as i32, libc::SIGTERM) }, 0);
+    vmm.wait().unwrap();
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    let warnings = said
+        .matches("refused 1 client(s) since the last such warning")
+        .count();
+    assert_eq!(warnings, 1, "{said}");
+    assert!(said.contains("all are busy"), "{said}");
 }
 
 #[test]

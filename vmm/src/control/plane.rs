@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use serde_json::Value;
@@ -74,7 +74,14 @@ pub(crate) struct Plane {
     uid: u32,
     /// The exit eventfd fired: the thread ends after this round of events.
     pub(crate) done: bool,
+    /// Clients refused since the last warning about it, and when that was.
+    refused: (u64, Option<Instant>),
 }
+
+/// At most one warning about refused clients this often (each refusal is
+/// logged at info): enough for an operator to see that something holds the
+/// socket, not a line per connection a hostile peer makes.
+const REFUSED_WARNING_EVERY: Duration = Duration::from_secs(10);
 
 /// The fds a plane watches besides its clients.
 pub(crate) struct PlaneFds {
@@ -115,6 +122,7 @@ impl Plane {
             next_token: FIRST_CLIENT,
             uid,
             done: false,
+            refused: (0, None),
         })
     }
 
@@ -173,12 +181,26 @@ impl Plane {
         ))
     }
 
+    /// Counts a refused client, and warns about them at most once every
+    /// [`REFUSED_WARNING_EVERY`].
+    fn warn_refused(&mut self, desc: &str) {
+        let (count, last) = &mut self.refused;
+        *count += 1;
+        if last.is_none_or(|t| t.elapsed() >= REFUSED_WARNING_EVERY) {
+            log::warn!(
+                "control: refused {count} client(s) since the last such warning; the last: {desc}"
+            );
+            (*count, *last) = (0, Some(Instant::now()));
+        }
+    }
+
     /// Greets an accepted client, or tells it why not and closes.
     fn admit(&mut self, stream: UnixStream, ops: &mut EventOps) {
         let reserved = match self.admission(&stream, ops) {
             Ok(reserved) => reserved,
             Err(desc) => {
                 log::info!("control: refusing a client: {desc}");
+                self.warn_refused(&desc);
                 // Best effort: a new socket's buffer is empty, so this short line fits.
                 let _ = scm::send_with_fds(&stream, &error_line(&desc), &[]);
                 return;
