@@ -14,7 +14,7 @@ use crate::exits::Reason;
 use crate::migration::Migration;
 use crate::protocol::migration::Status;
 use crate::vcpu::progress::Meter;
-use crate::vcpu::VcpuShared;
+use crate::vcpu::{VcpuShared, VcpuState};
 use crate::vmmstats::{VcpuStat, VmStat, VmmStats, PUBLISH_PERIOD};
 
 /// The running publisher; dropping it stops the thread (at once, not at the
@@ -85,7 +85,15 @@ pub(crate) fn now_ns() -> u64 {
 /// migration takes its rate before).
 pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
     let progress: Vec<Option<u64>> = s.vcpus.iter().map(|v| v.guest_progress()).collect();
-    let rates = meter.add(Instant::now(), progress.clone());
+    let running: Vec<Option<u64>> = s
+        .vcpus
+        .iter()
+        .map(|v| match v.state() {
+            VcpuState::Running { seq, .. } => Some(seq),
+            _ => None,
+        })
+        .collect();
+    let rates = meter.add(Instant::now(), progress.clone(), &running);
     let mut stall = 0u64;
     for (i, v) in s.vcpus.iter().enumerate() {
         v.set_progress_per_second(rates[i]);

@@ -44,39 +44,64 @@ impl Counter {
 pub(crate) const RATE_SPAN: Duration = Duration::from_secs(1);
 
 /// Every vCPU's rate over the last [`RATE_SPAN`], from readings taken at
-/// any pace (the `vmm-stats` thread's, every 100 ms).
+/// any pace (the `vmm-stats` thread's, every 100 ms), over the readings of
+/// the command it runs now only: units differ between commands, and a rate
+/// across two (a `touch` then a paced `dirty`) compares nothing.
 #[derive(Default)]
 pub(crate) struct Meter {
-    readings: VecDeque<(Instant, Vec<Option<u64>>)>,
+    /// Each reading: when, each vCPU's count and the command it counted for.
+    readings: VecDeque<(Instant, Vec<Option<u64>>, Vec<u64>)>,
+    /// Each vCPU's command, the last one seen running.
+    commands: Vec<u64>,
 }
 
 impl Meter {
     /// Adds the counts read at `at` (one per vCPU, `None` where unreadable)
-    /// and returns each vCPU's rate, units per second, over the readings of
-    /// the last [`RATE_SPAN`]: `None` until they span half of it, and while
-    /// the count read is below the one a span ago (the count is the guest's
-    /// to write: a guest that lowers it has no rate until a span has passed).
-    pub(crate) fn add(&mut self, at: Instant, counts: Vec<Option<u64>>) -> Vec<Option<f64>> {
+    /// with the command each vCPU runs (its sequence number; `None` while it
+    /// runs none, waiting or parked: then the last one seen), and returns
+    /// each vCPU's rate, units per second, over the readings of the last
+    /// [`RATE_SPAN`] taken during its current command: `None` until they
+    /// span half of it, and while the count read is below the one a span ago
+    /// (the count is the guest's to write: a guest that lowers it has no
+    /// rate until a span has passed).
+    pub(crate) fn add(
+        &mut self,
+        at: Instant,
+        counts: Vec<Option<u64>>,
+        running: &[Option<u64>],
+    ) -> Vec<Option<f64>> {
         let n = counts.len();
-        self.readings.push_back((at, counts));
+        self.commands.resize(n, 0);
+        for (c, r) in self.commands.iter_mut().zip(running) {
+            if let Some(r) = r {
+                *c = *r;
+            }
+        }
+        self.readings.push_back((at, counts, self.commands.clone()));
         while self
             .readings
             .get(1)
-            .is_some_and(|(t, _)| at.saturating_duration_since(*t) >= RATE_SPAN)
+            .is_some_and(|(t, _, _)| at.saturating_duration_since(*t) >= RATE_SPAN)
         {
             self.readings.pop_front();
         }
-        let (Some((t0, first)), Some((t1, last))) = (self.readings.front(), self.readings.back())
-        else {
+        let Some((t1, last, _)) = self.readings.back() else {
             return vec![None; n];
         };
-        let span = t1.saturating_duration_since(*t0).as_secs_f64();
         (0..n)
-            .map(|i| match (first.get(i).copied().flatten(), last[i]) {
-                (Some(a), Some(b)) if span >= RATE_SPAN.as_secs_f64() / 2.0 => {
-                    b.checked_sub(a).map(|d| d as f64 / span)
+            .map(|i| {
+                let command = self.commands[i];
+                let (t0, first, _) = self
+                    .readings
+                    .iter()
+                    .find(|(_, _, c)| c.get(i) == Some(&command))?;
+                let span = t1.saturating_duration_since(*t0).as_secs_f64();
+                match (first.get(i).copied().flatten(), last[i]) {
+                    (Some(a), Some(b)) if span >= RATE_SPAN.as_secs_f64() / 2.0 => {
+                        b.checked_sub(a).map(|d| d as f64 / span)
+                    }
+                    _ => None,
                 }
-                _ => None,
             })
             .collect()
     }
@@ -152,20 +177,37 @@ mod tests {
         let mut m = Meter::default();
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        assert_eq!(m.add(at(0), vec![Some(0), None]), [None, None]);
+        assert_eq!(m.add(at(0), vec![Some(0), None], &[]), [None, None]);
         assert_eq!(
-            m.add(at(400), vec![Some(400), None]),
+            m.add(at(400), vec![Some(400), None], &[]),
             [None, None],
             "under half a span"
         );
-        let r = m.add(at(500), vec![Some(500), Some(7)]);
+        let r = m.add(at(500), vec![Some(500), Some(7)], &[]);
         assert_eq!(r[0], Some(1000.0));
         assert_eq!(r[1], None, "unreadable at the start of the span");
         // The guest speeds up to 3000/s from 1 s on; the readings before
         // 1 s ago drop out.
-        m.add(at(1000), vec![Some(1000), Some(7)]);
-        let r = m.add(at(2000), vec![Some(4000), Some(7)]);
+        m.add(at(1000), vec![Some(1000), Some(7)], &[]);
+        let r = m.add(at(2000), vec![Some(4000), Some(7)], &[]);
         assert_eq!(r, [Some(3000.0), Some(0.0)]);
+    }
+
+    #[test]
+    fn the_rate_is_the_current_commands_only() {
+        let mut m = Meter::default();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // Command 1 counts 10,000 units/s for 0.8 s; command 2, from 0.8 s, 1,000/s.
+        m.add(at(0), vec![Some(0)], &[Some(1)]);
+        m.add(at(800), vec![Some(8000)], &[Some(1)]);
+        let r = m.add(at(1000), vec![Some(8200)], &[Some(2)]);
+        assert_eq!(r, [None], "0.2 s of command 2: under half a span");
+        let r = m.add(at(1500), vec![Some(8700)], &[Some(2)]);
+        assert_eq!(r, [Some(1000.0)], "not (8700 - 0) / 1.5 s");
+        // Waiting or parked, a vCPU keeps its last command's readings.
+        let r = m.add(at(1600), vec![Some(8700)], &[None]);
+        assert_eq!(r, [Some(500.0 / 0.6)]);
     }
 
     #[test]
@@ -173,11 +215,11 @@ mod tests {
         let mut m = Meter::default();
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        m.add(at(0), vec![Some(u64::MAX - 5)]);
+        m.add(at(0), vec![Some(u64::MAX - 5)], &[]);
         // Down to 0: not a rate of 2^64 units a second.
-        assert_eq!(m.add(at(600), vec![Some(0)]), [None]);
-        assert_eq!(m.add(at(1000), vec![Some(100)]), [None]);
-        assert_eq!(m.add(at(1600), vec![Some(700)]), [Some(700.0)]);
+        assert_eq!(m.add(at(600), vec![Some(0)], &[]), [None]);
+        assert_eq!(m.add(at(1000), vec![Some(100)], &[]), [None]);
+        assert_eq!(m.add(at(1600), vec![Some(700)], &[]), [Some(700.0)]);
         let p = Period::begin(vec![Some(50)], vec![None]);
         assert_eq!(p.figures(&[Some(10)])[0].done, None);
         assert_eq!(p.figures(&[Some(10)])[0].per_second, None);
