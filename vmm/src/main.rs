@@ -156,7 +156,8 @@ enum ConvergeArg {
 const RUN_EXIT_STATUS: &str = "Exit status:
   0  the run ended in order: its workloads finished, a client sent `quit`, or
      SIGINT/SIGTERM stopped it (an orderly stop on a signal is a success, as
-     for QEMU; the summary says `stopped by signal N`)
+     for QEMU; the summary says `stopped by signal N`, and names a command
+     cut short and how many queued ones never started)
   1  start-up failed (bad configuration, KVM, a port, socket or file), or
      an incoming migration failed, went silent or was stopped (SIGINT,
      SIGTERM or `quit` while the guest is still arriving)

@@ -626,6 +626,8 @@ fn summarize(vm: &Vm, before: &Baseline, watch: &Watch, end: Ending) -> Result<S
                 kvm: kvm_growth(&vm.vcpu_stats[i], &before.vcpus[i], &after.vcpus[i]),
                 ours: shared.counters.to_json(),
                 results: shared.results(),
+                interrupted: shared.interrupted.get().cloned(),
+                not_started: shared.queued(),
             }
         })
         .collect();

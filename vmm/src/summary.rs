@@ -24,6 +24,11 @@ pub struct VcpuSummary {
     pub ours: serde_json::Value,
     /// Results of the commands it ran, in order.
     pub results: Vec<CommandResult>,
+    /// The command it was running when the run stopped (sequence number and
+    /// spec): it has no result.
+    pub interrupted: Option<(u64, String)>,
+    /// Commands queued that never started.
+    pub not_started: usize,
 }
 
 /// The report of a run.
@@ -207,6 +212,12 @@ impl Summary {
                     r.host_time.as_secs_f64() * 1e3
                 );
             }
+            if let Some((seq, command)) = &v.interrupted {
+                let _ = writeln!(s, "  #{seq:<3} {command:<48} interrupted: the run stopped");
+            }
+            if v.not_started > 0 {
+                let _ = writeln!(s, "  {} queued command(s) not started", v.not_started);
+            }
         }
         if let Some(sig) = self.signal {
             let _ = writeln!(s, "stopped by signal {sig}");
@@ -237,6 +248,8 @@ impl Summary {
                     "index": v.index, "outcome": describe_outcome(v.outcome.as_ref()),
                     "failed": !matches!(v.outcome, Some(Outcome::Stopped)),
                     "kvm": kvm, "ours": v.ours, "commands": results,
+                    "interrupted": v.interrupted.as_ref().map(|(seq, command)| serde_json::json!({"seq": seq, "command": command})),
+                    "not_started": v.not_started,
                 })
             })
             .collect();

@@ -320,3 +320,71 @@ fn readiness_every_needs_a_socket_and_dirty_logging_and_a_window_shorter_than_it
         "{err}"
     );
 }
+
+/// A run stopped mid-command says which command it cut short and how many
+/// queued ones never started, in text and in JSON (before: the running
+/// command was missing from the summary without a word).
+#[test]
+fn a_run_stopped_mid_command_names_the_command_cut_short_and_those_not_started() {
+    require_kvm!();
+    let dir = common::test_dir("run-cut");
+    let socket = dir.join("vm.sock");
+    for json in [false, true] {
+        let mut cmd = kvmscope();
+        cmd.args([
+            "run",
+            "--memory",
+            "32M",
+            "--sample-interval",
+            "off",
+            "--socket",
+        ])
+        .arg(&socket)
+        .args([
+            "--workload",
+            "dirty ws=1M rate=1000/s for=60s; touch size=1M; touch size=2M",
+        ]);
+        if json {
+            cmd.arg("--json");
+        }
+        let child = common::KillOnDrop::new(
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut c =
+            kvmscope::client::Client::connect_when_ready(&socket, Duration::from_secs(20), || {
+                Ok(())
+            })
+            .unwrap();
+        common::wait_for("the dirty command to run", Duration::from_secs(20), || {
+            let (g, _) = c.execute("query-guest", serde_json::json!({})).unwrap();
+            (g[0]["state"] == "running" && g[0]["command"]["seq"] == 1).then_some(())
+        });
+        c.execute("quit", serde_json::json!({})).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if json {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let vcpu = &v["vcpus"][0];
+            assert_eq!(vcpu["interrupted"]["seq"], 1, "{v}");
+            assert!(
+                vcpu["interrupted"]["command"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("dirty"),
+                "{v}"
+            );
+            assert_eq!(vcpu["not_started"], 2, "{v}");
+        } else {
+            assert!(
+                text.lines().any(|l| l.contains("#1")
+                    && l.contains("dirty")
+                    && l.ends_with("interrupted: the run stopped")),
+                "{text}"
+            );
+            assert!(text.contains("2 queued command(s) not started"), "{text}");
+        }
+    }
+}

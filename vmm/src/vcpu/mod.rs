@@ -161,6 +161,9 @@ impl Vcpu {
             // Only this thread may read them; the boot-timeout report needs them.
             let _ = self.shared.boot_registers.set(self.registers());
         }
+        if let Some((seq, command, _)) = &self.current {
+            let _ = self.shared.interrupted.set((*seq, command.clone()));
+        }
         self.shared.mark_finished(&outcome);
         outcome
     }

@@ -155,6 +155,9 @@ pub struct VcpuShared {
     /// The registers of a vCPU stopped before its guest checked in (no first
     /// exit), as its thread read them on the way out: for boot-timeout reports.
     pub(crate) boot_registers: OnceLock<Registers>,
+    /// The command the vCPU was running when its thread ended (sequence
+    /// number and spec), for the run's summary.
+    pub(crate) interrupted: OnceLock<(u64, String)>,
     /// Written when a result is recorded and when the thread ends, so that the
     /// control plane can wait for results in its event loop (set by it).
     pub(crate) watcher: OnceLock<Arc<EventFd>>,
@@ -252,6 +255,7 @@ impl VcpuShared {
             phase: AtomicU64::new(0),
             first_exit: OnceLock::new(),
             boot_registers: OnceLock::new(),
+            interrupted: OnceLock::new(),
             tid: OnceLock::new(),
             faults: OnceLock::new(),
             ring_full_ns: AtomicU64::new(0),
