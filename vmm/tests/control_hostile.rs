@@ -228,16 +228,7 @@ fn refused_clients_are_warned_about_by_default_once_in_a_while() {
     let dir = common::test_dir("hostile-warn");
     let (socket, stderr) = (dir.join("vm.sock"), dir.join("stderr"));
     let mut vmm = common::KillOnDrop::new(
-        Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-            .args([
-                "run",
-                "--memory",
-                "32M",
-                "--sample-interval",
-                "off",
-                "--socket",
-            ])
-            .arg(&socket)
+        common::served_run(&socket)
             .env_remove("RUST_LOG")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&stderr).unwrap())

@@ -330,17 +330,8 @@ fn a_run_stopped_mid_command_names_the_command_cut_short_and_those_not_started()
     let dir = common::test_dir("run-cut");
     let socket = dir.join("vm.sock");
     for json in [false, true] {
-        let mut cmd = kvmscope();
+        let mut cmd = common::served_run(&socket);
         cmd.args([
-            "run",
-            "--memory",
-            "32M",
-            "--sample-interval",
-            "off",
-            "--socket",
-        ])
-        .arg(&socket)
-        .args([
             "--workload",
             "dirty ws=1M rate=1000/s for=60s; touch size=1M; touch size=2M",
         ]);

@@ -130,6 +130,22 @@ pub fn unix_listening(path: &Path) -> bool {
     })
 }
 
+/// `kvmscope run` of a small VM (32 MiB, sampler off) serving its control
+/// socket at `socket`: add workloads and output, then spawn.
+pub fn served_run(socket: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"));
+    c.args([
+        "run",
+        "--memory",
+        "32M",
+        "--sample-interval",
+        "off",
+        "--socket",
+    ])
+    .arg(socket);
+    c
+}
+
 /// A child process killed (and reaped) when dropped, so that a test that
 /// fails leaves no VMM running: one that holds the test's stderr also keeps
 /// `cargo test`'s output open.
