@@ -167,6 +167,8 @@ fn queue_workloads(vm: &Vm, workloads: &[Workload]) -> Result<(), Error> {
 #[derive(Default)]
 struct Watch {
     signal: Option<i32>,
+    /// A control-socket client sent `quit`.
+    quit: bool,
     first_done: Option<Instant>,
     /// The vCPUs that had not checked in when the boot deadline passed.
     not_checked_in: Option<Vec<usize>>,
@@ -312,6 +314,7 @@ fn wait_until_done(
                 return;
             }
             Some(VmEvent::Control(RunRequest::Quit, reply)) => {
+                watch.quit = true;
                 let _ = reply.send(Ok(()));
                 return;
             }
@@ -648,6 +651,7 @@ fn summarize(vm: &Vm, before: &Baseline, watch: &Watch, end: Ending) -> Result<S
         after: Mapped::from_sample(vm.vm_stats.schema(), &after.vm),
         vcpus,
         signal: watch.signal,
+        quit: watch.quit,
         stuck: end.stuck,
         warnings: end.warnings,
         boot_timeout: boot_timeout(vm, watch, end.boot_limit),

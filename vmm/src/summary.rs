@@ -54,6 +54,8 @@ pub struct Summary {
     pub vcpus: Vec<VcpuSummary>,
     /// A termination signal ended the run.
     pub(crate) signal: Option<i32>,
+    /// A control-socket client's `quit` ended the run.
+    pub(crate) quit: bool,
     /// vCPUs that did not stop in time.
     pub stuck: Vec<usize>,
     /// What went wrong besides the guest (e.g. the sampler's export failed).
@@ -222,6 +224,9 @@ impl Summary {
         if let Some(sig) = self.signal {
             let _ = writeln!(s, "stopped by signal {sig}");
         }
+        if self.quit {
+            let _ = writeln!(s, "stopped by quit (a control-socket client)");
+        }
         if !self.stuck.is_empty() {
             let _ = writeln!(s, "vCPUs that did not stop in time: {:?}", self.stuck);
         }
@@ -258,7 +263,7 @@ impl Summary {
             "elapsed_s": self.elapsed.as_secs_f64(),
             "startup_ms": { "to_first_exit": ms(self.to_first_exit), "to_first_command_done": ms(self.to_first_done) },
             "mapped": { "before": self.before.to_json(), "after": self.after.to_json() },
-            "vcpus": vcpus, "signal": self.signal, "stuck": self.stuck, "warnings": self.warnings,
+            "vcpus": vcpus, "signal": self.signal, "quit": self.quit, "stuck": self.stuck, "warnings": self.warnings,
             "boot_timeout": self.boot_timeout.as_ref().map(BootTimeout::to_json),
         })
     }

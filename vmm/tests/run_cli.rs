@@ -368,6 +368,7 @@ fn a_run_stopped_mid_command_names_the_command_cut_short_and_those_not_started()
                 "{v}"
             );
             assert_eq!(vcpu["not_started"], 2, "{v}");
+            assert_eq!(v["quit"], true, "{v}");
         } else {
             assert!(
                 text.lines().any(|l| l.contains("#1")
@@ -376,6 +377,7 @@ fn a_run_stopped_mid_command_names_the_command_cut_short_and_those_not_started()
                 "{text}"
             );
             assert!(text.contains("2 queued command(s) not started"), "{text}");
+            assert!(text.contains("stopped by quit"), "{text}");
         }
     }
 }
