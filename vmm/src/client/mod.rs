@@ -57,8 +57,9 @@ pub enum Error {
     /// Reading or writing the socket failed.
     #[error("talking to the VMM")]
     Io(#[from] io::Error),
-    /// The VMM hung up before the reply.
-    #[error("the VMM closed the connection")]
+    /// The VMM hung up before the reply (end of stream, or the connection
+    /// reset: a VMM that exited or was killed with a request unread).
+    #[error("the VMM closed the connection (it exited, or dropped this client)")]
     Closed,
     /// A line that is not a QMP greeting, reply or event (the line is given).
     #[error("the VMM sent something that is not a reply: {0}")]
@@ -360,6 +361,7 @@ impl Client {
                 Ok(0) => return Err(Error::Closed),
                 Ok(n) => rest = &rest[n..],
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if hung_up(&e) => return Err(Error::Closed),
                 Err(e)
                     if self.deadline.is_some()
                         && matches!(
@@ -395,6 +397,7 @@ impl Client {
             match self.receive() {
                 Ok(0) => return Err(Error::Closed),
                 Ok(_) => {}
+                Err(e) if hung_up(&e) => return Err(Error::Closed),
                 // The socket's timeout is what was left of the deadline.
                 Err(e)
                     if self.deadline.is_some()
@@ -768,6 +771,15 @@ pub fn ctl(socket: &Path, line: &str, out: &mut dyn Write) -> Result<bool, Error
     Ok(reply.value.get("return").is_some())
 }
 
+/// Whether a socket error means the peer is gone (its end closed with data
+/// unread, or closed before a write).
+fn hung_up(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -776,6 +788,36 @@ mod tests {
 
     fn line(message: &Message) -> Value {
         serde_json::from_slice(&message.to_line()).unwrap()
+    }
+
+    #[test]
+    fn a_vmm_that_goes_with_a_request_unread_is_a_closed_connection() {
+        use std::io::{BufRead, BufReader, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vm.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(br#"{"QMP":{"capabilities":[],"kvmscope":{"features":["stats-fd"],"protocol":2,"vm":{"backend":"pvm","memory":33554432,"name":"vm","pid":1,"stats-id":"kvm-1","vcpus":1}},"version":{"package":"kvmscope 0.1.0","qemu":{"major":0,"micro":0,"minor":1}}}}"#).unwrap();
+            s.write_all(b"\n").unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut negotiation = String::new();
+            r.read_line(&mut negotiation).unwrap();
+            s.write_all(b"{\"return\":{}}\n").unwrap();
+            // Waits for the next request, then goes without reading it: the
+            // kernel resets the connection (ECONNRESET at the client).
+            let mut byte = [0u8; 1];
+            std::io::Read::read_exact(&mut s, &mut byte).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            drop((r, s));
+        });
+        let mut c = Client::connect(&path).unwrap();
+        let e = c
+            .execute("query-status", serde_json::json!({}))
+            .unwrap_err();
+        server.join().unwrap();
+        assert!(matches!(e, Error::Closed), "{e:?}");
+        assert!(e.to_string().contains("closed the connection"), "{e}");
     }
 
     #[test]
