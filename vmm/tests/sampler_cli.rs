@@ -12,11 +12,15 @@ fn kvmscope() -> Command {
 }
 
 /// A page once the workload's last command has started (its phase marker:
-/// command 3, `exits`, code 5), so the series holds the touched memory.
+/// command 3, `exits`, code 5) and the guest has counted all of it (1,024
+/// pages touched, then 10 + 10 exits), so the series holds the touched memory
+/// and the final count. (Waiting for the start alone raced the stop: CI's
+/// debug build once stopped the guest before its exits were counted.)
 fn page_after_the_workload(port: u16) -> Option<String> {
     let page = common::scrape(port)?;
     let phase = common::metric(&page, "kvmscope_guest_phase", &[])?;
-    (phase == ((3 << 8) | kvmscope::abi::CMD_EXITS) as f64).then_some(page)
+    let progress = common::metric(&page, "kvmscope_guest_progress_total", &[])?;
+    (phase == ((3 << 8) | kvmscope::abi::CMD_EXITS) as f64 && progress >= 1044.0).then_some(page)
 }
 
 #[test]
