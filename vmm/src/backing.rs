@@ -1,7 +1,8 @@
 //! Which pages of guest RAM the host ever backed: a migration's round 0
 //! sends the rest as zero without reading them (reading would fault in a
 //! page per page), and dirty logging leaves their initially-set bits set
-//! rather than protect pages that have no mapping ([`data_runs`]). `mincore` cannot tell: it says "not resident" both for a page never
+//! rather than protect pages that have no mapping ([`data_runs`]).
+//! `mincore` cannot tell: it says "not resident" both for a page never
 //! touched and for one swapped out, and a swapped-out page holds data. The
 //! page map can: `PAGEMAP_SCAN` (Linux 6.7+) returns present, swapped and
 //! zero-page ranges in one call per few thousand ranges; without it each

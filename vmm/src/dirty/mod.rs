@@ -487,18 +487,15 @@ impl DirtyLog {
         let Some(region) = memory::region(&self.mem) else {
             return Ok(false);
         };
-        let fresh = unbacked.fresh(region)?;
-        unbacked.mask(words);
         if protect == Protect::Leave {
             // A written page's bit stays set and is read again at the next
             // fold, as any other's; a zero page of a huge one stays in the set.
-            let written = fresh.written(region);
-            unbacked.forget(written.iter().copied());
-            written
-                .into_iter()
-                .for_each(|p| unbacked::set_bit(words, p));
+            let written = unbacked.writes_into(region, words)?;
+            unbacked.forget(written);
             return Ok(false);
         }
+        let fresh = unbacked.fresh(region)?;
+        unbacked.mask(words);
         let mut clear = words.to_vec();
         fresh.all().for_each(|p| unbacked::set_bit(&mut clear, p));
         let cleared = protect::clear(&self.vm, 0, &clear, self.pages);
@@ -664,11 +661,7 @@ impl Consumer {
             if let (Some(unbacked), Some(region)) = (&state.unbacked, region) {
                 // The bits left set are not writes; pages backed since and
                 // written are (counted, nothing cleared).
-                let fresh = unbacked.fresh(region)?;
-                unbacked.mask(&mut words);
-                for p in fresh.written(region) {
-                    unbacked::set_bit(&mut words, p);
-                }
+                unbacked.writes_into(region, &mut words)?;
             }
             Some(words)
         } else {

@@ -99,6 +99,24 @@ impl Unbacked {
         Ok(fresh)
     }
 
+    /// Clears the set's bits from `words` (a KVM bitmap as read) and sets
+    /// those of the set's pages written since ([`Fresh::written`], their
+    /// content read now, nothing cleared); returns those pages.
+    ///
+    /// # Errors
+    /// As [`Unbacked::fresh`].
+    pub(crate) fn writes_into(
+        &self,
+        region: &GuestRegionMmap<()>,
+        words: &mut [u64],
+    ) -> Result<Vec<u64>, Error> {
+        let fresh = self.fresh(region)?;
+        self.mask(words);
+        let written = fresh.written(region);
+        written.iter().for_each(|&p| set_bit(words, p));
+        Ok(written)
+    }
+
     /// Clears the set's bits from `words` (a KVM bitmap as read): they were
     /// left set when logging began, and are not writes.
     pub(crate) fn mask(&self, words: &mut [u64]) {
