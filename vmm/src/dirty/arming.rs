@@ -102,6 +102,15 @@ impl DirtyLog {
 }
 
 impl Consumer {
+    /// Whether a reader of every page must go through [`Consumer::arm`]:
+    /// the log left chunks to arm or pages set as never backed. Otherwise
+    /// (a ring, a whole-slot bitmap, one armed at boot) every page was
+    /// logged from the subscription on, and a classification taken after it
+    /// holds for the whole pass.
+    pub fn arms_by_range(&self) -> bool {
+        self.log.lock().unbacked.is_some()
+    }
+
     /// Arms pages `[first, first + count)` where they are not armed yet
     /// (see [`DirtyLog::subscribe_unarmed`]) and returns their backing as of
     /// then, as runs `(first page, count, backing)` in order: read them after

@@ -360,8 +360,10 @@ impl<'a> Precopy<'a> {
     }
 
     /// Sends one pass, then syncs the dirty log: the pages to send next.
-    /// `runs` are the pass's pages; the first pass sends them as each range
-    /// reads when armed, a range of [`dirty::protect::CHUNK_PAGES`] at a time.
+    /// `runs` are the pass's pages; where the log arms by range, the first
+    /// pass sends them as each range reads when armed, a range of
+    /// [`dirty::protect::CHUNK_PAGES`] at a time (otherwise `runs`, taken
+    /// after logging began, hold).
     fn pass_and_sync(
         &mut self,
         runs: &[(u64, u64, Backing)],
@@ -374,16 +376,15 @@ impl<'a> Precopy<'a> {
             pages,
             from: (pages0, t0, bytes0),
         };
-        match pass {
-            Pass::Dirty => self.send_runs(runs)?,
-            Pass::First => {
-                let mut first = 0;
-                while first < pages {
-                    let n = dirty::protect::CHUNK_PAGES.min(pages - first);
-                    self.send_runs(&consumer.arm(first, n)?)?;
-                    first += n;
-                }
+        if pass == Pass::First && consumer.arms_by_range() {
+            let mut first = 0;
+            while first < pages {
+                let n = dirty::protect::CHUNK_PAGES.min(pages - first);
+                self.send_runs(&consumer.arm(first, n)?)?;
+                first += n;
             }
+        } else {
+            self.send_runs(runs)?;
         }
         self.end_pass(pages0)?;
         let dirty = consumer.take()?;
