@@ -45,6 +45,20 @@ fn raw_at(socket: &std::path::Path, negotiate: bool) -> (UnixStream, BufReader<U
     (s, r)
 }
 
+/// Asserts the server neither closed a raw client nor sent it anything
+/// since its greeting.
+fn assert_untouched(s: &UnixStream) {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 256];
+    match (&*s).read(&mut buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!(
+            "a raw client was closed or sent to: {other:?} {:?}",
+            String::from_utf8_lossy(&buf)
+        ),
+    }
+}
+
 fn line(r: &mut BufReader<UnixStream>) -> Value {
     let mut l = String::new();
     r.read_line(&mut l).unwrap();
@@ -161,15 +175,7 @@ fn clients_that_never_negotiated_are_not_evicted_for_a_new_one() {
     // ... and none of the 64 was closed to make room (before: the longest
     // idle one was, though it never negotiated).
     for (s, _) in &raw_clients {
-        s.set_nonblocking(true).unwrap();
-        let mut buf = [0u8; 256];
-        match (&*s).read(&mut buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            other => panic!(
-                "a raw client was closed or sent to: {other:?} {:?}",
-                String::from_utf8_lossy(&buf)
-            ),
-        }
+        assert_untouched(s);
     }
     vm.quit();
 }
@@ -210,12 +216,7 @@ fn clients_that_connect_and_say_nothing_cannot_lock_the_operator_out() {
     first.read_line(&mut why).unwrap();
     assert!(why.contains("never negotiated"), "{why}");
     for (s, _) in &silent[1..] {
-        s.set_nonblocking(true).unwrap();
-        let mut buf = [0u8; 256];
-        match (&*s).read(&mut buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            other => panic!("another silent client was closed: {other:?}"),
-        }
+        assert_untouched(s);
     }
     vm.quit();
 }
