@@ -101,6 +101,12 @@ struct ExporterArgs {
     /// vCPU threads); 8.1 and later read them with `pread`, no kick.
     #[arg(long)]
     qmp_vcpus: bool,
+    /// Also show the VMMs' own exit counters per vCPU
+    /// (`kvmscope_vmm_vcpu_exits_<reason>_total`, twelve lines per vCPU).
+    /// They are always there summed per VM
+    /// (`kvmscope_vmm_vm_exits_<reason>_total`, twelve lines per VM).
+    #[arg(long)]
+    vcpu_exits: bool,
 }
 
 #[derive(clap::Args)]
@@ -436,6 +442,7 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
         qmp_sockets: a.qmp_sockets,
         qmp_interval: a.qmp_interval.0,
         qmp_vcpus: a.qmp_vcpus,
+        vcpu_exits: a.vcpu_exits,
     })?;
     eprintln!(
         "kvmscope exporter: serving http://{}/metrics for the VMs in {}",

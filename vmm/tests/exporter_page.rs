@@ -139,6 +139,53 @@ fn vms_in_the_directory_are_on_the_page_with_their_labels_and_kernel_values() {
     }
 }
 
+#[test]
+fn the_vmms_exit_counters_are_summed_per_vm_and_shown_per_vcpu_only_when_asked() {
+    require_kvm!();
+    let dir = common::test_dir("exp-exits");
+    // Port-out exits on both vCPUs, counted by the VMM.
+    let a = Vmm::start(
+        &dir.join("a.sock"),
+        &["--vcpus", "2", "--workload", "all: exits count=100"],
+    );
+    let per_vcpu = exporter(&dir, Duration::from_secs(2));
+    let summed = common::exporter::start(ExporterConfig {
+        vcpu_exits: false,
+        ..common::exporter::config(&dir, Duration::from_secs(2))
+    });
+    let vm = |p: &str| common::metric(p, "kvmscope_vmm_vm_exits_io_out_total", &["vm=\"a\""]);
+    let vcpu = |p: &str, i: u32| {
+        common::metric(
+            p,
+            "kvmscope_vmm_vcpu_exits_io_out_total",
+            &["vm=\"a\"", &format!("vcpu=\"{i}\"")],
+        )
+    };
+    // One page, one instant: the VM's line is its vCPUs' lines added up.
+    let page = page_when(&per_vcpu, "a's exits per vCPU", |p| {
+        up(p, "a", a.pid()) && vcpu(p, 1).is_some_and(|n| n > 0.0)
+    });
+    common::check_with_promtool(&page);
+    let (v0, v1) = (vcpu(&page, 0).unwrap(), vcpu(&page, 1).unwrap());
+    assert_eq!(vm(&page), Some(v0 + v1), "{page}");
+    // By default: the sum per VM, no exit counter per vCPU, the vCPUs'
+    // other own stats still there.
+    let page = page_when(&summed, "a on the default page", |p| {
+        up(p, "a", a.pid()) && vm(p).is_some_and(|n| n >= v0 + v1)
+    });
+    common::check_with_promtool(&page);
+    assert!(
+        !page.contains("kvmscope_vmm_vcpu_exits_"),
+        "no exit counter per vCPU:\n{page}"
+    );
+    assert!(common::metric(
+        &page,
+        "kvmscope_vmm_vcpu_guest_stall_seconds_total",
+        &["vm=\"a\"", "vcpu=\"1\""]
+    )
+    .is_some());
+}
+
 /// The VMM stats files (`/memfd:kvmscope-stats`) process `pid` has mapped:
 /// inode and permissions.
 fn own_stats_mappings(pid: &str) -> std::collections::BTreeMap<u64, String> {
@@ -361,6 +408,7 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
         qmp_sockets: vec![monitor.clone()],
         qmp_interval: Duration::from_millis(200),
         qmp_vcpus: true,
+        vcpu_exits: false,
     })
     .unwrap();
     let qvm = format!("vm=\"qvm-test\",pid=\"{}\"", q.id());

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use kvm_stats::{Mapped, Sample, StatsFd};
 
+use super::exit_sums::is_exit_counter;
 use super::provider::{Figures, Provider};
 use super::targets::{ProviderStats, Registry};
 use crate::lock;
@@ -15,6 +16,8 @@ use crate::metrics::{label_value, Source, Values};
 /// Every kvmscope VMM discovery attached, and what reading them has cost.
 pub(crate) struct KvmscopeVms {
     registry: Arc<Mutex<Registry>>,
+    /// The VMMs' exit counters per vCPU too, not only summed per VM.
+    vcpu_exits: bool,
     /// Stats fds read, over all scrapes.
     fds_read: u64,
     /// Stats fd reads that failed (the VM is then dropped).
@@ -22,10 +25,12 @@ pub(crate) struct KvmscopeVms {
 }
 
 impl KvmscopeVms {
-    /// The VMs of `registry`, which discovery keeps.
-    pub(crate) fn new(registry: Arc<Mutex<Registry>>) -> KvmscopeVms {
+    /// The VMs of `registry`, which discovery keeps; their VMMs' exit
+    /// counters summed per VM, and per vCPU too where `vcpu_exits`.
+    pub(crate) fn new(registry: Arc<Mutex<Registry>>, vcpu_exits: bool) -> KvmscopeVms {
         KvmscopeVms {
             registry,
+            vcpu_exits,
             fds_read: 0,
             read_errors: 0,
         }
@@ -51,6 +56,7 @@ impl Provider for KvmscopeVms {
         }
         Box::new(KvmscopeFigures {
             reg,
+            vcpu_exits: self.vcpu_exits,
             fds_read: self.fds_read,
             read_errors: self.read_errors,
         })
@@ -75,6 +81,7 @@ fn readiness_figure(name: &str) -> bool {
 /// The registry, held while the page is written, with this scrape's samples.
 struct KvmscopeFigures<'a> {
     reg: MutexGuard<'a, Registry>,
+    vcpu_exits: bool,
     fds_read: u64,
     read_errors: u64,
 }
@@ -151,12 +158,28 @@ impl Figures for KvmscopeFigures<'_> {
             .collect()
     }
 
+    fn vmm_exit_sums(&self) -> Vec<Source<'_>> {
+        self.reg
+            .targets
+            .values()
+            .filter_map(|t| {
+                let sums = &t.own.as_ref()?.exit_sums.sums;
+                Some(Source::new(t.labels.clone(), Values::Listed(sums)))
+            })
+            .collect()
+    }
+
     fn vmm_vcpu_stats(&self) -> Vec<Source<'_>> {
+        let hide = (!self.vcpu_exits).then_some(is_exit_counter as fn(&str) -> bool);
         self.reg
             .targets
             .values()
             .filter_map(|t| Some(vcpu_sources(&t.labels, &t.own.as_ref()?.vcpus)))
             .flatten()
+            .map(|mut source| {
+                source.hide = hide;
+                source
+            })
             .collect()
     }
 

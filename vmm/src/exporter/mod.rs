@@ -10,6 +10,7 @@
 //! (`page`) on each scrape from every provider (`provider`: kvmscope VMMs in
 //! `kvmscope`, QEMU in `qemu`).
 
+pub(crate) mod exit_sums;
 pub(crate) mod kvmscope;
 pub(crate) mod labels;
 pub(crate) mod page;
@@ -64,6 +65,9 @@ pub struct ExporterConfig {
     /// Also read QEMU's vCPU stats (with QEMU before 8.1 each refresh kicks
     /// every vCPU; 8.1 and later read them with `pread`).
     pub qmp_vcpus: bool,
+    /// Also show the VMMs' own exit counters per vCPU (they are always
+    /// there summed per VM).
+    pub vcpu_exits: bool,
 }
 
 /// The running exporter; dropping it stops its threads and closes every fd.
@@ -101,7 +105,10 @@ impl Exporter {
         )
         .map_err(Error::Spawn)?;
         let mut providers: Vec<Box<dyn provider::Provider>> = vec![
-            Box::new(kvmscope::KvmscopeVms::new(registry.clone())),
+            Box::new(kvmscope::KvmscopeVms::new(
+                registry.clone(),
+                config.vcpu_exits,
+            )),
             Box::new(qemu),
         ];
         let filter = config.stats;

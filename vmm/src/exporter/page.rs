@@ -82,6 +82,8 @@ pub(crate) fn render(
     // The VMMs' own stats, `--stats` choosing among them by name too.
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vmm_vm_stats()).collect();
     write_sources(out, &vms, "kvmscope_vmm_vm_", &mut seen, &keep);
+    let sums: Vec<_> = figures.iter().flat_map(|f| f.vmm_exit_sums()).collect();
+    write_sources(out, &sums, "kvmscope_vmm_vm_", &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vmm_vcpu_stats()).collect();
     write_sources(out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
     drop(figures);

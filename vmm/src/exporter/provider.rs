@@ -28,6 +28,11 @@ pub(crate) trait Figures {
     fn vmm_vm_stats(&self) -> Vec<Source<'_>> {
         Vec::new()
     }
+    /// The VMM's own exit counters summed over each VM's vCPUs (families of
+    /// their own: no VM file of the VMM has them).
+    fn vmm_exit_sums(&self) -> Vec<Source<'_>> {
+        Vec::new()
+    }
     /// The VMM's own vCPU stats.
     fn vmm_vcpu_stats(&self) -> Vec<Source<'_>> {
         Vec::new()

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use kvm_stats::{Header, Sample, StatsFd};
 use rustix::fs::inotify;
 
+use super::exit_sums::ExitSums;
 use crate::client::{self, Client};
 use crate::lock;
 use crate::protocol::events::EventKind;
@@ -114,6 +115,9 @@ impl Target {
                 None => fd.read_sample(sample)?,
             }
         }
+        if let Some(own) = &mut self.own {
+            own.exit_sums.update(&own.vcpus);
+        }
         Ok(())
     }
 
@@ -171,6 +175,9 @@ pub(crate) struct ProviderStats {
     /// then each vCPU's: read with no syscall. Empty for KVM's files, and
     /// `None` for a file that cannot be mapped safely (read with `pread`).
     views: Vec<Option<View>>,
+    /// The vCPU files' exit counters summed, as of the latest samples (the
+    /// VMM's own files; none in KVM's).
+    pub(crate) exit_sums: ExitSums,
 }
 
 /// A socket the exporter could not attach to, and why.
@@ -648,7 +655,16 @@ fn take_stats(
             .collect(),
         _ => Vec::new(),
     };
-    Ok(ProviderStats { vm, vcpus, views })
+    let exit_sums = match provider {
+        Some(StatsProvider::Kvmscope) => ExitSums::of(vm.0.schema(), &vcpus),
+        _ => ExitSums::default(),
+    };
+    Ok(ProviderStats {
+        vm,
+        vcpus,
+        views,
+        exit_sums,
+    })
 }
 
 /// A received fd as a stats source: it must be the kernel's stats file of

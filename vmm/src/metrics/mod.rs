@@ -258,8 +258,11 @@ pub(crate) enum Values<'a> {
     /// A stats fd's schema and a sample of it.
     Fd(&'a StatsFd, &'a Sample),
     /// Each stat's descriptor with its values.
-    Listed(&'a [(Descriptor, Vec<u64>)]),
+    Listed(&'a Listed),
 }
+
+/// Stats listed with their values, as a QMP `query-stats` reply gives them.
+pub(crate) type Listed = [(Descriptor, Vec<u64>)];
 
 /// Where a stat is in the first source that has it: its id there and that
 /// source's schema.
@@ -372,12 +375,26 @@ fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Hint<'a>, &'a Descriptor)> {
     let mut stats = Vec::new();
     // Sources of one layout (every vCPU of one kernel) have the same stats:
     // one of each is looked at, so that hundreds of fds cost one schema walk.
+    // Listed sources have no layout; one whose names are the last one's
+    // (each VM's exit sums, each QEMU vCPU) adds nothing either.
     let mut layouts = HashSet::new();
+    let mut last_listed: Option<(&Listed, Option<usize>)> = None;
     let shown = sources
         .iter()
-        .filter(|s| match s.values {
-            Values::Fd(fd, _) => layouts.insert((fd.schema().layout(), s.hide.map(|f| f as usize))),
-            Values::Listed(_) => true,
+        .filter(|s| {
+            let hide = s.hide.map(|f| f as usize);
+            match s.values {
+                Values::Fd(fd, _) => layouts.insert((fd.schema().layout(), hide)),
+                Values::Listed(list) => {
+                    let same = last_listed.is_some_and(|(last, last_hide)| {
+                        last_hide == hide
+                            && last.len() == list.len()
+                            && last.iter().zip(list).all(|(a, b)| a.0.name == b.0.name)
+                    });
+                    last_listed = Some((list, hide));
+                    !same
+                }
+            }
         })
         .flat_map(|s| s.values.stats().filter(move |(_, d)| s.shows(&d.name)));
     for (id, d) in shown {
@@ -541,7 +558,11 @@ pub(crate) fn render(samples: &Shared) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use kvm_stats::{Base, Descriptor, StatType, Unit};
+
+    use super::{write_sources, Source, Values};
 
     fn written(raw: u64, base: Base, exponent: i16) -> String {
         let d = Descriptor {
@@ -558,6 +579,58 @@ mod tests {
         let mut out = String::new();
         super::write_in_base_units(&mut out, raw, &d);
         out
+    }
+
+    fn listed(names: &[&str], value: u64) -> Vec<(Descriptor, Vec<u64>)> {
+        names
+            .iter()
+            .map(|n| {
+                let d = Descriptor {
+                    name: (*n).into(),
+                    flags: 0,
+                    kind: StatType::Cumulative,
+                    unit: Unit::None,
+                    base: Base::Pow10,
+                    exponent: 0,
+                    size: 1,
+                    offset: 0,
+                    bucket_size: 0,
+                };
+                (d, vec![value])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn listed_sources_of_the_same_names_each_get_their_line_and_a_later_name_is_not_lost() {
+        let (a, b, c) = (
+            listed(&["x", "y"], 1),
+            listed(&["x", "y"], 2),
+            listed(&["x", "y", "z"], 3),
+        );
+        let source = |l: &str, v| Source::new(format!("vm=\"{l}\""), Values::Listed(v));
+        let mut hidden = source("d", &b);
+        hidden.hide = Some(|n: &str| n == "y");
+        let sources = [source("a", &a), source("b", &b), hidden, source("c", &c)];
+        let mut out = String::new();
+        write_sources(&mut out, &sources, "p_", &mut HashSet::new(), &|_: &str| {
+            true
+        });
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            lines,
+            [
+                "p_x_total{vm=\"a\"} 1",
+                "p_x_total{vm=\"b\"} 2",
+                "p_x_total{vm=\"d\"} 2",
+                "p_x_total{vm=\"c\"} 3",
+                "p_y_total{vm=\"a\"} 1",
+                "p_y_total{vm=\"b\"} 2",
+                "p_y_total{vm=\"c\"} 3",
+                "p_z_total{vm=\"c\"} 3",
+            ],
+            "{out}"
+        );
     }
 
     #[test]

@@ -6,9 +6,14 @@ use std::time::Duration;
 use kvmscope::exporter::{Exporter, ExporterConfig};
 
 /// An exporter on a free local port reading every socket in `dir`, every
-/// stat, no QEMU monitor.
+/// stat (the VMMs' exit counters per vCPU too), no QEMU monitor.
 pub fn over(dir: &Path, attach_timeout: Duration) -> Exporter {
-    Exporter::start(ExporterConfig {
+    start(config(dir, attach_timeout))
+}
+
+/// The configuration `over` starts with.
+pub fn config(dir: &Path, attach_timeout: Duration) -> ExporterConfig {
+    ExporterConfig {
         listen: ([127, 0, 0, 1], 0).into(),
         dirs: vec![dir.to_path_buf()],
         sockets: vec![],
@@ -17,8 +22,13 @@ pub fn over(dir: &Path, attach_timeout: Duration) -> Exporter {
         qmp_sockets: vec![],
         qmp_interval: Duration::from_secs(5),
         qmp_vcpus: false,
-    })
-    .expect("the exporter starts")
+        vcpu_exits: true,
+    }
+}
+
+/// An exporter as `config` says.
+pub fn start(config: ExporterConfig) -> Exporter {
+    Exporter::start(config).expect("the exporter starts")
 }
 
 /// The exporter's page now.
