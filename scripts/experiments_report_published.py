@@ -1,6 +1,7 @@
 """The published part's generated block of docs/EXPERIMENTS.md: what a
 VMM's own stats said at a random moment against the migration started then."""
 
+from experiments_published import PHASED
 from experiments_report_migration import pct, rel, table
 
 
@@ -14,16 +15,27 @@ def block_published(rows):
                     fig("transferred", 1e6), fig("total_ms"), fig("downtime_ms"), r["passes"]))
     header = ["workload", "page read after the measurement", "verdict, page / actual", "MB sent, page / actual",
               "total ms, page / actual", "downtime ms, page / actual", "passes"]
+    ages = sorted(r["age_s"] for r in rows)
+    steady = [r for r in rows if r["workload"] not in PHASED]
+    phased = [r for r in rows if r["workload"] in PHASED]
+    overall = score(rows, "cells")
+    summary = "\n%s%s" % (overall[0].upper(), overall[1:])
+    if phased:
+        summary += " (%s; %s)" % (score(steady, "steady cells"), score(phased, "cells whose workload changes phase"))
+    summary += (". The page was %.1f-%.1f s old when read. Actual verdict: the sender stopped because "
+                "what was left fit the downtime limit (its stop test, which the model predicts), not because "
+                "`x-max-rounds` forced the stop; the downtime measured is in its own column.\n"
+                % (ages[0], ages[-1]))
+    return table(header, out) + summary
+
+
+def score(rows, what):
+    """How often the page was right about `rows`: verdicts, and bytes where both call converging."""
     right = sum(1 for r in rows if r["pred_verdict"] == r["verdict"])
     conv = [r for r in rows if r["verdict"] == "converges" and r["pred_verdict"] == "converges"]
     close = sum(1 for r in conv if abs(rel(r["pred_transferred"], r["transferred"]) or 0) <= 0.10)
-    ages = sorted(r["age_s"] for r in rows)
-    summary = ("\nVerdict right in %d of %d cells; bytes within 10 %% in %d of %d cells both call converging; "
-               "the page was %.1f-%.1f s old when read. Actual verdict: the sender stopped because what was left fit "
-               "the downtime limit (its stop test, which the model predicts), not because `x-max-rounds` forced "
-               "the stop; the downtime measured is in its own column.\n"
-               % (right, len(rows), close, len(conv), ages[0], ages[-1]))
-    return table(header, out) + summary
+    return ("verdict right in %d of %d %s, bytes within 10 %% in %d of %d of them both call converging"
+            % (right, len(rows), what, close, len(conv)))
 
 
 def fmt(x, scale):

@@ -157,8 +157,12 @@ fn queue_workloads(vm: &Vm, workloads: &[Workload]) -> Result<(), Error> {
             }
         }
     }
-    for (i, cmds) in per_vcpu.into_iter().enumerate() {
-        vm.push_commands(i, cmds);
+    for (vcpu, cmds) in per_vcpu.into_iter().enumerate() {
+        if cmds.len() > crate::vcpu::MAX_QUEUED_COMMANDS {
+            let source = SpecError::TooMany(cmds.len(), crate::vcpu::MAX_QUEUED_COMMANDS);
+            return Err(Error::Workload { vcpu, source });
+        }
+        vm.push_commands(vcpu, cmds);
     }
     Ok(())
 }

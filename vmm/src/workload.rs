@@ -17,6 +17,9 @@ pub enum SpecError {
     /// The spec has no command.
     #[error("empty workload: expected a command such as 'touch size=4M'")]
     Empty,
+    /// More commands for one vCPU than may wait on it (count, limit).
+    #[error("{0} commands for one vCPU: at most {1} may be queued")]
+    TooMany(usize, usize),
     /// A command name that is not one of the known commands (given).
     #[error("unknown workload command '{0}' (known: {known})", known = COMMANDS.join(", "))]
     UnknownCommand(String),

@@ -302,3 +302,54 @@ fn an_elf_with_nothing_to_load_is_a_load_error_said_once() {
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err.matches("Unable to read elf header").count(), 1, "{err}");
 }
+
+#[test]
+fn a_client_cannot_queue_guest_commands_without_end() {
+    require_kvm!();
+    use kvmscope::client::Client;
+    use kvmscope::vcpu::MAX_QUEUED_COMMANDS;
+    use serde_json::json;
+    let vm = ServedVm::start("hostile-queue", MEM, 1);
+    let mut c = Client::connect(&vm.socket).unwrap();
+    // The guest busy for the test's length, so nothing queued runs; the
+    // wait taken off the queue before the count starts.
+    c.execute(
+        "guest-command",
+        json!({"vcpu": 0, "command": "wait for=60s"}),
+    )
+    .unwrap();
+    common::wait_for("the guest in its wait", Duration::from_secs(30), || {
+        let (g, _) = c.execute("query-guest", json!({})).ok()?;
+        (g[0]["queued"] == 0 && g[0]["state"] != "booting").then_some(())
+    });
+    // Batches of 4,000 (about 60 KiB a request) until one is refused.
+    let batch = vec!["exits count=1"; 4000].join("; ");
+    let mut accepted = 0;
+    let refused = loop {
+        match c.execute("guest-command", json!({"vcpu": 0, "command": batch})) {
+            Ok(_) => accepted += 4000,
+            Err(e) => break e.to_string(),
+        }
+        assert!(accepted <= MAX_QUEUED_COMMANDS, "{accepted} queued");
+    };
+    assert_eq!(accepted, MAX_QUEUED_COMMANDS / 4000 * 4000);
+    assert!(
+        refused.contains(&format!("{accepted} commands queued"))
+            && refused.contains(&format!("at most {MAX_QUEUED_COMMANDS}")),
+        "{refused}"
+    );
+    // Nothing of the refused batch was queued, and the VMM serves on.
+    let (guest, _) = c.execute("query-guest", json!({})).unwrap();
+    assert_eq!(guest[0]["queued"], accepted, "{guest}");
+    let mut other = Client::connect(&vm.socket).unwrap();
+    let (status, _) = other.execute("query-status", json!({})).unwrap();
+    assert_eq!(status["status"], "running", "{status}");
+    // A batch that fits what is left is still taken.
+    let rest = MAX_QUEUED_COMMANDS - accepted;
+    let fits = vec!["exits count=1"; rest].join("; ");
+    c.execute("guest-command", json!({"vcpu": 0, "command": fits}))
+        .unwrap();
+    c.execute("quit", json!({})).unwrap();
+    let mut vm = vm;
+    vm.join();
+}

@@ -4,11 +4,17 @@
 //! host of 4-vCPU VMs they were most of the VMMs' own lines, and a fleet's
 //! dashboards ask for exits per VM).
 
-use kvm_stats::{Descriptor, Sample, Schema, StatId, StatType, StatsFd};
+use kvm_stats::{Descriptor, Sample, StatId, StatType, StatsFd};
 
-/// Whether a VMM vCPU stat is one of its exit counters.
+use crate::exits::Reason;
+
+/// Whether a VMM stat is one of the exit counters the page sums per VM
+/// (`exits_<reason>` of a known reason): the page shows them per vCPU only
+/// with `--vcpu-exits`, and never from a VMM's VM file (its own VM file has
+/// none; one that had would put a family on the page twice).
 pub(crate) fn is_exit_counter(name: &str) -> bool {
-    name.starts_with("exits_")
+    name.strip_prefix("exits_")
+        .is_some_and(|reason| Reason::ALL.iter().any(|r| r.label() == reason))
 }
 
 /// The exit counters of one VMM's vCPU files, summed.
@@ -17,41 +23,43 @@ pub(crate) struct ExitSums {
     /// Each counter's descriptor (the first vCPU file's) and its sum, as
     /// the page's listed sources take them.
     pub(crate) sums: Vec<(Descriptor, Vec<u64>)>,
-    /// Where each counter is in each vCPU file: `ids[k][v]` for counter `k`
-    /// in vCPU `v`'s file, `None` where that file lacks it.
-    ids: Vec<Vec<Option<StatId>>>,
+    /// Where each counter is in each vCPU file that has it alike: `(v, id)`
+    /// for vCPU `v`'s file, per counter.
+    ids: Vec<Vec<(usize, StatId)>>,
 }
 
 impl ExitSums {
-    /// The counters of `vcpus`' files: every single-valued cumulative stat
-    /// named `exits_*` of the first file, looked up by name in the others
-    /// (a VMM's vCPU files share one layout; one that does not still sums
-    /// right). A name the VMM's VM file `vm` has itself is left to it: the
-    /// page would otherwise carry one series twice, and Prometheus refuses
-    /// such a page whole.
-    pub(crate) fn of(vm: &Schema, vcpus: &[(StatsFd, Sample)]) -> ExitSums {
+    /// The counters of `vcpus`' files: each known reason's `exits_<reason>`
+    /// (at most twelve, whatever a VMM's files hold) that the first file has
+    /// as a single-valued cumulative stat, looked up by name in the others
+    /// and summed where they have it with the same type and scale (a VMM's
+    /// vCPU files share one layout; one that does not still sums right).
+    pub(crate) fn of(vcpus: &[(StatsFd, Sample)]) -> ExitSums {
         let Some((first, _)) = vcpus.first() else {
             return ExitSums::default();
         };
-        let (sums, ids) = first
-            .schema()
+        let (sums, ids) = Reason::ALL
             .iter()
-            .filter(|(_, d)| {
-                is_exit_counter(&d.name)
-                    && d.kind == StatType::Cumulative
-                    && d.size == 1
-                    && vm.find(&d.name).is_none()
-            })
-            .map(|(_, d)| {
+            .filter_map(|r| {
+                let name = format!("exits_{}", r.label());
+                let d = first.schema().get(first.schema().find(&name)?)?;
+                let alike = |o: &Descriptor| {
+                    o.kind == StatType::Cumulative
+                        && o.size == 1
+                        && (o.unit, o.base, o.exponent) == (d.unit, d.base, d.exponent)
+                };
+                if !alike(d) {
+                    return None;
+                }
                 let ids = vcpus
                     .iter()
-                    .map(|(fd, _)| {
-                        fd.schema()
-                            .find(&d.name)
-                            .filter(|&id| fd.schema().get(id).is_some_and(|o| o.size == 1))
+                    .enumerate()
+                    .filter_map(|(v, (fd, _))| {
+                        let id = fd.schema().find(&name)?;
+                        alike(fd.schema().get(id)?).then_some((v, id))
                     })
                     .collect();
-                ((d.clone(), vec![0]), ids)
+                Some(((d.clone(), vec![0]), ids))
             })
             .unzip();
         ExitSums { sums, ids }
@@ -63,8 +71,7 @@ impl ExitSums {
         for ((_, sum), ids) in self.sums.iter_mut().zip(&self.ids) {
             sum[0] = ids
                 .iter()
-                .zip(vcpus)
-                .filter_map(|(id, (_, sample))| sample.values((*id)?).first().copied())
+                .filter_map(|&(v, id)| vcpus.get(v)?.1.values(id).first().copied())
                 .fold(0u64, u64::saturating_add);
         }
     }
@@ -86,14 +93,6 @@ mod tests {
         (fd, sample)
     }
 
-    fn vm(counters: &[&str]) -> Schema {
-        let b = counters.iter().fold(
-            StatsFileBuilder::new("kvmscope-1").counter("published_at_ns", 1),
-            |b, c| b.counter(c, 5),
-        );
-        read(&b).0.schema().clone()
-    }
-
     fn vcpu(name: &str, io_out: u64, hlt: u64) -> (StatsFd, Sample) {
         read(
             &StatsFileBuilder::new(name)
@@ -103,6 +102,16 @@ mod tests {
         )
     }
 
+    /// Each counter's name and sum over `vcpus`' samples.
+    fn summed(vcpus: &[(StatsFd, Sample)]) -> Vec<(String, u64)> {
+        let mut sums = ExitSums::of(vcpus);
+        sums.update(vcpus);
+        sums.sums
+            .iter()
+            .map(|(d, v)| (d.name.clone(), v[0]))
+            .collect()
+    }
+
     #[test]
     fn each_exit_counter_is_summed_over_the_vcpus_and_nothing_else_is() {
         let vcpus = [
@@ -110,39 +119,57 @@ mod tests {
             vcpu("kvmscope-1/vcpu-1", 40, 0),
             vcpu("kvmscope-1/vcpu-2", 500, 2),
         ];
-        let mut sums = ExitSums::of(&vm(&[]), &vcpus);
-        sums.update(&vcpus);
-        let got: Vec<(&str, u64)> = sums
-            .sums
-            .iter()
-            .map(|(d, v)| (d.name.as_str(), v[0]))
-            .collect();
-        assert_eq!(got, [("exits_io_out", 543), ("exits_hlt", 3)]);
+        let got = summed(&vcpus);
+        assert_eq!(got, [("exits_io_out".into(), 543), ("exits_hlt".into(), 3)]);
     }
 
     #[test]
     fn a_vcpu_file_without_a_counter_adds_nothing_to_it() {
         let odd = read(&StatsFileBuilder::new("kvmscope-1/vcpu-1").counter("exits_hlt", 9));
         let vcpus = [vcpu("kvmscope-1/vcpu-0", 3, 1), odd];
-        let mut sums = ExitSums::of(&vm(&[]), &vcpus);
-        sums.update(&vcpus);
-        let got: Vec<u64> = sums.sums.iter().map(|(_, v)| v[0]).collect();
-        assert_eq!(got, [3, 10]);
+        assert_eq!(
+            summed(&vcpus),
+            [("exits_io_out".into(), 3), ("exits_hlt".into(), 10)]
+        );
     }
 
     #[test]
-    fn a_counter_the_vm_file_has_itself_is_not_summed() {
-        let vcpus = [
-            vcpu("kvmscope-1/vcpu-0", 3, 1),
-            vcpu("kvmscope-1/vcpu-1", 4, 1),
-        ];
-        let sums = ExitSums::of(&vm(&["exits_hlt"]), &vcpus);
-        let names: Vec<&str> = sums.sums.iter().map(|(d, _)| d.name.as_str()).collect();
-        assert_eq!(names, ["exits_io_out"]);
+    fn only_known_reasons_single_valued_and_alike_are_summed() {
+        use kvm_stats::{Base, Unit};
+        // A VMM's file with names of its own, a histogram and a scaled
+        // counter: none of them is summed, whatever their number.
+        let mut b = StatsFileBuilder::new("kvmscope-1/vcpu-0")
+            .counter("exits_made_up", 1)
+            .counter("exits_io_out", 2);
+        for i in 0..100 {
+            b = b.counter(&format!("exits_x{i}"), 1);
+        }
+        b = b.stat(
+            "exits_hlt",
+            StatType::Cumulative,
+            Unit::None,
+            Base::Pow10,
+            0,
+            &[1, 2],
+        );
+        let odd = StatsFileBuilder::new("kvmscope-1/vcpu-1").stat(
+            "exits_io_out",
+            StatType::Cumulative,
+            Unit::Bytes,
+            Base::Pow10,
+            0,
+            &[5],
+        );
+        let vcpus = [read(&b), read(&odd)];
+        let got = summed(&vcpus);
+        // vCPU 1's io_out is in another unit: left out of the sum.
+        assert_eq!(got, [("exits_io_out".into(), 2)]);
+        assert!(is_exit_counter("exits_io_out") && is_exit_counter("exits_hlt"));
+        assert!(!is_exit_counter("exits_made_up") && !is_exit_counter("exits"));
     }
 
     #[test]
     fn no_vcpus_no_sums() {
-        assert!(ExitSums::of(&vm(&[]), &[]).sums.is_empty());
+        assert!(ExitSums::of(&[]).sums.is_empty());
     }
 }

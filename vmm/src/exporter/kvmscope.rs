@@ -78,6 +78,14 @@ fn readiness_figure(name: &str) -> bool {
     name.starts_with("readiness_") || name.starts_with("prediction_")
 }
 
+/// What a VMM's own VM file does not show: the exit counters (the page's
+/// are the vCPUs' summed; a VM file that had its own would put their
+/// family on the page twice) and, until it has measured, the readiness
+/// figures.
+fn hidden_before_measuring(name: &str) -> bool {
+    is_exit_counter(name) || readiness_figure(name)
+}
+
 /// The registry, held while the page is written, with this scrape's samples.
 struct KvmscopeFigures<'a> {
     reg: MutexGuard<'a, Registry>,
@@ -150,9 +158,11 @@ impl Figures for KvmscopeFigures<'_> {
             .filter_map(|t| {
                 let own = t.own.as_ref()?;
                 let mut source = Source::new(t.labels.clone(), Values::Fd(&own.vm.0, &own.vm.1));
-                if !measured(own) {
-                    source.hide = Some(readiness_figure);
-                }
+                source.hide = Some(if measured(own) {
+                    is_exit_counter
+                } else {
+                    hidden_before_measuring
+                });
                 Some(source)
             })
             .collect()

@@ -656,7 +656,7 @@ fn take_stats(
         _ => Vec::new(),
     };
     let exit_sums = match provider {
-        Some(StatsProvider::Kvmscope) => ExitSums::of(vm.0.schema(), &vcpus),
+        Some(StatsProvider::Kvmscope) => ExitSums::of(&vcpus),
         _ => ExitSums::default(),
     };
     Ok(ProviderStats {

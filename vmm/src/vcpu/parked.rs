@@ -11,6 +11,7 @@ use kvm_ioctls::VcpuFd;
 
 use super::shared::{CommandResult, VcpuShared, VcpuState};
 use super::snapshot::{self, micros, Current, Error, ResultRecord, Site, Snapshot, VmmState};
+use crate::workload::SpecError;
 
 /// Where a parked vCPU thread stands, for its snapshot.
 #[derive(Clone, Copy)]
@@ -100,6 +101,7 @@ pub(super) struct Resumed {
 /// A KVM call failed, or a queued command does not parse.
 pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<Resumed, Error> {
     let index = shared.index;
+    within_queue_limit(index, &s.vmm.queue)?;
     let queue = map_runs(s.vmm.queue.iter(), |spec| {
         crate::workload::parse_sequence(spec)
             .map_err(|e| Error::Queue(index, (*spec).clone(), e.to_string()))
@@ -161,6 +163,24 @@ pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<R
 /// a queue is often thousands of copies of one command, and formatting or
 /// parsing each (in a migration's stop, on both sides) added about 9 ms of
 /// downtime per vCPU for 20,000 of them.
+/// Refuses a migrated queue of more than [`super::MAX_QUEUED_COMMANDS`],
+/// counted before parsing: a stream's entry could hold thousands of
+/// commands (`;`-separated), each parsed into memory of its own.
+fn within_queue_limit(index: usize, queue: &[String]) -> Result<(), Error> {
+    let commands: usize = queue
+        .iter()
+        .map(|spec| spec.matches([';', '\n']).count() + 1)
+        .sum();
+    if commands > super::MAX_QUEUED_COMMANDS {
+        return Err(Error::Queue(
+            index,
+            format!("{commands} commands"),
+            SpecError::TooMany(commands, super::MAX_QUEUED_COMMANDS).to_string(),
+        ));
+    }
+    Ok(())
+}
+
 fn map_runs<T: PartialEq, U: Clone, E>(
     items: impl Iterator<Item = T>,
     mut f: impl FnMut(&T) -> Result<U, E>,
@@ -182,6 +202,25 @@ fn map_runs<T: PartialEq, U: Clone, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vcpu::MAX_QUEUED_COMMANDS;
+
+    #[test]
+    fn a_migrated_queue_past_the_limit_is_refused_counted_in_commands_not_entries() {
+        let one = "exits count=1".to_string();
+        let full = vec![one.clone(); MAX_QUEUED_COMMANDS];
+        within_queue_limit(0, &full).unwrap();
+        // One entry over, or one entry holding many commands.
+        let over = vec![one.clone(); MAX_QUEUED_COMMANDS + 1];
+        let packed = vec![vec!["exits count=1"; MAX_QUEUED_COMMANDS + 1].join("; ")];
+        for queue in [over, packed] {
+            let e = within_queue_limit(3, &queue).unwrap_err().to_string();
+            assert!(
+                e.contains("vCPU 3")
+                    && e.contains(&format!("at most {MAX_QUEUED_COMMANDS} may be queued")),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn a_run_of_equal_items_is_mapped_once_and_order_is_kept() {

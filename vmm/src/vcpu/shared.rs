@@ -16,6 +16,19 @@ use crate::workload::Command;
 /// Results kept per vCPU for `query-guest` and summaries.
 pub(crate) const RESULTS_KEPT: usize = 256;
 
+/// Commands that may wait on one vCPU, however they came (control clients
+/// together, `--workload`, a migration's stream): about 64 bytes each, so
+/// 8 MiB a vCPU. A client sending commands faster than the guest runs them
+/// would otherwise grow the VMM's memory without end.
+pub const MAX_QUEUED_COMMANDS: usize = 131_072;
+
+/// Commands refused because the vCPU's queue would pass
+/// [`MAX_QUEUED_COMMANDS`]; `queued` were waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QueueFull {
+    pub(crate) queued: usize,
+}
+
 /// What the VMM asks of a vCPU thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
@@ -357,6 +370,21 @@ impl VcpuShared {
         inbox.queue.extend(commands);
         self.wake.notify_all();
         first
+    }
+
+    /// Queues commands unless the queue would then hold more than
+    /// [`MAX_QUEUED_COMMANDS`] (then none is queued); the sequence number
+    /// the first will get.
+    pub(crate) fn try_push_commands(&self, commands: Vec<Command>) -> Result<u64, QueueFull> {
+        let mut inbox = self.lock();
+        let queued = inbox.queue.len();
+        if queued.saturating_add(commands.len()) > MAX_QUEUED_COMMANDS {
+            return Err(QueueFull { queued });
+        }
+        let first = inbox.next_seq + queued as u64;
+        inbox.queue.extend(commands);
+        self.wake.notify_all();
+        Ok(first)
     }
 
     /// Records a control request. The caller must then kick the thread.
