@@ -216,10 +216,13 @@ def row_of(shape, mode, how, m, work, untracked, j):
         "stall_ms": round(j.get("x-guest-stall", {}).get("total-ms", 0)),
         "roles": "/".join(roles), "untracked_per_s": "/".join(str(round(u)) for u in untracked),
         "during_per_s": "/".join(str(d) for d in during), "kept_pct": "/".join(str(k) for k in kept),
+        # The sender's own stop test at its last sync (what it stopped on):
+        # what was left, at the last pass's rate.
+        "expected_downtime_ms": j.get("expected-downtime"),
     }
 
 
 COLUMNS = ["shape", "mode", "how", "link", "limit_ms", "status", "set", "end", "pred_verdict", "verdict",
            "pred_transferred", "transferred", "pred_total_ms", "total_ms", "pred_downtime_ms", "downtime_ms",
            "pred_passes", "passes", "throttled_ms", "stall_ms", "roles", "untracked_per_s", "during_per_s",
-           "kept_pct"]
+           "kept_pct", "expected_downtime_ms"]
