@@ -341,10 +341,17 @@ fn forged_stats_files_are_refused_and_an_honest_vm_keeps_its_lines() {
 /// with one counter; sealed against shrinking or not. Returns it (writable)
 /// and a read-only fd of it, as `get-stats-fd` hands out.
 fn own_stats_memfd(sealed: bool) -> (std::fs::File, std::fs::File) {
+    let file = kvm_stats::builder::StatsFileBuilder::new("kvmscope-1/vm").counter("exits_hlt", 5);
+    own_stats_memfd_of(&file, sealed)
+}
+
+/// `own_stats_memfd` holding the file `builder` makes.
+fn own_stats_memfd_of(
+    builder: &kvm_stats::builder::StatsFileBuilder,
+    sealed: bool,
+) -> (std::fs::File, std::fs::File) {
     use rustix::fs::{MemfdFlags, OFlags, SealFlags};
-    let bytes = kvm_stats::builder::StatsFileBuilder::new("kvmscope-1/vm")
-        .counter("exits_hlt", 5)
-        .build();
+    let bytes = builder.build();
     let fd = rustix::fs::memfd_create(kvmscope::vmmstats::MEMFD_NAME, MemfdFlags::ALLOW_SEALING)
         .unwrap();
     let mut file = std::fs::File::from(fd);
@@ -509,4 +516,52 @@ fn an_attached_vm_stays_attached_past_its_attach_deadline() {
         1,
         "attached once"
     );
+}
+
+#[test]
+fn a_vmm_whose_vm_file_has_exit_counters_of_its_own_cannot_put_a_series_twice() {
+    // The page's kvmscope_vmm_vm_exits_* families are the vCPUs' counters
+    // summed: a VM file's `exits_hlt` (a counter) or `exits_hlt_total` (a
+    // gauge, the same metric name) would write one series twice, or one
+    // family in two groups, and Prometheus refuses such a page whole.
+    require_kvm!();
+    use kvm_stats::builder::StatsFileBuilder;
+    use kvm_stats::{Base, StatType, Unit};
+    let dir = common::test_dir("exh-own-exits");
+    let real = RealStats::new();
+    let vm = StatsFileBuilder::new("kvmscope-1")
+        .counter("exits_hlt", 1000)
+        .stat(
+            "exits_hlt_total",
+            StatType::Instant,
+            Unit::None,
+            Base::Pow10,
+            0,
+            &[2000],
+        );
+    let vcpu = StatsFileBuilder::new("kvmscope-1/vcpu-0").counter("exits_hlt", 7);
+    let (_vm, vm_reader) = own_stats_memfd_of(&vm, true);
+    let (_vcpu, vcpu_reader) = own_stats_memfd_of(&vcpu, true);
+    fake_vmm_with_own(
+        &dir.join("doubler.sock"),
+        greeting("doubler", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        Some((Arc::new(vm_reader), Arc::new(vec![vcpu_reader]))),
+        drain(),
+    );
+    let honest = RealStats::new();
+    honest_vmm(&dir.join("honest.sock"), "honest", &honest);
+    let e = exporter(&dir, Duration::from_secs(2));
+    let p = page_within(&e, "both up", LIMIT, |p| {
+        up(p, "honest.sock") == Some(1.0) && up(p, "doubler.sock") == Some(1.0)
+    });
+    let lines: Vec<&str> = p
+        .lines()
+        .filter(|l| l.starts_with("kvmscope_vmm_vm_exits_hlt_total{") && l.contains("doubler"))
+        .collect();
+    // One line: the vCPU's counter summed, neither of the VM file's.
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].ends_with(" 7"), "{lines:?}");
+    common::check_with_promtool(&p);
 }

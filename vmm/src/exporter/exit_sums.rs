@@ -8,10 +8,9 @@ use kvm_stats::{Descriptor, Sample, StatId, StatType, StatsFd};
 
 use crate::exits::Reason;
 
-/// Whether a VMM stat is one of the exit counters the page sums per VM
+/// Whether a VMM vCPU stat is one of the exit counters the page sums per VM
 /// (`exits_<reason>` of a known reason): the page shows them per vCPU only
-/// with `--vcpu-exits`, and never from a VMM's VM file (its own VM file has
-/// none; one that had would put a family on the page twice).
+/// with `--vcpu-exits`.
 pub(crate) fn is_exit_counter(name: &str) -> bool {
     name.strip_prefix("exits_")
         .is_some_and(|reason| Reason::ALL.iter().any(|r| r.label() == reason))

@@ -78,12 +78,18 @@ fn readiness_figure(name: &str) -> bool {
     name.starts_with("readiness_") || name.starts_with("prediction_")
 }
 
-/// What a VMM's own VM file does not show: the exit counters (the page's
-/// are the vCPUs' summed; a VM file that had its own would put their
-/// family on the page twice) and, until it has measured, the readiness
-/// figures.
-fn hidden_before_measuring(name: &str) -> bool {
-    is_exit_counter(name) || readiness_figure(name)
+/// What a VMM's own VM file does not show: any `exits_*` stat (the page's
+/// `kvmscope_vmm_vm_exits_*` families are the vCPUs' counters summed; a VM
+/// file's `exits_hlt`, or `exits_hlt_total`, would put one of them on the
+/// page twice, which Prometheus refuses whole; our VMM's VM file has none).
+fn vm_file_hidden(name: &str) -> bool {
+    name.starts_with("exits_")
+}
+
+/// `vm_file_hidden`, and the readiness figures of a VMM that has not
+/// measured yet.
+fn vm_file_hidden_before_measuring(name: &str) -> bool {
+    vm_file_hidden(name) || readiness_figure(name)
 }
 
 /// The registry, held while the page is written, with this scrape's samples.
@@ -159,9 +165,9 @@ impl Figures for KvmscopeFigures<'_> {
                 let own = t.own.as_ref()?;
                 let mut source = Source::new(t.labels.clone(), Values::Fd(&own.vm.0, &own.vm.1));
                 source.hide = Some(if measured(own) {
-                    is_exit_counter
+                    vm_file_hidden
                 } else {
-                    hidden_before_measuring
+                    vm_file_hidden_before_measuring
                 });
                 Some(source)
             })

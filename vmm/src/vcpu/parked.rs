@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuFd;
 
-use super::shared::{CommandResult, VcpuShared, VcpuState};
+use super::shared::{CommandResult, VcpuShared, VcpuState, MAX_QUEUED_COMMANDS};
 use super::snapshot::{self, micros, Current, Error, ResultRecord, Site, Snapshot, VmmState};
 use crate::workload::SpecError;
 
@@ -163,7 +163,7 @@ pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<R
 /// a queue is often thousands of copies of one command, and formatting or
 /// parsing each (in a migration's stop, on both sides) added about 9 ms of
 /// downtime per vCPU for 20,000 of them.
-/// Refuses a migrated queue of more than [`super::MAX_QUEUED_COMMANDS`],
+/// Refuses a migrated queue of more than [`MAX_QUEUED_COMMANDS`],
 /// counted before parsing: a stream's entry could hold thousands of
 /// commands (`;`-separated), each parsed into memory of its own.
 fn within_queue_limit(index: usize, queue: &[String]) -> Result<(), Error> {
@@ -171,11 +171,11 @@ fn within_queue_limit(index: usize, queue: &[String]) -> Result<(), Error> {
         .iter()
         .map(|spec| spec.matches([';', '\n']).count() + 1)
         .sum();
-    if commands > super::MAX_QUEUED_COMMANDS {
+    if commands > MAX_QUEUED_COMMANDS {
         return Err(Error::Queue(
             index,
             format!("{commands} commands"),
-            SpecError::TooMany(commands, super::MAX_QUEUED_COMMANDS).to_string(),
+            SpecError::TooMany(commands, MAX_QUEUED_COMMANDS).to_string(),
         ));
     }
     Ok(())
@@ -202,7 +202,6 @@ fn map_runs<T: PartialEq, U: Clone, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vcpu::MAX_QUEUED_COMMANDS;
 
     #[test]
     fn a_migrated_queue_past_the_limit_is_refused_counted_in_commands_not_entries() {
