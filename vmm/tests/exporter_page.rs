@@ -175,6 +175,10 @@ fn the_vmms_exit_counters_are_summed_per_vm_and_shown_per_vcpu_only_when_asked()
     });
     common::check_with_promtool(&page);
     assert!(
+        page.contains("# HELP kvmscope_vmm_vm_exits_io_out_total sum over the VM's vCPUs of"),
+        "{page}"
+    );
+    assert!(
         !page.contains("kvmscope_vmm_vcpu_exits_"),
         "no exit counter per vCPU:\n{page}"
     );

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::provider::{Figures, Provider};
-use crate::metrics::write_sources;
+use crate::metrics::{write_sources, write_sources_as};
 
 /// How old the open-fd count on the page may be: counting walks
 /// `/proc/self/fd`, a thousand entries on a host of 100 VMs.
@@ -83,7 +83,8 @@ pub(crate) fn render(
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vmm_vm_stats()).collect();
     write_sources(out, &vms, "kvmscope_vmm_vm_", &mut seen, &keep);
     let sums: Vec<_> = figures.iter().flat_map(|f| f.vmm_exit_sums()).collect();
-    write_sources(out, &sums, "kvmscope_vmm_vm_", &mut seen, &keep);
+    let whose = "sum over the VM's vCPUs of the kvmscope VMM's own vCPU";
+    write_sources_as(out, &sums, "kvmscope_vmm_vm_", whose, &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vmm_vcpu_stats()).collect();
     write_sources(out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
     drop(figures);

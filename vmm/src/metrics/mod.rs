@@ -349,6 +349,19 @@ pub(crate) fn write_sources(
         (true, false) => "kvmscope VMM's own VM",
         (true, true) => "kvmscope VMM's own vCPU",
     };
+    write_sources_as(out, sources, prefix, whose, seen, keep);
+}
+
+/// `write_sources`, with each family's `# HELP` saying the stats are
+/// `whose` ("`whose` stat `name`").
+pub(crate) fn write_sources_as(
+    out: &mut String,
+    sources: &[Source<'_>],
+    prefix: &str,
+    whose: &str,
+    seen: &mut HashSet<String>,
+    keep: &dyn Fn(&str) -> bool,
+) {
     for (hint, d) in every_stat(sources)
         .into_iter()
         .filter(|(_, d)| keep(&d.name))
