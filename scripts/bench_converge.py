@@ -87,7 +87,7 @@ def cell(exe, how, bandwidth, mode):
                 time.sleep(0.05)
             if ring:
                 conn = kvmscope_client.Connection(src_sock, 5)
-                for _ in range(40):  # requests are at most 64 KiB
+                for _ in range(16):  # requests are at most 64 KiB, queues 32,768 commands
                     conn.execute("guest-command", {"vcpu": 1, "command": "; ".join(["read offset=128M size=64M"] * 2000)})
             time.sleep(1)  # the sweeps under way, the destination listening
             stop = {"armed": threading.Event(), "done": threading.Event()}

@@ -180,6 +180,42 @@ mod tests {
     }
 
     #[test]
+    fn a_full_queue_of_the_longest_commands_fits_a_vcpu_section() {
+        use crate::vcpu::snapshot::ResultRecord;
+        use crate::vcpu::{MAX_QUEUED_COMMANDS, RESULTS_KEPT};
+        use crate::workload::parse_command;
+        // Every number as long as a guest of 1 TiB lets it be (offsets and
+        // sizes are checked against the arena before anything is queued).
+        let tib = "1099511623680";
+        let longest = [
+            format!("dirty offset={tib} ws={tib} rate=18446744073709551615/s for=999999999s seed=18446744073709551615"),
+            format!("touch offset={tib} size={tib} stride={tib} pattern=0xffffffffffffffff"),
+        ]
+        .iter()
+        .map(|c| parse_command(c).unwrap().to_string())
+        .max_by_key(String::len)
+        .unwrap();
+        let mut s = snapshot();
+        s.vmm.queue = vec![longest.clone(); MAX_QUEUED_COMMANDS];
+        s.vmm.results = (0..RESULTS_KEPT as u64)
+            .map(|seq| ResultRecord {
+                seq,
+                command: longest.clone(),
+                status: "interrupted: the run stopped".into(),
+                values: [u64::MAX; 3],
+                host_time_us: u64::MAX,
+            })
+            .collect();
+        let bytes = encode(&s).unwrap();
+        assert!(
+            bytes.len() as u64 <= super::format::MAX_VCPU_SECTION,
+            "{} bytes for a queue of {MAX_QUEUED_COMMANDS} x {longest:?}",
+            bytes.len()
+        );
+        assert_eq!(decode(&bytes).unwrap().vmm.queue.len(), MAX_QUEUED_COMMANDS);
+    }
+
+    #[test]
     fn a_vcpu_section_of_the_wrong_length_is_refused() {
         let bytes = encode(&snapshot()).unwrap();
         for cut in [3, 20, bytes.len() - 1] {

@@ -17,10 +17,13 @@ use crate::workload::Command;
 pub(crate) const RESULTS_KEPT: usize = 256;
 
 /// Commands that may wait on one vCPU, however they came (control clients
-/// together, `--workload`, a migration's stream): about 64 bytes each, so
-/// 8 MiB a vCPU. A client sending commands faster than the guest runs them
-/// would otherwise grow the VMM's memory without end.
-pub const MAX_QUEUED_COMMANDS: usize = 131_072;
+/// together, `--workload`, a migration's stream): about 64 bytes each in
+/// memory, 2 MiB a vCPU. A client sending commands faster than the guest
+/// runs them would otherwise grow the VMM's memory without end. A full
+/// queue of the longest commands still fits a migration's vCPU section
+/// (`migration::format::MAX_VCPU_SECTION`, 4 MiB: the queue travels as
+/// text), which the destination would otherwise refuse at the stop.
+pub const MAX_QUEUED_COMMANDS: usize = 32_768;
 
 /// Commands refused because the vCPU's queue would pass
 /// [`MAX_QUEUED_COMMANDS`]; `queued` were waiting.
