@@ -26,19 +26,20 @@ MAX_ROUNDS = 4
 
 
 def workloads(ws):
-    """name -> the command vCPU 0 runs after writing the working set."""
+    """name -> the requests (`guest-command` batches) vCPU 0 is sent after
+    writing the working set."""
     return {
-        "idle": None,
-        "slow": "dirty ws=%d rate=2000/s for=600s" % ws,
-        "near": "dirty ws=%d rate=27000/s for=600s" % ws,
-        "above": "dirty ws=%d rate=max for=600s" % ws,
+        "idle": [],
+        "slow": ["dirty ws=%d rate=2000/s for=600s" % ws],
+        "near": ["dirty ws=%d rate=27000/s for=600s" % ws],
+        "above": ["dirty ws=%d rate=max for=600s" % ws],
         # Sweeps go in batches (a request is at most 64 KiB): 16,000 of
         # them, tens of seconds, where 2,000 could end before the migration.
         "sweeps": ["; ".join(["touch size=%d" % ws] * 2000)] * 8,
         # Workloads that change phase, on a beat that is not the period's:
         # what the page says may be the other phase's by the time it is read.
-        "phases": "; ".join(["dirty ws=%d rate=max for=4s; dirty ws=%d rate=2000/s for=4s" % (ws, ws)] * 75),
-        "bursts": "; ".join(["dirty ws=%d rate=max for=2s; wait for=5s" % ws] * 85),
+        "phases": ["; ".join(["dirty ws=%d rate=max for=4s; dirty ws=%d rate=2000/s for=4s" % (ws, ws)] * 75)],
+        "bursts": ["; ".join(["dirty ws=%d rate=max for=2s; wait for=5s" % ws] * 85)],
     }
 
 
@@ -74,8 +75,7 @@ def published_cell(binary, m, name, rng):
                                               "x-max-rounds": MAX_ROUNDS})
         ws = m["published_ws"]
         src.guest("touch size=%d" % ws)
-        command = workloads(ws)[name]
-        for batch in [command] if isinstance(command, str) else command or []:
+        for batch in workloads(ws)[name]:
             src.start(batch)
         # At a random moment once a measurement has been published.
         deadline = time.monotonic() + 10 * every

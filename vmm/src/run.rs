@@ -158,11 +158,11 @@ fn queue_workloads(vm: &Vm, workloads: &[Workload]) -> Result<(), Error> {
         }
     }
     for (vcpu, cmds) in per_vcpu.into_iter().enumerate() {
-        if cmds.len() > crate::vcpu::MAX_QUEUED_COMMANDS {
-            let source = SpecError::TooMany(cmds.len(), crate::vcpu::MAX_QUEUED_COMMANDS);
+        let count = cmds.len();
+        if let Some(Err(_)) = vm.push_commands(vcpu, cmds) {
+            let source = SpecError::TooMany(count, crate::vcpu::MAX_QUEUED_COMMANDS);
             return Err(Error::Workload { vcpu, source });
         }
-        vm.push_commands(vcpu, cmds);
     }
     Ok(())
 }

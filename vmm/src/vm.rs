@@ -363,8 +363,14 @@ impl Vm {
         self.events_tx.clone()
     }
 
-    /// Queues commands on vCPU `index`.
-    pub fn push_commands(&self, index: usize, commands: Vec<Command>) -> Option<u64> {
+    /// Queues commands on vCPU `index`, unless that would leave more than
+    /// [`crate::vcpu::MAX_QUEUED_COMMANDS`] waiting on it (then none);
+    /// `None` where there is no such vCPU.
+    pub fn push_commands(
+        &self,
+        index: usize,
+        commands: Vec<Command>,
+    ) -> Option<Result<u64, crate::vcpu::QueueFull>> {
         self.vcpus
             .get(index)
             .map(|v| v.shared.push_commands(commands))

@@ -88,11 +88,17 @@ fn drain() -> After {
 /// A well-behaved fake VMM named `name` at `socket`, handing out `real`'s
 /// stats.
 fn honest_vmm(socket: &Path, name: &str, real: &RealStats) {
-    fake_vmm(
+    honest_vmm_with_own(socket, name, real, None);
+}
+
+/// `honest_vmm`, handing out `own` as its own stats files.
+fn honest_vmm_with_own(socket: &Path, name: &str, real: &RealStats, own: Own) {
+    fake_vmm_with_own(
         socket,
         greeting(name, 1),
         Arc::new(real.vm.try_clone().unwrap()),
         Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        own,
         drain(),
     );
 }
@@ -375,13 +381,11 @@ fn own_stats_a_vmm_could_shrink_are_read_with_pread_and_shrinking_them_drops_onl
     let real = RealStats::new();
     let (own_vm, own_vm_reader) = own_stats_memfd(false);
     let (_own_vcpu, own_vcpu_reader) = own_stats_memfd(false);
-    fake_vmm_with_own(
+    honest_vmm_with_own(
         &dir.join("shrinker.sock"),
-        greeting("shrinker", 1),
-        Arc::new(real.vm.try_clone().unwrap()),
-        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        "shrinker",
+        &real,
         Some((Arc::new(own_vm_reader), Arc::new(vec![own_vcpu_reader]))),
-        drain(),
     );
     let honest = RealStats::new();
     honest_vmm(&dir.join("honest.sock"), "honest", &honest);
@@ -542,13 +546,11 @@ fn a_vmm_whose_vm_file_has_exit_counters_of_its_own_cannot_put_a_series_twice() 
     let vcpu = StatsFileBuilder::new("kvmscope-1/vcpu-0").counter("exits_hlt", 7);
     let (_vm, vm_reader) = own_stats_memfd_of(&vm, true);
     let (_vcpu, vcpu_reader) = own_stats_memfd_of(&vcpu, true);
-    fake_vmm_with_own(
+    honest_vmm_with_own(
         &dir.join("doubler.sock"),
-        greeting("doubler", 1),
-        Arc::new(real.vm.try_clone().unwrap()),
-        Arc::new(vec![real.vcpu.try_clone().unwrap()]),
+        "doubler",
+        &real,
         Some((Arc::new(vm_reader), Arc::new(vec![vcpu_reader]))),
-        drain(),
     );
     let honest = RealStats::new();
     honest_vmm(&dir.join("honest.sock"), "honest", &honest);

@@ -403,18 +403,13 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
         common::unix_listening(&monitor).then_some(())
     });
     let a = Vmm::start(&dir.join("a.sock"), &[]);
-    let e = Exporter::start(ExporterConfig {
-        listen: ([127, 0, 0, 1], 0).into(),
-        dirs: vec![dir.to_path_buf()],
-        sockets: vec![],
-        attach_timeout: Duration::from_secs(2),
-        stats: kvm_stats::NameFilter::all(),
+    let e = common::exporter::start(ExporterConfig {
         qmp_sockets: vec![monitor.clone()],
         qmp_interval: Duration::from_millis(200),
         qmp_vcpus: true,
         vcpu_exits: false,
-    })
-    .unwrap();
+        ..common::exporter::config(&dir, Duration::from_secs(2))
+    });
     let qvm = format!("vm=\"qvm-test\",pid=\"{}\"", q.id());
     let page = page_when(&e, "both VMs on the page", |p| {
         up(p, "a", a.pid())

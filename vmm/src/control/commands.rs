@@ -579,15 +579,9 @@ impl Handler {
             return Outcome::generic(desc);
         }
         let count = commands.len() as u64;
-        let first = match shared.try_push_commands(commands) {
+        let first = match shared.push_commands(commands) {
             Ok(first) => first,
-            Err(full) => {
-                return Outcome::generic(format!(
-                    "vCPU {vcpu} has {} commands queued and at most {} may wait: send more as these finish",
-                    full.queued,
-                    crate::vcpu::MAX_QUEUED_COMMANDS
-                ))
-            }
+            Err(full) => return Outcome::generic(full.to_string()),
         };
         let last = first + count - 1;
         if wait {

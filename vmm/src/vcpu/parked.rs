@@ -159,10 +159,6 @@ pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<R
     Ok(resumed)
 }
 
-/// `items` mapped by `f`, each run of equal items mapped once and cloned:
-/// a queue is often thousands of copies of one command, and formatting or
-/// parsing each (in a migration's stop, on both sides) added about 9 ms of
-/// downtime per vCPU for 20,000 of them.
 /// Refuses a migrated queue of more than [`MAX_QUEUED_COMMANDS`],
 /// counted before parsing: a stream's entry could hold thousands of
 /// commands (`;`-separated), each parsed into memory of its own.
@@ -181,6 +177,10 @@ fn within_queue_limit(index: usize, queue: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
+/// `items` mapped by `f`, each run of equal items mapped once and cloned:
+/// a queue is often thousands of copies of one command, and formatting or
+/// parsing each (in a migration's stop, on both sides) added about 9 ms of
+/// downtime per vCPU for 20,000 of them.
 fn map_runs<T: PartialEq, U: Clone, E>(
     items: impl Iterator<Item = T>,
     mut f: impl FnMut(&T) -> Result<U, E>,

@@ -26,10 +26,14 @@ pub(crate) const RESULTS_KEPT: usize = 256;
 pub const MAX_QUEUED_COMMANDS: usize = 32_768;
 
 /// Commands refused because the vCPU's queue would pass
-/// [`MAX_QUEUED_COMMANDS`]; `queued` were waiting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct QueueFull {
-    pub(crate) queued: usize,
+/// [`MAX_QUEUED_COMMANDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("vCPU {vcpu} has {queued} commands queued and at most {MAX_QUEUED_COMMANDS} may wait: send more as these finish")]
+pub struct QueueFull {
+    /// The vCPU.
+    pub vcpu: usize,
+    /// Commands waiting on it.
+    pub queued: usize,
 }
 
 /// What the VMM asks of a vCPU thread.
@@ -366,23 +370,17 @@ impl VcpuShared {
         crate::lock(&self.inbox)
     }
 
-    /// Queues commands; returns the sequence number the first will get.
-    pub(crate) fn push_commands(&self, commands: impl IntoIterator<Item = Command>) -> u64 {
-        let mut inbox = self.lock();
-        let first = inbox.next_seq + inbox.queue.len() as u64;
-        inbox.queue.extend(commands);
-        self.wake.notify_all();
-        first
-    }
-
     /// Queues commands unless the queue would then hold more than
     /// [`MAX_QUEUED_COMMANDS`] (then none is queued); the sequence number
     /// the first will get.
-    pub(crate) fn try_push_commands(&self, commands: Vec<Command>) -> Result<u64, QueueFull> {
+    pub(crate) fn push_commands(&self, commands: Vec<Command>) -> Result<u64, QueueFull> {
         let mut inbox = self.lock();
         let queued = inbox.queue.len();
         if queued.saturating_add(commands.len()) > MAX_QUEUED_COMMANDS {
-            return Err(QueueFull { queued });
+            return Err(QueueFull {
+                vcpu: self.index,
+                queued,
+            });
         }
         let first = inbox.next_seq + queued as u64;
         inbox.queue.extend(commands);
