@@ -53,6 +53,7 @@ pub mod units;
 pub mod vcpu;
 pub mod vm;
 pub mod vmmstats;
+pub(crate) mod wire;
 pub mod workload;
 pub mod x86_64;
 

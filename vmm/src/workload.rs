@@ -203,6 +203,21 @@ pub struct Workload {
 }
 
 impl Command {
+    /// The length of its spec (`to_string().len()`), without making it.
+    pub(crate) fn spec_len(&self) -> usize {
+        struct Count(usize);
+        impl fmt::Write for Count {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                self.0 += s.len();
+                Ok(())
+            }
+        }
+        let mut n = Count(0);
+        // Counting cannot fail, and neither does our Display.
+        let _ = fmt::write(&mut n, format_args!("{self}"));
+        n.0
+    }
+
     /// The command's name in specs.
     pub(crate) fn name(&self) -> &'static str {
         match self {

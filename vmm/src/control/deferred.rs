@@ -94,6 +94,7 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
             .unwrap_or(Duration::from_millis(p.downtime_limit)),
         link_from: from,
         vcpus: ctx.vcpus.len() as u64,
+        state_extra: ctx.vcpus.iter().map(|v| v.state_extra_bytes()).sum(),
         max_rounds: p.x_max_rounds,
         dirty_limit_period: Duration::from_millis(p.x_vcpu_dirty_limit_period),
         ..Options::default()

@@ -94,3 +94,38 @@ fn a_section_of_an_unknown_kind_is_refused_by_its_value() {
     let e = read_all(w.inner()).unwrap_err();
     assert!(matches!(e, Error::Kind(9)), "{e}");
 }
+
+#[test]
+fn the_sizes_the_stop_test_counts_are_the_streams() {
+    use crate::wire;
+    let size = |n: usize| n as u64;
+    assert_eq!(wire::PAGE, PAGE_SIZE);
+    assert_eq!(wire::SECTION_HEADER, size(size_of::<SectionHeader>()));
+    assert_eq!(wire::RUN_HEADER, size(size_of::<PageRun>()));
+    assert_eq!(
+        wire::PASS_BYTES,
+        wire::SECTION_HEADER + size(size_of::<PassRecord>())
+    );
+    assert_eq!(
+        wire::END_BYTES,
+        wire::SECTION_HEADER + size(size_of::<Trailer>())
+    );
+    assert_eq!(
+        wire::SETUP_BYTES,
+        size(size_of::<StreamHeader>())
+            + wire::SECTION_HEADER
+            + size(size_of::<ConfigRecord>())
+            + wire::SECTION_HEADER
+            + size(size_of::<PlanRange>())
+    );
+    assert_eq!(
+        wire::SECTION_TARGET,
+        size(crate::migration::writer::SECTION_TARGET)
+    );
+    // An idle vCPU's section: the header and KVM's state in this build, the
+    // MSRs and the VMM's JSON as measured (`wire::VCPU_BYTES`) cover them.
+    assert!(
+        wire::VCPU_BYTES
+            > size(size_of::<VcpuHeader>()) + size(size_of::<kvm_bindings::kvm_xsave>())
+    );
+}

@@ -36,6 +36,7 @@ use crate::units::saturating_u64;
 use crate::vcpu::snapshot::{Snapshot, SnapshotRequest};
 use crate::vcpu::stall::{Baseline, Period, Stall};
 use crate::vcpu::{progress, VcpuShared};
+use crate::wire;
 
 /// How long the main loop and the vCPUs get to pause, and each vCPU to give its state.
 const PAUSE_LIMIT: Duration = Duration::from_secs(5);
@@ -319,9 +320,8 @@ impl<'a> Precopy<'a> {
         let connected = self.m.elapsed_ms();
         self.set_stall(&conn, PRECOPY_STALL)?;
         self.m.set_conn(conn.try_clone().ok());
-        let mut w = PageWriter::new(Writer::start(conn)?, &self.src.mem);
-        w.section(Kind::Config, &[self.src.config.as_bytes()])?;
-        self.w = Some(w);
+        self.w = Some(PageWriter::new(Writer::start(conn)?, &self.src.mem));
+        self.section(Kind::Config, &[self.src.config.as_bytes()])?;
         self.expect_reply(format::REPLY_READY)?;
         let ready = self.m.elapsed_ms();
         self.observed = self.baseline.take().map(Baseline::begin);
@@ -406,7 +406,7 @@ impl<'a> Precopy<'a> {
         if let Some(c) = self.converge.as_mut() {
             c.after_sync(dirtied, pass_bytes, &params);
         }
-        let expected = expected_ms(dirty.count(), self.last_rate);
+        let expected = self.expected_ms(dirty.count());
         let note = self.convergence_note(dirty.count(), expected);
         self.prev_dirty = Some(dirty.count());
         let ram = self.ram.clone();
@@ -440,7 +440,7 @@ impl<'a> Precopy<'a> {
             .flat_map(|&(first, count, _)| format::PlanRange { first, count }.as_bytes().to_vec())
             .collect();
         if !plan.is_empty() {
-            self.writer()?.section(Kind::Plan, &[&plan])?;
+            self.section(Kind::Plan, &[&plan])?;
         }
         Ok(())
     }
@@ -450,16 +450,28 @@ impl<'a> Precopy<'a> {
             pass: self.pass,
             pages: self.pages_sent() - pages_before,
         };
-        self.writer()?.section(Kind::Pass, &[record.as_bytes()])?;
+        self.section(Kind::Pass, &[record.as_bytes()])?;
         Ok(())
     }
 
-    /// Whether to stop now: what is left fits the downtime limit at the last
-    /// pass's rate, or the round limit is reached.
+    /// Whether to stop now: the stop, with what is left at the last pass's
+    /// rate, fits the downtime limit (`wire::stop_fits`), or the round
+    /// limit is reached.
     fn fits(&self, dirty: &Bitmap) -> bool {
         let p = self.m.parameters();
         (p.x_max_rounds != 0 && self.pass >= p.x_max_rounds)
-            || expected_ms(dirty.count(), self.last_rate) <= p.downtime_limit
+            || wire::stop_fits(
+                self.expected_ms(dirty.count()),
+                dirty.count(),
+                p.downtime_limit,
+            )
+    }
+
+    /// The stop's expected downtime with `dirty` pages left, ms.
+    fn expected_ms(&self, dirty: u64) -> u64 {
+        let vcpus = &self.src.vcpus;
+        let extra = vcpus.iter().map(|v| v.state_extra_bytes()).sum();
+        expected_ms(dirty, vcpus.len() as u64, extra, self.last_rate)
     }
 
     /// Why the passes are not converging, while they are not.
@@ -470,7 +482,7 @@ impl<'a> Precopy<'a> {
             let mib = |b: f64| b / 1048576.0;
             format!(
                 "the guest dirties {} pages/s ({:.1} MiB/s) and the link sends {:.1} MiB/s: \
-                 passes stop shrinking at {dirty} pages, {expected} ms on the wire, over the \
+                 passes stop shrinking at {dirty} pages, a {expected} ms stop, over the \
                  {limit} ms downtime limit",
                 self.ram.dirty_pages_rate,
                 mib(self.ram.dirty_pages_rate as f64 * format::PAGE_SIZE as f64),
@@ -516,11 +528,11 @@ impl<'a> Precopy<'a> {
             let crc32 = super::digest::ram_crc32(&self.src.mem);
             self.m.update(|i| i.x_ram_crc32 = Some(crc32));
             let record = format::DigestRecord { crc32, reserved: 0 };
-            self.writer()?.section(Kind::Digest, &[record.as_bytes()])?;
+            self.section(Kind::Digest, &[record.as_bytes()])?;
         }
         for s in &snapshots {
             let payload = device::encode(s)?;
-            self.writer()?.section(Kind::Vcpu, &[&payload])?;
+            self.section(Kind::Vcpu, &[&payload])?;
         }
         self.writer()?.finish()?;
         step("trailer sent");
@@ -581,6 +593,17 @@ impl<'a> Precopy<'a> {
             (format::REPLY_REFUSED, why) => Err(Error::Refused(why)),
             (c, why) => Err(Error::Refused(format!("unexpected reply {c}: {why}"))),
         }
+    }
+
+    /// Writes a section other than RAM, paced.
+    fn section(&mut self, kind: Kind, parts: &[&[u8]]) -> Result<(), Error> {
+        let w = self.w.as_mut().ok_or(Error::Cancelled)?;
+        let ctl = Live {
+            m: self.m,
+            ram: &mut self.ram,
+            pass: self.live,
+        };
+        Ok(w.section(kind, parts, &ctl)?)
     }
 
     /// Sends runs of pages through the writer, publishing the counters
@@ -669,16 +692,18 @@ fn data_runs(dirty: &Bitmap) -> Vec<(u64, u64, Backing)> {
         .collect()
 }
 
-/// Milliseconds `pages` take at `rate` bytes/s (a page and its share of a header).
-fn expected_ms(pages: u64, rate: f64) -> u64 {
-    if pages == 0 {
-        return 0;
-    }
-    if rate <= 0.0 {
-        return u64::MAX;
-    }
-    let bytes = pages as f64 * (format::PAGE_SIZE + 16) as f64;
-    saturating_u64((bytes / rate * 1e3).ceil())
+/// The stop's expected downtime, ms, were it to begin now with `pages`
+/// dirty: the bytes it sends (pages, the vCPUs' state with `state_extra`
+/// bytes beyond idle ones', the trailer) at `rate` bytes/s, and the costs
+/// beyond the bytes, counted as the readiness model counts them (`crate::wire`).
+fn expected_ms(pages: u64, vcpus: u64, state_extra: u64, rate: f64) -> u64 {
+    let bytes = wire::stop_bytes(pages, vcpus, state_extra);
+    wire::whole_ms(wire::stop_seconds(
+        bytes,
+        rate,
+        vcpus,
+        &wire::Costs::default(),
+    ))
 }
 
 /// After a failed write: the destination's refusal, if it sent one before

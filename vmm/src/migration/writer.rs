@@ -124,12 +124,20 @@ impl<'m, W: Write> PageWriter<'m, W> {
         self.out.bytes
     }
 
-    /// Writes one section other than RAM.
+    /// Writes one section other than RAM, paced like RAM sections (a vCPU
+    /// section carries its queue: a link would take its time on it too).
     ///
     /// # Errors
-    /// The write failed.
-    pub(crate) fn section(&mut self, kind: Kind, parts: &[&[u8]]) -> Result<(), format::Error> {
-        self.out.section(kind, parts)
+    /// The write failed, or `ctl` said to stop while it was paced.
+    pub(crate) fn section(
+        &mut self,
+        kind: Kind,
+        parts: &[&[u8]],
+        ctl: &impl Control,
+    ) -> Result<(), Error> {
+        let before = self.out.bytes;
+        self.out.section(kind, parts)?;
+        self.pace(self.out.bytes - before, ctl)
     }
 
     /// Writes the trailer and flushes.

@@ -14,60 +14,14 @@
 use crate::protocol::migration::Status;
 use crate::protocol::readiness::{PredictedMigration, PredictedRam, PredictionReply, RoundFigure};
 use crate::units::saturating_u64;
+use crate::wire::{
+    dirty_pass_bytes, sections, stop_bytes, stop_fits, stop_seconds, whole_ms, Costs,
+    DIRTY_PAGE_WIRE, PAGE, PASS_BYTES, RUN_HEADER, SECTION_TARGET, SETUP_BYTES,
+};
 
-/// Bytes of a guest page.
-pub(crate) const PAGE: u64 = 4096;
-/// A run of pages on the wire: `first` u64, `count` u32, `kind` u32. A zero
-/// run of any length costs only this; a normal run adds its pages' bytes.
-pub(crate) const RUN_HEADER: u64 = 16;
-/// A section header (`kind`, `reserved`, `len`).
-pub(crate) const SECTION_HEADER: u64 = 16;
-/// The sender closes a RAM section once its payload reaches this size.
-pub(crate) const SECTION_TARGET: u64 = 4 << 20;
-/// A dirty page in a later pass, as the sender's own estimate counts it: the
-/// page and a run header (dirty pages are scattered, so most start a run).
-pub(crate) const DIRTY_PAGE_WIRE: u64 = PAGE + RUN_HEADER;
-/// Stream header, config section and plan section, before pass 0's pages.
-pub(crate) const SETUP_BYTES: u64 = 16 + (SECTION_HEADER + 40) + (SECTION_HEADER + 16);
-/// The `Pass` record that ends every pass (the stop-and-copy one too).
-pub(crate) const PASS_BYTES: u64 = SECTION_HEADER + 16;
-/// The trailer.
-pub(crate) const END_BYTES: u64 = SECTION_HEADER + 16;
-/// One vCPU's state section's payload (registers, XSAVE, MSRs, the VMM's
-/// JSON), as measured on the streams (docs/EXPERIMENTS.md: `downtime-bytes`
-/// of idle guests, 6,382 bytes with its header for one vCPU, 25,096 for four).
-pub(crate) const VCPU_BYTES: u64 = 6_272;
 /// Passes tried before the model gives up (the sender has no cap unless
 /// `x-max-rounds` is set, but a guest this close to the link never settles).
 pub(crate) const MAX_ROUNDS: usize = 30;
-
-/// Costs on this side of the link that the wire bytes do not show, measured
-/// against real migrations (docs/EXPERIMENTS.md, migration part).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Costs {
-    /// Fastest the sender and receiver move bytes with no bandwidth limit
-    /// (reading, checking for zeros, copying through the socket), bytes/s.
-    pub(crate) local_rate: f64,
-    /// Setup: connecting, the destination building its VM, subscribing to
-    /// the dirty log, reading the page map; seconds.
-    pub(crate) setup: f64,
-    /// The stop beyond its bytes: pausing the vCPUs, reading their state, the
-    /// last sync, the destination loading the state and answering; seconds.
-    pub(crate) stop: f64,
-    /// Each vCPU's share of the stop, seconds.
-    pub(crate) stop_per_vcpu: f64,
-}
-
-impl Default for Costs {
-    fn default() -> Self {
-        Costs {
-            local_rate: 1.0e9,
-            setup: 0.010,
-            stop: 0.004,
-            stop_per_vcpu: 0.000_5,
-        }
-    }
-}
 
 /// What the model needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -91,6 +45,9 @@ pub(crate) struct Inputs {
     pub(crate) max_downtime: f64,
     /// vCPUs, whose state goes out in the stop.
     pub(crate) vcpus: u64,
+    /// Bytes their state carries beyond [`VCPU_BYTES`] each: queued
+    /// commands and kept results (`VcpuShared::state_extra_bytes`).
+    pub(crate) state_extra: u64,
     /// `x-max-rounds`: the sender stops after this many passes whatever is
     /// left (0 or `None`: no limit).
     pub(crate) max_rounds: Option<u64>,
@@ -242,11 +199,6 @@ pub enum Error {
     },
 }
 
-/// Section headers for `payload` bytes of RAM runs.
-fn sections(payload: u64) -> u64 {
-    payload.div_ceil(SECTION_TARGET).max(1) * SECTION_HEADER
-}
-
 /// Pass 0's bytes: setup records, every non-zero page in full, zero pages as
 /// runs. A section closes its runs, so each section holds about one normal
 /// and one zero run.
@@ -256,14 +208,6 @@ pub(crate) fn pass0_bytes(total_pages: u64, nonzero_pages: u64) -> u64 {
     let zero_runs = u64::from(nonzero_pages < total_pages) * (n + 1);
     let runs = u64::from(nonzero_pages > 0) * n + zero_runs;
     SETUP_BYTES + data + runs * RUN_HEADER + sections(data) + PASS_BYTES
-}
-
-/// A later pass's bytes for `pages` dirty pages.
-pub(crate) fn dirty_pass_bytes(pages: u64) -> u64 {
-    if pages == 0 {
-        return PASS_BYTES;
-    }
-    pages * DIRTY_PAGE_WIRE + sections(pages * DIRTY_PAGE_WIRE) + PASS_BYTES
 }
 
 fn check(i: &Inputs) -> Result<(), Error> {
@@ -333,20 +277,18 @@ impl Inputs {
         r
     }
 
-    /// The sender's stop test after a sync: the dirty pages, at the rate the
-    /// last pass achieved, fit the limit (in whole milliseconds, as it counts).
+    /// The sender's stop test after a sync ([`stop_fits`]), at the link's rate.
     fn fits(&self, dirty: u64) -> bool {
-        let ms = (dirty as f64 * DIRTY_PAGE_WIRE as f64 / self.rate() * 1e3).ceil();
-        ms <= (self.max_downtime * 1e3).round()
+        let limit = saturating_u64((self.max_downtime * 1e3).round());
+        stop_fits(whole_ms(self.stop(dirty).1), dirty, limit)
     }
 
-    /// The stop: the last dirty pages (as a pass), the vCPUs and the trailer.
+    /// The stop: the last dirty pages (as a pass), the vCPUs and the
+    /// trailer; its downtime.
     fn stop(&self, dirty: u64) -> (Round, f64) {
-        let bytes =
-            dirty_pass_bytes(dirty) + self.vcpus * (SECTION_HEADER + VCPU_BYTES) + END_BYTES;
+        let bytes = stop_bytes(dirty, self.vcpus, self.state_extra);
         let r = self.round(dirty, bytes);
-        let c = &self.costs;
-        let downtime = r.seconds + c.stop + c.stop_per_vcpu * self.vcpus as f64;
+        let downtime = stop_seconds(bytes, self.rate(), self.vcpus, &self.costs);
         (r, downtime)
     }
 }
@@ -422,11 +364,11 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
 fn not_converging(i: &Inputs, dirty: u64, done: u64) -> String {
     let mib = |b: f64| b / 1048576.0;
     let dirty_bytes = i.dirty_rate * DIRTY_PAGE_WIRE as f64;
-    let ms = dirty as f64 * DIRTY_PAGE_WIRE as f64 / i.rate() * 1e3;
+    let ms = whole_ms(i.stop(dirty).1);
     if dirty_bytes >= i.rate() {
-        format!("the guest dirties {:.1} MiB/s, at least the {:.1} MiB/s link: passes stop shrinking at {dirty} pages ({ms:.0} ms, over the {:.0} ms downtime)", mib(dirty_bytes), mib(i.rate()), i.max_downtime * 1e3)
+        format!("the guest dirties {:.1} MiB/s, at least the {:.1} MiB/s link: passes stop shrinking at {dirty} pages (a {ms} ms stop, over the {:.0} ms downtime)", mib(dirty_bytes), mib(i.rate()), i.max_downtime * 1e3)
     } else {
-        format!("after {done} passes {dirty} pages are still dirty ({ms:.0} ms on the wire, over the {:.0} ms downtime): the guest dirties {:.1} MiB/s, too close to the {:.1} MiB/s link", i.max_downtime * 1e3, mib(dirty_bytes), mib(i.rate()))
+        format!("after {done} passes {dirty} pages are still dirty (a {ms} ms stop, over the {:.0} ms downtime): the guest dirties {:.1} MiB/s, too close to the {:.1} MiB/s link", i.max_downtime * 1e3, mib(dirty_bytes), mib(i.rate()))
     }
 }
 

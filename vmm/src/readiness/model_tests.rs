@@ -1,5 +1,6 @@
 //! Unit tests of the pre-copy model, on hand-worked cases.
 use super::*;
+use crate::wire::VCPU_BYTES;
 
 /// 100 dirty pages per second.
 const LINK: f64 = 411_200.0;
@@ -23,6 +24,7 @@ fn inputs() -> Inputs {
         bandwidth: Some(LINK),
         max_downtime: 0.3,
         vcpus: 1,
+        state_extra: 0,
         max_rounds: None,
         stall_per_page: None,
         limited: None,
@@ -263,10 +265,20 @@ fn unlimited_link_runs_at_the_local_rate_and_costs_add_to_the_times() {
 
 #[test]
 fn the_stop_test_counts_whole_milliseconds_as_the_sender_does() {
-    // 30 pages at 100 pages/s are 300 ms: fits a 300 ms limit; 31 do not.
-    let i = inputs();
+    // 30 pages at 100 pages/s are 300 ms; with their section header and
+    // pass record, the vCPU's state and the trailer, 315.49 ms: 316 whole
+    // ones, which fit a 316 ms limit and not a 315 ms one; 31 pages do not.
+    let i = Inputs {
+        max_downtime: 0.316,
+        ..inputs()
+    };
     assert!(i.fits(30));
     assert!(!i.fits(31));
+    assert!(!Inputs {
+        max_downtime: 0.315,
+        ..i
+    }
+    .fits(30));
 }
 
 #[test]
@@ -374,4 +386,78 @@ fn a_limited_vcpu_writes_its_first_slice_then_sleeps_it_off_then_writes_at_its_l
     assert_eq!(held.between(10.0, 11.0), 0);
     assert_eq!(held.between(20.0, 21.0), 10);
     assert_eq!(held.between(0.0, 0.001), 120, "the first slice at once");
+}
+
+#[test]
+fn the_stop_test_counts_the_vcpus_state_and_the_costs_beyond_the_bytes() {
+    // A 10,000-page/s link: pass 0 takes 10 s and leaves nearly all the
+    // guest's 2,000-page set dirty, 200 ms on the wire, within the 300 ms
+    // limit: the stop comes after pass 0.
+    let writer = Inputs {
+        total_pages: 100_000,
+        nonzero_pages: 100_000,
+        dirty_rate: 1000.0,
+        growth: Growth::Uniform(2000),
+        bandwidth: Some(LINK * 100.0),
+        ..inputs()
+    };
+    let bare = predict(&writer).unwrap();
+    assert!(bare.converges);
+    assert_eq!(pages(&bare), [100_000]);
+    assert!(bare.stop_and_copy.unwrap().pages > 1900);
+    // The same migration with a stop that costs 250 ms beyond its bytes
+    // leaves 50 ms for the pages: the sender must take more passes, and
+    // the downtime it then predicts stays within the limit.
+    let costly = Inputs {
+        costs: Costs {
+            stop: 0.25,
+            ..no_costs()
+        },
+        ..writer
+    };
+    let p = predict(&costly).unwrap();
+    assert!(p.converges);
+    assert!(
+        p.rounds.len() > bare.rounds.len(),
+        "{:?} against {:?}",
+        pages(&p),
+        pages(&bare)
+    );
+    assert!(p.downtime <= 0.3, "{} s", p.downtime);
+    // So does a vCPU state that takes 250 ms on the wire (10.28 MB at
+    // 41.12 MB/s).
+    let queued = Inputs {
+        state_extra: 10_280_000,
+        ..writer
+    };
+    let q = predict(&queued).unwrap();
+    assert_eq!(pages(&q), pages(&p));
+    assert!(q.downtime <= 0.3, "{} s", q.downtime);
+}
+
+#[test]
+fn a_stop_that_alone_passes_the_limit_waits_for_nothing_dirty() {
+    let over = Costs {
+        stop: 0.5,
+        ..no_costs()
+    };
+    // An idle guest stops after pass 0 however long its stop takes:
+    // another pass would not shorten it.
+    let idle = predict(&Inputs {
+        costs: over,
+        ..inputs()
+    })
+    .unwrap();
+    assert!(idle.converges);
+    assert_eq!(pages(&idle), vec![1000]);
+    assert!(idle.downtime > 0.3);
+    // A guest that always has a page dirty never fits.
+    let busy = predict(&Inputs {
+        costs: over,
+        dirty_rate: 10.0,
+        max_rounds: None,
+        ..inputs()
+    })
+    .unwrap();
+    assert!(!busy.converges);
 }

@@ -12,7 +12,7 @@ pub struct Options {
     /// Run the exact scan (pauses the guest while it reads RAM).
     pub scan: bool,
     /// Link bandwidth for the prediction, bytes per second; `None`: unlimited
-    /// (the sender's own pace, `model::Costs::local_rate`).
+    /// (the sender's own pace, `wire::Costs::local_rate`).
     pub bandwidth: Option<f64>,
     /// Longest acceptable downtime for the prediction (default: the
     /// migration parameters' `downtime-limit` default).
@@ -23,6 +23,9 @@ pub struct Options {
     pub link_from: &'static str,
     /// vCPUs (their state goes out in the stop).
     pub vcpus: u64,
+    /// Bytes their state carries beyond an idle vCPU's: queued commands and
+    /// kept results (`VcpuShared::state_extra_bytes`, summed).
+    pub state_extra: u64,
     /// `x-max-rounds` (0: none).
     pub max_rounds: u64,
     /// `x-vcpu-dirty-limit-period`: a dirty limit's bucket holds one
@@ -39,6 +42,7 @@ impl Default for Options {
             max_downtime: Duration::from_millis(Parameters::default().downtime_limit),
             link_from: "default",
             vcpus: 1,
+            state_extra: 0,
             max_rounds: 0,
             dirty_limit_period: Duration::from_millis(Parameters::DEFAULT_DIRTY_LIMIT_PERIOD_MS),
         }

@@ -335,13 +335,14 @@ impl Report {
             bandwidth: options.bandwidth,
             max_downtime: options.max_downtime.as_secs_f64(),
             vcpus: options.vcpus,
+            state_extra: options.state_extra,
             max_rounds: Some(options.max_rounds),
             stall_per_page: self
                 .dirty_rate
                 .as_ref()
                 .and_then(|d| d.value.stall_per_page()),
             limited: None,
-            costs: model::Costs::default(),
+            costs: crate::wire::Costs::default(),
         };
         let prediction = model::predict(&inputs)?;
         let entry_rates = self.dirty_rate.as_ref().and_then(|d| {
@@ -988,10 +989,11 @@ mod tests {
             bandwidth: Some(20e6),
             max_downtime: 0.3,
             vcpus,
+            state_extra: 0,
             max_rounds: None,
             stall_per_page: None,
             limited: None,
-            costs: model::Costs::default(),
+            costs: crate::wire::Costs::default(),
         }
     }
 
@@ -1091,7 +1093,8 @@ mod tests {
             dirty_rate: inputs.dirty_rate * f64::from(100 - (c.pct - 1)) / 100.0,
             ..inputs
         };
-        let over_trigger = less.dirty_rate * model::DIRTY_PAGE_WIRE as f64 > 0.5 * less.rate();
+        let over_trigger =
+            less.dirty_rate * crate::wire::DIRTY_PAGE_WIRE as f64 > 0.5 * less.rate();
         assert!(
             over_trigger || !model::predict(&less).unwrap().converges,
             "{} % is the smallest",
@@ -1101,7 +1104,7 @@ mod tests {
             dirty_rate: inputs.dirty_rate * f64::from(100 - c.pct) / 100.0,
             ..inputs
         };
-        assert!(kept.dirty_rate * model::DIRTY_PAGE_WIRE as f64 <= 0.5 * kept.rate());
+        assert!(kept.dirty_rate * crate::wire::DIRTY_PAGE_WIRE as f64 <= 0.5 * kept.rate());
         assert!(c.throttle_seconds > 0.0);
         // A link that cannot keep up whatever the throttle: none.
         let hopeless = Inputs {
@@ -1127,7 +1130,7 @@ mod tests {
             dirty_rate: 2_600.0,
             ..inputs
         };
-        assert!(at_99.dirty_rate * model::DIRTY_PAGE_WIRE as f64 > 0.5 * at_99.rate());
+        assert!(at_99.dirty_rate * crate::wire::DIRTY_PAGE_WIRE as f64 > 0.5 * at_99.rate());
         assert!(model::predict(&at_99).unwrap().converges);
         let c = smallest_throttle(&inputs).expect("99 % converges");
         assert_eq!(c.pct, 99);
@@ -1154,7 +1157,7 @@ fn smallest_throttle(inputs: &Inputs) -> Option<Converge> {
         // (it did, 82 -> 92 %, on a sweep the model had converge at 82 %
         // in 12 passes): the throttle chosen is one it keeps. At 99 % there
         // is no step left to take.
-        let dirty_bytes = throttled.dirty_rate * model::DIRTY_PAGE_WIRE as f64;
+        let dirty_bytes = throttled.dirty_rate * crate::wire::DIRTY_PAGE_WIRE as f64;
         (pct >= MAX_THROTTLE || dirty_bytes <= trigger * throttled.rate())
             .then(|| model::predict(&throttled).ok())
             .flatten()

@@ -61,7 +61,7 @@ pub(super) fn vmm_state(
     VmmState {
         site,
         current,
-        queue: map_runs(inbox.queue.iter(), |c| Ok::<_, Infallible>(c.to_string()))
+        queue: map_runs(inbox.queue().iter(), |c| Ok::<_, Infallible>(c.to_string()))
             .unwrap_or_else(|e| match e {}),
         next_seq: inbox.next_seq,
         results: inbox
@@ -135,7 +135,7 @@ pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<R
         let _ = shared.first_exit.set(now);
     }
     let mut inbox = shared.lock();
-    inbox.queue = queue.into_iter().flatten().collect();
+    inbox.set_queue(queue.into_iter().flatten().collect());
     inbox.next_seq = v.next_seq;
     inbox.results = v
         .results
@@ -202,6 +202,51 @@ fn map_runs<T: PartialEq, U: Clone, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vcpu::RESULTS_KEPT;
+    use crate::workload::parse_sequence;
+
+    #[test]
+    fn a_vcpus_state_estimate_follows_its_encoded_queue_and_results() {
+        let shared = VcpuShared::new(0);
+        let json = |s: &VcpuShared| {
+            let state = vmm_state(Where::NextCommand, None, None, s);
+            serde_json::to_vec(&state).unwrap().len() as f64
+        };
+        let idle = json(&shared);
+        assert_eq!(shared.state_extra_bytes(), 0);
+        let mixed = "read size=64M; dirty ws=64M rate=max for=2s seed=7; touch offset=1M size=4K stride=2; wait for=10ms; exits count=5";
+        let mut queue = Vec::new();
+        for _ in 0..4000 {
+            queue.extend(parse_sequence(mixed).unwrap());
+        }
+        shared.push_commands(queue).unwrap();
+        {
+            let mut inbox = shared.lock();
+            for seq in 0..RESULTS_KEPT as u64 {
+                inbox.results.push_back(CommandResult {
+                    seq: 1000 + seq,
+                    command: "dirty ws=64M rate=max for=2s seed=7".into(),
+                    status: "ok".into(),
+                    values: [seq * 52_113, 16_384, 2_412_345_678],
+                    host_time: Duration::from_micros(2_001_234),
+                });
+            }
+        }
+        let (est, actual) = (shared.state_extra_bytes() as f64, json(&shared) - idle);
+        assert!(
+            (est - actual).abs() <= actual * 0.05,
+            "estimated {est} bytes, encoded {actual}"
+        );
+        // Commands taken off the queue leave the estimate.
+        let results = shared.state_extra_bytes();
+        while shared.lock().pop_command().is_some() {}
+        let left = shared.state_extra_bytes() as f64;
+        let actual = json(&shared) - idle;
+        assert!(
+            left < results as f64 / 10.0 && (left - actual).abs() <= actual * 0.05,
+            "{left} against {actual}"
+        );
+    }
 
     #[test]
     fn a_migrated_queue_past_the_limit_is_refused_counted_in_commands_not_entries() {

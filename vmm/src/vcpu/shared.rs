@@ -16,6 +16,14 @@ use crate::workload::Command;
 /// Results kept per vCPU for `query-guest` and summaries.
 pub(crate) const RESULTS_KEPT: usize = 256;
 
+/// A queued command's JSON beyond its spec: its quotes and comma.
+const QUEUED_JSON_BYTES: usize = 3;
+
+/// A kept result's JSON beyond its command and status: the field names,
+/// sequence number, values and host time (measured on typical results;
+/// `parked`'s test holds it to the encoded section).
+const RESULT_JSON_BYTES: usize = 96;
+
 /// Commands that may wait on one vCPU, however they came (control clients
 /// together, `--workload`, a migration's stream): about 64 bytes each in
 /// memory, 2 MiB a vCPU. A client sending commands faster than the guest
@@ -151,13 +159,36 @@ impl PartialEq for VcpuError {
 impl Eq for VcpuError {}
 
 pub(super) struct Inbox {
-    pub(super) queue: VecDeque<Command>,
+    /// Change it through `Inbox`'s methods, which keep `queued_text`.
+    queue: VecDeque<Command>,
+    /// The queued commands' specs' bytes together.
+    queued_text: usize,
     pub(super) control: Control,
     pub(super) state: VcpuState,
     pub(super) results: VecDeque<CommandResult>,
     pub(super) next_seq: u64,
     /// A migration asks the parked thread for its state.
     pub(super) snapshot: Option<super::snapshot::SnapshotRequest>,
+}
+
+impl Inbox {
+    /// The commands queued and not started, oldest first.
+    pub(super) fn queue(&self) -> &VecDeque<Command> {
+        &self.queue
+    }
+
+    /// Takes the oldest queued command.
+    pub(super) fn pop_command(&mut self) -> Option<Command> {
+        let c = self.queue.pop_front()?;
+        self.queued_text -= c.spec_len();
+        Some(c)
+    }
+
+    /// Replaces the queue (a migrated vCPU's).
+    pub(super) fn set_queue(&mut self, queue: VecDeque<Command>) {
+        self.queued_text = queue.iter().map(Command::spec_len).sum();
+        self.queue = queue;
+    }
 }
 
 /// The part of a vCPU other threads may touch.
@@ -263,6 +294,7 @@ impl VcpuShared {
     pub(crate) fn new(index: usize) -> Self {
         let inbox = Inbox {
             queue: VecDeque::new(),
+            queued_text: 0,
             control: Control::Run,
             state: VcpuState::Booting,
             results: VecDeque::new(),
@@ -383,6 +415,7 @@ impl VcpuShared {
             });
         }
         let first = inbox.next_seq + queued as u64;
+        inbox.queued_text += commands.iter().map(Command::spec_len).sum::<usize>();
         inbox.queue.extend(commands);
         self.wake.notify_all();
         Ok(first)
@@ -413,6 +446,21 @@ impl VcpuShared {
     /// Commands queued and not yet started.
     pub(crate) fn queued(&self) -> usize {
         self.lock().queue.len()
+    }
+
+    /// What its state section carries beyond an idle vCPU's
+    /// (`wire::VCPU_BYTES`), bytes: its queued commands and
+    /// kept results as the section's JSON has them, estimated from their
+    /// lengths (nothing is formatted; the inbox is held for a walk of at
+    /// most [`RESULTS_KEPT`] results).
+    pub(crate) fn state_extra_bytes(&self) -> u64 {
+        let inbox = self.lock();
+        let results: usize = inbox
+            .results
+            .iter()
+            .map(|r| r.command.len() + r.status.len() + RESULT_JSON_BYTES)
+            .sum();
+        (inbox.queued_text + QUEUED_JSON_BYTES * inbox.queue.len() + results) as u64
     }
 
     /// The most recent results, oldest first.
