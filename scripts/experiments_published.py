@@ -7,9 +7,10 @@ Each cell is a fresh source (`kvmscope run --socket --dirty-log ring
 --readiness-every P`) with the migration parameters set (link, downtime
 limit, a round limit so that a guest that never converges still ends), whose
 guest writes its working set once and then runs the cell's workload. At a
-moment drawn at random (seeded per cell) after the first measurement, the
+moment drawn at random (seeded per cell) after the third measurement, the
 script reads the VMM's own VM stats (`query-stats`, provider `kvmscope`:
-the same values the exporter's page renders) and at once migrates the guest
+the same values the exporter's page renders, the verdict's streak included)
+and at once migrates the guest
 to a second `kvmscope run --incoming`. The row holds what the page said
 (and how old it was) against what the migration did."""
 
@@ -46,6 +47,11 @@ def workloads(ws):
 # The workloads above whose behaviour changes while they run.
 PHASED = ("phases", "bursts")
 
+# Measurements in a row with one verdict (`prediction_verdict_streak`) for
+# the page's verdict to count as settled; the script waits for this many
+# before its random moment.
+SETTLE = 3
+
 
 def own_stats(vm):
     """The VMM's own VM stats, name -> value."""
@@ -77,11 +83,15 @@ def published_cell(binary, m, name, rng):
         src.guest("touch size=%d" % ws)
         for batch in workloads(ws)[name]:
             src.start(batch)
-        # At a random moment once a measurement has been published.
-        deadline = time.monotonic() + 10 * every
-        while own_stats(src).get("readiness_at_ns", 0) == 0:
+        # At a random moment once SETTLE measurements have been published,
+        # so that the verdict's streak on the page can say "settled".
+        deadline = time.monotonic() + (SETTLE + 8) * every
+        seen = set()
+        while len(seen - {0}) < SETTLE:
             if time.monotonic() > deadline:
-                raise RuntimeError("no readiness figures published after %g s" % (10 * every))
+                raise RuntimeError("%d readiness measurements published in %g s, not %d"
+                                   % (len(seen - {0}), (SETTLE + 8) * every, SETTLE))
+            seen.add(own_stats(src).get("readiness_at_ns", 0))
             time.sleep(0.05)
         time.sleep(rng.uniform(0, 2 * every))
         page = own_stats(src)
@@ -107,6 +117,7 @@ def row_of(name, m, page, age, info):
         "dirty_bytes_per_s": page.get("readiness_dirty_bytes_per_second"),
         "pred_nonzero": page.get("readiness_nonzero"),
         "pred_verdict": "converges" if page.get("prediction_converges") else "no",
+        "pred_streak": page.get("prediction_verdict_streak"),
         # Converged: the sender stopped because what was left fit the limit
         # (its stop test, what the model's verdict predicts), not because
         # x-max-rounds forced it; the downtime measured is its own column.
@@ -120,5 +131,5 @@ def row_of(name, m, page, age, info):
 
 
 COLUMNS = ["workload", "memory", "ws_bytes", "every_s", "window_s", "age_s", "dirty_bytes_per_s", "pred_nonzero",
-           "pred_verdict", "verdict", "pred_transferred", "transferred", "pred_total_ms", "total_ms",
+           "pred_verdict", "pred_streak", "verdict", "pred_transferred", "transferred", "pred_total_ms", "total_ms",
            "pred_downtime_ms", "downtime_ms", "pred_throttle_pct", "passes"]

@@ -194,6 +194,9 @@ fn the_published_prediction_read_at_a_random_moment_matches_the_migration_then()
     // Read after a measurement, at most a period and its window later.
     let age = Csv::num(row, "age_s");
     assert!((0.0..=2.0 * 1.0 + 0.5 + 1.0).contains(&age), "{row:?}");
+    // Read after the third measurement: a steady writer's verdict has held
+    // for every one of them.
+    assert!(Csv::num(row, "pred_streak") >= 3.0, "{row:?}");
 }
 
 #[test]

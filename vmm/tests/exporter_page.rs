@@ -223,11 +223,17 @@ fn a_vmm_that_measures_readiness_shows_its_prediction_and_one_that_does_not_show
     );
     let silent = Vmm::start(&dir.join("silent.sock"), &["--vcpus", "2"]);
     let e = exporter(&dir, Duration::from_secs(2));
+    // Measured at least twice with the same verdict (a steady writer): the
+    // streak says the verdict is not the moment's.
     let fresh = |p: &str| {
-        common::metric(p, "kvmscope_vmm_vm_readiness_at_seconds", &["vm=\"fresh\""])
-            .is_some_and(|at| at > 0.0)
+        common::metric(
+            p,
+            "kvmscope_vmm_vm_prediction_verdict_streak",
+            &["vm=\"fresh\""],
+        )
+        .is_some_and(|n| n >= 2.0)
     };
-    let page = page_when(&e, "the fresh VM's readiness figures", |p| {
+    let page = page_when(&e, "the fresh VM's readiness figures, twice", |p| {
         fresh(p) && up(p, "silent", silent.pid())
     });
     common::check_with_promtool(&page);
@@ -238,6 +244,7 @@ fn a_vmm_that_measures_readiness_shows_its_prediction_and_one_that_does_not_show
         "{page}"
     );
     assert!(fresh_line("kvmscope_vmm_vm_prediction_transferred_bytes").is_some_and(|b| b > 0.0));
+    assert!(fresh_line("kvmscope_vmm_vm_readiness_at_seconds").is_some_and(|at| at > 0.0));
     let rate = fresh_line("kvmscope_vmm_vm_readiness_dirty_bytes_per_second").unwrap();
     assert!(rate > 1_000_000.0, "about 2000 pages/s: {rate} B/s");
     // The VMM that never measured: its own counters, no readiness line at all.

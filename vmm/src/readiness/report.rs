@@ -263,6 +263,8 @@ impl Report {
     /// for are 0; `readiness_at_ns` says when they were measured.
     pub(crate) fn publish(&self, stats: &VmmStats, at_ns: u64) {
         use crate::vmmstats::VmStat::*;
+        // Before the verdict it compares with is overwritten.
+        let streak = verdict_streak(stats, self.prediction.as_ref());
         let ns = |seconds: f64| {
             if seconds.is_finite() {
                 saturating_u64(seconds * 1e9)
@@ -308,6 +310,7 @@ impl Report {
             _ => 100,
         };
         stats.set_vm(PredictionThrottlePercentage, throttle);
+        stats.set_vm(PredictionVerdictStreak, streak);
         // Last: a reader that sees the new instant sees the figures above.
         stats.set_vm(ReadinessAtNs, at_ns);
     }
@@ -709,6 +712,42 @@ mod tests {
             estimate_used: "",
             link: Link::default(),
         }
+    }
+
+    #[test]
+    fn the_verdict_streak_counts_measurements_in_a_row_with_the_same_verdict() {
+        use crate::vmmstats::VmStat::{PredictionConverges, PredictionVerdictStreak};
+        let stats = VmmStats::new(7, 1).unwrap();
+        let converges = model::predict(&Inputs {
+            dirty_rate: 0.0,
+            ..too_fast(1)
+        })
+        .unwrap();
+        let never = model::predict(&too_fast(1)).unwrap();
+        assert!(converges.converges && !never.converges);
+        let mut r = report();
+        let mut seen = Vec::new();
+        let steps = [
+            Some(&converges),
+            Some(&converges),
+            Some(&never),
+            Some(&never),
+            Some(&never),
+            None,
+            Some(&converges),
+        ];
+        for (at, p) in (1..).zip(steps) {
+            r.prediction = p.cloned();
+            r.publish(&stats, at);
+            seen.push((
+                stats.vm_value(PredictionConverges),
+                stats.vm_value(PredictionVerdictStreak),
+            ));
+        }
+        assert_eq!(
+            seen,
+            [(1, 1), (1, 2), (0, 1), (0, 2), (0, 3), (0, 0), (1, 1)]
+        );
     }
 
     /// A window of `ms` whose distinct pages after `t` seconds are `count(t)`,
@@ -1134,6 +1173,24 @@ mod tests {
         assert!(model::predict(&at_99).unwrap().converges);
         let c = smallest_throttle(&inputs).expect("99 % converges");
         assert_eq!(c.pct, 99);
+    }
+}
+
+/// The prediction's verdict streak to publish with `p`: the one published
+/// before plus one when its verdict is the same, else 1; 0 without a
+/// prediction. Read from the stats themselves before they are overwritten:
+/// one measurement publishes at a time (the VMM runs one at once).
+fn verdict_streak(stats: &VmmStats, p: Option<&Prediction>) -> u64 {
+    use crate::vmmstats::VmStat::*;
+    let Some(p) = p else { return 0 };
+    let before = stats.vm_value(PredictionVerdictStreak);
+    let same = stats.vm_value(ReadinessAtNs) != 0
+        && before > 0
+        && stats.vm_value(PredictionConverges) == u64::from(p.converges);
+    if same {
+        before.saturating_add(1)
+    } else {
+        1
     }
 }
 

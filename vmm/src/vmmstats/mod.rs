@@ -73,6 +73,11 @@ pub enum VmStat {
     /// The smallest auto-converge throttle, %, that makes it converge: 0 when
     /// none is needed, 100 when none would.
     PredictionThrottlePercentage,
+    /// Measurements in a row, this one included, whose prediction had this
+    /// verdict: 1 for the first, or when the verdict just changed (a guest
+    /// whose recent measurements disagree changes what it does faster than
+    /// they come, and its verdict is the moment's, not the migration's).
+    PredictionVerdictStreak,
 }
 
 impl VmStat {
@@ -99,7 +104,8 @@ impl VmStat {
             | MigrationDirtyPagesRate
             | ReadinessDirtyBytesPerSecond
             | PredictionBandwidthBytesPerSecond
-            | PredictionThrottlePercentage => (StatType::Instant, Unit::None, 0),
+            | PredictionThrottlePercentage
+            | PredictionVerdictStreak => (StatType::Instant, Unit::None, 0),
         };
         Def {
             name: Cow::Borrowed(self.into()),
