@@ -308,10 +308,16 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
     let (converges, reason) = loop {
         let done = rounds.len() as u64;
         if i.fits(dirty) {
+            let limit_ms = i.max_downtime * 1e3;
+            let stop_ms = whole_ms(i.stop(dirty).1);
+            if stop_ms as f64 > limit_ms.round() {
+                // Nothing dirty, and the stop alone is over the limit: the
+                // sender stops anyway, and the limit is not met.
+                let why = format!("nothing is dirty after {done} pass(es), but the stop alone (the vCPUs' state and the stop's costs) takes {stop_ms} ms, over the {limit_ms:.0} ms downtime limit");
+                break (false, why);
+            }
             let why = format!(
-                "the last {} dirty page(s) fit the {:.0} ms downtime after {done} pass(es)",
-                dirty,
-                i.max_downtime * 1e3
+                "the last {dirty} dirty page(s) fit the {limit_ms:.0} ms downtime after {done} pass(es)"
             );
             break (true, why);
         }
@@ -332,7 +338,7 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
         dirty = i.dirtied_between(elapsed, elapsed + next.seconds);
         elapsed += next.seconds;
     };
-    let forced = !converges && limit.is_some_and(|l| rounds.len() as u64 >= l);
+    let forced = !converges && (dirty == 0 || limit.is_some_and(|l| rounds.len() as u64 >= l));
     let stop = (converges || forced).then(|| i.stop(dirty));
     let pre_bytes: u64 = rounds.iter().map(|r| r.bytes).sum();
     let pre_seconds: f64 = rounds.iter().map(|r| r.seconds).sum();
