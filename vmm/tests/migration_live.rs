@@ -351,9 +351,9 @@ fn the_expected_downtime_counts_the_queue_that_travels_with_the_vcpu() {
     let _serial = common::migration::serial();
     let src = ServedVm::start("mig-queue", MEM, 1);
     let mut c = src.client();
-    // A long VMM-side wait, then 20,000 commands behind it: about 380 KB of
-    // JSON in the vCPU's section, 380 ms at 1 MB/s, with almost no page
-    // dirty (the guest waits).
+    // A long VMM-side wait, then 20,000 commands behind it (each shown as
+    // `exits ports=1 mmio=1`): about 460 KB of JSON in the vCPU's section,
+    // 460 ms at 1 MB/s, with almost no page dirty (the guest waits).
     queue(&mut c, 0, "wait for=60s");
     let batch = vec!["exits count=1"; 2500].join("; ");
     for _ in 0..8 {
@@ -370,7 +370,7 @@ fn the_expected_downtime_counts_the_queue_that_travels_with_the_vcpu() {
     let expected = raw["expected-downtime"]
         .as_u64()
         .expect("expected-downtime");
-    // At the 1 MB/s limit (or slower) the queue alone is 380 ms: counting
+    // At the 1 MB/s limit (or slower) the queue alone is 460 ms: counting
     // only the dirty pages, expected-downtime said a few ms.
     assert!(expected >= 300, "expected-downtime {expected} ms");
     let mut d = dest.client();

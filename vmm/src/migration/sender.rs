@@ -204,6 +204,9 @@ struct Precopy<'a> {
     stall: Duration,
     awaiting_reply: bool,
     /// Dirty pages at the previous sync, to see whether passes shrink.
+    /// The stop's expected downtime at the last sync, ms: what
+    /// `query-migrate` shows and what the stop test decides on.
+    expected: u64,
     prev_dirty: Option<u64>,
     /// The pass in progress, for live `remaining` and `mbps`.
     live: PassProgress,
@@ -243,6 +246,7 @@ impl<'a> Precopy<'a> {
             last_rate: 0.0,
             stall: PRECOPY_STALL,
             awaiting_reply: false,
+            expected: 0,
             prev_dirty: None,
             live: PassProgress {
                 pages: 0,
@@ -407,7 +411,15 @@ impl<'a> Precopy<'a> {
             c.after_sync(dirtied, pass_bytes, &params);
         }
         let expected = self.expected_ms(dirty.count());
+        log::debug!(
+            "migration: pass {} sent {sent} pages in {:.0} ms ({:.1} MB/s); {} dirty at its sync, a {expected} ms stop",
+            self.pass - 1,
+            secs * 1e3,
+            self.last_rate / 1e6,
+            dirty.count()
+        );
         let note = self.convergence_note(dirty.count(), expected);
+        self.expected = expected;
         self.prev_dirty = Some(dirty.count());
         let ram = self.ram.clone();
         let stall = self.observed.as_ref().map(|o| guest_stall(&o.stall()));
@@ -460,11 +472,7 @@ impl<'a> Precopy<'a> {
     fn fits(&self, dirty: &Bitmap) -> bool {
         let p = self.m.parameters();
         (p.x_max_rounds != 0 && self.pass >= p.x_max_rounds)
-            || wire::stop_fits(
-                self.expected_ms(dirty.count()),
-                dirty.count(),
-                p.downtime_limit,
-            )
+            || wire::stop_fits(self.expected, dirty.count(), p.downtime_limit)
     }
 
     /// The stop's expected downtime with `dirty` pages left, ms.

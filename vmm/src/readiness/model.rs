@@ -45,7 +45,7 @@ pub(crate) struct Inputs {
     pub(crate) max_downtime: f64,
     /// vCPUs, whose state goes out in the stop.
     pub(crate) vcpus: u64,
-    /// Bytes their state carries beyond [`VCPU_BYTES`] each: queued
+    /// Bytes their state carries beyond [`crate::wire::VCPU_BYTES`] each: queued
     /// commands and kept results (`VcpuShared::state_extra_bytes`).
     pub(crate) state_extra: u64,
     /// `x-max-rounds`: the sender stops after this many passes whatever is
@@ -368,6 +368,10 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
 
 /// Why the passes do not converge, in words.
 fn not_converging(i: &Inputs, dirty: u64, done: u64) -> String {
+    let alone = whole_ms(i.stop(0).1);
+    if alone as f64 > (i.max_downtime * 1e3).round() {
+        return format!("the stop alone (the vCPUs' state and the stop's costs) takes {alone} ms, over the {:.0} ms downtime limit: the sender stops only when nothing is dirty, and then over the limit; {dirty} pages are dirty after {done} pass(es)", i.max_downtime * 1e3);
+    }
     let mib = |b: f64| b / 1048576.0;
     let dirty_bytes = i.dirty_rate * DIRTY_PAGE_WIRE as f64;
     let ms = whole_ms(i.stop(dirty).1);

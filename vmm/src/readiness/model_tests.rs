@@ -463,4 +463,5 @@ fn a_stop_that_alone_passes_the_limit_waits_for_nothing_dirty() {
     })
     .unwrap();
     assert!(!busy.converges);
+    assert!(busy.reason.contains("the stop alone"), "{}", busy.reason);
 }

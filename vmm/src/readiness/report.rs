@@ -292,6 +292,10 @@ impl Report {
             rate.map_or(0, |r| saturating_u64(r.stall.total().as_secs_f64() * 1e9)),
         );
         let p = self.prediction.as_ref();
+        // The streak before the verdict: a reader between the two sees a
+        // streak of 1 with the old verdict (unsettled), never an old streak
+        // with a verdict that just changed.
+        stats.set_vm(PredictionVerdictStreak, streak);
         stats.set_vm(PredictionConverges, p.map_or(0, |p| u64::from(p.converges)));
         stats.set_vm(PredictionTotalTimeNs, p.map_or(0, |p| ns(p.total_seconds)));
         stats.set_vm(PredictionDowntimeNs, p.map_or(0, |p| ns(p.downtime)));
@@ -310,7 +314,6 @@ impl Report {
             _ => 100,
         };
         stats.set_vm(PredictionThrottlePercentage, throttle);
-        stats.set_vm(PredictionVerdictStreak, streak);
         // Last: a reader that sees the new instant sees the figures above.
         stats.set_vm(ReadinessAtNs, at_ns);
     }

@@ -621,7 +621,7 @@ impl Vcpu {
         let shared = self.shared.clone();
         let mut inbox = shared.lock();
         inbox.state = VcpuState::Waiting;
-        if deadline.is_none() && inbox.queue().is_empty() {
+        if deadline.is_none() && !inbox.has_queued() {
             // Nothing else can come unless someone queues it: the vCPU is idle
             // (a run without a control socket then ends).
             (self.report)(Report::Idle);
@@ -633,7 +633,7 @@ impl Vcpu {
             }
             let done = match deadline {
                 Some(d) => Instant::now() >= d,
-                None => !inbox.queue().is_empty(),
+                None => inbox.has_queued(),
             };
             if done {
                 return None;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuFd;
 
-use super::shared::{CommandResult, VcpuShared, VcpuState, MAX_QUEUED_COMMANDS};
+use super::shared::{with_spec_lens, CommandResult, VcpuShared, VcpuState, MAX_QUEUED_COMMANDS};
 use super::snapshot::{self, micros, Current, Error, ResultRecord, Site, Snapshot, VmmState};
 use crate::workload::SpecError;
 
@@ -61,7 +61,7 @@ pub(super) fn vmm_state(
     VmmState {
         site,
         current,
-        queue: map_runs(inbox.queue().iter(), |c| Ok::<_, Infallible>(c.to_string()))
+        queue: map_runs(inbox.queue(), |c| Ok::<_, Infallible>(c.to_string()))
             .unwrap_or_else(|e| match e {}),
         next_seq: inbox.next_seq,
         results: inbox
@@ -102,8 +102,10 @@ pub(super) struct Resumed {
 pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<Resumed, Error> {
     let index = shared.index;
     within_queue_limit(index, &s.vmm.queue)?;
+    // Each run of equal entries parsed and sized once.
     let queue = map_runs(s.vmm.queue.iter(), |spec| {
         crate::workload::parse_sequence(spec)
+            .map(with_spec_lens)
             .map_err(|e| Error::Queue(index, (*spec).clone(), e.to_string()))
     })?;
     let refused = snapshot::restore(fd, index, &s.kvm)?;
@@ -204,6 +206,16 @@ mod tests {
     use super::*;
     use crate::vcpu::RESULTS_KEPT;
     use crate::workload::parse_sequence;
+
+    #[test]
+    fn specs_are_sized_as_they_are_shown_once_per_run() {
+        let text = "touch size=4K; touch size=4K; read size=64M; touch size=4K; exits count=2";
+        let sized = with_spec_lens(parse_sequence(text).unwrap());
+        for (c, len) in &sized {
+            assert_eq!(*len, c.to_string().len(), "{c}");
+        }
+        assert_eq!(sized.len(), 5);
+    }
 
     #[test]
     fn a_vcpus_state_estimate_follows_its_encoded_queue_and_results() {

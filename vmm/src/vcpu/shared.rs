@@ -159,8 +159,9 @@ impl PartialEq for VcpuError {
 impl Eq for VcpuError {}
 
 pub(super) struct Inbox {
-    /// Change it through `Inbox`'s methods, which keep `queued_text`.
-    queue: VecDeque<Command>,
+    /// Commands queued and not started, each with its spec's length; change
+    /// it through `Inbox`'s methods, which keep `queued_text`.
+    queue: VecDeque<(Command, usize)>,
     /// The queued commands' specs' bytes together.
     queued_text: usize,
     pub(super) control: Control,
@@ -173,22 +174,47 @@ pub(super) struct Inbox {
 
 impl Inbox {
     /// The commands queued and not started, oldest first.
-    pub(super) fn queue(&self) -> &VecDeque<Command> {
-        &self.queue
+    pub(super) fn queue(&self) -> impl ExactSizeIterator<Item = &Command> {
+        self.queue.iter().map(|(c, _)| c)
+    }
+
+    /// Whether a command waits.
+    pub(super) fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
     }
 
     /// Takes the oldest queued command.
     pub(super) fn pop_command(&mut self) -> Option<Command> {
-        let c = self.queue.pop_front()?;
-        self.queued_text -= c.spec_len();
+        let (c, len) = self.queue.pop_front()?;
+        self.queued_text -= len;
         Some(c)
     }
 
-    /// Replaces the queue (a migrated vCPU's).
-    pub(super) fn set_queue(&mut self, queue: VecDeque<Command>) {
-        self.queued_text = queue.iter().map(Command::spec_len).sum();
+    /// Queues commands with their specs' lengths ([`with_spec_lens`]).
+    fn push(&mut self, commands: Vec<(Command, usize)>) {
+        self.queued_text += commands.iter().map(|(_, len)| len).sum::<usize>();
+        self.queue.extend(commands);
+    }
+
+    /// Replaces the queue (a migrated vCPU's), with its specs' lengths.
+    pub(super) fn set_queue(&mut self, queue: VecDeque<(Command, usize)>) {
+        self.queued_text = queue.iter().map(|(_, len)| len).sum();
         self.queue = queue;
     }
+}
+
+/// Each command with the length of its spec, formatted once per run of
+/// equal commands (a queue is often thousands of copies of one).
+pub(super) fn with_spec_lens(commands: impl IntoIterator<Item = Command>) -> Vec<(Command, usize)> {
+    let mut out: Vec<(Command, usize)> = Vec::new();
+    for c in commands {
+        let len = match out.last() {
+            Some((prev, len)) if *prev == c => *len,
+            _ => c.spec_len(),
+        };
+        out.push((c, len));
+    }
+    out
 }
 
 /// The part of a vCPU other threads may touch.
@@ -406,6 +432,8 @@ impl VcpuShared {
     /// [`MAX_QUEUED_COMMANDS`] (then none is queued); the sequence number
     /// the first will get.
     pub(crate) fn push_commands(&self, commands: Vec<Command>) -> Result<u64, QueueFull> {
+        // Sized before the lock: the vCPU's next pop does not wait for it.
+        let commands = with_spec_lens(commands);
         let mut inbox = self.lock();
         let queued = inbox.queue.len();
         if queued.saturating_add(commands.len()) > MAX_QUEUED_COMMANDS {
@@ -415,8 +443,7 @@ impl VcpuShared {
             });
         }
         let first = inbox.next_seq + queued as u64;
-        inbox.queued_text += commands.iter().map(Command::spec_len).sum::<usize>();
-        inbox.queue.extend(commands);
+        inbox.push(commands);
         self.wake.notify_all();
         Ok(first)
     }
