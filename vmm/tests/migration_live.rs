@@ -380,6 +380,30 @@ fn the_expected_downtime_counts_the_queue_that_travels_with_the_vcpu() {
 }
 
 #[test]
+fn a_link_slower_than_a_section_per_idle_deadline_trickles_and_completes() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-slow", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=2M pattern=0x5a");
+    // 2 MiB at 500 KB/s is about 4 s, twice the destination's idle
+    // deadline: sent as one section and then paced, the destination heard
+    // nothing for 4 s and gave up; sent in pieces of a tenth of a second,
+    // it hears from the source all along.
+    let dest = Dest::start("mig-slow-dst", |incoming, _| {
+        incoming.idle_timeout = Duration::from_secs(2);
+    });
+    let info = migrate(
+        &src,
+        &dest.uri,
+        json!({"max-bandwidth": 500_000, "downtime-limit": 10_000}),
+    );
+    assert_completed(&info);
+    let r = guest(&mut dest.client(), 0, "verify size=2M pattern=0x5a");
+    assert_eq!(value(&r[0], 2), 0);
+    dest.quit();
+}
+
+#[test]
 fn a_guest_migrates_over_tcp_on_loopback() {
     require_kvm!();
     let _serial = common::migration::serial();

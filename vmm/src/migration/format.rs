@@ -383,11 +383,21 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    /// Writes one section made of `parts`.
+    /// Writes one section made of `parts`, at most `piece` bytes of it at a
+    /// time, calling `after` with each piece's bytes once it is written (a
+    /// paced writer sleeps there, so that a slow link sees a trickle rather
+    /// than a section and then silence).
     ///
     /// # Errors
-    /// The write failed.
-    pub(crate) fn section(&mut self, kind: Kind, parts: &[&[u8]]) -> Result<(), Error> {
+    /// A write failed, or `after` did.
+    pub(crate) fn section_in_pieces<E: From<Error>>(
+        &mut self,
+        kind: Kind,
+        parts: &[&[u8]],
+        piece: usize,
+        mut after: impl FnMut(u64) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let piece = piece.max(1);
         let len = parts.iter().map(|p| p.len() as u64).sum();
         let header = SectionHeader {
             kind,
@@ -395,10 +405,25 @@ impl<W: Write> Writer<W> {
             len,
         };
         self.put(header.as_bytes())?;
+        let mut since = size_of::<SectionHeader>();
         for p in parts {
-            self.put(p)?;
+            let mut rest: &[u8] = p;
+            while !rest.is_empty() {
+                let n = rest.len().min(piece.saturating_sub(since)).max(1);
+                let (now, later) = rest.split_at(n);
+                self.put(now)?;
+                since += n;
+                rest = later;
+                if since >= piece {
+                    after(since as u64)?;
+                    since = 0;
+                }
+            }
         }
         self.sections += 1;
+        if since > 0 {
+            after(since as u64)?;
+        }
         Ok(())
     }
 

@@ -6,7 +6,8 @@
 //! [`SECTION_TARGET`] bytes as runs ([`PageRun`]), sends pages that read as
 //! zero (and ranges the host never backed) as zero runs, counts what it sends
 //! ([`Counts`], QEMU's `normal` and `duplicate`) and paces sections to the
-//! bandwidth limit with a token bucket. Between sections it asks its
+//! bandwidth limit with a token bucket, a tenth of a second of the rate at
+//! a time ([`piece_for`]). Between sections it asks its
 //! [`Control`] whether to stop and what the limit is, and tells it what went
 //! out; it knows nothing of passes, dirty logs or the guest's run state.
 //! The stream format is `format.rs`'s.
@@ -135,9 +136,10 @@ impl<'m, W: Write> PageWriter<'m, W> {
         parts: &[&[u8]],
         ctl: &impl Control,
     ) -> Result<(), Error> {
-        let before = self.out.bytes;
-        self.out.section(kind, parts)?;
-        self.pace(self.out.bytes - before, ctl)
+        let piece = piece_for(ctl.max_bandwidth());
+        let bucket = &mut self.bucket;
+        self.out
+            .section_in_pieces(kind, parts, piece, |n| pace(bucket, n, ctl))
     }
 
     /// Writes the trailer and flushes.
@@ -293,27 +295,41 @@ impl<'m, W: Write> PageWriter<'m, W> {
         if ctl.cancelled() {
             return Err(Error::Cancelled);
         }
-        self.out.section(Kind::Ram, &[&self.buf[..self.len]])?;
-        let n = self.len as u64;
+        let piece = piece_for(ctl.max_bandwidth());
+        let (out, bucket, payload) = (&mut self.out, &mut self.bucket, &self.buf[..self.len]);
+        out.section_in_pieces(Kind::Ram, &[payload], piece, |n| pace(bucket, n, &*ctl))?;
         self.len = 0;
-        self.pace(n, ctl)?;
         ctl.section_sent(&self.counts());
         Ok(())
     }
+}
 
-    /// Waits until `n` bytes fit the bandwidth limit.
-    fn pace(&mut self, n: u64, ctl: &impl Control) -> Result<(), Error> {
-        let rate = ctl.max_bandwidth() as f64;
-        let mut wait = self.bucket.charge(n, rate, Instant::now());
-        while let Some(d) = wait {
-            if ctl.cancelled() {
-                return Err(Error::Cancelled);
-            }
-            std::thread::sleep(d);
-            wait = self.bucket.refill(rate, Instant::now());
-        }
-        Ok(())
+/// How much of a section goes out between two waits for the bandwidth
+/// limit: a tenth of a second of it, at least a byte and at most 1 MiB (no
+/// limit: the whole section). A section paced whole, 4 MiB and then a
+/// sleep, left a link of 100 KB/s silent for 40 s, past the destination's
+/// idle deadline (30 s by default).
+fn piece_for(rate: u64) -> usize {
+    match rate {
+        0 => usize::MAX,
+        r => usize::try_from(r / 10)
+            .unwrap_or(usize::MAX)
+            .clamp(1, 1 << 20),
     }
+}
+
+/// Waits until `n` more bytes fit the bandwidth limit (`bucket`).
+fn pace(bucket: &mut TokenBucket, n: u64, ctl: &impl Control) -> Result<(), Error> {
+    let rate = ctl.max_bandwidth() as f64;
+    let mut wait = bucket.charge(n, rate, Instant::now());
+    while let Some(d) = wait {
+        if ctl.cancelled() {
+            return Err(Error::Cancelled);
+        }
+        std::thread::sleep(d);
+        wait = bucket.refill(rate, Instant::now());
+    }
+    Ok(())
 }
 
 /// Token bucket in front of every RAM section: bytes that may go now, and
