@@ -75,7 +75,10 @@ FULL = {
     "cases": mislead_cases(64 * MIB),
     "migration_cells": MIGRATION_FULL,
     "migration_ws": 128 * MIB,
-    "migration_dirty_s": 6,
+    # Longer than any cell's readiness window, scan and migration (a
+    # writer "above" the link runs 4 forced passes, about 6.5 s): with 6 s
+    # a writer could end during the last passes and its cell converge.
+    "migration_dirty_s": 30,
     "published_cells": ["idle", "slow", "near", "above", "sweeps", "idle", "slow", "near", "above", "sweeps",
                         "phases", "bursts", "phases", "bursts", "phases", "bursts"],
     "published_memory": "256M",
