@@ -203,10 +203,10 @@ struct Precopy<'a> {
     /// How long a write or the reply may wait now, and whether a reply is awaited.
     stall: Duration,
     awaiting_reply: bool,
-    /// Dirty pages at the previous sync, to see whether passes shrink.
     /// The stop's expected downtime at the last sync, ms: what
     /// `query-migrate` shows and what the stop test decides on.
     expected: u64,
+    /// Dirty pages at the previous sync, to see whether passes shrink.
     prev_dirty: Option<u64>,
     /// The pass in progress, for live `remaining` and `mbps`.
     live: PassProgress,

@@ -136,10 +136,7 @@ impl<'m, W: Write> PageWriter<'m, W> {
         parts: &[&[u8]],
         ctl: &impl Control,
     ) -> Result<(), Error> {
-        let piece = piece_for(ctl.max_bandwidth());
-        let bucket = &mut self.bucket;
-        self.out
-            .section_in_pieces(kind, parts, piece, |n| pace(bucket, n, ctl))
+        paced(&mut self.out, &mut self.bucket, kind, parts, ctl)
     }
 
     /// Writes the trailer and flushes.
@@ -295,13 +292,31 @@ impl<'m, W: Write> PageWriter<'m, W> {
         if ctl.cancelled() {
             return Err(Error::Cancelled);
         }
-        let piece = piece_for(ctl.max_bandwidth());
-        let (out, bucket, payload) = (&mut self.out, &mut self.bucket, &self.buf[..self.len]);
-        out.section_in_pieces(Kind::Ram, &[payload], piece, |n| pace(bucket, n, &*ctl))?;
+        let payload = &self.buf[..self.len];
+        paced(
+            &mut self.out,
+            &mut self.bucket,
+            Kind::Ram,
+            &[payload],
+            &*ctl,
+        )?;
         self.len = 0;
         ctl.section_sent(&self.counts());
         Ok(())
     }
+}
+
+/// Writes a section to `out` in pieces ([`piece_for`]), each followed by
+/// its wait for the bandwidth limit (`bucket`).
+fn paced<W: Write>(
+    out: &mut Writer<W>,
+    bucket: &mut TokenBucket,
+    kind: Kind,
+    parts: &[&[u8]],
+    ctl: &impl Control,
+) -> Result<(), Error> {
+    let piece = piece_for(ctl.max_bandwidth());
+    out.section_in_pieces(kind, parts, piece, |n| pace(bucket, n, ctl))
 }
 
 /// How much of a section goes out between two waits for the bandwidth
@@ -332,7 +347,7 @@ fn pace(bucket: &mut TokenBucket, n: u64, ctl: &impl Control) -> Result<(), Erro
     Ok(())
 }
 
-/// Token bucket in front of every RAM section: bytes that may go now, and
+/// Token bucket behind every section's pieces: bytes that may go now, and
 /// when it was last filled. Its burst is 20 ms of the rate or one section.
 #[derive(Debug, Clone, Copy)]
 struct TokenBucket {

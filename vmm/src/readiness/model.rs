@@ -279,8 +279,18 @@ impl Inputs {
 
     /// The sender's stop test after a sync ([`stop_fits`]), at the link's rate.
     fn fits(&self, dirty: u64) -> bool {
-        let limit = saturating_u64((self.max_downtime * 1e3).round());
-        stop_fits(whole_ms(self.stop(dirty).1), dirty, limit)
+        stop_fits(self.stop_ms(dirty), dirty, self.limit_ms())
+    }
+
+    /// `downtime-limit` in whole milliseconds, as the sender has it.
+    fn limit_ms(&self) -> u64 {
+        saturating_u64((self.max_downtime * 1e3).round())
+    }
+
+    /// The stop's downtime with `dirty` pages left, in whole milliseconds
+    /// (rounded up), as the sender counts its `expected-downtime`.
+    fn stop_ms(&self, dirty: u64) -> u64 {
+        whole_ms(self.stop(dirty).1)
     }
 
     /// The stop: the last dirty pages (as a pass), the vCPUs and the
@@ -308,16 +318,15 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
     let (converges, reason) = loop {
         let done = rounds.len() as u64;
         if i.fits(dirty) {
-            let limit_ms = i.max_downtime * 1e3;
-            let stop_ms = whole_ms(i.stop(dirty).1);
-            if stop_ms as f64 > limit_ms.round() {
+            let (stop_ms, limit_ms) = (i.stop_ms(dirty), i.limit_ms());
+            if stop_ms > limit_ms {
                 // Nothing dirty, and the stop alone is over the limit: the
                 // sender stops anyway, and the limit is not met.
-                let why = format!("nothing is dirty after {done} pass(es), but the stop alone (the vCPUs' state and the stop's costs) takes {stop_ms} ms, over the {limit_ms:.0} ms downtime limit");
+                let why = format!("nothing is dirty after {done} pass(es), but the stop alone (the vCPUs' state and the stop's costs) takes {stop_ms} ms, over the {limit_ms} ms downtime limit");
                 break (false, why);
             }
             let why = format!(
-                "the last {dirty} dirty page(s) fit the {limit_ms:.0} ms downtime after {done} pass(es)"
+                "the last {dirty} dirty page(s) fit the {limit_ms} ms downtime after {done} pass(es)"
             );
             break (true, why);
         }
@@ -368,17 +377,17 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
 
 /// Why the passes do not converge, in words.
 fn not_converging(i: &Inputs, dirty: u64, done: u64) -> String {
-    let alone = whole_ms(i.stop(0).1);
-    if alone as f64 > (i.max_downtime * 1e3).round() {
-        return format!("the stop alone (the vCPUs' state and the stop's costs) takes {alone} ms, over the {:.0} ms downtime limit: the sender stops only when nothing is dirty, and then over the limit; {dirty} pages are dirty after {done} pass(es)", i.max_downtime * 1e3);
+    let (alone, limit_ms) = (i.stop_ms(0), i.limit_ms());
+    if alone > limit_ms {
+        return format!("the stop alone (the vCPUs' state and the stop's costs) takes {alone} ms, over the {limit_ms} ms downtime limit: the sender stops only when nothing is dirty, and then over the limit; {dirty} pages are dirty after {done} pass(es)");
     }
     let mib = |b: f64| b / 1048576.0;
     let dirty_bytes = i.dirty_rate * DIRTY_PAGE_WIRE as f64;
-    let ms = whole_ms(i.stop(dirty).1);
+    let ms = i.stop_ms(dirty);
     if dirty_bytes >= i.rate() {
-        format!("the guest dirties {:.1} MiB/s, at least the {:.1} MiB/s link: passes stop shrinking at {dirty} pages (a {ms} ms stop, over the {:.0} ms downtime)", mib(dirty_bytes), mib(i.rate()), i.max_downtime * 1e3)
+        format!("the guest dirties {:.1} MiB/s, at least the {:.1} MiB/s link: passes stop shrinking at {dirty} pages (a {ms} ms stop, over the {limit_ms} ms downtime)", mib(dirty_bytes), mib(i.rate()))
     } else {
-        format!("after {done} passes {dirty} pages are still dirty (a {ms} ms stop, over the {:.0} ms downtime): the guest dirties {:.1} MiB/s, too close to the {:.1} MiB/s link", i.max_downtime * 1e3, mib(dirty_bytes), mib(i.rate()))
+        format!("after {done} passes {dirty} pages are still dirty (a {ms} ms stop, over the {limit_ms} ms downtime): the guest dirties {:.1} MiB/s, too close to the {:.1} MiB/s link", mib(dirty_bytes), mib(i.rate()))
     }
 }
 

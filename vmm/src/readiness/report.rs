@@ -1186,10 +1186,9 @@ mod tests {
 fn verdict_streak(stats: &VmmStats, p: Option<&Prediction>) -> u64 {
     use crate::vmmstats::VmStat::*;
     let Some(p) = p else { return 0 };
+    // A streak above 0 was published with a prediction before this one.
     let before = stats.vm_value(PredictionVerdictStreak);
-    let same = stats.vm_value(ReadinessAtNs) != 0
-        && before > 0
-        && stats.vm_value(PredictionConverges) == u64::from(p.converges);
+    let same = before > 0 && stats.vm_value(PredictionConverges) == u64::from(p.converges);
     if same {
         before.saturating_add(1)
     } else {

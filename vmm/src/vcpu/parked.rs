@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuFd;
 
-use super::shared::{with_spec_lens, CommandResult, VcpuShared, VcpuState, MAX_QUEUED_COMMANDS};
+use super::shared::{
+    map_runs, with_spec_lens, CommandResult, VcpuShared, VcpuState, MAX_QUEUED_COMMANDS,
+};
 use super::snapshot::{self, micros, Current, Error, ResultRecord, Site, Snapshot, VmmState};
 use crate::workload::SpecError;
 
@@ -177,28 +179,6 @@ fn within_queue_limit(index: usize, queue: &[String]) -> Result<(), Error> {
         ));
     }
     Ok(())
-}
-
-/// `items` mapped by `f`, each run of equal items mapped once and cloned:
-/// a queue is often thousands of copies of one command, and formatting or
-/// parsing each (in a migration's stop, on both sides) added about 9 ms of
-/// downtime per vCPU for 20,000 of them.
-fn map_runs<T: PartialEq, U: Clone, E>(
-    items: impl Iterator<Item = T>,
-    mut f: impl FnMut(&T) -> Result<U, E>,
-) -> Result<Vec<U>, E> {
-    let mut out: Vec<U> = Vec::with_capacity(items.size_hint().0);
-    let mut last: Option<T> = None;
-    for item in items {
-        match (&last, out.last()) {
-            (Some(prev), Some(done)) if *prev == item => out.push(done.clone()),
-            _ => {
-                out.push(f(&item)?);
-                last = Some(item);
-            }
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! control requests, its state and results, its exit counters and phase.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -204,17 +205,33 @@ impl Inbox {
 }
 
 /// Each command with the length of its spec, formatted once per run of
-/// equal commands (a queue is often thousands of copies of one).
-pub(super) fn with_spec_lens(commands: impl IntoIterator<Item = Command>) -> Vec<(Command, usize)> {
-    let mut out: Vec<(Command, usize)> = Vec::new();
-    for c in commands {
-        let len = match out.last() {
-            Some((prev, len)) if *prev == c => *len,
-            _ => c.spec_len(),
-        };
-        out.push((c, len));
+/// equal commands ([`map_runs`]).
+pub(super) fn with_spec_lens(commands: Vec<Command>) -> Vec<(Command, usize)> {
+    let lens = map_runs(commands.iter(), |c| Ok::<_, Infallible>(c.spec_len()))
+        .unwrap_or_else(|e| match e {});
+    commands.into_iter().zip(lens).collect()
+}
+
+/// `items` mapped by `f`, each run of equal items mapped once and cloned:
+/// a queue is often thousands of copies of one command, and formatting or
+/// parsing each (in a migration's stop, on both sides) added about 9 ms of
+/// downtime per vCPU for 20,000 of them.
+pub(super) fn map_runs<T: PartialEq, U: Clone, E>(
+    items: impl Iterator<Item = T>,
+    mut f: impl FnMut(&T) -> Result<U, E>,
+) -> Result<Vec<U>, E> {
+    let mut out: Vec<U> = Vec::with_capacity(items.size_hint().0);
+    let mut last: Option<T> = None;
+    for item in items {
+        match (&last, out.last()) {
+            (Some(prev), Some(done)) if *prev == item => out.push(done.clone()),
+            _ => {
+                out.push(f(&item)?);
+                last = Some(item);
+            }
+        }
     }
-    out
+    Ok(out)
 }
 
 /// The part of a vCPU other threads may touch.
