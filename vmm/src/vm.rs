@@ -159,6 +159,8 @@ impl VcpuHandle {
         if let (Some(t), None) = (&self.thread, &self.outcome) {
             // ESRCH only if the thread already ended, which is fine.
             let _ = t.kill(kick::kick_signal());
+            // A throttled or limited vCPU asleep between steps wakes at once.
+            t.thread().unpark();
         }
     }
 

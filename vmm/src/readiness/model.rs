@@ -105,9 +105,9 @@ impl Growth {
 
 /// What vCPUs held to a dirty limit from pre-copy's start write: each
 /// vCPU's token bucket starts full (its burst: 20 ms of its limit) and is
-/// looked at every timeslice, so in its first slice a vCPU writes at its
-/// unlimited (tracked) rate, `first` pages, and then sleeps off what it
-/// took beyond the burst. By `t` seconds into pre-copy the limited vCPUs
+/// first looked at a short run after the limit is set, so in that run a
+/// vCPU writes at its unlimited (tracked) rate, `first` pages, and then
+/// sleeps off what it took beyond the burst. By `t` seconds into pre-copy the limited vCPUs
 /// have written `max(first, burst + rate·t)` pages (all of them new: under
 /// a limit each ring entry is a page written since its last harvest).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -116,7 +116,7 @@ pub(crate) struct Limited {
     pub(crate) rate: f64,
     /// Their buckets' bursts together, pages.
     pub(crate) burst: f64,
-    /// What they write in their first timeslice at their unlimited rate, pages.
+    /// What they write in their first run at their unlimited rate, pages.
     pub(crate) first: f64,
 }
 

@@ -1061,9 +1061,9 @@ mod tests {
         // slice, 10 with half of one).
         assert!(c.mb <= 24, "{} MB/s chosen", c.mb);
         // Limited from the start, it writes at its write rate from when
-        // logging starts until its first counted look, a timeslice later:
-        // at 1 MB/s (256 pages a second) that slice is most of the last pass.
-        let slice = 385_000.0 * crate::vcpu::throttle::TIMESLICE.as_secs_f64();
+        // logging starts until its first counted look, its first run later:
+        // at 1 MB/s (256 pages a second) the last pass holds at least that run.
+        let slice = 385_000.0 * crate::vcpu::dirty_limit::SHORTEST_RUN.as_secs_f64();
         let low = limit_choice(&inputs, &rates, 1, PERIOD).expect("1 MB/s converges");
         let last = low.prediction.stop_and_copy.map_or(0, |r| r.pages);
         assert!(last as f64 >= slice, "{last} pages in the last pass");
@@ -1305,7 +1305,7 @@ fn limit_choice(inputs: &Inputs, rates: &[f64], mb: u64, period: Duration) -> Op
             first: 0.0,
         },
     );
-    let slice = crate::vcpu::throttle::TIMESLICE.as_secs_f64();
+    let first_run = crate::vcpu::dirty_limit::SHORTEST_RUN.as_secs_f64();
     let burst = crate::vcpu::dirty_limit::burst(period).as_secs_f64();
     let demands = demands(inputs, rates);
     for (&r, &demand) in rates.iter().zip(&demands) {
@@ -1315,14 +1315,14 @@ fn limit_choice(inputs: &Inputs, rates: &[f64], mb: u64, period: Duration) -> Op
             // logging starts until its first counted look, it writes new
             // pages at its tracked pace, the model's write rate (and then
             // sleeps it off): setting the limit kicks it at once, and that
-            // look only starts its count, so the first counted look is a
-            // timeslice later, at the main loop's next kick. (At the
-            // window's entry rate a 64 MiB writer limited from the start
-            // came to 80 pages where it wrote ~2,000: a downtime of 41 ms
-            // against 16 predicted, the 8 MB transferred short.)
+            // look only starts its count, so the first counted look is its
+            // first run later, on its own timer. (At the window's entry
+            // rate a 64 MiB writer limited from the start came to 80 pages
+            // where it wrote ~2,000 in a first run of a timeslice: a
+            // downtime of 41 ms against 16 predicted.)
             held.rate += limit / 4096.0;
             held.burst += limit * burst / 4096.0;
-            held.first += (demand / 4096.0 * slice).max(limit * burst / 4096.0);
+            held.first += (demand / 4096.0 * first_run).max(limit * burst / 4096.0);
         } else {
             free += share;
         }

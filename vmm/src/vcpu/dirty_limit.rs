@@ -9,9 +9,13 @@
 //! bucket per vCPU: the limit accrues as bytes over time, at most
 //! [`burst`]'s worth (two looks' worth, not a period's), each entry spends
 //! 4 KiB, and a vCPU in debt sleeps until it is not. The vCPU thread looks
-//! after each ring-full exit and every [`super::throttle::TIMESLICE`] (the
-//! main loop kicks limited vCPUs out of `KVM_RUN` that often), so the rate
-//! holds from the first period. Looking does not reset the ring; the vCPU
+//! after each ring-full exit and when its own timer kicks it out of
+//! `KVM_RUN`: [`SHORTEST_RUN`] after the limit is set, then after as long
+//! as its last run's pace takes to spend a burst (at most a timeslice, when
+//! the main loop's kick comes anyway). A writer far above its limit so runs
+//! a fraction of a millisecond and sleeps tens: its rate holds from the
+//! first period and within a fraction of a second, where looks a timeslice
+//! apart let it write 14 MB at full speed and then sleep 1.4 s at 10 MB/s. Looking does not reset the ring; the vCPU
 //! harvests it once a period, as QEMU's reaper does, so that a page
 //! rewritten all the time counts about once a period, as in QEMU. A vCPU
 //! that dirties nothing never sleeps.
@@ -99,18 +103,26 @@ impl DirtyLimit {
     }
 }
 
-/// How soon after a look a kick is taken for the next one: half a
-/// timeslice. The main loop kicks limited vCPUs every timeslice on its own
-/// clock, and the vCPU's look after a kick comes a little after the kick
-/// was sent; a look due a whole slice later missed the next kick, which
-/// arrives a little early by the same amount, about every other time, and
-/// the vCPU wrote on for a second slice before it counted (a limited
-/// writer's first slice, which the model counts as one, was 10-20 ms).
-const LOOK_AFTER: Duration = match super::throttle::TIMESLICE.checked_div(2) {
-    Some(half) => half,
-    None => Duration::ZERO,
-};
+/// The shortest a limited vCPU runs between two looks, and the first run
+/// after its limit is set: a writer at full speed on a software backend
+/// (1.4 GB/s of new pages) spends a 20 ms burst of a 10 MB/s limit in
+/// 0.14 ms. Shorter looks cost a signal and an exit each for little.
+pub(crate) const SHORTEST_RUN: Duration = Duration::from_micros(250);
 
+/// How long a vCPU whose last run dirtied `spent` bytes over `ran` may run
+/// before its next look: as long as it takes to spend its bucket's most at
+/// that pace (at least [`SHORTEST_RUN`]); twice the last run when it
+/// dirtied nothing; never above a timeslice, the main loop's kick.
+fn next_run(spent: u64, ran: Duration, most: f64, last: Duration) -> Duration {
+    let slice = super::throttle::TIMESLICE;
+    let run = if spent == 0 {
+        last.saturating_mul(2)
+    } else {
+        let pace = spent as f64 / ran.as_secs_f64().max(1e-9);
+        Duration::try_from_secs_f64(most / pace).unwrap_or(slice)
+    };
+    run.clamp(SHORTEST_RUN, slice)
+}
 /// What a vCPU did over one period of its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PeriodFigures {
@@ -131,6 +143,10 @@ pub(crate) struct Bucket {
     entries: u64,
     /// When the vCPU next looks.
     pub(crate) next_check: Instant,
+    /// When its last look ended (its sleep over): where its run began.
+    resumed: Instant,
+    /// How long it runs before its next look.
+    run: Duration,
     /// When it last harvested its ring for the limit.
     harvested: Instant,
     /// The current period: its start, the entries then, the time slept in it.
@@ -145,16 +161,20 @@ impl Bucket {
             tokens: limit as f64 * burst(period).as_secs_f64(),
             at: now,
             entries,
-            next_check: now + LOOK_AFTER,
+            next_check: now + SHORTEST_RUN,
+            resumed: now,
+            run: SHORTEST_RUN,
             harvested: now,
             period: (now, entries, Duration::ZERO),
         }
     }
 
-    /// After a look that ended at `at` (its sleep included): the next is
-    /// taken at the first kick [`LOOK_AFTER`] on, one timeslice later.
-    pub(crate) fn looked(&mut self, at: Instant) {
-        self.next_check = at + LOOK_AFTER;
+    /// After a look that ended at `at` (its sleep included): how long the
+    /// vCPU runs until the next (its own timer's kick, or a ring-full exit).
+    pub(crate) fn looked(&mut self, at: Instant) -> Duration {
+        self.resumed = at;
+        self.next_check = at + self.run;
+        self.run
     }
 
     /// Whether the vCPU should look now (its slice is over, or a ring-full
@@ -191,6 +211,8 @@ impl Bucket {
         let spent = entries.saturating_sub(self.entries) * PAGE_BYTES;
         self.entries = entries;
         self.tokens -= spent as f64;
+        let ran = now.saturating_duration_since(self.resumed);
+        self.run = next_run(spent, ran, most, self.run);
         if self.tokens >= 0.0 {
             return Duration::ZERO;
         }
@@ -315,20 +337,79 @@ mod tests {
     }
 
     #[test]
-    fn after_a_look_the_next_kicks_timeslice_is_a_look_even_when_it_comes_a_little_early() {
+    fn a_vcpu_far_over_its_limit_looks_after_short_runs_and_one_within_it_every_timeslice() {
         let t0 = Instant::now();
+        let period = Duration::from_secs(1);
         let slice = crate::vcpu::throttle::TIMESLICE;
-        let mut b = Bucket::new(t0, 0, LIMIT, Duration::from_secs(1));
-        assert!(
-            !b.due(t0 + Duration::from_millis(1)),
-            "a kick just after a look"
+        let mut b = Bucket::new(t0, 0, LIMIT, period);
+        // The first look after the limit is set comes its shortest run on.
+        assert!(!b.due(t0 + SHORTEST_RUN / 2));
+        assert!(b.due(t0 + SHORTEST_RUN));
+        // A full-speed writer: 100 pages in its first 250 us (1.6 GB/s). Its
+        // burst (20 ms of 4 MB/s, 80 KiB) goes in 50 us at that pace: the
+        // shortest run next, after the sleep it owes.
+        let owed = b.owe(t0 + SHORTEST_RUN, 100, LIMIT, period);
+        assert!(owed > Duration::from_millis(50), "{owed:?}");
+        let woke = t0 + SHORTEST_RUN + owed;
+        assert_eq!(b.looked(woke), SHORTEST_RUN);
+        assert!(!b.due(woke + SHORTEST_RUN / 2));
+        assert!(b.due(woke + SHORTEST_RUN));
+        // A writer under its limit (1 page in 2 ms: 2 MB/s) would take 40 ms
+        // to spend its burst: it runs a timeslice, the longest.
+        let _ = b.owe(woke + SHORTEST_RUN, 100, LIMIT, period);
+        b.looked(woke + SHORTEST_RUN);
+        let _ = b.owe(
+            woke + SHORTEST_RUN + Duration::from_millis(2),
+            101,
+            LIMIT,
+            period,
         );
-        // The main loop's next kick, sent a slice after the last one, which
-        // this look followed by 50 us.
-        assert!(b.due(t0 + slice - Duration::from_micros(50)));
-        b.looked(t0 + slice);
-        assert!(!b.due(t0 + slice + Duration::from_millis(1)));
-        assert!(b.due(t0 + slice * 2 - Duration::from_micros(50)));
+        assert_eq!(
+            b.looked(woke + SHORTEST_RUN + Duration::from_millis(2)),
+            slice
+        );
+        // In between, 4 MB/s of pace: its burst's 20 ms.
+        let t1 = woke + Duration::from_secs(1);
+        let _ = b.owe(t1, 101, LIMIT, period);
+        b.looked(t1);
+        let _ = b.owe(t1 + Duration::from_millis(4), 105, LIMIT, period);
+        assert_eq!(
+            b.looked(t1 + Duration::from_millis(4)),
+            slice,
+            "20 ms: a slice at most"
+        );
+        // Dirtying nothing, it looks half as often each time, up to a slice.
+        let mut b = Bucket::new(t0, 0, LIMIT, period);
+        let mut at = t0;
+        let mut runs = vec![];
+        for _ in 0..8 {
+            at += b.run;
+            let _ = b.owe(at, 0, LIMIT, period);
+            runs.push(b.looked(at).as_micros());
+        }
+        assert_eq!(
+            runs,
+            [500, 1_000, 2_000, 4_000, 8_000, 10_000, 10_000, 10_000]
+        );
+    }
+
+    #[test]
+    fn the_next_run_spends_a_burst_at_the_last_runs_pace() {
+        let slice = crate::vcpu::throttle::TIMESLICE;
+        let ms = Duration::from_millis(1);
+        // 400 KiB in 1 ms; 200 KiB of burst: half a millisecond.
+        assert_eq!(
+            next_run(400 << 10, ms, f64::from(200 << 10), ms),
+            Duration::from_micros(500)
+        );
+        assert_eq!(next_run(u64::MAX, ms, 1.0, ms), SHORTEST_RUN);
+        assert_eq!(next_run(1, Duration::from_secs(1), 1e9, ms), slice);
+        assert_eq!(
+            next_run(1, Duration::ZERO, 1.0, ms),
+            SHORTEST_RUN,
+            "no time run"
+        );
+        assert_eq!(next_run(0, ms, 1.0, Duration::from_secs(9)), slice);
     }
 
     #[test]

@@ -63,12 +63,20 @@ pub(crate) struct Vcpu {
     slice_start: Option<Instant>,
     /// While its dirty rate is limited: its token bucket.
     bucket: Option<dirty_limit::Bucket>,
+    /// The thread's own kick timer for its limit's looks, made the first
+    /// time it is limited (`None` if that failed: the main loop's kick
+    /// every timeslice then serves).
+    look_timer: Option<kick::Timer>,
 }
 
 /// Sleeps from `now` to `until` in [`throttle::STEP`]s, each counted in
 /// the vCPU's time slept as it ends (current for readers), stopping at
 /// once for a pause or stop, or when `go_on` (given the time and the
-/// step just slept) returns false; returns when it stopped.
+/// step just slept) returns false; returns when it stopped. The steps are
+/// parks, which a kick ends (the VM unparks the thread it signals): a
+/// plain sleep ran its step out, so pausing a throttled guest for a
+/// migration's stop waited up to a step for each vCPU (1.4-1.8 ms of the
+/// stop, measured, against 0.1 ms for a running one).
 fn sleep_until(
     shared: &VcpuShared,
     now: Instant,
@@ -77,7 +85,9 @@ fn sleep_until(
 ) -> Instant {
     let mut at = now;
     while at < until && !shared.pending.load(Ordering::Acquire) {
-        std::thread::sleep((until - at).min(throttle::STEP));
+        // A park may end early (a kick, or a token left by one): the
+        // loop goes on to `until` unless a request is pending.
+        std::thread::park_timeout((until - at).min(throttle::STEP));
         let after = Instant::now();
         shared.throttle.add_slept(after - at);
         let step = after - at;
@@ -138,6 +148,7 @@ impl Vcpu {
             resume: None,
             slice_start: None,
             bucket: None,
+            look_timer: None,
         }
     }
 
@@ -334,7 +345,9 @@ impl Vcpu {
     fn dirty_limit_pause(&mut self) -> Option<State> {
         let mb = self.shared.dirty_limit.limit_mb();
         if mb == 0 {
-            self.bucket = None;
+            if self.bucket.take().is_some() {
+                self.kick_me(None);
+            }
             return None;
         }
         let Some(dirty) = &self.dirty else {
@@ -344,6 +357,15 @@ impl Vcpu {
         let index = self.shared.index;
         let period = self.shared.dirty_limit.period();
         let now = Instant::now();
+        if self.bucket.is_none() && self.look_timer.is_none() {
+            self.look_timer = kick::Timer::for_this_thread()
+                .inspect_err(|e| {
+                    log::warn!(
+                        "vcpu{index}: no timer of its own for its dirty limit ({e}): it looks every timeslice"
+                    );
+                })
+                .ok();
+        }
         let bucket = match &mut self.bucket {
             Some(b) if !b.due(now) => return None,
             Some(b) => b,
@@ -378,8 +400,29 @@ impl Vcpu {
             publish(bucket, at);
             shared.dirty_limit.limit_mb() == mb
         });
-        bucket.looked(at);
+        let run = bucket.looked(at);
+        self.kick_me(Some(run));
         None
+    }
+
+    /// Sets this thread's look timer to kick it `after` from now (`None`:
+    /// not at all). A timer that fails is dropped: the main loop's kicks
+    /// every timeslice then serve, as they serve auto-converge.
+    fn kick_me(&mut self, after: Option<Duration>) {
+        let Some(timer) = &self.look_timer else {
+            return;
+        };
+        let set = match after {
+            Some(d) => timer.kick_after(d),
+            None => timer.disarm(),
+        };
+        if let Err(e) = set {
+            log::warn!(
+                "vcpu{}: its dirty limit's timer failed ({e}): it looks every timeslice",
+                self.shared.index
+            );
+            self.look_timer = None;
+        }
     }
 
     /// One KVM_RUN, with the exit copied out of `kvm_run`.
