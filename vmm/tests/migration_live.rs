@@ -392,12 +392,27 @@ fn a_link_slower_than_a_section_per_idle_deadline_trickles_and_completes() {
     let dest = Dest::start("mig-slow-dst", |incoming, _| {
         incoming.idle_timeout = Duration::from_secs(2);
     });
-    let info = migrate(
-        &src,
+    let mut c = src.client();
+    start_migration(
+        &mut c,
         &dest.uri,
         json!({"max-bandwidth": 500_000, "downtime-limit": 10_000}),
     );
+    // `query-migrate`'s counts move with the pieces, not once the whole
+    // section (the 512 pages and the zero runs, about 4 s) has gone.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (q, _) = c.execute("query-migrate", json!({})).unwrap();
+    let (normal, sent) = (&q["ram"]["normal"], &q["ram"]["transferred"]);
+    assert!(
+        (1..512).contains(&normal.as_u64().unwrap())
+            && (1..2 << 20).contains(&sent.as_u64().unwrap()),
+        "{q} after 1.5 s at 500 KB/s"
+    );
+    let info = wait_final(&mut c);
     assert_completed(&info);
+    let (q, _) = c.execute("query-migrate", json!({})).unwrap();
+    // The 512 pages and the guest's own (its tables, stacks, mailboxes).
+    assert!(q["ram"]["normal"].as_u64().unwrap() >= 512, "{q}");
     let r = guest(&mut dest.client(), 0, "verify size=2M pattern=0x5a");
     assert_eq!(value(&r[0], 2), 0);
     dest.quit();

@@ -606,12 +606,12 @@ impl<'a> Precopy<'a> {
     /// Writes a section other than RAM, paced.
     fn section(&mut self, kind: Kind, parts: &[&[u8]]) -> Result<(), Error> {
         let w = self.w.as_mut().ok_or(Error::Cancelled)?;
-        let ctl = Live {
+        let mut ctl = Live {
             m: self.m,
             ram: &mut self.ram,
             pass: self.live,
         };
-        Ok(w.section(kind, parts, &ctl)?)
+        Ok(w.section(kind, parts, &mut ctl)?)
     }
 
     /// Sends runs of pages through the writer, publishing the counters

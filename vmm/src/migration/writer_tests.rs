@@ -158,6 +158,47 @@ fn sections_close_near_the_target_and_report_each() {
 }
 
 #[test]
+fn on_a_slow_link_the_counts_move_every_piece_and_are_exact_at_each_sections_end() {
+    // Two and a half sections (10 MB) at 100 MB/s: pieces of 1 MiB.
+    let pages = 2560;
+    let mem = memory(pages);
+    (0..pages).for_each(|p| fill(&mem, p));
+    let mut ctl = Recorder {
+        rate: 100_000_000,
+        ..Recorder::default()
+    };
+    let (_, counts) = send(&mem, &[(0, pages, Backing::Data)], &mut ctl);
+    let heard = &ctl.sent;
+    assert!(
+        heard.len() >= 10,
+        "told {} times for 3 sections",
+        heard.len()
+    );
+    assert_eq!(heard.last(), Some(&counts));
+    assert!(
+        heard.windows(2).all(|w| w[0].bytes < w[1].bytes
+            && w[0].normal <= w[1].normal
+            && w[0].normal_bytes <= w[1].normal_bytes),
+        "the counts only grow: {heard:?}"
+    );
+    // The first piece: 1 MiB of a section of 1,024 pages (4 MiB, its run
+    // header and its section header).
+    let first = heard[0];
+    assert_eq!(first.bytes, 16 + (1 << 20), "the stream header and a piece");
+    assert!(
+        (250..=260).contains(&first.normal),
+        "a quarter of the section's pages: {first:?}"
+    );
+    // Where a section ends, its pages are all counted, in whole.
+    assert!(
+        heard
+            .iter()
+            .any(|c| c.normal == 1024 && c.normal_bytes == 1024 * PAGE),
+        "the first section's end: {heard:?}"
+    );
+}
+
+#[test]
 fn a_zero_run_longer_than_a_header_holds_is_split() {
     let mem = memory(1);
     let mut w = PageWriter::new(Writer::start(Vec::new()).unwrap(), &mem);
