@@ -63,6 +63,10 @@ pub struct RunConfig {
     /// A readiness measurement every period, published in the VMM's own
     /// stats (needs the socket and dirty logging).
     pub readiness_every: Option<control::Periodic>,
+    /// What a dirty-logging fault costs the guest here, for the stall; `None`:
+    /// measured once at start (`readiness::calibrate`) when the VM serves a
+    /// socket or metrics.
+    pub fault_cost: Option<Duration>,
 }
 
 /// Why a run could not happen.
@@ -121,6 +125,7 @@ impl RunConfig {
             name: None,
             control_limits: control::Limits::default(),
             readiness_every: None,
+            fault_cost: None,
         }
     }
 
@@ -524,6 +529,13 @@ fn incoming_stop(config: &RunConfig, m: &Arc<Migration>) -> migration::transport
 }
 
 fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary, Error> {
+    match config.fault_cost {
+        Some(cost) => crate::vcpu::stall::set_fault_cost(cost),
+        None if config.socket.is_some() || config.metrics_addr.is_some() => {
+            crate::readiness::calibrate::in_background();
+        }
+        None => {}
+    }
     let migration = Arc::new(Migration::new());
     let (mut vm, stream, early) = match &incoming {
         None => (Vm::new(config.vm.clone())?, None, None),

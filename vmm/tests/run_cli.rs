@@ -381,3 +381,59 @@ fn a_run_stopped_mid_command_names_the_command_cut_short_and_those_not_started()
         }
     }
 }
+
+/// `query-readiness`'s cost per fault from a served `kvmscope run` with
+/// `args` (a writer on vCPU 0, one short window), and its stderr.
+fn fault_cost_served(test: &str, args: &[&str]) -> (f64, String) {
+    let socket = common::socket_path(test);
+    let mut child = common::KillOnDrop::new(
+        kvmscope()
+            .args(["run", "--memory", "64M", "--dirty-log", "ring", "--socket"])
+            .arg(&socket)
+            .args(args)
+            .args(["--workload", "dirty ws=16M rate=max for=30s"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut c =
+        kvmscope::client::Client::connect_when_ready(&socket, Duration::from_secs(20), || {
+            match child.try_wait().unwrap() {
+                None => Ok(()),
+                Some(_) => Err(kvmscope::client::Error::Closed),
+            }
+        })
+        .expect("the VMM serves");
+    // The calibration, where there is one, takes about 0.25 s from the start.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (r, _) = c
+        .execute("query-readiness", serde_json::json!({"calc-time": 0.2}))
+        .unwrap();
+    let cost = r["guest_stall"]["fault_cost_us"].as_f64().unwrap();
+    c.execute("quit", serde_json::json!({})).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (cost, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_served_vmm_measures_the_hosts_cost_per_fault_unless_given_one() {
+    require_kvm!();
+    let (cost, log) = fault_cost_served("fault-cost-given", &["--fault-cost", "7.5"]);
+    assert!((cost - 7.5).abs() < 1e-9, "{cost}");
+    assert!(!log.contains("per page written on this host"), "{log}");
+    let (cost, log) = fault_cost_served("fault-cost-measured", &[]);
+    let line = log
+        .lines()
+        .find(|l| l.contains("dirty logging costs the guest"))
+        .unwrap_or_else(|| panic!("no calibration in the log: {log}"));
+    let said: f64 = line
+        .split("guest ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    // The log rounds to 0.1 us.
+    assert!((cost - said).abs() <= 0.05 + 1e-9, "{cost} against {line}");
+}

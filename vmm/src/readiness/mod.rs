@@ -2,6 +2,7 @@
 //! dirties it, estimated cheaply from stats and checked against ground truth,
 //! and what a pre-copy migration would do with it (docs/READINESS.md).
 
+pub mod calibrate;
 mod error;
 pub(crate) mod model;
 mod options;

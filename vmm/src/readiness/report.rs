@@ -13,7 +13,7 @@ use crate::protocol::readiness::{
     MappedFigure, Pages, ReadinessReport, ScanFigure, StallFigure, TimedPages, VcpuStallFigure,
 };
 use crate::units::{format_bytes, saturating_u64};
-use crate::vcpu::stall::{Stall, FAULT_COST};
+use crate::vcpu::stall::{fault_cost, Stall};
 use crate::vmmstats::VmmStats;
 use kvm_stats::Mapped;
 
@@ -659,7 +659,7 @@ pub(crate) fn stall_figure(stall: &Stall) -> StallFigure {
             0.0
         },
         period_s: stall.period.as_secs_f64(),
-        fault_cost_us: FAULT_COST.as_secs_f64() * 1e6,
+        fault_cost_us: fault_cost().as_secs_f64() * 1e6,
         vcpus: stall
             .vcpus
             .iter()

@@ -13,7 +13,7 @@
 //!   write-heavy vCPU's `stime` does not move at all, and inside one it took
 //!   0.86-0.94 s of a 2 s ring window (docs/READINESS.md);
 //! - **counted**: the excess `pf_taken` (KVM's binary stats, one `pread`) at
-//!   [`FAULT_COST`] each, plus the VMM-timed ring-full harvests
+//!   [`fault_cost()`] each (the host's, measured once per VMM), plus the VMM-timed ring-full harvests
 //!   ([`super::VcpuShared::ring_full_ns`]): exact counts at a host constant,
 //!   a lower bound where a fault costs more than that.
 //!
@@ -52,11 +52,28 @@ use std::time::{Duration, Instant};
 
 use super::shared::{OpenObservation, Rates, Reading, VcpuShared};
 
-/// What one write-protection fault taken for dirty logging costs the guest:
-/// 2.6 µs, measured on this `kvm_pvm` host (a sweep over 16,384 re-protected
-/// pages took 44 ms against 2.2 ms untracked; docs/READINESS.md). Hardware
-/// with EPT/NPT takes a shorter exit; with PML, logging takes no fault at all.
-pub const FAULT_COST: Duration = Duration::from_nanos(2_600);
+/// What one write-protection fault taken for dirty logging costs the guest
+/// until the host's own cost is measured (`readiness::calibrate`, at the
+/// start of a VMM that serves): 2.6 µs, measured on the `kvm_pvm` host of
+/// the experiments (a sweep over 16,384 re-protected pages took 44 ms
+/// against 2.2 ms untracked; docs/READINESS.md). Hardware with EPT/NPT takes
+/// a shorter exit; with PML, logging takes no fault at all. Nanoseconds.
+const DEFAULT_FAULT_NS: u64 = 2_600;
+
+/// The cost per fault in force, ns (the default until measured).
+static FAULT_COST_NS: AtomicU64 = AtomicU64::new(DEFAULT_FAULT_NS);
+
+/// What one fault for dirty logging costs the guest on this host: measured
+/// (`readiness::calibrate`) or [`DEFAULT_FAULT_NS`].
+pub fn fault_cost() -> Duration {
+    Duration::from_nanos(FAULT_COST_NS.load(Ordering::Relaxed))
+}
+
+/// Sets the cost per fault the stall counts from now on.
+pub(crate) fn set_fault_cost(cost: Duration) {
+    let ns = u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX).max(1);
+    FAULT_COST_NS.store(ns, Ordering::Relaxed);
+}
 
 /// Shortest baseline a rate before the period is taken from; over a
 /// shorter one (or none), the rate before counts as zero.
@@ -378,7 +395,7 @@ impl Period {
     }
 
     /// The stall from the start until now: per vCPU, its faults beyond its
-    /// rate before at [`FAULT_COST`] each, and its time in ring-full exits.
+    /// rate before at [`fault_cost()`] each, and its time in ring-full exits.
     pub(crate) fn stall(&self) -> Stall {
         self.measure().0
     }
@@ -429,7 +446,7 @@ fn excess(s: &Reading, rates: &Rates, n: &Reading) -> Excess {
     let usual = crate::units::saturating_u64((seconds * rates.faults).round());
     let faults = n.faults.saturating_sub(s.faults).saturating_sub(usual);
     let ring = Duration::from_nanos(n.ring_ns.saturating_sub(s.ring_ns));
-    let counted = FAULT_COST.saturating_mul(u32::try_from(faults).unwrap_or(u32::MAX)) + ring;
+    let counted = fault_cost().saturating_mul(u32::try_from(faults).unwrap_or(u32::MAX)) + ring;
     let beyond = |s: Option<u64>, n: Option<u64>, rate: f64| {
         let usual = crate::units::saturating_u64(seconds * rate);
         Some(Duration::from_nanos(

@@ -68,6 +68,7 @@ impl Dest {
         let mut config = RunConfig {
             workloads: Vec::new(),
             socket: Some(socket.clone()),
+            fault_cost: Some(super::DEFAULT_FAULT_COST),
             ..RunConfig::demo()
         };
         adjust(&mut incoming, &mut config);
