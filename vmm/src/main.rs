@@ -399,8 +399,9 @@ struct RunArgs {
     /// What one write-protection fault for dirty logging costs the guest on
     /// this host, in microseconds, for the guest stall the VMM reports
     /// (`guest_stall`, `x-guest-stall`). By default a VMM that serves a
-    /// socket or metrics measures it once at start, on a 128 MiB VM of its own
-    /// (about 0.25 s of one CPU; 2.6 us until then). Give it to skip that.
+    /// socket or metrics measures it once at start (a destination: once its
+    /// migration has loaded), on a 128 MiB VM of its own (about 0.25 s of
+    /// one CPU; 2.6 us until then). Give it to skip that.
     #[arg(long, value_name = "US", value_parser = fault_cost_us)]
     fault_cost: Option<std::time::Duration>,
     /// Print the summary as JSON.

@@ -475,6 +475,19 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
     run_vm(config, None)
 }
 
+/// Sets the stall's cost per fault: the one given, else measured on a
+/// thread of its own when the VM serves a socket or metrics (someone may
+/// observe it).
+fn fault_cost(config: &RunConfig) {
+    match config.fault_cost {
+        Some(cost) => crate::vcpu::stall::set_fault_cost(cost),
+        None if config.socket.is_some() || config.metrics_addr.is_some() => {
+            crate::readiness::calibrate::in_background();
+        }
+        None => {}
+    }
+}
+
 /// `kvmscope run --incoming`: waits for one migration stream, builds the VM
 /// it describes (checked against `incoming`; built before listening where
 /// `incoming` gives memory and vCPUs), loads it and runs the guest on from
@@ -529,12 +542,8 @@ fn incoming_stop(config: &RunConfig, m: &Arc<Migration>) -> migration::transport
 }
 
 fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary, Error> {
-    match config.fault_cost {
-        Some(cost) => crate::vcpu::stall::set_fault_cost(cost),
-        None if config.socket.is_some() || config.metrics_addr.is_some() => {
-            crate::readiness::calibrate::in_background();
-        }
-        None => {}
+    if incoming.is_none() {
+        fault_cost(&config);
     }
     let migration = Arc::new(Migration::new());
     let (mut vm, stream, early) = match &incoming {
@@ -580,6 +589,8 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     if let Some(stream) = stream {
         services.status.set(RunState::Inmigrate);
         migration::watch::load(stream, &mut vm, &migration)?;
+        // Not before: a destination's CPU and memory go to the stream first.
+        fault_cost(&config);
     }
     let started = Instant::now();
     vm.start()?;

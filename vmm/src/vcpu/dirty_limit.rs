@@ -15,7 +15,8 @@
 //! the main loop's kick comes anyway). A writer far above its limit so runs
 //! a fraction of a millisecond and sleeps tens: its rate holds from the
 //! first period and within a fraction of a second, where looks a timeslice
-//! apart let it write 14 MB at full speed and then sleep 1.4 s at 10 MB/s. Looking does not reset the ring; the vCPU
+//! apart let it write 14 MB at full speed and then sleep 1.4 s at 10 MB/s.
+//! Looking does not reset the ring; the vCPU
 //! harvests it once a period, as QEMU's reaper does, so that a page
 //! rewritten all the time counts about once a period, as in QEMU. A vCPU
 //! that dirties nothing never sleeps.
@@ -123,6 +124,7 @@ fn next_run(spent: u64, ran: Duration, most: f64, last: Duration) -> Duration {
     };
     run.clamp(SHORTEST_RUN, slice)
 }
+
 /// What a vCPU did over one period of its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PeriodFigures {
@@ -368,7 +370,7 @@ mod tests {
             b.looked(woke + SHORTEST_RUN + Duration::from_millis(2)),
             slice
         );
-        // In between, 4 MB/s of pace: its burst's 20 ms.
+        // At 4 MB/s, its limit, the burst would last 20 ms: a slice.
         let t1 = woke + Duration::from_secs(1);
         let _ = b.owe(t1, 101, LIMIT, period);
         b.looked(t1);
