@@ -103,8 +103,19 @@ fn read(v: &VcpuShared) -> Option<Reading> {
 /// ns: `/proc/self/task/TID/schedstat`'s second field (time on a CPU, run
 /// delay, timeslices).
 fn run_delay_ns(tid: i32) -> Option<u64> {
+    schedstat(tid, 1)
+}
+
+/// The time a thread of this process has run on a CPU, ns (schedstat's
+/// first field): what it did, whatever it waited for a CPU.
+pub(crate) fn on_cpu_ns(tid: i32) -> Option<u64> {
+    schedstat(tid, 0)
+}
+
+/// Field `n` of `/proc/self/task/TID/schedstat`.
+fn schedstat(tid: i32, n: usize) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    text.split_whitespace().nth(1)?.parse().ok()
+    text.split_whitespace().nth(n)?.parse().ok()
 }
 
 /// A thread of this process's system time so far, ns, from
