@@ -77,9 +77,12 @@ def vcpu_task(vm, vcpu=0):
     """/proc's directory of the VM's vCPU thread `vcpu`."""
     task = "/proc/%d/task" % vm.proc.pid
     for tid in os.listdir(task):
-        with open(os.path.join(task, tid, "comm")) as f:
-            if f.read().strip() == "vcpu%d" % vcpu:
-                return os.path.join(task, tid)
+        try:
+            with open(os.path.join(task, tid, "comm")) as f:
+                if f.read().strip() == "vcpu%d" % vcpu:
+                    return os.path.join(task, tid)
+        except FileNotFoundError:
+            pass  # a thread that ended since the listing
     raise RuntimeError("no vcpu%d thread in %s" % (vcpu, task))
 
 

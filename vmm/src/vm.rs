@@ -338,12 +338,19 @@ impl Vm {
     /// # Errors
     /// `Spawn` if a thread cannot be started (those already started keep running).
     pub fn start(&mut self) -> Result<(), Error> {
+        self.start_as("vcpu")
+    }
+
+    /// [`Vm::start`], the threads named `<prefix><N>` (a VM the VMM runs for
+    /// itself beside the guest's, so that tools looking for `vcpu0` under
+    /// `/proc` find the guest's).
+    pub(crate) fn start_as(&mut self, prefix: &str) -> Result<(), Error> {
         for vcpu in std::mem::take(&mut self.unstarted) {
             let i = vcpu.shared.index;
             let report = vcpu.report.clone();
             let shared = vcpu.shared.clone();
             let thread = std::thread::Builder::new()
-                .name(format!("vcpu{i}"))
+                .name(format!("{prefix}{i}"))
                 .spawn(move || {
                     // A bug that panics must still end the run in order, not hang it.
                     let run = std::panic::AssertUnwindSafe(|| vcpu.run());

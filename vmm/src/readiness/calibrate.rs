@@ -66,7 +66,7 @@ pub fn measure() -> Result<Calibration, Error> {
         memory: 128 << 20,
         ..VmConfig::default()
     })?;
-    vm.start()?;
+    vm.start_as("calib-vcpu")?;
     let measured = sweeps(&vm);
     vm.stop(Duration::from_secs(1));
     let (untracked, tracked) = measured?;
