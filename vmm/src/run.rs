@@ -542,9 +542,6 @@ fn incoming_stop(config: &RunConfig, m: &Arc<Migration>) -> migration::transport
 }
 
 fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary, Error> {
-    if incoming.is_none() {
-        fault_cost(&config);
-    }
     let migration = Arc::new(Migration::new());
     let (mut vm, stream, early) = match &incoming {
         None => (Vm::new(config.vm.clone())?, None, None),
@@ -589,9 +586,10 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     if let Some(stream) = stream {
         services.status.set(RunState::Inmigrate);
         migration::watch::load(stream, &mut vm, &migration)?;
-        // Not before: a destination's CPU and memory go to the stream first.
-        fault_cost(&config);
     }
+    // Once the guest is about to run: a destination's CPU and memory go to
+    // the stream first.
+    fault_cost(&config);
     let started = Instant::now();
     vm.start()?;
     let mut watch = Watch::default();

@@ -116,15 +116,15 @@ fn sweep(vm: &Vm) -> Result<Duration, Error> {
             .and_then(|&tid| crate::vcpu::stall::on_cpu_ns(tid))
     };
     let cpu0 = on_cpu();
-    let done = v.results().len() + 1;
-    vm.push_commands(0, commands)
+    let seq = vm
+        .push_commands(0, commands)
         .ok_or_else(|| Error::Sweep("no vCPU 0".into()))?
         .map_err(|e| Error::Sweep(e.to_string()))?;
     let deadline = Instant::now() + SWEEP_LIMIT;
     loop {
-        let results = v.results();
-        if results.len() >= done {
-            let r = &results[results.len() - 1];
+        // As a waiting `guest-command` does: its result by sequence number
+        // (the vCPU keeps its last results, not all), or the vCPU's end.
+        if let Some(r) = v.results().into_iter().find(|r| r.seq == seq) {
             if r.status != "ok" {
                 return Err(Error::Sweep(format!("{}: {}", r.command, r.status)));
             }
@@ -132,6 +132,9 @@ fn sweep(vm: &Vm) -> Result<Duration, Error> {
                 (Some(a), Some(b)) => Duration::from_nanos(b.saturating_sub(a)),
                 _ => r.host_time,
             });
+        }
+        if let crate::vcpu::VcpuState::Finished(how) = v.state() {
+            return Err(Error::Sweep(format!("the vCPU stopped ({how})")));
         }
         if Instant::now() > deadline {
             return Err(Error::Sweep(format!("not done within {SWEEP_LIMIT:?}")));

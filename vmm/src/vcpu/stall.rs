@@ -13,9 +13,10 @@
 //!   write-heavy vCPU's `stime` does not move at all, and inside one it took
 //!   0.86-0.94 s of a 2 s ring window (docs/READINESS.md);
 //! - **counted**: the excess `pf_taken` (KVM's binary stats, one `pread`) at
-//!   [`fault_cost()`] each (the host's, measured once per VMM), plus the VMM-timed ring-full harvests
-//!   ([`super::VcpuShared::ring_full_ns`]): exact counts at a host constant,
-//!   a lower bound where a fault costs more than that.
+//!   [`fault_cost()`] each (the host's, measured once per VMM), plus the
+//!   VMM-timed ring-full harvests ([`super::VcpuShared::ring_full_ns`]):
+//!   exact counts at the host's cost, the only measure that sees the faults
+//!   where the host accounts them to the guest's own time (pvm on Intel).
 //!
 //! The stall is the larger of the two: the measured one is tick-grained
 //! (10 ms) and counts any extra kernel time; the counted one is there where
