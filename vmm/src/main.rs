@@ -397,13 +397,13 @@ struct RunArgs {
     #[arg(long, value_name = "NAME")]
     name: Option<String>,
     /// What one write-protection fault for dirty logging costs the guest on
-    /// this host, in microseconds, for the guest stall the VMM reports
-    /// (`guest_stall`, `x-guest-stall`). By default a VMM that serves a
-    /// socket or metrics measures it once at start (a destination: once its
-    /// migration has loaded), on a 128 MiB VM of its own (about 0.25 s of
-    /// one CPU; 2.6 us until then). Give it to skip that.
-    #[arg(long, value_name = "US", value_parser = fault_cost_us)]
-    fault_cost: Option<std::time::Duration>,
+    /// this host (e.g. 2.6us; at most 1s), for the guest stall the VMM
+    /// reports (`guest_stall`, `x-guest-stall`). By default a VMM that serves
+    /// a socket or metrics measures it once at start (a destination: once
+    /// its migration has loaded), on a 128 MiB VM of its own (about 0.25 s
+    /// of one CPU; 2.6 us until then). Give it to skip that.
+    #[arg(long, value_name = "DUR")]
+    fault_cost: Option<Period>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -528,7 +528,12 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             }),
             None => None,
         },
-        fault_cost: args.fault_cost,
+        fault_cost: match args.fault_cost {
+            Some(cost) if cost.0 > std::time::Duration::from_secs(1) => {
+                anyhow::bail!("--fault-cost ({:?}) must be at most 1s", cost.0)
+            }
+            cost => cost.map(|c| c.0),
+        },
     };
     let summary = match incoming {
         Some(incoming) => run::run_incoming(config, incoming)?,
@@ -709,15 +714,5 @@ fn main() -> ExitCode {
             eprintln!("kvmscope: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// `--fault-cost`: microseconds, above 0 and at most a second.
-fn fault_cost_us(text: &str) -> Result<std::time::Duration, String> {
-    match text.parse::<f64>() {
-        Ok(us) if us > 0.0 && us <= 1e6 => Ok(std::time::Duration::from_secs_f64(us / 1e6)),
-        _ => Err(format!(
-            "'{text}' is not a cost in microseconds (a number above 0, at most 1000000)"
-        )),
     }
 }

@@ -420,7 +420,7 @@ fn fault_cost_served(test: &str, args: &[&str]) -> (f64, String) {
 #[test]
 fn a_served_vmm_measures_the_hosts_cost_per_fault_unless_given_one() {
     require_kvm!();
-    let (cost, log) = fault_cost_served("fault-cost-given", &["--fault-cost", "7.5"]);
+    let (cost, log) = fault_cost_served("fault-cost-given", &["--fault-cost", "7.5us"]);
     assert!((cost - 7.5).abs() < 1e-9, "{cost}");
     assert!(!log.contains("per page written on this host"), "{log}");
     let (cost, log) = fault_cost_served("fault-cost-measured", &[]);
