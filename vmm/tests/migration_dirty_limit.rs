@@ -75,10 +75,16 @@ fn a_writer_is_held_to_its_limit_and_a_vcpu_under_it_never_sleeps() {
     let vm = ring_guest("dl-hold");
     let mut c = vm.client();
     assert_eq!(limits(&mut c), json!([]), "no limit yet");
+    // Nobody observes a ring VM yet: it does not log, its guest loses nothing.
+    assert_eq!(own_stat(&mut c, "guest_stall_ns"), [0, 0]);
     c.execute("set-vcpu-dirty-limit", json!({"dirty-rate": 64}))
         .unwrap();
     // Three periods of one second: the current rate is the last one's.
     std::thread::sleep(Duration::from_millis(3200));
+    // The limit holds logging on: the writer's faults are its guest stall
+    // (at 64 MB/s, some 16,000 a second at 2.6 us: about 40 ms a second).
+    let stall = own_stat(&mut c, "guest_stall_ns");
+    assert!(stall[0] > 10_000_000, "the writer's stall: {stall:?}");
     let l = limits(&mut c);
     let l = l.as_array().unwrap();
     assert_eq!(l.len(), 2, "both vCPUs limited: {l:?}");
@@ -119,6 +125,13 @@ fn a_writer_is_held_to_its_limit_and_a_vcpu_under_it_never_sleeps() {
     )
     .unwrap();
     assert_eq!(limits(&mut c), json!([]));
+    // The last limit lifted lets the log go: the stall stops growing once
+    // its aftermath (2 s of faults on pages it left protected) is over.
+    std::thread::sleep(Duration::from_millis(2300));
+    let after = own_stat(&mut c, "guest_stall_ns")[0];
+    assert!(after >= stall[0], "{after} < {stall:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(own_stat(&mut c, "guest_stall_ns")[0], after);
     let e = format!(
         "{:?}",
         c.execute(

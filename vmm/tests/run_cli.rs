@@ -385,7 +385,8 @@ fn a_run_stopped_mid_command_names_the_command_cut_short_and_those_not_started()
 /// `query-readiness`'s cost per fault from a served `kvmscope run` with
 /// `args` (a writer on vCPU 0, one short window), and its stderr.
 fn fault_cost_served(test: &str, args: &[&str]) -> (f64, String) {
-    let socket = common::socket_path(test);
+    let dir = common::test_dir(test);
+    let socket = dir.join("ctl.sock");
     let mut child = common::KillOnDrop::new(
         kvmscope()
             .args(["run", "--memory", "64M", "--dirty-log", "ring", "--socket"])

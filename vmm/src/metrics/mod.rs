@@ -493,7 +493,7 @@ pub(crate) fn render(samples: &Shared) -> String {
         per_vcpu_ns(
             &mut out,
             "kvmscope_guest_stall_seconds_total",
-            "vCPU time the guest lost to dirty tracking in readiness windows and migrations, so far in those still running, and in the 2 s after each (the pages it left protected; docs/READINESS.md).",
+            "vCPU time the guest lost to dirty tracking in readiness windows, migrations and standalone dirty limits (set-vcpu-dirty-limit), so far in those still running, and in the 2 s after each (the pages it left protected; docs/READINESS.md).",
             &crate::vcpu::stall::shown_ns,
         );
         per_vcpu_ns(

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::dirty_limit::{ring_full_time_us, DEFAULT_PERIOD_MS};
 use super::shared::VcpuShared;
+use super::stall::{Baseline, Period};
 use crate::dirty::{Consumer, DirtyLog};
 use crate::protocol::migration::DirtyLimitInfo;
 
@@ -39,6 +40,11 @@ pub enum LimitError {
 struct State {
     /// The hold on logging, while any limit is in force.
     hold: Option<Consumer>,
+    /// The guest's stall while standalone limits hold logging on (the
+    /// faults the log costs every vCPU, not only the limited ones), counted
+    /// into each vCPU's running total as a readiness window's is; a
+    /// migration's limits count in the migration's own period.
+    observed: Option<Period>,
     /// A migration with `dirty-limit` runs: it owns the limits (standalone
     /// changes are refused, as in QEMU).
     migrating: bool,
@@ -133,7 +139,9 @@ impl Limits {
             None => self.vcpus.iter().collect(),
         };
         if mb > 0 && state.hold.is_none() {
+            let period = (!state.migrating).then(|| Baseline::start(&self.vcpus).begin());
             state.hold = Some(self.dirty.subscribe().map_err(LimitError::Logging)?);
+            state.observed = period;
         }
         for v in chosen {
             v.dirty_limit.set(mb.min(MAX_DIRTY_RATE_MB), period_ms);
@@ -142,16 +150,22 @@ impl Limits {
             self.wake_main_loop();
         }
         if self.vcpus.iter().all(|v| v.dirty_limit.limit_mb() == 0) {
-            // Nobody limited: logging is let go (dropping the consumer).
+            // Nobody limited: logging is let go (dropping the consumer),
+            // then the stall it cost ends (its aftermath counting on).
             state.hold = None;
+            state.observed = None;
         }
         Ok(())
     }
 
     /// A migration with `dirty-limit` starts: it owns the limits from now
     /// until [`Limits::end_migration`] (standalone changes are refused).
+    /// Standalone limits' stall ends here: the migration's own period
+    /// counts the guest's stall from its start.
     pub(crate) fn begin_migration(&self) {
-        crate::lock(&self.state).migrating = true;
+        let mut state = crate::lock(&self.state);
+        state.migrating = true;
+        state.observed = None;
     }
 
     /// The migration's `dirty-limit`: every vCPU limited to `mb` MB/s.

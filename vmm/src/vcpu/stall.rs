@@ -1,5 +1,6 @@
 //! The guest's stall: the vCPU time the guest loses to dirty tracking while
-//! something observes it (a readiness window, a migration).
+//! something observes it (a readiness window, a migration, a standalone dirty
+//! limit, which holds logging on while any is set).
 //!
 //! Dirty logging costs a vCPU time in which its guest does not run: a write
 //! to a page that logging protected faults into KVM, which logs it and makes
