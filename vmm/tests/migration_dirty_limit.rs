@@ -129,7 +129,6 @@ fn a_writer_is_held_to_its_limit_and_a_vcpu_under_it_never_sleeps() {
     // its aftermath (2 s of faults on pages it left protected) is over.
     std::thread::sleep(Duration::from_millis(2300));
     let after = own_stat(&mut c, "guest_stall_ns")[0];
-    assert!(after >= stall[0], "{after} < {stall:?}");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(own_stat(&mut c, "guest_stall_ns")[0], after);
     let e = format!(
@@ -271,15 +270,7 @@ fn a_cancel_lifts_the_limits_and_standalone_limits_wait_for_the_migration() {
     common::wait_for("the limits", Duration::from_secs(30), || {
         (limits(&mut c).as_array().unwrap().len() == 2).then_some(())
     });
-    let e = format!(
-        "{:?}",
-        c.execute("set-vcpu-dirty-limit", json!({"dirty-rate": 100}))
-            .unwrap_err()
-    );
-    assert!(
-        e.contains("can't set dirty page rate limit while migration is running"),
-        "{e}"
-    );
+    refused_while_migrating(&mut c);
     c.execute("migrate_cancel", json!({})).unwrap();
     let info = common::wait_for("the cancel", Duration::from_secs(30), || {
         let i = query(&mut c);
@@ -297,6 +288,51 @@ fn a_cancel_lifts_the_limits_and_standalone_limits_wait_for_the_migration() {
         "{after} writes/s after the cancel against {untracked} before"
     );
     drop(dest);
+}
+
+#[test]
+fn a_dirty_limit_migration_owns_the_limits_from_its_start_before_the_destination_answers() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ring_guest("dl-setup");
+    let mut c = src.client();
+    dirty_limit_on(&mut c);
+    c.execute(
+        "set-vcpu-dirty-limit",
+        json!({"cpu-index": 0, "dirty-rate": 64}),
+    )
+    .unwrap();
+    // A destination that takes the connection and never answers: the
+    // migration stays in its setup.
+    let dir = common::test_dir("dl-setup-dst");
+    let path = dir.join("silent.sock");
+    let _silent = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    c.execute(
+        "migrate",
+        json!({"uri": format!("unix:{}", path.display())}),
+    )
+    .unwrap();
+    refused_while_migrating(&mut c);
+    assert_eq!(query(&mut c).status, Some(Status::Setup));
+    // The cancel lifts every limit, the standalone one too, as QEMU's does
+    // with dirty-limit on.
+    c.execute("migrate_cancel", json!({})).unwrap();
+    let info = common::migration::wait_final(&mut c);
+    assert_eq!(info.status, Some(Status::Cancelled), "{info:?}");
+    assert_eq!(limits(&mut c), json!([]), "lifted by the cancel");
+}
+
+/// A standalone limit is refused while a migration owns the limits.
+fn refused_while_migrating(c: &mut Client) {
+    let e = format!(
+        "{:?}",
+        c.execute("set-vcpu-dirty-limit", json!({"dirty-rate": 100}))
+            .unwrap_err()
+    );
+    assert!(
+        e.contains("can't set dirty page rate limit while migration is running"),
+        "{e}"
+    );
 }
 
 /// vCPU 0's writes per second over the last second, as its guest counts

@@ -76,10 +76,6 @@ impl Converge {
             limited: 0,
             slept_before: vcpus.iter().map(|v| v.throttle.slept()).collect(),
         };
-        if let (Mechanism::DirtyLimit, Some(limits)) = (mechanism, &c.limits) {
-            // From now on the migration owns the limits, as in QEMU.
-            limits.begin_migration();
-        }
         let at_start = match mechanism {
             Mechanism::AutoConverge => p.x_cpu_throttle_at_start,
             Mechanism::DirtyLimit => p.x_vcpu_dirty_limit_at_start,

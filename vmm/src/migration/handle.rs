@@ -256,6 +256,11 @@ impl Migration {
         }
     }
 
+    /// Whether this migration owns the VM's dirty limits (`dirty-limit` on).
+    pub(crate) fn owns_limits(&self) -> bool {
+        self.mechanism() == Some(Mechanism::DirtyLimit)
+    }
+
     /// `migrate-set-capabilities`: all or nothing, not while a migration
     /// runs; `ring`: whether the VM has a dirty ring (`dirty-limit` needs one).
     ///

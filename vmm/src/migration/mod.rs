@@ -53,12 +53,23 @@ impl Migration {
     /// One is running or done, this is a destination, or no thread could start.
     pub(crate) fn start(self: &Arc<Self>, uri: Uri, source: Source) -> Result<(), Error> {
         self.begin(&uri, source.memory())?;
+        // With dirty-limit the migration owns the limits from here (standalone
+        // changes refused, as in QEMU) until its end, whatever the outcome;
+        // a standalone limit's stall period ends here, before the migration's
+        // baseline, so that each fault counts once.
+        let limits = self.owns_limits().then(|| source.dirty_limits.clone());
+        if let Some(l) = &limits {
+            l.begin_migration();
+        }
         let me = self.clone();
         std::thread::Builder::new()
             .name("migration".into())
             .spawn(move || sender::run(&me, &uri, &source))
             .map(|_| ())
             .map_err(|e| {
+                if let Some(l) = &limits {
+                    l.end_migration();
+                }
                 self.update(|i| i.status = Some(Status::Failed));
                 Error::Spawn(e)
             })

@@ -125,6 +125,9 @@ impl From<writer::Error> for Error {
 
 /// The migration thread's body: migrate, then settle the source's state.
 pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
+    // A migration with dirty-limit took the limits over as it started
+    // (`Migration::start`, before this baseline) and lifts them at its end.
+    let owns_limits = m.owns_limits();
     let mut p = Precopy::new(m, src, Baseline::start(&src.vcpus));
     let result = p.migrate(uri);
     m.set_conn(None);
@@ -141,6 +144,11 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
         m.update(|i| c.report(i));
     }
     drop(p);
+    if owns_limits {
+        // Where the migration failed before its throttle was made (its
+        // drop lifts them otherwise, and this does nothing).
+        src.dirty_limits.end_migration();
+    }
     match result {
         Ok(()) => {
             // Postmigrate first, so that releasing the hold does not resume.

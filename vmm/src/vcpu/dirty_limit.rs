@@ -214,7 +214,11 @@ impl Bucket {
         self.entries = entries;
         self.tokens -= spent as f64;
         let ran = now.saturating_duration_since(self.resumed);
-        self.run = next_run(spent, ran, most, self.run);
+        // A look with no run since the last (the bucket's first, made at
+        // this very look) keeps the run it has: nothing was seen to go by.
+        if !ran.is_zero() {
+            self.run = next_run(spent, ran, most, self.run);
+        }
         if self.tokens >= 0.0 {
             return Duration::ZERO;
         }
@@ -344,7 +348,10 @@ mod tests {
         let period = Duration::from_secs(1);
         let slice = crate::vcpu::throttle::TIMESLICE;
         let mut b = Bucket::new(t0, 0, LIMIT, period);
-        // The first look after the limit is set comes its shortest run on.
+        // The first look after the limit is set comes its shortest run on:
+        // the look that made the bucket (nothing owed) keeps that run.
+        assert_eq!(b.owe(t0, 0, LIMIT, period), Duration::ZERO);
+        assert_eq!(b.looked(t0), SHORTEST_RUN);
         assert!(!b.due(t0 + SHORTEST_RUN / 2));
         assert!(b.due(t0 + SHORTEST_RUN));
         // A full-speed writer: 100 pages in its first 250 us (1.6 GB/s). Its

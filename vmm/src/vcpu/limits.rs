@@ -139,9 +139,9 @@ impl Limits {
             None => self.vcpus.iter().collect(),
         };
         if mb > 0 && state.hold.is_none() {
-            let period = (!state.migrating).then(|| Baseline::start(&self.vcpus).begin());
             state.hold = Some(self.dirty.subscribe().map_err(LimitError::Logging)?);
-            state.observed = period;
+            // Begun once logging is on: a limit refused leaves no observation.
+            state.observed = (!state.migrating).then(|| Baseline::start(&self.vcpus).begin());
         }
         for v in chosen {
             v.dirty_limit.set(mb.min(MAX_DIRTY_RATE_MB), period_ms);

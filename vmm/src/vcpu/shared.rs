@@ -303,6 +303,10 @@ pub(crate) struct Reading {
     /// The time the vCPU thread has waited for a CPU while runnable
     /// (schedstat's run delay), ns (`None`: `/proc` unreadable).
     pub(super) wait_ns: Option<u64>,
+    /// The cost per fault in force then, ns: what the faults counted from
+    /// this reading on are priced at (a calibration that ends meanwhile
+    /// does not reprice them, so a running figure never jumps or falls).
+    pub(super) fault_ns: u64,
 }
 
 /// A vCPU's rates before an observation: what it would have done anyway.

@@ -98,6 +98,7 @@ fn read(v: &VcpuShared) -> Option<Reading> {
         ring_ns: v.ring_full_ns.load(Ordering::Relaxed),
         system_ns: v.tid.get().and_then(|&tid| system_time_ns(tid)),
         wait_ns: v.tid.get().and_then(|&tid| run_delay_ns(tid)),
+        fault_ns: FAULT_COST_NS.load(Ordering::Relaxed),
     })
 }
 
@@ -459,7 +460,7 @@ fn excess(s: &Reading, rates: &Rates, n: &Reading) -> Excess {
     let usual = crate::units::saturating_u64((seconds * rates.faults).round());
     let faults = n.faults.saturating_sub(s.faults).saturating_sub(usual);
     let ring = Duration::from_nanos(n.ring_ns.saturating_sub(s.ring_ns));
-    let counted = fault_cost().saturating_mul(u32::try_from(faults).unwrap_or(u32::MAX)) + ring;
+    let counted = Duration::from_nanos(s.fault_ns.saturating_mul(faults)) + ring;
     let beyond = |s: Option<u64>, n: Option<u64>, rate: f64| {
         let usual = crate::units::saturating_u64(seconds * rate);
         Some(Duration::from_nanos(
@@ -493,6 +494,7 @@ mod tests {
             ring_ns: 0,
             system_ns: system_ms.map(|ms| ms * 1_000_000),
             wait_ns: None,
+            fault_ns: DEFAULT_FAULT_NS,
         }
     }
 
@@ -522,6 +524,28 @@ mod tests {
             &reading(t1, 500_000, None),
         );
         assert_eq!(e.lost, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn faults_are_priced_at_the_cost_in_force_when_counting_began_and_never_capped() {
+        let t0 = Instant::now();
+        // The host's cost measured (9 us) while a period priced at 2.6 us
+        // runs: what it counts keeps the price it began with.
+        let end = Reading {
+            fault_ns: 9_000,
+            ..reading(t0 + Duration::from_secs(1), 10_000, None)
+        };
+        let e = excess(&reading(t0, 0, None), &Rates::default(), &end);
+        assert_eq!(e.lost, Duration::from_millis(26));
+        // A standalone dirty limit held for hours: past 2^32 faults the
+        // count goes on (5e9 at 100 ns: 500 s, not 429).
+        let start = Reading {
+            fault_ns: 100,
+            ..reading(t0, 0, None)
+        };
+        let later = reading(t0 + Duration::from_secs(3600), 5_000_000_000, None);
+        let e = excess(&start, &Rates::default(), &later);
+        assert_eq!(e.lost, Duration::from_secs(500));
     }
 
     #[test]
