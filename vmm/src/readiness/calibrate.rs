@@ -101,6 +101,10 @@ fn fastest(vm: &Vm, mut between: impl FnMut() -> Result<(), Error>) -> Result<Du
     Ok(best)
 }
 
+/// How long after its result a sweep's vCPU thread is left to go back to
+/// waiting before its time on a CPU is read (a few microseconds' work).
+const SETTLE: Duration = Duration::from_millis(1);
+
 /// One sweep on vCPU 0: its vCPU thread's time on a CPU over it (its host
 /// time where `/proc` cannot tell): a VMM started beside others on a busy
 /// host waits for a CPU during its sweeps, which is not what a fault costs
@@ -128,6 +132,10 @@ fn sweep(vm: &Vm) -> Result<Duration, Error> {
             if r.status != "ok" {
                 return Err(Error::Sweep(format!("{}: {}", r.command, r.status)));
             }
+            // The thread's time on a CPU is brought up to date when it leaves
+            // the CPU (or at a tick): read once it has gone back to waiting
+            // for its next command, not while it may still be running.
+            std::thread::sleep(SETTLE);
             return Ok(match (cpu0, on_cpu()) {
                 (Some(a), Some(b)) => Duration::from_nanos(b.saturating_sub(a)),
                 _ => r.host_time,
