@@ -72,7 +72,9 @@ struct ExporterArgs {
     /// A directory of VMs' control sockets: every socket in it is read, and VMs
     /// that appear or go are picked up within a second (inotify). Repeatable.
     /// Better keep `run --incoming` sockets elsewhere (a source connecting
-    /// while the exporter tries one waits up to --attach-timeout).
+    /// while the exporter tries one waits up to --attach-timeout). Without
+    /// it, --socket and --qmp-socket: /run/kvmscope, where `run --socket`'s
+    /// help suggests VMs put theirs.
     #[arg(long = "vm-sockets", value_name = "DIR")]
     dirs: Vec<PathBuf>,
     /// One VM's control socket, read as long as it answers. Repeatable.
@@ -317,7 +319,8 @@ struct RunArgs {
     guest: Option<PathBuf>,
     /// A workload: `[TARGET:] COMMAND (; COMMAND)*`, e.g. "touch size=64M; dirty rate=2000/s for=5s"
     /// or "all: exits count=100". Repeatable. TARGET is all, N, N-M or N,M (default 0).
-    /// Without any, vCPU 0 runs the demo workload.
+    /// Without any, vCPU 0 runs the demo workload; with --socket or
+    /// --incoming, nothing runs until a client asks (`guest-command`).
     #[arg(long, value_name = "SPEC", value_parser = parse_workload)]
     workload: Vec<Workload>,
     /// Serve the control socket at PATH (see docs/PROTOCOL.md); the VM then runs
@@ -427,18 +430,28 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
 
 fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
     use kvmscope::exporter::{Exporter, ExporterConfig, DEFAULT_SOCKET_DIR};
-    let dirs = if a.dirs.is_empty() && a.sockets.is_empty() && a.qmp_sockets.is_empty() {
+    let defaulted = a.dirs.is_empty() && a.sockets.is_empty() && a.qmp_sockets.is_empty();
+    let dirs = if defaulted {
         vec![PathBuf::from(DEFAULT_SOCKET_DIR)]
     } else {
         a.dirs
     };
     for dir in &dirs {
-        if !dir.is_dir() {
-            anyhow::bail!(
-                "--vm-sockets {}: not a directory (create it, or name another)",
-                dir.display()
-            );
-        }
+        let given = if defaulted {
+            " (the default: no --vm-sockets, --socket or --qmp-socket given)"
+        } else {
+            ""
+        };
+        let why = match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => continue,
+            Ok(_) => "not a directory",
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "no such directory",
+            Err(_) => "cannot be read",
+        };
+        anyhow::bail!(
+            "--vm-sockets {}{given}: {why} (create it, or name another)",
+            dir.display()
+        );
     }
     let exporter = Exporter::start(ExporterConfig {
         listen: a.listen,

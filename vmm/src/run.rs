@@ -601,6 +601,7 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
         services.status.clone(),
         &mut boot,
     );
+    let migrated = services.status.get() == RunState::Postmigrate;
     if services.status.get() != RunState::InternalError {
         services.status.set(RunState::Shutdown);
     }
@@ -613,6 +614,7 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
         &watch,
         Ending {
             boot_limit: config.boot_timeout,
+            migrated,
             stuck,
             warnings,
             elapsed,
@@ -637,6 +639,8 @@ fn boot_timeout(vm: &Vm, watch: &Watch, limit: Option<Duration>) -> Option<BootT
 /// How the run ended, for the summary.
 struct Ending {
     boot_limit: Option<Duration>,
+    /// The guest had migrated away (postmigrate) when the run ended.
+    migrated: bool,
     stuck: Vec<usize>,
     warnings: Vec<String>,
     elapsed: Duration,
@@ -677,6 +681,7 @@ fn summarize(vm: &Vm, before: &Baseline, watch: &Watch, end: Ending) -> Result<S
         vcpus,
         signal: watch.signal,
         quit: watch.quit,
+        migrated: end.migrated,
         stuck: end.stuck,
         warnings: end.warnings,
         boot_timeout: boot_timeout(vm, watch, end.boot_limit),

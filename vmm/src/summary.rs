@@ -56,6 +56,9 @@ pub struct Summary {
     pub(crate) signal: Option<i32>,
     /// A control-socket client's `quit` ended the run.
     pub(crate) quit: bool,
+    /// The guest had migrated to a destination (postmigrate): what its
+    /// vCPUs were running goes on there.
+    pub(crate) migrated: bool,
     /// vCPUs that did not stop in time.
     pub stuck: Vec<usize>,
     /// What went wrong besides the guest (e.g. the sampler's export failed).
@@ -215,11 +218,18 @@ impl Summary {
                 );
             }
             if let Some((seq, command)) = &v.interrupted {
-                let _ = writeln!(s, "  #{seq:<3} {command:<48} interrupted: the run stopped");
+                let why = match self.migrated {
+                    true => "migrated: it goes on at the destination",
+                    false => "interrupted: the run stopped",
+                };
+                let _ = writeln!(s, "  #{seq:<3} {command:<48} {why}");
             }
             if v.not_started > 0 {
                 let _ = writeln!(s, "  {} queued command(s) not started", v.not_started);
             }
+        }
+        if self.migrated {
+            let _ = writeln!(s, "the guest migrated to its destination (postmigrate)");
         }
         if let Some(sig) = self.signal {
             let _ = writeln!(s, "stopped by signal {sig}");
@@ -263,7 +273,7 @@ impl Summary {
             "elapsed_s": self.elapsed.as_secs_f64(),
             "startup_ms": { "to_first_exit": ms(self.to_first_exit), "to_first_command_done": ms(self.to_first_done) },
             "mapped": { "before": self.before.to_json(), "after": self.after.to_json() },
-            "vcpus": vcpus, "signal": self.signal, "quit": self.quit, "stuck": self.stuck, "warnings": self.warnings,
+            "vcpus": vcpus, "signal": self.signal, "quit": self.quit, "migrated": self.migrated, "stuck": self.stuck, "warnings": self.warnings,
             "boot_timeout": self.boot_timeout.as_ref().map(BootTimeout::to_json),
         })
     }

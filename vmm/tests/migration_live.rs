@@ -105,6 +105,16 @@ fn a_four_vcpu_guest_busy_on_every_vcpu_arrives_whole_and_finishes_its_work() {
             "vCPU {i}: exit counters go on ({before} → {after})"
         );
     }
+    // The source's report says its guest went on elsewhere, not that the
+    // commands it was running were lost.
+    let summary = src.quit();
+    let text = summary.to_text();
+    assert!(
+        text.contains("the guest migrated to its destination (postmigrate)"),
+        "{text}"
+    );
+    assert!(!text.contains("interrupted: the run stopped"), "{text}");
+    assert_eq!(summary.to_json()["migrated"], true);
 }
 
 #[test]

@@ -339,10 +339,16 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
         let _ = writeln!(s, "cpu throttle percentage: {p}");
     }
     if let Some(t) = info.dirty_limit_throttle_time_per_round {
-        let _ = writeln!(s, "dirty-limit throttle time: {t} us");
+        let _ = writeln!(
+            s,
+            "dirty-limit throttle time per round: {t} us (QEMU's: sleep per ring's worth of pages)"
+        );
     }
     if let Some(t) = info.dirty_limit_ring_full_time {
-        let _ = writeln!(s, "dirty-limit ring full time: {t} us");
+        let _ = writeln!(
+            s,
+            "dirty-limit ring full time: {t} us (QEMU's: to fill a ring at the mean dirty rate)"
+        );
     }
     if let Some(g) = &info.x_cpu_throttled {
         per_vcpu(&mut s, "vCPU time throttled", g);

@@ -199,8 +199,12 @@ pub(crate) fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Erro
     if let Some(m) = given.memory.filter(|&m| m != c.memory) {
         return Err(differ(
             "memory of",
-            format!("{} bytes", c.memory),
-            format!("--memory {m} bytes"),
+            format!(
+                "{} ({} bytes)",
+                crate::units::format_bytes(c.memory),
+                c.memory
+            ),
+            format!("--memory {} ({m} bytes)", crate::units::format_bytes(m)),
         ));
     }
     if let Some(v) = given.vcpus.filter(|&v| v as u64 != u64::from(c.vcpus)) {

@@ -43,7 +43,7 @@ fn a_memory_mismatch_names_both_sizes() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "the stream's VM has memory of 67108864 bytes, but this VMM was given --memory 134217728 bytes"
+        "the stream's VM has memory of 64 MiB (67108864 bytes), but this VMM was given --memory 128 MiB (134217728 bytes)"
     );
 }
 

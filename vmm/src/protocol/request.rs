@@ -422,11 +422,23 @@ fn typed(name: &str, arguments: &Value) -> Result<Command, String> {
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let member = path.strip_prefix("arguments").unwrap_or(&path);
+        let why = without_position(e.inner());
         match member.strip_prefix('.') {
-            Some(m) if !m.is_empty() => format!("parameter '{m}': {}", e.inner()),
-            _ => e.inner().to_string(),
+            Some(m) if !m.is_empty() => format!("parameter '{m}': {why}"),
+            _ => why,
         }
     })
+}
+
+/// A deserializing error without serde's " at line L column C": the place is
+/// in the text built from the request above, not in what the client sent.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let place = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&place) {
+        Some(why) => why.to_string(),
+        None => text,
+    }
 }
 
 impl Command {

@@ -277,3 +277,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_wrong_argument_is_named_without_a_place_in_text_the_client_never_sent() {
+    let e = args_err("query-readiness", json!({"calc-time": "0.5"}));
+    assert_eq!(
+        e,
+        "query-readiness: parameter 'calc-time': invalid type: string \"0.5\", expected f64"
+    );
+    let e = args_err("query-stats", json!({"target": "bogus"}));
+    assert!(
+        e.starts_with("query-stats: parameter 'target': unknown variant `bogus`"),
+        "{e}"
+    );
+    assert!(!e.contains(" at line "), "{e}");
+}

@@ -585,12 +585,12 @@ impl Report {
                 "-".into()
             }
         };
-        let link = self.link.bandwidth.map_or("unlimited".into(), |b| {
-            format!("{}/s", format_bytes(saturating_u64(b)))
+        let link = self.link.bandwidth.map_or("an unlimited".into(), |b| {
+            format!("a {}/s", format_bytes(saturating_u64(b)))
         });
         let _ = writeln!(
             s,
-            "pre-copy on a {link} link, downtime limit {} ms ({}), {} estimate:",
+            "pre-copy on {link} link, downtime limit {} ms ({}), {} estimate:",
             self.link.max_downtime.as_millis(),
             self.link.from,
             self.estimate_used
