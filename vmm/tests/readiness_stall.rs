@@ -249,3 +249,26 @@ fn the_hosts_cost_per_fault_is_measured_from_tracked_and_untracked_sweeps() {
         assert!(c.tracked > c.untracked * 3, "{c:?}");
     }
 }
+
+#[test]
+fn a_guest_whose_own_exits_cost_system_time_is_not_read_as_stalled() {
+    require_kvm!();
+    let vm = ServedVm::start_with("stall-exits", MEM, 1, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Ring(4096));
+    });
+    let mut c = vm.client();
+    // Port I/O exits to the VMM as fast as it can (about 40,000 a second
+    // here): half the vCPU thread's time is system time, watched or not,
+    // and the loop writes no memory.
+    queue(&mut c, 0, "exits count=2000000");
+    wait_running(&vm);
+    // The VMM's readings of its usual rates (every 100 ms) cover a second.
+    std::thread::sleep(Duration::from_millis(1200));
+    for n in 0..2 {
+        // The second comes right after the first: the rates seen before it.
+        let r = window(&vm, 1.0);
+        let ms = stall_ms(&r);
+        assert!(ms < 100.0, "window {n}: {ms} ms read as stall: {r}");
+    }
+    vm.quit();
+}

@@ -105,7 +105,7 @@ pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
         for &r in Reason::ALL {
             s.stats.set_exits(i, r, v.counters.reason(r));
         }
-        crate::vcpu::stall::note_waiting(v);
+        crate::vcpu::stall::note_usual(v);
         // So far, observations still open and their aftermaths included.
         let own = crate::vcpu::stall::shown_ns(v);
         stall = stall.saturating_add(own);

@@ -274,10 +274,14 @@ pub struct VcpuShared {
     pub(crate) open_stalls: Mutex<Vec<OpenObservation>>,
     /// When the last observation of the guest (a window, a migration) ended.
     pub(crate) observed_until: Mutex<Option<Instant>>,
-    /// The vCPU thread's time waiting for a CPU, ns, read every 100 ms over
-    /// the last seconds (`stall::note_waiting`): its usual waiting, for an
-    /// observation that takes no baseline of its own (a readiness window).
-    pub(crate) waits: Mutex<VecDeque<(Instant, u64)>>,
+    /// The vCPU's counts, read every 100 ms over the last seconds
+    /// (`stall::note_usual`): its usual rates, for an observation that takes
+    /// no baseline of its own (a readiness window, a standalone dirty limit).
+    pub(crate) usual: Mutex<VecDeque<Reading>>,
+    /// The usual rates last taken from those readings with nothing observed
+    /// (`stall::note_usual`): for an observation too soon after another to
+    /// have readings of its own.
+    pub(crate) last_usual: Mutex<Option<Rates>>,
     /// Its CPU throttle (auto-converge), 0 % unless a migration sets one.
     /// Its time slept counts the dirty limit's sleeps too.
     pub throttle: super::throttle::Throttle,
@@ -359,7 +363,8 @@ impl VcpuShared {
             faults: OnceLock::new(),
             ring_full_ns: AtomicU64::new(0),
             observed_until: Mutex::new(None),
-            waits: Mutex::new(VecDeque::new()),
+            usual: Mutex::new(VecDeque::new()),
+            last_usual: Mutex::new(None),
             stall_ns: AtomicU64::new(0),
             stall_shown_ns: AtomicU64::new(0),
             open_stalls: Mutex::new(Vec::new()),

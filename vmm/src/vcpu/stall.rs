@@ -28,9 +28,12 @@
 //! and the other vCPUs' extra kernel time take turns from every vCPU, one
 //! that dirties nothing included (a reader beside a tracked writer on two
 //! cores lost up to 0.22 s of a 2 s window that way, of which its system
-//! time showed 0.04 s; docs/EXPERIMENTS.md). A readiness window takes no
-//! baseline of its own: its usual waiting comes from readings taken every
-//! 100 ms over the last seconds ([`note_waiting`]). Anything else that
+//! time showed 0.04 s; docs/EXPERIMENTS.md). A readiness window (or a
+//! standalone dirty limit) takes no baseline of its own: its usual rates
+//! (faults, system time, waiting) come from readings taken every 100 ms over
+//! the last seconds ([`note_usual`]), so that a guest whose own exits cost
+//! system time (a paced writer, an I/O loop) is not read as stalled by the
+//! log. Anything else that
 //! starts to load the host during an observation counts too: the figure is
 //! what the guest lost while it was observed, beyond its usual.
 //!
@@ -225,46 +228,74 @@ fn settle_until(v: &VcpuShared, now: Instant) {
     v.stall_ns.fetch_add(ns, Ordering::Relaxed);
 }
 
-/// How far back [`note_waiting`]'s readings go.
-const WAITS_KEPT: Duration = Duration::from_secs(3);
-/// Shortest span of those readings a usual waiting rate is taken from.
-const WAITS_MIN_SPAN: Duration = Duration::from_millis(500);
+/// How far back [`note_usual`]'s readings go.
+const USUAL_KEPT: Duration = Duration::from_secs(3);
+/// Shortest span of those readings usual rates are taken from.
+const USUAL_MIN_SPAN: Duration = Duration::from_millis(500);
 /// Least time between two of them.
-const WAITS_STEP: Duration = Duration::from_millis(90);
+const USUAL_STEP: Duration = Duration::from_millis(90);
 
-/// Notes the vCPU thread's waiting for a CPU so far (the VMM's stats thread,
-/// every 100 ms), keeping the last [`WAITS_KEPT`]: what the vCPU usually
-/// waits, for an observation with no baseline of its own.
-pub(crate) fn note_waiting(v: &VcpuShared) {
-    let Some(&tid) = v.tid.get() else { return };
-    let last = crate::lock(&v.waits).back().map(|&(at, _)| at);
-    if last.is_some_and(|at| at.elapsed() < WAITS_STEP) {
+/// Notes the vCPU's counts (faults, system time, waiting for a CPU; the
+/// VMM's stats thread, every 100 ms), keeping the last [`USUAL_KEPT`]: what
+/// the vCPU usually does, for an observation with no baseline of its own.
+pub(crate) fn note_usual(v: &VcpuShared) {
+    // Not before its thread runs: a reading without its /proc figures
+    // would leave them out of every rate taken from it.
+    if v.tid.get().is_none() {
+        return;
+    }
+    let last = crate::lock(&v.usual).back().map(|r| r.at);
+    if last.is_some_and(|at| at.elapsed() < USUAL_STEP) {
         return;
     }
     // Read without the lock held.
-    let Some(ns) = run_delay_ns(tid) else { return };
-    let at = Instant::now();
-    let mut waits = crate::lock(&v.waits);
-    waits.push_back((at, ns));
-    while waits
+    let Some(reading) = read(v) else { return };
+    let mut usual = crate::lock(&v.usual);
+    usual.push_back(reading);
+    while usual
         .front()
-        .is_some_and(|&(t, _)| at.saturating_duration_since(t) > WAITS_KEPT)
+        .is_some_and(|r| reading.at.saturating_duration_since(r.at) > USUAL_KEPT)
     {
-        waits.pop_front();
+        usual.pop_front();
+    }
+    drop(usual);
+    // Nothing observed now or lately: these are the rates an observation
+    // that comes too soon after another for readings of its own takes.
+    if crate::lock(&v.open_stalls).is_empty() {
+        if let Some(rates) = usual_rates(v, quiet_since(v)) {
+            *crate::lock(&v.last_usual) = Some(rates);
+        }
     }
 }
 
-/// The vCPU's usual waiting, ns per second, from [`note_waiting`]'s
-/// readings since `since` (none taken during or just after an observation:
-/// its waiting is not the usual), over at least [`WAITS_MIN_SPAN`].
-fn usual_waiting(v: &VcpuShared, since: Option<Instant>) -> Option<f64> {
-    let waits = crate::lock(&v.waits);
-    let first = waits
-        .iter()
-        .find(|(at, _)| since.is_none_or(|s| *at >= s))?;
-    let last = waits.back()?;
-    let span = last.0.saturating_duration_since(first.0);
-    (span >= WAITS_MIN_SPAN).then(|| last.1.saturating_sub(first.1) as f64 / span.as_secs_f64())
+/// When readings are the vCPU's usual again: [`AFTERMATH`] after the last
+/// observation ended (`None`: always).
+fn quiet_since(v: &VcpuShared) -> Option<Instant> {
+    crate::lock(&v.observed_until).map(|t| t + AFTERMATH)
+}
+
+/// The vCPU's usual rates, from [`note_usual`]'s readings since `since`
+/// (none taken during or just after an observation that ended: what it
+/// cost is not the usual), over at least [`USUAL_MIN_SPAN`]. Readings
+/// taken while another observation runs (a window during a standalone
+/// dirty limit) carry its faults: they are that one's, and counted there.
+fn usual_rates(v: &VcpuShared, since: Option<Instant>) -> Option<Rates> {
+    let usual = crate::lock(&v.usual);
+    let first = usual.iter().find(|r| since.is_none_or(|s| r.at >= s))?;
+    let last = usual.back()?;
+    (last.at.saturating_duration_since(first.at) >= USUAL_MIN_SPAN)
+        .then(|| rates_between(first, last))
+}
+
+/// A vCPU's rates from reading `b` to reading `n`.
+fn rates_between(b: &Reading, n: &Reading) -> Rates {
+    let seconds = n.at.saturating_duration_since(b.at).as_secs_f64().max(1e-9);
+    let per_second = |n: Option<u64>, b: Option<u64>| Some(n?.saturating_sub(b?) as f64 / seconds);
+    Rates {
+        faults: n.faults.saturating_sub(b.faults) as f64 / seconds,
+        system_ns: per_second(n.system_ns, b.system_ns).unwrap_or(0.0),
+        wait_ns: per_second(n.wait_ns, b.wait_ns),
+    }
 }
 
 /// The readings a period's rate before is taken from: taken before the
@@ -300,31 +331,30 @@ impl Baseline {
             .zip(&self.readings)
             .map(|(v, before)| {
                 let now = read(v)?;
-                let quiet_since = crate::lock(&v.observed_until).map(|t| t + AFTERMATH);
+                let quiet_since = quiet_since(v);
                 let rate = before
                     .filter(|b| now.at.saturating_duration_since(b.at) >= MIN_BASELINE)
                     .filter(|b| quiet_since.is_none_or(|q| q <= b.at))
-                    .map_or_else(
-                        || Rates {
-                            // Without a baseline, faults and system time count
-                            // from zero (this backend takes neither untracked),
-                            // but waiting does not: a vCPU on a busy host may
-                            // wait much of its time, observed or not.
-                            wait_ns: usual_waiting(v, quiet_since),
-                            ..Rates::default()
-                        },
-                        |b| {
-                            let seconds = now.at.saturating_duration_since(b.at).as_secs_f64();
-                            let per_second = |n: Option<u64>, b: Option<u64>| {
-                                Some(n?.saturating_sub(b?) as f64 / seconds)
-                            };
-                            Rates {
-                                faults: now.faults.saturating_sub(b.faults) as f64 / seconds,
-                                system_ns: per_second(now.system_ns, b.system_ns).unwrap_or(0.0),
-                                wait_ns: per_second(now.wait_ns, b.wait_ns),
-                            }
-                        },
-                    );
+                    .map(|b| rates_between(&b, &now))
+                    // Without a baseline of its own: the vCPU's usual system
+                    // time and waiting, from the last seconds' readings (or,
+                    // too soon after another observation for those, the
+                    // rates last seen with nothing observed); faults count
+                    // from zero, since a vCPU takes none untracked but for
+                    // first touches, which come in bursts (boot, a guest's
+                    // first sweep) that seconds of history read as a rate.
+                    // With no readings at all, system time counts from zero
+                    // too, but waiting does not: a vCPU on a busy host may
+                    // wait much of its time, observed or not.
+                    .or_else(|| {
+                        usual_rates(v, quiet_since)
+                            .or_else(|| *crate::lock(&v.last_usual))
+                            .map(|usual| Rates {
+                                faults: 0.0,
+                                ..usual
+                            })
+                    })
+                    .unwrap_or_default();
                 Some((now, rate))
             })
             .collect();
@@ -585,25 +615,34 @@ mod tests {
     }
 
     #[test]
-    fn the_usual_waiting_comes_from_the_readings_since_the_last_observation() {
+    fn the_usual_rates_come_from_the_readings_since_the_last_observation() {
         let v = VcpuShared::new(0);
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        // 40 ms of waiting a second for a second, then 400 ms a second (an
+        let usual = |ms, faults, system_ms, wait_ms: u64| Reading {
+            wait_ns: Some(wait_ms * 1_000_000),
+            ..reading(at(ms), faults, Some(system_ms))
+        };
+        // For a second: 40 ms of waiting, 20 ms of system time and 100 faults
+        // a second; then 400 ms of waiting and 2,000 faults a second (an
         // observation's aftermath, say) over the next half.
-        crate::lock(&v.waits).extend([
-            (at(0), 0),
-            (at(500), 20_000_000),
-            (at(1_000), 40_000_000),
-            (at(1_500), 240_000_000),
+        crate::lock(&v.usual).extend([
+            usual(0, 0, 0, 0),
+            usual(500, 50, 10, 20),
+            usual(1_000, 100, 20, 40),
+            usual(1_500, 1_100, 20, 240),
         ]);
-        let rate = usual_waiting(&v, None).unwrap();
-        assert!((rate - 160_000_000.0).abs() < 1.0, "{rate}");
-        // Since the first second only: 200 ms over 0.5 s.
-        let rate = usual_waiting(&v, Some(at(1_000))).unwrap();
-        assert!((rate - 400_000_000.0).abs() < 1.0, "{rate}");
+        let r = usual_rates(&v, None).unwrap();
+        assert!((r.wait_ns.unwrap() - 160_000_000.0).abs() < 1.0, "{r:?}");
+        assert!((r.faults - 1_100.0 / 1.5).abs() < 1e-6, "{r:?}");
+        assert!((r.system_ns - 20_000_000.0 / 1.5).abs() < 1.0, "{r:?}");
+        // Since the first second only: 200 ms over 0.5 s, 1,000 faults.
+        let r = usual_rates(&v, Some(at(1_000))).unwrap();
+        assert!((r.wait_ns.unwrap() - 400_000_000.0).abs() < 1.0, "{r:?}");
+        assert!((r.faults - 2_000.0).abs() < 1e-6, "{r:?}");
+        assert!(r.system_ns.abs() < 1.0, "{r:?}");
         // Readings over less than half a second say nothing.
-        assert_eq!(usual_waiting(&v, Some(at(1_200))), None);
-        assert_eq!(usual_waiting(&VcpuShared::new(1), None), None);
+        assert!(usual_rates(&v, Some(at(1_200))).is_none());
+        assert!(usual_rates(&VcpuShared::new(1), None).is_none());
     }
 }
