@@ -29,11 +29,12 @@
 //! that dirties nothing included (a reader beside a tracked writer on two
 //! cores lost up to 0.22 s of a 2 s window that way, of which its system
 //! time showed 0.04 s; docs/EXPERIMENTS.md). A readiness window (or a
-//! standalone dirty limit) takes no baseline of its own: its usual rates
-//! (faults, system time, waiting) come from readings taken every 100 ms over
-//! the last seconds ([`note_usual`]), so that a guest whose own exits cost
-//! system time (a paced writer, an I/O loop) is not read as stalled by the
-//! log. Anything else that
+//! standalone dirty limit) takes no baseline of its own: its usual system
+//! time and waiting come from readings taken every 100 ms over the last
+//! seconds ([`note_usual`]), so that a guest whose own exits cost system
+//! time (an I/O loop) is not read as stalled by the log; its faults count
+//! from zero (untracked, a vCPU takes none but first touches, which come in
+//! bursts). Anything else that
 //! starts to load the host during an observation counts too: the figure is
 //! what the guest lost while it was observed, beyond its usual.
 //!
@@ -278,7 +279,7 @@ fn quiet_since(v: &VcpuShared) -> Option<Instant> {
 /// (none taken during or just after an observation that ended: what it
 /// cost is not the usual), over at least [`USUAL_MIN_SPAN`]. Readings
 /// taken while another observation runs (a window during a standalone
-/// dirty limit) carry its faults: they are that one's, and counted there.
+/// dirty limit) carry its cost: that one's, and counted there.
 fn usual_rates(v: &VcpuShared, since: Option<Instant>) -> Option<Rates> {
     let usual = crate::lock(&v.usual);
     let first = usual.iter().find(|r| since.is_none_or(|s| r.at >= s))?;
