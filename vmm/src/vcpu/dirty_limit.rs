@@ -11,7 +11,7 @@
 //! 4 KiB, and a vCPU in debt sleeps until it is not. The vCPU thread looks
 //! after each ring-full exit and when its own timer kicks it out of
 //! `KVM_RUN`: [`SHORTEST_RUN`] after the limit is set, then after as long
-//! as its last run's pace takes to spend a burst (at most a timeslice, when
+//! as its fastest recent pace takes to spend a burst (at most a timeslice, when
 //! the main loop's kick comes anyway). A writer far above its limit so runs
 //! a fraction of a millisecond and sleeps tens: its rate holds from the
 //! first period and within a fraction of a second, where looks a timeslice
@@ -110,16 +110,15 @@ impl DirtyLimit {
 /// 0.14 ms. Shorter looks cost a signal and an exit each for little.
 pub(crate) const SHORTEST_RUN: Duration = Duration::from_micros(250);
 
-/// How long a vCPU whose last run dirtied `spent` bytes over `ran` may run
-/// before its next look: as long as it takes to spend its bucket's most at
-/// that pace (at least [`SHORTEST_RUN`]); twice the last run when it
-/// dirtied nothing; never above a timeslice, the main loop's kick.
-fn next_run(spent: u64, ran: Duration, most: f64, last: Duration) -> Duration {
+/// How long a vCPU whose pace is `pace` bytes/s may run before its next
+/// look: as long as it takes to spend its bucket's most at that pace (at
+/// least [`SHORTEST_RUN`]); twice the last run when it dirties nothing;
+/// never above a timeslice, the main loop's kick.
+fn next_run(pace: f64, most: f64, last: Duration) -> Duration {
     let slice = super::throttle::TIMESLICE;
-    let run = if spent == 0 {
+    let run = if pace <= 0.0 {
         last.saturating_mul(2)
     } else {
-        let pace = spent as f64 / ran.as_secs_f64().max(1e-9);
         Duration::try_from_secs_f64(most / pace).unwrap_or(slice)
     };
     run.clamp(SHORTEST_RUN, slice)
@@ -149,6 +148,13 @@ pub(crate) struct Bucket {
     resumed: Instant,
     /// How long it runs before its next look.
     run: Duration,
+    /// The fastest pace seen (bytes/s), halved every period that passes:
+    /// what its runs are sized from. A writer whose last run dirtied little
+    /// because its pages were still in the ring writes at full pace again
+    /// as soon as the ring is reset (its period's harvest, a window's fold);
+    /// a run sized from the last run's pace alone let it write 13-50 MB at
+    /// full speed before its next look, then sleep half a second.
+    peak: f64,
     /// When it last harvested its ring for the limit.
     harvested: Instant,
     /// The current period: its start, the entries then, the time slept in it.
@@ -166,6 +172,7 @@ impl Bucket {
             next_check: now + SHORTEST_RUN,
             resumed: now,
             run: SHORTEST_RUN,
+            peak: 0.0,
             harvested: now,
             period: (now, entries, Duration::ZERO),
         }
@@ -217,7 +224,10 @@ impl Bucket {
         // A look with no run since the last (the bucket's first, made at
         // this very look) keeps the run it has: nothing was seen to go by.
         if !ran.is_zero() {
-            self.run = next_run(spent, ran, most, self.run);
+            let pace = spent as f64 / ran.as_secs_f64();
+            let halvings = elapsed / period.as_secs_f64().max(1e-3);
+            self.peak = pace.max(self.peak * 0.5f64.powf(halvings));
+            self.run = next_run(self.peak, most, self.run);
         }
         if self.tokens >= 0.0 {
             return Duration::ZERO;
@@ -363,20 +373,19 @@ mod tests {
         assert_eq!(b.looked(woke), SHORTEST_RUN);
         assert!(!b.due(woke + SHORTEST_RUN / 2));
         assert!(b.due(woke + SHORTEST_RUN));
-        // A writer under its limit (1 page in 2 ms: 2 MB/s) would take 40 ms
-        // to spend its burst: it runs a timeslice, the longest.
+        // Its next run dirties nothing (its pages are still in the ring): it
+        // still looks after the shortest run, for the ring may be reset at
+        // any moment and it writes at full pace again.
         let _ = b.owe(woke + SHORTEST_RUN, 100, LIMIT, period);
-        b.looked(woke + SHORTEST_RUN);
-        let _ = b.owe(
-            woke + SHORTEST_RUN + Duration::from_millis(2),
-            101,
-            LIMIT,
-            period,
-        );
-        assert_eq!(
-            b.looked(woke + SHORTEST_RUN + Duration::from_millis(2)),
-            slice
-        );
+        assert_eq!(b.looked(woke + SHORTEST_RUN), SHORTEST_RUN);
+        // Its fast pace is forgotten over periods (halved each): 20 s later,
+        // a writer under its limit (1 page in 2 ms: 2 MB/s) would take 40 ms
+        // to spend its burst: it runs a timeslice, the longest.
+        let late = woke + Duration::from_secs(20);
+        let _ = b.owe(late, 100, LIMIT, period);
+        b.looked(late);
+        let _ = b.owe(late + Duration::from_millis(2), 101, LIMIT, period);
+        assert_eq!(b.looked(late + Duration::from_millis(2)), slice);
         // At 4 MB/s, its limit, the burst would last 20 ms: a slice.
         let t1 = woke + Duration::from_secs(1);
         let _ = b.owe(t1, 101, LIMIT, period);
@@ -403,22 +412,17 @@ mod tests {
     }
 
     #[test]
-    fn the_next_run_spends_a_burst_at_the_last_runs_pace() {
+    fn the_next_run_spends_a_burst_at_the_pace() {
         let slice = crate::vcpu::throttle::TIMESLICE;
         let ms = Duration::from_millis(1);
-        // 400 KiB in 1 ms; 200 KiB of burst: half a millisecond.
+        // 400 KiB a millisecond; 200 KiB of burst: half a millisecond.
         assert_eq!(
-            next_run(400 << 10, ms, f64::from(200 << 10), ms),
+            next_run(f64::from(400 << 10) * 1e3, f64::from(200 << 10), ms),
             Duration::from_micros(500)
         );
-        assert_eq!(next_run(u64::MAX, ms, 1.0, ms), SHORTEST_RUN);
-        assert_eq!(next_run(1, Duration::from_secs(1), 1e9, ms), slice);
-        assert_eq!(
-            next_run(1, Duration::ZERO, 1.0, ms),
-            SHORTEST_RUN,
-            "no time run"
-        );
-        assert_eq!(next_run(0, ms, 1.0, Duration::from_secs(9)), slice);
+        assert_eq!(next_run(f64::MAX, 1.0, ms), SHORTEST_RUN);
+        assert_eq!(next_run(1.0, 1e9, ms), slice);
+        assert_eq!(next_run(0.0, 1.0, Duration::from_secs(9)), slice);
     }
 
     #[test]
