@@ -207,7 +207,7 @@ fn a_destination_of_another_size_refuses_naming_both_and_the_source_runs_on() {
     assert_eq!(info.status, Some(Status::Failed));
     let why = info.error_desc.unwrap_or_default();
     assert!(
-        why.contains("67108864 bytes") && why.contains("--memory 33554432"),
+        why.contains("64 MiB (67108864 bytes)") && why.contains("--memory 32 MiB (33554432 bytes)"),
         "{why}"
     );
     let e = dest.join().unwrap_err();
