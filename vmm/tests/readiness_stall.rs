@@ -253,6 +253,7 @@ fn the_hosts_cost_per_fault_is_measured_from_tracked_and_untracked_sweeps() {
 #[test]
 fn a_guest_whose_own_exits_cost_system_time_is_not_read_as_stalled() {
     require_kvm!();
+    let _serial = common::migration::serial();
     let vm = ServedVm::start_with("stall-exits", MEM, 1, |c| {
         c.vm.dirty_log = Some(DirtyMode::Ring(4096));
     });
@@ -266,9 +267,12 @@ fn a_guest_whose_own_exits_cost_system_time_is_not_read_as_stalled() {
     std::thread::sleep(Duration::from_millis(1200));
     for n in 0..2 {
         // The second comes right after the first: the rates seen before it.
+        // Measured against zero, its system time read 43-53 % of the
+        // window; what is left is waiting for a CPU beyond the usual, which
+        // other tests running beside it on a small host can add.
         let r = window(&vm, 1.0);
-        let ms = stall_ms(&r);
-        assert!(ms < 100.0, "window {n}: {ms} ms read as stall: {r}");
+        let share = r["guest_stall"]["share"].as_f64().unwrap();
+        assert!(share < 0.25, "window {n}: {share} of it read as stall: {r}");
     }
     vm.quit();
 }
