@@ -14,7 +14,8 @@
 //! Either starts at once with `x-cpu-throttle-at-start` /
 //! `x-vcpu-dirty-limit-at-start` (what a prediction chose). The throttle and
 //! the limits are lifted when the migration ends, whatever its outcome
-//! (dropping [`Converge`] lifts them).
+//! (dropping [`Converge`] lifts the throttle; the limits, which the migration
+//! owns from its start, are let go with it by `sender::run`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -195,9 +196,6 @@ impl Drop for Converge {
     fn drop(&mut self) {
         for v in &self.vcpus {
             v.throttle.set(0);
-        }
-        if let Some(limits) = &self.limits {
-            limits.end_migration();
         }
     }
 }

@@ -145,8 +145,7 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     }
     drop(p);
     if owns_limits {
-        // Where the migration failed before its throttle was made (its
-        // drop lifts them otherwise, and this does nothing).
+        // Every limit lifted, whatever the outcome, before the guest runs on.
         src.dirty_limits.end_migration();
     }
     match result {
