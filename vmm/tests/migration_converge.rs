@@ -143,11 +143,7 @@ fn converge_auto_throttles_from_the_start_to_what_the_model_chose() {
     let src = busy_guest("conv-auto");
     let dest = Dest::start("conv-auto-dst", |_, _| {});
     let text = common::migration::converge_auto(&src, &dest.uri);
-    let chosen: u64 = text
-        .split("throttling every vCPU to ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .and_then(|n| n.parse().ok())
+    let chosen: u64 = common::number_after(&text, "throttling every vCPU to ")
         .unwrap_or_else(|| panic!("no throttle chosen:\n{text}"));
     assert!((1..=99).contains(&chosen), "{text}");
     let info = query(&mut src.client());

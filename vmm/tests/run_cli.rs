@@ -429,12 +429,7 @@ fn a_served_vmm_measures_the_hosts_cost_per_fault_unless_given_one() {
         .lines()
         .find(|l| l.contains("dirty logging costs the guest"))
         .unwrap_or_else(|| panic!("no calibration in the log: {log}"));
-    let said: f64 = line
-        .split("guest ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("{line}"));
+    let said: f64 = common::number_after(line, "guest ").unwrap_or_else(|| panic!("{line}"));
     // The log rounds to 0.1 us.
     assert!((cost - said).abs() <= 0.05 + 1e-9, "{cost} against {line}");
 }

@@ -351,6 +351,13 @@ pub fn scrape(port: u16) -> Option<String> {
     head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
 
+/// The word right after the first `marker` in `text`, parsed (`None` where
+/// there is no such marker or the word does not parse): a figure in a log
+/// line or a report, e.g. `number_after(log, "costs the guest ")`.
+pub fn number_after<T: std::str::FromStr>(text: &str, marker: &str) -> Option<T> {
+    text.split(marker).nth(1)?.split(' ').next()?.parse().ok()
+}
+
 /// The sum of the samples of metric `name` whose labels include each of
 /// `labels` (e.g. `reason="io_out"`), or `None` if the page has none.
 pub fn metric(page: &str, name: &str, labels: &[&str]) -> Option<f64> {
