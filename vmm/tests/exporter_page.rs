@@ -190,6 +190,70 @@ fn the_vmms_exit_counters_are_summed_per_vm_and_shown_per_vcpu_only_when_asked()
     .is_some());
 }
 
+/// Figures that only mean something once their thing exists are absent
+/// before, not zeros: a dirty limit (a line of 0 would read as a vCPU that
+/// may not write) and a migration's figures (its status is always there).
+#[test]
+fn a_dirty_limit_and_a_migrations_figures_are_on_the_page_only_once_they_exist() {
+    require_kvm!();
+    let dir = common::test_dir("exp-absent");
+    let a = Vmm::start(
+        &dir.join("a.sock"),
+        &["--vcpus", "2", "--dirty-log", "ring"],
+    );
+    let e = exporter(&dir, Duration::from_secs(2));
+    let limit = |p: &str, i: u32| {
+        common::metric(
+            p,
+            "kvmscope_vmm_vcpu_dirty_limit_bytes_per_second",
+            &["vm=\"a\"", &format!("vcpu=\"{i}\"")],
+        )
+    };
+    let vm = |p: &str, name: &str| common::metric(p, name, &["vm=\"a\""]);
+    let page = page_when(&e, "a on the page", |p| up(p, "a", a.pid()));
+    assert_eq!(
+        vm(&page, "kvmscope_vmm_vm_migration_status"),
+        Some(0.0),
+        "{page}"
+    );
+    assert!(
+        !page.contains("kvmscope_vmm_vm_migration_transferred_bytes")
+            && !page.contains("kvmscope_vmm_vcpu_dirty_limit"),
+        "no migration, no limit, no line:\n{page}"
+    );
+    let mut c = Client::connect(&a.socket).unwrap();
+    c.execute(
+        "set-vcpu-dirty-limit",
+        json!({"cpu-index": 1, "dirty-rate": 8}),
+    )
+    .unwrap();
+    let page = page_when(&e, "vCPU 1's limit", |p| limit(p, 1).is_some());
+    common::check_with_promtool(&page);
+    assert_eq!(limit(&page, 1), Some(8.0 * 1024.0 * 1024.0), "{page}");
+    assert_eq!(limit(&page, 0), None, "vCPU 0 has no limit:\n{page}");
+    c.execute("cancel-vcpu-dirty-limit", json!({})).unwrap();
+    page_when(&e, "no limit line once it is lifted", |p| {
+        !p.contains("kvmscope_vmm_vcpu_dirty_limit")
+    });
+    // A migration to nowhere fails, and its figures are there from then on.
+    c.execute("migrate", json!({"uri": "unix:/nonexistent/kvmscope-test"}))
+        .unwrap();
+    let page = page_when(&e, "a's failed migration", |p| {
+        vm(p, "kvmscope_vmm_vm_migration_status") == Some(5.0)
+    });
+    common::check_with_promtool(&page);
+    assert_eq!(
+        vm(&page, "kvmscope_vmm_vm_migration_transferred_bytes"),
+        Some(0.0),
+        "{page}"
+    );
+    assert_eq!(
+        vm(&page, "kvmscope_vmm_vm_migration_total_bytes"),
+        Some(64.0 * 1024.0 * 1024.0),
+        "{page}"
+    );
+}
+
 /// The VMM stats files (`/memfd:kvmscope-stats`) process `pid` has mapped:
 /// inode and permissions.
 fn own_stats_mappings(pid: &str) -> std::collections::BTreeMap<u64, String> {

@@ -21,8 +21,14 @@ const MEM: u64 = 128 << 20;
 /// 1 spins and writes ten pages a second (far under any limit), for a
 /// minute (a migration that does not converge completes when they stop).
 fn ring_guest(test: &str) -> ServedVm {
+    ring_guest_with(test, |_| {})
+}
+
+/// `ring_guest`, its configuration then given to `more`.
+fn ring_guest_with(test: &str, more: impl FnOnce(&mut kvmscope::run::RunConfig)) -> ServedVm {
     let src = ServedVm::start_with(test, MEM, 2, |c| {
         c.vm.dirty_log = Some(DirtyMode::Ring(4096));
+        more(c);
     });
     let mut c = src.client();
     common::migration::guest(&mut c, 0, "touch size=32M");
@@ -72,7 +78,15 @@ fn settled(c: &mut Client) -> u64 {
 fn a_writer_is_held_to_its_limit_and_a_vcpu_under_it_never_sleeps() {
     require_kvm!();
     let _serial = common::migration::serial();
-    let vm = ring_guest("dl-hold");
+    let port = common::free_port();
+    let vm = ring_guest_with("dl-hold", |c| {
+        c.sampler = Some(kvmscope::sampler::SamplerConfig {
+            interval: Duration::from_millis(100),
+            capacity: 16,
+            out: None,
+        });
+        c.metrics_addr = Some(([127, 0, 0, 1], port).into());
+    });
     let mut c = vm.client();
     assert_eq!(limits(&mut c), json!([]), "no limit yet");
     // Nobody observes a ring VM yet: it does not log, its guest loses nothing.
@@ -115,6 +129,21 @@ fn a_writer_is_held_to_its_limit_and_a_vcpu_under_it_never_sleeps() {
     let l = limits(&mut c);
     assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
     assert_eq!(l[0]["cpu-index"], 1);
+    // The metrics page has a limit line for the limited vCPU only (a line of
+    // 0 would read as a vCPU that may not write).
+    let limit = |page: &str, i: u32| {
+        common::metric(
+            page,
+            "kvmscope_dirty_limit_bytes_per_second",
+            &[&format!("vcpu=\"{i}\"")],
+        )
+    };
+    // (The page is rendered once per sampler tick.)
+    let page = common::wait_for("a page after the cancel", Duration::from_secs(10), || {
+        common::scrape(port).filter(|p| limit(p, 0).is_none())
+    });
+    assert_eq!(limit(&page, 1), Some(f64::from(64u32 << 20)), "{page}");
+    common::check_with_promtool(&page);
     let before = settled(&mut c);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(slept(&mut c)[0], before, "no sleep after the cancel");

@@ -9,7 +9,7 @@ use kvm_stats::{Mapped, Sample, StatsFd};
 
 use super::exit_sums::is_exit_counter;
 use super::provider::{Figures, Provider};
-use super::targets::{ProviderStats, Registry};
+use super::targets::Registry;
 use crate::lock;
 use crate::metrics::{label_value, Source, Values};
 
@@ -63,14 +63,14 @@ impl Provider for KvmscopeVms {
     }
 }
 
-/// Whether a VMM's own VM stats include readiness figures: not while
-/// `readiness_at_ns` is 0, so that a VMM that never measured shows none of
-/// them, rather than zeros that look like figures.
-fn measured(own: &ProviderStats) -> bool {
-    let (fd, sample) = &own.vm;
+/// The value of stat `name` in one of a VMM's own files (0 where the file
+/// has no such stat: an older VMM's).
+fn own_value(file: &(StatsFd, Sample), name: &str) -> u64 {
+    let (fd, sample) = file;
     fd.schema()
-        .find("readiness_at_ns")
-        .is_some_and(|id| sample.values(id).first().is_some_and(|&at| at != 0))
+        .find(name)
+        .and_then(|id| sample.values(id).first().copied())
+        .unwrap_or(0)
 }
 
 /// The readiness figures of a VMM's own VM stats.
@@ -78,18 +78,43 @@ fn readiness_figure(name: &str) -> bool {
     name.starts_with("readiness_") || name.starts_with("prediction_")
 }
 
-/// What a VMM's own VM file does not show: any `exits_*` stat (the page's
-/// `kvmscope_vmm_vm_exits_*` families are the vCPUs' counters summed; a VM
-/// file's `exits_hlt`, or `exits_hlt_total`, would put one of them on the
-/// page twice, which Prometheus refuses whole; our VMM's VM file has none).
-fn vm_file_hidden(name: &str) -> bool {
-    name.starts_with("exits_")
+/// A migration's figures in a VMM's own VM stats, its status aside.
+fn migration_figure(name: &str) -> bool {
+    name.starts_with("migration_") && name != "migration_status"
 }
 
-/// `vm_file_hidden`, and the readiness figures of a VMM that has not
-/// measured yet.
-fn vm_file_hidden_before_measuring(name: &str) -> bool {
-    vm_file_hidden(name) || readiness_figure(name)
+/// What a VMM's own VM file shows of itself, by what it has done: any
+/// `exits_*` stat never (the page's `kvmscope_vmm_vm_exits_*` families are
+/// the vCPUs' counters summed; a VM file's `exits_hlt`, or `exits_hlt_total`,
+/// would put one of them on the page twice, which Prometheus refuses whole;
+/// our VMM's VM file has none); the readiness figures once it has measured
+/// (`readiness_at_ns` not 0), and a migration's once one has begun
+/// (`migration_status` not 0, none): a VMM that has not shows none of
+/// them, rather than zeros that look like figures.
+fn vm_file_hide(own: &(StatsFd, Sample)) -> fn(&str) -> bool {
+    let measured = own_value(own, "readiness_at_ns") != 0;
+    let migrated = own_value(own, "migration_status") != 0;
+    match (measured, migrated) {
+        (true, true) => |n| n.starts_with("exits_"),
+        (false, true) => |n| n.starts_with("exits_") || readiness_figure(n),
+        (true, false) => |n| n.starts_with("exits_") || migration_figure(n),
+        (false, false) => |n| n.starts_with("exits_") || readiness_figure(n) || migration_figure(n),
+    }
+}
+
+/// What a VMM's own vCPU file does not show: its exit counters unless
+/// `vcpu_exits`, and its dirty limit's figures while it has none
+/// (`dirty_limit_bytes_per_second` 0: a limit of 0 bytes/s would be a vCPU
+/// that may not write at all; QEMU's `query-vcpu-dirty-limit` lists only the
+/// limited vCPUs too).
+fn vcpu_file_hide(own: &(StatsFd, Sample), vcpu_exits: bool) -> Option<fn(&str) -> bool> {
+    let limited = own_value(own, "dirty_limit_bytes_per_second") != 0;
+    match (vcpu_exits, limited) {
+        (true, true) => None,
+        (false, true) => Some(is_exit_counter),
+        (true, false) => Some(|n| n.starts_with("dirty_limit_")),
+        (false, false) => Some(|n| is_exit_counter(n) || n.starts_with("dirty_limit_")),
+    }
 }
 
 /// The registry, held while the page is written, with this scrape's samples.
@@ -164,11 +189,7 @@ impl Figures for KvmscopeFigures<'_> {
             .filter_map(|t| {
                 let own = t.own.as_ref()?;
                 let mut source = Source::new(t.labels.clone(), Values::Fd(&own.vm.0, &own.vm.1));
-                source.hide = Some(if measured(own) {
-                    vm_file_hidden
-                } else {
-                    vm_file_hidden_before_measuring
-                });
+                source.hide = Some(vm_file_hide(&own.vm));
                 Some(source)
             })
             .collect()
@@ -186,14 +207,16 @@ impl Figures for KvmscopeFigures<'_> {
     }
 
     fn vmm_vcpu_stats(&self) -> Vec<Source<'_>> {
-        let hide = (!self.vcpu_exits).then_some(is_exit_counter as fn(&str) -> bool);
         self.reg
             .targets
             .values()
-            .filter_map(|t| Some(vcpu_sources(&t.labels, &t.own.as_ref()?.vcpus)))
+            .filter_map(|t| {
+                let own = &t.own.as_ref()?.vcpus;
+                Some(vcpu_sources(&t.labels, own).zip(own))
+            })
             .flatten()
-            .map(|mut source| {
-                source.hide = hide;
+            .map(|(mut source, file)| {
+                source.hide = vcpu_file_hide(file, self.vcpu_exits);
                 source
             })
             .collect()

@@ -516,13 +516,16 @@ pub(crate) fn render(samples: &Shared) -> String {
                 v.throttle.percentage()
             );
         }
-        let _ = writeln!(out, "# HELP kvmscope_dirty_limit_bytes_per_second The vCPU's dirty page rate limit in force (set-vcpu-dirty-limit, dirty-limit; 0: none).\n# TYPE kvmscope_dirty_limit_bytes_per_second gauge");
+        let _ = writeln!(out, "# HELP kvmscope_dirty_limit_bytes_per_second The vCPU's dirty page rate limit in force (set-vcpu-dirty-limit, dirty-limit); only vCPUs with a limit have a line.\n# TYPE kvmscope_dirty_limit_bytes_per_second gauge");
         for (i, v) in samples.vcpus.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "kvmscope_dirty_limit_bytes_per_second{{{vm},vcpu=\"{i}\"}} {}",
-                v.dirty_limit.limit_mb() * crate::vcpu::dirty_limit::MB
-            );
+            let limit = v.dirty_limit.limit_mb();
+            if limit != 0 {
+                let _ = writeln!(
+                    out,
+                    "kvmscope_dirty_limit_bytes_per_second{{{vm},vcpu=\"{i}\"}} {}",
+                    limit * crate::vcpu::dirty_limit::MB
+                );
+            }
         }
         let _ = writeln!(out, "# HELP kvmscope_guest_progress_total The guest's own count of its work (pages touched, read or verified, page writes, exits; guest ABI progress), as the guest stores it (a guest that lowers it reads as a counter reset): its rate against itself shows what a migration or throttle cost it.\n# TYPE kvmscope_guest_progress_total counter");
         for (i, v) in samples.vcpus.iter().enumerate() {
