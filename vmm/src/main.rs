@@ -324,7 +324,8 @@ struct RunArgs {
     #[arg(long, value_name = "SPEC", value_parser = parse_workload)]
     workload: Vec<Workload>,
     /// Serve the control socket at PATH (see docs/PROTOCOL.md); the VM then runs
-    /// until a client sends `quit` or the process gets SIGINT/SIGTERM. Put it in
+    /// until a client sends `quit` or the process gets SIGINT/SIGTERM (once it is
+    /// up, one line on stderr says where it is served). Put it in
     /// /run/kvmscope/ (e.g. /run/kvmscope/NAME.sock) for `kvmscope exporter` to
     /// find it without configuration.
     #[arg(long, value_name = "PATH")]
@@ -547,6 +548,7 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             }
             cost => cost.map(|c| c.0),
         },
+        announce: true,
     };
     let summary = match incoming {
         Some(incoming) => run::run_incoming(config, incoming)?,

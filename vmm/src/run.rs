@@ -67,6 +67,10 @@ pub struct RunConfig {
     /// measured once at start (`readiness::calibrate`) when the VM serves a
     /// socket or metrics.
     pub fault_cost: Option<Duration>,
+    /// Say on stderr, once they are up, where the VM is served (its control
+    /// socket, its metrics page) and how to stop it: the CLI's `run`, which
+    /// otherwise prints nothing until the VM stops.
+    pub announce: bool,
 }
 
 /// Why a run could not happen.
@@ -126,6 +130,7 @@ impl RunConfig {
             control_limits: control::Limits::default(),
             readiness_every: None,
             fault_cost: None,
+            announce: false,
         }
     }
 
@@ -429,12 +434,34 @@ impl Services {
         if let Some(s) = sampler.as_mut() {
             s.commit_export()?;
         }
-        Ok(Services {
+        let services = Services {
             sampler,
             metrics,
             server,
             status,
-        })
+        };
+        if config.announce && services.serving() {
+            eprintln!("kvmscope run: {}", services.where_served(config, vm));
+        }
+        Ok(services)
+    }
+
+    /// Where the VM named in `config` is served, and how it stops: one line.
+    fn where_served(&self, config: &RunConfig, vm: &Vm) -> String {
+        let mut line = format!(
+            "serving VM \"{}\" ({} vCPU(s), {})",
+            config.vm_name(),
+            vm.vcpus.len(),
+            crate::units::format_bytes(vm.config.memory)
+        );
+        if let Some(path) = &config.socket {
+            line.push_str(&format!(": control socket {} (QMP)", path.display()));
+        }
+        if let Some(m) = &self.metrics {
+            line.push_str(&format!(", metrics http://{}/metrics", m.addr));
+        }
+        line.push_str("; it runs until `quit` or SIGINT/SIGTERM");
+        line
     }
 
     /// Whether anything serves clients (the control socket, the metrics

@@ -189,6 +189,16 @@ fn metrics_addr_alone_keeps_the_vm_up_after_its_workload_until_sigterm() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(", metrics http://127.0.0.1:{port}/metrics;")),
+        "where it serves: {err}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(", metrics http://127.0.0.1:{port}/metrics;")),
+        "where it serves: {err}"
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("stopped by signal 15"), "{text}");
     assert!(
@@ -415,7 +425,14 @@ fn fault_cost_served(test: &str, args: &[&str]) -> (f64, String) {
     let cost = r["guest_stall"]["fault_cost_us"].as_f64().unwrap();
     c.execute("quit", serde_json::json!({})).unwrap();
     let out = child.wait_with_output().unwrap();
-    (cost, String::from_utf8_lossy(&out.stderr).into_owned())
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    // Served, it says where once it is up (and nothing else until it stops).
+    let served = format!(
+        "kvmscope run: serving VM \"ctl\" (1 vCPU(s), 64 MiB): control socket {} (QMP); it runs until `quit` or SIGINT/SIGTERM",
+        socket.display()
+    );
+    assert!(log.lines().any(|l| l == served), "{log}");
+    (cost, log)
 }
 
 #[test]
