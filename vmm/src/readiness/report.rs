@@ -70,6 +70,17 @@ impl DirtyRate {
             .map(|&(p, _)| p)
     }
 
+    /// Whether the window's distinct pages were all there by the curve's
+    /// first count (within 3 %): a set filled faster than the window looks,
+    /// whose rate [`DirtyRate::growth`] can only bound from below and whose
+    /// order of writes (a sweep or random) it cannot tell.
+    pub(crate) fn full_at_first_count(&self) -> Option<Duration> {
+        self.curve
+            .first()
+            .filter(|&&(p, _)| self.pages > 0 && p as f64 >= 0.97 * self.pages as f64)
+            .map(|&(_, t)| t)
+    }
+
     /// The write rate behind the window, pages/s, and how its distinct pages
     /// grow ([`Growth`]), fitted to the curve. When the window's second half
     /// added as much as its first (no working set seen), or the window has
@@ -534,14 +545,20 @@ impl Report {
             let _ = writeln!(s, "  per vCPU (ring entries): {per:?}");
         }
         let (rate, growth) = d.growth();
-        let _ = match growth.working_set() {
-            Some(w) => writeln!(
+        let _ = match (growth.working_set(), d.full_at_first_count()) {
+            (Some(w), Some(at)) => writeln!(
+                s,
+                "  model: a working set of {w} pages ({}), full by the window's first count ({}): at least {rate:.0} pages/s, in an order the window cannot tell",
+                format_bytes(w * 4096),
+                took(at)
+            ),
+            (Some(w), None) => writeln!(
                 s,
                 "  model: {} writes at {rate:.0} pages/s over a working set of {w} pages ({})",
                 growth.name(),
                 format_bytes(w * 4096)
             ),
-            None => writeln!(s, "  model: {rate:.0} pages/s, no working set seen"),
+            (None, _) => writeln!(s, "  model: {rate:.0} pages/s, no working set seen"),
         };
         let f = stall_figure(&d.stall);
         let per: Vec<String> = f.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
@@ -810,6 +827,11 @@ mod tests {
         let (rate, growth) = w.growth();
         assert!(near(rate, 340_000.0, 0.01), "{rate}");
         assert_eq!(growth, Growth::Sequential(24_600));
+        assert_eq!(
+            w.full_at_first_count(),
+            None,
+            "10,625 pages at its first count"
+        );
         // The same sweep fitted as random writes from the window's two halves
         // alone (the old model) put the rate at less than half of that.
         let (old, _) = window(24_600, 24_600).growth();
@@ -821,6 +843,8 @@ mod tests {
         let w = window_of(1000, |_| 5000.0);
         let (rate, growth) = w.growth();
         assert_eq!(growth.working_set(), Some(5000));
+        // Said as such: the order of its writes cannot be told.
+        assert_eq!(w.full_at_first_count(), Some(Duration::from_micros(31_250)));
         // At least the first count (31.25 ms in) over its time.
         assert!(rate >= 5000.0 / 0.03125 * 0.99, "{rate}");
     }
