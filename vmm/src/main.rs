@@ -54,7 +54,9 @@ enum Cmd {
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
     Readiness(ReadinessArgs),
     /// Live-migrate a running VMM's guest to a `kvmscope run --incoming URI`,
-    /// with a progress bar and a report like QEMU's `info migrate`.
+    /// with a progress bar and a report like QEMU's `info migrate`. Ctrl-C
+    /// (SIGINT) or SIGTERM cancels the migration (the guest runs on at the
+    /// source) and reports it; exit status 0 only when it completed.
     Migrate(MigrateArgs),
     /// One telemetry agent per host: every VM's KVM stats on one Prometheus
     /// page, read through stats fds taken once from each VMM's control socket
@@ -119,13 +121,17 @@ struct MigrateArgs {
     /// Where the destination listens: unix:PATH or tcp:HOST:PORT.
     #[arg(long, value_name = "URI")]
     to: kvmscope::migration::Uri,
-    /// Cap the send rate (`max-bandwidth`), e.g. 1Gbit or 100MiB/s; default unlimited.
+    /// Cap the send rate (`max-bandwidth`), e.g. 1Gbit or 100MiB/s; 0bit or
+    /// default: unlimited. Each of these three is set for every migrate, to
+    /// its default when not given, whatever an earlier migrate or
+    /// `migrate-set-parameters` left in the VMM.
     #[arg(long, value_name = "RATE")]
     bandwidth: Option<Bandwidth>,
     /// Longest acceptable downtime (`downtime-limit`); default 300ms.
     #[arg(long, value_name = "DUR")]
     max_downtime: Option<Period>,
-    /// Stop and copy after N passes whatever is left (`x-max-rounds`); default no limit.
+    /// Stop and copy after N passes whatever is left (`x-max-rounds`); 0 or
+    /// default: no limit.
     #[arg(long, value_name = "N")]
     max_rounds: Option<u64>,
     /// Ask the VMM for its readiness prediction first (exact scan, the VMM's
@@ -248,7 +254,8 @@ struct CtlArgs {
     /// The VMM's control socket.
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
-    /// The request, e.g. '{"execute":"query-vm"}' (docs/PROTOCOL.md).
+    /// The request, e.g. '{"execute":"query-vm"}' (docs/PROTOCOL.md); several
+    /// in one line (`{...} {...}`) get a reply each, in order.
     request: String,
 }
 
@@ -635,11 +642,41 @@ fn give_large_buffers_back() {
     }
 }
 
+/// Standard output for the client commands: a reader that went away (`stats
+/// | head -1`) ends the command quietly with status 0, as it ends other Unix
+/// tools, instead of an error that would blame the VMM (`talking to the VMM:
+/// Broken pipe`). The VMM and the exporter never write here.
+struct Stdout(std::io::StdoutLock<'static>);
+
+impl Stdout {
+    fn lock() -> Stdout {
+        Stdout(std::io::stdout().lock())
+    }
+
+    fn gone(e: std::io::Error) -> std::io::Error {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        e
+    }
+}
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf).map_err(Stdout::gone)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush().map_err(Stdout::gone)
+    }
+}
+
 fn main() -> ExitCode {
     let process_start = Instant::now();
     let cli = Cli::parse();
-    if let Cmd::Run(_) | Cmd::Exporter(_) = cli.command {
-        // Before any thread exists; clients keep the default actions (Ctrl-C ends them).
+    if let Cmd::Run(_) | Cmd::Exporter(_) | Cmd::Migrate(_) = cli.command {
+        // Before any thread exists. Other clients keep the default actions
+        // (Ctrl-C ends them); `migrate` cancels its migration on one.
         if let Err(e) = kvmscope::signals::take_termination() {
             eprintln!("kvmscope: taking SIGINT/SIGTERM: {e}");
             return ExitCode::from(1);
@@ -659,7 +696,7 @@ fn main() -> ExitCode {
                 names: a.names,
                 json: a.json,
             };
-            client::stats::run(&config, &mut std::io::stdout().lock())
+            client::stats::run(&config, &mut Stdout::lock())
                 .map(|()| ExitCode::SUCCESS)
                 .map_err(anyhow::Error::from)
         }
@@ -674,11 +711,11 @@ fn main() -> ExitCode {
                 vcpus: a.vcpu.map(vcpu_selector),
                 clear,
             };
-            client::watch::run(&config, &mut std::io::stdout().lock())
+            client::watch::run(&config, &mut Stdout::lock())
                 .map(|()| ExitCode::SUCCESS)
                 .map_err(anyhow::Error::from)
         }
-        Cmd::Ctl(a) => match client::ctl(&a.socket, &a.request, &mut std::io::stdout().lock()) {
+        Cmd::Ctl(a) => match client::ctl(&a.socket, &a.request, &mut Stdout::lock()) {
             Ok(true) => Ok(ExitCode::SUCCESS),
             Ok(false) => Ok(ExitCode::from(1)),
             Err(e) => Err(e.into()),
@@ -690,9 +727,17 @@ fn main() -> ExitCode {
             let config = client::migrate::MigrateConfig {
                 socket: a.socket,
                 to: a.to.to_string(),
-                bandwidth: a.bandwidth.map(|b| kvmscope::units::saturating_u64(b.0)),
-                max_downtime: a.max_downtime.map(|d| d.0),
-                max_rounds: a.max_rounds,
+                // A command line says the whole migration: what it leaves
+                // out is its default, not what the VMM kept from before.
+                bandwidth: Some(
+                    a.bandwidth
+                        .map_or(0, |b| kvmscope::units::saturating_u64(b.0)),
+                ),
+                max_downtime: Some(
+                    a.max_downtime
+                        .map_or(client::migrate::DEFAULT_MAX_DOWNTIME, |d| d.0),
+                ),
+                max_rounds: Some(a.max_rounds.unwrap_or(0)),
                 predict: a.predict,
                 converge: a.converge.map(|c| match c {
                     ConvergeArg::Auto => client::migrate::Converge::Auto,
@@ -718,7 +763,7 @@ fn main() -> ExitCode {
                 max_downtime: a.max_downtime.map(|d| d.0),
                 json: a.json,
             };
-            client::readiness::readiness(&config, &mut std::io::stdout().lock())
+            client::readiness::readiness(&config, &mut Stdout::lock())
                 .map(|()| ExitCode::SUCCESS)
                 .map_err(anyhow::Error::from)
         }

@@ -137,6 +137,51 @@ fn ctl_command_prints_the_reply_and_fails_on_an_error_reply() {
     let bad = kvmscope(&["ctl", "{\"execute\":\"nope\"}"], &vm.socket);
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stdout).contains("CommandNotFound"));
+    // Two requests in one line: a reply each, in order.
+    let two = stdout_of(&kvmscope(
+        &[
+            "ctl",
+            "{\"execute\":\"query-name\"} {\"execute\":\"query-status\"}",
+        ],
+        &vm.socket,
+    ));
+    let replies: Vec<Value> = two
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(replies.len(), 2, "{two}");
+    assert_eq!(replies[1]["return"]["status"], "running", "{two}");
+    // Nothing, or a value cut short, would never be answered (a QMP server
+    // waits for the rest): refused at once, naming why.
+    for (request, why) in [
+        ("", "an empty request"),
+        ("  ", "an empty request"),
+        ("{\"execute\":\"query-status\"", "ends inside a JSON value"),
+    ] {
+        let out = kvmscope(&["ctl", request], &vm.socket);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{request:?}: {err}");
+        assert!(err.contains(why), "{request:?}: {err}");
+    }
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_stats_quietly() {
+    require_kvm!();
+    let vm = ServedVm::start("stats-pipe", MEM, 2);
+    // `kvmscope stats | head -1`: the reader has gone before the page is written.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["stats", "--vcpu", "all", "--socket"])
+        .arg(&vm.socket)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.is_empty(), "nothing blamed on the VMM: {err}");
 }
 
 #[test]

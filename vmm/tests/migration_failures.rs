@@ -288,3 +288,113 @@ fn peers_that_are_not_sources_do_not_end_the_destinations_wait() {
     assert_eq!(done[0]["values"][2], 0, "no page differs: {done:?}");
     dest.quit();
 }
+
+/// `kvmscope migrate` with `args` on `src`: its exit code, stdout and stderr.
+fn migrate_cli(src: &ServedVm, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["migrate", "--socket"])
+        .arg(&src.socket)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_cli_sets_its_defaults_each_time_not_what_an_earlier_migrate_left() {
+    require_kvm!();
+    let src = ServedVm::start("mig-cli-defaults", MEM, 1);
+    let params = || {
+        let (p, _) = src
+            .client()
+            .execute("query-migrate-parameters", json!({}))
+            .unwrap();
+        (
+            p["max-bandwidth"].clone(),
+            p["downtime-limit"].clone(),
+            p["x-max-rounds"].clone(),
+        )
+    };
+    let nowhere = "unix:/nonexistent/kvmscope-test";
+    let (code, _, _) = migrate_cli(
+        &src,
+        &[
+            "--to",
+            nowhere,
+            "--bandwidth",
+            "100Mbit",
+            "--max-downtime",
+            "2s",
+            "--max-rounds",
+            "3",
+        ],
+    );
+    assert_eq!(code, Some(1), "a destination that is not there");
+    assert_eq!(params(), (json!(12_500_000), json!(2000), json!(3)));
+    // The next migrate with no flags runs with the defaults its --help gives.
+    let (code, _, _) = migrate_cli(&src, &["--to", nowhere]);
+    assert_eq!(code, Some(1));
+    assert_eq!(params(), (json!(0), json!(300), json!(0)));
+    // 0bit is unlimited, as for max-bandwidth.
+    migrate_cli(&src, &["--to", nowhere, "--bandwidth", "1Gbit"]);
+    migrate_cli(&src, &["--to", nowhere, "--bandwidth", "0bit"]);
+    assert_eq!(params().0, json!(0));
+}
+
+#[test]
+fn a_signal_to_the_cli_cancels_its_migration_and_the_source_runs_on() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("mig-cli-sigint");
+    let dest = Dest::start("mig-cli-sigint-dst", |_, _| {});
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["migrate", "--socket"])
+        .arg(&src.socket)
+        .args([
+            "--to",
+            &dest.uri,
+            "--bandwidth",
+            "8Mbit",
+            "--max-downtime",
+            "1ms",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c = src.client();
+    let mut child = child;
+    wait_for("the migration to run", Duration::from_secs(30), || {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err);
+            panic!("kvmscope migrate ended first ({status}): {err}");
+        }
+        (query(&mut c).status == Some(Status::Active)).then_some(())
+    });
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("signal 2: cancelling the migration"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("Migration status: cancelled"), "{stdout}");
+    let info = wait_final(&mut c);
+    assert_eq!(info.status, Some(Status::Cancelled), "{info:?}");
+    let r = guest(&mut c, 0, "verify size=1M");
+    assert_eq!(value(&r[0], 2), 0, "the source's guest runs on intact");
+    assert!(
+        dest.join().is_err(),
+        "the destination refuses the cut stream"
+    );
+}

@@ -1,7 +1,8 @@
 //! `kvmscope migrate`: sets the migration parameters, starts `migrate` on a
 //! running VMM, shows its progress (a bar on a terminal) and ends with a
 //! report shaped like QEMU's `info migrate`, or the final `query-migrate`
-//! as JSON.
+//! as JSON. SIGINT or SIGTERM (where the binary took them,
+//! `signals::take_termination`) cancels the migration and reports it.
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
@@ -32,6 +33,10 @@ pub enum Converge {
     Off,
 }
 
+/// `downtime-limit` where nobody set one (QEMU's default too).
+pub const DEFAULT_MAX_DOWNTIME: Duration =
+    Duration::from_millis(Parameters::DEFAULT_DOWNTIME_LIMIT_MS);
+
 /// How often the progress is polled.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -42,11 +47,13 @@ pub struct MigrateConfig {
     pub socket: PathBuf,
     /// `unix:PATH` or `tcp:HOST:PORT` of a `kvmscope run --incoming`.
     pub to: String,
-    /// `max-bandwidth`, bytes per second (0: unlimited).
+    /// `max-bandwidth`, bytes per second (0: unlimited); `None` leaves the
+    /// VMM's (the CLI always gives one: a command line says the whole
+    /// migration).
     pub bandwidth: Option<u64>,
-    /// `downtime-limit`.
+    /// `downtime-limit`; `None` leaves the VMM's.
     pub max_downtime: Option<Duration>,
-    /// `x-max-rounds`.
+    /// `x-max-rounds` (0: no limit); `None` leaves the VMM's.
     pub max_rounds: Option<u64>,
     /// Ask `query-readiness` first, and set the prediction against the outcome.
     pub predict: bool,
@@ -94,8 +101,16 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     if !config.predict {
         predicted = None;
     }
+    if let Some(sig) = crate::signals::pending_termination() {
+        writeln!(
+            out,
+            "stopped by signal {sig} before the migration began: none started"
+        )?;
+        return Ok(false);
+    }
     client.migrate(&config.to)?;
     let bar = std::io::stderr().is_terminal().then(progress_bar);
+    let mut cancelled = false;
     let info = loop {
         let info = client.query_migrate()?;
         if let Some(bar) = &bar {
@@ -103,6 +118,18 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         }
         if info.status.is_none_or(Status::is_final) {
             break info;
+        }
+        // A signal (Ctrl-C) cancels the migration, as `virsh migrate` does:
+        // left running, it would go on costing the guest its tracking with
+        // nobody watching. The report then says `cancelled`.
+        if let Some(sig) = crate::signals::pending_termination().filter(|_| !cancelled) {
+            let said = format!("kvmscope migrate: signal {sig}: cancelling the migration");
+            match &bar {
+                Some(bar) => bar.suspend(|| eprintln!("{said}")),
+                None => eprintln!("{said}"),
+            }
+            client.execute("migrate_cancel", serde_json::json!({}))?;
+            cancelled = true;
         }
         std::thread::sleep(POLL);
     };

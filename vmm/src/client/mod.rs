@@ -89,6 +89,10 @@ pub enum Error {
     /// A child VMM exited before it was done.
     #[error("the VMM exited early ({0})")]
     ChildExited(std::process::ExitStatus),
+    /// `ctl` was given a request no reply would ever come for: an empty one,
+    /// or one that ends inside a JSON value (a QMP server waits for the rest).
+    #[error("{0}: give a QMP command as JSON, e.g. '{{\"execute\": \"query-status\"}}'")]
+    Unanswerable(&'static str),
 }
 
 /// A reply line and the fds that came with it, in order.
@@ -753,22 +757,47 @@ pub(crate) fn error_reply(line: &Value) -> Option<(ErrorClass, String)> {
     }
 }
 
-/// `kvmscope ctl`: negotiates, sends one raw request and prints the reply line.
-/// Returns whether the reply was a success (`return`).
+/// `kvmscope ctl`: negotiates, sends the raw request line and prints each
+/// reply: one per JSON value in it (`{...} {...}` asks twice), and one for
+/// what does not parse (the VMM's parse error, after which it skips the rest
+/// of the line). Returns whether every reply was a success (`return`).
 ///
 /// # Errors
-/// A transport failure (an error reply is printed and returns `Ok(false)`).
+/// An empty request (nothing would ever answer it), or a transport failure
+/// (an error reply is printed and returns `Ok(false)`).
 pub fn ctl(socket: &Path, line: &str, out: &mut dyn Write) -> Result<bool, Error> {
+    if line.trim().is_empty() {
+        return Err(Error::Unanswerable("an empty request"));
+    }
+    // The VMM answers each value in turn, and what does not parse once (it
+    // skips to the end of the line).
+    let mut requests = 0;
+    for value in serde_json::Deserializer::from_str(line).into_iter::<Value>() {
+        requests += 1;
+        match value {
+            Err(e) if e.is_eof() => {
+                return Err(Error::Unanswerable(
+                    "the request ends inside a JSON value (the VMM would wait for the rest)",
+                ))
+            }
+            Err(_) => break,
+            Ok(_) => {}
+        }
+    }
     let mut client = Client::connect(socket)?;
     client.send_line(line.as_bytes())?;
-    // Event lines (progress) come before the reply: print them too.
-    let reply = client.read_reply_after_events(|event| Ok(writeln!(out, "{event}")?))?;
-    writeln!(out, "{}", reply.value)?;
-    if !reply.fds.is_empty() {
-        // The fds were received (and are closed now); the reply names them.
-        log::info!("the reply carried {} fds", reply.fds.len());
+    let mut all_ok = true;
+    for _ in 0..requests {
+        // Event lines (progress) come before the reply: print them too.
+        let reply = client.read_reply_after_events(|event| Ok(writeln!(out, "{event}")?))?;
+        writeln!(out, "{}", reply.value)?;
+        if !reply.fds.is_empty() {
+            // The fds were received (and are closed now); the reply names them.
+            log::info!("the reply carried {} fds", reply.fds.len());
+        }
+        all_ok &= reply.value.get("return").is_some();
     }
-    Ok(reply.value.get("return").is_some())
+    Ok(all_ok)
 }
 
 /// Whether a socket error means the peer is gone (its end closed with data
