@@ -190,6 +190,35 @@ fn the_vmms_exit_counters_are_summed_per_vm_and_shown_per_vcpu_only_when_asked()
     .is_some());
 }
 
+/// One VMM is one VM on the page however its socket is named: in the
+/// directory, named again with `..` in its path, and through a second link.
+#[test]
+fn a_socket_named_several_ways_is_one_vm_on_the_page() {
+    require_kvm!();
+    let dir = common::test_dir("exp-spelled");
+    let a = Vmm::start(&dir.join("a.sock"), &[]);
+    let name = dir.file_name().unwrap();
+    let other = common::test_dir("exp-spelled-link");
+    std::fs::hard_link(dir.join("a.sock"), other.join("link.sock")).unwrap();
+    let e = common::exporter::start(ExporterConfig {
+        sockets: vec![
+            dir.join("..").join(name).join("a.sock"),
+            other.join("link.sock"),
+        ],
+        ..common::exporter::config(&dir, Duration::from_secs(2))
+    });
+    page_when(&e, "a on the page", |p| up(p, "a", a.pid()));
+    // Give every spelling a rescan or two to be tried.
+    std::thread::sleep(Duration::from_millis(1500));
+    let page = page(&e);
+    let lines: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("kvmscope_exporter_vm_up{"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    common::check_with_promtool(&page);
+}
+
 /// Figures that only mean something once their thing exists are absent
 /// before, not zeros: a dirty limit (a line of 0 would read as a vCPU that
 /// may not write) and a migration's figures (its status is always there).

@@ -11,7 +11,7 @@
 //! outgoing migration (the guest now runs elsewhere) drops the VM and closes
 //! its fds, since a held stats fd keeps the kernel's VM structure alive.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -312,9 +312,11 @@ impl Discovery {
         }
     }
 
-    /// The sockets there are now: every socket in the directories, and the
-    /// named ones.
-    fn candidates(&self) -> Vec<PathBuf> {
+    /// The sockets there are now: the named ones, then every socket in the
+    /// directories, each socket file once, under the first path that names
+    /// it (`vms/a.sock`, `/run/vms/a.sock` and `/run/vms/../vms/a.sock` are one
+    /// VM; so are two links to one socket), with its identity.
+    fn candidates(&self) -> Vec<(PathBuf, Option<(u64, u64)>)> {
         let mut found: Vec<PathBuf> = self.sources.sockets.clone();
         for dir in &self.sources.dirs {
             let Ok(entries) = std::fs::read_dir(dir) else {
@@ -326,18 +328,30 @@ impl Discovery {
                 }
             }
         }
+        let mut seen = HashSet::new();
         found
+            .into_iter()
+            .map(|path| {
+                let id = socket_id(&path);
+                (path, id)
+            })
+            // One not there yet (a named socket) is tried, and fails, as named.
+            .filter(|(_, id)| id.is_none_or(|id| seen.insert(id)))
+            .collect()
     }
 
     fn attach_new(&mut self) {
         let now = Instant::now();
-        for path in self.candidates() {
+        for (path, id) in self.candidates() {
             let reg = lock(&self.registry);
             let recently_failed = reg
                 .failures
                 .get(&path)
                 .is_some_and(|f| now.duration_since(f.at) < RETRY_AFTER);
-            if reg.targets.contains_key(&path) || recently_failed {
+            // Attached already, under this path or another for the same file.
+            let attached = reg.targets.contains_key(&path)
+                || id.is_some() && reg.targets.values().any(|t| t.socket == id);
+            if attached || recently_failed {
                 continue;
             }
             drop(reg);
