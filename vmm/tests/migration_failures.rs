@@ -196,6 +196,15 @@ fn a_cancelled_migration_leaves_the_source_running_and_says_cancelled() {
     c.execute("migrate_cancel", json!({})).unwrap();
     let info = wait_final(&mut c);
     assert_eq!(info.status, Some(Status::Cancelled), "{info:?}");
+    // What pre-copy sent is counted as it went (QEMU's precopy-bytes), not
+    // only at a stop that never came.
+    let (q, _) = c.execute("query-migrate", json!({})).unwrap();
+    let (pre, sent) = (&q["ram"]["precopy-bytes"], &q["ram"]["transferred"]);
+    assert!(
+        pre.as_u64()
+            .is_some_and(|b| b > 0 && Some(b) <= sent.as_u64()),
+        "{q}"
+    );
     let r = guest(&mut c, 0, "verify size=1M");
     assert_eq!(value(&r[0], 2), 0);
     assert!(

@@ -665,6 +665,8 @@ impl Control for Live<'_> {
         (r.normal, r.duplicate, r.normal_bytes) = (c.normal, c.duplicate, c.normal_bytes);
         r.transferred = c.bytes;
         if self.m.status().status == Some(Status::Active) {
+            // All of it pre-copy so far (QEMU counts `precopy-bytes` as they go).
+            r.precopy_bytes = c.bytes;
             let (pages0, t0, bytes0) = self.pass.from;
             let done = c.pages() - pages0;
             r.remaining = self.pass.pages.saturating_sub(done) * format::PAGE_SIZE;
