@@ -125,6 +125,18 @@ impl DirtyRate {
     }
 }
 
+/// Whether KVM maps far fewer pages than the host backs (over twice as
+/// many backed, and at least 1 MiB more): mapped is then no bound on
+/// non-zero pages. A VM that migrated in holds RAM its VMM wrote, which KVM
+/// maps only as the guest touches it again (a 32 MiB guest read 0 B mapped,
+/// 32 MiB resident); so do pages KVM's MMU let go (swap, KSM, page migration).
+/// The host-resident count bounds them (a page the host does not back is
+/// zero, or swapped out).
+fn under_mapped(mapped: u64, resident: u64) -> bool {
+    const SLACK_PAGES: u64 = 256;
+    resident > mapped.saturating_mul(2) && resident - mapped >= SLACK_PAGES
+}
+
 /// Pages below which a count says too little about a rate.
 const MIN_FIT_PAGES: f64 = 64.0;
 
@@ -329,15 +341,30 @@ impl Report {
         stats.set_vm(ReadinessAtNs, at_ns);
     }
 
+    /// The best bound on non-zero pages without a scan, and its name: the
+    /// mapped pages, unless the host backs far more than KVM maps
+    /// ([`under_mapped`]), where the host-resident count is the bound.
+    fn nonzero_bound(&self) -> (u64, &'static str) {
+        let mapped = self.mapped_pages().min(self.ram_pages);
+        let resident = self.resident.value.min(self.ram_pages);
+        if under_mapped(mapped, resident) {
+            (resident, "resident")
+        } else {
+            (mapped, "mapped")
+        }
+    }
+
     /// Fills in the prediction from the best figures at hand: the scan's count
-    /// if there is one, else the mapped-page upper bound; the measured dirty rate, else 0.
+    /// if there is one, else the mapped-page upper bound (or the host-resident
+    /// one where mapped is no bound, [`under_mapped`]); the measured dirty
+    /// rate, else 0.
     ///
     /// # Errors
     /// Options the model rejects.
     pub(crate) fn predict(&mut self, options: &Options) -> Result<(), Error> {
         let (nonzero, used) = match &self.scan {
             Some(s) => (s.value.nonzero_pages, "scan"),
-            None => (self.mapped_pages().min(self.ram_pages), "mapped"),
+            None => self.nonzero_bound(),
         };
         let (rate, growth) = self
             .dirty_rate
@@ -612,6 +639,14 @@ impl Report {
             self.link.from,
             self.estimate_used
         );
+        if self.estimate_used == "resident" {
+            let _ = writeln!(
+                s,
+                "  (KVM maps {} of the {} the host backs, no bound on what must go: a VM that migrated in, or mappings let go; --scan counts exactly)",
+                format_bytes(self.mapped.value.bytes()),
+                format_bytes(self.resident.value * 4096)
+            );
+        }
         let _ = writeln!(
             s,
             "  transferred {}  duplicate {}  normal {}  dirty-sync-count {}  total-time {}  downtime {}",
@@ -896,6 +931,28 @@ mod tests {
             r.prediction.unwrap().rounds[0].bytes,
             model::pass0_bytes(4096, 812)
         );
+    }
+
+    #[test]
+    fn where_kvm_maps_far_less_than_the_host_backs_the_resident_count_is_the_bound() {
+        // A VM that migrated in: 3,000 pages written by its VMM, 20 mapped
+        // again by its guest since.
+        let mut r = report();
+        r.scan = None;
+        r.mapped.value = Mapped {
+            pages_4k: 20,
+            ..Mapped::default()
+        };
+        r.resident.value = 3000;
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "resident");
+        assert_eq!(
+            r.prediction.unwrap().rounds[0].bytes,
+            model::pass0_bytes(4096, 3000)
+        );
+        // Within twice, or under 1 MiB apart: mapped, as before.
+        assert!(!under_mapped(812, 1600) && !under_mapped(20, 270));
+        assert!(under_mapped(812, 1625) && under_mapped(20, 276));
     }
 
     #[test]
