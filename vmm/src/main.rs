@@ -238,8 +238,8 @@ struct WatchArgs {
     /// The stats to show (default: pages, exits and faults).
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     names: Option<Vec<String>>,
-    /// Stop after N refreshes.
-    #[arg(long, value_name = "N")]
+    /// Stop after N refreshes (at least 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
     /// The VM's stats (with neither --vm nor --vcpu: the VM and every vCPU).
     #[arg(long)]
@@ -343,8 +343,9 @@ struct RunArgs {
     /// Points the sampler keeps in memory (its ring buffer); older ones are dropped.
     #[arg(long, default_value = "4096", value_name = "N")]
     sample_buffer: Count<2, { kvmscope::sampler::MAX_CAPACITY }>,
-    /// Write every sample to FILE as it is taken: CSV if it ends in .csv, else
-    /// JSON lines (.jsonl, .json, .ndjson). Flushed each tick. FILE appears (or
+    /// Write every sample to FILE as it is taken: CSV for a name ending in
+    /// .csv, JSON lines for .jsonl, .json or .ndjson (other names are
+    /// refused). Flushed each tick. FILE appears (or
     /// is replaced) only once start-up has passed, written until then as
     /// .FILE.PID.XXXXXX.tmp beside it (such files of processes that are gone are
     /// removed); an existing FILE that is not a kvmscope samples file is
@@ -404,8 +405,8 @@ struct RunArgs {
     readiness_window: Period,
     /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
     /// samples files (default: the --socket file's name without extension,
-    /// else kvmscope-PID).
-    #[arg(long, value_name = "NAME")]
+    /// else kvmscope-PID); not empty.
+    #[arg(long, value_name = "NAME", value_parser = non_empty_name)]
     name: Option<String>,
     /// What one write-protection fault for dirty logging costs the guest on
     /// this host (e.g. 2.6us; at most 1s), for the guest stall the VMM
@@ -436,6 +437,16 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
     }
 }
 
+/// `--name`: a VM's name labels its metrics and answers `query-name`; an
+/// empty one would label it `vm=""`.
+fn non_empty_name(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        Err("a VM's name cannot be empty (leave --name out for the default)".into())
+    } else {
+        Ok(text.to_string())
+    }
+}
+
 fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
     use kvmscope::exporter::{Exporter, ExporterConfig, DEFAULT_SOCKET_DIR};
     let defaulted = a.dirs.is_empty() && a.sockets.is_empty() && a.qmp_sockets.is_empty();
@@ -461,6 +472,21 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
             dir.display()
         );
     }
+    // What it reads, for the line that says it is up.
+    let mut reads: Vec<String> = dirs
+        .iter()
+        .map(|d| format!("the VMs in {}", d.display()))
+        .collect();
+    reads.extend(
+        a.sockets
+            .iter()
+            .map(|s| format!("the VM at {}", s.display())),
+    );
+    reads.extend(
+        a.qmp_sockets
+            .iter()
+            .map(|s| format!("the QEMU VM at {}", s.display())),
+    );
     let exporter = Exporter::start(ExporterConfig {
         listen: a.listen,
         dirs: dirs.clone(),
@@ -474,12 +500,9 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
         vcpu_exits: a.vcpu_exits,
     })?;
     eprintln!(
-        "kvmscope exporter: serving http://{}/metrics for the VMs in {}",
+        "kvmscope exporter: serving http://{}/metrics for {}",
         exporter.addr,
-        dirs.iter()
-            .map(|d| d.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+        reads.join(", ")
     );
     let sig = kvmscope::signals::wait_for_termination();
     log::info!("exporter: stopping on signal {sig}");

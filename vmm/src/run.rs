@@ -541,13 +541,20 @@ fn wait_for_source(
     migration: &Arc<Migration>,
 ) -> Result<(Incoming, Option<(Vm, Services)>), Error> {
     let stop = incoming_stop(config, migration);
+    let waiting = || {
+        if config.announce {
+            eprintln!("kvmscope run: waiting for a migration on {}", given.uri);
+        }
+    };
     let Some(mut vm) = given.ahead(&config.vm).map(Vm::new).transpose()? else {
+        waiting();
         return Ok((Incoming::accept(given, migration, &stop)?, None));
     };
     if config.handle_signals {
         crate::signals::forward_termination(vm.event_sender());
     }
     let services = Services::start(config, &vm, migration)?;
+    waiting();
     services.status.set(RunState::Inmigrate);
     let stream = migration::watch::accept(given, &mut vm, migration, &stop)?;
     Ok((stream, Some((vm, services))))

@@ -31,6 +31,36 @@ fn bad_memory_size_is_an_error() {
 }
 
 #[test]
+fn empty_names_counts_and_patterns_are_refused_once_each_naming_the_flag() {
+    for (args, code, said) in [
+        (&["run", "--name", ""][..], 2, "a VM's name cannot be empty"),
+        (
+            &["watch", "--socket", "/nonexistent", "--count", "0"][..],
+            2,
+            "--count",
+        ),
+        (
+            &[
+                "exporter",
+                "--socket",
+                "/nonexistent",
+                "--stats",
+                "",
+                "--listen",
+                "127.0.0.1:0",
+            ][..],
+            1,
+            "--stats pattern \"\": use stat names",
+        ),
+    ] {
+        let out = kvmscope().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert_eq!(err.matches(said).count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn unaligned_memory_is_an_error_naming_the_rule() {
     require_kvm!();
     let out = kvmscope()

@@ -130,7 +130,10 @@ pub(crate) fn warn_missing(received: &[Received], filter: &NameFilter) {
         });
     }
     if let Some(names) = missing.filter(|m| !m.is_empty()) {
-        log::warn!("no such stat on this kernel: {}", names.join(", "));
+        log::warn!(
+            "no stat of this name in the stats read (the VM's and the vCPUs' differ, --vm and --vcpu choose; `query-stats-schemas` lists them all): {}",
+            names.join(", ")
+        );
     }
 }
 

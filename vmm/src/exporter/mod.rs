@@ -40,9 +40,10 @@ pub enum Error {
     /// The discovery thread could not start.
     #[error("starting the discovery thread")]
     Spawn(#[source] std::io::Error),
-    /// A `--stats` pattern that matches nothing sensible.
+    /// A `--stats` pattern that matches nothing sensible (said once: not a
+    /// source, whose text the error chain would repeat).
     #[error("--stats {0}")]
-    Pattern(#[from] kvm_stats::BadPattern),
+    Pattern(kvm_stats::BadPattern),
 }
 
 /// How the exporter runs.
