@@ -41,7 +41,10 @@ class Connection:
     def __init__(self, path, timeout):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
-        self.sock.connect(path)
+        try:
+            self.sock.connect(path)
+        except OSError as e:
+            raise RuntimeError("connecting to %s: %s" % (path, e.strerror)) from None
         self.buf = b""
         self.fds = []  # (index of the last byte of the read that brought it, fd)
         self.greeting = self.read_line()[0]
@@ -197,7 +200,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--socket", required=True, help="the VMM's control socket")
     p.add_argument("--vm", action="store_true", help="the VM's stats (default: VM and all vCPUs)")
-    p.add_argument("--vcpu", help="a vCPU index or 'all'")
+    p.add_argument("--vcpu", type=vcpu_choice, help="a vCPU index or 'all'")
     p.add_argument("--names", help="only these stats, comma-separated")
     p.add_argument("--provider", choices=["kvm", "kvmscope"], default="kvm",
                    help="KVM's stats (default) or the VMM's own, in KVM's format")
@@ -213,30 +216,51 @@ def main():
             os.close(fd)
         print(json.dumps(reply))
         return 0 if "return" in reply else 1
-    vm, vcpu = a.vm, (a.vcpu if a.vcpu == "all" or a.vcpu is None else int(a.vcpu))
+    vm, vcpu = a.vm, a.vcpu
     if not vm and vcpu is None:
         vm, vcpu = True, "all"
     sources = receive(conn, vm, vcpu, a.provider)
     conn.sock.close()  # from here on, everything comes from the kernel through the fds
     names = set(a.names.split(",")) if a.names else None
-    results = []
+    results, seen = [], set()
     for entry, stats in sources:
         values = stats.read()
+        seen.update(values)
         os.close(stats.fd)
         shown = [{"name": n, "value": v} for n, v in values.items() if names is None or n in names]
         result = {"provider": a.provider, "target": entry["target"], "id": stats.id, "stats": shown}
         if "vcpu" in entry:
             result["vcpu"] = entry["vcpu"]
         results.append(result)
+    missing = sorted(names - seen) if names else []
+    if missing:
+        print("kvmscope_client: no stat of this name in the stats read (provider %s): %s"
+              % (a.provider, ", ".join(missing)), file=sys.stderr)
     if a.json:
         print(json.dumps({"return": results}))
         return 0
     for r in results:
+        if not r["stats"]:
+            continue
         print("== %s (%s) ==" % ("vcpu %d" % r["vcpu"] if "vcpu" in r else "vm", r["id"]))
         width = max((len(s["name"]) for s in r["stats"]), default=0)
         for s in r["stats"]:
-            print("%-*s  %s" % (width, s["name"], s["value"]))
+            value = s["value"]
+            print("%-*s  %s" % (width, s["name"], str(value).lower() if isinstance(value, bool) else value))
     return 0
+
+
+def vcpu_choice(text):
+    """--vcpu: an index or 'all'."""
+    if text == "all":
+        return text
+    try:
+        index = int(text)
+    except ValueError:
+        index = -1
+    if index < 0:
+        raise argparse.ArgumentTypeError("%r is not a vCPU index (0, 1, ...) or 'all'" % text)
+    return index
 
 
 if __name__ == "__main__":
