@@ -159,7 +159,7 @@ impl Figures for KvmscopeFigures<'_> {
                 t.labels, t.memory
             );
         }
-        let _ = writeln!(out, "# HELP kvmscope_exporter_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes): the non-zero RAM a migration would send, estimated without a scan.\n# TYPE kvmscope_exporter_mapped_bytes gauge");
+        let _ = writeln!(out, "# HELP kvmscope_exporter_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes): the non-zero RAM a migration would send, estimated without a scan (no bound for a VM that migrated in, until its guest touches its pages again: docs/READINESS.md).\n# TYPE kvmscope_exporter_mapped_bytes gauge");
         for t in reg.targets.values() {
             let (fd, sample) = &t.vm;
             let mapped = Mapped::from_sample(fd.schema(), sample);
