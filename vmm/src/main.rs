@@ -56,7 +56,10 @@ enum Cmd {
     /// Live-migrate a running VMM's guest to a `kvmscope run --incoming URI`,
     /// with a progress bar and a report like QEMU's `info migrate`. Ctrl-C
     /// (SIGINT) or SIGTERM cancels the migration (the guest runs on at the
-    /// source) and reports it; exit status 0 only when it completed.
+    /// source) and reports it, except during the stop (status `device`),
+    /// when it is too late; a second one ends the client at once. Before the
+    /// migration starts, one ends the client. Exit status 0 only when it
+    /// completed.
     Migrate(MigrateArgs),
     /// One telemetry agent per host: every VM's KVM stats on one Prometheus
     /// page, read through stats fds taken once from each VMM's control socket
@@ -704,6 +707,8 @@ fn main() -> ExitCode {
             eprintln!("kvmscope: taking SIGINT/SIGTERM: {e}");
             return ExitCode::from(1);
         }
+        // `migrate` has nothing to undo until its migration starts.
+        kvmscope::signals::exit_on_signal(matches!(cli.command, Cmd::Migrate(_)));
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     if let Cmd::Run(_) | Cmd::Exporter(_) = cli.command {

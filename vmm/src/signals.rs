@@ -14,6 +14,7 @@
 //! which fails (exit 1), and the source keeps its guest. `kvmscope run --help`
 //! and the README list the exit codes.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Condvar, Mutex};
 
@@ -39,6 +40,20 @@ static TAKEN: Mutex<Taken> = Mutex::new(Taken {
     forward: None,
 });
 static ARRIVED: Condvar = Condvar::new();
+
+/// Whether the next SIGINT/SIGTERM ends the process at once (status
+/// 128 + the signal, as the default action would show) instead of only
+/// being recorded: for a client between the moments it can act on one
+/// (`kvmscope migrate` before its migration starts, and after it asked to
+/// cancel, so that a VMM that never answers cannot hold it).
+static EXIT_ON_NEXT: AtomicBool = AtomicBool::new(false);
+
+/// From now on a termination signal ends the process at once (`true`), or is
+/// recorded for the caller to act on (`false`, the default). Only where
+/// [`take_termination`] runs (the binary).
+pub fn exit_on_signal(exit: bool) {
+    EXIT_ON_NEXT.store(exit, Ordering::SeqCst);
+}
 
 /// Blocks SIGINT/SIGTERM in the calling thread (and so in the threads it
 /// starts afterwards) and starts the `signals` thread that takes them. Call
@@ -69,8 +84,15 @@ pub fn take_termination() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Records a signal the `signals` thread took and forwards it.
+/// Records a signal the `signals` thread took and forwards it, or ends the
+/// process where [`exit_on_signal`] says so.
 fn took(sig: i32) {
+    if EXIT_ON_NEXT.load(Ordering::SeqCst) {
+        // The signal's default action, which this thread took over: the
+        // caller asked for it (a client with nothing to undo).
+        #[allow(clippy::exit)]
+        std::process::exit(128 + sig);
+    }
     let mut taken = crate::lock(&TAKEN);
     taken.first.get_or_insert(sig);
     if let Some(events) = &taken.forward {

@@ -168,8 +168,9 @@ impl FromStr for Bandwidth {
             u => byte_unit(u, false).ok_or_else(bad)? as f64,
         };
         let v = n * per_unit;
-        // 0 (`0bit`) is a link without a limit, as `max-bandwidth` 0 is.
-        if v.is_finite() && v >= 0.0 {
+        // 0 (`0bit`) is a link without a limit, as `max-bandwidth` 0 is; a
+        // rate under a byte a second would round to that.
+        if v.is_finite() && (v == 0.0 || v >= 1.0) {
             Ok(Bandwidth(v))
         } else {
             Err(bad())

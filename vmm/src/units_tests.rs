@@ -102,8 +102,17 @@ fn bandwidth_with_a_bare_letter_is_ambiguous_and_says_how_to_write_it() {
 }
 
 #[test]
-fn bandwidth_rejects_zero_garbage_and_bit_abbreviations() {
-    for bad in ["0", "fast", "10Gbyte", "10Gb", "1e999GB", "-1GB"] {
+fn a_zero_bandwidth_is_unlimited_and_one_under_a_byte_a_second_is_refused() {
+    assert_eq!(bandwidth("0bit"), Ok(0.0));
+    assert_eq!(bandwidth("0"), Ok(0.0));
+    assert_eq!(bandwidth("8bit"), Ok(1.0));
+    // 1 bit/s would round to 0 bytes/s: no limit at all.
+    assert_eq!(bandwidth("1bit"), Err(UnitError::Bandwidth("1bit".into())));
+}
+
+#[test]
+fn bandwidth_rejects_garbage_and_bit_abbreviations() {
+    for bad in ["fast", "10Gbyte", "10Gb", "1e999GB", "-1GB", "0.5B/s"] {
         assert_eq!(
             bandwidth(bad),
             Err(UnitError::Bandwidth(bad.into())),

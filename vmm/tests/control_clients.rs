@@ -151,6 +151,10 @@ fn ctl_command_prints_the_reply_and_fails_on_an_error_reply() {
         .collect();
     assert_eq!(replies.len(), 2, "{two}");
     assert_eq!(replies[1]["return"]["status"], "running", "{two}");
+    // Split as the VMM splits it: `1,2` is one value it cannot parse, one reply.
+    let odd = kvmscope(&["ctl", "1,2"], &vm.socket);
+    assert_eq!(odd.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&odd.stdout).lines().count(), 1);
     // Nothing, or a value cut short, would never be answered (a QMP server
     // waits for the rest): refused at once, naming why.
     for (request, why) in [

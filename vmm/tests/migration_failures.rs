@@ -407,3 +407,26 @@ fn a_signal_to_the_cli_cancels_its_migration_and_the_source_runs_on() {
         "the destination refuses the cut stream"
     );
 }
+
+#[test]
+fn a_signal_ends_the_cli_at_once_while_nothing_has_started() {
+    // A "VMM" that takes the connection and never greets: the client waits
+    // for the greeting, with nothing to cancel yet.
+    let dir = common::test_dir("mig-cli-silent");
+    let socket = dir.join("silent.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["migrate", "--socket"])
+        .arg(&socket)
+        .args(["--to", "unix:/nonexistent/kvmscope-test"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (_held, _) = listener.accept().unwrap();
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = wait_for("the client to end", Duration::from_secs(10), || {
+        child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{status}");
+}

@@ -101,11 +101,10 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     if !config.predict {
         predicted = None;
     }
+    // From here a signal is the migration's to answer: cancel it.
+    crate::signals::exit_on_signal(false);
     if let Some(sig) = crate::signals::pending_termination() {
-        writeln!(
-            out,
-            "stopped by signal {sig} before the migration began: none started"
-        )?;
+        eprintln!("kvmscope migrate: signal {sig} before the migration began: none started");
         return Ok(false);
     }
     client.migrate(&config.to)?;
@@ -122,14 +121,26 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         // A signal (Ctrl-C) cancels the migration, as `virsh migrate` does:
         // left running, it would go on costing the guest its tracking with
         // nobody watching. The report then says `cancelled`.
+        // Not once the guest is stopped and its last pages go: a cancel then
+        // could end the source's side before the destination's answer came
+        // (the source runs its guest on, and so could the destination).
+        let stopping = info.status == Some(Status::Device);
         if let Some(sig) = crate::signals::pending_termination().filter(|_| !cancelled) {
-            let said = format!("kvmscope migrate: signal {sig}: cancelling the migration");
+            let said = if stopping {
+                format!("kvmscope migrate: signal {sig}: too late to cancel (the guest is stopped and its last pages are going); a second signal ends this client, not the migration")
+            } else {
+                format!("kvmscope migrate: signal {sig}: cancelling the migration; a second signal ends this client")
+            };
             match &bar {
                 Some(bar) => bar.suspend(|| eprintln!("{said}")),
                 None => eprintln!("{said}"),
             }
-            client.execute("migrate_cancel", serde_json::json!({}))?;
+            if !stopping {
+                client.execute("migrate_cancel", serde_json::json!({}))?;
+            }
             cancelled = true;
+            // A VMM that never answers cannot hold the client past a second one.
+            crate::signals::exit_on_signal(true);
         }
         std::thread::sleep(POLL);
     };

@@ -759,8 +759,8 @@ pub(crate) fn error_reply(line: &Value) -> Option<(ErrorClass, String)> {
 
 /// `kvmscope ctl`: negotiates, sends the raw request line and prints each
 /// reply: one per JSON value in it (`{...} {...}` asks twice), and one for
-/// what does not parse (the VMM's parse error, after which it skips the rest
-/// of the line). Returns whether every reply was a success (`return`).
+/// each run of bytes the VMM skips (its parse error), counted with the VMM's
+/// own framer. Returns whether every reply was a success (`return`).
 ///
 /// # Errors
 /// An empty request (nothing would ever answer it), or a transport failure
@@ -769,20 +769,16 @@ pub fn ctl(socket: &Path, line: &str, out: &mut dyn Write) -> Result<bool, Error
     if line.trim().is_empty() {
         return Err(Error::Unanswerable("an empty request"));
     }
-    // The VMM answers each value in turn, and what does not parse once (it
-    // skips to the end of the line).
-    let mut requests = 0;
-    for value in serde_json::Deserializer::from_str(line).into_iter::<Value>() {
-        requests += 1;
-        match value {
-            Err(e) if e.is_eof() => {
-                return Err(Error::Unanswerable(
-                    "the request ends inside a JSON value (the VMM would wait for the rest)",
-                ))
-            }
-            Err(_) => break,
-            Ok(_) => {}
-        }
+    // Split as the VMM splits it: one reply per value, and one per run of
+    // bytes it skips; what is left open would be waited on for ever.
+    let mut framer = crate::protocol::framing::Framer::new();
+    framer.extend(line.as_bytes());
+    framer.extend(b"\n");
+    let requests = std::iter::from_fn(|| framer.next_frame(false)).count();
+    if framer.partial() {
+        return Err(Error::Unanswerable(
+            "the request ends inside a JSON value (the VMM would wait for the rest)",
+        ));
     }
     let mut client = Client::connect(socket)?;
     client.send_line(line.as_bytes())?;
