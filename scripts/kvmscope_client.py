@@ -44,7 +44,9 @@ class Connection:
         try:
             self.sock.connect(path)
         except OSError as e:
-            raise RuntimeError("connecting to %s: %s" % (path, e.strerror)) from None
+            # The same kind of error (callers wait out FileNotFoundError and
+            # ConnectionRefusedError while a VMM starts), naming the socket.
+            raise type(e)(e.errno, e.strerror, path) from None
         self.buf = b""
         self.fds = []  # (index of the last byte of the read that brought it, fd)
         self.greeting = self.read_line()[0]

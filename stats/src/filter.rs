@@ -102,6 +102,33 @@ impl NameFilter {
             .collect()
     }
 
+    /// The filter's names and patterns that match none of `names`, sorted
+    /// (for a "matches nothing" hint); none for the filter of every stat.
+    pub fn unmatched<'n>(&self, names: impl IntoIterator<Item = &'n str>) -> Vec<&str> {
+        let Some(wanted) = &self.names else {
+            return Vec::new();
+        };
+        let mut left: Vec<&str> = wanted
+            .iter()
+            .chain(&self.globs)
+            .map(String::as_str)
+            .collect();
+        for name in names {
+            left.retain(|p| {
+                if p.contains('*') {
+                    !glob(p, name)
+                } else {
+                    *p != name
+                }
+            });
+            if left.is_empty() {
+                break;
+            }
+        }
+        left.sort_unstable();
+        left
+    }
+
     /// Names in the filter that `schema` does not have, sorted (for a "no such stat" hint).
     pub fn missing(&self, schema: &Schema) -> Vec<&str> {
         let Some(names) = &self.names else {
@@ -140,6 +167,23 @@ fn glob(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_that_match_no_name_are_told() {
+        let f = NameFilter::patterns(vec![
+            "exits".into(),
+            "pf_*".into(),
+            "nosuch".into(),
+            "x*y".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            f.unmatched(["exits", "pf_fixed", "halt_exits"]),
+            ["nosuch", "x*y"]
+        );
+        assert_eq!(f.unmatched([]), ["exits", "nosuch", "pf_*", "x*y"]);
+        assert!(NameFilter::all().unmatched(["a"]).is_empty());
+    }
 
     #[test]
     fn globs_match_names_prefixes_and_inner_runs() {

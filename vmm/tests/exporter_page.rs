@@ -219,6 +219,46 @@ fn a_socket_named_several_ways_is_one_vm_on_the_page() {
     common::check_with_promtool(&page);
 }
 
+/// A `--stats` pattern that matches no stat (a typo) shows no line, so the
+/// exporter says so, once, when the first VM is on its page.
+#[test]
+fn a_stats_pattern_that_matches_nothing_is_said_once() {
+    require_kvm!();
+    let dir = common::test_dir("exp-typo");
+    let a = Vmm::start(&dir.join("a.sock"), &[]);
+    let port = common::free_port();
+    let mut child = common::KillOnDrop::new(
+        Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args(["exporter", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--vm-sockets")
+            .arg(&dir)
+            .args(["--stats", "pages_*,pages_4kk,exits"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    common::wait_for("a on the page", LIMIT, || {
+        common::scrape(port).filter(|p| up(p, "a", a.pid()))
+    });
+    common::scrape(port).unwrap();
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = common::wait_for("the exporter to exit", LIMIT, || child.try_wait().unwrap());
+    assert!(status.success(), "{status}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(
+        err.matches("--stats pages_4kk: no stat").count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        !err.contains("--stats exits:") && !err.contains("--stats pages_*:"),
+        "{err}"
+    );
+}
+
 /// Figures that only mean something once their thing exists are absent
 /// before, not zeros: a dirty limit (a line of 0 would read as a vCPU that
 /// may not write) and a migration's figures (its status is always there).

@@ -30,6 +30,9 @@ pub(crate) struct Kept {
     page: Option<Arc<String>>,
     /// The exporter's open fds, and when they were counted.
     open_fds: Option<(Instant, u64)>,
+    /// `--stats` patterns have been checked against the first page with a VM
+    /// on it (those that matched nothing said once in the log).
+    patterns_checked: bool,
 }
 
 impl Kept {
@@ -73,7 +76,16 @@ pub(crate) fn render(
     for f in &figures {
         f.write_families(out);
     }
-    let keep = |name: &str| filter.matches(name);
+    // Until the first page with a VM on it, every stat name is noted, to
+    // tell `--stats` patterns that match nothing (a typo shows no line).
+    let noting = !kept.patterns_checked && !filter.is_all();
+    let names = std::cell::RefCell::new(HashSet::new());
+    let keep = |name: &str| {
+        if noting {
+            names.borrow_mut().insert(name.to_string());
+        }
+        filter.matches(name)
+    };
     let mut seen = HashSet::new();
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vm_stats()).collect();
     write_sources(out, &vms, "kvmscope_kvm_vm_", &mut seen, &keep);
@@ -88,6 +100,13 @@ pub(crate) fn render(
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vmm_vcpu_stats()).collect();
     write_sources(out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
     drop(figures);
+    let names = names.into_inner();
+    if noting && !names.is_empty() {
+        kept.patterns_checked = true;
+        for pattern in filter.unmatched(names.iter().map(String::as_str)) {
+            log::warn!("exporter: --stats {pattern}: no stat of the VMs read so far matches it (the names are KVM's and the VMMs' own stat names, e.g. pages_4k, exits, halt_*)");
+        }
+    }
     let _ = writeln!(out, "# HELP kvmscope_exporter_scrapes_total Scrapes this exporter served.\n# TYPE kvmscope_exporter_scrapes_total counter\nkvmscope_exporter_scrapes_total {}", kept.scrapes);
     let _ = writeln!(out, "# HELP kvmscope_exporter_open_fds Fds the exporter has open (stats fds, control connections and the rest), counted at most once a second.\n# TYPE kvmscope_exporter_open_fds gauge\nkvmscope_exporter_open_fds {}", kept.open_fds());
     let _ = writeln!(out, "# HELP kvmscope_exporter_fd_limit The exporter's soft limit on open files; a VM whose stats fds would leave fewer than 64 free is not attached (up 0, see the log).\n# TYPE kvmscope_exporter_fd_limit gauge\nkvmscope_exporter_fd_limit {}", super::targets::fd_limit());
