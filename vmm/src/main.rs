@@ -86,7 +86,8 @@ struct ExporterArgs {
     #[arg(long = "socket", value_name = "PATH")]
     sockets: Vec<PathBuf>,
     /// Only these stats, KVM's and the VMMs' own (names, `*` for any run of
-    /// characters, e.g. `pages_*,exits,halt_*,prediction_*`); the exporter's
+    /// characters, e.g. `pages_*,exits,halt_*,prediction_*`); one that matches
+    /// no stat of the first VMs read is said once in the log. The exporter's
     /// own metrics are always there.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     stats: Vec<String>,
