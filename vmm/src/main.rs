@@ -775,6 +775,10 @@ fn main() -> ExitCode {
                     ConvergeArg::Off => client::migrate::Converge::Off,
                 }),
                 json: a.json,
+                stop: Some(client::migrate::Stop {
+                    pending: kvmscope::signals::pending_termination,
+                    exit_on_next: kvmscope::signals::exit_on_signal,
+                }),
             };
             match client::migrate::migrate(&config, &mut std::io::stdout().lock()) {
                 Ok(true) => Ok(ExitCode::SUCCESS),

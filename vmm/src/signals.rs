@@ -104,8 +104,8 @@ fn took(sig: i32) {
 }
 
 /// SIGINT or SIGTERM, if one was taken (for waits that happen before the
-/// main loop's channel exists).
-pub(crate) fn pending_termination() -> Option<i32> {
+/// main loop's channel exists, and for clients that poll).
+pub fn pending_termination() -> Option<i32> {
     crate::lock(&TAKEN).first
 }
 

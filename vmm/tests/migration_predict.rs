@@ -24,6 +24,7 @@ fn config(src: &ServedVm, to: &str, json: bool) -> MigrateConfig {
         predict: true,
         converge: None,
         json,
+        stop: None,
     }
 }
 

@@ -265,6 +265,7 @@ fn migration_step(
         predict: false,
         converge: Some(super::migrate::Converge::Auto),
         json: false,
+        stop: None,
     };
     super::migrate::migrate(&migrate, &mut report)?;
     for line in String::from_utf8_lossy(&report).lines() {

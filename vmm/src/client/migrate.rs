@@ -1,8 +1,8 @@
 //! `kvmscope migrate`: sets the migration parameters, starts `migrate` on a
 //! running VMM, shows its progress (a bar on a terminal) and ends with a
 //! report shaped like QEMU's `info migrate`, or the final `query-migrate`
-//! as JSON. SIGINT or SIGTERM (where the binary took them,
-//! `signals::take_termination`) cancels the migration and reports it.
+//! as JSON. A stop request (`MigrateConfig::stop`: the binary's SIGINT or
+//! SIGTERM) cancels the migration and reports it.
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
@@ -40,6 +40,17 @@ pub const DEFAULT_MAX_DOWNTIME: Duration =
 /// How often the progress is polled.
 const POLL: Duration = Duration::from_millis(100);
 
+/// How the caller hears of a request to stop (the binary: SIGINT/SIGTERM,
+/// through `signals`, a layer above this one).
+#[derive(Debug, Clone, Copy)]
+pub struct Stop {
+    /// The signal taken, if one was.
+    pub pending: fn() -> Option<i32>,
+    /// Whether the next one should end the process at once (`true`) or be
+    /// left for `pending` to tell (`false`).
+    pub exit_on_next: fn(bool),
+}
+
 /// What `kvmscope migrate` does.
 #[derive(Debug, Clone)]
 pub struct MigrateConfig {
@@ -62,6 +73,9 @@ pub struct MigrateConfig {
     pub converge: Option<Converge>,
     /// Print the final `query-migrate` (and prediction) as JSON instead of text.
     pub json: bool,
+    /// Where a stop request comes from: it cancels the migration once
+    /// started; `None`, nothing stops it but its end.
+    pub stop: Option<Stop>,
 }
 
 /// Runs the migration to its end. Returns whether it completed.
@@ -102,8 +116,11 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         predicted = None;
     }
     // From here a signal is the migration's to answer: cancel it.
-    crate::signals::exit_on_signal(false);
-    if let Some(sig) = crate::signals::pending_termination() {
+    if let Some(stop) = config.stop {
+        (stop.exit_on_next)(false);
+    }
+    let pending = || config.stop.and_then(|s| (s.pending)());
+    if let Some(sig) = pending() {
         eprintln!("kvmscope migrate: signal {sig} before the migration began: none started");
         return Ok(false);
     }
@@ -125,7 +142,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         // could end the source's side before the destination's answer came
         // (the source runs its guest on, and so could the destination).
         let stopping = info.status == Some(Status::Device);
-        if let Some(sig) = crate::signals::pending_termination().filter(|_| !cancelled) {
+        if let Some(sig) = pending().filter(|_| !cancelled) {
             let said = if stopping {
                 format!("kvmscope migrate: signal {sig}: too late to cancel (the guest is stopped and its last pages are going); a second signal ends this client, not the migration")
             } else {
@@ -140,7 +157,9 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
             }
             cancelled = true;
             // A VMM that never answers cannot hold the client past a second one.
-            crate::signals::exit_on_signal(true);
+            if let Some(stop) = config.stop {
+                (stop.exit_on_next)(true);
+            }
         }
         std::thread::sleep(POLL);
     };

@@ -225,6 +225,7 @@ pub fn converge_auto(src: &ServedVm, uri: &str) -> String {
         predict: true,
         converge: Some(Converge::Auto),
         json: false,
+        stop: None,
     };
     let mut out = Vec::new();
     let done = kvmscope::client::migrate::migrate(&config, &mut out).unwrap();
