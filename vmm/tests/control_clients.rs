@@ -359,4 +359,17 @@ fn stats_command_shows_the_vmms_own_stats_beside_the_kernels() {
         headings[1].starts_with("== vcpu 0, kvmscope (kvmscope-"),
         "{text}"
     );
+    // A VMM that never measured readiness: no figure that would read as a
+    // measured zero (`prediction_converges false`), and a line saying why;
+    // its other own stats as they are. The JSON keeps every value, as
+    // `query-stats` gives them.
+    let vm_text = stdout_of(&kvmscope(&["stats", "--vm"], &vm.socket));
+    assert!(vm_text.contains("\nmigration_status "), "{vm_text}");
+    assert!(
+        !vm_text.contains("prediction_converges") && !vm_text.contains("readiness_at_ns"),
+        "{vm_text}"
+    );
+    assert!(vm_text.contains("has not measured readiness"), "{vm_text}");
+    let json = stdout_of(&kvmscope(&["stats", "--vm", "--json"], &vm.socket));
+    assert!(json.contains("\"prediction_converges\""), "{json}");
 }

@@ -177,11 +177,38 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
             continue;
         }
         writeln!(out, "== {} ({}) ==", r.label(), r.stats.schema().id())?;
+        let names = || r.stats.schema().iter().map(|(_, d)| d.name.as_str());
+        let (shown, left_out) = match unmeasured(r, s) {
+            Some(out_) => (
+                NameFilter::names(
+                    names()
+                        .filter(|n| filter.matches(n) && !out_(n))
+                        .map(str::to_string),
+                ),
+                names().any(|n| filter.matches(n) && out_(n)),
+            ),
+            None => (filter.clone(), false),
+        };
         write!(
             out,
             "{}",
-            kvm_stats::format::table(r.stats.schema(), s, &filter)
+            kvm_stats::format::table(r.stats.schema(), s, &shown)
         )?;
+        if left_out {
+            writeln!(out, "(no readiness_* or prediction_* figure: this VMM has not measured readiness; `kvmscope readiness`, or `run --readiness-every`)")?;
+        }
     }
     Ok(())
+}
+
+/// For the VMM's own VM file before its first readiness measurement
+/// (`readiness_at_ns` 0): the figures to leave out of a table, which would
+/// read as a measured zero (`prediction_converges false`); the exporter
+/// leaves them off its page too. `None` for every other file.
+fn unmeasured(r: &Received, sample: &Sample) -> Option<fn(&str) -> bool> {
+    let schema = r.stats.schema();
+    let at = schema.find("readiness_at_ns")?;
+    let own_vm = r.provider == StatsProvider::Kvmscope && r.entry.vcpu.is_none();
+    (own_vm && sample.values(at).first() == Some(&0))
+        .then_some(|n: &str| n.starts_with("readiness_") || n.starts_with("prediction_"))
 }
