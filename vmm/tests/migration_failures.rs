@@ -176,6 +176,34 @@ fn a_destination_silent_after_the_trailer_fails_the_migration_naming_it() {
     assert_source_runs_on(&src, &info);
 }
 
+/// Once the trailer is sent the destination may run the guest: a cancel
+/// that resumed the source then would leave two running. It is not taken.
+#[test]
+fn a_cancel_after_the_trailer_is_not_taken() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-late-cancel", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M");
+    let (uri, fake) = fake_destination("mig-late-cancel-dst", Plan::SilentAtEnd);
+    let mut c = src.client();
+    common::migration::start_migration(&mut c, &uri, json!({"downtime-limit": 300}));
+    wait_for("the stop", Duration::from_secs(30), || {
+        (query(&mut c).status == Some(Status::Device)).then_some(())
+    });
+    // A 1 MiB guest's last pages and state take milliseconds; the source
+    // then waits 5 s for the silent destination's answer.
+    std::thread::sleep(Duration::from_millis(500));
+    c.execute("migrate_cancel", json!({})).unwrap();
+    assert_eq!(query(&mut c).status, Some(Status::Device), "not cancelled");
+    let info = wait_final(&mut c);
+    fake.join().unwrap();
+    // It ends as the silence decides (failed, the source resumed: no
+    // destination said it runs), not as a cancel.
+    let why = info.error_desc.clone().unwrap_or_default();
+    assert!(why.contains("the destination did not answer"), "{why}");
+    assert_source_runs_on(&src, &info);
+}
+
 #[test]
 fn a_cancelled_migration_leaves_the_source_running_and_says_cancelled() {
     require_kvm!();

@@ -38,7 +38,11 @@ pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
         Command::QueryMigrateCapabilities(_) => Outcome::ret(m.capabilities()),
         Command::QueryMigrate(_) => Outcome::ret(m.status()),
         Command::MigrateCancel(_) => {
-            m.cancel();
+            // As QEMU's, it answers {} whatever it could do: past the
+            // trailer the migration completes (or fails) on its own.
+            if !m.cancel_unless_committed() {
+                log::info!("migrate_cancel: not taken, the migration's trailer is sent");
+            }
             Outcome::ret(json!({}))
         }
         other => Outcome::generic(format!("{} is not a migration command", other.name())),

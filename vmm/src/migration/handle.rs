@@ -83,6 +83,9 @@ struct Inner {
     conn: Option<transport::Conn>,
     /// Who told an incoming migration to stop (`signal 15`, `quit`).
     stopped_by: Option<String>,
+    /// An outgoing migration is sending its trailer or past it: the
+    /// destination may hold all of it, and `migrate_cancel` is not taken.
+    committed: bool,
 }
 
 /// The migration of this VMM's guest: one at a time, driven by the control
@@ -120,6 +123,7 @@ impl Migration {
                 incoming: false,
                 conn: None,
                 stopped_by: None,
+                committed: false,
             }),
             cancel: AtomicBool::new(false),
             wake: std::sync::OnceLock::new(),
@@ -175,6 +179,7 @@ impl Migration {
                 ..MigrationInfo::default()
             };
             inner.started = Some(Instant::now());
+            inner.committed = false;
             self.cancel.store(false, Ordering::Release);
         }
         self.event_status(Status::Setup);
@@ -295,6 +300,34 @@ impl Migration {
         if let Some(c) = &self.lock().conn {
             c.shutdown();
         }
+    }
+
+    /// `migrate_cancel`: cancels, unless the migration is committed (its
+    /// trailer sent or being sent, [`Migration::commit`]): the destination may
+    /// then hold all of it and run the guest, and a cancel that resumed the
+    /// source would leave two guests running. Returns whether it was taken.
+    pub(crate) fn cancel_unless_committed(&self) -> bool {
+        let inner = self.lock();
+        if inner.committed {
+            return false;
+        }
+        self.cancel.store(true, Ordering::Release);
+        if let Some(c) = &inner.conn {
+            c.shutdown();
+        }
+        true
+    }
+
+    /// The sender is about to send its trailer, after which the destination
+    /// may complete: from now on `migrate_cancel` is not taken. False when a
+    /// cancel came first (the trailer must then not go).
+    pub(crate) fn commit(&self) -> bool {
+        let mut inner = self.lock();
+        if self.cancelled() {
+            return false;
+        }
+        inner.committed = true;
+        true
     }
 
     /// Stops an incoming migration (its reads look every [`transport::TICK`]);

@@ -549,6 +549,11 @@ impl<'a> Precopy<'a> {
             let payload = device::encode(s)?;
             self.section(Kind::Vcpu, &[&payload])?;
         }
+        // Past here the destination may complete and run the guest: a
+        // `migrate_cancel` is no longer taken (one that came first is).
+        if !self.m.commit() {
+            return Err(Error::Cancelled);
+        }
         self.writer()?.finish()?;
         step("trailer sent");
         self.ram.downtime_bytes = self.wire_bytes() - self.ram.precopy_bytes;
