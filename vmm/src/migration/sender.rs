@@ -132,6 +132,7 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     let result = p.migrate(uri);
     m.set_conn(None);
     let held = p.held;
+    let trailer_sent = p.trailer_sent;
     if let Some(observed) = p.observed.take() {
         let stall = guest_stall(&observed.end());
         m.update(|i| i.x_guest_stall = Some(stall));
@@ -161,13 +162,33 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
             m.set_status(Status::Completed);
         }
         Err(e) => {
+            // The whole stream sent and no answer in time: the destination
+            // may hold it all and run the guest (its answer lost or late; a
+            // refusal, or a connection it closed without answering, says it
+            // does not). The guest stays paused here, as a user's `stop`
+            // leaves it, for whoever drives the migration to `cont` once the
+            // destination is known not to run it (QEMU's pre-copy leaves the
+            // source paused).
+            let uncertain = trailer_sent && matches!(e, Error::Unresponsive(..));
             if held {
+                if uncertain {
+                    if let Err(r) = run_state(&src.main, RunRequest::Pause) {
+                        log::error!("migration: keeping the guest paused: {r}");
+                    }
+                }
                 if let Err(r) = run_state(&src.main, RunRequest::Release) {
                     log::error!("migration: resuming the guest after a failure: {r}");
                 }
             }
             let (status, desc) = match (m.cancelled(), &e) {
                 (true, _) | (_, Error::Cancelled) => (Status::Cancelled, "cancelled".to_string()),
+                _ if uncertain => (
+                    Status::Failed,
+                    format!(
+                        "{}: the whole stream was sent and the destination may be running the guest; it stays paused here (`cont` resumes it once the destination is known not to)",
+                        crate::error_chain(&e)
+                    ),
+                ),
                 _ => (Status::Failed, crate::error_chain(&e)),
             };
             log::warn!("migration {}: {desc}", status.name());
@@ -210,6 +231,9 @@ struct Precopy<'a> {
     /// How long a write or the reply may wait now, and whether a reply is awaited.
     stall: Duration,
     awaiting_reply: bool,
+    /// The whole stream, trailer included, was written: from here the
+    /// destination may complete and run the guest whatever reaches us.
+    trailer_sent: bool,
     /// The stop's expected downtime at the last sync, ms: what
     /// `query-migrate` shows and what the stop test decides on.
     expected: u64,
@@ -253,6 +277,7 @@ impl<'a> Precopy<'a> {
             last_rate: 0.0,
             stall: PRECOPY_STALL,
             awaiting_reply: false,
+            trailer_sent: false,
             expected: 0,
             prev_dirty: None,
             live: PassProgress {
@@ -555,6 +580,7 @@ impl<'a> Precopy<'a> {
             return Err(Error::Cancelled);
         }
         self.writer()?.finish()?;
+        self.trailer_sent = true;
         step("trailer sent");
         self.ram.downtime_bytes = self.wire_bytes() - self.ram.precopy_bytes;
         self.ram.transferred = self.wire_bytes();
