@@ -40,13 +40,12 @@ impl Ring {
         }
     }
 
-    /// A point to fill: the oldest one's buffers when the ring is full.
+    /// A point to fill: the buffers of the one the ring dropped last, when
+    /// it has dropped one. The ring itself keeps its points until `push`: a
+    /// reader while the point is filled sees all of them (it saw one fewer
+    /// while the oldest was taken out to be refilled).
     pub(crate) fn recycle(&mut self) -> Point {
-        let mut p = if self.points.len() == self.capacity {
-            self.points.pop_front().unwrap_or_default()
-        } else {
-            self.spare.take().unwrap_or_default()
-        };
+        let mut p = self.spare.take().unwrap_or_default();
         p.seq = self.next_seq;
         p
     }
@@ -177,6 +176,20 @@ mod tests {
         fill(&mut r, 3);
         let p = r.recycle();
         assert_eq!(p.seq, 4);
+    }
+
+    #[test]
+    fn a_full_ring_keeps_every_point_while_the_next_is_filled() {
+        let mut r = Ring::new(3);
+        fill(&mut r, 5);
+        let p = r.recycle();
+        // The point being filled reuses the dropped one's buffers; the ring
+        // still holds its three.
+        assert_eq!(r.since(0).0.len(), 3);
+        r.push(p);
+        let (points, dropped) = r.since(0);
+        assert_eq!((points.len(), dropped), (3, 3));
+        assert_eq!(points.last().unwrap().seq, 6);
     }
 
     #[test]
