@@ -201,14 +201,12 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
     Ok(())
 }
 
-/// For the VMM's own VM file before its first readiness measurement
-/// (`readiness_at_ns` 0): the figures to leave out of a table, which would
-/// read as a measured zero (`prediction_converges false`); the exporter
-/// leaves them off its page too. `None` for every other file.
+/// For the VMM's own VM file before its first readiness measurement: the
+/// figures to leave out of a table, which would read as a measured zero
+/// (`prediction_converges false`); the exporter leaves them off its page
+/// too. `None` for every other file.
 fn unmeasured(r: &Received, sample: &Sample) -> Option<fn(&str) -> bool> {
-    let schema = r.stats.schema();
-    let at = schema.find("readiness_at_ns")?;
     let own_vm = r.provider == StatsProvider::Kvmscope && r.entry.vcpu.is_none();
-    (own_vm && sample.values(at).first() == Some(&0))
-        .then_some(|n: &str| n.starts_with("readiness_") || n.starts_with("prediction_"))
+    (own_vm && !crate::vmmstats::measured(r.stats.schema(), sample))
+        .then_some(crate::vmmstats::is_readiness_figure)
 }

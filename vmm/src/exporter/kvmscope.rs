@@ -12,6 +12,7 @@ use super::provider::{Figures, Provider};
 use super::targets::Registry;
 use crate::lock;
 use crate::metrics::{label_value, Source, Values};
+use crate::vmmstats;
 
 /// Every kvmscope VMM discovery attached, and what reading them has cost.
 pub(crate) struct KvmscopeVms {
@@ -73,47 +74,54 @@ fn own_value(file: &(StatsFd, Sample), name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The readiness figures of a VMM's own VM stats.
-fn readiness_figure(name: &str) -> bool {
-    name.starts_with("readiness_") || name.starts_with("prediction_")
-}
-
 /// A migration's figures in a VMM's own VM stats, its status aside.
 fn migration_figure(name: &str) -> bool {
     name.starts_with("migration_") && name != "migration_status"
 }
 
-/// What a VMM's own VM file shows of itself, by what it has done: any
-/// `exits_*` stat never (the page's `kvmscope_vmm_vm_exits_*` families are
-/// the vCPUs' counters summed; a VM file's `exits_hlt`, or `exits_hlt_total`,
-/// would put one of them on the page twice, which Prometheus refuses whole;
-/// our VMM's VM file has none); the readiness figures once it has measured
-/// (`readiness_at_ns` not 0), and a migration's once one has begun
-/// (`migration_status` not 0, none): a VMM that has not shows none of
-/// them, rather than zeros that look like figures.
+/// What a VMM's own VM file leaves off the page: any `exits_*` stat always
+/// (the page's `kvmscope_vmm_vm_exits_*` families are the vCPUs' counters
+/// summed; a VM file's `exits_hlt`, or `exits_hlt_total`, would put one of
+/// them on the page twice, which Prometheus refuses whole; our VMM's VM
+/// file has none); the readiness figures until it has `MEASURED`, and a
+/// migration's until one has begun (`MIGRATED`): a VMM that has not shows
+/// none of them, rather than zeros that look like figures.
+fn vm_file_hides<const MEASURED: bool, const MIGRATED: bool>(name: &str) -> bool {
+    name.starts_with("exits_")
+        || !MEASURED && vmmstats::is_readiness_figure(name)
+        || !MIGRATED && migration_figure(name)
+}
+
+/// [`vm_file_hides`] for what this sample of the VM file says.
 fn vm_file_hide(own: &(StatsFd, Sample)) -> fn(&str) -> bool {
-    let measured = own_value(own, "readiness_at_ns") != 0;
+    let measured = vmmstats::measured(own.0.schema(), &own.1);
     let migrated = own_value(own, "migration_status") != 0;
     match (measured, migrated) {
-        (true, true) => |n| n.starts_with("exits_"),
-        (false, true) => |n| n.starts_with("exits_") || readiness_figure(n),
-        (true, false) => |n| n.starts_with("exits_") || migration_figure(n),
-        (false, false) => |n| n.starts_with("exits_") || readiness_figure(n) || migration_figure(n),
+        (true, true) => vm_file_hides::<true, true>,
+        (false, true) => vm_file_hides::<false, true>,
+        (true, false) => vm_file_hides::<true, false>,
+        (false, false) => vm_file_hides::<false, false>,
     }
 }
 
-/// What a VMM's own vCPU file does not show: its exit counters unless
-/// `vcpu_exits`, and its dirty limit's figures while it has none
+/// What a VMM's own vCPU file leaves off the page: its exit counters unless
+/// `EXITS` (`--vcpu-exits`), and its dirty limit's figures unless `LIMITED`
 /// (`dirty_limit_bytes_per_second` 0: a limit of 0 bytes/s would be a vCPU
 /// that may not write at all; QEMU's `query-vcpu-dirty-limit` lists only the
 /// limited vCPUs too).
+fn vcpu_file_hides<const EXITS: bool, const LIMITED: bool>(name: &str) -> bool {
+    !EXITS && is_exit_counter(name) || !LIMITED && name.starts_with("dirty_limit_")
+}
+
+/// [`vcpu_file_hides`] for what this sample of a vCPU file says; `None`
+/// where it hides nothing.
 fn vcpu_file_hide(own: &(StatsFd, Sample), vcpu_exits: bool) -> Option<fn(&str) -> bool> {
     let limited = own_value(own, "dirty_limit_bytes_per_second") != 0;
     match (vcpu_exits, limited) {
         (true, true) => None,
-        (false, true) => Some(is_exit_counter),
-        (true, false) => Some(|n| n.starts_with("dirty_limit_")),
-        (false, false) => Some(|n| is_exit_counter(n) || n.starts_with("dirty_limit_")),
+        (false, true) => Some(vcpu_file_hides::<false, true>),
+        (true, false) => Some(vcpu_file_hides::<true, false>),
+        (false, false) => Some(vcpu_file_hides::<false, false>),
     }
 }
 

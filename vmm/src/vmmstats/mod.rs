@@ -220,6 +220,24 @@ impl VmmStats {
     }
 }
 
+/// Whether a stat of the VM file is a readiness figure (`readiness_*`,
+/// `prediction_*`): all 0 until the VMM's first measurement, when readers
+/// that show the file (the exporter's page, `kvmscope stats`' table) leave
+/// them out rather than show zeros that read as figures.
+pub fn is_readiness_figure(name: &str) -> bool {
+    name.starts_with("readiness_") || name.starts_with("prediction_")
+}
+
+/// Whether a sample of the VM file holds readiness figures: its
+/// `readiness_at_ns` is set (a file without that stat, an older VMM's,
+/// never does).
+pub fn measured(schema: &kvm_stats::Schema, sample: &kvm_stats::Sample) -> bool {
+    let at: &str = VmStat::ReadinessAtNs.into();
+    schema
+        .find(at)
+        .is_some_and(|id| sample.values(id).first().is_some_and(|&v| v != 0))
+}
+
 /// A vCPU file's stats: `exits_<reason>` per [`Reason`], then [`VcpuStat`]s.
 fn vcpu_defs() -> Vec<Def> {
     let exits = Reason::ALL.iter().map(|r| Def {
