@@ -703,13 +703,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Cmd::Run(_) | Cmd::Exporter(_) | Cmd::Migrate(_) = cli.command {
         // Before any thread exists. Other clients keep the default actions
-        // (Ctrl-C ends them); `migrate` cancels its migration on one.
+        // (Ctrl-C ends them); `migrate` says what one does at each stage
+        // (`MigrateConfig::stop`).
         if let Err(e) = kvmscope::signals::take_termination() {
             eprintln!("kvmscope: taking SIGINT/SIGTERM: {e}");
             return ExitCode::from(1);
         }
-        // `migrate` has nothing to undo until its migration starts.
-        kvmscope::signals::exit_on_signal(matches!(cli.command, Cmd::Migrate(_)));
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     if let Cmd::Run(_) | Cmd::Exporter(_) = cli.command {

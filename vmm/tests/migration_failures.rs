@@ -341,14 +341,16 @@ fn peers_that_are_not_sources_do_not_end_the_destinations_wait() {
     dest.quit();
 }
 
+/// `kvmscope migrate --socket SOCKET ARGS`, to run.
+fn migrate_command(socket: &std::path::Path, args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"));
+    c.args(["migrate", "--socket"]).arg(socket).args(args);
+    c
+}
+
 /// `kvmscope migrate` with `args` on `src`: its exit code, stdout and stderr.
 fn migrate_cli(src: &ServedVm, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-        .args(["migrate", "--socket"])
-        .arg(&src.socket)
-        .args(args)
-        .output()
-        .unwrap();
+    let out = migrate_command(&src.socket, args).output().unwrap();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -403,23 +405,22 @@ fn a_signal_to_the_cli_cancels_its_migration_and_the_source_runs_on() {
     let _serial = common::migration::serial();
     let src = busy_source("mig-cli-sigint");
     let dest = Dest::start("mig-cli-sigint-dst", |_, _| {});
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-        .args(["migrate", "--socket"])
-        .arg(&src.socket)
-        .args([
+    let mut child = migrate_command(
+        &src.socket,
+        &[
             "--to",
             &dest.uri,
             "--bandwidth",
             "8Mbit",
             "--max-downtime",
             "1ms",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let mut c = src.client();
-    let mut child = child;
     wait_for("the migration to run", Duration::from_secs(30), || {
         if let Some(status) = child.try_wait().unwrap() {
             let mut err = String::new();
@@ -458,10 +459,7 @@ fn a_signal_ends_the_cli_at_once_while_nothing_has_started() {
     let dir = common::test_dir("mig-cli-silent");
     let socket = dir.join("silent.sock");
     let listener = UnixListener::bind(&socket).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-        .args(["migrate", "--socket"])
-        .arg(&socket)
-        .args(["--to", "unix:/nonexistent/kvmscope-test"])
+    let mut child = migrate_command(&socket, &["--to", "unix:/nonexistent/kvmscope-test"])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();

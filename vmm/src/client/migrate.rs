@@ -83,6 +83,10 @@ pub struct MigrateConfig {
 /// # Errors
 /// A transport failure, or the VMM's error reply as `Remote`.
 pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Error> {
+    // Nothing to undo until the migration starts: a stop ends the client.
+    if let Some(stop) = config.stop {
+        (stop.exit_on_next)(true);
+    }
     let mut client = Client::connect(&config.socket)?;
     client.migrate_set_parameters(SetParameters {
         max_bandwidth: config.bandwidth,

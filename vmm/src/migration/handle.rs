@@ -296,8 +296,13 @@ impl Migration {
     /// `migrate_cancel`: the migration stops at its next step (a blocked
     /// send is woken by shutting the connection) and the guest runs on.
     pub(crate) fn cancel(&self) {
+        self.cancel_with(&self.lock());
+    }
+
+    /// Sets the cancel flag and shuts the stream, with the handle locked.
+    fn cancel_with(&self, inner: &Inner) {
         self.cancel.store(true, Ordering::Release);
-        if let Some(c) = &self.lock().conn {
+        if let Some(c) = &inner.conn {
             c.shutdown();
         }
     }
@@ -311,10 +316,7 @@ impl Migration {
         if inner.committed {
             return false;
         }
-        self.cancel.store(true, Ordering::Release);
-        if let Some(c) = &inner.conn {
-            c.shutdown();
-        }
+        self.cancel_with(&inner);
         true
     }
 
