@@ -365,8 +365,10 @@ struct RunArgs {
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Stop with exit status 5, printing each vCPU's registers, when a vCPU's
-    /// guest has not checked in (its first port write) this long after start
-    /// (a pause restarts the clock); `off` waits for ever.
+    /// guest has not checked in (its first port write) after running this
+    /// long (its thread's time on a host CPU: a busy host starting many VMs
+    /// makes no guest late), or, for a vCPU that does not run at all, after
+    /// six times this long; a pause restarts the clock; `off` waits for ever.
     #[arg(long, default_value = "5s", value_name = "DUR")]
     boot_timeout: Limit,
     /// Be a migration destination: wait for one stream at unix:PATH or

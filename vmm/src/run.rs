@@ -13,7 +13,7 @@ use crate::migration::{self, Migration};
 use crate::runstate::{RunState, SharedRunState};
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::summary::{kvm_growth, BootTimeout, Summary, VcpuSummary};
-use crate::vcpu::{Control, Outcome};
+use crate::vcpu::{stall, Control, Outcome};
 use crate::vm::{self, Vm, VmConfig};
 use crate::workload::{parse_workload, SpecError, Workload};
 use kvm_stats::Mapped;
@@ -189,44 +189,84 @@ struct Watch {
 }
 
 /// The boot deadline: every vCPU's guest must check in (its first port write)
-/// within `limit` of start while the VM is not paused; a pause restarts it.
+/// within `limit` of its own time on a host CPU (its thread's, schedstat's:
+/// guest time included) while the VM is not paused; a pause restarts it. A
+/// guest that spins without checking in is late after `limit` of running; a
+/// host starting hundreds of VMs at once, whose vCPU threads wait seconds
+/// for a CPU and on its locks, makes none late. A vCPU that does not run at
+/// all (a guest halted before its first port write), or whose time cannot
+/// be read, is late after [`BOOT_WALL_FACTOR`] times `limit` of wall time.
 struct BootWatch {
     limit: Option<Duration>,
-    deadline: Option<Instant>,
+    /// Since when the clock runs, and the time on a CPU then (ns) of each
+    /// vCPU (by index) waiting to check in (none at start: a thread not
+    /// started yet has all its time after); `None` once every vCPU checked in.
+    since: Option<(Instant, Vec<(usize, u64)>)>,
 }
+
+/// A vCPU that has not run for `--boot-timeout` is late after this many
+/// times that long of wall time.
+const BOOT_WALL_FACTOR: u32 = 6;
 
 impl BootWatch {
     fn new(limit: Option<Duration>, started: Instant) -> Self {
         BootWatch {
             limit,
-            deadline: limit.map(|l| started + l),
+            since: limit.map(|_| (started, Vec::new())),
         }
     }
 
     /// How long the main loop may wait for an event: at most a second, and
-    /// not past the deadline.
+    /// not past the earliest a vCPU could be late.
     fn wait(&self, now: Instant) -> Duration {
         let second = Duration::from_secs(1);
-        self.deadline
-            .map_or(second, |d| d.saturating_duration_since(now).min(second))
+        match (&self.since, self.limit) {
+            (Some((since, _)), Some(limit)) => {
+                (*since + limit).saturating_duration_since(now).min(second)
+            }
+            _ => second,
+        }
     }
 
-    /// The vCPUs that have not checked in, once the deadline has passed.
+    /// The vCPUs that have not checked in, once one of them is late.
     fn late(&mut self, vm: &Vm, paused: bool, now: Instant) -> Option<Vec<usize>> {
-        let deadline = self.deadline?;
-        let late: Vec<usize> = (vm.vcpus.iter().enumerate())
+        self.since.as_ref()?;
+        let waiting: Vec<(usize, Option<u64>)> = (vm.vcpus.iter().enumerate())
             .filter(|(_, v)| v.shared.first_exit.get().is_none())
-            .map(|(i, _)| i)
+            .map(|(i, v)| (i, v.shared.tid.get().and_then(|&t| stall::on_cpu_ns(t))))
             .collect();
-        if late.is_empty() {
-            self.deadline = None;
+        self.late_of(&waiting, paused, now)
+    }
+
+    /// [`BootWatch::late`] for the vCPUs `waiting` to check in, each with
+    /// its thread's time on a CPU so far (`None`: not known).
+    fn late_of(
+        &mut self,
+        waiting: &[(usize, Option<u64>)],
+        paused: bool,
+        now: Instant,
+    ) -> Option<Vec<usize>> {
+        let limit = self.limit?;
+        if waiting.is_empty() {
+            self.since = None;
             return None;
         }
         if paused {
-            self.deadline = self.limit.map(|l| now + l);
+            let at = waiting.iter().map(|&(i, t)| (i, t.unwrap_or(0))).collect();
+            self.since = Some((now, at));
             return None;
         }
-        (now >= deadline).then_some(late)
+        let (since, at) = self.since.as_ref()?;
+        let elapsed = now.saturating_duration_since(*since);
+        let late = |&(i, on_cpu): &(usize, Option<u64>)| {
+            let then = at.iter().find(|&&(j, _)| j == i).map_or(0, |&(_, t)| t);
+            let ran = on_cpu.map(|t| Duration::from_nanos(t.saturating_sub(then)));
+            ran.is_some_and(|ran| ran >= limit) || elapsed >= limit * BOOT_WALL_FACTOR
+        };
+        waiting
+            .iter()
+            .any(late)
+            .then(|| waiting.iter().map(|&(i, _)| i).collect())
     }
 }
 

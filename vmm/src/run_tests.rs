@@ -41,3 +41,41 @@ fn demo_workload_fits_the_smallest_guest() {
         assert!(c.to_guest(arena).is_ok(), "{c}");
     }
 }
+
+#[test]
+fn the_boot_clock_counts_a_vcpus_time_on_a_cpu_and_the_wall_clock_for_one_that_never_runs() {
+    let limit = Duration::from_secs(5);
+    let start = Instant::now();
+    let at = |s: u64| start + Duration::from_secs(s);
+    let ns = |s: u64| Some(s * 1_000_000_000);
+    let mut watch = BootWatch::new(Some(limit), start);
+    // At 9 s vCPU 0 has run 4 s and vCPU 1 2 s (a busy host): neither is late.
+    assert_eq!(watch.late_of(&[(0, ns(4)), (1, ns(2))], false, at(9)), None);
+    // vCPU 0 reaches 5 s of its own: every vCPU still waiting is reported.
+    assert_eq!(
+        watch.late_of(&[(0, ns(5)), (1, ns(2))], false, at(10)),
+        Some(vec![0, 1])
+    );
+    // A pause restarts the clock from the times then.
+    assert_eq!(watch.late_of(&[(1, ns(2))], true, at(11)), None);
+    assert_eq!(watch.late_of(&[(1, ns(6))], false, at(20)), None);
+    assert_eq!(watch.late_of(&[(1, ns(7))], false, at(21)), Some(vec![1]));
+    // Once every vCPU checked in, nobody is ever late.
+    assert_eq!(watch.late_of(&[], false, at(22)), None);
+    assert_eq!(watch.late_of(&[(1, ns(99))], false, at(99)), None);
+    // A vCPU that does not run, or whose time cannot be read, is late on
+    // the wall clock, after BOOT_WALL_FACTOR times the limit.
+    let mut watch = BootWatch::new(Some(limit), start);
+    let wall = 5 * u64::from(BOOT_WALL_FACTOR);
+    assert_eq!(
+        watch.late_of(&[(0, ns(0)), (1, None)], false, at(wall - 1)),
+        None
+    );
+    assert_eq!(
+        watch.late_of(&[(0, ns(0)), (1, None)], false, at(wall)),
+        Some(vec![0, 1])
+    );
+    // Without a limit, nobody is late.
+    let mut off = BootWatch::new(None, start);
+    assert_eq!(off.late_of(&[(0, ns(99))], false, at(999)), None);
+}

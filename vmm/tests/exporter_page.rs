@@ -188,6 +188,17 @@ fn the_vmms_exit_counters_are_summed_per_vm_and_shown_per_vcpu_only_when_asked()
         &["vm=\"a\"", "vcpu=\"1\""]
     )
     .is_some());
+    // The guest's progress as a counter only: its rate is PromQL's to take.
+    assert!(common::metric(
+        &page,
+        "kvmscope_vmm_vcpu_guest_progress_total",
+        &["vm=\"a\"", "vcpu=\"1\""]
+    )
+    .is_some());
+    assert!(
+        !page.contains("guest_progress_per_second"),
+        "no rate beside its counter:\n{page}"
+    );
 }
 
 /// One VMM is one VM on the page however its socket is named: in the

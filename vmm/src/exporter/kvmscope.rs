@@ -5,14 +5,14 @@
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kvm_stats::{Mapped, Sample, StatsFd};
+use kvm_stats::{Mapped, Sample, Schema, StatId, StatsFd};
 
 use super::exit_sums::is_exit_counter;
 use super::provider::{Figures, Provider};
 use super::targets::Registry;
 use crate::lock;
 use crate::metrics::{label_value, Source, Values};
-use crate::vmmstats;
+use crate::vmmstats::{self, VcpuStat, VmStat};
 
 /// Every kvmscope VMM discovery attached, and what reading them has cost.
 pub(crate) struct KvmscopeVms {
@@ -64,14 +64,34 @@ impl Provider for KvmscopeVms {
     }
 }
 
-/// The value of stat `name` in one of a VMM's own files (0 where the file
-/// has no such stat: an older VMM's).
-fn own_value(file: &(StatsFd, Sample), name: &str) -> u64 {
-    let (fd, sample) = file;
-    fd.schema()
-        .find(name)
-        .and_then(|id| sample.values(id).first().copied())
-        .unwrap_or(0)
+/// Stat `name`'s value in a VMM's own files, one file after another: the
+/// name is looked up once per descriptor table (every VMM of one build
+/// shares one), not once per file (hundreds per scrape).
+struct OwnValue<'a> {
+    name: &'static str,
+    last: Option<(&'a Schema, Option<StatId>)>,
+}
+
+impl<'a> OwnValue<'a> {
+    fn new(name: &'static str) -> OwnValue<'a> {
+        OwnValue { name, last: None }
+    }
+
+    /// Its value in `file` (0 where the file has no such stat: an older VMM's).
+    fn of(&mut self, file: &'a (StatsFd, Sample)) -> u64 {
+        let (fd, sample) = file;
+        let schema = fd.schema();
+        let id = match self.last {
+            Some((last, id)) if schema.shares_descriptors(last) => id,
+            _ => {
+                let id = schema.find(self.name);
+                self.last = Some((schema, id));
+                id
+            }
+        };
+        id.and_then(|id| sample.values(id).first().copied())
+            .unwrap_or(0)
+    }
 }
 
 /// A migration's figures in a VMM's own VM stats, its status aside.
@@ -92,11 +112,15 @@ fn vm_file_hides<const MEASURED: bool, const MIGRATED: bool>(name: &str) -> bool
         || !MIGRATED && migration_figure(name)
 }
 
-/// [`vm_file_hides`] for what this sample of the VM file says.
-fn vm_file_hide(own: &(StatsFd, Sample)) -> fn(&str) -> bool {
-    let measured = vmmstats::measured(own.0.schema(), &own.1);
-    let migrated = own_value(own, "migration_status") != 0;
-    match (measured, migrated) {
+/// [`vm_file_hides`] for what this sample of the VM file says: `measured`
+/// reads its `readiness_at_ns` (set once it has readiness figures, as
+/// [`vmmstats::measured`] says), `status` its `migration_status`.
+fn vm_file_hide<'a>(
+    own: &'a (StatsFd, Sample),
+    measured: &mut OwnValue<'a>,
+    status: &mut OwnValue<'a>,
+) -> fn(&str) -> bool {
+    match (measured.of(own) != 0, status.of(own) != 0) {
         (true, true) => vm_file_hides::<true, true>,
         (false, true) => vm_file_hides::<false, true>,
         (true, false) => vm_file_hides::<true, false>,
@@ -104,24 +128,33 @@ fn vm_file_hide(own: &(StatsFd, Sample)) -> fn(&str) -> bool {
     }
 }
 
-/// What a VMM's own vCPU file leaves off the page: its exit counters unless
-/// `EXITS` (`--vcpu-exits`), and its dirty limit's figures unless `LIMITED`
-/// (`dirty_limit_bytes_per_second` 0: a limit of 0 bytes/s would be a vCPU
-/// that may not write at all; QEMU's `query-vcpu-dirty-limit` lists only the
-/// limited vCPUs too).
+/// What a VMM's own vCPU file leaves off the page: its guest's progress
+/// rate always (`guest_progress_per_second`: the page has the counter,
+/// `..._guest_progress_total`, whose `rate()` Prometheus takes over any
+/// range; a rate exported beside its counter is the anti-pattern
+/// Prometheus's maintainers ask exporters to avoid), its exit counters
+/// unless `EXITS` (`--vcpu-exits`), and its dirty limit's figures unless
+/// `LIMITED` (`dirty_limit_bytes_per_second` 0: a limit of 0 bytes/s would
+/// be a vCPU that may not write at all; QEMU's `query-vcpu-dirty-limit`
+/// lists only the limited vCPUs too).
 fn vcpu_file_hides<const EXITS: bool, const LIMITED: bool>(name: &str) -> bool {
-    !EXITS && is_exit_counter(name) || !LIMITED && name.starts_with("dirty_limit_")
+    name == <&str>::from(VcpuStat::GuestProgressPerSecond)
+        || !EXITS && is_exit_counter(name)
+        || !LIMITED && name.starts_with("dirty_limit_")
 }
 
-/// [`vcpu_file_hides`] for what this sample of a vCPU file says; `None`
-/// where it hides nothing.
-fn vcpu_file_hide(own: &(StatsFd, Sample), vcpu_exits: bool) -> Option<fn(&str) -> bool> {
-    let limited = own_value(own, "dirty_limit_bytes_per_second") != 0;
+/// [`vcpu_file_hides`] for what this sample of a vCPU file says.
+fn vcpu_file_hide<'a>(
+    own: &'a (StatsFd, Sample),
+    limit: &mut OwnValue<'a>,
+    vcpu_exits: bool,
+) -> fn(&str) -> bool {
+    let limited = limit.of(own) != 0;
     match (vcpu_exits, limited) {
-        (true, true) => None,
-        (false, true) => Some(vcpu_file_hides::<false, true>),
-        (true, false) => Some(vcpu_file_hides::<true, false>),
-        (false, false) => Some(vcpu_file_hides::<false, false>),
+        (true, true) => vcpu_file_hides::<true, true>,
+        (false, true) => vcpu_file_hides::<false, true>,
+        (true, false) => vcpu_file_hides::<true, false>,
+        (false, false) => vcpu_file_hides::<false, false>,
     }
 }
 
@@ -186,18 +219,20 @@ impl Figures for KvmscopeFigures<'_> {
         self.reg
             .targets
             .values()
-            .map(|t| Source::new(t.labels.clone(), Values::Fd(&t.vm.0, &t.vm.1)))
+            .map(|t| Source::new(t.labels.as_str(), Values::Fd(&t.vm.0, &t.vm.1)))
             .collect()
     }
 
     fn vmm_vm_stats(&self) -> Vec<Source<'_>> {
+        let mut measured = OwnValue::new(VmStat::ReadinessAtNs.into());
+        let mut status = OwnValue::new(VmStat::MigrationStatus.into());
         self.reg
             .targets
             .values()
             .filter_map(|t| {
                 let own = t.own.as_ref()?;
-                let mut source = Source::new(t.labels.clone(), Values::Fd(&own.vm.0, &own.vm.1));
-                source.hide = Some(vm_file_hide(&own.vm));
+                let mut source = Source::new(t.labels.as_str(), Values::Fd(&own.vm.0, &own.vm.1));
+                source.hide = Some(vm_file_hide(&own.vm, &mut measured, &mut status));
                 Some(source)
             })
             .collect()
@@ -209,22 +244,23 @@ impl Figures for KvmscopeFigures<'_> {
             .values()
             .filter_map(|t| {
                 let sums = &t.own.as_ref()?.exit_sums.sums;
-                Some(Source::new(t.labels.clone(), Values::Listed(sums)))
+                Some(Source::new(t.labels.as_str(), Values::Listed(sums)))
             })
             .collect()
     }
 
     fn vmm_vcpu_stats(&self) -> Vec<Source<'_>> {
+        let mut limit = OwnValue::new(VcpuStat::DirtyLimitBytesPerSecond.into());
         self.reg
             .targets
             .values()
             .filter_map(|t| {
                 let own = &t.own.as_ref()?.vcpus;
-                Some(vcpu_sources(&t.labels, own).zip(own))
+                Some(vcpu_sources(&t.vcpu_labels, own).zip(own))
             })
             .flatten()
             .map(|(mut source, file)| {
-                source.hide = vcpu_file_hide(file, self.vcpu_exits);
+                source.hide = Some(vcpu_file_hide(file, &mut limit, self.vcpu_exits));
                 source
             })
             .collect()
@@ -234,18 +270,20 @@ impl Figures for KvmscopeFigures<'_> {
         self.reg
             .targets
             .values()
-            .flat_map(|t| vcpu_sources(&t.labels, &t.vcpus))
+            .flat_map(|t| vcpu_sources(&t.vcpu_labels, &t.vcpus))
             .collect()
     }
 }
 
-/// One source per vCPU stats file of a VM, labelled with the VM's labels
-/// and the vCPU's index.
+/// One source per vCPU stats file of a VM, each with its vCPU's labels
+/// (`labels`, by index: made for every vCPU the VMM's greeting names, of
+/// which the files are at most as many).
 fn vcpu_sources<'a>(
-    labels: &'a str,
+    labels: &'a [String],
     vcpus: &'a [(StatsFd, Sample)],
 ) -> impl Iterator<Item = Source<'a>> {
-    vcpus.iter().enumerate().map(move |(i, (fd, sample))| {
-        Source::new(format!("{labels},vcpu=\"{i}\""), Values::Fd(fd, sample))
-    })
+    labels
+        .iter()
+        .zip(vcpus)
+        .map(|(labels, (fd, sample))| Source::new(labels.as_str(), Values::Fd(fd, sample)))
 }

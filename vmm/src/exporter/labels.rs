@@ -8,3 +8,10 @@ pub(crate) fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> Strin
         crate::metrics::label_value(&socket.to_string_lossy())
     )
 }
+
+/// The labels of each of a VM's `vcpus`: the VM's `labels` and the `vcpu` index.
+pub(crate) fn vcpu_labels(labels: &str, vcpus: usize) -> Vec<String> {
+    (0..vcpus)
+        .map(|i| format!("{labels},vcpu=\"{i}\""))
+        .collect()
+}

@@ -80,6 +80,8 @@ pub(crate) struct Target {
     pub(crate) backend: String,
     /// Its page labels (`vm`, `pid`, `socket`), made once.
     pub(crate) labels: String,
+    /// Each vCPU's: the VM's and its `vcpu` index, made once.
+    pub(crate) vcpu_labels: Vec<String>,
     /// The VM stats fd and its latest sample.
     pub(crate) vm: (StatsFd, Sample),
     /// Each vCPU's stats fd and latest sample, by index.
@@ -602,8 +604,10 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     // Follow-up requests (a completed migration's `query-status`) each get
     // the attach timeout, whole; everything above shared one.
     client.bound_each_request(timeout);
+    let labels = super::labels::vm_labels(&vm.name, vm.pid, path);
     Ok(Target {
-        labels: super::labels::vm_labels(&vm.name, vm.pid, path),
+        vcpu_labels: super::labels::vcpu_labels(&labels, vm.vcpus),
+        labels,
         name: vm.name,
         pid: vm.pid,
         memory: vm.memory,
@@ -786,6 +790,7 @@ mod tests {
             memory: 0,
             backend: "pvm".into(),
             labels: String::new(),
+            vcpu_labels: Vec::new(),
             vm: open(vm),
             vcpus: vcpus.iter().map(|b| open(b)).collect(),
             socket: None,
