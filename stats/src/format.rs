@@ -13,14 +13,33 @@ use crate::sample::Sample;
 use crate::schema::Schema;
 use crate::value::{Bucket, Value};
 
+/// A reader's own text for some stats' raw scalar values, where it knows
+/// more than the format says (a file whose `*_at_ns` stats are wall-clock
+/// instants, which the format can only call seconds); `None` leaves a
+/// value to its unit.
+pub type Shown<'a> = &'a dyn Fn(&Descriptor, u64) -> Option<String>;
+
 /// One line per selected stat: name, then value in its unit.
 pub fn table(schema: &Schema, sample: &Sample, filter: &NameFilter) -> String {
+    table_with(schema, sample, filter, &|_, _| None)
+}
+
+/// [`table`], with the scalars `shown` has a text for shown that way.
+pub fn table_with(schema: &Schema, sample: &Sample, filter: &NameFilter, shown: Shown) -> String {
     let rows = filter
         .select(schema)
         .into_iter()
         .filter_map(|id| {
             let desc = schema.get(id)?;
-            Some((desc.name.as_str(), value(desc, &sample.value(schema, id))))
+            let value = sample.value(schema, id);
+            let text = match value {
+                Value::Scalar(raw) => shown(desc, raw),
+                _ => None,
+            };
+            Some((
+                desc.name.as_str(),
+                text.unwrap_or_else(|| self::value(desc, &value)),
+            ))
         })
         .collect::<Vec<_>>();
     render(&rows)
@@ -29,12 +48,31 @@ pub fn table(schema: &Schema, sample: &Sample, filter: &NameFilter) -> String {
 /// One line per selected stat of a [`Delta`]: growth and rate of cumulative stats, current
 /// value of the others, bucket growth of histograms.
 pub fn delta_table(schema: &Schema, delta: &Delta, filter: &NameFilter) -> String {
+    delta_table_with(schema, delta, filter, &|_, _| None)
+}
+
+/// [`delta_table`], with the current values of instant and peak stats that
+/// `shown` has a text for shown that way.
+pub fn delta_table_with(
+    schema: &Schema,
+    delta: &Delta,
+    filter: &NameFilter,
+    shown: Shown,
+) -> String {
     let rows = filter
         .select(schema)
         .into_iter()
         .filter_map(|id| {
             let desc = schema.get(id)?;
-            Some((desc.name.as_str(), change(desc, delta.get(id)?)))
+            let now = delta.get(id)?;
+            let text = match now {
+                Change::Instant(raw) | Change::Peak(raw) => shown(desc, *raw),
+                _ => None,
+            };
+            Some((
+                desc.name.as_str(),
+                text.unwrap_or_else(|| change(desc, now)),
+            ))
         })
         .collect::<Vec<_>>();
     render(&rows)
@@ -229,5 +267,48 @@ mod tests {
         d.size = 3;
         let buckets = crate::value::buckets(&d, &[0, 2, 5]);
         assert_eq!(histogram(&d, &buckets), "n=7 [1ns,2ns)=2 [2ns,..)=5");
+    }
+
+    #[test]
+    fn a_readers_own_text_replaces_only_the_scalars_it_names() {
+        let bytes = crate::builder::StatsFileBuilder::new("kvmscope-1")
+            .stat(
+                "at_ns",
+                StatType::Instant,
+                Unit::Seconds,
+                Base::Pow10,
+                -9,
+                &[7],
+            )
+            .stat(
+                "took_ns",
+                StatType::Instant,
+                Unit::Seconds,
+                Base::Pow10,
+                -9,
+                &[7],
+            )
+            .counter("exits", 7)
+            .build();
+        let schema = Schema::read(bytes.as_slice()).unwrap();
+        let mut sample = Sample::new(&schema);
+        sample.read_from(bytes.as_slice(), &schema).unwrap();
+        let shown =
+            |d: &Descriptor, raw: u64| (d.name == "at_ns").then(|| format!("instant {raw}"));
+        let all = NameFilter::all();
+        let text = table_with(&schema, &sample, &all, &shown);
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        assert_eq!(lines, ["at_ns    instant 7", "took_ns  7 ns", "exits    7"]);
+        assert_eq!(
+            table(&schema, &sample, &all).lines().next(),
+            Some("at_ns    7 ns")
+        );
+        let delta = crate::delta(&schema, &sample, &sample);
+        let text = delta_table_with(&schema, &delta, &all, &shown);
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        assert_eq!(
+            lines,
+            ["at_ns    instant 7", "took_ns  7 ns", "exits    +0"]
+        );
     }
 }

@@ -314,7 +314,7 @@ struct RunArgs {
     /// Number of vCPUs, one thread each [default: 1; with --incoming, the
     /// stream's; given with --memory, the VM is built, and --socket served,
     /// before the stream arrives].
-    #[arg(long)]
+    #[arg(long, value_name = "N", value_parser = vcpu_count)]
     vcpus: Option<usize>,
     /// Back guest RAM with transparent huge pages (MADV_HUGEPAGE).
     #[arg(long)]
@@ -445,6 +445,17 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
 
 /// `--name`: a VM's name labels its metrics and answers `query-name`; an
 /// empty one would label it `vm=""`.
+/// `--vcpus`: from 1 to the guest ABI's most (KVM's own limit, which may be
+/// lower, is checked when the VM is made).
+fn vcpu_count(text: &str) -> Result<usize, String> {
+    let most = kvmscope::abi::MAX_VCPUS;
+    match text.parse::<u64>() {
+        Ok(n) if (1..=most).contains(&n) => usize::try_from(n).map_err(|e| e.to_string()),
+        Ok(_) => Err(format!("a VM has from 1 to {most} vCPUs")),
+        Err(e) => Err(format!("not a number of vCPUs: {e}")),
+    }
+}
+
 fn non_empty_name(text: &str) -> Result<String, String> {
     if text.trim().is_empty() {
         Err("a VM's name cannot be empty (leave --name out for the default)".into())

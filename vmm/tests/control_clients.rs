@@ -370,6 +370,24 @@ fn stats_command_shows_the_vmms_own_stats_beside_the_kernels() {
         "{vm_text}"
     );
     assert!(vm_text.contains("has not measured readiness"), "{vm_text}");
+    // A wall-clock instant as its UTC date and age, not seconds since 1970.
+    let published = vm_text
+        .lines()
+        .find(|l| l.starts_with("published_at_ns "))
+        .unwrap_or_else(|| panic!("{vm_text}"));
+    let (date, age) = published["published_at_ns ".len()..]
+        .trim()
+        .split_once(" (")
+        .unwrap_or_else(|| panic!("{published}"));
+    assert!(
+        date.len() >= 20 && date.as_bytes()[4] == b'-' && date.contains('T') && date.ends_with('Z'),
+        "{published}"
+    );
+    let age: f64 = age.strip_suffix(" s ago)").unwrap().parse().unwrap();
+    assert!(
+        age < 60.0,
+        "the publisher's last write, moments ago: {published}"
+    );
     let json = stdout_of(&kvmscope(&["stats", "--vm", "--json"], &vm.socket));
     assert!(json.contains("\"prediction_converges\""), "{json}");
 }

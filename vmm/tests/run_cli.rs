@@ -35,6 +35,16 @@ fn empty_names_counts_and_patterns_are_refused_once_each_naming_the_flag() {
     for (args, code, said) in [
         (&["run", "--name", ""][..], 2, "a VM's name cannot be empty"),
         (
+            &["run", "--vcpus", "0"][..],
+            2,
+            "a VM has from 1 to 256 vCPUs",
+        ),
+        (
+            &["run", "--vcpus", "257"][..],
+            2,
+            "a VM has from 1 to 256 vCPUs",
+        ),
+        (
             &["watch", "--socket", "/nonexistent", "--count", "0"][..],
             2,
             "--count",

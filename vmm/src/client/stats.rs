@@ -50,6 +50,15 @@ impl Received {
         }
     }
 
+    /// How a table shows this file's values where their unit cannot say
+    /// (the VMM's own instants, as dates); nothing for KVM's files.
+    pub(crate) fn shown(&self) -> kvm_stats::format::Shown<'static> {
+        match self.provider {
+            StatsProvider::Kvmscope => &crate::vmmstats::instant_text,
+            _ => &|_, _| None,
+        }
+    }
+
     /// Whether `filter` keeps any of its stats (a table of none is left out).
     pub(crate) fn shows_any(&self, filter: &NameFilter) -> bool {
         !filter.select(self.stats.schema()).is_empty()
@@ -192,7 +201,7 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
         write!(
             out,
             "{}",
-            kvm_stats::format::table(r.stats.schema(), s, &shown)
+            kvm_stats::format::table_with(r.stats.schema(), s, &shown, r.shown())
         )?;
         if left_out {
             writeln!(out, "(no readiness_* or prediction_* figure: this VMM has not measured readiness; `kvmscope readiness`, or `run --readiness-every`)")?;

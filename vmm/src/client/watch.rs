@@ -105,7 +105,7 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
             write!(
                 out,
                 "{}",
-                kvm_stats::format::delta_table(schema, &delta, &filter)
+                kvm_stats::format::delta_table_with(schema, &delta, &filter, r.shown())
             )?;
         }
         out.flush()?;

@@ -238,6 +238,27 @@ pub fn measured(schema: &kvm_stats::Schema, sample: &kvm_stats::Sample) -> bool 
         .is_some_and(|id| sample.values(id).first().is_some_and(|&v| v != 0))
 }
 
+/// How `kvmscope stats` and `watch` show a value of the VMM's own files
+/// where its unit cannot say what it is: a wall-clock instant (`*_at_ns`,
+/// nanoseconds since the epoch, which the format calls seconds) as its UTC
+/// date and age, `never` for 0; `None` for every other stat.
+pub fn instant_text(d: &kvm_stats::Descriptor, raw: u64) -> Option<String> {
+    if !d.name.ends_with("_at_ns") {
+        return None;
+    }
+    if raw == 0 {
+        return Some("never".into());
+    }
+    let at = jiff::Timestamp::from_nanosecond(i128::from(raw)).ok()?;
+    let at = at.round(jiff::Unit::Millisecond).ok()?;
+    let then = std::time::UNIX_EPOCH + Duration::from_nanos(raw);
+    let age = match std::time::SystemTime::now().duration_since(then) {
+        Ok(age) => format!("{:.1} s ago", age.as_secs_f64()),
+        Err(ahead) => format!("{:.1} s from now", ahead.duration().as_secs_f64()),
+    };
+    Some(format!("{at} ({age})"))
+}
+
 /// A vCPU file's stats: `exits_<reason>` per [`Reason`], then [`VcpuStat`]s.
 fn vcpu_defs() -> Vec<Def> {
     let exits = Reason::ALL.iter().map(|r| Def {
