@@ -311,7 +311,7 @@ struct RunArgs {
     /// match].
     #[arg(long)]
     memory: Option<Size>,
-    /// Number of vCPUs, one thread each [default: 1; with --incoming, the
+    /// Number of vCPUs, 1 to 256, one thread each [default: 1; with --incoming, the
     /// stream's; given with --memory, the VM is built, and --socket served,
     /// before the stream arrives].
     #[arg(long, value_name = "N", value_parser = vcpu_count)]
@@ -366,9 +366,11 @@ struct RunArgs {
     metrics_addr: Option<std::net::SocketAddr>,
     /// Stop with exit status 5, printing each vCPU's registers, when a vCPU's
     /// guest has not checked in (its first port write) after running this
-    /// long (its thread's time on a host CPU: a busy host starting many VMs
-    /// makes no guest late), or, for a vCPU that does not run at all, after
-    /// six times this long; a pause restarts the clock; `off` waits for ever.
+    /// long (its thread's time on a host CPU, so that a host busy starting
+    /// many VMs does not make a slow start late), or after six times this
+    /// long by the wall clock, whatever it ran (a guest that halts before
+    /// checking in, or where the thread's time cannot be read); a pause
+    /// restarts both clocks; `off` waits for ever.
     #[arg(long, default_value = "5s", value_name = "DUR")]
     boot_timeout: Limit,
     /// Be a migration destination: wait for one stream at unix:PATH or
@@ -443,8 +445,6 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
     }
 }
 
-/// `--name`: a VM's name labels its metrics and answers `query-name`; an
-/// empty one would label it `vm=""`.
 /// `--vcpus`: from 1 to the guest ABI's most (KVM's own limit, which may be
 /// lower, is checked when the VM is made).
 fn vcpu_count(text: &str) -> Result<usize, String> {
@@ -456,6 +456,8 @@ fn vcpu_count(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `--name`: a VM's name labels its metrics and answers `query-name`; an
+/// empty one would label it `vm=""`.
 fn non_empty_name(text: &str) -> Result<String, String> {
     if text.trim().is_empty() {
         Err("a VM's name cannot be empty (leave --name out for the default)".into())

@@ -193,19 +193,25 @@ struct Watch {
 /// guest time included) while the VM is not paused; a pause restarts it. A
 /// guest that spins without checking in is late after `limit` of running; a
 /// host starting hundreds of VMs at once, whose vCPU threads wait seconds
-/// for a CPU and on its locks, makes none late. A vCPU that does not run at
-/// all (a guest halted before its first port write), or whose time cannot
-/// be read, is late after [`BOOT_WALL_FACTOR`] times `limit` of wall time.
+/// for a CPU and on its locks, makes none late. Whatever a vCPU ran, it is
+/// late after [`BOOT_WALL_FACTOR`] times `limit` of wall time (a guest
+/// halted before its first port write, which does not run, or a thread
+/// whose time cannot be read).
 struct BootWatch {
     limit: Option<Duration>,
     /// Since when the clock runs, and the time on a CPU then (ns) of each
     /// vCPU (by index) waiting to check in (none at start: a thread not
     /// started yet has all its time after); `None` once every vCPU checked in.
     since: Option<(Instant, Vec<(usize, u64)>)>,
+    /// The earliest a vCPU can be late, as of the last look: a thread's
+    /// time on a CPU grows no faster than the wall clock.
+    next: Option<Instant>,
+    /// Each vCPU's time on a CPU as last read (ns), for a restart that
+    /// cannot read it.
+    last: Vec<(usize, u64)>,
 }
 
-/// A vCPU that has not run for `--boot-timeout` is late after this many
-/// times that long of wall time.
+/// The wall-clock cap on `--boot-timeout`, as a multiple of it.
 const BOOT_WALL_FACTOR: u32 = 6;
 
 impl BootWatch {
@@ -213,6 +219,8 @@ impl BootWatch {
         BootWatch {
             limit,
             since: limit.map(|_| (started, Vec::new())),
+            next: limit.map(|l| started + l),
+            last: Vec::new(),
         }
     }
 
@@ -220,12 +228,8 @@ impl BootWatch {
     /// not past the earliest a vCPU could be late.
     fn wait(&self, now: Instant) -> Duration {
         let second = Duration::from_secs(1);
-        match (&self.since, self.limit) {
-            (Some((since, _)), Some(limit)) => {
-                (*since + limit).saturating_duration_since(now).min(second)
-            }
-            _ => second,
-        }
+        self.next
+            .map_or(second, |n| n.saturating_duration_since(now).min(second))
     }
 
     /// The vCPUs that have not checked in, once one of them is late.
@@ -249,24 +253,38 @@ impl BootWatch {
         let limit = self.limit?;
         if waiting.is_empty() {
             self.since = None;
+            self.next = None;
             return None;
         }
-        if paused {
-            let at = waiting.iter().map(|&(i, t)| (i, t.unwrap_or(0))).collect();
-            self.since = Some((now, at));
-            return None;
-        }
-        let (since, at) = self.since.as_ref()?;
-        let elapsed = now.saturating_duration_since(*since);
-        let late = |&(i, on_cpu): &(usize, Option<u64>)| {
-            let then = at.iter().find(|&&(j, _)| j == i).map_or(0, |&(_, t)| t);
-            let ran = on_cpu.map(|t| Duration::from_nanos(t.saturating_sub(then)));
-            ran.is_some_and(|ran| ran >= limit) || elapsed >= limit * BOOT_WALL_FACTOR
+        // A vCPU's time in a list of them (0: not started then).
+        let of = |list: &[(usize, u64)], i: usize| {
+            list.iter().find(|&&(j, _)| j == i).map_or(0, |&(_, t)| t)
         };
-        waiting
+        let read: Vec<(usize, u64)> = waiting
             .iter()
-            .any(late)
-            .then(|| waiting.iter().map(|&(i, _)| i).collect())
+            .map(|&(i, t)| (i, t.unwrap_or_else(|| of(&self.last, i))))
+            .collect();
+        let (since, at) = self.since.as_mut()?;
+        if paused {
+            // Restarted from the times now (one that cannot be read now,
+            // from the last read).
+            *since = now;
+            at.clone_from(&read);
+            self.last = read;
+            self.next = Some(now + limit);
+            return None;
+        }
+        let then = |i: usize| of(at, i);
+        let cap = *since + limit * BOOT_WALL_FACTOR;
+        let mut next = cap;
+        for &(i, on_cpu) in waiting {
+            let Some(on_cpu) = on_cpu else { continue };
+            let ran = Duration::from_nanos(on_cpu.saturating_sub(then(i)));
+            next = next.min(now + limit.saturating_sub(ran));
+        }
+        self.last = read;
+        self.next = Some(next);
+        (now >= next).then(|| waiting.iter().map(|&(i, _)| i).collect())
     }
 }
 

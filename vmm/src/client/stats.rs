@@ -187,7 +187,7 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
         }
         writeln!(out, "== {} ({}) ==", r.label(), r.stats.schema().id())?;
         let names = || r.stats.schema().iter().map(|(_, d)| d.name.as_str());
-        let (shown, left_out) = match unmeasured(r, s) {
+        let (kept, left_out) = match unmeasured(r, s) {
             Some(out_) => (
                 NameFilter::names(
                     names()
@@ -201,7 +201,7 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
         write!(
             out,
             "{}",
-            kvm_stats::format::table_with(r.stats.schema(), s, &shown, r.shown())
+            kvm_stats::format::table_with(r.stats.schema(), s, &kept, r.shown())
         )?;
         if left_out {
             writeln!(out, "(no readiness_* or prediction_* figure: this VMM has not measured readiness; `kvmscope readiness`, or `run --readiness-every`)")?;

@@ -120,7 +120,7 @@ fn vm_file_hide<'a>(
     measured: &mut OwnValue<'a>,
     status: &mut OwnValue<'a>,
 ) -> fn(&str) -> bool {
-    match (measured.of(own) != 0, status.of(own) != 0) {
+    match (vmmstats::measured_at(measured.of(own)), status.of(own) != 0) {
         (true, true) => vm_file_hides::<true, true>,
         (false, true) => vm_file_hides::<false, true>,
         (true, false) => vm_file_hides::<true, false>,
@@ -282,6 +282,7 @@ fn vcpu_sources<'a>(
     labels: &'a [String],
     vcpus: &'a [(StatsFd, Sample)],
 ) -> impl Iterator<Item = Source<'a>> {
+    debug_assert!(labels.len() >= vcpus.len(), "a vCPU file without labels");
     labels
         .iter()
         .zip(vcpus)

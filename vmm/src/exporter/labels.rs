@@ -12,6 +12,6 @@ pub(crate) fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> Strin
 /// The labels of each of a VM's `vcpus`: the VM's `labels` and the `vcpu` index.
 pub(crate) fn vcpu_labels(labels: &str, vcpus: usize) -> Vec<String> {
     (0..vcpus)
-        .map(|i| format!("{labels},vcpu=\"{i}\""))
+        .map(|i| crate::metrics::vcpu_labels(labels, i))
         .collect()
 }

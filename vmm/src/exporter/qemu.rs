@@ -190,7 +190,7 @@ impl Figures for QemuFigures {
 
     fn vm_stats(&self) -> Vec<Source<'_>> {
         self.read()
-            .map(|q| Source::new(q.labels.clone(), Values::Listed(&q.vm)))
+            .map(|q| Source::new(q.labels.as_str(), Values::Listed(&q.vm)))
             .collect()
     }
 
@@ -200,8 +200,8 @@ impl Figures for QemuFigures {
                 q.vcpus.iter().enumerate().map(move |(i, (path, r))| {
                     Source::new(
                         format!(
-                            "{},vcpu=\"{i}\",qom_path=\"{}\"",
-                            q.labels,
+                            "{},qom_path=\"{}\"",
+                            crate::metrics::vcpu_labels(&q.labels, i),
                             label_value(path)
                         ),
                         Values::Listed(r),

@@ -790,7 +790,7 @@ mod tests {
             memory: 0,
             backend: "pvm".into(),
             labels: String::new(),
-            vcpu_labels: Vec::new(),
+            vcpu_labels: super::super::labels::vcpu_labels("", vcpus.len()),
             vm: open(vm),
             vcpus: vcpus.iter().map(|b| open(b)).collect(),
             socket: None,

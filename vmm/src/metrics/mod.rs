@@ -266,8 +266,12 @@ pub(crate) enum Values<'a> {
 pub(crate) type Listed = [(Descriptor, Vec<u64>)];
 
 /// Where a stat is in the first source that has it: its id there and that
-/// source's schema.
-type Hint<'a> = Option<(kvm_stats::StatId, &'a Schema)>;
+/// source's schema, or its place in that source's list.
+#[derive(Debug, Clone, Copy)]
+enum Hint<'a> {
+    Fd(kvm_stats::StatId, &'a Schema),
+    Listed(usize),
+}
 
 impl<'a> Values<'a> {
     /// Every stat of the source, with its id and schema where it has them.
@@ -275,9 +279,13 @@ impl<'a> Values<'a> {
         match self {
             Values::Fd(fd, _) => {
                 let schema = fd.schema();
-                Box::new(schema.iter().map(move |(id, d)| (Some((id, schema)), d)))
+                Box::new(schema.iter().map(move |(id, d)| (Hint::Fd(id, schema), d)))
             }
-            Values::Listed(list) => Box::new(list.iter().map(|(d, _)| (None, d))),
+            Values::Listed(list) => Box::new(
+                list.iter()
+                    .enumerate()
+                    .map(|(i, (d, _))| (Hint::Listed(i), d)),
+            ),
         }
     }
 
@@ -285,24 +293,29 @@ impl<'a> Values<'a> {
     /// `hint` is where another source has it: taken as it is where the two
     /// share their descriptors (one pointer compared: a page of hundreds of
     /// fds would otherwise touch every fd's descriptor of every stat), tried
-    /// first where not.
+    /// first where not (one name compared: lists of one VMM build, or one
+    /// QEMU, have their stats in one order).
     fn find(self, name: &str, hint: Hint<'_>) -> Option<(&'a Descriptor, &'a [u64])> {
         match self {
             Values::Fd(fd, sample) => {
                 let schema = fd.schema();
                 let id = match hint {
-                    Some((id, from)) if schema.shares_descriptors(from) => Some(id),
-                    Some((id, _)) if schema.get(id).is_some_and(|same| same.name == name) => {
+                    Hint::Fd(id, from) if schema.shares_descriptors(from) => Some(id),
+                    Hint::Fd(id, _) if schema.get(id).is_some_and(|same| same.name == name) => {
                         Some(id)
                     }
                     _ => schema.find(name),
                 }?;
                 Some((schema.get(id)?, sample.values(id)))
             }
-            Values::Listed(list) => list
-                .iter()
-                .find(|(d, _)| d.name == name)
-                .map(|(d, v)| (d, v.as_slice())),
+            Values::Listed(list) => {
+                let at = match hint {
+                    Hint::Listed(i) => list.get(i).filter(|(d, _)| d.name == name),
+                    Hint::Fd(..) => None,
+                };
+                at.or_else(|| list.iter().find(|(d, _)| d.name == name))
+                    .map(|(d, v)| (d, v.as_slice()))
+            }
         }
     }
 }
@@ -316,8 +329,11 @@ pub(crate) struct Source<'a> {
     /// Its stats.
     pub(crate) values: Values<'a>,
     /// Stats of this source left off the page (by name).
-    pub(crate) hide: Option<fn(&str) -> bool>,
+    pub(crate) hide: Option<HideRule>,
 }
+
+/// Whether a stat (by name) is left off the page.
+pub(crate) type HideRule = fn(&str) -> bool;
 
 impl<'a> Source<'a> {
     /// A source whose every stat is shown.
@@ -375,16 +391,16 @@ pub(crate) fn write_sources_as(
         // Sources side by side mostly hide by one rule (each VMM's vCPUs):
         // the rule is asked once per run of sources that share it, not once
         // per source (hundreds per stat on a host's page).
-        let mut last_rule: Option<(usize, bool)> = None;
+        let mut last_rule: Option<(HideRule, bool)> = None;
         let mut shows = |source: &Source<'_>| {
             let Some(hide) = source.hide else {
                 return true;
             };
             match last_rule {
-                Some((rule, shown)) if rule == hide as usize => shown,
+                Some((rule, shown)) if std::ptr::fn_addr_eq(rule, hide) => shown,
                 _ => {
                     let shown = !hide(&d.name);
-                    last_rule = Some((hide as usize, shown));
+                    last_rule = Some((hide, shown));
                     shown
                 }
             }
@@ -457,6 +473,11 @@ fn refused_name(name: &str) {
         said.push(name.to_string());
         log::warn!("metrics: leaving out a stat whose name is not a metric name: {name:?}");
     }
+}
+
+/// A vCPU's labels: its VM's `labels` and its `vcpu` index.
+pub(crate) fn vcpu_labels(labels: &str, index: usize) -> String {
+    format!("{labels},vcpu=\"{index}\"")
 }
 
 /// `# HELP` text in the text format: backslash and line feed escaped.
@@ -568,7 +589,7 @@ pub(crate) fn render(samples: &Shared) -> String {
         let mut pairs = sources.iter().zip(latest);
         let vm_source: Vec<Source<'_>> = pairs
             .next()
-            .map(|(fd, sample)| Source::new(vm.clone(), Values::Fd(fd, sample)))
+            .map(|(fd, sample)| Source::new(vm.as_str(), Values::Fd(fd, sample)))
             .into_iter()
             .collect();
         write_sources(&mut out, &vm_source, "kvmscope_kvm_vm_", &mut seen, &|_| {
@@ -576,9 +597,7 @@ pub(crate) fn render(samples: &Shared) -> String {
         });
         let vcpu_sources: Vec<Source<'_>> = pairs
             .enumerate()
-            .map(|(i, (fd, sample))| {
-                Source::new(format!("{vm},vcpu=\"{i}\""), Values::Fd(fd, sample))
-            })
+            .map(|(i, (fd, sample))| Source::new(vcpu_labels(&vm, i), Values::Fd(fd, sample)))
             .collect();
         write_sources(
             &mut out,
@@ -663,6 +682,48 @@ mod tests {
                 "p_y_total{vm=\"b\"} 2",
                 "p_y_total{vm=\"c\"} 3",
                 "p_z_total{vm=\"c\"} 3",
+            ],
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_list_in_another_order_and_rules_that_alternate_still_give_each_source_its_own() {
+        let first = listed(&["x", "y"], 1);
+        let mut swapped = listed(&["y"], 5);
+        swapped.extend(listed(&["x"], 6));
+        let source = |l: &str, v| Source::new(format!("vm=\"{l}\""), Values::Listed(v));
+        fn hiding(mut s: Source<'_>, rule: fn(&str) -> bool) -> Source<'_> {
+            s.hide = Some(rule);
+            s
+        }
+        let no_y = |s| hiding(s, |n| n == "y");
+        let no_x = |s| hiding(s, |n| n == "x");
+        let (first, swapped) = (&first, &swapped);
+        let sources = [
+            source("a", first),
+            source("b", swapped),
+            no_y(source("c", first)),
+            no_x(source("d", swapped)),
+            no_y(source("e", swapped)),
+            no_x(source("f", first)),
+        ];
+        let mut out = String::new();
+        write_sources(&mut out, &sources, "p_", &mut HashSet::new(), &|_: &str| {
+            true
+        });
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            lines,
+            [
+                "p_x_total{vm=\"a\"} 1",
+                "p_x_total{vm=\"b\"} 6",
+                "p_x_total{vm=\"c\"} 1",
+                "p_x_total{vm=\"e\"} 6",
+                "p_y_total{vm=\"a\"} 1",
+                "p_y_total{vm=\"b\"} 5",
+                "p_y_total{vm=\"d\"} 5",
+                "p_y_total{vm=\"f\"} 1",
             ],
             "{out}"
         );

@@ -235,7 +235,13 @@ pub fn measured(schema: &kvm_stats::Schema, sample: &kvm_stats::Sample) -> bool 
     let at: &str = VmStat::ReadinessAtNs.into();
     schema
         .find(at)
-        .is_some_and(|id| sample.values(id).first().is_some_and(|&v| v != 0))
+        .is_some_and(|id| sample.values(id).first().is_some_and(|&v| measured_at(v)))
+}
+
+/// Whether a VM file whose `readiness_at_ns` reads `at` holds readiness
+/// figures ([`measured`], from the value alone).
+pub fn measured_at(at: u64) -> bool {
+    at != 0
 }
 
 /// How `kvmscope stats` and `watch` show a value of the VMM's own files
@@ -249,14 +255,18 @@ pub fn instant_text(d: &kvm_stats::Descriptor, raw: u64) -> Option<String> {
     if raw == 0 {
         return Some("never".into());
     }
+    instant_text_at(raw, std::time::SystemTime::now())
+}
+
+/// [`instant_text`] of a nonzero instant as seen at `now`.
+fn instant_text_at(raw: u64, now: std::time::SystemTime) -> Option<String> {
     let at = jiff::Timestamp::from_nanosecond(i128::from(raw)).ok()?;
-    let at = at.round(jiff::Unit::Millisecond).ok()?;
     let then = std::time::UNIX_EPOCH + Duration::from_nanos(raw);
-    let age = match std::time::SystemTime::now().duration_since(then) {
+    let age = match now.duration_since(then) {
         Ok(age) => format!("{:.1} s ago", age.as_secs_f64()),
         Err(ahead) => format!("{:.1} s from now", ahead.duration().as_secs_f64()),
     };
-    Some(format!("{at} ({age})"))
+    Some(format!("{at:.3} ({age})"))
 }
 
 /// A vCPU file's stats: `exits_<reason>` per [`Reason`], then [`VcpuStat`]s.
@@ -275,6 +285,43 @@ fn vcpu_defs() -> Vec<Def> {
 mod tests {
     use super::*;
     use kvm_stats::StatsFd;
+
+    #[test]
+    fn an_instant_shows_as_its_utc_date_and_age_and_zero_as_never() {
+        let d = |name: &str| kvm_stats::Descriptor {
+            name: name.into(),
+            flags: 0,
+            kind: StatType::Instant,
+            unit: Unit::Seconds,
+            base: kvm_stats::Base::Pow10,
+            exponent: -9,
+            size: 1,
+            offset: 0,
+            bucket_size: 0,
+        };
+        assert_eq!(
+            instant_text(&d("readiness_at_ns"), 0).as_deref(),
+            Some("never")
+        );
+        assert_eq!(instant_text(&d("guest_stall_ns"), 5), None, "a duration");
+        // 2026-11-27T16:44:36.019Z, seen 1.5 s later and 2 s earlier.
+        let raw = 1_795_797_876_019_400_000;
+        let at = std::time::UNIX_EPOCH + Duration::from_nanos(raw);
+        let later = instant_text_at(raw, at + Duration::from_millis(1500));
+        assert_eq!(
+            later.as_deref(),
+            Some("2026-11-27T16:44:36.019Z (1.5 s ago)")
+        );
+        let earlier = instant_text_at(raw, at - Duration::from_secs(2));
+        assert_eq!(
+            earlier.as_deref(),
+            Some("2026-11-27T16:44:36.019Z (2.0 s from now)")
+        );
+        // The latest a u64 of nanoseconds reaches, in 2554, is a date too.
+        assert!(instant_text(&d("published_at_ns"), u64::MAX)
+            .unwrap()
+            .starts_with("2554-"));
+    }
 
     #[test]
     fn every_file_reads_strictly_and_each_setter_lands_on_its_stat() {
