@@ -655,6 +655,18 @@ mod tests {
             .collect()
     }
 
+    /// The page's sample lines (no `#` line) for `sources`, every stat kept.
+    fn sample_lines(sources: &[Source<'_>]) -> Vec<String> {
+        let mut out = String::new();
+        write_sources(&mut out, sources, "p_", &mut HashSet::new(), &|_: &str| {
+            true
+        });
+        out.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect()
+    }
+
     #[test]
     fn listed_sources_of_the_same_names_each_get_their_line_and_a_later_name_is_not_lost() {
         let (a, b, c) = (
@@ -666,13 +678,8 @@ mod tests {
         let mut hidden = source("d", &b);
         hidden.hide = Some(|n: &str| n == "y");
         let sources = [source("a", &a), source("b", &b), hidden, source("c", &c)];
-        let mut out = String::new();
-        write_sources(&mut out, &sources, "p_", &mut HashSet::new(), &|_: &str| {
-            true
-        });
-        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
         assert_eq!(
-            lines,
+            sample_lines(&sources),
             [
                 "p_x_total{vm=\"a\"} 1",
                 "p_x_total{vm=\"b\"} 2",
@@ -682,8 +689,7 @@ mod tests {
                 "p_y_total{vm=\"b\"} 2",
                 "p_y_total{vm=\"c\"} 3",
                 "p_z_total{vm=\"c\"} 3",
-            ],
-            "{out}"
+            ]
         );
     }
 
@@ -708,13 +714,8 @@ mod tests {
             no_y(source("e", swapped)),
             no_x(source("f", first)),
         ];
-        let mut out = String::new();
-        write_sources(&mut out, &sources, "p_", &mut HashSet::new(), &|_: &str| {
-            true
-        });
-        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
         assert_eq!(
-            lines,
+            sample_lines(&sources),
             [
                 "p_x_total{vm=\"a\"} 1",
                 "p_x_total{vm=\"b\"} 6",
@@ -724,8 +725,7 @@ mod tests {
                 "p_y_total{vm=\"b\"} 5",
                 "p_y_total{vm=\"d\"} 5",
                 "p_y_total{vm=\"f\"} 1",
-            ],
-            "{out}"
+            ]
         );
     }
 
