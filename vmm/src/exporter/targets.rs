@@ -214,15 +214,42 @@ pub(crate) struct Sources {
     pub(crate) attach_timeout: Duration,
 }
 
-/// The running discovery thread; dropping it stops the thread.
+/// The running discovery thread; dropping it stops the thread, woken at
+/// once from its wait for a change (not at the next rescan).
 pub(crate) struct Watcher {
-    stop: Arc<Mutex<bool>>,
+    stop: Arc<Stop>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// Discovery's stop: the flag, and an eventfd its wait polls beside inotify.
+struct Stop {
+    asked: Mutex<bool>,
+    wake: rustix::fd::OwnedFd,
+}
+
+impl Stop {
+    fn new() -> std::io::Result<Stop> {
+        let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK;
+        Ok(Stop {
+            asked: Mutex::new(false),
+            wake: rustix::event::eventfd(0, flags)?,
+        })
+    }
+
+    fn asked(&self) -> bool {
+        *lock(&self.asked)
+    }
+
+    fn ask(&self) {
+        *lock(&self.asked) = true;
+        // The counter cannot overflow from one write a stop.
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        *lock(&self.stop) = true;
+        self.stop.ask();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -234,7 +261,7 @@ impl Drop for Watcher {
 /// # Errors
 /// The thread could not be started.
 pub(crate) fn watch(sources: Sources, registry: Arc<Mutex<Registry>>) -> std::io::Result<Watcher> {
-    let stop = Arc::new(Mutex::new(false));
+    let stop = Arc::new(Stop::new()?);
     let stopping = stop.clone();
     let thread = std::thread::Builder::new()
         .name("exporter-watch".into())
@@ -286,31 +313,35 @@ impl Discovery {
         }
     }
 
-    fn run(mut self, stop: &Mutex<bool>) {
-        while !*lock(stop) {
+    fn run(mut self, stop: &Stop) {
+        while !stop.asked() {
             self.collect_attached();
             self.collect_checks();
             self.check_attached();
             self.attach_new();
-            self.wait_for_change();
+            self.wait_for_change(stop);
         }
     }
 
-    /// Sleeps until a watched directory changes, or [`RESCAN`] passes.
-    fn wait_for_change(&self) {
-        let Some(fd) = &self.inotify else {
-            std::thread::sleep(RESCAN);
-            return;
-        };
-        let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+    /// Sleeps until a watched directory changes, a stop is asked, or
+    /// [`RESCAN`] passes.
+    fn wait_for_change(&self, stop: &Stop) {
+        use rustix::event::{PollFd, PollFlags};
+        let mut fds = vec![PollFd::new(&stop.wake, PollFlags::IN)];
+        if let Some(fd) = &self.inotify {
+            fds.push(PollFd::new(fd, PollFlags::IN));
+        }
         let timeout = rustix::event::Timespec {
             tv_sec: 0,
             tv_nsec: i64::try_from(RESCAN.as_nanos()).unwrap_or(500_000_000),
         };
-        if rustix::event::poll(&mut fds, Some(&timeout)).unwrap_or(0) > 0 {
-            // Drain the events: any change means "rescan".
-            let mut buf = [0u8; 4096];
-            while rustix::io::read(fd, &mut buf).is_ok_and(|n| n > 0) {}
+        let ready = rustix::event::poll(&mut fds, Some(&timeout)).unwrap_or(0);
+        if ready > 0 {
+            if let Some(fd) = &self.inotify {
+                // Drain the events: any change means "rescan".
+                let mut buf = [0u8; 4096];
+                while rustix::io::read(fd, &mut buf).is_ok_and(|n| n > 0) {}
+            }
         }
     }
 
