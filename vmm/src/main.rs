@@ -223,8 +223,9 @@ struct StatsArgs {
     /// A vCPU's stats: an index or `all`.
     #[arg(long, value_name = "N|all")]
     vcpu: Option<VcpuChoice>,
-    /// Only these stats, e.g. pages_4k,exits.
-    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    /// Only these stats, KVM's and the VMM's own: names, `*` for any run of
+    /// characters, e.g. pages_4k,exits,readiness_*.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',', value_parser = stat_pattern)]
     names: Option<Vec<String>>,
     /// Print QMP-like JSON (`{"return": [...]}`, as `query-stats`).
     #[arg(long)]
@@ -239,8 +240,9 @@ struct WatchArgs {
     /// Time between refreshes, e.g. 500ms or 2s.
     #[arg(long, default_value = "1s")]
     interval: Period,
-    /// The stats to show (default: pages, exits and faults).
-    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    /// The stats to show: names, `*` for any run of characters (default:
+    /// pages, exits and faults).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',', value_parser = stat_pattern)]
     names: Option<Vec<String>>,
     /// Stop after N refreshes (at least 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -393,7 +395,9 @@ struct RunArgs {
     /// its work each time with a small ring (ring:4096), about one fault per
     /// page it writes with the default ring or the bitmap (by default 0.5 s
     /// every 90 s: 0.03-0.15 % measured, 0.55-0.7 % with ring:4096;
-    /// docs/BENCHMARKS.md). Needs --socket and --dirty-log.
+    /// docs/BENCHMARKS.md). The first a second after start, then every DUR
+    /// (each start within the control thread's sweep, at most a second late).
+    /// Needs --socket and --dirty-log.
     #[arg(
         long,
         value_name = "DUR",
@@ -443,6 +447,13 @@ fn vcpu_selector(choice: VcpuChoice) -> VcpuSelector {
         VcpuChoice::One(index) => VcpuSelector::One(index),
         VcpuChoice::All => VcpuSelector::All,
     }
+}
+
+/// A `--names` entry: a stat name, `*` for any run of characters.
+fn stat_pattern(text: &str) -> Result<String, String> {
+    kvm_stats::NameFilter::patterns(vec![text.to_string()])
+        .map(|_| text.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// `--vcpus`: from 1 to the guest ABI's most (KVM's own limit, which may be

@@ -40,7 +40,8 @@ pub struct Summary {
     pub(crate) memory: u64,
     /// Whether guest RAM asked for transparent huge pages.
     pub(crate) hugepages: bool,
-    /// Wall time of the run.
+    /// Wall time of the run, from the vCPUs' start (the start-up before
+    /// it is in the two figures below, which count from process start).
     pub(crate) elapsed: Duration,
     /// From process start to the first guest port write (the guest's first instruction is earlier still).
     pub(crate) to_first_exit: Option<Duration>,
@@ -165,7 +166,7 @@ impl Summary {
         };
         let _ = writeln!(
             s,
-            "time: {:.3} s total; {} to the first guest exit; {} to the first command done",
+            "time: {:.3} s run (from the vCPUs' start); from process start, {} to the first guest exit, {} to the first command done",
             self.elapsed.as_secs_f64(),
             us(self.to_first_exit),
             us(self.to_first_done)

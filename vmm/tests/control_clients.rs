@@ -89,6 +89,14 @@ fn stats_command_prints_a_table_of_the_named_stats() {
     let rows: Vec<&str> = text.lines().skip(1).collect();
     assert_eq!(rows.len(), 2, "{text}");
     assert!(rows.iter().any(|r| r.starts_with("exits ")));
+    // Patterns, as the exporter's --stats takes them.
+    let text = stdout_of(&kvmscope(
+        &["stats", "--vcpu", "0", "--names", "pf_*"],
+        &vm.socket,
+    ));
+    let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with("== ")).collect();
+    assert!(rows.len() > 1, "{text}");
+    assert!(rows.iter().all(|r| r.starts_with("pf_")), "{text}");
 }
 
 #[test]
@@ -390,4 +398,21 @@ fn stats_command_shows_the_vmms_own_stats_beside_the_kernels() {
     );
     let json = stdout_of(&kvmscope(&["stats", "--vm", "--json"], &vm.socket));
     assert!(json.contains("\"prediction_converges\""), "{json}");
+    // watch leaves them out too, saying why.
+    let text = stdout_of(&kvmscope(
+        &[
+            "watch",
+            "--vm",
+            "--count",
+            "1",
+            "--interval",
+            "20ms",
+            "--names",
+            "published_at_ns,prediction_*",
+        ],
+        &vm.socket,
+    ));
+    assert!(text.contains("\npublished_at_ns "), "{text}");
+    assert!(!text.contains("prediction_converges"), "{text}");
+    assert!(text.contains("has not measured readiness yet"), "{text}");
 }

@@ -93,6 +93,9 @@ pub enum Error {
     /// or one that ends inside a JSON value (a QMP server waits for the rest).
     #[error("{0}: give a QMP command as JSON, e.g. '{{\"execute\": \"query-status\"}}'")]
     Unanswerable(&'static str),
+    /// A `--names` pattern no stat name could match.
+    #[error("--names {0}")]
+    BadPattern(#[from] kvm_stats::BadPattern),
 }
 
 /// A reply line and the fds that came with it, in order.

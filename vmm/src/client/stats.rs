@@ -128,23 +128,53 @@ pub(crate) fn sample_all(received: &[Received]) -> Result<Vec<Sample>, Error> {
         .collect()
 }
 
-/// Warns about names in `filter` that none of the received schemas has.
+/// Warns about names and patterns in `filter` that match no stat of the
+/// received schemas.
 pub(crate) fn warn_missing(received: &[Received], filter: &NameFilter) {
-    let mut missing: Option<Vec<&str>> = None;
-    for r in received {
-        let here = filter.missing(r.stats.schema());
-        missing = Some(match missing {
-            None => here,
-            Some(before) => before.into_iter().filter(|n| here.contains(n)).collect(),
-        });
-    }
-    if let Some(names) = missing.filter(|m| !m.is_empty()) {
+    let names = received
+        .iter()
+        .flat_map(|r| r.stats.schema().iter().map(|(_, d)| d.name.as_str()));
+    let unmatched = filter.unmatched(names);
+    if !unmatched.is_empty() {
         log::warn!(
-            "no stat of this name in the stats read (the VM's and the vCPUs' differ, --vm and --vcpu choose; `query-stats-schemas` lists them all): {}",
-            names.join(", ")
+            "--names: no stat read matches {} (`query-stats-schemas` lists every stat; the VM's and the vCPUs' differ, --vm and --vcpu choose which are read)",
+            unmatched.join(", ")
         );
     }
 }
+
+/// The filter for `names` (`None`: every stat): names, `*` for any run of
+/// characters.
+///
+/// # Errors
+/// [`Error::BadPattern`] for a pattern no stat name could match.
+pub(crate) fn names_filter(names: Option<Vec<String>>) -> Result<NameFilter, Error> {
+    Ok(names.map_or_else(|| Ok(NameFilter::all()), NameFilter::patterns)?)
+}
+
+/// What a table of `r`'s sample shows of what `filter` keeps: all but the
+/// readiness figures of a VMM's own VM file before its first measurement
+/// ([`unmeasured`]); and whether any was left out so (the table then ends
+/// with [`UNMEASURED`]).
+pub(crate) fn table_filter(
+    r: &Received,
+    sample: &Sample,
+    filter: &NameFilter,
+) -> (NameFilter, bool) {
+    let Some(hidden) = unmeasured(r, sample) else {
+        return (filter.clone(), false);
+    };
+    let names = || r.stats.schema().iter().map(|(_, d)| d.name.as_str());
+    let kept = NameFilter::names(
+        names()
+            .filter(|n| filter.matches(n) && !hidden(n))
+            .map(str::to_string),
+    );
+    (kept, names().any(|n| filter.matches(n) && hidden(n)))
+}
+
+/// The line after a table that left out a VMM's readiness figures.
+pub(crate) const UNMEASURED: &str = "(no readiness_* or prediction_* figure: this VMM has not measured readiness yet; `kvmscope readiness` measures it now, `run --readiness-every` a second after start and every period after)";
 
 /// Runs `kvmscope stats`.
 ///
@@ -160,7 +190,7 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
     let received = receive(&mut client, vm, vcpus, true)?;
     drop(client);
     let samples = sample_all(&received)?;
-    let filter = NameFilter::from_option(config.names.clone());
+    let filter = names_filter(config.names.clone())?;
     warn_missing(&received, &filter);
     if config.json {
         // Shaped as QEMU's `query-stats` reply, each entry naming its provider.
@@ -186,25 +216,14 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
             continue;
         }
         writeln!(out, "== {} ({}) ==", r.label(), r.stats.schema().id())?;
-        let names = || r.stats.schema().iter().map(|(_, d)| d.name.as_str());
-        let (kept, left_out) = match unmeasured(r, s) {
-            Some(out_) => (
-                NameFilter::names(
-                    names()
-                        .filter(|n| filter.matches(n) && !out_(n))
-                        .map(str::to_string),
-                ),
-                names().any(|n| filter.matches(n) && out_(n)),
-            ),
-            None => (filter.clone(), false),
-        };
+        let (kept, left_out) = table_filter(r, s, &filter);
         write!(
             out,
             "{}",
             kvm_stats::format::table_with(r.stats.schema(), s, &kept, r.shown())
         )?;
         if left_out {
-            writeln!(out, "(no readiness_* or prediction_* figure: this VMM has not measured readiness; `kvmscope readiness`, or `run --readiness-every`)")?;
+            writeln!(out, "{UNMEASURED}")?;
         }
     }
     Ok(())

@@ -5,9 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kvm_stats::NameFilter;
-
-use super::stats::{receive, sample_all, warn_missing};
+use super::stats::{names_filter, receive, sample_all, table_filter, warn_missing, UNMEASURED};
 use super::{Client, Error, REPLY_TIMEOUT};
 use crate::abi;
 use crate::protocol::VcpuSelector;
@@ -74,7 +72,7 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         .names
         .clone()
         .unwrap_or_else(|| DEFAULT_NAMES.iter().map(|s| s.to_string()).collect());
-    let filter = NameFilter::names(names);
+    let filter = names_filter(Some(names))?;
     if config.names.is_some() {
         warn_missing(&received, &filter);
     }
@@ -102,11 +100,15 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
             let schema = r.stats.schema();
             let delta = kvm_stats::delta(schema, old, new);
             writeln!(out, "== {} ({}) ==", r.label(), schema.id())?;
+            let (kept, left_out) = table_filter(r, new, &filter);
             write!(
                 out,
                 "{}",
-                kvm_stats::format::delta_table_with(schema, &delta, &filter, r.shown())
+                kvm_stats::format::delta_table_with(schema, &delta, &kept, r.shown())
             )?;
+            if left_out {
+                writeln!(out, "{UNMEASURED}")?;
+            }
         }
         out.flush()?;
         older = newer;

@@ -225,12 +225,10 @@ impl Handler {
     /// measurement when it is due.
     pub(crate) fn on_sweep(&mut self) {
         if let (Some(periodic), Some(due)) = (self.ctx.periodic, self.periodic_due) {
-            if std::time::Instant::now() >= due {
-                self.periodic_due = Some(deferred::periodic_readiness(
-                    &self.ctx,
-                    periodic,
-                    &self.readiness_busy,
-                ));
+            let now = std::time::Instant::now();
+            if now >= due {
+                deferred::periodic_readiness(&self.ctx, periodic, &self.readiness_busy);
+                self.periodic_due = Some(deferred::next_due(due, now, periodic.period));
             }
         }
     }

@@ -103,12 +103,8 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
 
 /// Starts the periodic measurement when it is due and none is running (a
 /// client's `query-readiness` publishes its figures too, so one running now
-/// counts); returns when the next is due.
-pub(crate) fn periodic_readiness(
-    ctx: &Context,
-    periodic: Periodic,
-    busy: &Arc<AtomicBool>,
-) -> std::time::Instant {
+/// counts).
+pub(crate) fn periodic_readiness(ctx: &Context, periodic: Periodic, busy: &Arc<AtomicBool>) {
     let args = ReadinessArgs {
         scan: false,
         calc_time: Some(periodic.window),
@@ -120,7 +116,21 @@ pub(crate) fn periodic_readiness(
     if let Outcome::Error(_, why) = start_readiness(ctx, args, busy) {
         log::debug!("control: periodic readiness not started: {why}");
     }
-    std::time::Instant::now() + periodic.period
+}
+
+/// When the periodic measurement due at `due`, started at `now`, is next
+/// due: a period after `due`, not after `now`, so that the sweep it waits
+/// for (up to a second apart) delays one start, not every later one (the
+/// measurements came every period plus a second); a period after `now`
+/// when that is already past (a host that stalled the control thread).
+pub(crate) fn next_due(
+    due: std::time::Instant,
+    now: std::time::Instant,
+    period: Duration,
+) -> std::time::Instant {
+    Some(due + period)
+        .filter(|&next| next > now)
+        .unwrap_or(now + period)
 }
 
 /// Starts a readiness measurement on its own thread. `busy` guards against
@@ -259,5 +269,23 @@ fn run_state(main: &Sender<VmEvent>, request: RunRequest) -> Result<(), RunState
             request,
             limit: RUN_STATE_LIMIT,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn the_next_periodic_measurement_keeps_the_cadence_of_the_last_due_one() {
+        let period = Duration::from_secs(3);
+        let due = Instant::now();
+        // Started up to a sweep late: the next is still a period after `due`.
+        let late = due + Duration::from_millis(900);
+        assert_eq!(next_due(due, late, period), due + period);
+        // Started more than a period late: a period from now.
+        let stalled = due + Duration::from_secs(7);
+        assert_eq!(next_due(due, stalled, period), stalled + period);
     }
 }

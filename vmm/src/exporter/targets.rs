@@ -412,7 +412,7 @@ impl Discovery {
             match result {
                 Ok(target) => {
                     log::info!(
-                        "exporter: reading VM {:?} (pid {}, {} vCPUs) from {}",
+                        "exporter: reading VM {:?} (pid {}, {} vCPU(s)) from {}",
                         target.name,
                         target.pid,
                         target.vcpus.len(),
