@@ -316,7 +316,7 @@ struct RunArgs {
     /// Number of vCPUs, 1 to 256, one thread each [default: 1; with --incoming, the
     /// stream's; given with --memory, the VM is built, and --socket served,
     /// before the stream arrives].
-    #[arg(long, value_name = "N", value_parser = vcpu_count)]
+    #[arg(long, value_name = "N", value_parser = vcpu_count, allow_negative_numbers = true)]
     vcpus: Option<usize>,
     /// Back guest RAM with transparent huge pages (MADV_HUGEPAGE).
     #[arg(long)]
@@ -460,8 +460,10 @@ fn stat_pattern(text: &str) -> Result<String, String> {
 /// lower, is checked when the VM is made).
 fn vcpu_count(text: &str) -> Result<usize, String> {
     let most = kvmscope::abi::MAX_VCPUS;
-    match text.parse::<u64>() {
-        Ok(n) if (1..=most).contains(&n) => usize::try_from(n).map_err(|e| e.to_string()),
+    match text.parse::<i128>() {
+        Ok(n) if (1..=i128::from(most)).contains(&n) => {
+            usize::try_from(n).map_err(|e| e.to_string())
+        }
         Ok(_) => Err(format!("a VM has from 1 to {most} vCPUs")),
         Err(e) => Err(format!("not a number of vCPUs: {e}")),
     }

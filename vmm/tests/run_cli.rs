@@ -45,6 +45,11 @@ fn empty_names_counts_and_patterns_are_refused_once_each_naming_the_flag() {
             "a VM has from 1 to 256 vCPUs",
         ),
         (
+            &["run", "--vcpus", "-1"][..],
+            2,
+            "a VM has from 1 to 256 vCPUs",
+        ),
+        (
             &["stats", "--socket", "/nonexistent", "--names", "pf_*,a-b"][..],
             2,
             "pattern \"a-b\": use stat names",
