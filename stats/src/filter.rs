@@ -114,33 +114,14 @@ impl NameFilter {
             .map(String::as_str)
             .collect();
         for name in names {
-            left.retain(|p| {
-                if p.contains('*') {
-                    !glob(p, name)
-                } else {
-                    *p != name
-                }
-            });
+            // A name without `*` matches only itself.
+            left.retain(|p| !glob(p, name));
             if left.is_empty() {
                 break;
             }
         }
         left.sort_unstable();
         left
-    }
-
-    /// Names in the filter that `schema` does not have, sorted (for a "no such stat" hint).
-    pub fn missing(&self, schema: &Schema) -> Vec<&str> {
-        let Some(names) = &self.names else {
-            return Vec::new();
-        };
-        let mut out: Vec<&str> = names
-            .iter()
-            .map(String::as_str)
-            .filter(|n| schema.find(n).is_none())
-            .collect();
-        out.sort_unstable();
-        out
     }
 }
 

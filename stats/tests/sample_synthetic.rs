@@ -264,7 +264,8 @@ fn table_honours_name_filter() {
     let filter = NameFilter::names(["exits", "pages_4k", "absent"]);
     let table = format::table(&schema, &sample_of(&schema, &bytes), &filter);
     assert_eq!(table, "exits     1000\npages_4k  12\n");
-    assert_eq!(filter.missing(&schema), vec!["absent"]);
+    let names = schema.iter().map(|(_, d)| d.name.as_str());
+    assert_eq!(filter.unmatched(names), vec!["absent"]);
 }
 
 #[test]

@@ -149,7 +149,7 @@ pub(crate) fn warn_missing(received: &[Received], filter: &NameFilter) {
 /// # Errors
 /// [`Error::BadPattern`] for a pattern no stat name could match.
 pub(crate) fn names_filter(names: Option<Vec<String>>) -> Result<NameFilter, Error> {
-    Ok(names.map_or_else(|| Ok(NameFilter::all()), NameFilter::patterns)?)
+    Ok(NameFilter::patterns(names.unwrap_or_default())?)
 }
 
 /// What a table of `r`'s sample shows of what `filter` keeps: all but the

@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvm_stats::{Header, Sample, StatsFd};
+use rustix::fd::OwnedFd;
 use rustix::fs::inotify;
 
 use super::exit_sums::ExitSums;
@@ -217,39 +218,15 @@ pub(crate) struct Sources {
 /// The running discovery thread; dropping it stops the thread, woken at
 /// once from its wait for a change (not at the next rescan).
 pub(crate) struct Watcher {
-    stop: Arc<Stop>,
+    /// The stop: an eventfd the thread polls beside inotify, as the HTTP
+    /// server polls its own.
+    stop: OwnedFd,
     thread: Option<JoinHandle<()>>,
-}
-
-/// Discovery's stop: the flag, and an eventfd its wait polls beside inotify.
-struct Stop {
-    asked: Mutex<bool>,
-    wake: rustix::fd::OwnedFd,
-}
-
-impl Stop {
-    fn new() -> std::io::Result<Stop> {
-        let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK;
-        Ok(Stop {
-            asked: Mutex::new(false),
-            wake: rustix::event::eventfd(0, flags)?,
-        })
-    }
-
-    fn asked(&self) -> bool {
-        *lock(&self.asked)
-    }
-
-    fn ask(&self) {
-        *lock(&self.asked) = true;
-        // The counter cannot overflow from one write a stop.
-        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
-    }
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.stop.ask();
+        let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -261,8 +238,9 @@ impl Drop for Watcher {
 /// # Errors
 /// The thread could not be started.
 pub(crate) fn watch(sources: Sources, registry: Arc<Mutex<Registry>>) -> std::io::Result<Watcher> {
-    let stop = Arc::new(Stop::new()?);
-    let stopping = stop.clone();
+    let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK;
+    let stop = rustix::event::eventfd(0, flags)?;
+    let stopping = stop.try_clone()?;
     let thread = std::thread::Builder::new()
         .name("exporter-watch".into())
         .spawn(move || Discovery::new(sources, registry).run(&stopping))?;
@@ -283,7 +261,7 @@ struct Discovery {
     pending: BTreeMap<PathBuf, Instant>,
     results: (Sender<Attached>, Receiver<Attached>),
     checks: (Sender<Checked>, Receiver<Checked>),
-    inotify: Option<rustix::fd::OwnedFd>,
+    inotify: Option<OwnedFd>,
 }
 
 impl Discovery {
@@ -313,21 +291,23 @@ impl Discovery {
         }
     }
 
-    fn run(mut self, stop: &Stop) {
-        while !stop.asked() {
+    fn run(mut self, stop: &OwnedFd) {
+        loop {
             self.collect_attached();
             self.collect_checks();
             self.check_attached();
             self.attach_new();
-            self.wait_for_change(stop);
+            if self.wait_for_change(stop) {
+                return;
+            }
         }
     }
 
     /// Sleeps until a watched directory changes, a stop is asked, or
-    /// [`RESCAN`] passes.
-    fn wait_for_change(&self, stop: &Stop) {
+    /// [`RESCAN`] passes; returns whether the stop was asked.
+    fn wait_for_change(&self, stop: &OwnedFd) -> bool {
         use rustix::event::{PollFd, PollFlags};
-        let mut fds = vec![PollFd::new(&stop.wake, PollFlags::IN)];
+        let mut fds = vec![PollFd::new(stop, PollFlags::IN)];
         if let Some(fd) = &self.inotify {
             fds.push(PollFd::new(fd, PollFlags::IN));
         }
@@ -335,14 +315,18 @@ impl Discovery {
             tv_sec: 0,
             tv_nsec: i64::try_from(RESCAN.as_nanos()).unwrap_or(500_000_000),
         };
-        let ready = rustix::event::poll(&mut fds, Some(&timeout)).unwrap_or(0);
-        if ready > 0 {
-            if let Some(fd) = &self.inotify {
-                // Drain the events: any change means "rescan".
-                let mut buf = [0u8; 4096];
-                while rustix::io::read(fd, &mut buf).is_ok_and(|n| n > 0) {}
-            }
+        if rustix::event::poll(&mut fds, Some(&timeout)).unwrap_or(0) == 0 {
+            return false;
         }
+        if fds[0].revents().contains(PollFlags::IN) {
+            return true;
+        }
+        if let Some(fd) = &self.inotify {
+            // Drain the events: any change means "rescan".
+            let mut buf = [0u8; 4096];
+            while rustix::io::read(fd, &mut buf).is_ok_and(|n| n > 0) {}
+        }
+        false
     }
 
     /// The sockets there are now: the named ones, then every socket in the
