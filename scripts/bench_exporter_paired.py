@@ -98,9 +98,9 @@ def main():
     for name, _ in builds:
         base = next(e for e in exporters if e["build"] == name and e["vms"] == "plain")
         own = next(e for e in exporters if e["build"] == name and e["vms"] == name)
-        rise = {k: 100 * (own[k] / base[k] - 1) for k in ("wall", "own_ms", "cpu_ms")}
-        print(f"{name}: with the VMMs' own stats: wall {rise['wall']:+.0f} %, "
-              f"own {rise['own_ms']:+.0f} %, CPU {rise['cpu_ms']:+.0f} %; "
+        # Too few rounds can measure no CPU at all: no ratio then.
+        rise = {k: f"{100 * (own[k] / base[k] - 1):+.0f} %" if base[k] else "n/a" for k in ("wall", "own_ms", "cpu_ms")}
+        print(f"{name}: with the VMMs' own stats: wall {rise['wall']}, own {rise['own_ms']}, CPU {rise['cpu_ms']}; "
               f"series {own['series'] - base['series']:+d}")
 
 

@@ -25,6 +25,7 @@ child (killed when the script ends, however it ends), driven with
     python3 scripts/experiments.py --docs               # full matrix into docs/experiments/, and the doc
     python3 scripts/experiments.py --small --out /tmp/x # the CI matrix (well under 2 minutes)
     python3 scripts/experiments.py --replot --docs      # charts and doc from the CSVs only
+    python3 scripts/experiments.py --part stall --set stall_repeats=1 --set 'stall_windows=[2.0]' --out /tmp/y
 """
 
 import argparse
@@ -106,9 +107,9 @@ def check_binary(binary):
 
 def run(a):
     binary = find_binary(a.kvmscope)
-    m = SMALL if a.small else FULL
+    m = {**(SMALL if a.small else FULL), **a.set}
     meta = machine(binary)
-    meta.update(backend=check_binary(binary), matrix="small" if a.small else "full",
+    meta.update(backend=check_binary(binary), matrix="small" if a.small else "full", changed=a.set,
                 command="python3 scripts/experiments.py " + " ".join(sys.argv[1:]))
     seconds = {}
     for name in a.only:
@@ -131,6 +132,22 @@ def run(a):
         f.write("\n")
 
 
+def settings(p, pairs, known):
+    """--set's KEY=JSON pairs, each key a setting of the matrices and each value JSON."""
+    out = {}
+    for pair in pairs:
+        key, eq, text = pair.partition("=")
+        if not eq:
+            p.error("--set %r: expected KEY=JSON" % pair)
+        if key not in known:
+            p.error("--set %r: no setting %r (known: %s)" % (pair, key, ", ".join(sorted(known))))
+        try:
+            out[key] = json.loads(text)
+        except ValueError as e:
+            p.error("--set %r: the value is not JSON (%s)" % (pair, e))
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kvmscope", help="the kvmscope binary (default: target/release/kvmscope, built if missing)")
@@ -138,6 +155,9 @@ def main():
     p.add_argument("--small", action="store_true", help="the tiny CI matrix")
     p.add_argument("--only", "--part", dest="only", default=",".join(EXPERIMENTS),
                    help="experiments to run, comma-separated (default: all)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                   help="change one setting of the matrix (scripts/experiments_matrix.py), the value in JSON, "
+                        "e.g. stall_repeats=1 or 'converge_cells=[[\"random\", \"ring\", \"auto\"]]'; repeatable")
     p.add_argument("--no-series", dest="series", action="store_false", help="skip the sampled runs drawn by `kvmscope plot`")
     p.add_argument("--replot", action="store_true", help="run nothing: charts (and --docs) from the CSVs in --out")
     p.add_argument("--docs", action="store_true", help="regenerate the generated parts of docs/EXPERIMENTS.md")
@@ -147,6 +167,7 @@ def main():
     bad = [n for n in a.only if n not in EXPERIMENTS]
     if bad:
         p.error("unknown experiment(s) %s (known: %s)" % (", ".join(bad), ", ".join(EXPERIMENTS)))
+    a.set = settings(p, a.set, FULL.keys() | SMALL.keys())
     os.makedirs(a.out, exist_ok=True)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda s, f: sys.exit(128 + s))

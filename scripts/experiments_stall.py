@@ -302,8 +302,10 @@ def stall_cell(binary, m, mode, window, name, what, command, kind, ws):
     row["work_lost_s"] = work_lost(pace_from, window_from, window_to, after=pace_to)
     row["work_lost_on_cpu_s"] = work_lost(pace_from, window_from, window_to, on_cpu=True, after=pace_to)
     row["waited_s"] = waited(pace_from, window_from, window_to)
-    log("stall %s %s window %.1fs: reported %.3fs, guest time lost %s s, throughput lost %s s, work lost %s s"
-        % (mode, name, window, reported, row["time_lost_s"], row.get("throughput_lost_s"), row["work_lost_s"]))
+    log("stall %s %s window %.1fs: reported %.3fs, counted %s s, guest time lost %s s, throughput lost %s s, "
+        "work lost %s s (%s s on its CPU clock)"
+        % (mode, name, window, reported, row["counted_s"], row["time_lost_s"], row.get("throughput_lost_s"),
+           row["work_lost_s"], row["work_lost_on_cpu_s"]))
     return with_errors(row)
 
 
