@@ -147,7 +147,8 @@ struct MigrateArgs {
     /// when it converges as it is): on a `--dirty-log ring` VM the dirty
     /// limit per vCPU that converges at the least vCPU time taken from the
     /// guest (only vCPUs dirtying faster are slowed), otherwise the smallest
-    /// auto-converge throttle of every vCPU;
+    /// auto-converge throttle, of the vCPUs the VMM's window saw write (every
+    /// vCPU where it could not tell them apart);
     /// `auto-converge` steps blindly as QEMU does (20 %, then +10 % after two
     /// periods of dirtying too fast); `dirty-limit` limits every vCPU to the
     /// VMM's `vcpu-dirty-limit` (1 MB/s unless set) after two such periods, as

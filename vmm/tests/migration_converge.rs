@@ -143,7 +143,7 @@ fn converge_auto_throttles_from_the_start_to_what_the_model_chose() {
     let src = busy_guest("conv-auto");
     let dest = Dest::start("conv-auto-dst", |_, _| {});
     let text = common::migration::converge_auto(&src, &dest.uri);
-    let chosen: u64 = common::number_after(&text, "throttling every vCPU to ")
+    let chosen: u64 = common::number_after(&text, "--converge auto: auto-converge at ")
         .unwrap_or_else(|| panic!("no throttle chosen:\n{text}"));
     assert!((1..=99).contains(&chosen), "{text}");
     let info = query(&mut src.client());
@@ -154,6 +154,36 @@ fn converge_auto_throttles_from_the_start_to_what_the_model_chose() {
     );
     // It started throttled: the throttle took vCPU time from pass 1 on.
     assert!(info.x_cpu_throttled.unwrap().total_ms > 0.0);
+    dest.quit();
+}
+
+#[test]
+fn converge_auto_on_a_bitmap_vm_throttles_only_the_vcpu_that_writes() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    // vCPU 0 rewrites 32 MiB as fast as it can; vCPU 1 writes ten pages a
+    // second, next to nothing: the window's faults tell them apart.
+    let src = ServedVm::start_with("conv-auto-two", MEM, 2, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Bitmap);
+    });
+    let mut c = src.client();
+    common::migration::guest(&mut c, 0, "touch size=32M");
+    queue(&mut c, 0, "dirty ws=32M rate=max for=120s");
+    queue(&mut c, 1, "dirty offset=64M ws=1M rate=10 for=120s");
+    let dest = Dest::start("conv-auto-two-dst", |_, _| {});
+    let text = common::migration::converge_auto(&src, &dest.uri);
+    assert!(
+        text.contains("% from the start on vCPU 0 ("),
+        "the writer alone:\n{text}"
+    );
+    let info = query(&mut c);
+    let asleep = info.x_cpu_throttled.expect("x-cpu-throttled").vcpus;
+    assert!(
+        asleep[0].ms > 0.0 && asleep[1].ms == 0.0,
+        "vCPU 0 throttled, vCPU 1 not: {asleep:?}"
+    );
+    let (p, _) = c.execute("query-migrate-parameters", json!({})).unwrap();
+    assert_eq!(p["x-cpu-throttle-vcpus"], json!([0]), "{p}");
     dest.quit();
 }
 
@@ -194,7 +224,20 @@ fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
             "{e}"
         );
     }
+    // kvmscope's x-cpu-throttle-vcpus: the VM's own vCPUs only.
+    let e = c
+        .execute(
+            "migrate-set-parameters",
+            json!({"x-cpu-throttle-vcpus": [0, 1]}),
+        )
+        .unwrap_err();
+    let e = format!("{e:?}");
+    assert!(
+        e.contains("cpu-index 1 does not exist (the VM has 1 vCPUs)"),
+        "{e}"
+    );
     let (p, _) = c.execute("query-migrate-parameters", json!({})).unwrap();
+    assert_eq!(p["x-cpu-throttle-vcpus"], json!([]), "every vCPU: {p}");
     assert_eq!(
         (
             &p["cpu-throttle-initial"],

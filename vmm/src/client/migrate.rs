@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use super::predict::Predicted;
 use super::{Client, Error};
-use crate::protocol::migration::{Capability, MigrationInfo, Parameters, SetParameters, Status};
+use crate::protocol::migration::{
+    Capability, MigrationInfo, Parameters, SetParameters, Status, VcpuSet,
+};
 
 /// `kvmscope migrate --converge`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,8 +23,9 @@ pub enum Converge {
     /// that converges at the least vCPU time taken from the guest
     /// (`dirty-limit`, `vcpu-dirty-limit`, `x-vcpu-dirty-limit-at-start`),
     /// which slows only the vCPUs that dirty faster; otherwise the smallest auto-converge throttle
-    /// (`cpu-throttle-initial`, `x-cpu-throttle-at-start`), stepping up from
-    /// there if the guest still dirties too fast.
+    /// (`cpu-throttle-initial`, `x-cpu-throttle-at-start`) of the vCPUs that
+    /// write (`x-cpu-throttle-vcpus`), stepping up from there if the guest
+    /// still dirties too fast.
     Auto,
     /// QEMU's auto-converge: blind steps from `cpu-throttle-initial`.
     AutoConverge,
@@ -204,8 +207,10 @@ struct Plan {
 
 impl Plan {
     fn of(how: Converge, predicted: Option<&Predicted>) -> Plan {
+        // Every vCPU, unless the model's plan names fewer.
         let neither_at_start = SetParameters {
             x_cpu_throttle_at_start: Some(false),
+            x_cpu_throttle_vcpus: Some(VcpuSet::default()),
             x_vcpu_dirty_limit_at_start: Some(false),
             ..SetParameters::default()
         };
@@ -234,15 +239,26 @@ impl Plan {
                 ..plan(false, true)
             };
         }
-        if let Some((pct, throttled)) = &p.converge {
+        if let Some((pct, vcpus, throttled)) = &p.converge {
+            let list = vcpus
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let list = if vcpus.len() == 1 {
+                format!("vCPU {list}")
+            } else {
+                format!("vCPUs {list}")
+            };
             return Plan {
                 parameters: SetParameters {
                     cpu_throttle_initial: Some(*pct),
                     x_cpu_throttle_at_start: Some(true),
+                    x_cpu_throttle_vcpus: VcpuSet::try_from(vcpus.clone()).ok(),
                     ..neither_at_start
                 },
                 predicted: Some((**throttled).clone()),
-                said: Some(format!("throttling every vCPU to {pct} % from the start (the smallest throttle the model finds converging without auto-converge stepping further)")),
+                said: Some(format!("auto-converge at {pct} % from the start on {list} (the smallest throttle the model finds converging without auto-converge stepping further; vCPUs that the window saw write next to nothing run on)")),
                 ..plan(true, false)
             };
         }

@@ -35,8 +35,9 @@ pub(crate) struct Predicted {
     /// The report's text, for people.
     pub(crate) text: String,
     /// When it does not converge: the smallest auto-converge throttle, %,
-    /// that would make it, and that migration's figures.
-    pub(crate) converge: Option<(u64, Box<Predicted>)>,
+    /// that would make it, the vCPUs it throttles, and that migration's
+    /// figures.
+    pub(crate) converge: Option<(u64, Vec<usize>, Box<Predicted>)>,
     /// When it does not converge on a ring VM: the dirty limit per vCPU,
     /// MB/s, that would make it at the least cost to the guest, and that
     /// migration's figures.
@@ -64,6 +65,7 @@ pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Erro
     predicted.converge = report.converge.map(|c| {
         (
             c.cpu_throttle_percentage,
+            c.vcpus,
             Box::new(of(c.prediction, String::new())),
         )
     });

@@ -24,7 +24,7 @@ pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
                 Err(e) => Outcome::generic(crate::error_chain(&e)),
             },
         },
-        Command::MigrateSetParameters(p) => match m.set_parameters(p) {
+        Command::MigrateSetParameters(p) => match m.set_parameters(p, source.vcpus.len()) {
             Ok(()) => Outcome::ret(json!({})),
             Err(e) => Outcome::generic(e.to_string()),
         },

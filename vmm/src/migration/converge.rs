@@ -4,7 +4,8 @@
 //! less often, the guest's dirtied bytes over the period are set against
 //! half the bytes sent; at the second period over it (since the start or the
 //! last step; periods under it between do not reset the count, as in QEMU):
-//! - auto-converge throttles every vCPU (`vcpu::throttle`), first to
+//! - auto-converge throttles every vCPU (`vcpu::throttle`; kvmscope's
+//!   `x-cpu-throttle-vcpus` names fewer), first to
 //!   `cpu-throttle-initial` %, then `cpu-throttle-increment` % more each
 //!   time (with `cpu-throttle-tailslow`, no more than what would bring the
 //!   dirty bytes to the trigger, as QEMU), up to `max-cpu-throttle`;
@@ -93,14 +94,22 @@ impl Converge {
         match self.mechanism {
             Mechanism::AutoConverge => {
                 self.pct = next_step(self.pct, p, period);
-                for v in &self.vcpus {
-                    v.throttle.set(self.pct);
+                let chosen = &p.x_cpu_throttle_vcpus;
+                for (i, v) in self.vcpus.iter().enumerate() {
+                    if chosen.is_empty() || chosen.contains(i) {
+                        v.throttle.set(self.pct);
+                    }
                 }
                 if let Some(limits) = &self.limits {
                     limits.wake_main_loop();
                 }
+                let which = if chosen.is_empty() {
+                    "every vCPU".to_string()
+                } else {
+                    format!("vCPUs {:?}", Vec::from(*chosen))
+                };
                 log::info!(
-                    "migration: auto-converge throttles every vCPU to {} %{when}",
+                    "migration: auto-converge throttles {which} to {} %{when}",
                     self.pct
                 );
             }
@@ -295,5 +304,31 @@ mod tests {
             "from the start"
         );
         drop(c);
+    }
+
+    #[test]
+    fn only_the_vcpus_named_are_throttled_and_all_are_lifted() {
+        let v = vcpus();
+        let p = Parameters {
+            cpu_throttle_initial: 50,
+            x_cpu_throttle_at_start: true,
+            x_cpu_throttle_vcpus: vec![1].try_into().unwrap(),
+            ..Parameters::default()
+        };
+        let mut c = Converge::new(Mechanism::AutoConverge, &v, None, &p);
+        let pcts = || {
+            v.iter()
+                .map(|v| v.throttle.percentage())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pcts(), vec![0, 50]);
+        // Steps keep to them too.
+        for _ in 0..2 {
+            c.period.0 -= PERIOD;
+            c.after_sync(60, 100, &p);
+        }
+        assert_eq!(pcts(), vec![0, 60]);
+        drop(c);
+        assert_eq!(pcts(), vec![0, 0], "lifted");
     }
 }

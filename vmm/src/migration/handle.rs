@@ -15,6 +15,8 @@ use super::converge::Mechanism;
 use super::format;
 use super::transport::{self, Uri};
 use crate::protocol::events::{EventKind, MigrationChange};
+#[cfg(test)]
+use crate::protocol::migration::VcpuSet;
 use crate::protocol::migration::{Capability, CapabilityStatus, SetCapabilities};
 use crate::protocol::migration::{MigrationInfo, Parameters, RamStats, SetParameters, Status};
 
@@ -39,6 +41,12 @@ pub enum Error {
     /// A `cpu-throttle-*` parameter out of 1 to 99 (its name, the value).
     #[error("{0} must be from 1 to 99, not {1}")]
     Throttle(&'static str, u64),
+    /// `x-cpu-throttle-vcpus` names a vCPU the VM does not have (the
+    /// index, the VM's vCPUs).
+    #[error(
+        "Parameter 'x-cpu-throttle-vcpus': cpu-index {0} does not exist (the VM has {1} vCPUs)"
+    )]
+    ThrottleVcpu(usize, usize),
     /// Capabilities cannot change while a migration runs (QEMU's words).
     #[error("There's a migration process in progress")]
     CapabilitiesBusy,
@@ -203,11 +211,12 @@ impl Migration {
         self.lock().params
     }
 
-    /// `migrate-set-parameters`; a running migration picks them up at its next batch.
+    /// `migrate-set-parameters` on a VM of `vcpus` vCPUs; a running
+    /// migration picks them up at its next batch.
     ///
     /// # Errors
     /// A value out of range (nothing is changed then).
-    pub(crate) fn set_parameters(&self, p: SetParameters) -> Result<(), Error> {
+    pub(crate) fn set_parameters(&self, p: SetParameters, vcpus: usize) -> Result<(), Error> {
         if let Some(d) = p.downtime_limit.filter(|&d| d > MAX_DOWNTIME_LIMIT) {
             return Err(Error::DowntimeLimit(d));
         }
@@ -231,6 +240,12 @@ impl Migration {
             .filter(|v| !(1..=1000).contains(v))
         {
             return Err(Error::DirtyLimitPeriod(v));
+        }
+        if let Some(i) = p
+            .x_cpu_throttle_vcpus
+            .and_then(|set| set.iter().find(|&i| i >= vcpus))
+        {
+            return Err(Error::ThrottleVcpu(i, vcpus));
         }
         let mut inner = self.lock();
         p.apply_to(&mut inner.params);
@@ -446,16 +461,44 @@ mod tests {
             ..SetParameters::default()
         };
         assert!(matches!(
-            m.set_parameters(bad),
+            m.set_parameters(bad, 1),
             Err(Error::DowntimeLimit(_))
         ));
         assert_eq!(m.parameters(), Parameters::default(), "nothing changed");
-        m.set_parameters(SetParameters {
-            max_bandwidth: Some(125_000_000),
-            ..SetParameters::default()
-        })
+        m.set_parameters(
+            SetParameters {
+                max_bandwidth: Some(125_000_000),
+                ..SetParameters::default()
+            },
+            1,
+        )
         .unwrap();
         assert_eq!(m.parameters().max_bandwidth, 125_000_000);
         assert_eq!(m.parameters().downtime_limit, 300);
+    }
+
+    #[test]
+    fn throttled_vcpus_must_be_the_vms_own() {
+        let m = Migration::new();
+        let set = |indices: Vec<usize>| SetParameters {
+            x_cpu_throttle_vcpus: Some(indices.try_into().unwrap()),
+            ..SetParameters::default()
+        };
+        let e = m.set_parameters(set(vec![0, 2]), 2).unwrap_err();
+        assert!(matches!(e, Error::ThrottleVcpu(2, 2)), "{e}");
+        assert!(m.parameters().x_cpu_throttle_vcpus.is_empty(), "unchanged");
+        m.set_parameters(set(vec![1]), 2).unwrap();
+        let p = m.parameters().x_cpu_throttle_vcpus;
+        assert_eq!(Vec::from(p), vec![1]);
+        // On the wire: a list of indices, ascending; one past the most a VM
+        // can have is refused as it is read.
+        let json = serde_json::to_value(m.parameters()).unwrap();
+        assert_eq!(json["x-cpu-throttle-vcpus"], serde_json::json!([1]));
+        let bad: Result<SetParameters, _> =
+            serde_json::from_value(serde_json::json!({"x-cpu-throttle-vcpus": [3, 256]}));
+        let e = bad.unwrap_err().to_string();
+        assert!(e.contains("cpu-index 256 is out of range"), "{e}");
+        let set: VcpuSet = serde_json::from_value(serde_json::json!([5, 0, 5])).unwrap();
+        assert_eq!(Vec::from(set), vec![0, 5]);
     }
 }

@@ -271,6 +271,10 @@ pub struct Parameters {
     /// pre-copy starts instead of after two periods of dirtying too fast (the
     /// throttle `query-readiness` predicts is needed: `converge`).
     pub(crate) x_cpu_throttle_at_start: bool,
+    /// kvmscope: the vCPUs auto-converge throttles; empty (the default):
+    /// every vCPU, as QEMU's. `query-readiness`'s `converge` names the
+    /// vCPUs that dirty memory where the window could tell them apart.
+    pub(crate) x_cpu_throttle_vcpus: VcpuSet,
     /// The dirty limit the `dirty-limit` capability sets on every vCPU, MB/s
     /// (QEMU's default 1).
     pub(crate) vcpu_dirty_limit: u64,
@@ -312,6 +316,7 @@ impl Default for Parameters {
             max_cpu_throttle: 99,
             cpu_throttle_tailslow: false,
             x_cpu_throttle_at_start: false,
+            x_cpu_throttle_vcpus: VcpuSet::default(),
             vcpu_dirty_limit: 1,
             x_vcpu_dirty_limit_period: Parameters::DEFAULT_DIRTY_LIMIT_PERIOD_MS,
             x_vcpu_dirty_limit_at_start: false,
@@ -350,6 +355,9 @@ pub struct SetParameters {
     /// New [`Parameters::x_cpu_throttle_at_start`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) x_cpu_throttle_at_start: Option<bool>,
+    /// New [`Parameters::x_cpu_throttle_vcpus`] (`[]`: every vCPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) x_cpu_throttle_vcpus: Option<VcpuSet>,
     /// New [`Parameters::vcpu_dirty_limit`], MB/s, at least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) vcpu_dirty_limit: Option<u64>,
@@ -381,10 +389,66 @@ impl SetParameters {
             max_cpu_throttle,
             cpu_throttle_tailslow,
             x_cpu_throttle_at_start,
+            x_cpu_throttle_vcpus,
             vcpu_dirty_limit,
             x_vcpu_dirty_limit_period,
             x_vcpu_dirty_limit_at_start
         );
+    }
+}
+
+/// A set of vCPUs by `cpu-index` (`x-cpu-throttle-vcpus`); on the wire a
+/// list of indices, ascending. Fixed-size (a VM has at most
+/// [`VcpuSet::CAPACITY`] vCPUs), so that [`Parameters`] stays `Copy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Vec<usize>", into = "Vec<usize>")]
+pub struct VcpuSet([u64; VcpuSet::WORDS]);
+
+impl VcpuSet {
+    const WORDS: usize = 4;
+
+    /// One more than the highest index a set holds: kvmscope's most vCPUs.
+    pub const CAPACITY: usize = 64 * VcpuSet::WORDS;
+
+    /// Whether the set holds no vCPU.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+
+    /// Whether vCPU `i` is in the set.
+    pub fn contains(&self, i: usize) -> bool {
+        i < Self::CAPACITY && self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// The indices in the set, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..Self::CAPACITY).filter(|&i| self.contains(i))
+    }
+}
+
+const _: () = assert!(VcpuSet::CAPACITY as u64 >= crate::abi::MAX_VCPUS);
+
+impl TryFrom<Vec<usize>> for VcpuSet {
+    type Error = String;
+
+    fn try_from(indices: Vec<usize>) -> Result<VcpuSet, String> {
+        let mut set = VcpuSet::default();
+        for i in indices {
+            if i >= Self::CAPACITY {
+                return Err(format!(
+                    "cpu-index {i} is out of range (a VM has at most {} vCPUs)",
+                    Self::CAPACITY
+                ));
+            }
+            set.0[i / 64] |= 1 << (i % 64);
+        }
+        Ok(set)
+    }
+}
+
+impl From<VcpuSet> for Vec<usize> {
+    fn from(set: VcpuSet) -> Vec<usize> {
+        set.iter().collect()
     }
 }
 

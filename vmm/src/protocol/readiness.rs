@@ -226,6 +226,9 @@ pub struct ConvergeReply {
     /// The auto-converge throttle, % (set it as `cpu-throttle-initial`, with
     /// `x-cpu-throttle-at-start`).
     pub cpu_throttle_percentage: u64,
+    /// The vCPUs to throttle (set them as `x-cpu-throttle-vcpus`): those
+    /// that write, where the window told them apart; else every vCPU.
+    pub vcpus: Vec<usize>,
     /// vCPU time the throttle would take from the guest, seconds.
     pub throttle_seconds: Option<f64>,
     /// The throttled migration's prediction.

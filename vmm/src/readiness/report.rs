@@ -48,6 +48,23 @@ pub struct DirtyRate {
 }
 
 impl DirtyRate {
+    /// Each vCPU's share of the pages the window saw written, where it can
+    /// tell the vCPUs apart: a ring's entries per vCPU, or with the bitmap
+    /// the faults each vCPU took on pages logging protected (the stall's
+    /// count: a page's first write after each protection faults on the
+    /// vCPU that writes it). `None` when nothing was written, or when the
+    /// faults account for under half the pages (hardware that logs writes
+    /// without faults, such as Intel's PML: no count to share by).
+    pub(crate) fn shares(&self) -> Option<Vec<f64>> {
+        let counts = match &self.per_vcpu {
+            Some(entries) => entries,
+            None if self.stall.faults.iter().sum::<u64>() * 2 >= self.pages => &self.stall.faults,
+            None => return None,
+        };
+        let total = counts.iter().sum::<u64>();
+        (total > 0).then(|| counts.iter().map(|&c| c as f64 / total as f64).collect())
+    }
+
     /// vCPU time lost per page written after it was protected, seconds: the
     /// window's stall over the faults it caused (each distinct page once with
     /// the bitmap; each ring entry with the ring, whose resets protect again
@@ -401,7 +418,13 @@ impl Report {
             (None, None)
         } else {
             (
-                smallest_throttle(&inputs),
+                smallest_throttle(
+                    &inputs,
+                    self.dirty_rate
+                        .as_ref()
+                        .and_then(|d| d.value.shares())
+                        .as_deref(),
+                ),
                 entry_rates
                     .and_then(|r| cheapest_dirty_limit(&inputs, &r, options.dirty_limit_period)),
             )
@@ -473,6 +496,7 @@ impl Report {
             prediction: self.prediction.as_ref().map(Prediction::to_reply),
             converge: self.converge.as_ref().map(|c| ConvergeReply {
                 cpu_throttle_percentage: u64::from(c.pct),
+                vcpus: c.vcpus.clone(),
                 throttle_seconds: Some(c.throttle_seconds).filter(|s| s.is_finite()),
                 prediction: c.prediction.to_reply(),
             }),
@@ -671,8 +695,13 @@ impl Report {
                 Some(c) => {
                     let _ = writeln!(
                         s,
-                        "converges with auto-converge at {} % from the start (cpu-throttle-initial {0}, x-cpu-throttle-at-start): transferred {}  total-time {}  downtime {}; the throttle takes {} of vCPU time",
+                        "converges with auto-converge at {} % from the start (cpu-throttle-initial {0}, x-cpu-throttle-at-start; throttles {}): transferred {}  total-time {}  downtime {}; the throttle takes {} of vCPU time",
                         c.pct,
+                        if c.every {
+                            "every vCPU".to_string()
+                        } else {
+                            format!("vCPUs {:?}, x-cpu-throttle-vcpus", c.vcpus)
+                        },
                         format_bytes(c.prediction.total_bytes),
                         ms(c.prediction.total_seconds),
                         ms(c.prediction.downtime),
@@ -1206,7 +1235,8 @@ mod tests {
             !model::predict(&inputs).unwrap().converges,
             "the case needs a throttle"
         );
-        let c = smallest_throttle(&inputs).expect("a throttle converges");
+        let c = smallest_throttle(&inputs, None).expect("a throttle converges");
+        assert_eq!(c.vcpus, vec![0]);
         assert!((1..=99).contains(&c.pct), "{}", c.pct);
         assert!(c.prediction.converges);
         // One less either does not converge or leaves the guest dirtying
@@ -1234,7 +1264,39 @@ mod tests {
             bandwidth: Some(1.0),
             ..inputs
         };
-        assert!(smallest_throttle(&hopeless).is_none());
+        assert!(smallest_throttle(&hopeless, None).is_none());
+    }
+
+    #[test]
+    fn a_vcpu_that_writes_nothing_is_left_unthrottled_when_the_writers_throttle_converges() {
+        let inputs = too_fast(2);
+        let every = smallest_throttle(&inputs, None).expect("a throttle converges");
+        assert_eq!(every.vcpus, vec![0, 1]);
+        // vCPU 1 read: the writer alone is throttled, to the same percentage
+        // (it writes all the pages), at half the vCPU time.
+        let c = smallest_throttle(&inputs, Some(&[1.0, 0.0])).expect("converges");
+        assert_eq!((c.vcpus.clone(), c.pct), (vec![0], every.pct));
+        assert!((c.throttle_seconds * 2.0 - every.throttle_seconds).abs() < 1e-9);
+        // Two writers of 70 and 30 %, a reader: both writers, not the reader.
+        let three = too_fast(3);
+        let c = smallest_throttle(&three, Some(&[0.7, 0.3, 0.0])).unwrap();
+        assert_eq!(c.vcpus, vec![0, 1]);
+        // A writer of 0.5 % left free still lets the others converge.
+        let c = smallest_throttle(&three, Some(&[0.6, 0.395, 0.005])).unwrap();
+        assert_eq!(c.vcpus, vec![0, 1]);
+        assert!(
+            c.pct >= every.pct,
+            "the free writer's pages need more of the others"
+        );
+        // When the one left free writes too much for any throttle of the
+        // others (no step below 100 % converges), every vCPU is throttled.
+        let heavy = Inputs {
+            dirty_rate: 300_000.0,
+            ..too_fast(3)
+        };
+        let c =
+            smallest_throttle(&heavy, Some(&[0.991, 0.0, 0.009])).expect("99 % of all converges");
+        assert_eq!((c.vcpus, c.pct), (vec![0, 1, 2], 99));
     }
 
     #[test]
@@ -1255,7 +1317,7 @@ mod tests {
         };
         assert!(at_99.dirty_rate * crate::wire::DIRTY_PAGE_WIRE as f64 > 0.5 * at_99.rate());
         assert!(model::predict(&at_99).unwrap().converges);
-        let c = smallest_throttle(&inputs).expect("99 % converges");
+        let c = smallest_throttle(&inputs, None).expect("99 % converges");
         assert_eq!(c.pct, 99);
     }
 }
@@ -1283,12 +1345,43 @@ fn verdict_streak(stats: &VmmStats, p: Option<&Prediction>) -> u64 {
 /// what the link sends), and its prediction: a throttled vCPU runs
 /// `100 - pct` % of the time, so it dirties that share of its rate. No
 /// round limit: the question is whether it converges, not when it is cut.
-fn smallest_throttle(inputs: &Inputs) -> Option<Converge> {
+///
+/// `shares`: each vCPU's share of the pages written (`DirtyRate::shares`).
+/// Where some vCPUs write next to nothing, only the others are throttled
+/// (`x-cpu-throttle-vcpus`) when that converges: a vCPU that only reads or
+/// computes keeps its pace, as under a dirty limit. Otherwise, or without
+/// shares, every vCPU, as QEMU's auto-converge.
+fn smallest_throttle(inputs: &Inputs, shares: Option<&[f64]>) -> Option<Converge> {
+    let all: Vec<usize> = (0..usize::try_from(inputs.vcpus).unwrap_or(0)).collect();
+    let writers = shares.map(|s| {
+        (0..s.len())
+            .filter(|&i| s[i] >= WRITER_SHARE)
+            .collect::<Vec<_>>()
+    });
+    if let (Some(s), Some(w)) = (shares, writers) {
+        if !w.is_empty() && w.len() < all.len() {
+            let held = w.iter().map(|&i| s[i]).sum::<f64>();
+            if let Some(c) = throttle_of(inputs, held, w) {
+                return Some(c);
+            }
+        }
+    }
+    throttle_of(inputs, 1.0, all)
+}
+
+/// A vCPU that wrote less than this share of a window's pages is not
+/// throttled when the others' throttle alone converges.
+const WRITER_SHARE: f64 = 0.01;
+
+/// The smallest throttle of `vcpus`, which write `held` of the guest's
+/// pages, that converges (see [`smallest_throttle`]).
+fn throttle_of(inputs: &Inputs, held: f64, vcpus: Vec<usize>) -> Option<Converge> {
     const MAX_THROTTLE: u32 = 99;
     let trigger = crate::protocol::migration::Parameters::THROTTLE_TRIGGER_PERCENT as f64 / 100.0;
     let converges = |pct: u32| {
+        let kept = held * f64::from(100 - pct) / 100.0 + (1.0 - held);
         let throttled = Inputs {
-            dirty_rate: inputs.dirty_rate * f64::from(100 - pct) / 100.0,
+            dirty_rate: inputs.dirty_rate * kept,
             max_rounds: None,
             ..*inputs
         };
@@ -1317,9 +1410,11 @@ fn smallest_throttle(inputs: &Inputs) -> Option<Converge> {
     }
     converges(hi).map(|prediction| Converge {
         pct: hi,
-        // Every vCPU sleeps that share of the migration (the throttle starts
-        // with it, from the prediction).
-        throttle_seconds: prediction.total_seconds * f64::from(hi) / 100.0 * inputs.vcpus as f64,
+        // Each throttled vCPU sleeps that share of the migration (the
+        // throttle starts with it, from the prediction).
+        throttle_seconds: prediction.total_seconds * f64::from(hi) / 100.0 * vcpus.len() as f64,
+        every: u64::try_from(vcpus.len()).is_ok_and(|n| n == inputs.vcpus),
+        vcpus,
         prediction,
     })
 }
@@ -1468,6 +1563,11 @@ pub struct LimitChoice {
 pub struct Converge {
     /// The throttle, %.
     pub(crate) pct: u32,
+    /// The vCPUs it throttles (every one unless the window told the
+    /// writers apart).
+    pub(crate) vcpus: Vec<usize>,
+    /// `vcpus` is every vCPU.
+    pub(crate) every: bool,
     /// The throttled migration's prediction.
     pub(crate) prediction: Prediction,
     /// vCPU time the throttle takes from the guest over it, seconds.
