@@ -122,14 +122,34 @@ def run(a):
         run_series(binary, m, a.out)
         seconds["series"] = round(time.monotonic() - t, 1)
     path = os.path.join(a.out, "meta.json")
-    if os.path.exists(path) and set(a.only) != set(EXPERIMENTS):  # a partial rerun keeps the other timings
-        with open(path) as f:
-            seconds = {**json.load(f).get("seconds", {}), **seconds}
+    meta = merged_meta(path, meta, list(seconds), partial=set(a.only) != set(EXPERIMENTS))
+    seconds = {**meta.get("seconds", {}), **seconds}
     seconds["total"] = round(sum(v for k, v in seconds.items() if k != "total"), 1)
     meta["seconds"] = seconds
     with open(path, "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
+
+
+def merged_meta(path, meta, ran, partial):
+    """meta.json's record: what this run ran, each part's own date, commit
+    and command (`parts`), and on a partial rerun what the earlier runs
+    recorded (their parts, timings and any other notes) kept. `commit` and
+    `command`, which the doc's run table shows, then name each part's."""
+    old = {}
+    if partial and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    parts = old.get("parts", {})
+    for name in ran:
+        parts[name] = {k: meta[k] for k in ("date", "commit", "command")}
+        if meta.get("changed"):
+            parts[name]["changed"] = meta["changed"]
+    out = {**old, **meta, "parts": parts}
+    if len(parts) > 1 and len({(p["commit"], p["command"]) for p in parts.values()}) > 1:
+        by = lambda key: "; ".join("%s: %s (%s)" % (n, p[key], p["date"]) for n, p in parts.items())  # noqa: E731
+        out["commit"], out["command"] = by("commit"), by("command")
+    return out
 
 
 def settings(p, pairs, known):
