@@ -93,7 +93,12 @@ struct ExporterArgs {
     stats: Vec<String>,
     /// Longest time to attach to one VMM (connect, greeting, fds); a VMM that
     /// does not answer in time is skipped and tried again 5 s later.
-    #[arg(long, default_value = "2s", value_name = "DUR")]
+    #[arg(
+        long,
+        default_value = "2s",
+        value_name = "DUR",
+        allow_hyphen_values = true
+    )]
     attach_timeout: Period,
     /// A QEMU VM's QMP monitor (`-qmp unix:PATH,server=on,wait=off`), read
     /// with `query-stats`: unmodified QEMU holds no stats fd to hand out.
@@ -102,7 +107,12 @@ struct ExporterArgs {
     #[arg(long = "qmp-socket", value_name = "PATH")]
     qmp_sockets: Vec<PathBuf>,
     /// How often each QEMU VM's figures are refreshed (the page shows their age).
-    #[arg(long, default_value = "5s", value_name = "DUR")]
+    #[arg(
+        long,
+        default_value = "5s",
+        value_name = "DUR",
+        allow_hyphen_values = true
+    )]
     qmp_interval: Period,
     /// Also read QEMU's vCPU stats. With QEMU before 8.1 each refresh then
     /// kicks every vCPU of the VM out of the guest (it reads vCPU stats on the
@@ -132,7 +142,7 @@ struct MigrateArgs {
     #[arg(long, value_name = "RATE")]
     bandwidth: Option<Bandwidth>,
     /// Longest acceptable downtime (`downtime-limit`); default 300ms.
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     max_downtime: Option<Period>,
     /// Stop and copy after N passes whatever is left (`x-max-rounds`); 0 or
     /// default: no limit.
@@ -196,7 +206,7 @@ struct ReadinessArgs {
     scan: bool,
     /// Window for the dirty rate (needs `run --dirty-log`; default 1s when the
     /// VMM has dirty logging, else none); 0s skips it.
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     calc_time: Option<Span>,
     /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB/s: bits
     /// (bit, kbit, Mbit, Gbit, Tbit) or bytes (KiB, MiB, GiB, TiB binary; KB, MB,
@@ -206,7 +216,7 @@ struct ReadinessArgs {
     bandwidth: Option<Bandwidth>,
     /// Longest acceptable downtime for the prediction. Default: the VMM's
     /// `downtime-limit` (300ms unless set).
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     max_downtime: Option<Period>,
     /// Print the report as JSON.
     #[arg(long)]
@@ -345,7 +355,12 @@ struct RunArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     /// Sampler tick: a duration from 1ms up, e.g. 100ms or 1s; `off` runs no sampler.
-    #[arg(long, default_value = "100ms", value_name = "DUR")]
+    #[arg(
+        long,
+        default_value = "100ms",
+        value_name = "DUR",
+        allow_hyphen_values = true
+    )]
     sample_interval: Interval,
     /// Points the sampler keeps in memory (its ring buffer); older ones are dropped.
     #[arg(long, default_value = "4096", value_name = "N")]
@@ -374,7 +389,12 @@ struct RunArgs {
     /// long by the wall clock, whatever it ran (a guest that halts before
     /// checking in, or where the thread's time cannot be read); a pause
     /// restarts both clocks; `off` waits for ever.
-    #[arg(long, default_value = "5s", value_name = "DUR")]
+    #[arg(
+        long,
+        default_value = "5s",
+        value_name = "DUR",
+        allow_hyphen_values = true
+    )]
     boot_timeout: Limit,
     /// Be a migration destination: wait for one stream at unix:PATH or
     /// tcp:HOST:PORT, load it and run the guest on. Memory, vCPUs, huge pages
@@ -385,7 +405,13 @@ struct RunArgs {
     /// once it has sent its stream header, sends nothing for this long. Every
     /// peer has 5s for its header and the source 5s more for its config;
     /// SIGINT/SIGTERM or `quit` stop an incoming migration at any point.
-    #[arg(long, default_value = "30s", value_name = "DUR", requires = "incoming")]
+    #[arg(
+        long,
+        default_value = "30s",
+        value_name = "DUR",
+        allow_hyphen_values = true,
+        requires = "incoming"
+    )]
     incoming_idle_timeout: Period,
     /// Measure migration readiness every DUR (90s when given no value): a
     /// dirty-rate window of --readiness-window, the mapped-pages estimate and
@@ -401,7 +427,7 @@ struct RunArgs {
     /// Needs --socket and --dirty-log.
     #[arg(
         long,
-        value_name = "DUR",
+        value_name = "DUR", allow_hyphen_values = true,
         num_args = 0..=1,
         default_missing_value = "90s",
         requires_all = ["socket", "dirty_log"]
@@ -413,6 +439,7 @@ struct RunArgs {
         long,
         default_value = "500ms",
         value_name = "DUR",
+        allow_hyphen_values = true,
         requires = "readiness_every"
     )]
     readiness_window: Period,
@@ -427,7 +454,7 @@ struct RunArgs {
     /// a socket or metrics measures it once at start (a destination: once
     /// its migration has loaded), on a 128 MiB VM of its own (about 0.25 s
     /// of one CPU; 2.6 us until then). Give it to skip that.
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     fault_cost: Option<Period>,
     /// Print the summary as JSON.
     #[arg(long)]

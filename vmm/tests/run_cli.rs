@@ -49,6 +49,17 @@ fn empty_names_counts_and_patterns_are_refused_once_each_naming_the_flag() {
             2,
             "a VM has from 1 to 256 vCPUs",
         ),
+        // A negative duration reaches its parser (clap took it for a flag).
+        (
+            &["run", "--boot-timeout", "-1s"][..],
+            2,
+            "'-1s' is not a time limit",
+        ),
+        (
+            &["run", "--sample-interval", "-5ms"][..],
+            2,
+            "'-5ms' is not a sampler interval",
+        ),
         (
             &["stats", "--socket", "/nonexistent", "--names", "pf_*,a-b"][..],
             2,
