@@ -141,8 +141,12 @@ def merged_meta(path, meta, ran, partial):
         with open(path) as f:
             old = json.load(f)
     parts = old.get("parts", {})
+    for name in old.get("seconds", {}):
+        if name != "total" and name not in parts:  # recorded before parts were
+            parts[name] = {k: old.get(k, "?") for k in ("date", "commit", "command")}
     for name in ran:
-        parts[name] = {k: meta[k] for k in ("date", "commit", "command")}
+        parts[name] = {k: meta[k] for k in ("date", "commit", "command", "matrix")}
+        parts[name]["machine"] = "%s CPUs, %s, kernel %s" % (meta["nproc"], meta["cpu"], meta["kernel"])
         if meta.get("changed"):
             parts[name]["changed"] = meta["changed"]
     out = {**old, **meta, "parts": parts}

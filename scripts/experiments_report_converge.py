@@ -90,7 +90,9 @@ def goals(rows):
     readers = [(r, 100 * d / control if control and d is not None else None)
                for r in spared
                for role, d in zip(str(r["roles"]).split("/"), split(r, "during_per_s")) if role == "reads"]
-    slept = [r for r in spared if split(r, "throttled_ms")[-1] == 0]
+    slept = [r for r in spared
+             if all(ms == 0 for role, ms in zip(str(r["roles"]).split("/"), split(r, "throttled_ms"))
+                    if role == "reads")]
     lines = [
         ("every non-converging cell completes with `--converge auto`, downtime within its limit",
          "%d of %d" % (len(within_limit), len(auto)), len(within_limit) == len(auto)),

@@ -69,15 +69,20 @@ def cell(binary, mode, ws, window, reader):
         start = time.monotonic()
 
         def ask():
-            reply["r"] = vm.readiness(False, window)
+            try:
+                reply["r"] = vm.readiness(False, window)
+            except Exception as e:  # noqa: BLE001 (re-raised below, in this thread)
+                reply["error"] = e
             reply["t"] = time.monotonic()
 
         th = threading.Thread(target=ask)
         th.start()
-        while "t" not in reply:
+        while th.is_alive():
             sample()
             time.sleep(EVERY_S)
         th.join()
+        if "error" in reply:
+            raise reply["error"]
         stats["end"] = kvm_stats(vm)
         end = reply["t"]
         while time.monotonic() < end + AFTER_S:
@@ -92,6 +97,8 @@ def cell(binary, mode, ws, window, reader):
 def summarize(mode, ws, window, reader, samples, stats, r, start, end, log_lines):
     vcpus = len(samples[0][1])
     before = [s for s in samples if s[0] < start]
+    if len(before) < 2 or before[-1][0] <= before[0][0]:
+        raise RuntimeError("fewer than two readings of the guest's count before the window")
     paces = [(before[-1][1][v] - before[0][1][v]) / (before[-1][0] - before[0][0]) for v in range(vcpus)]
     bins = []  # (from the window's start, s; each vCPU's pace against before, %)
     t = start - 0.2

@@ -427,7 +427,7 @@ struct RunArgs {
     /// Needs --socket and --dirty-log.
     #[arg(
         long,
-        value_name = "DUR", allow_hyphen_values = true,
+        value_name = "DUR",
         num_args = 0..=1,
         default_missing_value = "90s",
         requires_all = ["socket", "dirty_log"]

@@ -385,6 +385,21 @@ fn readiness_every_needs_a_socket_and_dirty_logging_and_a_window_shorter_than_it
         err.contains("--readiness-window (120s) must be shorter than --readiness-every (90s)"),
         "{err}"
     );
+    // ... also with another option after it (not taken for its value).
+    let (code, err) = run(&[
+        "--readiness-every",
+        "--dirty-log",
+        "ring",
+        "--socket",
+        "/tmp/kvmscope-never.sock",
+        "--readiness-window",
+        "120s",
+    ]);
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("--readiness-window (120s) must be shorter than --readiness-every (90s)"),
+        "{err}"
+    );
 }
 
 /// A run stopped mid-command says which command it cut short and how many

@@ -207,8 +207,13 @@ struct Plan {
 
 impl Plan {
     fn of(how: Converge, predicted: Option<&Predicted>) -> Plan {
-        // Every vCPU, unless the model's plan names fewer.
+        // QEMU's steps (20 %, then +10 %) on every vCPU, unless the
+        // model's plan sets its own: what an earlier `--converge auto` set
+        // does not carry over.
+        let qemu = Parameters::default();
         let neither_at_start = SetParameters {
+            cpu_throttle_initial: Some(qemu.cpu_throttle_initial),
+            cpu_throttle_increment: Some(qemu.cpu_throttle_increment),
             x_cpu_throttle_at_start: Some(false),
             x_cpu_throttle_vcpus: Some(VcpuSet::default()),
             x_vcpu_dirty_limit_at_start: Some(false),
@@ -245,20 +250,23 @@ impl Plan {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(", ");
-            let list = if vcpus.len() == 1 {
-                format!("vCPU {list}")
-            } else {
-                format!("vCPUs {list}")
+            let list = match vcpus.len() {
+                0 => "every vCPU".to_string(),
+                1 => format!("vCPU {list}"),
+                _ => format!("vCPUs {list}"),
             };
             return Plan {
                 parameters: SetParameters {
                     cpu_throttle_initial: Some(*pct),
                     x_cpu_throttle_at_start: Some(true),
-                    x_cpu_throttle_vcpus: VcpuSet::try_from(vcpus.clone()).ok(),
+                    // A list the VMM could not have sent: every vCPU.
+                    x_cpu_throttle_vcpus: Some(
+                        VcpuSet::try_from(vcpus.clone()).unwrap_or_default(),
+                    ),
                     ..neither_at_start
                 },
                 predicted: Some((**throttled).clone()),
-                said: Some(format!("auto-converge at {pct} % from the start on {list} (the smallest throttle the model finds converging without auto-converge stepping further; vCPUs that the window saw write next to nothing run on)")),
+                said: Some(format!("auto-converge at {pct} % from the start on {list} (the smallest throttle the model finds converging without auto-converge stepping further, on the vCPUs its window saw write)")),
                 ..plan(true, false)
             };
         }

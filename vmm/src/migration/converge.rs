@@ -5,7 +5,8 @@
 //! half the bytes sent; at the second period over it (since the start or the
 //! last step; periods under it between do not reset the count, as in QEMU):
 //! - auto-converge throttles every vCPU (`vcpu::throttle`; kvmscope's
-//!   `x-cpu-throttle-vcpus` names fewer), first to
+//!   `x-cpu-throttle-vcpus` names fewer, until they reach the maximum and
+//!   the guest still dirties as much as is sent: then every vCPU), first to
 //!   `cpu-throttle-initial` %, then `cpu-throttle-increment` % more each
 //!   time (with `cpu-throttle-tailslow`, no more than what would bring the
 //!   dirty bytes to the trigger, as QEMU), up to `max-cpu-throttle`;
@@ -21,7 +22,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::protocol::migration::{GuestStall, MigrationInfo, Parameters, VcpuStall};
+use crate::protocol::migration::{GuestStall, MigrationInfo, Parameters, VcpuSet, VcpuStall};
 use crate::vcpu::limits::Limits;
 use crate::vcpu::VcpuShared;
 
@@ -55,6 +56,11 @@ pub(crate) struct Converge {
     pct: u32,
     /// The dirty limit set, MB/s (0: none yet).
     limited: u64,
+    /// The vCPUs the auto-converge throttle is on (empty: every vCPU).
+    applied: VcpuSet,
+    /// The vCPUs named reached `max-cpu-throttle` and the guest still
+    /// dirtied too fast: every vCPU is throttled from then on.
+    widened: bool,
     /// Each vCPU's throttle sleep before the migration.
     slept_before: Vec<Duration>,
 }
@@ -76,6 +82,8 @@ impl Converge {
             high: 0,
             pct: 0,
             limited: 0,
+            applied: VcpuSet::default(),
+            widened: false,
             slept_before: vcpus.iter().map(|v| v.throttle.slept()).collect(),
         };
         let at_start = match mechanism {
@@ -93,28 +101,53 @@ impl Converge {
     fn step(&mut self, p: &Parameters, when: &str, period: Option<(u64, u64)>) {
         match self.mechanism {
             Mechanism::AutoConverge => {
-                self.pct = next_step(self.pct, p, period);
-                let chosen = &p.x_cpu_throttle_vcpus;
-                for (i, v) in self.vcpus.iter().enumerate() {
-                    if chosen.is_empty() || chosen.contains(i) {
-                        v.throttle.set(self.pct);
-                    }
+                let next = next_step(self.pct, p, period);
+                let growing = period.is_some_and(|(dirtied, sent)| dirtied >= sent);
+                if next == self.pct && growing && !p.x_cpu_throttle_vcpus.is_empty() {
+                    // The vCPUs named are at their most and the guest still
+                    // dirties as much as is sent (the others began to write):
+                    // every vCPU from now on, as QEMU's. Over the trigger
+                    // alone is not enough: the model may have chosen the
+                    // most knowing the passes shrink all the same.
+                    self.widened = true;
                 }
-                if let Some(limits) = &self.limits {
-                    limits.wake_main_loop();
-                }
-                let which = if chosen.is_empty() {
-                    "every vCPU".to_string()
-                } else {
-                    format!("vCPUs {:?}", Vec::from(*chosen))
-                };
+                self.pct = next;
+                self.apply(p);
                 log::info!(
-                    "migration: auto-converge throttles {which} to {} %{when}",
+                    "migration: auto-converge throttles {} to {} %{when}",
+                    self.which(),
                     self.pct
                 );
             }
             Mechanism::DirtyLimit if self.limited == 0 => self.limit(p, when),
             Mechanism::DirtyLimit => {}
+        }
+    }
+
+    /// Puts the throttle in force on the vCPUs it is for (`x-cpu-throttle-vcpus`,
+    /// or every vCPU once widened) and lifts it from the others.
+    fn apply(&mut self, p: &Parameters) {
+        let set = if self.widened {
+            VcpuSet::default()
+        } else {
+            p.x_cpu_throttle_vcpus
+        };
+        for (i, v) in self.vcpus.iter().enumerate() {
+            let on = set.is_empty() || set.contains(i);
+            v.throttle.set(if on { self.pct } else { 0 });
+        }
+        self.applied = set;
+        if let Some(limits) = &self.limits {
+            limits.wake_main_loop();
+        }
+    }
+
+    /// The vCPUs the throttle is on, in words.
+    fn which(&self) -> String {
+        if self.applied.is_empty() {
+            "every vCPU".to_string()
+        } else {
+            format!("vCPUs {:?}", Vec::from(self.applied))
         }
     }
 
@@ -141,6 +174,15 @@ impl Converge {
         if self.limited != 0 && self.limited != p.vcpu_dirty_limit {
             // `vcpu-dirty-limit` changed under way: in force at once, as in QEMU.
             self.limit(p, " (changed)");
+        }
+        if self.pct > 0 && !self.widened && p.x_cpu_throttle_vcpus != self.applied {
+            // `x-cpu-throttle-vcpus` changed under way: in force at once too.
+            self.apply(p);
+            log::info!(
+                "migration: auto-converge throttles {} to {} % (changed)",
+                self.which(),
+                self.pct
+            );
         }
         let (start, d, s) = &mut self.period;
         *d += dirtied;
@@ -328,6 +370,36 @@ mod tests {
             c.after_sync(60, 100, &p);
         }
         assert_eq!(pcts(), vec![0, 60]);
+        // The set changed under way: in force at the next sync, the vCPU
+        // left out lifted.
+        let moved = Parameters {
+            x_cpu_throttle_vcpus: vec![0].try_into().unwrap(),
+            ..p
+        };
+        c.after_sync(0, 100, &moved);
+        assert_eq!(pcts(), vec![60, 0]);
+        // At its most on the vCPU named and still too fast: every vCPU.
+        let most = Parameters {
+            max_cpu_throttle: 70,
+            ..moved
+        };
+        for _ in 0..3 {
+            c.period.0 -= PERIOD;
+            c.after_sync(60, 100, &most);
+        }
+        assert_eq!(pcts(), vec![70, 0], "stepped on the vCPU named");
+        // Over the trigger at the most, the passes still shrinking: kept.
+        for _ in 0..2 {
+            c.period.0 -= PERIOD;
+            c.after_sync(60, 100, &most);
+        }
+        assert_eq!(pcts(), vec![70, 0], "kept to the vCPU named");
+        // Dirtying as much as is sent: every vCPU.
+        for _ in 0..2 {
+            c.period.0 -= PERIOD;
+            c.after_sync(120, 100, &most);
+        }
+        assert_eq!(pcts(), vec![70, 70], "widened");
         drop(c);
         assert_eq!(pcts(), vec![0, 0], "lifted");
     }

@@ -227,7 +227,9 @@ pub struct ConvergeReply {
     /// `x-cpu-throttle-at-start`).
     pub cpu_throttle_percentage: u64,
     /// The vCPUs to throttle (set them as `x-cpu-throttle-vcpus`): those
-    /// that write, where the window told them apart; else every vCPU.
+    /// that write, where the window told them apart; else every vCPU
+    /// (absent from VMMs before it: every vCPU).
+    #[serde(default)]
     pub vcpus: Vec<usize>,
     /// vCPU time the throttle would take from the guest, seconds.
     pub throttle_seconds: Option<f64>,

@@ -861,6 +861,30 @@ mod tests {
         }
     }
 
+    #[test]
+    fn each_vcpus_share_is_its_ring_entries_or_its_faults_where_they_account_for_the_pages() {
+        // Bitmap: 15,000 and 3,000 faults for the window's pages.
+        let mut w = window_of(500, |_| 12_000.0);
+        let s = w.shares().expect("the faults account for the pages");
+        assert!((s[0] - 15.0 / 18.0).abs() < 1e-12 && (s[1] - 3.0 / 18.0).abs() < 1e-12);
+        // Faults under half the pages (hardware that logs without faults):
+        // no shares.
+        w.pages = 40_000;
+        assert_eq!(w.shares(), None);
+        // A ring's entries, whatever the faults.
+        w.per_vcpu = Some(vec![0, 4]);
+        assert_eq!(w.shares(), Some(vec![0.0, 1.0]));
+        // Nothing written: no shares.
+        w.per_vcpu = Some(vec![0, 0]);
+        assert_eq!(w.shares(), None);
+    }
+
+    #[test]
+    fn shares_that_are_not_one_per_vcpu_throttle_every_vcpu() {
+        let c = smallest_throttle(&too_fast(2), Some(&[1.0])).expect("converges");
+        assert_eq!(c.vcpus, vec![0, 1]);
+    }
+
     fn window(pages: u64, half: u64) -> DirtyRate {
         let mut w = window_of(500, |_| pages as f64);
         w.curve = vec![(half, Duration::from_millis(250))];
@@ -1353,20 +1377,23 @@ fn verdict_streak(stats: &VmmStats, p: Option<&Prediction>) -> u64 {
 /// shares, every vCPU, as QEMU's auto-converge.
 fn smallest_throttle(inputs: &Inputs, shares: Option<&[f64]>) -> Option<Converge> {
     let all: Vec<usize> = (0..usize::try_from(inputs.vcpus).unwrap_or(0)).collect();
-    let writers = shares.map(|s| {
-        (0..s.len())
-            .filter(|&i| s[i] >= WRITER_SHARE)
-            .collect::<Vec<_>>()
-    });
-    if let (Some(s), Some(w)) = (shares, writers) {
-        if !w.is_empty() && w.len() < all.len() {
-            let held = w.iter().map(|&i| s[i]).sum::<f64>();
-            if let Some(c) = throttle_of(inputs, held, w) {
-                return Some(c);
-            }
-        }
+    let every = throttle_of(inputs, 1.0, all.clone());
+    let Some(s) = shares.filter(|s| s.len() == all.len()) else {
+        return every;
+    };
+    let writers: Vec<usize> = all.into_iter().filter(|&i| s[i] >= WRITER_SHARE).collect();
+    if writers.is_empty() || writers.len() == s.len() {
+        return every;
     }
-    throttle_of(inputs, 1.0, all)
+    let held = writers.iter().map(|&i| s[i]).sum::<f64>();
+    // The writers alone, unless throttling every vCPU would take less vCPU
+    // time from the guest (a throttle of the writers alone at 99 % against
+    // every vCPU at 30 %, say).
+    match (throttle_of(inputs, held, writers), every) {
+        (Some(w), Some(e)) if e.throttle_seconds < w.throttle_seconds => Some(e),
+        (Some(w), _) => Some(w),
+        (None, e) => e,
+    }
 }
 
 /// A vCPU that wrote less than this share of a window's pages is not

@@ -397,7 +397,10 @@ impl Worker {
                 next = now + self.interval;
             }
             if self.sleep_until(next) {
-                break Ok(());
+                // One more at the stop: the series ends with the state the
+                // VM stopped in, not at the tick before (a command that ended
+                // between them was missing from the last point).
+                break self.tick();
             }
         };
         self.shared.ring().stopped = true;
