@@ -370,36 +370,26 @@ fn readiness_every_needs_a_socket_and_dirty_logging_and_a_window_shorter_than_it
         err.contains("--readiness-window (2s) must be shorter than --readiness-every (1s)"),
         "{err}"
     );
-    // Given no value, the period is 90 s.
-    let (code, err) = run(&[
+    // Given no value, the period is 90 s: last, or with another option
+    // after it (not taken for its value).
+    let rest = [
         "--dirty-log",
         "ring",
         "--socket",
         "/tmp/kvmscope-never.sock",
         "--readiness-window",
         "120s",
-        "--readiness-every",
-    ]);
-    assert_ne!(code, Some(0));
-    assert!(
-        err.contains("--readiness-window (120s) must be shorter than --readiness-every (90s)"),
-        "{err}"
-    );
-    // ... also with another option after it (not taken for its value).
-    let (code, err) = run(&[
-        "--readiness-every",
-        "--dirty-log",
-        "ring",
-        "--socket",
-        "/tmp/kvmscope-never.sock",
-        "--readiness-window",
-        "120s",
-    ]);
-    assert_ne!(code, Some(0));
-    assert!(
-        err.contains("--readiness-window (120s) must be shorter than --readiness-every (90s)"),
-        "{err}"
-    );
+    ];
+    for at_end in [true, false] {
+        let mut args = rest.to_vec();
+        args.insert(if at_end { args.len() } else { 0 }, "--readiness-every");
+        let (code, err) = run(&args);
+        assert_ne!(code, Some(0));
+        assert!(
+            err.contains("--readiness-window (120s) must be shorter than --readiness-every (90s)"),
+            "{err}"
+        );
+    }
 }
 
 /// A run stopped mid-command says which command it cut short and how many
