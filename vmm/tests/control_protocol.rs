@@ -348,9 +348,17 @@ fn the_guest_counts_its_own_progress_and_query_guest_reads_it() {
     require_kvm!();
     let vm = ServedVm::start("progress", MEM, 2);
     let mut c = vm.client();
+    // A count once the vCPU has run (null before its first exit: on a
+    // loaded host the query can come first).
     let progress = |c: &mut kvmscope::client::Client, vcpu: usize| {
-        let (g, _) = c.execute("query-guest", json!({"vcpus": [vcpu]})).unwrap();
-        g[0]["progress"].as_u64().expect("progress is a count")
+        common::wait_for(
+            "the guest's count",
+            std::time::Duration::from_secs(10),
+            || {
+                let (g, _) = c.execute("query-guest", json!({"vcpus": [vcpu]})).unwrap();
+                g[0]["progress"].as_u64()
+            },
+        )
     };
     let before = progress(&mut c, 0);
     // A page touched, read or written and an exit made are a unit each.
