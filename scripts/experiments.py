@@ -57,11 +57,26 @@ def cell(v):
 
 
 def write_csv(path, columns, rows):
-    with open(path, "w", newline="") as f:
+    """Writes the CSV whole or not at all (a stop mid-write leaves the last one)."""
+    part = path + ".part"
+    with open(part, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="raise")
         w.writeheader()
         for r in rows:
             w.writerow({k: cell(v) for k, v in r.items()})
+    os.replace(part, path)
+
+
+# The signal that asked the run to stop (0: none). Its handler raises
+# SystemExit, which Python swallows when it lands in a `__del__` (a closed
+# VM's socket or process being collected): checked again after every row.
+STOPPED = 0
+
+
+def stop(signum, _frame):
+    global STOPPED
+    STOPPED = signum
+    sys.exit(128 + signum)
 
 
 def machine(binary):
@@ -114,7 +129,14 @@ def run(a):
     seconds = {}
     for name in a.only:
         t = time.monotonic()
-        rows = EXPERIMENTS[name](binary, m)
+        rows = []
+        # Written after every row of the parts that hand them out as they
+        # end: a run cut short (a time limit, a signal) keeps what it did.
+        for row in EXPERIMENTS[name](binary, m):
+            rows.append(row)
+            write_csv(os.path.join(a.out, name + ".csv"), COLUMNS[name], rows)
+            if STOPPED:
+                sys.exit(128 + STOPPED)
         write_csv(os.path.join(a.out, name + ".csv"), COLUMNS[name], rows)
         seconds[name] = round(time.monotonic() - t, 1)
     if a.series:
@@ -194,7 +216,7 @@ def main():
     a.set = settings(p, a.set, FULL.keys() | SMALL.keys())
     os.makedirs(a.out, exist_ok=True)
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: sys.exit(128 + s))
+        signal.signal(sig, stop)
     try:
         if not a.replot:
             run(a)

@@ -117,15 +117,14 @@ def untracked_rates(vm, vcpus, seconds):
 
 
 def run_converge(binary, m):
-    rows = []
+    """Each cell's row as it ends (experiments.py writes the CSV after each)."""
     for shape, mode, how in m["converge_cells"]:
         row = converge_cell(binary, m, shape, mode, how)
-        rows.append(row)
         log("converge %-11s %-6s %-13s: %s in %s ms (predicted %s), downtime %s ms, %s passes, set %s, end %s, "
             "kept %s %%, throttled %s ms" % (shape, mode, how, row["status"], row["total_ms"], row["pred_total_ms"],
                                               row["downtime_ms"], row["passes"], row["set"], row["end"],
                                               row["kept_pct"], row["throttled_ms"]))
-    return rows
+        yield row
 
 
 def converge_cell(binary, m, shape, mode, how):

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 
-from experiments_vm import LIVE, Vm, call, die_with_parent, log, shut_down, unix_listening
+from experiments_vm import LIVE, Vm, call, log, shut_down, spawn, unix_listening
 from kvmscope_client import Connection
 
 MIB = 1 << 20
@@ -48,8 +48,7 @@ class Dest:
         args = [binary, "run", "--incoming", self.uri, "--socket", self.socket, "--sample-interval", "off"]
         args += like.shape if like is not None else []
         with open(self.log_path, "w") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=die_with_parent)
+            self.proc = spawn(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         LIVE.add(self)
         self.conn = None
         deadline = time.monotonic() + 30
@@ -105,17 +104,16 @@ def cells(m):
 
 
 def run_migration(binary, m):
-    rows = []
+    """Each cell's row as it ends (experiments.py writes the CSV after each)."""
     for c in cells(m):
         row = migration_cell(binary, c, m["migration_ws"], m["migration_dirty_s"])
-        rows.append(row)
         log("migration %-5s %dv hp=%d %-7s %.2f dirty=%-5s %-9s %3d ms: transferred %s/%s B, rounds %s/%s, "
             "downtime %s/%s ms, %s/%s, verify bad %s"
             % (c["memory"], c["vcpus"], c["hugepages"], c["write"], c["fraction"], c["dirty"], c["link"],
                c["limit_ms"], row["pred_transferred"], row["transferred"], row["pred_rounds"], row["rounds"],
                row["pred_downtime_ms"], row["downtime_ms"], row["pred_verdict"], row["verdict"],
                row["verify_bad"]))
-    return rows
+        yield row
 
 
 def workload(c, arena, ws, seconds):

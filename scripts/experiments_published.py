@@ -60,15 +60,14 @@ def own_stats(vm):
 
 
 def run_published(binary, m):
-    rows = []
+    """Each cell's row as it ends (experiments.py writes the CSV after each)."""
     for i, name in enumerate(m["published_cells"]):
         row = published_cell(binary, m, name, random.Random(i + 1))
-        rows.append(row)
         log("published %-6s read %.1f s after the measurement: %s / %s, transferred %s / %s B, total %s / %s ms, "
             "downtime %s / %s ms" % (name, row["age_s"], row["pred_verdict"], row["verdict"], row["pred_transferred"],
                                      row["transferred"], row["pred_total_ms"], row["total_ms"],
                                      row["pred_downtime_ms"], row["downtime_ms"]))
-    return rows
+        yield row
 
 
 def published_cell(binary, m, name, rng):

@@ -142,20 +142,19 @@ def finish(vms, seqs, started):
 
 
 def run_stall(binary, m):
-    rows = []
+    """Each cell's row (its median) as it ends (experiments.py writes the CSV after each)."""
     for mode in m["stall_modes"]:
         for window in m["stall_windows"]:
             for name, what, command, kind, ws in workloads(m["stall_ws"], m["stall_seconds"],
                                                            m.get("stall_large_ws")):
                 runs = [stall_cell(binary, m, mode, window, name, what, command, kind, ws)
                         for _ in range(m.get("stall_repeats", 1))]
-                rows.append(median_row(runs))
+                yield median_row(runs)
         for window in m.get("stall_four_windows", []):
             runs = [four_vcpus_cell(binary, m, mode, window) for _ in range(m.get("stall_repeats", 1))]
-            rows.extend(median_row([r[i] for r in runs]) for i in range(len(runs[0])))
+            yield from (median_row([r[i] for r in runs]) for i in range(len(runs[0])))
     for mode, name in m.get("stall_migrations", []):
-        rows.append(migration_cell(binary, m, mode, name))
-    return rows
+        yield migration_cell(binary, m, mode, name)
 
 
 def four_vcpus_cell(binary, m, mode, window):

@@ -25,9 +25,24 @@ def log(msg):
 
 
 def die_with_parent():
-    """In the child before exec: SIGKILL when the parent dies."""
+    """In the child before exec: SIGKILL when the parent dies, and no signal
+    held (`spawn` holds them in the parent)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def spawn(args, **kwargs):
+    """`subprocess.Popen` of a child that dies with this process. SIGTERM and
+    SIGHUP are held while it forks: a `preexec_fn` makes Python fork, and a
+    stop handler that raised in the fork's hooks (logging's lock release)
+    was swallowed there ("Exception ignored"), so the script ran on; held,
+    the signal is taken just after."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+    try:
+        return subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def kill_all():
@@ -108,8 +123,7 @@ class Vm:
         args += list(extra)
         self.log_path = os.path.join(self.dir, "run.log")
         with open(self.log_path, "w") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=die_with_parent)
+            self.proc = spawn(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         LIVE.add(self)
         self.conn = self.side_conn = None
         try:

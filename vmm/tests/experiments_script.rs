@@ -380,3 +380,52 @@ fn charts_series_plots_and_the_doc_are_generated() {
     }
     assert!(text.contains("| matrix | small |"));
 }
+
+/// A part cut short (a time limit's SIGTERM on a lent machine) keeps the
+/// rows of the cells it finished: the CSV is written after each (the
+/// stall part's CSV was lost to such a limit before).
+#[test]
+fn a_part_stopped_midway_keeps_the_rows_it_finished() {
+    require_kvm!();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("experiments-cut");
+    let _ = std::fs::remove_dir_all(&out);
+    let child = Command::new("python3")
+        .arg(root().join("scripts/experiments.py"))
+        .args(["--small", "--part", "stall", "--no-series", "--out"])
+        .arg(&out)
+        .args(["--kvmscope", env!("CARGO_BIN_EXE_kvmscope")])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("running python3 scripts/experiments.py");
+    let mut child = common::KillOnDrop::new(child);
+    let csv = out.join("stall.csv");
+    let rows = || {
+        std::fs::read_to_string(&csv)
+            .map(|t| t.lines().count().saturating_sub(1))
+            .unwrap_or(0)
+    };
+    common::wait_for(
+        "the first stall row",
+        std::time::Duration::from_secs(60),
+        || (rows() >= 1).then_some(()),
+    );
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = common::wait_for(
+        "experiments.py to stop",
+        std::time::Duration::from_secs(20),
+        || child.try_wait().unwrap(),
+    );
+    assert!(
+        !status.success(),
+        "it was stopped midway: {status}, {} rows",
+        rows()
+    );
+    let kept = Csv::read(&out, "stall");
+    assert!(
+        !kept.rows.is_empty() && kept.rows.len() < 5,
+        "{} of the 5 rows kept",
+        kept.rows.len()
+    );
+    assert_eq!(kept.rows[0]["workload"], "random-max");
+}
