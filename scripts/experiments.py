@@ -29,6 +29,7 @@ child (killed when the script ends, however it ends), driven with
 """
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
@@ -59,12 +60,17 @@ def cell(v):
 def write_csv(path, columns, rows):
     """Writes the CSV whole or not at all (a stop mid-write leaves the last one)."""
     part = path + ".part"
-    with open(part, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="raise")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: cell(v) for k, v in r.items()})
-    os.replace(part, path)
+    try:
+        with open(part, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=columns, extrasaction="raise")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: cell(v) for k, v in r.items()})
+        os.replace(part, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise
 
 
 # The signal that asked the run to stop (0: none). Its handler raises
@@ -139,6 +145,8 @@ def run(a):
                 sys.exit(128 + STOPPED)
         write_csv(os.path.join(a.out, name + ".csv"), COLUMNS[name], rows)
         seconds[name] = round(time.monotonic() - t, 1)
+        if STOPPED:
+            sys.exit(128 + STOPPED)
     if a.series:
         t = time.monotonic()
         run_series(binary, m, a.out)
@@ -222,6 +230,8 @@ def main():
             run(a)
     finally:
         kill_all()
+    if STOPPED:  # a stop swallowed past the last check: no charts or doc
+        return 128 + STOPPED
     charts = experiments_report.charts(a.out)
     log("charts: %s" % ", ".join(os.path.basename(c) for c in charts))
     if a.docs:

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 
-from experiments_vm import LIVE, Vm, call, log, shut_down, spawn, unix_listening
+from experiments_vm import Vm, call, log, shut_down, spawn, unix_listening
 from kvmscope_client import Connection
 
 MIB = 1 << 20
@@ -48,8 +48,7 @@ class Dest:
         args = [binary, "run", "--incoming", self.uri, "--socket", self.socket, "--sample-interval", "off"]
         args += like.shape if like is not None else []
         with open(self.log_path, "w") as out:
-            self.proc = spawn(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        LIVE.add(self)
+            spawn(self, args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.conn = None
         deadline = time.monotonic() + 30
         while not unix_listening(self.uri[5:]):

@@ -24,23 +24,30 @@ def log(msg):
     print("[%7.1fs] %s" % (time.monotonic() - START, msg), file=sys.stderr, flush=True)
 
 
+HELD = {signal.SIGTERM, signal.SIGHUP}
+
+
 def die_with_parent():
-    """In the child before exec: SIGKILL when the parent dies, and no signal
-    held (`spawn` holds them in the parent)."""
+    """In the child before exec: SIGKILL when the parent dies, the stop
+    signals back to their default and no longer held (`spawn` holds them)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for sig in HELD:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
 
 
-def spawn(args, **kwargs):
-    """`subprocess.Popen` of a child that dies with this process. SIGTERM and
-    SIGHUP are held while it forks: a `preexec_fn` makes Python fork, and a
-    stop handler that raised in the fork's hooks (logging's lock release)
-    was swallowed there ("Exception ignored"), so the script ran on; held,
-    the signal is taken just after."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+def spawn(owner, args, **kwargs):
+    """Starts `owner.proc`, a child that dies with this process, and puts
+    `owner` among the children `kill_all` ends. SIGTERM and SIGHUP are held
+    meanwhile: a `preexec_fn` makes Python fork, and a stop handler that
+    raised in the fork's hooks (logging's lock release) was swallowed there
+    ("Exception ignored"), so the script ran on; held, the signal is taken
+    just after, with the child already known to `kill_all`."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
     try:
-        return subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs)
+        owner.proc = subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs)
+        LIVE.add(owner)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
@@ -123,8 +130,7 @@ class Vm:
         args += list(extra)
         self.log_path = os.path.join(self.dir, "run.log")
         with open(self.log_path, "w") as out:
-            self.proc = spawn(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        LIVE.add(self)
+            spawn(self, args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.conn = self.side_conn = None
         try:
             self.conn = self._connect(time.monotonic() + 30)

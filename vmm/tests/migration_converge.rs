@@ -188,6 +188,47 @@ fn converge_auto_on_a_bitmap_vm_throttles_only_the_vcpu_that_writes() {
 }
 
 #[test]
+fn a_throttle_of_named_vcpus_widens_to_every_vcpu_once_the_others_write() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    // Both vCPUs rewrite 32 MiB as fast as they can; the throttle is asked
+    // for vCPU 0 alone, at its most from the start: vCPU 1's faults say it
+    // writes, the guest outruns the link, and every vCPU is throttled (a
+    // guest over the link whose other vCPU writes next to nothing is not:
+    // `converge_auto_on_a_bitmap_vm_throttles_only_the_vcpu_that_writes`).
+    let src = ServedVm::start_with("conv-widen", MEM, 2, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Bitmap);
+    });
+    let mut c = src.client();
+    common::migration::guest(&mut c, 0, "touch size=32M");
+    common::migration::guest(&mut c, 1, "touch offset=64M size=32M");
+    queue(&mut c, 0, "dirty ws=32M rate=max for=120s");
+    queue(&mut c, 1, "dirty offset=64M ws=32M rate=max for=120s");
+    c.execute(
+        "migrate-set-capabilities",
+        json!({"capabilities": [{"capability": "auto-converge", "state": true}]}),
+    )
+    .unwrap();
+    let dest = Dest::start("conv-widen-dst", |_, _| {});
+    let info = migrate(
+        &src,
+        &dest.uri,
+        // At most 6 passes: the widening is what is tested, not whether
+        // two writers at 99 % fit the link.
+        json!({"max-bandwidth": 20_000_000, "downtime-limit": 300, "x-max-rounds": 6,
+               "cpu-throttle-initial": 99, "x-cpu-throttle-at-start": true,
+               "x-cpu-throttle-vcpus": [0]}),
+    );
+    common::migration::assert_completed(&info);
+    let asleep = info.x_cpu_throttled.expect("x-cpu-throttled").vcpus;
+    assert!(
+        asleep[0].ms > 0.0 && asleep[1].ms > 0.0,
+        "both throttled in the end: {asleep:?}"
+    );
+    dest.quit();
+}
+
+#[test]
 fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
     require_kvm!();
     let vm = ServedVm::start("conv-params", 64 << 20, 1);

@@ -24,10 +24,11 @@ pub enum Converge {
     /// (`dirty-limit`, `vcpu-dirty-limit`, `x-vcpu-dirty-limit-at-start`),
     /// which slows only the vCPUs that dirty faster; otherwise the smallest auto-converge throttle
     /// (`cpu-throttle-initial`, `x-cpu-throttle-at-start`) of the vCPUs that
-    /// write (`x-cpu-throttle-vcpus`), stepping up from there if the guest
-    /// still dirties too fast.
+    /// write (`x-cpu-throttle-vcpus`), stepping up from there by QEMU's
+    /// 10 % if the guest still dirties too fast.
     Auto,
-    /// QEMU's auto-converge: blind steps from `cpu-throttle-initial`.
+    /// QEMU's auto-converge: blind steps, QEMU's (20 %, then +10 %; a
+    /// `cpu-throttle-initial` or `-increment` set before is replaced).
     AutoConverge,
     /// QEMU's dirty-limit: every vCPU limited to `vcpu-dirty-limit` once the
     /// guest dirties too fast (a ring VM only).
@@ -207,22 +208,30 @@ struct Plan {
 
 impl Plan {
     fn of(how: Converge, predicted: Option<&Predicted>) -> Plan {
-        // QEMU's steps (20 %, then +10 %) on every vCPU, unless the
-        // model's plan sets its own: what an earlier `--converge auto` set
-        // does not carry over.
-        let qemu = Parameters::default();
+        // Every vCPU, and nothing from the start, unless the model's plan
+        // says otherwise: what an earlier `--converge auto` set does not
+        // carry over.
         let neither_at_start = SetParameters {
-            cpu_throttle_initial: Some(qemu.cpu_throttle_initial),
-            cpu_throttle_increment: Some(qemu.cpu_throttle_increment),
             x_cpu_throttle_at_start: Some(false),
             x_cpu_throttle_vcpus: Some(VcpuSet::default()),
             x_vcpu_dirty_limit_at_start: Some(false),
             ..SetParameters::default()
         };
+        // Auto-converge on: QEMU's steps (20 %, then +10 %), which the
+        // model's plan starts from its own throttle.
+        let qemu = Parameters::default();
         let plan = |auto_converge, dirty_limit| Plan {
             auto_converge,
             dirty_limit,
-            parameters: neither_at_start,
+            parameters: if auto_converge {
+                SetParameters {
+                    cpu_throttle_initial: Some(qemu.cpu_throttle_initial),
+                    cpu_throttle_increment: Some(qemu.cpu_throttle_increment),
+                    ..neither_at_start
+                }
+            } else {
+                neither_at_start
+            },
             predicted: None,
             said: None,
         };
@@ -258,6 +267,7 @@ impl Plan {
             return Plan {
                 parameters: SetParameters {
                     cpu_throttle_initial: Some(*pct),
+                    cpu_throttle_increment: Some(qemu.cpu_throttle_increment),
                     x_cpu_throttle_at_start: Some(true),
                     // A list the VMM could not have sent: every vCPU.
                     x_cpu_throttle_vcpus: Some(

@@ -1370,11 +1370,12 @@ fn verdict_streak(stats: &VmmStats, p: Option<&Prediction>) -> u64 {
 /// `100 - pct` % of the time, so it dirties that share of its rate. No
 /// round limit: the question is whether it converges, not when it is cut.
 ///
-/// `shares`: each vCPU's share of the pages written (`DirtyRate::shares`).
-/// Where some vCPUs write next to nothing, only the others are throttled
-/// (`x-cpu-throttle-vcpus`) when that converges: a vCPU that only reads or
-/// computes keeps its pace, as under a dirty limit. Otherwise, or without
-/// shares, every vCPU, as QEMU's auto-converge.
+/// `shares`: each vCPU's share of the pages written (`DirtyRate::shares`,
+/// one per vCPU). Where some vCPUs write next to nothing, only the others
+/// are throttled (`x-cpu-throttle-vcpus`) when that converges and takes no
+/// more vCPU time from the guest than throttling every vCPU would: a vCPU
+/// that only reads or computes keeps its pace, as under a dirty limit.
+/// Otherwise, or without shares, every vCPU, as QEMU's auto-converge.
 fn smallest_throttle(inputs: &Inputs, shares: Option<&[f64]>) -> Option<Converge> {
     let all: Vec<usize> = (0..usize::try_from(inputs.vcpus).unwrap_or(0)).collect();
     let every = throttle_of(inputs, 1.0, all.clone());
