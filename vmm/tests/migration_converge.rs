@@ -157,19 +157,36 @@ fn converge_auto_throttles_from_the_start_to_what_the_model_chose() {
     dest.quit();
 }
 
+/// A bitmap VM of two vCPUs: vCPU 0 rewrites 32 MiB as fast as it can, for
+/// long; vCPU 1 runs `second` (queued, the last without waiting).
+fn bitmap_pair(test: &str, second: &[&str]) -> ServedVm {
+    let src = ServedVm::start_with(test, MEM, 2, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Bitmap);
+    });
+    let mut c = src.client();
+    common::migration::guest(&mut c, 0, "touch size=32M");
+    queue(&mut c, 0, "dirty ws=32M rate=max for=120s");
+    for (i, command) in second.iter().enumerate() {
+        if i + 1 < second.len() {
+            common::migration::guest(&mut c, 1, command);
+        } else {
+            queue(&mut c, 1, command);
+        }
+    }
+    src
+}
+
 #[test]
 fn converge_auto_on_a_bitmap_vm_throttles_only_the_vcpu_that_writes() {
     require_kvm!();
     let _serial = common::migration::serial();
     // vCPU 0 rewrites 32 MiB as fast as it can; vCPU 1 writes ten pages a
     // second, next to nothing: the window's faults tell them apart.
-    let src = ServedVm::start_with("conv-auto-two", MEM, 2, |c| {
-        c.vm.dirty_log = Some(DirtyMode::Bitmap);
-    });
+    let src = bitmap_pair(
+        "conv-auto-two",
+        &["dirty offset=64M ws=1M rate=10 for=120s"],
+    );
     let mut c = src.client();
-    common::migration::guest(&mut c, 0, "touch size=32M");
-    queue(&mut c, 0, "dirty ws=32M rate=max for=120s");
-    queue(&mut c, 1, "dirty offset=64M ws=1M rate=10 for=120s");
     let dest = Dest::start("conv-auto-two-dst", |_, _| {});
     let text = common::migration::converge_auto(&src, &dest.uri);
     assert!(
@@ -196,14 +213,14 @@ fn a_throttle_of_named_vcpus_widens_to_every_vcpu_once_the_others_write() {
     // writes, the guest outruns the link, and every vCPU is throttled (a
     // guest over the link whose other vCPU writes next to nothing is not:
     // `converge_auto_on_a_bitmap_vm_throttles_only_the_vcpu_that_writes`).
-    let src = ServedVm::start_with("conv-widen", MEM, 2, |c| {
-        c.vm.dirty_log = Some(DirtyMode::Bitmap);
-    });
+    let src = bitmap_pair(
+        "conv-widen",
+        &[
+            "touch offset=64M size=32M",
+            "dirty offset=64M ws=32M rate=max for=120s",
+        ],
+    );
     let mut c = src.client();
-    common::migration::guest(&mut c, 0, "touch size=32M");
-    common::migration::guest(&mut c, 1, "touch offset=64M size=32M");
-    queue(&mut c, 0, "dirty ws=32M rate=max for=120s");
-    queue(&mut c, 1, "dirty offset=64M ws=32M rate=max for=120s");
     c.execute(
         "migrate-set-capabilities",
         json!({"capabilities": [{"capability": "auto-converge", "state": true}]}),
