@@ -258,7 +258,7 @@ fn demo_runs_every_phase_end_to_end_and_cleans_up() {
     assert!(text.contains("Migration status: completed"), "{text}");
     // A throttled migration: the writer outruns the link, --converge auto limits it.
     assert!(
-        text.contains("--converge auto: limiting every vCPU's dirty rate to "),
+        text.contains("--converge auto: a dirty limit of "),
         "{text}"
     );
     assert!(

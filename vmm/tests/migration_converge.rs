@@ -246,6 +246,38 @@ fn a_throttle_of_named_vcpus_widens_to_every_vcpu_once_the_others_write() {
 }
 
 #[test]
+fn a_blindly_throttled_migration_says_its_prediction_had_no_throttle() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    use kvmscope::client::migrate::{Converge, MigrateConfig};
+    let src = busy_guest("conv-blind");
+    let dest = Dest::start("conv-blind-dst", |_, _| {});
+    // QEMU's blind steps: the prediction is of the migration unthrottled,
+    // and the table must not read as the model's error. At most 4 passes:
+    // long enough for a step (two periods of dirtying too fast).
+    let config = MigrateConfig {
+        socket: src.socket.clone(),
+        to: dest.uri.clone(),
+        bandwidth: Some(20_000_000),
+        max_downtime: Some(Duration::from_millis(300)),
+        max_rounds: Some(4),
+        predict: true,
+        converge: Some(Converge::AutoConverge),
+        json: false,
+        stop: None,
+    };
+    let mut out = Vec::new();
+    kvmscope::client::migrate::migrate(&config, &mut out).unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.contains("cpu throttle percentage: "), "{text}");
+    assert!(
+        text.contains("(predicted without a throttle; this migration was throttled"),
+        "{text}"
+    );
+    dest.quit();
+}
+
+#[test]
 fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
     require_kvm!();
     let vm = ServedVm::start("conv-params", 64 << 20, 1);

@@ -439,7 +439,9 @@ fn converge_auto_on_a_ring_vm_limits_the_writer_from_the_start() {
     let dest = Dest::start("dl-auto-dst", |_, _| {});
     let text = common::migration::converge_auto(&src, &dest.uri);
     assert!(
-        text.contains("limiting every vCPU's dirty rate to "),
+        text.contains("a dirty limit of ")
+            && text
+                .contains(" MB/s per vCPU from the start: only vCPUs that dirty faster are slowed"),
         "{text}"
     );
     let info = query(&mut src.client());

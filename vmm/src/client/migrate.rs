@@ -111,6 +111,8 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         None
     };
     let mut converged = None;
+    // The prediction is of the migration with no throttle, while one may set in.
+    let mut unthrottled = config.converge.is_some_and(|how| how != Converge::Off);
     if let Some(how) = config.converge {
         let (throttled, set) = converge(&mut client, how, predicted.as_ref(), config.json, out)?;
         converged = Some(set);
@@ -118,6 +120,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
             // The migration that runs is the throttled one: its prediction is the one to check.
             let text = std::mem::take(&mut p.text);
             *p = Predicted { text, ..t };
+            unthrottled = false;
         }
     }
     if !config.predict {
@@ -191,6 +194,11 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         write!(out, "{}", info_migrate(&info))?;
         if let Some(p) = &predicted {
             write!(out, "{}", super::predict::table(p, &info, limit))?;
+            let throttled = info.cpu_throttle_percentage.is_some()
+                || info.dirty_limit_throttle_time_per_round.is_some();
+            if unthrottled && throttled {
+                writeln!(out, "  (predicted without a throttle; this migration was throttled as it went (auto-converge or dirty-limit stepping in blindly), which the model does not predict: the rows say what the throttle changed, not how right the model was)")?;
+            }
         }
     }
     Ok(info.status == Some(Status::Completed))
@@ -249,7 +257,7 @@ impl Plan {
                     ..neither_at_start
                 },
                 predicted: Some((**limited).clone()),
-                said: Some(format!("limiting every vCPU's dirty rate to {mb} MB/s from the start (of the dirty limits the model finds converging, the one that takes the least vCPU time from the guest; vCPUs that dirty less run on)")),
+                said: Some(format!("a dirty limit of {mb} MB/s per vCPU from the start: only vCPUs that dirty faster are slowed (of the dirty limits the model finds converging, the one that takes the least vCPU time from the guest)")),
                 ..plan(false, true)
             };
         }
@@ -287,7 +295,7 @@ impl Plan {
             };
         }
         Plan {
-            said: Some("no throttle up to 99 % makes it converge; stepping from the default as auto-converge does".into()),
+            said: Some("no throttle up to 99 % makes it converge; auto-converge steps every vCPU from QEMU's 20 %, as QEMU does".into()),
             ..plan(true, false)
         }
     }
