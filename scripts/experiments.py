@@ -138,12 +138,14 @@ def run(a):
         rows = []
         # Written after every row of the parts that hand them out as they
         # end: a run cut short (a time limit, a signal) keeps what it did.
+        path = os.path.join(a.out, name + ".csv")
         for row in EXPERIMENTS[name](binary, m):
             rows.append(row)
-            write_csv(os.path.join(a.out, name + ".csv"), COLUMNS[name], rows)
+            write_csv(path, COLUMNS[name], rows)
             if STOPPED:
                 sys.exit(128 + STOPPED)
-        write_csv(os.path.join(a.out, name + ".csv"), COLUMNS[name], rows)
+        if not rows:  # a part with no cells still leaves its header
+            write_csv(path, COLUMNS[name], rows)
         seconds[name] = round(time.monotonic() - t, 1)
         if STOPPED:
             sys.exit(128 + STOPPED)

@@ -194,9 +194,8 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         write!(out, "{}", info_migrate(&info))?;
         if let Some(p) = &predicted {
             write!(out, "{}", super::predict::table(p, &info, limit))?;
-            let throttled = info.cpu_throttle_percentage.is_some()
-                || info.dirty_limit_throttle_time_per_round.is_some();
-            if unthrottled && throttled {
+            // `x-cpu-throttled` comes once a throttle or limit was set.
+            if unthrottled && info.x_cpu_throttled.is_some() {
                 writeln!(out, "  (predicted without a throttle; this migration was throttled as it went (auto-converge or dirty-limit stepping in blindly), which the model does not predict: the rows say what the throttle changed, not how right the model was)")?;
             }
         }
@@ -262,29 +261,18 @@ impl Plan {
             };
         }
         if let Some((pct, vcpus, throttled)) = &p.converge {
-            let list = vcpus
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            let list = match vcpus.len() {
-                0 => "every vCPU".to_string(),
-                1 => format!("vCPU {list}"),
-                _ => format!("vCPUs {list}"),
-            };
+            // A list the VMM could not have sent: every vCPU.
+            let set = VcpuSet::try_from(vcpus.clone()).unwrap_or_default();
             return Plan {
                 parameters: SetParameters {
                     cpu_throttle_initial: Some(*pct),
                     cpu_throttle_increment: Some(qemu.cpu_throttle_increment),
                     x_cpu_throttle_at_start: Some(true),
-                    // A list the VMM could not have sent: every vCPU.
-                    x_cpu_throttle_vcpus: Some(
-                        VcpuSet::try_from(vcpus.clone()).unwrap_or_default(),
-                    ),
+                    x_cpu_throttle_vcpus: Some(set),
                     ..neither_at_start
                 },
                 predicted: Some((**throttled).clone()),
-                said: Some(format!("auto-converge at {pct} % from the start on {list} (the smallest throttle the model finds converging without auto-converge stepping further, on the vCPUs its window saw write)")),
+                said: Some(format!("auto-converge at {pct} % from the start on {set} (the smallest throttle the model finds converging without auto-converge stepping further, on the vCPUs its window saw write)")),
                 ..plan(true, false)
             };
         }

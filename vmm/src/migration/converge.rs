@@ -88,10 +88,7 @@ impl Converge {
             applied: VcpuSet::default(),
             widened: false,
             slept_before: vcpus.iter().map(|v| v.throttle.slept()).collect(),
-            faults_before: vcpus
-                .iter()
-                .map(|v| v.faults.get().and_then(|f| f.read()))
-                .collect(),
+            faults_before: vcpus.iter().map(|v| v.page_faults()).collect(),
         };
         let at_start = match mechanism {
             Mechanism::AutoConverge => p.x_cpu_throttle_at_start,
@@ -123,7 +120,7 @@ impl Converge {
                 self.apply(p);
                 log::info!(
                     "migration: auto-converge throttles {} to {} %{when}",
-                    self.which(),
+                    self.applied,
                     self.pct
                 );
             }
@@ -157,7 +154,7 @@ impl Converge {
     fn others_write(&self, named: &VcpuSet) -> bool {
         let mut faults = (0u64, 0u64);
         for (i, (v, before)) in self.vcpus.iter().zip(&self.faults_before).enumerate() {
-            let (Some(before), Some(now)) = (before, v.faults.get().and_then(|f| f.read())) else {
+            let (Some(before), Some(now)) = (before, v.page_faults()) else {
                 return false;
             };
             let n = now.saturating_sub(*before);
@@ -167,15 +164,6 @@ impl Converge {
             }
         }
         faults.0 > 0 && faults.1 * 10 >= faults.0
-    }
-
-    /// The vCPUs the throttle is on, in words.
-    fn which(&self) -> String {
-        if self.applied.is_empty() {
-            "every vCPU".to_string()
-        } else {
-            format!("vCPUs {:?}", Vec::from(self.applied))
-        }
     }
 
     /// Limits every vCPU to `vcpu-dirty-limit`.
@@ -207,7 +195,7 @@ impl Converge {
             self.apply(p);
             log::info!(
                 "migration: auto-converge throttles {} to {} % (changed)",
-                self.which(),
+                self.applied,
                 self.pct
             );
         }

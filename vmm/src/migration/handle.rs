@@ -500,5 +500,9 @@ mod tests {
         assert!(e.contains("cpu-index 256 is out of range"), "{e}");
         let set: VcpuSet = serde_json::from_value(serde_json::json!([5, 0, 5])).unwrap();
         assert_eq!(Vec::from(set), vec![0, 5]);
+        // In words, as reports and logs name them.
+        assert_eq!(set.to_string(), "vCPUs 0, 5");
+        assert_eq!(p.to_string(), "vCPU 1");
+        assert_eq!(VcpuSet::default().to_string(), "every vCPU");
     }
 }

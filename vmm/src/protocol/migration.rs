@@ -446,6 +446,19 @@ impl TryFrom<Vec<usize>> for VcpuSet {
     }
 }
 
+/// In words: "every vCPU" for the empty set (what it means to
+/// auto-converge), "vCPU 0", "vCPUs 0, 2".
+impl std::fmt::Display for VcpuSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let indices: Vec<String> = self.iter().map(|i| i.to_string()).collect();
+        match indices.len() {
+            0 => f.write_str("every vCPU"),
+            1 => write!(f, "vCPU {}", indices[0]),
+            _ => write!(f, "vCPUs {}", indices.join(", ")),
+        }
+    }
+}
+
 impl From<VcpuSet> for Vec<usize> {
     fn from(set: VcpuSet) -> Vec<usize> {
         set.iter().collect()

@@ -8,6 +8,7 @@ use super::error::Error;
 use super::model::{self, Growth, Inputs, Prediction};
 use super::options::Options;
 use super::scan::Scan;
+use crate::protocol::migration::VcpuSet;
 use crate::protocol::readiness::{
     ConvergeReply, CurvePoint, DirtyLimitReply, DirtyRateFigure, EstimateError, LinkFigure,
     MappedFigure, Pages, ReadinessReport, ScanFigure, StallFigure, TimedPages, VcpuStallFigure,
@@ -700,7 +701,8 @@ impl Report {
                         if c.every {
                             "every vCPU".to_string()
                         } else {
-                            format!("vCPUs {:?}, x-cpu-throttle-vcpus", c.vcpus)
+                            let set = VcpuSet::try_from(c.vcpus.clone()).unwrap_or_default();
+                            format!("{set}, x-cpu-throttle-vcpus")
                         },
                         format_bytes(c.prediction.total_bytes),
                         ms(c.prediction.total_seconds),

@@ -379,6 +379,12 @@ impl VcpuShared {
         }
     }
 
+    /// KVM's `pf_taken` for this vCPU now, one `pread` (`None`: no counter,
+    /// or the read failed): the page faults the guest's stall counts.
+    pub(crate) fn page_faults(&self) -> Option<u64> {
+        self.faults.get()?.read()
+    }
+
     /// The guest's own count of its work so far (`None`: no counter, or
     /// the guest has not run yet: on a migration's destination the count
     /// is the source's only once the vCPU's state is restored, and a rate

@@ -95,7 +95,7 @@ const AFTERMATH: Duration = Duration::from_secs(2);
 
 fn read(v: &VcpuShared) -> Option<Reading> {
     let at = Instant::now();
-    let faults = v.faults.get()?.read()?;
+    let faults = v.page_faults()?;
     Some(Reading {
         at,
         faults,
