@@ -729,28 +729,68 @@ fn give_large_buffers_back() {
 /// | head -1`) ends the command quietly with status 0, as it ends other Unix
 /// tools, instead of an error that would blame the VMM (`talking to the VMM:
 /// Broken pipe`). The VMM and the exporter never write here.
-struct Stdout(std::io::StdoutLock<'static>);
+struct Stdout {
+    out: std::io::StdoutLock<'static>,
+    /// What a reader that went away does: end the command (status 0), or,
+    /// for `migrate`, whose status is the migration's, leave the rest of its
+    /// output unwritten and let it follow the migration to its end.
+    on_gone: OnGone,
+    gone: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnGone {
+    Exit,
+    Discard,
+}
 
 impl Stdout {
     fn lock() -> Stdout {
-        Stdout(std::io::stdout().lock())
+        Stdout::with(OnGone::Exit)
     }
 
-    fn gone(e: std::io::Error) -> std::io::Error {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
+    fn with(on_gone: OnGone) -> Stdout {
+        Stdout {
+            out: std::io::stdout().lock(),
+            on_gone,
+            gone: false,
         }
-        e
+    }
+
+    /// A write's error: passed on, unless it says the reader went away.
+    fn gone(&mut self, e: std::io::Error, len: usize) -> std::io::Result<usize> {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e);
+        }
+        match self.on_gone {
+            OnGone::Exit => std::process::exit(0),
+            OnGone::Discard => {
+                self.gone = true;
+                Ok(len)
+            }
+        }
     }
 }
 
 impl std::io::Write for Stdout {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.write(buf).map_err(Stdout::gone)
+        if self.gone {
+            return Ok(buf.len());
+        }
+        match self.out.write(buf) {
+            Ok(n) => Ok(n),
+            Err(e) => self.gone(e, buf.len()),
+        }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush().map_err(Stdout::gone)
+        if self.gone {
+            return Ok(());
+        }
+        match self.out.flush() {
+            Ok(()) => Ok(()),
+            Err(e) => self.gone(e, 0).map(drop),
+        }
     }
 }
 
@@ -835,7 +875,9 @@ fn main() -> ExitCode {
                     exit_on_next: kvmscope::signals::exit_on_signal,
                 }),
             };
-            match client::migrate::migrate(&config, &mut std::io::stdout().lock()) {
+            // The migration goes on in the VMM whether or not anybody reads
+            // its report: the status stays the migration's.
+            match client::migrate::migrate(&config, &mut Stdout::with(OnGone::Discard)) {
                 Ok(true) => Ok(ExitCode::SUCCESS),
                 Ok(false) => Ok(ExitCode::from(1)),
                 Err(e) => Err(e.into()),

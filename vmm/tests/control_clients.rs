@@ -182,17 +182,12 @@ fn a_reader_that_goes_away_ends_stats_quietly() {
     require_kvm!();
     let vm = ServedVm::start("stats-pipe", MEM, 2);
     // `kvmscope stats | head -1`: the reader has gone before the page is written.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-        .args(["stats", "--vcpu", "all", "--socket"])
-        .arg(&vm.socket)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let (code, err) = common::output_unread(
+        Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args(["stats", "--vcpu", "all", "--socket"])
+            .arg(&vm.socket),
+    );
+    assert_eq!(code, Some(0), "{err}");
     assert!(err.is_empty(), "nothing blamed on the VMM: {err}");
 }
 

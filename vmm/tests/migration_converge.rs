@@ -310,7 +310,9 @@ fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
             .unwrap_err();
         let e = format!("{e:?}");
         assert!(
-            e.contains(&format!("{name} must be from 1 to 99, not {bad}")),
+            e.contains(&format!(
+                "Parameter '{name}' expects a value from 1 to 99, not {bad}"
+            )),
             "{e}"
         );
     }
@@ -323,7 +325,9 @@ fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
         .unwrap_err();
     let e = format!("{e:?}");
     assert!(
-        e.contains("cpu-index 1 does not exist (the VM has 1 vCPUs)"),
+        e.contains(
+            "Parameter 'x-cpu-throttle-vcpus' expects the VM's vCPUs (cpu-index 0 to 0), not 1"
+        ),
         "{e}"
     );
     let (p, _) = c.execute("query-migrate-parameters", json!({})).unwrap();

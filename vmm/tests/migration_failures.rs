@@ -400,6 +400,81 @@ fn the_cli_sets_its_defaults_each_time_not_what_an_earlier_migrate_left() {
 }
 
 #[test]
+fn the_cli_refuses_a_vmm_that_cannot_migrate_before_it_changes_anything() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("mig-cli-busy");
+    let dest = Dest::start("mig-cli-busy-dst", |_, _| {});
+    let mut c = src.client();
+    common::migration::start_migration(
+        &mut c,
+        &dest.uri,
+        json!({"max-bandwidth": 1_000_000, "downtime-limit": 1}),
+    );
+    let asked = || {
+        let (p, _) = src
+            .client()
+            .execute("query-migrate-parameters", json!({}))
+            .unwrap();
+        let (caps, _) = src
+            .client()
+            .execute("query-migrate-capabilities", json!({}))
+            .unwrap();
+        (
+            p["max-bandwidth"].clone(),
+            p["downtime-limit"].clone(),
+            caps,
+        )
+    };
+    let before = asked();
+    // A second client's migrate, flags and all, while one runs: the
+    // bandwidth it asks for would have been the running migration's.
+    let (code, _, err) = migrate_cli(
+        &src,
+        &[
+            "--to",
+            "unix:/nonexistent/kvmscope-test",
+            "--bandwidth",
+            "1Gbit",
+            "--max-downtime",
+            "2s",
+            "--converge",
+            "auto-converge",
+        ],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("a migration is already") && err.contains("nothing was changed"),
+        "{err}"
+    );
+    assert_eq!(asked(), before, "the running migration's parameters");
+    c.execute("migrate_cancel", json!({})).unwrap();
+    assert_eq!(wait_final(&mut c).status, Some(Status::Cancelled));
+    assert!(
+        dest.join().is_err(),
+        "the destination refuses the cut stream"
+    );
+}
+
+#[test]
+fn a_report_nobody_reads_still_ends_with_the_migrations_status() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-cli-epipe", MEM, 1);
+    let dest = Dest::start("mig-cli-epipe-dst", |_, _| {});
+    // `kvmscope migrate --predict | head -1`: the reader goes before the
+    // report's first line.
+    let (code, err) = common::output_unread(&mut migrate_command(
+        &src.socket,
+        &["--to", &dest.uri, "--predict"],
+    ));
+    assert_eq!(code, Some(0), "completed: {err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+    assert_eq!(query(&mut src.client()).status, Some(Status::Completed));
+    dest.quit();
+}
+
+#[test]
 fn a_signal_to_the_cli_cancels_its_migration_and_the_source_runs_on() {
     require_kvm!();
     let _serial = common::migration::serial();

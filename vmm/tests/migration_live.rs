@@ -192,6 +192,23 @@ fn the_source_sends_migration_events_and_ends_postmigrate() {
         })
         .collect();
     assert_eq!(order, ["setup", "active", "STOP", "device", "completed"]);
+    // A migrate after it is refused before it sets anything.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["migrate", "--socket"])
+        .arg(&src.socket)
+        .args(["--to", &dest.uri, "--bandwidth", "8Mbit"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("migrated away (postmigrate); nothing was changed"),
+        "{err}"
+    );
+    let (p, _) = watcher
+        .execute("query-migrate-parameters", json!({}))
+        .unwrap();
+    assert_eq!(p["max-bandwidth"], 0, "{p}");
     dest.quit();
 }
 

@@ -92,6 +92,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         (stop.exit_on_next)(true);
     }
     let mut client = Client::connect(&config.socket)?;
+    can_start(&mut client)?;
     client.migrate_set_parameters(SetParameters {
         max_bandwidth: config.bandwidth,
         downtime_limit: config.max_downtime.map(crate::units::millis),
@@ -201,6 +202,28 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         }
     }
     Ok(info.status == Some(Status::Completed))
+}
+
+/// Refuses what the VMM would refuse to start (`migrate`'s own checks)
+/// before anything is set: a bandwidth or throttle changed for a migration
+/// that never starts stays changed, and one that is running would take it.
+fn can_start(client: &mut Client) -> Result<(), Error> {
+    if let Some(s) = client.query_migrate()?.status.filter(|s| !s.is_final()) {
+        return Err(Error::CannotMigrate(format!(
+            "a migration is already {}",
+            s.name()
+        )));
+    }
+    let (status, _) = client.execute("query-status", serde_json::json!({}))?;
+    match status["status"].as_str() {
+        Some("postmigrate") => Err(Error::CannotMigrate(
+            "the guest has migrated away (postmigrate)".into(),
+        )),
+        Some("inmigrate") => Err(Error::CannotMigrate(
+            "it is a migration destination whose guest has not arrived (inmigrate)".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// What `--converge` sets: the capabilities, the parameters, and the

@@ -93,6 +93,10 @@ pub enum Error {
     /// or one that ends inside a JSON value (a QMP server waits for the rest).
     #[error("{0}: give a QMP command as JSON, e.g. '{{\"execute\": \"query-status\"}}'")]
     Unanswerable(&'static str),
+    /// `migrate` asked of a VMM that would refuse to start one (why):
+    /// found before any parameter or capability was changed.
+    #[error("the VMM cannot start a migration: {0}; nothing was changed")]
+    CannotMigrate(String),
     /// A `--names` pattern no stat name could match.
     #[error("--names {0}")]
     BadPattern(#[from] kvm_stats::BadPattern),

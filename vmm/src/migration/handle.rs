@@ -36,15 +36,18 @@ pub enum Error {
     #[error("this VMM is a migration destination")]
     Incoming,
     /// `downtime-limit` is over [`MAX_DOWNTIME_LIMIT`] ms (the value given).
-    #[error("downtime-limit must be from 0 to {MAX_DOWNTIME_LIMIT} ms, not {0}")]
+    #[error(
+        "Parameter 'downtime-limit' expects a value from 0 to {MAX_DOWNTIME_LIMIT} ms, not {0}"
+    )]
     DowntimeLimit(u64),
     /// A `cpu-throttle-*` parameter out of 1 to 99 (its name, the value).
-    #[error("{0} must be from 1 to 99, not {1}")]
+    #[error("Parameter '{0}' expects a value from 1 to 99, not {1}")]
     Throttle(&'static str, u64),
     /// `x-cpu-throttle-vcpus` names a vCPU the VM does not have (the
     /// index, the VM's vCPUs).
     #[error(
-        "Parameter 'x-cpu-throttle-vcpus': cpu-index {0} does not exist (the VM has {1} vCPUs)"
+        "Parameter 'x-cpu-throttle-vcpus' expects the VM's vCPUs (cpu-index 0 to {last}), not {0}",
+        last = .1.saturating_sub(1)
     )]
     ThrottleVcpu(usize, usize),
     /// Capabilities cannot change while a migration runs (QEMU's words).
@@ -497,7 +500,10 @@ mod tests {
         let bad: Result<SetParameters, _> =
             serde_json::from_value(serde_json::json!({"x-cpu-throttle-vcpus": [3, 256]}));
         let e = bad.unwrap_err().to_string();
-        assert!(e.contains("cpu-index 256 is out of range"), "{e}");
+        assert!(
+            e.contains("expects cpu-indices below 256 (the most vCPUs a VM has), not 256"),
+            "{e}"
+        );
         let set: VcpuSet = serde_json::from_value(serde_json::json!([5, 0, 5])).unwrap();
         assert_eq!(Vec::from(set), vec![0, 5]);
         // In words, as reports and logs name them.

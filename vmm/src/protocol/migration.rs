@@ -436,7 +436,7 @@ impl TryFrom<Vec<usize>> for VcpuSet {
         for i in indices {
             if i >= Self::CAPACITY {
                 return Err(format!(
-                    "cpu-index {i} is out of range (a VM has at most {} vCPUs)",
+                    "expects cpu-indices below {} (the most vCPUs a VM has), not {i}",
                     Self::CAPACITY
                 ));
             }

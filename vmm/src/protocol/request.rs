@@ -422,7 +422,7 @@ fn typed(name: &str, arguments: &Value) -> Result<Command, String> {
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let member = path.strip_prefix("arguments").unwrap_or(&path);
-        let why = without_position(e.inner());
+        let why = in_json_words(&without_position(e.inner()));
         match member.strip_prefix('.') {
             Some(m) if !m.is_empty() => format!("parameter '{m}': {why}"),
             _ => why,
@@ -438,6 +438,31 @@ fn without_position(e: &serde_json::Error) -> String {
     match text.strip_suffix(&place) {
         Some(why) => why.to_string(),
         None => text,
+    }
+}
+
+/// serde's "expected u64" in the words of JSON, which a client speaks:
+/// Rust's type names mean nothing to a QMP tool.
+fn in_json_words(why: &str) -> String {
+    const WORDS: [(&str, &str); 11] = [
+        ("usize", "a non-negative integer"),
+        ("u64", "a non-negative integer"),
+        ("u32", "a non-negative integer"),
+        ("u16", "a non-negative integer"),
+        ("u8", "a non-negative integer"),
+        ("i64", "an integer"),
+        ("i32", "an integer"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+        ("a boolean", "true or false"),
+        ("bool", "true or false"),
+    ];
+    match why.rsplit_once(", expected ") {
+        Some((head, ty)) => {
+            let ty = WORDS.iter().find(|(t, _)| *t == ty).map_or(ty, |(_, w)| w);
+            format!("{head}, expected {ty}")
+        }
+        None => why.to_string(),
     }
 }
 

@@ -283,8 +283,19 @@ fn a_wrong_argument_is_named_without_a_place_in_text_the_client_never_sent() {
     let e = args_err("query-readiness", json!({"calc-time": "0.5"}));
     assert_eq!(
         e,
-        "query-readiness: parameter 'calc-time': invalid type: string \"0.5\", expected f64"
+        "query-readiness: parameter 'calc-time': invalid type: string \"0.5\", expected a number"
     );
+    // In JSON's words, not Rust's.
+    let e = args_err(
+        "migrate-set-parameters",
+        json!({"x-cpu-throttle-vcpus": [-1]}),
+    );
+    assert_eq!(
+        e,
+        "migrate-set-parameters: parameter 'x-cpu-throttle-vcpus[0]': invalid value: integer `-1`, expected a non-negative integer"
+    );
+    let e = args_err("migrate-set-parameters", json!({"x-check-ram": 1}));
+    assert!(e.ends_with("expected true or false"), "{e}");
     let e = args_err("query-stats", json!({"target": "bogus"}));
     assert!(
         e.starts_with("query-stats: parameter 'target': unknown variant `bogus`"),

@@ -385,9 +385,9 @@ fn not_converging(i: &Inputs, dirty: u64, done: u64) -> String {
     let dirty_bytes = i.dirty_rate * DIRTY_PAGE_WIRE as f64;
     let ms = i.stop_ms(dirty);
     if dirty_bytes >= i.rate() {
-        format!("the guest dirties {:.1} MiB/s, at least the {:.1} MiB/s link: passes stop shrinking at {dirty} pages (a {ms} ms stop, over the {limit_ms} ms downtime)", mib(dirty_bytes), mib(i.rate()))
+        format!("the guest dirties {:.1} MiB/s (the model's {:.0} pages/s), at least the {:.1} MiB/s link: passes stop shrinking at {dirty} pages (a {ms} ms stop, over the {limit_ms} ms downtime)", mib(dirty_bytes), i.dirty_rate, mib(i.rate()))
     } else {
-        format!("after {done} passes {dirty} pages are still dirty (a {ms} ms stop, over the {limit_ms} ms downtime): the guest dirties {:.1} MiB/s, too close to the {:.1} MiB/s link", mib(dirty_bytes), mib(i.rate()))
+        format!("after {done} passes {dirty} pages are still dirty (a {ms} ms stop, over the {limit_ms} ms downtime): the guest dirties {:.1} MiB/s (the model's {:.0} pages/s), too close to the {:.1} MiB/s link", mib(dirty_bytes), i.dirty_rate, mib(i.rate()))
     }
 }
 

@@ -588,7 +588,7 @@ impl Report {
         let per_s = format_bytes(saturating_u64(d.pages_per_s * 4096.0));
         let _ = writeln!(
             s,
-            "dirty rate ({})   {:>9.0} pages/s ({per_s}/s) over {:.2} s",
+            "dirty rate ({})   {:>9.0} pages/s ({per_s}/s) over {:.2} s, each page counted once",
             d.mode,
             d.pages_per_s,
             d.window.as_secs_f64()
@@ -606,7 +606,7 @@ impl Report {
             ),
             (Some(w), None) => writeln!(
                 s,
-                "  model: {} writes at {rate:.0} pages/s over a working set of {w} pages ({})",
+                "  model: {} writes at {rate:.0} pages/s over a working set of {w} pages ({}): the rate a pass sees, which the prediction uses",
                 growth.name(),
                 format_bytes(w * 4096)
             ),

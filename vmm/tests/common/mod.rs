@@ -99,6 +99,22 @@ pub fn open_fds() -> usize {
         .unwrap_or(0)
 }
 
+/// Runs `command` with its standard output a pipe nobody reads (`| head`
+/// gone before the first line): its exit status and its standard error.
+pub fn output_unread(command: &mut std::process::Command) -> (Option<i32>, String) {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 // ---- Control socket (vmm/tests/control_*.rs) -------------------------------
 
 use std::path::{Path, PathBuf};
