@@ -137,30 +137,48 @@ def run(a):
         t = time.monotonic()
         rows = []
         # Written after every row of the parts that hand them out as they
-        # end: a run cut short (a time limit, a signal) keeps what it did.
+        # end: a run cut short (a time limit, a signal) keeps what it did,
+        # and meta.json says the CSV is cut and where.
         path = os.path.join(a.out, name + ".csv")
-        for row in EXPERIMENTS[name](binary, m):
-            rows.append(row)
-            write_csv(path, COLUMNS[name], rows)
-            if STOPPED:
-                sys.exit(128 + STOPPED)
+        try:
+            for row in EXPERIMENTS[name](binary, m):
+                rows.append(row)
+                write_csv(path, COLUMNS[name], rows)
+                if STOPPED:
+                    break
+        except BaseException as e:
+            seconds[name] = round(time.monotonic() - t, 1)
+            # The stop signal's handler raises SystemExit.
+            why = "signal %d" % STOPPED if STOPPED else repr(e)
+            write_meta(a, meta, seconds, {name: "cut after %d rows: %s" % (len(rows), why)})
+            raise
         if not rows:  # a part with no cells still leaves its header
             write_csv(path, COLUMNS[name], rows)
         seconds[name] = round(time.monotonic() - t, 1)
         if STOPPED:
+            write_meta(a, meta, seconds, {name: "cut after %d rows: signal %d" % (len(rows), STOPPED)})
             sys.exit(128 + STOPPED)
     if a.series:
         t = time.monotonic()
         run_series(binary, m, a.out)
         seconds["series"] = round(time.monotonic() - t, 1)
+    write_meta(a, meta, seconds, {})
+
+
+def write_meta(a, meta, seconds, cut):
+    """meta.json for what ran (`seconds`); `cut`: a part whose CSV stops
+    short, with why (its record says so, as `cut`)."""
     path = os.path.join(a.out, "meta.json")
-    meta = merged_meta(path, meta, list(seconds), partial=set(a.only) != set(EXPERIMENTS))
+    meta = merged_meta(path, meta, list(seconds), partial=set(a.only) != set(EXPERIMENTS) or bool(cut))
+    for name, why in cut.items():
+        meta["parts"][name]["cut"] = why
     seconds = {**meta.get("seconds", {}), **seconds}
     seconds["total"] = round(sum(v for k, v in seconds.items() if k != "total"), 1)
     meta["seconds"] = seconds
-    with open(path, "w") as f:
+    with open(path + ".part", "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
+    os.replace(path + ".part", path)
 
 
 def merged_meta(path, meta, ran, partial):

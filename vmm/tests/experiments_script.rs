@@ -429,4 +429,17 @@ fn a_part_stopped_midway_keeps_the_rows_it_finished() {
         kept.rows.len()
     );
     assert_eq!(kept.rows[0]["workload"], "random-max");
+    // meta.json says the part's CSV is cut, and where.
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    let cut = meta["parts"]["stall"]["cut"].as_str().unwrap_or_default();
+    assert_eq!(
+        cut,
+        format!(
+            "cut after {} rows: signal {}",
+            kept.rows.len(),
+            libc::SIGTERM
+        ),
+        "{meta}"
+    );
 }

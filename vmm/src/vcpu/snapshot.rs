@@ -173,7 +173,9 @@ pub(crate) fn capture(fd: &VcpuFd, index: usize, msr_list: &[u32]) -> Result<Kvm
 fn read_msrs(fd: &VcpuFd, index: usize, list: &[u32]) -> Result<Vec<(u32, u64)>, Error> {
     let mut out = Vec::with_capacity(list.len());
     let mut rest = list;
+    let mut calls = 0;
     while !rest.is_empty() {
+        calls += 1;
         let entries: Vec<kvm_msr_entry> = rest
             .iter()
             .map(|&i| kvm_msr_entry {
@@ -189,6 +191,11 @@ fn read_msrs(fd: &VcpuFd, index: usize, list: &[u32]) -> Result<Vec<(u32, u64)>,
         out.extend(msrs.as_slice()[..n].iter().map(|e| (e.index, e.data)));
         rest = rest.get(n + 1..).unwrap_or(&[]);
     }
+    log::debug!(
+        "vcpu{index}: read {} of {} MSRs in {calls} KVM_GET_MSRS",
+        out.len(),
+        list.len()
+    );
     Ok(out)
 }
 
