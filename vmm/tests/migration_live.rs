@@ -61,6 +61,27 @@ fn a_four_vcpu_guest_busy_on_every_vcpu_arrives_whole_and_finishes_its_work() {
     let mut d = dest.client();
     let arrived = query(&mut d);
     assert_eq!(arrived.status, Some(Status::Completed));
+    // The destination counts the stream as the source counted it.
+    let (sent, got) = (
+        serde_json::to_value(&info).unwrap(),
+        serde_json::to_value(&arrived).unwrap(),
+    );
+    for field in [
+        "transferred",
+        "precopy-bytes",
+        "downtime-bytes",
+        "dirty-sync-count",
+        "normal",
+        "duplicate",
+    ] {
+        assert_eq!(
+            got["ram"][field], sent["ram"][field],
+            "{field}: {got} against {sent}"
+        );
+    }
+    // Its time counts from the source's connection, not from its own start.
+    let took = |v: &serde_json::Value| v["total-time"].as_u64().unwrap();
+    assert!(took(&got) <= took(&sent), "{got} against {sent}");
     assert!(info.x_ram_crc32.is_some());
     assert_eq!(
         arrived.x_ram_crc32, info.x_ram_crc32,

@@ -567,6 +567,7 @@ impl<R: Read> Reader<R> {
         self.input
             .read_exact(t.as_mut_bytes())
             .map_err(|_| Error::Truncated("the trailer"))?;
+        self.bytes += size_of::<Trailer>() as u64;
         if t.crc32 != ours {
             return Err(Error::Checksum {
                 theirs: t.crc32,

@@ -394,6 +394,12 @@ impl Migration {
         };
     }
 
+    /// A destination's source has connected: its `total-time` counts from
+    /// now, as the source's does from its `migrate`, not from the wait.
+    pub(crate) fn stream_began(&self) {
+        self.lock().started = Some(Instant::now());
+    }
+
     pub(crate) fn update(&self, f: impl FnOnce(&mut MigrationInfo)) {
         f(&mut self.lock().info);
     }

@@ -93,6 +93,28 @@ struct Loading {
     last_pass: std::time::Instant,
     /// When the stream's RAM began (for the debug log of each pass).
     started: std::time::Instant,
+    /// The stream's bytes at the end of the last two pass sections: the
+    /// source stopped its guest after the one before the last (the last
+    /// pass is sent in the stop), so what came after that is its
+    /// `downtime-bytes`.
+    pass_ends: (u64, u64),
+}
+
+impl Loading {
+    /// The counters after a section, as the source counts them:
+    /// `transferred`, the stream so far (`bytes`); the rates as averages
+    /// over the `elapsed_ms` since the source connected; at the `end`, what
+    /// came after pre-copy as `downtime-bytes`.
+    fn count(&mut self, bytes: u64, elapsed_ms: u64, end: bool) {
+        let r = &mut self.ram;
+        r.transferred = bytes;
+        let secs = elapsed_ms.max(1) as f64 / 1e3;
+        r.mbps = bytes as f64 * 8.0 / secs / 1e6;
+        r.pages_per_second = crate::units::saturating_u64((r.normal + r.duplicate) as f64 / secs);
+        if end {
+            r.downtime_bytes = bytes.saturating_sub(r.precopy_bytes);
+        }
+    }
 }
 
 /// What `run --incoming` was given; `None` members come from the stream.
@@ -267,6 +289,7 @@ impl Incoming {
         m.set_incoming(&given.uri);
         log::info!("waiting for a migration stream on {}", given.uri);
         let (conn, header) = handshake::wait(&listener, &given.uri.to_string(), stop)?;
+        m.stream_began();
         drop(listener);
         let watched = Watched::new(conn, header.bytes(), given.idle_timeout, stop.clone())
             .map_err(format::Error::Io)?;
@@ -372,10 +395,9 @@ impl Incoming {
 
     fn receive_inner(&mut self, mem: &GuestMemory, m: &Migration) -> Result<Vec<Snapshot>, Error> {
         format::write_reply(self.reader.inner(), format::REPLY_READY, "")?;
-        log::debug!(
-            "migration stream: ready (VM built) at {} ms",
-            m.elapsed_ms()
-        );
+        let setup = m.elapsed_ms();
+        m.update(|i| i.setup_time = Some(setup));
+        log::debug!("migration stream: ready (VM built) at {setup} ms");
         m.set_status(Status::Active);
         let pages = self.config.memory / format::PAGE_SIZE;
         let mut l = Loading {
@@ -391,6 +413,7 @@ impl Incoming {
             prefetch: None,
             last_pass: Instant::now(),
             started: Instant::now(),
+            pass_ends: (0, 0),
         };
         // A zero run must clear what this VMM wrote before the stream (boot
         // structures, mailboxes): the pages backed now, present or swapped out
@@ -410,14 +433,18 @@ impl Incoming {
         }
         loop {
             let (kind, len) = self.reader.section()?;
-            if kind == Kind::End {
+            let end = kind == Kind::End;
+            if end {
                 self.reader.finish(len)?;
-                break;
+            } else {
+                self.load_section(kind, len, mem, m, &mut l)?;
             }
-            self.load_section(kind, len, mem, m, &mut l)?;
-            l.ram.transferred = self.reader.bytes;
+            l.count(self.reader.bytes, m.elapsed_ms(), end);
             let r = l.ram.clone();
             m.update(|i| i.ram = Some(r));
+            if end {
+                break;
+            }
         }
         log::debug!(
             "migration: trailer checked {:?} after the last pass",
@@ -451,24 +478,28 @@ impl Incoming {
             }
             Kind::Pass => {
                 format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
-                let _: PassRecord = self.reader.read_obj("a pass section")?;
+                let record: PassRecord = self.reader.read_obj("a pass section")?;
                 // Every planned page has arrived: what the prefetch has not
                 // backed yet came as zero runs, which need no memory; left
                 // running, it would only compete with the passes and the stop.
                 if let Some(p) = &l.prefetch {
                     p.stop();
                 }
-                l.ram.dirty_sync_count += 1;
+                // The source syncs its log once before each pass after the
+                // first: its `dirty-sync-count` is the pass's number.
+                l.ram.dirty_sync_count = record.pass;
+                l.pass_ends = (l.pass_ends.1, self.reader.bytes);
                 l.last_pass = std::time::Instant::now();
                 log::debug!(
                     "migration: pass {} loaded {:?} after the stream began",
-                    l.ram.dirty_sync_count,
+                    record.pass,
                     l.started.elapsed()
                 );
             }
             Kind::Vcpu => {
                 if l.snapshots.is_empty() {
                     m.set_status(Status::Device);
+                    l.ram.precopy_bytes = l.pass_ends.0;
                 }
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "a vCPU section")?;
