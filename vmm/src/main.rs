@@ -121,8 +121,9 @@ struct ExporterArgs {
     qmp_vcpus: bool,
     /// Also show the VMMs' own exit counters per vCPU
     /// (`kvmscope_vmm_vcpu_exits_<reason>_total`, twelve lines per vCPU).
-    /// They are always there summed per VM
-    /// (`kvmscope_vmm_vm_exits_<reason>_total`, twelve lines per VM).
+    /// Without it they are summed per VM
+    /// (`kvmscope_vmm_vm_exits_<reason>_total`, twelve lines per VM); either
+    /// way only where `--stats`, if given, takes `exits_*`.
     #[arg(long)]
     vcpu_exits: bool,
 }

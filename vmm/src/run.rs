@@ -53,7 +53,7 @@ pub struct RunConfig {
     /// write) this long after start; `None` waits for ever.
     pub boot_timeout: Option<Duration>,
     /// Serve the sampler's readings as Prometheus text at this address (needs
-    /// the sampler); the VM then runs until `quit` or a signal, as with `socket`.
+    /// the sampler); the VM then runs until a signal (or `quit`, with `socket`).
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The VM's name (`query-name`, metrics, samples); default from the
     /// socket's file name, else `kvmscope-<pid>`.
@@ -518,12 +518,15 @@ impl Services {
         if let Some(m) = &self.metrics {
             line.push_str(&format!(", metrics http://{}/metrics", m.addr));
         }
-        line.push_str("; it runs until `quit` or SIGINT/SIGTERM");
+        line.push_str(match config.socket {
+            Some(_) => "; it runs until `quit` or SIGINT/SIGTERM",
+            None => "; it runs until SIGINT/SIGTERM",
+        });
         line
     }
 
     /// Whether anything serves clients (the control socket, the metrics
-    /// page): the VM then runs until `quit` or a signal, not until its
+    /// page): the VM then runs until a signal (or `quit`), not until its
     /// workloads end.
     fn serving(&self) -> bool {
         self.server.is_some() || self.metrics.is_some()

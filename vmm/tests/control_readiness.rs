@@ -62,6 +62,32 @@ fn query_readiness_predicts_for_the_migration_parameters_unless_asked_otherwise(
     assert_eq!(r["link"]["from"], "request", "{r}");
     assert_eq!(r["link"]["bandwidth"], Value::Null, "{r}");
     assert_eq!(r["link"]["downtime-limit-ms"], 300, "{r}");
+    assert_eq!(r["link"]["downtime-limit-from"], "request", "{r}");
+    // Each from where it came: the link asked for, the limit the VMM's.
+    let (r, _) = c
+        .execute("query-readiness", json!({"calc-time": 0, "bandwidth": 0}))
+        .unwrap();
+    let link = &r["link"];
+    assert_eq!(
+        (
+            &link["from"],
+            &link["downtime-limit-ms"],
+            &link["downtime-limit-from"]
+        ),
+        (
+            &json!("request"),
+            &json!(30),
+            &json!("migration-parameters")
+        ),
+        "{r}"
+    );
+    assert!(
+        r["text"]
+            .as_str()
+            .unwrap()
+            .contains("link (request), downtime limit 30 ms (migration-parameters)"),
+        "{r}"
+    );
     vm.quit();
 }
 

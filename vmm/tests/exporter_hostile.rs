@@ -567,3 +567,23 @@ fn a_vmm_whose_vm_file_has_exit_counters_of_its_own_cannot_put_a_series_twice() 
     assert!(lines[0].ends_with(" 7"), "{lines:?}");
     common::check_with_promtool(&p);
 }
+
+#[test]
+fn a_named_socket_that_is_not_there_stays_down_until_it_comes() {
+    let dir = common::test_dir("exp-named-gone");
+    let gone = dir.join("gone.sock");
+    let mut config = common::exporter::config(&dir, Duration::from_secs(2));
+    config.dirs.clear();
+    config.sockets = vec![gone.clone()];
+    let e = common::exporter::start(config);
+    let name = gone.display().to_string();
+    page_within(&e, "the named socket down", LIMIT, |p| {
+        up(p, &name) == Some(0.0)
+    });
+    // Down on every scrape, not forgotten between tries (it was tried again
+    // at once, logged twice a second, and left the page in between).
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(up(&page(&e), &name), Some(0.0), "{name} stays down");
+    }
+}

@@ -307,6 +307,21 @@ fn built_ahead_the_destination_serves_its_control_socket_before_a_source_connect
         "{}",
         kvmscope::error_chain(&e)
     );
+    // `kvmscope migrate` from it is refused as what it is, a destination.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["migrate", "--socket"])
+        .arg(&dest.socket)
+        .args(["--to", "unix:/nonexistent/kvmscope-test"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "a migration destination whose guest has not arrived (inmigrate); nothing was changed"
+        ),
+        "{err}"
+    );
     c.execute("quit", json!({})).expect("quit is answered");
     dest.assert_failed(STOP_LIMIT, "stopped by quit while waiting for the source");
     assert!(!dest.socket.exists(), "its control socket is gone");

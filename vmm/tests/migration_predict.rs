@@ -39,7 +39,7 @@ fn migrate_predict_reports_an_idle_guest_page_for_page() {
     assert!(migrate(&config(&src, &dst.uri, false), &mut out).unwrap());
     let text = String::from_utf8(out).unwrap();
     assert!(
-        text.contains("pre-copy on a 119.21 MiB/s link, downtime limit 300 ms"),
+        text.contains("pre-copy on a 119.21 MiB/s link (request), downtime limit 300 ms (migration-parameters)"),
         "{text}"
     );
     assert!(text.contains("predicted vs actual:"), "{text}");

@@ -208,21 +208,28 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
 /// before anything is set: a bandwidth or throttle changed for a migration
 /// that never starts stays changed, and one that is running would take it.
 fn can_start(client: &mut Client) -> Result<(), Error> {
-    if let Some(s) = client.query_migrate()?.status.filter(|s| !s.is_final()) {
-        return Err(Error::CannotMigrate(format!(
-            "a migration is already {}",
-            s.name()
-        )));
-    }
+    // The run state first: a destination's incoming migration is `setup`
+    // or `active` too, and is no migration of its own.
     let (status, _) = client.execute("query-status", serde_json::json!({}))?;
     match status["status"].as_str() {
-        Some("postmigrate") => Err(Error::CannotMigrate(
-            "the guest has migrated away (postmigrate)".into(),
-        )),
-        Some("inmigrate") => Err(Error::CannotMigrate(
-            "it is a migration destination whose guest has not arrived (inmigrate)".into(),
-        )),
-        _ => Ok(()),
+        Some("postmigrate") => {
+            return Err(Error::CannotMigrate(
+                "the guest has migrated away (postmigrate)".into(),
+            ))
+        }
+        Some("inmigrate") => {
+            return Err(Error::CannotMigrate(
+                "it is a migration destination whose guest has not arrived (inmigrate)".into(),
+            ))
+        }
+        _ => {}
+    }
+    match client.query_migrate()?.status.filter(|s| !s.is_final()) {
+        Some(s) => Err(Error::CannotMigrate(format!(
+            "a migration is already {}",
+            s.name()
+        ))),
+        None => Ok(()),
     }
 }
 

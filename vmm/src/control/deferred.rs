@@ -86,13 +86,25 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
         (None, Some(p)) => (p.max_bandwidth, "migration-parameters"),
         (None, None) => (1_250_000_000, "default"),
     };
+    let (max_downtime, downtime_from) = match (args.max_downtime, &params) {
+        (Some(d), _) => (d, "request"),
+        (None, Some(p)) => (
+            Duration::from_millis(p.downtime_limit),
+            "migration-parameters",
+        ),
+        (None, None) => (
+            Duration::from_millis(
+                crate::protocol::migration::Parameters::DEFAULT_DOWNTIME_LIMIT_MS,
+            ),
+            "default",
+        ),
+    };
     let p = params.unwrap_or_default();
     Options {
         bandwidth: (bandwidth > 0).then_some(bandwidth as f64),
-        max_downtime: args
-            .max_downtime
-            .unwrap_or(Duration::from_millis(p.downtime_limit)),
+        max_downtime,
         link_from: from,
+        downtime_from,
         vcpus: ctx.vcpus.len() as u64,
         state_extra: ctx.vcpus.iter().map(|v| v.state_extra_bytes()).sum(),
         max_rounds: p.x_max_rounds,

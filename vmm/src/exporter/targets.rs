@@ -428,7 +428,8 @@ impl Discovery {
 
     /// Drops VMs whose VMM has gone, whose socket is gone or was replaced,
     /// or whose guest migrated away; forgets failures of sockets that are
-    /// gone. Nothing here waits on a VMM: a completed migration's follow-up
+    /// gone from a directory (a socket named on the command line stays,
+    /// down). Nothing here waits on a VMM: a completed migration's follow-up
     /// question goes out on a thread of its own, with the client taken out of
     /// the registry meanwhile (the page goes on showing the VM).
     fn check_attached(&mut self) {
@@ -450,7 +451,12 @@ impl Discovery {
             log::info!("exporter: dropping {}: {why}", path.display());
             reg.targets.remove(&path);
         }
-        reg.failures.retain(|path, _| path.exists());
+        // A socket named on the command line stays down, retried every
+        // RETRY_AFTER and said once, until it comes: forgotten, it was tried
+        // again at once and logged twice a second, and left the page.
+        let named = &self.sources.sockets;
+        reg.failures
+            .retain(|path, _| path.exists() || named.contains(path));
         drop(reg);
         for (path, mut client) in ask {
             let tx = self.checks.0.clone();

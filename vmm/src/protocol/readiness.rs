@@ -261,8 +261,12 @@ pub struct LinkFigure {
     /// The downtime limit, ms.
     #[serde(rename = "downtime-limit-ms")]
     pub downtime_limit_ms: u64,
-    /// `request`, `migration-parameters` or `default`.
+    /// Where the bandwidth came from: `request`, `migration-parameters` or `default`.
     pub from: String,
+    /// Where the downtime limit came from, the same way (absent from VMMs
+    /// older than it: empty).
+    #[serde(rename = "downtime-limit-from", default)]
+    pub downtime_limit_from: String,
 }
 
 /// `query-readiness`' return.

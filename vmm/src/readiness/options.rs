@@ -18,9 +18,11 @@ pub struct Options {
     /// migration parameters' `downtime-limit` default).
     pub max_downtime: Duration,
     /// Where the bandwidth came from: `request`, `migration-parameters` or
-    /// `default`, as the report names it (the downtime limit is the request's,
-    /// else the migration parameters' `downtime-limit`).
+    /// `default`, as the report names it.
     pub link_from: &'static str,
+    /// Where the downtime limit came from: `request`, `migration-parameters`
+    /// or `default`.
+    pub downtime_from: &'static str,
     /// vCPUs (their state goes out in the stop).
     pub vcpus: u64,
     /// Bytes their state carries beyond an idle vCPU's: queued commands and
@@ -41,6 +43,7 @@ impl Default for Options {
             bandwidth: Some(1.25e9),
             max_downtime: Duration::from_millis(Parameters::default().downtime_limit),
             link_from: "default",
+            downtime_from: "default",
             vcpus: 1,
             state_extra: 0,
             max_rounds: 0,

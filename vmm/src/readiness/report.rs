@@ -233,8 +233,10 @@ pub(crate) struct Link {
     pub(crate) bandwidth: Option<f64>,
     /// The downtime limit.
     pub(crate) max_downtime: Duration,
-    /// `request`, `migration-parameters` or `default`.
+    /// Where the bandwidth came from: `request`, `migration-parameters` or `default`.
     pub(crate) from: &'static str,
+    /// Where the downtime limit came from, the same way.
+    pub(crate) downtime_from: &'static str,
 }
 
 /// A duration as people read it: microseconds below a millisecond, else milliseconds.
@@ -436,6 +438,7 @@ impl Report {
             bandwidth: options.bandwidth,
             max_downtime: options.max_downtime,
             from: options.link_from,
+            downtime_from: options.downtime_from,
         };
         Ok(())
     }
@@ -511,6 +514,7 @@ impl Report {
                 bandwidth: self.link.bandwidth,
                 downtime_limit_ms: crate::units::millis(self.link.max_downtime),
                 from: self.link.from.to_string(),
+                downtime_limit_from: self.link.downtime_from.to_string(),
             },
             text: self.to_text(),
         }
@@ -659,9 +663,10 @@ impl Report {
         });
         let _ = writeln!(
             s,
-            "pre-copy on {link} link, downtime limit {} ms ({}), {} estimate:",
-            self.link.max_downtime.as_millis(),
+            "pre-copy on {link} link ({}), downtime limit {} ms ({}), {} estimate:",
             self.link.from,
+            self.link.max_downtime.as_millis(),
+            self.link.downtime_from,
             self.estimate_used
         );
         if self.estimate_used == "resident" {
@@ -1064,7 +1069,12 @@ mod tests {
         );
         assert_eq!(
             keys(&wire["link"]),
-            ["bandwidth", "downtime-limit-ms", "from"]
+            [
+                "bandwidth",
+                "downtime-limit-from",
+                "downtime-limit-ms",
+                "from"
+            ]
         );
         assert_eq!(
             keys(&wire["guest_stall"]),
