@@ -406,10 +406,21 @@ impl Vm {
 
     /// Kicks every throttled or dirty-limited vCPU out of KVM_RUN, so that it
     /// sleeps its share or counts its pages (the main loop does this every
-    /// `vcpu::throttle::TIMESLICE`).
+    /// `vcpu::throttle::TIMESLICE`); a quiet dirty-limited one only when it
+    /// has dirtied half its burst or a period has passed.
     pub(crate) fn kick_throttled(&self) {
-        for v in self.vcpus.iter().filter(|v| v.shared.throttled()) {
-            v.kick();
+        for (i, v) in self.vcpus.iter().enumerate() {
+            let s = &v.shared;
+            if !s.throttled() {
+                continue;
+            }
+            // A quiet dirty-limited vCPU (`vcpu::dirty_limit`) is counted
+            // here, not kicked, until it has something to look at.
+            if s.throttle.percentage() > 0
+                || s.dirty_limit.wake_due(|| self.dirty.ring_entries_now(i))
+            {
+                v.kick();
+            }
         }
     }
 

@@ -113,6 +113,23 @@ fn a_writer_is_held_to_its_limit_and_a_vcpu_under_it_never_sleeps() {
         "the writer dirtied {writer} MB/s"
     );
     assert_eq!(l[1]["current-rate"], 0, "the quiet vCPU: {l:?}");
+    // Nor is it kicked to look at its ring every timeslice (a hundred and
+    // more signal exits a second): once a period, and when it has dirtied
+    // half its burst (KVM's count of its signal exits).
+    let kicks = |c: &mut Client| {
+        let (v, _) = c
+            .execute(
+                "query-stats",
+                json!({"target": "vcpu", "vcpus": [1],
+                       "providers": [{"provider": "kvm", "names": ["signal_exits"]}]}),
+            )
+            .unwrap();
+        v[0]["stats"][0]["value"].as_u64().unwrap()
+    };
+    let before = kicks(&mut c);
+    std::thread::sleep(Duration::from_secs(1));
+    let kicked = kicks(&mut c) - before;
+    assert!(kicked < 20, "vCPU 1 was kicked {kicked} times in a second");
     let s = slept(&mut c);
     assert!(s[0] > 1_000_000_000, "the writer slept {} ns", s[0]);
     assert_eq!(s[1], 0, "the quiet vCPU never slept for the limit");

@@ -384,7 +384,9 @@ impl Vcpu {
                 )));
             }
         }
-        let owed = bucket.owe(now, dirty.ring_entries_now(index), limit, period);
+        self.shared.dirty_limit.wake();
+        let entries = dirty.ring_entries_now(index);
+        let owed = bucket.owe(now, entries, limit, period);
         let ring = u64::from(dirty.ring_size().unwrap_or(0));
         let shared = &self.shared;
         let publish = |bucket: &mut dirty_limit::Bucket, at| {
@@ -401,7 +403,14 @@ impl Vcpu {
             shared.dirty_limit.limit_mb() == mb
         });
         let run = bucket.looked(at);
-        self.kick_me(Some(run));
+        if owed.is_zero() && bucket.slow() {
+            // No timer, no kick, until its ring has grown by half a burst
+            // or a period has gone by (`Vm::kick_throttled`).
+            shared.dirty_limit.go_quiet(entries, at);
+            self.kick_me(None);
+        } else {
+            self.kick_me(Some(run));
+        }
         None
     }
 
