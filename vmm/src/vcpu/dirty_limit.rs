@@ -153,6 +153,9 @@ impl DirtyLimit {
 /// 0.14 ms. Shorter looks cost a signal and an exit each for little.
 pub(crate) const SHORTEST_RUN: Duration = Duration::from_micros(250);
 
+/// What one run may dirty without counting as a pace, bytes: four pages.
+const NOT_A_PACE: u64 = 4 * PAGE_BYTES;
+
 /// How long a vCPU whose pace is `pace` bytes/s may run before its next
 /// look: as long as it takes to spend its bucket's most at that pace (at
 /// least [`SHORTEST_RUN`]); twice the last run when it dirties nothing;
@@ -277,7 +280,15 @@ impl Bucket {
         // A look with no run since the last (the bucket's first, made at
         // this very look) keeps the run it has: nothing was seen to go by.
         if !ran.is_zero() {
-            let pace = spent as f64 / ran.as_secs_f64();
+            // A few pages in a short run are any vCPU's own stack and
+            // mailbox, not a pace: counted (they are spent), they do not
+            // set the peak, which would keep a reader looking every few
+            // milliseconds for periods (a full-speed writer's first 250 us
+            // are some 85 pages).
+            let pace = match spent {
+                s if s <= NOT_A_PACE => 0.0,
+                s => s as f64 / ran.as_secs_f64(),
+            };
             let halvings = elapsed / period.as_secs_f64().max(1e-3);
             self.peak = pace.max(self.peak * 0.5f64.powf(halvings));
             self.run = next_run(self.peak, most, self.run);
