@@ -476,6 +476,24 @@ mod tests {
     }
 
     #[test]
+    fn a_few_pages_in_a_short_run_are_no_pace() {
+        let t0 = Instant::now();
+        let period = Duration::from_secs(1);
+        let mut b = Bucket::new(t0, 0, LIMIT, period);
+        assert_eq!(b.looked(t0), SHORTEST_RUN);
+        // Three pages (a stack, a mailbox) in 250 us: the run doubles, as
+        // for none.
+        let at = t0 + SHORTEST_RUN;
+        assert_eq!(b.owe(at, 3, LIMIT, period), Duration::ZERO);
+        assert_eq!(b.looked(at), SHORTEST_RUN * 2);
+        assert!(!b.slow());
+        // 85 pages in 500 us (a full-speed writer) is a pace: the shortest run.
+        let at = at + SHORTEST_RUN * 2;
+        b.owe(at, 3 + 85, LIMIT, period);
+        assert_eq!(b.looked(at), SHORTEST_RUN);
+    }
+
+    #[test]
     fn a_quiet_vcpu_looks_at_half_a_burst_or_after_a_period() {
         let l = DirtyLimit::default();
         l.set(4, 1000);
