@@ -48,11 +48,16 @@ static ARRIVED: Condvar = Condvar::new();
 /// cancel, so that a VMM that never answers cannot hold it).
 static EXIT_ON_NEXT: AtomicBool = AtomicBool::new(false);
 
-/// From now on a termination signal ends the process at once (`true`), or is
-/// recorded for the caller to act on (`false`, the default). Only where
+/// What the process says on standard error as such a signal ends it.
+static EXIT_NOTE: Mutex<Option<&'static str>> = Mutex::new(None);
+
+/// From now on a termination signal ends the process at once, after
+/// saying `Some(note)` on standard error ("kvmscope: signal 2: NOTE"), or is
+/// recorded for the caller to act on (`None`, the default). Only where
 /// [`take_termination`] runs (the binary).
-pub fn exit_on_signal(exit: bool) {
-    EXIT_ON_NEXT.store(exit, Ordering::SeqCst);
+pub fn exit_on_signal(note: Option<&'static str>) {
+    *crate::lock(&EXIT_NOTE) = note;
+    EXIT_ON_NEXT.store(note.is_some(), Ordering::SeqCst);
 }
 
 /// Blocks SIGINT/SIGTERM in the calling thread (and so in the threads it
@@ -88,6 +93,9 @@ pub fn take_termination() -> std::io::Result<()> {
 /// process where [`exit_on_signal`] says so.
 fn took(sig: i32) {
     if EXIT_ON_NEXT.load(Ordering::SeqCst) {
+        if let Some(note) = *crate::lock(&EXIT_NOTE) {
+            eprintln!("kvmscope: signal {sig}: {note}");
+        }
         // The signal's default action, which this thread took over: the
         // caller asked for it (a client with nothing to undo).
         #[allow(clippy::exit)]

@@ -475,6 +475,34 @@ fn a_report_nobody_reads_still_ends_with_the_migrations_status() {
 }
 
 #[test]
+fn a_signal_before_the_migration_starts_ends_the_cli_saying_none_started() {
+    require_kvm!();
+    let src = ServedVm::start_with("mig-cli-early", MEM, 1, |c| {
+        c.vm.dirty_log = Some(kvmscope::dirty::DirtyMode::Bitmap);
+    });
+    // --predict measures for a second before anything starts.
+    let child = migrate_command(
+        &src.socket,
+        &["--to", "unix:/nonexistent/kvmscope-test", "--predict"],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGINT), "{err}");
+    assert!(
+        err.contains("kvmscope: signal 2: no migration was started"),
+        "{err}"
+    );
+    assert_eq!(query(&mut src.client()).status, None, "none started");
+}
+
+#[test]
 fn a_signal_to_the_cli_cancels_its_migration_and_the_source_runs_on() {
     require_kvm!();
     let _serial = common::migration::serial();

@@ -50,9 +50,9 @@ const POLL: Duration = Duration::from_millis(100);
 pub struct Stop {
     /// The signal taken, if one was.
     pub pending: fn() -> Option<i32>,
-    /// Whether the next one should end the process at once (`true`) or be
-    /// left for `pending` to tell (`false`).
-    pub exit_on_next: fn(bool),
+    /// Whether the next one should end the process at once, saying
+    /// `Some(why)`, or be left for `pending` to tell (`None`).
+    pub exit_on_next: fn(Option<&'static str>),
 }
 
 /// What `kvmscope migrate` does.
@@ -89,7 +89,7 @@ pub struct MigrateConfig {
 pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Error> {
     // Nothing to undo until the migration starts: a stop ends the client.
     if let Some(stop) = config.stop {
-        (stop.exit_on_next)(true);
+        (stop.exit_on_next)(Some("no migration was started"));
     }
     let mut client = Client::connect(&config.socket)?;
     can_start(&mut client)?;
@@ -129,7 +129,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     }
     // From here a signal is the migration's to answer: cancel it.
     if let Some(stop) = config.stop {
-        (stop.exit_on_next)(false);
+        (stop.exit_on_next)(None);
     }
     let pending = || config.stop.and_then(|s| (s.pending)());
     if let Some(sig) = pending() {
@@ -170,7 +170,9 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
             cancelled = true;
             // A VMM that never answers cannot hold the client past a second one.
             if let Some(stop) = config.stop {
-                (stop.exit_on_next)(true);
+                (stop.exit_on_next)(Some(
+                    "this client ends without waiting for the migration's end (query-migrate on the source tells it)",
+                ));
             }
         }
         std::thread::sleep(POLL);

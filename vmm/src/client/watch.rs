@@ -159,6 +159,8 @@ impl Derived {
             p.pages_1g
         )?;
         for (i, v) in p.vcpus.iter().enumerate() {
+            // The guest marks a command as it starts it: the last one
+            // started, which may have ended (the series has no vCPU state).
             let (seq, code) = abi::phase_parts(v.phase);
             let phase = match abi::command_name(code) {
                 Some(name) => format!("#{seq} {name}"),
@@ -168,7 +170,7 @@ impl Derived {
             let rate = |r: f64| if r.is_nan() { 0.0 } else { r };
             writeln!(
                 out,
-                "vcpu{i:<3}         phase {phase:<14} KVM exits {:>10.1}/s   our exits {:>10.1}/s",
+                "vcpu{i:<3}  last command {phase:<14} KVM exits {:>10.1}/s   our exits {:>10.1}/s",
                 rate(v.exits_per_s),
                 rate(v.our_exits_per_s)
             )?;
