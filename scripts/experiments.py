@@ -140,23 +140,27 @@ def run(a):
         # end: a run cut short (a time limit, a signal) keeps what it did,
         # and meta.json says the CSV is cut and where.
         path = os.path.join(a.out, name + ".csv")
+        written = 0  # rows in the CSV on disk (a stop may land in a write)
         try:
             for row in EXPERIMENTS[name](binary, m):
                 rows.append(row)
                 write_csv(path, COLUMNS[name], rows)
+                written = len(rows)
                 if STOPPED:
                     break
         except BaseException as e:
             seconds[name] = round(time.monotonic() - t, 1)
+            if written == 0:  # no earlier run's CSV left beside this run's record
+                write_csv(path, COLUMNS[name], [])
             # The stop signal's handler raises SystemExit.
             why = "signal %d" % STOPPED if STOPPED else repr(e)
-            write_meta(a, meta, seconds, {name: "cut after %d rows: %s" % (len(rows), why)})
+            write_meta(a, meta, seconds, {name: "cut after %d rows: %s" % (written, why)})
             raise
         if not rows:  # a part with no cells still leaves its header
             write_csv(path, COLUMNS[name], rows)
         seconds[name] = round(time.monotonic() - t, 1)
         if STOPPED:
-            write_meta(a, meta, seconds, {name: "cut after %d rows: signal %d" % (len(rows), STOPPED)})
+            write_meta(a, meta, seconds, {name: "cut after %d rows: signal %d" % (written, STOPPED)})
             sys.exit(128 + STOPPED)
     if a.series:
         t = time.monotonic()

@@ -56,8 +56,15 @@ static EXIT_NOTE: Mutex<Option<&'static str>> = Mutex::new(None);
 /// recorded for the caller to act on (`None`, the default). Only where
 /// [`take_termination`] runs (the binary).
 pub fn exit_on_signal(note: Option<&'static str>) {
+    // The note in place before the flag says to exit, and the flag down
+    // before the note goes.
+    if note.is_none() {
+        EXIT_ON_NEXT.store(false, Ordering::SeqCst);
+    }
     *crate::lock(&EXIT_NOTE) = note;
-    EXIT_ON_NEXT.store(note.is_some(), Ordering::SeqCst);
+    if note.is_some() {
+        EXIT_ON_NEXT.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Blocks SIGINT/SIGTERM in the calling thread (and so in the threads it

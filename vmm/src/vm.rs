@@ -417,7 +417,8 @@ impl Vm {
             // A quiet dirty-limited vCPU (`vcpu::dirty_limit`) is counted
             // here, not kicked, until it has something to look at.
             if s.throttle.percentage() > 0
-                || s.dirty_limit.wake_due(|| self.dirty.ring_entries_now(i))
+                || s.dirty_limit
+                    .wake_due(|| self.dirty.try_ring_entries_now(i))
             {
                 v.kick();
             }

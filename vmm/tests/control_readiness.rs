@@ -352,7 +352,7 @@ fn watch_shows_the_samplers_derived_values() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("== sampler (tick"), "{text}");
-    assert!(text.contains("phase #1 touch"), "{text}");
+    assert!(text.contains("last command #1 touch"), "{text}");
     let mapped_line = text.lines().find(|l| l.starts_with("mapped")).unwrap();
     assert!(mapped_line.contains("MiB"), "{mapped_line}");
     vm.quit();

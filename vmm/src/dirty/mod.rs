@@ -397,9 +397,23 @@ impl DirtyLog {
     /// those its ring holds now (counted, not taken, so that the ring is not
     /// reset, which would protect its pages again).
     pub(crate) fn ring_entries_now(&self, vcpu: usize) -> u64 {
-        let state = self.lock();
+        self.entries_in(&self.lock(), vcpu)
+    }
+
+    fn entries_in(&self, state: &State, vcpu: usize) -> u64 {
         let pending = state.rings.get(vcpu).map_or(0, ring::Ring::pending);
         self.ring_entries(vcpu) + pending
+    }
+
+    /// [`DirtyLog::ring_entries_now`] where the log is not busy (a fold may
+    /// hold it for milliseconds): for the main loop, which must not wait.
+    pub(crate) fn try_ring_entries_now(&self, vcpu: usize) -> Option<u64> {
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        Some(self.entries_in(&state, vcpu))
     }
 
     fn count_harvested(&self, vcpu: usize, n: u64) {

@@ -386,7 +386,8 @@ impl Migration {
     pub(crate) fn set_incoming(&self, uri: &Uri) {
         let mut inner = self.lock();
         inner.incoming = true;
-        inner.started = Some(Instant::now());
+        // No time yet: it counts from the source's connection (`stream_began`).
+        inner.started = None;
         inner.info = MigrationInfo {
             status: Some(Status::Setup),
             x_uri: Some(uri.to_string()),

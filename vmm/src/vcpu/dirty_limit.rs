@@ -11,8 +11,9 @@
 //! 4 KiB, and a vCPU in debt sleeps until it is not. The vCPU thread looks
 //! after each ring-full exit and when its own timer kicks it out of
 //! `KVM_RUN`: [`SHORTEST_RUN`] after the limit is set, then after as long
-//! as its fastest recent pace takes to spend a burst (at most a timeslice, when
-//! the main loop's kick comes anyway). A writer far above its limit so runs
+//! as its fastest recent pace takes to spend a burst (at most a timeslice;
+//! the main loop kicks every limited vCPU that is not quiet each timeslice
+//! too, and a quiet one as below). A writer far above its limit so runs
 //! a fraction of a millisecond and sleeps tens: its rate holds from the
 //! first period and within a fraction of a second, where looks a timeslice
 //! apart let it write 14 MB at full speed and then sleep 1.4 s at 10 MB/s.
@@ -32,7 +33,7 @@
 //!
 //! The rates are QEMU's "MB/s": 2^20 bytes a second.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,9 @@ pub struct DirtyLimit {
     per_round_us: AtomicU64,
     /// Quiet since when, and its ring's entries then (module docs).
     quiet: Mutex<Option<(u64, Instant)>>,
+    /// The main loop woke it from quiet: its next chance is a look, due or
+    /// not (its last run, a whole timeslice, may not be over).
+    woken: AtomicBool,
 }
 
 impl DirtyLimit {
@@ -116,11 +120,13 @@ impl DirtyLimit {
         *crate::lock(&self.quiet) = None;
     }
 
-    /// Whether the vCPU must look now: not quiet, or quiet and `entries`
-    /// (its ring's count now, from `count`, asked only of a quiet vCPU)
-    /// are half its burst past its last look, or a period has gone by
-    /// since it. A quiet vCPU told to look is woken (no longer quiet).
-    pub(crate) fn wake_due(&self, count: impl FnOnce() -> u64) -> bool {
+    /// Whether the vCPU must look now: not quiet, or quiet and its ring's
+    /// count now (from `count`, asked only of a quiet vCPU; `None` where it
+    /// cannot be had at once, which wakes it) is half its burst past its
+    /// last look, or a period has gone by since it. A quiet vCPU told to
+    /// look is woken (no longer quiet; its next chance is a look,
+    /// [`DirtyLimit::take_woken`]).
+    pub(crate) fn wake_due(&self, count: impl FnOnce() -> Option<u64>) -> bool {
         let mut quiet = crate::lock(&self.quiet);
         let Some((at, since)) = *quiet else {
             return true;
@@ -128,12 +134,19 @@ impl DirtyLimit {
         let period = self.period();
         let half_burst =
             self.limit_mb().saturating_mul(MB) as f64 * burst(period).as_secs_f64() / 2.0;
-        let grown = count().saturating_sub(at) * PAGE_BYTES;
-        let due = grown as f64 >= half_burst.max(PAGE_BYTES as f64) || since.elapsed() >= period;
+        let grown = count().map(|now| now.saturating_sub(at) * PAGE_BYTES);
+        let due = grown.is_none_or(|g| g as f64 >= half_burst.max(PAGE_BYTES as f64))
+            || since.elapsed() >= period;
         if due {
             *quiet = None;
+            self.woken.store(true, Ordering::Release);
         }
         due
+    }
+
+    /// Whether the main loop woke it from quiet since it last asked.
+    pub(crate) fn take_woken(&self) -> bool {
+        self.woken.swap(false, Ordering::AcqRel)
     }
 
     pub(crate) fn period(&self) -> Duration {
@@ -273,7 +286,8 @@ impl Bucket {
         self.entries = entries;
         self.tokens -= spent as f64;
         // A vCPU woken from quiet wrote for at most a timeslice before the
-        // main loop saw it: its pace is over that, not over its quiet time.
+        // main loop saw it (it looks at the kick that follows): its pace is
+        // over that, not over its quiet time.
         let ran = now
             .saturating_duration_since(self.resumed)
             .min(super::throttle::TIMESLICE);
@@ -497,18 +511,26 @@ mod tests {
     fn a_quiet_vcpu_looks_at_half_a_burst_or_after_a_period() {
         let l = DirtyLimit::default();
         l.set(4, 1000);
-        let never = || -> u64 { panic!("a vCPU that is not quiet is not counted") };
+        let never = || -> Option<u64> { panic!("a vCPU that is not quiet is not counted") };
         assert!(l.wake_due(never), "not quiet: it looks on its own");
         let t0 = Instant::now();
         l.go_quiet(100, t0);
         // 4 MB/s over a 20 ms burst: 81.9 KiB, half of it 10.24 pages.
-        assert!(!l.wake_due(|| 100), "nothing dirtied");
-        assert!(!l.wake_due(|| 110), "under half a burst");
-        assert!(l.wake_due(|| 111), "half a burst");
+        assert!(!l.wake_due(|| Some(100)), "nothing dirtied");
+        assert!(!l.wake_due(|| Some(110)), "under half a burst");
+        assert!(!l.take_woken());
+        assert!(l.wake_due(|| Some(111)), "half a burst");
+        assert!(l.take_woken(), "its next chance is a look");
+        assert!(!l.take_woken(), "once");
         assert!(l.wake_due(never), "woken: no longer quiet");
+        // A log too busy to count now wakes it.
+        l.go_quiet(100, t0);
+        assert!(l.wake_due(|| None));
         // A period after it went quiet, whatever it dirtied.
-        l.go_quiet(100, t0 - Duration::from_secs(1));
-        assert!(l.wake_due(|| 100));
+        if let Some(before) = t0.checked_sub(Duration::from_secs(1)) {
+            l.go_quiet(100, before);
+            assert!(l.wake_due(|| Some(100)));
+        }
         // A new limit wakes it.
         l.go_quiet(100, t0);
         l.set(8, 1000);

@@ -367,7 +367,8 @@ impl Vcpu {
                 .ok();
         }
         let bucket = match &mut self.bucket {
-            Some(b) if !b.due(now) => return None,
+            // Woken from quiet by the main loop: a look, due or not.
+            Some(b) if !b.due(now) && !self.shared.dirty_limit.take_woken() => return None,
             Some(b) => b,
             // What the ring held before the limit is not the limit's.
             None => self.bucket.insert(dirty_limit::Bucket::new(
