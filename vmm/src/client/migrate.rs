@@ -304,7 +304,7 @@ impl Plan {
                     ..neither_at_start
                 },
                 predicted: Some((**throttled).clone()),
-                said: Some(format!("auto-converge at {pct} % from the start on {set} (the smallest throttle the model finds converging without auto-converge stepping further, on the vCPUs its window saw write)")),
+                said: Some(format!("auto-converge at {pct} % from the start on {set} (the smallest throttle the model finds converging without auto-converge stepping further, on the vCPUs its window saw write; it takes their dirtying to be bound by their CPU: a guest that paces its writes keeps its rate until the throttle leaves it less time than it needs, and the migration then takes longer than predicted, docs/MIGRATION.md)")),
                 ..plan(true, false)
             };
         }
