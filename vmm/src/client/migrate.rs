@@ -461,16 +461,21 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
     if let Some(p) = info.cpu_throttle_percentage {
         let _ = writeln!(s, "cpu throttle percentage: {p}");
     }
+    // QEMU's microseconds, with seconds beside them: at a limit of a few
+    // MB/s a ring of 65,536 pages takes minutes.
+    let secs = |us: u64| us as f64 / 1e6;
     if let Some(t) = info.dirty_limit_throttle_time_per_round {
         let _ = writeln!(
             s,
-            "dirty-limit throttle time per round: {t} us (QEMU's: sleep per ring's worth of pages)"
+            "dirty-limit throttle time per round: {t} us ({:.1} s; QEMU's: sleep per ring's worth of pages)",
+            secs(t)
         );
     }
     if let Some(t) = info.dirty_limit_ring_full_time {
         let _ = writeln!(
             s,
-            "dirty-limit ring full time: {t} us (QEMU's: to fill a ring at the mean dirty rate)"
+            "dirty-limit ring full time: {t} us ({:.1} s; QEMU's: to fill a ring at the mean dirty rate)",
+            secs(t)
         );
     }
     if let Some(g) = &info.x_cpu_throttled {
