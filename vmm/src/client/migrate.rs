@@ -14,6 +14,7 @@ use super::{Client, Error};
 use crate::protocol::migration::{
     Capability, MigrationInfo, Parameters, SetParameters, Status, VcpuSet,
 };
+use crate::protocol::reply::RunState;
 
 /// `kvmscope migrate --converge`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,14 +213,13 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
 fn can_start(client: &mut Client) -> Result<(), Error> {
     // The run state first: a destination's incoming migration is `setup`
     // or `active` too, and is no migration of its own.
-    let (status, _) = client.execute("query-status", serde_json::json!({}))?;
-    match status["status"].as_str() {
-        Some("postmigrate") => {
+    match client.query_status()?.status {
+        RunState::Postmigrate => {
             return Err(Error::CannotMigrate(
                 "the guest has migrated away (postmigrate)".into(),
             ))
         }
-        Some("inmigrate") => {
+        RunState::Inmigrate => {
             return Err(Error::CannotMigrate(
                 "it is a migration destination whose guest has not arrived (inmigrate)".into(),
             ))

@@ -75,30 +75,33 @@ struct Job {
     wake: Option<Arc<EventFd>>,
 }
 
+/// A prediction's input from the request, else the VMM's migration
+/// parameters, else the default, with where it came from (the report's
+/// `link.from`, `link.downtime-limit-from`).
+fn pick<T>(asked: Option<T>, vmm: Option<T>, default: T) -> (T, &'static str) {
+    match (asked, vmm) {
+        (Some(v), _) => (v, "request"),
+        (None, Some(v)) => (v, "migration-parameters"),
+        (None, None) => (default, "default"),
+    }
+}
+
 /// The link, downtime limit and round limit to predict for: the request's,
 /// else the migration parameters' (`max-bandwidth`, 0 = unlimited, as a
 /// migration started now would run; `downtime-limit`; `x-max-rounds`), else
 /// (a VMM without a migration handle) 10 Gbit/s and 300 ms.
 fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
     let params = ctx.migration.as_ref().map(|(m, _)| m.parameters());
-    let (bandwidth, from) = match (args.bandwidth, &params) {
-        (Some(b), _) => (b, "request"),
-        (None, Some(p)) => (p.max_bandwidth, "migration-parameters"),
-        (None, None) => (1_250_000_000, "default"),
-    };
-    let (max_downtime, downtime_from) = match (args.max_downtime, &params) {
-        (Some(d), _) => (d, "request"),
-        (None, Some(p)) => (
-            Duration::from_millis(p.downtime_limit),
-            "migration-parameters",
-        ),
-        (None, None) => (
-            Duration::from_millis(
-                crate::protocol::migration::Parameters::DEFAULT_DOWNTIME_LIMIT_MS,
-            ),
-            "default",
-        ),
-    };
+    let (bandwidth, from) = pick(
+        args.bandwidth,
+        params.map(|p| p.max_bandwidth),
+        1_250_000_000,
+    );
+    let (max_downtime, downtime_from) = pick(
+        args.max_downtime,
+        params.map(|p| Duration::from_millis(p.downtime_limit)),
+        Duration::from_millis(crate::protocol::migration::Parameters::DEFAULT_DOWNTIME_LIMIT_MS),
+    );
     let p = params.unwrap_or_default();
     Options {
         bandwidth: (bandwidth > 0).then_some(bandwidth as f64),

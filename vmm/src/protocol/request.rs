@@ -444,7 +444,7 @@ fn without_position(e: &serde_json::Error) -> String {
 /// serde's "expected u64" in the words of JSON, which a client speaks:
 /// Rust's type names mean nothing to a QMP tool.
 fn in_json_words(why: &str) -> String {
-    const WORDS: [(&str, &str); 11] = [
+    const WORDS: [(&str, &str); 10] = [
         ("usize", "a non-negative integer"),
         ("u64", "a non-negative integer"),
         ("u32", "a non-negative integer"),
@@ -455,7 +455,6 @@ fn in_json_words(why: &str) -> String {
         ("f64", "a number"),
         ("f32", "a number"),
         ("a boolean", "true or false"),
-        ("bool", "true or false"),
     ];
     match why.rsplit_once(", expected ") {
         Some((head, ty)) => {
