@@ -75,6 +75,13 @@ impl Sample {
         &self.words
     }
 
+    /// The whole data block as u64 words, to fill in: for a sample made
+    /// rather than read (sums or differences of other samples, laid out by
+    /// a schema of their own).
+    pub fn words_mut(&mut self) -> &mut [u64] {
+        &mut self.words
+    }
+
     /// The raw values of a stat (one, or one per bucket); empty if `id` does not fit this
     /// sample (an id from another schema).
     pub fn values(&self, id: StatId) -> &[u64] {

@@ -4,7 +4,8 @@
 //! host of 4-vCPU VMs they were most of the VMMs' own lines, and a fleet's
 //! dashboards ask for exits per VM).
 
-use kvm_stats::{Descriptor, Sample, StatId, StatType, StatsFd};
+use kvm_stats::builder::StatsFileBuilder;
+use kvm_stats::{Descriptor, Sample, Schema, StatId, StatType, StatsFd};
 
 use crate::exits::Reason;
 
@@ -16,15 +17,38 @@ pub(crate) fn is_exit_counter(name: &str) -> bool {
         .is_some_and(|reason| Reason::ALL.iter().any(|r| r.label() == reason))
 }
 
-/// The exit counters of one VMM's vCPU files, summed.
-#[derive(Debug, Default)]
+/// The exit counters of one VMM's vCPU files, summed: a sample in a stats
+/// layout of their own (one single-valued counter per reason summed, as the
+/// first vCPU file describes it), which the page reads as it reads a file's.
+/// VMs of one build have the same layout, and the exporter makes them share
+/// one descriptor table, as it does their files'.
+#[derive(Debug)]
 pub(crate) struct ExitSums {
-    /// Each counter's descriptor (the first vCPU file's) and its sum, as
-    /// the page's listed sources take them.
-    pub(crate) sums: Vec<(Descriptor, Vec<u64>)>,
-    /// Where each counter is in each vCPU file that has it alike: `(v, id)`
-    /// for vCPU `v`'s file, per counter.
-    ids: Vec<Vec<(usize, StatId)>>,
+    /// The sums' layout.
+    pub(crate) schema: Schema,
+    /// The sums, as of the latest samples.
+    pub(crate) sample: Sample,
+    /// What goes into each sum.
+    adds: Adds,
+}
+
+/// What goes into each sum of [`ExitSums`].
+#[derive(Debug)]
+enum Adds {
+    /// Every vCPU file has each summed counter at the same place (files of
+    /// one layout, as one VMM's are): `(word, id)`, stat `id` of every file
+    /// into word `word` of the sums. One short table per VM, which a page
+    /// of a hundred VMs reads once per scrape.
+    Alike(Vec<(u32, StatId)>),
+    /// Files that differ: `(word, v, id)`, stat `id` of vCPU `v`'s file
+    /// into word `word`.
+    Each(Vec<(u32, u32, StatId)>),
+}
+
+impl Default for ExitSums {
+    fn default() -> ExitSums {
+        ExitSums::in_layout(&StatsFileBuilder::new("kvmscope-exporter/exit-sums"))
+    }
 }
 
 impl ExitSums {
@@ -37,41 +61,91 @@ impl ExitSums {
         let Some((first, _)) = vcpus.first() else {
             return ExitSums::default();
         };
-        let (sums, ids) = Reason::ALL
+        let summed: Vec<&Descriptor> = Reason::ALL
             .iter()
             .filter_map(|r| {
-                let name = format!("exits_{}", r.label());
-                let d = first.schema().get(first.schema().find(&name)?)?;
-                let alike = |o: &Descriptor| {
-                    o.kind == StatType::Cumulative
-                        && o.size == 1
-                        && (o.unit, o.base, o.exponent) == (d.unit, d.base, d.exponent)
-                };
-                if !alike(d) {
-                    return None;
-                }
-                let ids = vcpus
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(v, (fd, _))| {
-                        let id = fd.schema().find(&name)?;
-                        alike(fd.schema().get(id)?).then_some((v, id))
-                    })
-                    .collect();
-                Some(((d.clone(), vec![0]), ids))
+                first
+                    .schema()
+                    .get(first.schema().find(&format!("exits_{}", r.label()))?)
             })
-            .unzip();
-        ExitSums { sums, ids }
+            .filter(|d| d.kind == StatType::Cumulative && d.size == 1)
+            .collect();
+        let builder = summed.iter().fold(
+            StatsFileBuilder::new("kvmscope-exporter/exit-sums"),
+            |b, d| b.stat(&d.name, d.kind, d.unit, d.base, d.exponent, &[0]),
+        );
+        // Each vCPU file's (word, id) pairs.
+        let per_vcpu: Vec<Vec<(u32, StatId)>> = vcpus
+            .iter()
+            .map(|(fd, _)| {
+                let schema = fd.schema();
+                (0u32..)
+                    .zip(&summed)
+                    .filter_map(|(word, d)| {
+                        let id = schema.find(&d.name)?;
+                        let o = schema.get(id)?;
+                        let alike = o.kind == d.kind
+                            && o.size == 1
+                            && (o.unit, o.base, o.exponent) == (d.unit, d.base, d.exponent);
+                        alike.then_some((word, id))
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut sums = ExitSums::in_layout(&builder);
+        sums.adds = match per_vcpu.split_first() {
+            Some((first, rest)) if rest.iter().all(|adds| adds == first) => {
+                Adds::Alike(first.clone())
+            }
+            _ => Adds::Each(
+                (0u32..)
+                    .zip(&per_vcpu)
+                    .flat_map(|(v, adds)| adds.iter().map(move |&(word, id)| (word, v, id)))
+                    .collect(),
+            ),
+        };
+        sums
+    }
+
+    /// No sums yet, laid out as `builder` says.
+    fn in_layout(builder: &StatsFileBuilder) -> ExitSums {
+        // A layout this module made from descriptors a schema accepted:
+        // reading it back cannot fail.
+        let schema = Schema::read(&builder.build()).expect("exit sums' own layout");
+        let sample = Sample::new(&schema);
+        ExitSums {
+            schema,
+            sample,
+            adds: Adds::Alike(Vec::new()),
+        }
     }
 
     /// Sums the counters of `vcpus`' latest samples (the files `of` was
     /// given, in the same order).
     pub(crate) fn update(&mut self, vcpus: &[(StatsFd, Sample)]) {
-        for ((_, sum), ids) in self.sums.iter_mut().zip(&self.ids) {
-            sum[0] = ids
-                .iter()
-                .filter_map(|&(v, id)| vcpus.get(v)?.1.values(id).first().copied())
-                .fold(0u64, u64::saturating_add);
+        let sums = self.sample.words_mut();
+        sums.fill(0);
+        let mut add = |word: u32, sample: &Sample, id: StatId| {
+            let sum = usize::try_from(word).ok().and_then(|w| sums.get_mut(w));
+            if let (Some(sum), Some(&value)) = (sum, sample.values(id).first()) {
+                *sum = sum.saturating_add(value);
+            }
+        };
+        match &self.adds {
+            Adds::Alike(adds) => {
+                for (_, sample) in vcpus {
+                    for &(word, id) in adds {
+                        add(word, sample, id);
+                    }
+                }
+            }
+            Adds::Each(adds) => {
+                for &(word, v, id) in adds {
+                    if let Some((_, sample)) = usize::try_from(v).ok().and_then(|v| vcpus.get(v)) {
+                        add(word, sample, id);
+                    }
+                }
+            }
         }
     }
 }
@@ -105,9 +179,9 @@ mod tests {
     fn summed(vcpus: &[(StatsFd, Sample)]) -> Vec<(String, u64)> {
         let mut sums = ExitSums::of(vcpus);
         sums.update(vcpus);
-        sums.sums
+        sums.schema
             .iter()
-            .map(|(d, v)| (d.name.clone(), v[0]))
+            .map(|(id, d)| (d.name.clone(), sums.sample.values(id)[0]))
             .collect()
     }
 
@@ -169,6 +243,6 @@ mod tests {
 
     #[test]
     fn no_vcpus_no_sums() {
-        assert!(ExitSums::of(&[]).sums.is_empty());
+        assert!(ExitSums::of(&[]).schema.is_empty());
     }
 }

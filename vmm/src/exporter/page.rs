@@ -1,6 +1,7 @@
 //! The exporter's page: every provider's figures (each kvmscope VM's stats
 //! fds read with one `pread` per scrape, each QEMU VM's latest `query-stats`),
-//! then every KVM stat of every VM and vCPU, and the scrape's own cost.
+//! the kvmscope VMMs' own stats, then every KVM stat of every VM and vCPU,
+//! and the scrape's own cost.
 //!
 //! Names and units follow `crate::metrics` (the same `kvmscope_kvm_vm_*` and
 //! `kvmscope_kvm_vcpu_*` families as a VMM's own `/metrics`), labelled by
@@ -87,11 +88,8 @@ pub(crate) fn render(
         filter.matches(name)
     };
     let mut seen = HashSet::new();
-    let vms: Vec<_> = figures.iter().flat_map(|f| f.vm_stats()).collect();
-    write_sources(out, &vms, "kvmscope_kvm_vm_", &mut seen, &keep);
-    let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vcpu_stats()).collect();
-    write_sources(out, &vcpus, "kvmscope_kvm_vcpu_", &mut seen, &keep);
-    // The VMMs' own stats, `--stats` choosing among them by name too.
+    // The VMMs' own stats first, `--stats` choosing among them by name too:
+    // their files were read last, and their samples are still in the cache.
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vmm_vm_stats()).collect();
     write_sources(out, &vms, "kvmscope_vmm_vm_", &mut seen, &keep);
     let sums: Vec<_> = figures.iter().flat_map(|f| f.vmm_exit_sums()).collect();
@@ -99,6 +97,10 @@ pub(crate) fn render(
     write_sources_as(out, &sums, "kvmscope_vmm_vm_", whose, &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vmm_vcpu_stats()).collect();
     write_sources(out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
+    let vms: Vec<_> = figures.iter().flat_map(|f| f.vm_stats()).collect();
+    write_sources(out, &vms, "kvmscope_kvm_vm_", &mut seen, &keep);
+    let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vcpu_stats()).collect();
+    write_sources(out, &vcpus, "kvmscope_kvm_vcpu_", &mut seen, &keep);
     drop(figures);
     let names = names.into_inner();
     if noting && !names.is_empty() {

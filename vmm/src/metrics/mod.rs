@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use kvm_stats::{Descriptor, Sample, Schema, StatType, StatsFd, Unit};
+use kvm_stats::{Descriptor, Sample, Schema, StatType, Unit};
 
 use crate::exits::Reason;
 use crate::sampler::Shared;
@@ -251,13 +251,14 @@ impl Family {
     }
 }
 
-/// Where one source's stats come from: a stats fd and its latest sample
-/// (KVM's own, read with one `pread`), or descriptors listed with their values
-/// (as a QMP `query-stats` reply gives them).
+/// Where one source's stats come from: a stats file's schema and a sample
+/// of it (KVM's own, read with one `pread`; or one made in its layout, as the
+/// exporter's exit sums are), or descriptors listed with their values (as a
+/// QMP `query-stats` reply gives them).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Values<'a> {
-    /// A stats fd's schema and a sample of it.
-    Fd(&'a StatsFd, &'a Sample),
+    /// A schema and a sample of it.
+    Sampled(&'a Schema, &'a Sample),
     /// Each stat's descriptor with its values.
     Listed(&'a Listed),
 }
@@ -269,7 +270,7 @@ pub(crate) type Listed = [(Descriptor, Vec<u64>)];
 /// source's schema, or its place in that source's list.
 #[derive(Debug, Clone, Copy)]
 enum Hint<'a> {
-    Fd(kvm_stats::StatId, &'a Schema),
+    Sampled(kvm_stats::StatId, &'a Schema),
     Listed(usize),
 }
 
@@ -277,10 +278,11 @@ impl<'a> Values<'a> {
     /// Every stat of the source, with its id and schema where it has them.
     fn stats(self) -> Box<dyn Iterator<Item = (Hint<'a>, &'a Descriptor)> + 'a> {
         match self {
-            Values::Fd(fd, _) => {
-                let schema = fd.schema();
-                Box::new(schema.iter().map(move |(id, d)| (Hint::Fd(id, schema), d)))
-            }
+            Values::Sampled(schema, _) => Box::new(
+                schema
+                    .iter()
+                    .map(move |(id, d)| (Hint::Sampled(id, schema), d)),
+            ),
             Values::Listed(list) => Box::new(
                 list.iter()
                     .enumerate()
@@ -297,11 +299,12 @@ impl<'a> Values<'a> {
     /// QEMU, have their stats in one order).
     fn find(self, name: &str, hint: Hint<'_>) -> Option<(&'a Descriptor, &'a [u64])> {
         match self {
-            Values::Fd(fd, sample) => {
-                let schema = fd.schema();
+            Values::Sampled(schema, sample) => {
                 let id = match hint {
-                    Hint::Fd(id, from) if schema.shares_descriptors(from) => Some(id),
-                    Hint::Fd(id, _) if schema.get(id).is_some_and(|same| same.name == name) => {
+                    Hint::Sampled(id, from) if schema.shares_descriptors(from) => Some(id),
+                    Hint::Sampled(id, _)
+                        if schema.get(id).is_some_and(|same| same.name == name) =>
+                    {
                         Some(id)
                     }
                     _ => schema.find(name),
@@ -311,7 +314,7 @@ impl<'a> Values<'a> {
             Values::Listed(list) => {
                 let at = match hint {
                     Hint::Listed(i) => list.get(i).filter(|(d, _)| d.name == name),
-                    Hint::Fd(..) => None,
+                    Hint::Sampled(..) => None,
                 };
                 at.or_else(|| list.iter().find(|(d, _)| d.name == name))
                     .map(|(d, v)| (d, v.as_slice()))
@@ -425,14 +428,22 @@ fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Hint<'a>, &'a Descriptor)> {
     // one of each is looked at, so that hundreds of fds cost one schema walk.
     // Listed sources have no layout; one whose names are the last one's
     // (each VM's exit sums, each QEMU vCPU) adds nothing either.
-    let mut layouts = HashSet::new();
+    // A handful of layouts at most, met hundreds of times: a list, not a hash.
+    let mut layouts = Vec::new();
+    let mut new_layout = |layout: (u64, Option<usize>)| {
+        let new = !layouts.contains(&layout);
+        if new {
+            layouts.push(layout);
+        }
+        new
+    };
     let mut last_listed: Option<(&Listed, Option<usize>)> = None;
     let shown = sources
         .iter()
         .filter(|s| {
             let hide = s.hide.map(|f| f as usize);
             match s.values {
-                Values::Fd(fd, _) => layouts.insert((fd.schema().layout(), hide)),
+                Values::Sampled(schema, _) => new_layout((schema.layout(), hide)),
                 Values::Listed(list) => {
                     let same = last_listed.is_some_and(|(last, last_hide)| {
                         last_hide == hide
@@ -589,7 +600,7 @@ pub(crate) fn render(samples: &Shared) -> String {
         let mut pairs = sources.iter().zip(latest);
         let vm_source: Vec<Source<'_>> = pairs
             .next()
-            .map(|(fd, sample)| Source::new(vm.as_str(), Values::Fd(fd, sample)))
+            .map(|(fd, sample)| Source::new(vm.as_str(), Values::Sampled(fd.schema(), sample)))
             .into_iter()
             .collect();
         write_sources(&mut out, &vm_source, "kvmscope_kvm_vm_", &mut seen, &|_| {
@@ -597,7 +608,9 @@ pub(crate) fn render(samples: &Shared) -> String {
         });
         let vcpu_sources: Vec<Source<'_>> = pairs
             .enumerate()
-            .map(|(i, (fd, sample))| Source::new(vcpu_labels(&vm, i), Values::Fd(fd, sample)))
+            .map(|(i, (fd, sample))| {
+                Source::new(vcpu_labels(&vm, i), Values::Sampled(fd.schema(), sample))
+            })
             .collect();
         write_sources(
             &mut out,

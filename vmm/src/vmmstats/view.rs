@@ -125,6 +125,27 @@ impl View {
     }
 }
 
+impl View {
+    /// Asks the CPU to start loading the data block of the file (whose
+    /// schema is `schema`, as given to [`View::of`]) into its cache, without
+    /// waiting: a reader of hundreds of files asks for them all, then reads
+    /// them, and the misses (a cache and a TLB miss per file, each file a
+    /// page of its own) overlap rather than come one after another.
+    pub fn prefetch(&self, schema: &Schema) {
+        const LINE: usize = 64; // on every x86-64 CPU
+        let from = usize::try_from(schema.header().data_offset).unwrap_or(self.len);
+        for at in (from & !(LINE - 1)..self.len).step_by(LINE) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `at` lies inside the mapping; a prefetch is a hint
+            // that reads no value and never faults.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(self.ptr.as_ptr().add(at).cast::<i8>());
+            }
+        }
+    }
+}
+
 impl Drop for View {
     fn drop(&mut self) {
         // SAFETY: `ptr` and `len` are the mapping `of` made, unmapped here
