@@ -46,8 +46,18 @@ enum Adds {
 }
 
 impl Default for ExitSums {
+    /// No sums (KVM's files, a VMM without vCPU files): an empty layout,
+    /// made once per process.
     fn default() -> ExitSums {
-        ExitSums::in_layout(&StatsFileBuilder::new("kvmscope-exporter/exit-sums"))
+        static EMPTY: std::sync::OnceLock<ExitSums> = std::sync::OnceLock::new();
+        let empty = EMPTY.get_or_init(|| {
+            ExitSums::in_layout(&StatsFileBuilder::new("kvmscope-exporter/exit-sums"))
+        });
+        ExitSums {
+            schema: empty.schema.clone(),
+            sample: empty.sample.clone(),
+            adds: Adds::Alike(Vec::new()),
+        }
     }
 }
 

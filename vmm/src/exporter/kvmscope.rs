@@ -306,3 +306,44 @@ fn vcpu_sources<'a>(
         Source::new(labels.as_str(), Values::Sampled(fd.schema(), sample))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exporter::targets::tests::{give_own_files, one_counter, target};
+
+    #[test]
+    fn a_vm_whose_kvm_file_fails_is_dropped_once_and_its_own_files_are_not_read() {
+        let vm = one_counter("kvm-1", "pages_4k", 3);
+        let vcpu = one_counter("kvm-1/vcpu-0", "exits", 1);
+        let own_vm = one_counter("kvmscope-1/vm", "guest_stall_ns", 0);
+        let own_vcpu = one_counter("kvmscope-1/vcpu-0", "exits_hlt", 2);
+        let with_own = || {
+            let mut t = target(&vm, &[&vcpu]);
+            give_own_files(&mut t, &own_vm, &[&own_vcpu]);
+            t
+        };
+        let (good, bad) = (with_own(), with_own());
+        // The bad VM's vCPU file cut short under its reader: its read fails.
+        bad.vcpus[0].0.file().set_len(8).unwrap();
+        let registry = Arc::new(Mutex::new(Registry::default()));
+        lock(&registry).targets.insert("good".into(), good);
+        lock(&registry).targets.insert("bad".into(), bad);
+        let mut vms = KvmscopeVms::new(Arc::clone(&registry), false);
+        drop(vms.read());
+        let reg = lock(&registry);
+        let left: Vec<_> = reg.targets.keys().collect();
+        assert_eq!(left, [std::path::Path::new("good")]);
+        assert_eq!(vms.read_errors, 1, "one VM failed, counted once");
+        // The good VM's four files, and the bad one's two KVM files (the
+        // second of which failed); none of its own.
+        assert_eq!(vms.fds_read, 6);
+        let sums = &reg.targets[std::path::Path::new("good")]
+            .own
+            .as_ref()
+            .unwrap()
+            .exit_sums;
+        let hlt = sums.schema.find("exits_hlt").unwrap();
+        assert_eq!(sums.sample.u64(hlt), 2, "the good VM's own files were read");
+    }
+}

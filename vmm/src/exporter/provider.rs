@@ -1,8 +1,9 @@
 //! What the page asks of every kind of VM it shows: a provider (kvmscope VMMs
 //! over their stats fds, QEMU over QMP, the next one) is one type that, once
 //! per scrape, hands the page its figures. The page writes each provider's own
-//! families as they come, then every KVM stat of every provider's VMs and
-//! vCPUs together (one family per stat, as the text format wants).
+//! families as they come, then the kvmscope VMMs' own stats, then every KVM
+//! stat of every provider's VMs and vCPUs together (one family per stat, as
+//! the text format wants).
 //!
 //! A provider must not wait on any peer in [`Provider::read`]: whatever needs a
 //! request is fetched by the provider's own threads beforehand.

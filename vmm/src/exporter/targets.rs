@@ -798,11 +798,11 @@ fn socket_id(path: &Path) -> Option<(u64, u64)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kvm_stats::builder::StatsFileBuilder;
 
-    fn file_of(bytes: &[u8]) -> std::fs::File {
+    pub(crate) fn file_of(bytes: &[u8]) -> std::fs::File {
         use std::io::{Seek, Write};
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(bytes).unwrap();
@@ -835,7 +835,13 @@ mod tests {
         assert!(within_budget(file_of(&small), &mut budget).is_err());
     }
 
-    fn target(vm: &[u8], vcpus: &[&[u8]]) -> Target {
+    /// A stats file with id `id` and one counter, `name` = `value`.
+    pub(crate) fn one_counter(id: &str, name: &str, value: u64) -> Vec<u8> {
+        StatsFileBuilder::new(id).counter(name, value).build()
+    }
+
+    /// A VM of KVM's files `vm` and `vcpus`, with no files of its VMM's own.
+    pub(crate) fn target(vm: &[u8], vcpus: &[&[u8]]) -> Target {
         let open = |b: &[u8]| within_budget(file_of(b), &mut VM_STATS_BUDGET.clone()).unwrap();
         Target {
             name: "t".into(),
@@ -896,6 +902,20 @@ mod tests {
             .shares_descriptors(reg.targets.values().next().unwrap().vm.0.schema()));
     }
 
+    /// Gives `t` its VMM's own files `vm` and `vcpus` (read with `pread`,
+    /// not mapped) and their exit sums.
+    pub(crate) fn give_own_files(t: &mut Target, vm: &[u8], vcpus: &[&[u8]]) {
+        let open = |b: &[u8]| within_budget(file_of(b), &mut VM_STATS_BUDGET.clone()).unwrap();
+        let vcpus: Vec<_> = vcpus.iter().map(|b| open(b)).collect();
+        let exit_sums = ExitSums::of(&vcpus);
+        t.own = Some(ProviderStats {
+            vm: open(vm),
+            vcpus,
+            views: Vec::new(),
+            exit_sums,
+        });
+    }
+
     #[test]
     fn exit_sums_of_vmms_of_one_build_share_one_layout_and_sum_their_own_vcpus() {
         let own_vcpu = |i: u32, io: u64| {
@@ -905,29 +925,14 @@ mod tests {
                 .counter("exits_hlt", 1)
                 .build()
         };
-        let kvm_vcpu = StatsFileBuilder::new("kvm-1/vcpu-0")
-            .counter("exits", 1)
-            .build();
-        let kvm_vm = StatsFileBuilder::new("kvm-1")
-            .counter("pages_4k", 3)
-            .build();
-        let own_vm = StatsFileBuilder::new("kvmscope-1/vm")
-            .counter("guest_stall_ns", 0)
-            .build();
+        let kvm_vcpu = one_counter("kvm-1/vcpu-0", "exits", 1);
+        let kvm_vm = one_counter("kvm-1", "pages_4k", 3);
+        let own_vm = one_counter("kvmscope-1/vm", "guest_stall_ns", 0);
         let with_own = |io: [u64; 2]| {
             let mut t = target(&kvm_vm, &[&kvm_vcpu, &kvm_vcpu]);
-            let open = |b: &[u8]| within_budget(file_of(b), &mut VM_STATS_BUDGET.clone()).unwrap();
-            let vcpus: Vec<_> = (0u32..)
-                .zip(io)
-                .map(|(i, io)| open(&own_vcpu(i, io)))
-                .collect();
-            let exit_sums = ExitSums::of(&vcpus);
-            t.own = Some(ProviderStats {
-                vm: open(&own_vm),
-                vcpus,
-                views: Vec::new(),
-                exit_sums,
-            });
+            let vcpus: Vec<_> = (0u32..).zip(io).map(|(i, io)| own_vcpu(i, io)).collect();
+            let vcpus: Vec<&[u8]> = vcpus.iter().map(Vec::as_slice).collect();
+            give_own_files(&mut t, &own_vm, &vcpus);
             t
         };
         let mut reg = Registry::default();

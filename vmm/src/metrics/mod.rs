@@ -295,8 +295,8 @@ impl<'a> Values<'a> {
     /// `hint` is where another source has it: taken as it is where the two
     /// share their descriptors (one pointer compared: a page of hundreds of
     /// fds would otherwise touch every fd's descriptor of every stat), tried
-    /// first where not (one name compared: lists of one VMM build, or one
-    /// QEMU, have their stats in one order).
+    /// first where not (one name compared: the lists of one QEMU have their
+    /// stats in one order).
     fn find(self, name: &str, hint: Hint<'_>) -> Option<(&'a Descriptor, &'a [u64])> {
         match self {
             Values::Sampled(schema, sample) => {
@@ -427,7 +427,7 @@ fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Hint<'a>, &'a Descriptor)> {
     // Sources of one layout (every vCPU of one kernel) have the same stats:
     // one of each is looked at, so that hundreds of fds cost one schema walk.
     // Listed sources have no layout; one whose names are the last one's
-    // (each VM's exit sums, each QEMU vCPU) adds nothing either.
+    // (each QEMU vCPU) adds nothing either.
     // A handful of layouts at most, met hundreds of times: a list, not a hash.
     let mut layouts = Vec::new();
     let mut new_layout = |layout: (u64, Option<usize>)| {

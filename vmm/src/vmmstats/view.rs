@@ -132,17 +132,29 @@ impl View {
     /// them, and the misses (a cache and a TLB miss per file, each file a
     /// page of its own) overlap rather than come one after another.
     pub fn prefetch(&self, schema: &Schema) {
-        const LINE: usize = 64; // on every x86-64 CPU
-        let from = usize::try_from(schema.header().data_offset).unwrap_or(self.len);
-        for at in (from & !(LINE - 1)..self.len).step_by(LINE) {
+        for at in self.data_lines(schema) {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `at` lies inside the mapping; a prefetch is a hint
-            // that reads no value and never faults.
+            // SAFETY: `at` lies inside the mapping (`data_lines`); a
+            // prefetch is a hint that reads no value and never faults.
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
                 _mm_prefetch::<_MM_HINT_T0>(self.ptr.as_ptr().add(at).cast::<i8>());
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = at;
         }
+    }
+
+    /// The offset of each cache line (64 bytes on every x86-64 CPU) that
+    /// holds part of the data block, all inside the mapping; none where the
+    /// schema puts the data block past it.
+    fn data_lines(&self, schema: &Schema) -> impl Iterator<Item = usize> {
+        const LINE: usize = 64;
+        let start = match usize::try_from(schema.header().data_offset) {
+            Ok(from) if from < self.len => from & !(LINE - 1),
+            _ => self.len,
+        };
+        (start..self.len).step_by(LINE)
     }
 }
 
@@ -193,6 +205,39 @@ mod tests {
                 exponent: 0,
             })
             .collect()
+    }
+
+    #[test]
+    fn the_lines_asked_for_cover_the_data_block_and_stay_inside_the_mapping() {
+        let f = StatsFile::new("kvmscope-1/vm", &defs()).unwrap();
+        let fd = StatsFd::new_strict(f.reader().unwrap()).unwrap();
+        let view = View::of(fd.file(), fd.schema()).unwrap();
+        let data = fd.schema().header().data_offset as usize;
+        let lines: Vec<usize> = view.data_lines(fd.schema()).collect();
+        assert!(!lines.is_empty());
+        assert!(lines.iter().all(|&at| at % 64 == 0 && at < view.len));
+        assert!(
+            lines[0] <= data && data < lines[0] + 64,
+            "from the data block's line"
+        );
+        assert!(
+            *lines.last().unwrap() + 64 >= view.len,
+            "to the mapping's end"
+        );
+        // A schema whose data block lies past this mapping (a bigger
+        // file's): nothing asked for.
+        let many: Vec<Def> = (0..200)
+            .map(|i| Def {
+                name: Cow::Owned(format!("stat_{i}")),
+                kind: StatType::Cumulative,
+                unit: Unit::None,
+                exponent: 0,
+            })
+            .collect();
+        let big = StatsFile::new("kvmscope-1/vm", &many).unwrap();
+        let big = StatsFd::new_strict(big.reader().unwrap()).unwrap();
+        assert!(big.schema().header().data_offset as usize >= view.len);
+        assert_eq!(view.data_lines(big.schema()).count(), 0);
     }
 
     #[test]
