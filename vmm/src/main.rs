@@ -37,7 +37,8 @@ enum Cmd {
     Run(RunArgs),
     /// Receive stats fds from a running VMM's socket and print the stats read through them.
     Stats(StatsArgs),
-    /// A live view of stats and their rates, read through fds received once.
+    /// A live view of stats and their rates, read through fds received once
+    /// (and the VMM sampler's newest point, asked for at each refresh).
     Watch(WatchArgs),
     /// Send one raw JSON request to a VMM's socket and print the reply.
     Ctl(CtlArgs),

@@ -419,7 +419,7 @@ fn a_vmm_that_measures_readiness_shows_its_prediction_and_one_that_does_not_show
 }
 
 #[test]
-fn a_killed_vmm_leaves_the_page_and_its_fds_are_closed() {
+fn a_killed_vmm_leaves_the_page_its_fds_are_closed_and_its_socket_shows_down_until_removed() {
     require_kvm!();
     let dir = common::test_dir("exp-kill");
     let a = Vmm::start(&dir.join("a.sock"), &[]);
@@ -441,6 +441,14 @@ fn a_killed_vmm_leaves_the_page_and_its_fds_are_closed() {
         (n + 4 <= before).then_some(n)
     });
     assert!(after + 4 <= before, "{before} -> {after}");
+    // Its socket file, which nothing listens on, is a VM that died: down
+    // on the page until the file is removed.
+    let dead = format!("socket=\"{}\"}} 0", dir.join("b.sock").display());
+    page_when(&e, "b's socket down", |p| p.contains(&dead));
+    std::fs::remove_file(dir.join("b.sock")).unwrap();
+    page_when(&e, "b's socket off the page", |p| {
+        !p.contains("b.sock") && up(p, "a", a.pid())
+    });
 }
 
 #[test]

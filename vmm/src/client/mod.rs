@@ -141,6 +141,28 @@ pub struct Client {
     pub greeting: Greeting,
 }
 
+/// Connects to the socket at `path`. A refused connection says why, as far
+/// as the file tells: a socket nobody listens on any more (a VMM that was
+/// killed leaves its socket file behind), or a file that is not a socket at
+/// all (`connect` refuses both alike). The error keeps its kind.
+fn connect_stream(path: &Path) -> Result<UnixStream, Error> {
+    UnixStream::connect(path).map_err(|e| {
+        use std::os::unix::fs::FileTypeExt;
+        let hint = match std::fs::metadata(path).map(|m| m.file_type()) {
+            _ if e.kind() != io::ErrorKind::ConnectionRefused => None,
+            Ok(t) if t.is_socket() => Some("nothing listens on this socket (its VMM has exited without removing it, or was killed)"),
+            Ok(t) if t.is_dir() => Some("it is a directory, not a socket"),
+            Ok(_) => Some("it is not a socket"),
+            Err(_) => None,
+        };
+        let e = match hint {
+            Some(hint) => io::Error::new(e.kind(), format!("{e}: {hint}")),
+            None => e,
+        };
+        Error::Connect(path.to_path_buf(), e)
+    })
+}
+
 impl Client {
     /// Connects, reads the greeting and negotiates capabilities, ready for commands.
     ///
@@ -172,8 +194,7 @@ impl Client {
     /// `TimedOut`; a longer line `BadReply`.
     pub(crate) fn connect_bounded(path: &Path, bounds: Bounds) -> Result<Client, Error> {
         let deadline = Instant::now() + bounds.request;
-        let stream =
-            UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
+        let stream = connect_stream(path)?;
         let mut client = Client::greeted_within(stream, bounds.line_max, deadline)?;
         client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
         Ok(client)
@@ -234,8 +255,7 @@ impl Client {
     }
 
     fn open(path: &Path) -> Result<Client, Error> {
-        let stream =
-            UnixStream::connect(path).map_err(|e| Error::Connect(path.to_path_buf(), e))?;
+        let stream = connect_stream(path)?;
         let mut client = Client::new(stream);
         client.read_greeting()?;
         Ok(client)
@@ -816,6 +836,40 @@ fn hung_up(e: &io::Error) -> bool {
 mod tests {
     use super::*;
     use crate::protocol::events::MigrationChange;
+
+    #[test]
+    fn a_refused_connection_says_whether_the_path_is_a_stale_socket_or_no_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let said = |path: &Path| match Client::connect(path) {
+            Err(e @ Error::Connect(..)) => crate::error_chain(&e),
+            Err(other) => panic!("{path:?}: {other:?}"),
+            Ok(_) => panic!("{path:?}: connected"),
+        };
+        // A socket whose listener is gone (a VMM killed with SIGKILL).
+        let stale = dir.path().join("vm.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        assert!(
+            said(&stale).contains("nothing listens on this socket"),
+            "{}",
+            said(&stale)
+        );
+        assert!(said(dir.path()).ends_with("it is a directory, not a socket"));
+        let file = dir.path().join("notes.txt");
+        std::fs::write(&file, "x").unwrap();
+        assert!(said(&file).ends_with("it is not a socket"));
+        // No file: the system's word for it, nothing added.
+        let none = said(&dir.path().join("none.sock"));
+        assert!(
+            none.contains("No such file") && !none.contains("socket"),
+            "{none}"
+        );
+        // The kind is kept: waiting for a VMM to come up still retries.
+        match Client::connect(&stale) {
+            Err(Error::Connect(_, e)) => assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused),
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("connected"),
+        }
+    }
     use crate::protocol::migration::Status;
 
     fn line(message: &Message) -> Value {

@@ -234,7 +234,9 @@ impl Job {
     fn run(self, busy: &AtomicBool) {
         let result = self.measure();
         if let Ok(report) = &result {
-            report.publish(&self.vmm_stats, super::publish::now_ns());
+            if !report.publish(&self.vmm_stats, super::publish::now_ns()) {
+                log::debug!("readiness: measured without a dirty-rate window; the published figures stay those of the last window");
+            }
         }
         busy.store(false, Ordering::Release);
         self.send(WorkerMsg::Done(Box::new(result)));

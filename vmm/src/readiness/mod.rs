@@ -93,6 +93,7 @@ pub(crate) fn measure(
         resident,
         written,
         dirty_rate,
+        dirty_logged: g.dirty.is_some(),
         scan,
         prediction: None,
         converge: None,

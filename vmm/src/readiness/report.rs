@@ -209,6 +209,9 @@ pub struct Report {
     pub written: Option<Figure<u64>>,
     /// The dirty rate, when a window was measured.
     pub dirty_rate: Option<Figure<DirtyRate>>,
+    /// Whether the VM has a dirty log (`run --dirty-log`): without one no
+    /// window can be measured; with one, none was asked for (`calc-time` 0).
+    pub(crate) dirty_logged: bool,
     /// The exact zero-page scan, when asked for.
     pub scan: Option<Figure<Scan>>,
     /// The pre-copy prediction, when the inputs allow one.
@@ -304,8 +307,16 @@ impl Report {
     /// Writes the figures into the VMM's own stats (`vmmstats`): what the
     /// exporter shows per VM with no request. Stats this report has no figure
     /// for are 0; `readiness_at_ns` says when they were measured.
-    pub(crate) fn publish(&self, stats: &VmmStats, at_ns: u64) {
+    ///
+    /// A measurement without a dirty-rate window is not published over one
+    /// with a window (its prediction assumes no dirtying: one client's quick
+    /// `calc-time 0` question would otherwise replace, on every scraper's
+    /// page, a verdict that measured the guest); says whether it published.
+    pub(crate) fn publish(&self, stats: &VmmStats, at_ns: u64) -> bool {
         use crate::vmmstats::VmStat::*;
+        if self.dirty_rate.is_none() && stats.vm_value(ReadinessWindowNs) > 0 {
+            return false;
+        }
         // Before the verdict it compares with is overwritten.
         let streak = verdict_streak(stats, self.prediction.as_ref());
         let ns = |seconds: f64| {
@@ -359,6 +370,7 @@ impl Report {
         stats.set_vm(PredictionThrottlePercentage, throttle);
         // Last: a reader that sees the new instant sees the figures above.
         stats.set_vm(ReadinessAtNs, at_ns);
+        true
     }
 
     /// The best bound on non-zero pages without a scan, and its name: the
@@ -585,7 +597,12 @@ impl Report {
 
     fn dirty_text(&self, s: &mut String) {
         let Some(d) = &self.dirty_rate else {
-            let _ = writeln!(s, "dirty rate                        -   not measured (start the VMM with --dirty-log): the prediction assumes no dirtying");
+            let why = if self.dirty_logged {
+                "no window asked for: --calc-time 0s"
+            } else {
+                "start the VMM with --dirty-log"
+            };
+            let _ = writeln!(s, "dirty rate                        -   not measured ({why}): the prediction assumes no dirtying");
             return;
         };
         let d = &d.value;
@@ -797,6 +814,7 @@ mod tests {
                 },
                 took: Duration::ZERO,
             }),
+            dirty_logged: true,
             prediction: None,
             converge: None,
             converge_dirty_limit: None,
@@ -839,6 +857,58 @@ mod tests {
             seen,
             [(1, 1), (1, 2), (0, 1), (0, 2), (0, 3), (0, 0), (1, 1)]
         );
+    }
+
+    #[test]
+    fn a_measurement_without_a_window_never_replaces_one_with_a_window() {
+        use crate::vmmstats::VmStat::{
+            PredictionConverges, PredictionVerdictStreak, ReadinessAtNs, ReadinessWindowNs,
+        };
+        let stats = VmmStats::new(7, 1).unwrap();
+        let never = model::predict(&too_fast(1)).unwrap();
+        let assumes_none = model::predict(&Inputs {
+            dirty_rate: 0.0,
+            ..too_fast(1)
+        })
+        .unwrap();
+        let mut quick = report();
+        quick.dirty_rate = None;
+        quick.prediction = Some(assumes_none);
+        // Nothing measured with a window yet: a window-less one is published.
+        assert!(quick.publish(&stats, 1));
+        assert_eq!(stats.vm_value(PredictionConverges), 1);
+        let mut measured = report();
+        measured.dirty_rate = Some(Figure {
+            value: window_of(1000, |t| 1000.0 * t),
+            took: Duration::ZERO,
+        });
+        measured.prediction = Some(never);
+        for at in [2, 3] {
+            assert!(measured.publish(&stats, at));
+        }
+        let published = |s: &VmmStats| {
+            [
+                ReadinessAtNs,
+                ReadinessWindowNs,
+                PredictionConverges,
+                PredictionVerdictStreak,
+            ]
+            .map(|v| s.vm_value(v))
+        };
+        let before = published(&stats);
+        assert_eq!(before, [3, 1_000_000_000, 0, 2]);
+        // A client's quick question (calc-time 0) leaves the page as it was.
+        assert!(!quick.publish(&stats, 4));
+        assert_eq!(published(&stats), before);
+        // The next window publishes, its streak going on from the last.
+        assert!(measured.publish(&stats, 5));
+        assert_eq!(published(&stats), [5, 1_000_000_000, 0, 3]);
+        // A VM without a dirty log never has a window: each of its
+        // measurements is published.
+        let plain = VmmStats::new(7, 1).unwrap();
+        quick.dirty_logged = false;
+        assert!(quick.publish(&plain, 1) && quick.publish(&plain, 2));
+        assert_eq!(plain.vm_value(PredictionVerdictStreak), 2);
     }
 
     /// A window of `ms` whose distinct pages after `t` seconds are `count(t)`,
