@@ -73,7 +73,7 @@ enum Cmd {
 #[derive(clap::Args)]
 struct ExporterArgs {
     /// Where to serve the page, at http://ADDR/metrics.
-    #[arg(long, default_value = "127.0.0.1:9187", value_name = "ADDR")]
+    #[arg(long, default_value = "127.0.0.1:9187", value_name = "ADDR", value_parser = listen_addr)]
     listen: std::net::SocketAddr,
     /// A directory of VMs' control sockets: every socket in it is read, and VMs
     /// that appear or go are picked up within a second (inotify). Repeatable.
@@ -281,7 +281,7 @@ struct CtlArgs {
 #[derive(clap::Args)]
 struct DemoArgs {
     /// Guest RAM (K, M, G, T and KiB..TiB are binary; KB, MB, GB, TB decimal).
-    #[arg(long, default_value = "256M")]
+    #[arg(long, default_value = "256M", value_parser = guest_memory)]
     memory: Size,
     /// Back guest RAM with transparent huge pages.
     #[arg(long)]
@@ -324,7 +324,7 @@ struct RunArgs {
     /// with --incoming, the stream's; given with --vcpus, the VM is built,
     /// and --socket served, before the stream arrives, which must then
     /// match].
-    #[arg(long)]
+    #[arg(long, value_parser = guest_memory)]
     memory: Option<Size>,
     /// Number of vCPUs, 1 to 256, one thread each [default: 1; with --incoming, the
     /// stream's; given with --memory, the VM is built, and --socket served,
@@ -382,7 +382,7 @@ struct RunArgs {
     /// Serve the sampler's readings as Prometheus text at http://ADDR/metrics,
     /// e.g. 127.0.0.1:9100. The VM then stays up after its workloads, for the
     /// scrapers, until SIGINT/SIGTERM (or `quit` on --socket), as with --socket.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = listen_addr)]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Stop with exit status 5, printing each vCPU's registers, when a vCPU's
     /// guest has not checked in (its first port write) after running this
@@ -456,7 +456,7 @@ struct RunArgs {
     /// a socket or metrics measures it once at start (a destination: once
     /// its migration has loaded), on a 128 MiB VM of its own (about 0.25 s
     /// of one CPU; 2.6 us until then). Give it to skip that.
-    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = fault_cost)]
     fault_cost: Option<Period>,
     /// Print the summary as JSON.
     #[arg(long)]
@@ -488,6 +488,54 @@ fn stat_pattern(text: &str) -> Result<String, String> {
 
 /// `--vcpus`: from 1 to the guest ABI's most (KVM's own limit, which may be
 /// lower, is checked when the VM is made).
+/// Guest RAM (`run`, `demo`): a size the guest ABI takes (at least its
+/// minimum, whole 2 MiB pages, at most what its page tables cover), so that
+/// a missing unit (`--memory 64`: 64 bytes) is a command-line error.
+fn guest_memory(text: &str) -> Result<Size, String> {
+    use kvmscope::memory::{check_size, Error};
+    let size: Size = text
+        .parse()
+        .map_err(|e: kvmscope::units::UnitError| e.to_string())?;
+    match check_size(size.0) {
+        Ok(()) => Ok(size),
+        Err(e @ Error::TooSmall { .. }) => Err(format!("{e} (a unit: 64M, 1G)")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// An address to serve HTTP on: an IP address and a port (no name is
+/// looked up: which of a name's addresses to bind would be a guess).
+fn listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse().map_err(|_| {
+        format!("'{text}' is not an IP address and port: use e.g. 127.0.0.1:9100, 0.0.0.0:9100 or [::1]:9100 (host names such as localhost are not looked up)")
+    })
+}
+
+/// `run --fault-cost`: a duration of at most a second.
+fn fault_cost(text: &str) -> Result<Period, String> {
+    let cost: Period = text
+        .parse()
+        .map_err(|e: kvmscope::units::UnitError| e.to_string())?;
+    if cost.0 > Duration::from_secs(1) {
+        return Err(format!(
+            "'{text}' is more than 1s (a write fault costs microseconds)"
+        ));
+    }
+    Ok(cost)
+}
+
+/// Flags that disagree with each other: said as clap says its own errors,
+/// with its exit status (2, "the command line is wrong").
+fn usage_error(subcommand: &str, message: impl std::fmt::Display) -> ! {
+    use clap::CommandFactory;
+    let mut cli = Cli::command().bin_name("kvmscope");
+    cli.build();
+    let mut command = cli.find_subcommand(subcommand).cloned().unwrap_or(cli);
+    command
+        .error(clap::error::ErrorKind::ArgumentConflict, message)
+        .exit()
+}
+
 fn vcpu_count(text: &str) -> Result<usize, String> {
     let most = kvmscope::abi::MAX_VCPUS;
     match text.parse::<i128>() {
@@ -613,9 +661,10 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
                     force: args.force,
                 }),
             }),
-            (None, Some(_)) => {
-                anyhow::bail!("--samples-out needs the sampler: drop --sample-interval off")
-            }
+            (None, Some(_)) => usage_error(
+                "run",
+                "--samples-out needs the sampler: drop --sample-interval off",
+            ),
             (None, None) => None,
         },
         metrics_addr: args.metrics_addr,
@@ -623,10 +672,12 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         name: args.name,
         control_limits: kvmscope::control::Limits::default(),
         readiness_every: match args.readiness_every {
-            Some(every) if args.readiness_window.0 >= every.0 => anyhow::bail!(
-                "--readiness-window ({:?}) must be shorter than --readiness-every ({:?})",
-                args.readiness_window.0,
-                every.0
+            Some(every) if args.readiness_window.0 >= every.0 => usage_error(
+                "run",
+                format!(
+                    "--readiness-window ({:?}) must be shorter than --readiness-every ({:?})",
+                    args.readiness_window.0, every.0
+                ),
             ),
             Some(every) => Some(kvmscope::control::Periodic {
                 period: every.0,
@@ -634,12 +685,7 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             }),
             None => None,
         },
-        fault_cost: match args.fault_cost {
-            Some(cost) if cost.0 > std::time::Duration::from_secs(1) => {
-                anyhow::bail!("--fault-cost ({:?}) must be at most 1s", cost.0)
-            }
-            cost => cost.map(|c| c.0),
-        },
+        fault_cost: args.fault_cost.map(|c| c.0),
         announce: true,
     };
     let summary = match incoming {

@@ -48,7 +48,7 @@ pub(crate) const MAX_MEMORY: u64 = (abi::MAX_PD_PAGES << 30) - paging::PAGE_2M;
 ///
 /// # Errors
 /// `TooSmall`, `Unaligned` or `TooLarge`.
-pub(crate) fn check_size(size: u64) -> Result<(), Error> {
+pub fn check_size(size: u64) -> Result<(), Error> {
     if size < abi::MIN_MEMORY {
         return Err(Error::TooSmall {
             size,

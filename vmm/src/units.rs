@@ -12,6 +12,7 @@
 //! bandwidth, where `10G` could mean bits or either kind of byte: it is
 //! refused with an error that names the three spellings.
 
+use crate::dirty::ring::{MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -75,6 +76,9 @@ pub enum UnitError {
     /// Not a vCPU choice.
     #[error("'{0}' is not a vCPU: use an index or all")]
     Vcpu(String),
+    /// A dirty ring of a size KVM does not take.
+    #[error("ring:{0}: the dirty ring needs a power-of-two entry count from {MIN_RING_ENTRIES} to {MAX_RING_ENTRIES}")]
+    RingEntries(u32),
 }
 
 /// Splits `text` into its leading number (digits and, with `fraction`, dots)
@@ -322,10 +326,16 @@ impl FromStr for DirtyLog {
         match text.trim().split_once(':') {
             None if text.trim() == "bitmap" => Ok(DirtyLog::Bitmap),
             None if text.trim() == "ring" => Ok(DirtyLog::Ring(Self::DEFAULT_RING)),
-            Some(("ring", n)) => n
-                .parse()
-                .map(DirtyLog::Ring)
-                .map_err(|_| UnitError::DirtyLog(text.to_string())),
+            Some(("ring", n)) => match n.parse::<u32>() {
+                Ok(entries)
+                    if entries.is_power_of_two()
+                        && (MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&entries) =>
+                {
+                    Ok(DirtyLog::Ring(entries))
+                }
+                Ok(entries) => Err(UnitError::RingEntries(entries)),
+                Err(_) => Err(UnitError::DirtyLog(text.to_string())),
+            },
             _ => Err(UnitError::DirtyLog(text.to_string())),
         }
     }

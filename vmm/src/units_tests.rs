@@ -199,6 +199,17 @@ fn dirty_log_names_bitmap_and_rings() {
     assert_eq!("bitmap".parse(), Ok(DirtyLog::Bitmap));
     assert_eq!("ring".parse(), Ok(DirtyLog::Ring(65536)));
     assert_eq!("ring:65536".parse(), Ok(DirtyLog::Ring(65536)));
+    assert_eq!("ring:256".parse(), Ok(DirtyLog::Ring(256)));
+    // Sizes KVM refuses are refused on the command line (exit status 2),
+    // not when the VM is built.
+    for entries in [1000, 128, 131072, 0] {
+        let refused = format!("ring:{entries}").parse::<DirtyLog>();
+        assert_eq!(refused, Err(UnitError::RingEntries(entries)), "{entries}");
+    }
+    assert_eq!(
+        UnitError::RingEntries(1000).to_string(),
+        "ring:1000: the dirty ring needs a power-of-two entry count from 256 to 65536"
+    );
     for bad in ["ring:", "ring:big", "bitmap:4", "log"] {
         assert_eq!(
             bad.parse::<DirtyLog>(),

@@ -20,6 +20,25 @@ fn bad_workload_spec_is_an_error_naming_the_bad_part() {
     assert!(err.contains("unknown parameter 'sz' for touch"), "{err}");
 }
 
+/// Values the VMM cannot take are refused as the command line's errors
+/// (status 2), before any VM is built, each naming the rule.
+#[test]
+fn values_out_of_range_and_flags_that_disagree_exit_2_naming_the_rule() {
+    for (args, said) in [
+        (&["--dirty-log", "ring:1000"][..], "ring:1000: the dirty ring needs a power-of-two entry count from 256 to 65536"),
+        (&["--memory", "64"], "guest memory of 64 bytes is too small: the guest ABI needs at least 16777216 bytes (a unit: 64M, 1G)"),
+        (&["--fault-cost", "2s"], "'2s' is more than 1s"),
+        (&["--sample-interval", "off", "--samples-out", "/tmp/kvmscope-never.csv"], "--samples-out needs the sampler"),
+        (&["--metrics-addr", "localhost:9100"], "'localhost:9100' is not an IP address and port: use e.g. 127.0.0.1:9100"),
+    ] {
+        let out = kvmscope().arg("run").args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: said as clap says: {err}");
+    }
+}
+
 #[test]
 fn bad_memory_size_is_an_error() {
     let out = kvmscope()
@@ -93,12 +112,11 @@ fn empty_names_counts_and_patterns_are_refused_once_each_naming_the_flag() {
 
 #[test]
 fn unaligned_memory_is_an_error_naming_the_rule() {
-    require_kvm!();
     let out = kvmscope()
         .args(["run", "--memory", "33M"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("multiple of 2 MiB"),
         "{}",
@@ -301,12 +319,11 @@ fn a_guest_that_never_checks_in_exits_5_naming_the_deadline_and_registers() {
 
 #[test]
 fn memory_over_the_maximum_is_an_error_naming_the_maximum() {
-    require_kvm!();
     let out = kvmscope()
         .args(["run", "--memory", "64G"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("over the maximum of 65534 MiB"), "{err}");
 }
@@ -365,7 +382,11 @@ fn readiness_every_needs_a_socket_and_dirty_logging_and_a_window_shorter_than_it
         "--socket",
         "/tmp/kvmscope-never.sock",
     ]);
-    assert_ne!(code, Some(0));
+    assert_eq!(
+        code,
+        Some(2),
+        "flags that disagree: the command line is wrong"
+    );
     assert!(
         err.contains("--readiness-window (2s) must be shorter than --readiness-every (1s)"),
         "{err}"
@@ -384,7 +405,7 @@ fn readiness_every_needs_a_socket_and_dirty_logging_and_a_window_shorter_than_it
         let mut args = rest.to_vec();
         args.insert(if at_end { args.len() } else { 0 }, "--readiness-every");
         let (code, err) = run(&args);
-        assert_ne!(code, Some(0));
+        assert_eq!(code, Some(2));
         assert!(
             err.contains("--readiness-window (120s) must be shorter than --readiness-every (90s)"),
             "{err}"
