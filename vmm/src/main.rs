@@ -55,7 +55,8 @@ enum Cmd {
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
     Readiness(ReadinessArgs),
     /// Live-migrate a running VMM's guest to a `kvmscope run --incoming URI`,
-    /// with a progress bar and a report like QEMU's `info migrate`. Ctrl-C
+    /// with a progress bar (on a terminal; else a line per pass on stderr)
+    /// and a report like QEMU's `info migrate`. Ctrl-C
     /// (SIGINT) or SIGTERM cancels the migration (the guest runs on at the
     /// source) and reports it, except during the stop (status `device`),
     /// when it is too late; a second one ends the client at once. Before the

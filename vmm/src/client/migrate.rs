@@ -139,11 +139,20 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     }
     client.migrate(&config.to)?;
     let bar = std::io::stderr().is_terminal().then(progress_bar);
+    // Without a terminal (a log), a line per pass and per status instead.
+    let mut logged = None;
     let mut cancelled = false;
     let info = loop {
         let info = client.query_migrate()?;
-        if let Some(bar) = &bar {
-            show(bar, &info, predicted.as_ref());
+        match &bar {
+            Some(bar) => show(bar, &info, predicted.as_ref()),
+            None => {
+                let now = (info.status, info.ram.as_ref().map(|r| r.dirty_sync_count));
+                if logged != Some(now) {
+                    eprintln!("{}", pass_line(&info));
+                    logged = Some(now);
+                }
+            }
         }
         if info.status.is_none_or(Status::is_final) {
             break info;
@@ -366,14 +375,45 @@ fn predict_first(
     Ok(predicted)
 }
 
+/// The bar: how much of guest RAM the destination has as it is now (RAM
+/// less what is left to send: it falls back at each pass by what the guest
+/// dirtied during the last), until the first pass has begun only the status.
 fn progress_bar() -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(1);
-    let style = indicatif::ProgressStyle::with_template(
-        "{prefix:>9} [{bar:30}] {bytes}/{total_bytes} sent of RAM {msg}",
-    )
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    bar.set_style(style.progress_chars("=> "));
+    // Length 0 until the first pass gives RAM's size.
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(waiting_style());
     bar
+}
+
+fn waiting_style() -> indicatif::ProgressStyle {
+    indicatif::ProgressStyle::with_template("{prefix:>9} {msg}")
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner())
+}
+
+fn passes_style() -> indicatif::ProgressStyle {
+    indicatif::ProgressStyle::with_template(
+        "{prefix:>9} [{bar:30}] {bytes}/{total_bytes} of RAM up to date {msg}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ")
+}
+
+/// One line for a log: the status, and the pass with its figures once there is one.
+fn pass_line(info: &MigrationInfo) -> String {
+    let status = info.status.map_or("none", Status::name);
+    let Some(r) = &info.ram else {
+        return format!("kvmscope migrate: {status}");
+    };
+    format!(
+        "kvmscope migrate: {status}, pass {}: {} on the wire, {} left to send, {:.0} Mbit/s{}",
+        r.dirty_sync_count,
+        indicatif::HumanBytes(r.transferred),
+        indicatif::HumanBytes(r.remaining),
+        r.mbps,
+        info.x_not_converging
+            .as_ref()
+            .map_or(String::new(), |n| format!("; not converging: {n}")),
+    )
 }
 
 fn show(
@@ -383,27 +423,32 @@ fn show(
 ) {
     let status = info.status.map_or("none", Status::name);
     bar.set_prefix(status);
-    if let Some(r) = &info.ram {
-        bar.set_length(r.total.max(1));
-        bar.set_position(r.total.saturating_sub(r.remaining));
-        let of = |p: &super::predict::Predicted| {
-            format!(
-                " (predicted {} passes, {})",
-                p.dirty_sync_count,
-                indicatif::HumanBytes(p.transferred)
-            )
-        };
-        bar.set_message(format!(
-            "| pass {} | {} on the wire{} | {:.0} Mbit/s{}",
-            r.dirty_sync_count,
-            indicatif::HumanBytes(r.transferred),
-            predicted.map_or(String::new(), of),
-            r.mbps,
-            info.x_not_converging
-                .as_ref()
-                .map_or(String::new(), |_| " | not converging".into()),
-        ));
+    let Some(r) = &info.ram else {
+        bar.set_message("(no pass begun yet)");
+        return;
+    };
+    if bar.length() == Some(0) {
+        bar.set_style(passes_style());
     }
+    bar.set_length(r.total.max(1));
+    bar.set_position(r.total.saturating_sub(r.remaining));
+    let of = |p: &super::predict::Predicted| {
+        format!(
+            " (predicted {} passes, {})",
+            p.dirty_sync_count,
+            indicatif::HumanBytes(p.transferred)
+        )
+    };
+    bar.set_message(format!(
+        "| pass {} | {} on the wire{} | {:.0} Mbit/s{}",
+        r.dirty_sync_count,
+        indicatif::HumanBytes(r.transferred),
+        predicted.map_or(String::new(), of),
+        r.mbps,
+        info.x_not_converging
+            .as_ref()
+            .map_or(String::new(), |_| " | not converging".into()),
+    ));
 }
 
 /// The report, shaped like QEMU's `info migrate` (sizes in kbytes).
@@ -467,14 +512,14 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
     if let Some(t) = info.dirty_limit_throttle_time_per_round {
         let _ = writeln!(
             s,
-            "dirty-limit throttle time per round: {t} us ({:.1} s; QEMU's: sleep per ring's worth of pages)",
+            "dirty-limit throttle time per round: {t} us ({:.1} s; QEMU's figure: the sleep a ring's worth of pages would cost at the limit, not time the guest lost: that is the vCPU time throttled below)",
             secs(t)
         );
     }
     if let Some(t) = info.dirty_limit_ring_full_time {
         let _ = writeln!(
             s,
-            "dirty-limit ring full time: {t} us ({:.1} s; QEMU's: to fill a ring at the mean dirty rate)",
+            "dirty-limit ring full time: {t} us ({:.1} s; QEMU's figure: how long a ring would take to fill at the mean dirty rate, an estimate, not time spent)",
             secs(t)
         );
     }

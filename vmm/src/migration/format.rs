@@ -43,7 +43,7 @@ pub enum Error {
     #[error("the connection failed")]
     Io(#[from] std::io::Error),
     /// The peer closed the stream in the middle of the named record.
-    #[error("the stream ended early (truncated) while reading {0}")]
+    #[error("the stream ended early (truncated) while reading {0}: the source cancelled the migration, failed or was killed (its query-migrate says which)")]
     Truncated(&'static str),
     /// The first 8 bytes are not [`MAGIC`]; they are given.
     #[error("not a kvmscope migration stream (bad magic {0:02x?})")]

@@ -239,6 +239,8 @@ struct Precopy<'a> {
     expected: u64,
     /// Dirty pages at the previous sync, to see whether passes shrink.
     prev_dirty: Option<u64>,
+    /// Whether the last pass was said not to converge (`x-not-converging`).
+    not_converging: bool,
     /// The pass in progress, for live `remaining` and `mbps`.
     live: PassProgress,
     /// The vCPUs' time outside the guest before the dirty log is taken.
@@ -280,6 +282,7 @@ impl<'a> Precopy<'a> {
             trailer_sent: false,
             expected: 0,
             prev_dirty: None,
+            not_converging: false,
             live: PassProgress {
                 pages: 0,
                 from: (0, Instant::now(), 0),
@@ -451,6 +454,7 @@ impl<'a> Precopy<'a> {
             dirty.count()
         );
         let note = self.convergence_note(dirty.count(), expected);
+        self.not_converging = note.is_some();
         self.expected = expected;
         self.prev_dirty = Some(dirty.count());
         let ram = self.ram.clone();
@@ -517,13 +521,14 @@ impl<'a> Precopy<'a> {
     /// Why the passes are not converging, while they are not.
     fn convergence_note(&self, dirty: u64, expected: u64) -> Option<String> {
         let limit = self.m.parameters().downtime_limit;
-        let grew = self.prev_dirty.is_some_and(|p| dirty >= p && p > 0);
-        (grew && expected > limit).then(|| {
+        let stalled = passes_stalled(self.prev_dirty, dirty, self.not_converging);
+        (stalled && expected > limit).then(|| {
             let mib = |b: f64| b / 1048576.0;
             format!(
-                "the guest dirties {} pages/s ({:.1} MiB/s) and the link sends {:.1} MiB/s: \
-                 passes stop shrinking at {dirty} pages, a {expected} ms stop, over the \
-                 {limit} ms downtime limit",
+                "passes stop shrinking at {dirty} pages: during each pass the guest dirties \
+                 again about as many pages as the link sends in it ({} pages/s, {:.1} MiB/s, \
+                 against {:.1} MiB/s sent); a {expected} ms stop, over the {limit} ms \
+                 downtime limit",
                 self.ram.dirty_pages_rate,
                 mib(self.ram.dirty_pages_rate as f64 * format::PAGE_SIZE as f64),
                 mib(self.last_rate),
@@ -762,6 +767,20 @@ fn read_refusal(conn: &mut Conn) -> Option<String> {
         Ok((format::REPLY_REFUSED, why)) => Some(why),
         _ => None,
     }
+}
+
+/// Whether passes have stopped shrinking: a pass that left `dirty` pages
+/// after one that left `prev` shrank by less than a tenth (at that pace the
+/// stop would take dozens of passes to fit). Once said (`noted`), it holds
+/// until a pass halves what is left: a dirty set that wobbles by a few
+/// percent from pass to pass is not said to converge and then not, pass
+/// after pass.
+fn passes_stalled(prev: Option<u64>, dirty: u64, noted: bool) -> bool {
+    let Some(prev) = prev.filter(|&p| p > 0) else {
+        return false;
+    };
+    let (dirty, prev) = (u128::from(dirty), u128::from(prev));
+    dirty * 10 >= prev * 9 || noted && dirty * 2 > prev
 }
 
 #[cfg(test)]

@@ -38,3 +38,28 @@ fn expected_downtime_counts_pages_headers_the_vcpus_state_and_the_stops_costs() 
     assert_eq!(expected_ms(0, 1, 0, 1e9), 2);
     assert_eq!(expected_ms(0, 4, 0, 1e9), 3);
 }
+
+#[test]
+fn passes_that_stop_shrinking_are_said_once_and_stay_said_until_a_pass_halves() {
+    // No pass before, or an empty one: nothing to compare.
+    assert!(!passes_stalled(None, 5000, false));
+    assert!(!passes_stalled(Some(0), 5000, false));
+    // Shrinking well: converging.
+    assert!(!passes_stalled(Some(10_000), 5000, false));
+    // Grew, held or shrank by less than a tenth: stalled.
+    for dirty in [10_500, 10_000, 9_100, 9_000] {
+        assert!(passes_stalled(Some(10_000), dirty, false), "{dirty}");
+    }
+    assert!(!passes_stalled(Some(10_000), 8_900, false));
+    // Once said, a pass that shrinks by a fifth (a wobble) keeps it said;
+    // one that halves what is left ends it.
+    let mut noted = false;
+    let mut said = Vec::new();
+    let mut prev = None;
+    for dirty in [6144, 6100, 5200, 6000, 4900, 2400, 2300] {
+        noted = passes_stalled(prev, dirty, noted);
+        said.push(noted);
+        prev = Some(dirty);
+    }
+    assert_eq!(said, [false, true, true, true, true, false, true]);
+}
