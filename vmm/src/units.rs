@@ -12,7 +12,6 @@
 //! bandwidth, where `10G` could mean bits or either kind of byte: it is
 //! refused with an error that names the three spellings.
 
-use crate::dirty::ring::{MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -309,6 +308,11 @@ pub enum DirtyLog {
     Ring(u32),
 }
 
+/// Smallest dirty ring KVM takes: one page of entries.
+pub(crate) const MIN_RING_ENTRIES: u32 = 256;
+/// Largest dirty ring kvmscope asks for (KVM caps the ring at 1 MiB here).
+pub(crate) const MAX_RING_ENTRIES: u32 = 65536;
+
 impl DirtyLog {
     /// Entries per vCPU ring when `ring` names none: the most KVM takes
     /// (1 MiB of ring per vCPU). A ring that fills is harvested and reset,
@@ -316,7 +320,7 @@ impl DirtyLog {
     /// 64 MiB as fast as it can lost 0.97 s of a 1 s readiness window to
     /// it, with 65,536 entries 0.04 s (one fault per page, as the bitmap;
     /// docs/BENCHMARKS.md).
-    pub(crate) const DEFAULT_RING: u32 = 65536;
+    pub(crate) const DEFAULT_RING: u32 = MAX_RING_ENTRIES;
 }
 
 impl FromStr for DirtyLog {

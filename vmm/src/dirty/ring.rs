@@ -10,10 +10,7 @@ use vm_memory::{Bytes as _, FileOffset, MmapRegion, VolatileMemory as _};
 
 use super::error::Error;
 
-/// Smallest ring KVM takes: one page of entries.
-pub(crate) const MIN_RING_ENTRIES: u32 = 256;
-/// Largest ring this library asks for (KVM caps the ring at 1 MiB here).
-pub(crate) const MAX_RING_ENTRIES: u32 = 65536;
+pub(crate) use crate::units::{MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 const GFN_DIRTY: u32 = 1;
 const GFN_RESET: u32 = 2;
 /// Bytes of one `struct kvm_dirty_gfn { u32 flags; u32 slot; u64 offset; }`.
