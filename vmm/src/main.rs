@@ -336,9 +336,10 @@ struct RunArgs {
     #[arg(long)]
     hugepages: bool,
     /// KVM dirty-page tracking on guest RAM, for `readiness`: `bitmap`
-    /// (KVM_GET_DIRTY_LOG) or `ring[:ENTRIES]` (per-vCPU dirty ring, default
-    /// 65536 entries, 1 MiB per vCPU: a smaller ring fills and is reset more
-    /// often, and each reset makes the guest fault on its pages again).
+    /// (KVM_GET_DIRTY_LOG) or `ring[:ENTRIES]` (per-vCPU dirty ring; ENTRIES a
+    /// power of two from 256 to 65536, default 65536, 1 MiB per vCPU: a
+    /// smaller ring fills and is reset more often, and each reset makes the
+    /// guest fault on its pages again).
     #[arg(long, value_name = "MODE")]
     dirty_log: Option<DirtyLog>,
     /// Boot this ELF instead of the built-in guest (it must follow docs/GUEST_ABI.md).
@@ -447,8 +448,9 @@ struct RunArgs {
     )]
     readiness_window: Period,
     /// The VM's name, shown by `query-name`, in the greeting, on metrics and in
-    /// samples files (default: the --socket file's name without extension,
-    /// else kvmscope-PID); not empty.
+    /// JSON-lines samples files (a CSV file has only its columns) (default:
+    /// the --socket file's name without extension, else kvmscope-PID); not
+    /// empty. With --incoming, give the source's: the stream does not carry it.
     #[arg(long, value_name = "NAME", value_parser = non_empty_name)]
     name: Option<String>,
     /// What one write-protection fault for dirty logging costs the guest on
@@ -731,6 +733,9 @@ fn demo_command(a: DemoArgs) -> anyhow::Result<ExitCode> {
         phase_size: a.phase_size.0,
         startup_timeout: Duration::from_secs(10),
     };
+    if let Err(why) = config.check() {
+        usage_error("demo", why);
+    }
     client::demo::run(&config, &mut std::io::stdout().lock())?;
     Ok(ExitCode::SUCCESS)
 }

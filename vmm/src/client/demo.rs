@@ -36,10 +36,50 @@ pub struct DemoConfig {
     pub startup_timeout: Duration,
 }
 
-/// The VMM child: killed if still running when dropped, whatever the path out.
+/// The guest memory the demo's phases reach, in phases from the arena's
+/// start: the migration's writer ends at the seventh.
+const PHASES_REACHED: u64 = 7;
+
+impl DemoConfig {
+    /// Whether the demo's phases fit its guest: why not, naming the flags.
+    ///
+    /// # Errors
+    /// The phases need more of the guest's memory than `memory` gives.
+    pub fn check(&self) -> Result<(), String> {
+        if self.phase_size == 0 {
+            return Err("--phase-size must be above 0".into());
+        }
+        let needed = self.phase_size.saturating_mul(PHASES_REACHED);
+        // The guest's arena (as `boot::arena_size` lays it out): RAM past
+        // the guest ABI's fixed pages.
+        let arena = self.memory.saturating_sub(crate::abi::ARENA_BASE);
+        if needed <= arena {
+            return Ok(());
+        }
+        let memory = (needed + crate::abi::ARENA_BASE)
+            .next_multiple_of(2 << 20)
+            .max(crate::abi::MIN_MEMORY);
+        let most = arena / PHASES_REACHED;
+        let unit = if most >= 1 << 20 { 1 << 20 } else { 4096 };
+        Err(format!(
+            "--phase-size {} reaches {} into the guest's memory ({PHASES_REACHED} phases), and --memory {} leaves the guest {} for them: give at least --memory {} or a --phase-size of at most {}",
+            format_bytes(self.phase_size),
+            format_bytes(needed),
+            format_bytes(self.memory),
+            format_bytes(arena),
+            format_bytes(memory),
+            format_bytes(most / unit * unit),
+        ))
+    }
+}
+
+/// The VMM child: stopped if still running when dropped, whatever the path
+/// out, and its socket files removed.
 struct Vmm {
     child: Child,
     stdout: Option<ChildStdout>,
+    /// The sockets it serves (its control socket; an incoming one).
+    sockets: Vec<PathBuf>,
 }
 
 impl Vmm {
@@ -80,7 +120,11 @@ impl Vmm {
         };
         let mut child = cmd.spawn().map_err(Error::Child)?;
         let stdout = child.stdout.take();
-        Ok(Vmm { child, stdout })
+        Ok(Vmm {
+            child,
+            stdout,
+            sockets: vec![socket.to_path_buf()],
+        })
     }
 
     /// `Err(ChildExited)` once the VMM has exited.
@@ -104,11 +148,27 @@ impl Vmm {
 impl Drop for Vmm {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
+            // SIGTERM first: an orderly stop, which removes the sockets.
+            if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+                // SAFETY: kill(2) on our own child's pid, not yet reaped.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let deadline = Instant::now() + STOP_WAIT;
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        // A VMM that was killed, or failed, leaves them behind.
+        for socket in &self.sockets {
+            let _ = std::fs::remove_file(socket);
+        }
     }
 }
+
+/// How long a VMM the demo stops may take to stop in order before it is killed.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// The downtime limit the demo predicts and migrates with: the migration
 /// parameters' default.
@@ -248,6 +308,7 @@ fn migration_step(
             DEMO_NAME.into(),
         ],
     )?;
+    dst.sockets.push(incoming.clone());
     let fresh = format!("touch offset={} size={size} pattern=0xd5", 2 * size);
     client.guest_command(0, &fresh, true)?;
     // Over four phases' worth, past the ranges checked on the other side:
@@ -422,4 +483,37 @@ fn counter_growth(before: &VcpuExits, after: &VcpuExits) -> String {
         .map(|(name, grew)| format!("{name}+{grew}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(memory: u64, phase_size: u64) -> DemoConfig {
+        DemoConfig {
+            exe: PathBuf::new(),
+            memory,
+            hugepages: false,
+            phase_size,
+            startup_timeout: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn phases_that_do_not_fit_the_guest_are_refused_with_sizes_that_would() {
+        const M: u64 = 1 << 20;
+        assert_eq!(config(256 * M, 4 * M).check(), Ok(()), "the defaults");
+        let why = config(32 * M, 4 * M).check().unwrap_err();
+        assert!(
+            why.contains("give at least --memory 36 MiB or a --phase-size of at most 3 MiB"),
+            "{why}"
+        );
+        // What it suggests fits, either way.
+        assert_eq!(config(36 * M, 4 * M).check(), Ok(()));
+        assert_eq!(config(32 * M, 3 * M).check(), Ok(()));
+        assert_eq!(
+            config(256 * M, 0).check(),
+            Err("--phase-size must be above 0".into())
+        );
+    }
 }

@@ -42,6 +42,12 @@ use crate::scm::{self, MAX_FDS_PER_MESSAGE};
 /// How long `stats`, `watch` and `demo` wait for a reply before giving up.
 pub(crate) const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a client waits for the greeting and the answer to
+/// `qmp_capabilities`, all told: a kvmscope VMM greets at once, and a socket
+/// that accepts and says nothing (a QEMU monitor another client holds, a
+/// stuck process) must not hold a command forever.
+pub(crate) const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Longest reply line a client accepts (a `query-stats` of 256 vCPUs is ~1 MiB).
 const MAX_REPLY: usize = 64 << 20;
 
@@ -54,6 +60,10 @@ pub enum Error {
     /// Waiting for a VMM to start serving: nothing answered in time.
     #[error("no control socket answered at {0} within {1:?}")]
     NotReady(PathBuf, Duration),
+    /// The socket accepted, and no greeting (or no answer to
+    /// `qmp_capabilities`) came within [`GREETING_TIMEOUT`].
+    #[error("{0} accepted the connection and said nothing within {1:?}: not a kvmscope VMM, or a stuck one (a QEMU monitor that another client holds says nothing until it is free)")]
+    Silent(PathBuf, Duration),
     /// Reading or writing the socket failed.
     #[error("talking to the VMM")]
     Io(#[from] io::Error),
@@ -72,6 +82,10 @@ pub enum Error {
         /// The VMM's description.
         desc: String,
     },
+    /// A command only kvmscope has, asked of another QMP server (its
+    /// greeting's version, its answer).
+    #[error("this socket is QEMU {0}'s QMP monitor, not a kvmscope VMM ({1}); QEMU's stats are read by `kvmscope exporter --qmp-socket PATH`")]
+    NotKvmscope(String, String),
     /// The command's reply was an error.
     #[error("the VMM answered {class}: {desc}")]
     Remote {
@@ -169,20 +183,14 @@ impl Client {
     /// # Errors
     /// `Connect` if nobody listens at `path`; `Refused` if the server says why
     /// it will not serve us (too many busy clients, wrong uid); `BadReply` if
-    /// it is not a kvmscope (or QMP) server.
+    /// it is not a kvmscope (or QMP) server; `Silent` if it says nothing
+    /// within [`GREETING_TIMEOUT`].
     pub fn connect(path: &Path) -> Result<Client, Error> {
-        let mut client = Client::connect_unnegotiated(path)?;
-        client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
+        let started = Instant::now();
+        let mut client = Client::open(path, started)?;
+        let negotiated = client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()));
+        client.within_greeting(path, negotiated)?;
         Ok(client)
-    }
-
-    /// Connects and reads the greeting, without negotiating: the server then
-    /// serves only `qmp_capabilities`.
-    ///
-    /// # Errors
-    /// As [`Client::connect`].
-    pub(crate) fn connect_unnegotiated(path: &Path) -> Result<Client, Error> {
-        Client::open(path)
     }
 
     /// Connects and negotiates within `bounds.request` all told (however the
@@ -254,11 +262,31 @@ impl Client {
         }
     }
 
-    fn open(path: &Path) -> Result<Client, Error> {
+    /// Connects and reads the greeting, both by [`GREETING_TIMEOUT`] after
+    /// `started`; the deadline stays for the negotiation after it, which
+    /// [`Client::within_greeting`] ends.
+    fn open(path: &Path, started: Instant) -> Result<Client, Error> {
         let stream = connect_stream(path)?;
         let mut client = Client::new(stream);
-        client.read_greeting()?;
+        client.deadline = Some(started + GREETING_TIMEOUT);
+        let greeted = client.read_greeting();
+        client.within_greeting(path, greeted)?;
+        client.deadline = Some(started + GREETING_TIMEOUT);
         Ok(client)
+    }
+
+    /// Ends the greeting's deadline: `result` past it is [`Error::Silent`];
+    /// the requests after it wait as long as their command does.
+    fn within_greeting<T>(&mut self, path: &Path, result: Result<T, Error>) -> Result<T, Error> {
+        self.deadline = None;
+        // The socket's timeouts were what was left of the deadline.
+        self.set_timeout(None)?;
+        match result {
+            Err(Error::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                Err(Error::Silent(path.to_path_buf(), GREETING_TIMEOUT))
+            }
+            other => other,
+        }
     }
 
     fn read_greeting(&mut self) -> Result<(), Error> {
@@ -574,10 +602,7 @@ impl Client {
         })?;
         match decode::<Message>(value)? {
             Message::Return { value, .. } => Ok((value, fds)),
-            Message::Error { error, .. } => Err(Error::Remote {
-                class: error.class,
-                desc: error.desc,
-            }),
+            Message::Error { error, .. } => Err(self.remote(error.class, error.desc)),
             other => Err(Error::BadReply(format!("{other:?}"))),
         }
     }
@@ -736,12 +761,23 @@ impl Client {
         self.call(&Command::Quit(NoArgs {})).map(drop)
     }
 
+    /// The error for an error reply: a command a QEMU monitor does not know
+    /// (its greeting names no kvmscope) says what the socket is.
+    fn remote(&self, class: ErrorClass, desc: String) -> Error {
+        let version = &self.greeting.qmp.version;
+        if class == ErrorClass::CommandNotFound && !version.package.starts_with("kvmscope") {
+            let v = &version.qemu;
+            return Error::NotKvmscope(format!("{}.{}.{}", v.major, v.minor, v.micro), desc);
+        }
+        Error::Remote { class, desc }
+    }
+
     /// Reads up to the next reply (skipping events): its value and fds.
     fn read_return(&mut self) -> Result<(Value, Vec<File>), Error> {
         // Like a QMP client, skip event lines (progress, subscribed samples).
         let Reply { mut value, fds } = self.read_reply_after_events(|_| Ok(()))?;
         if let Some((class, desc)) = error_reply(&value) {
-            return Err(Error::Remote { class, desc });
+            return Err(self.remote(class, desc));
         }
         match value.get_mut("return") {
             Some(v) => Ok((v.take(), fds)),
@@ -836,6 +872,56 @@ fn hung_up(e: &io::Error) -> bool {
 mod tests {
     use super::*;
     use crate::protocol::events::MigrationChange;
+
+    #[test]
+    fn a_socket_that_accepts_and_says_nothing_is_given_up_on_naming_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("silent.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let started = Instant::now();
+        match Client::connect(&path) {
+            Err(e @ Error::Silent(..)) => {
+                assert!(e.to_string().contains("said nothing within 5s"), "{e}");
+            }
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("connected to a socket that never greets"),
+        }
+        // The whole greeting's deadline, not forever (nor per read).
+        assert!(started.elapsed() >= GREETING_TIMEOUT);
+        drop(listener);
+    }
+
+    #[test]
+    fn a_command_only_kvmscope_has_asked_of_qemu_says_the_socket_is_qemus() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qemu.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            // QEMU 7.2's greeting, then its answers: {} to qmp_capabilities,
+            // CommandNotFound to the next command.
+            s.write_all(b"{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 22, \"minor\": 2, \"major\": 7}, \"package\": \"Debian 1:7.2+dfsg-7\"}, \"capabilities\": [\"oob\"]}}\n").unwrap();
+            let mut lines = std::io::BufReader::new(s.try_clone().unwrap());
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+            s.write_all(b"{\"return\": {}}\n").unwrap();
+            line.clear();
+            std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+            s.write_all(b"{\"error\": {\"class\": \"CommandNotFound\", \"desc\": \"The command get-stats-fd has not been found\"}}\n").unwrap();
+        });
+        let mut client = Client::connect(&path).unwrap();
+        let e = client
+            .execute("get-stats-fd", serde_json::json!({"target": "vm"}))
+            .unwrap_err();
+        let said = e.to_string();
+        assert!(matches!(e, Error::NotKvmscope(..)), "{e:?}");
+        assert!(
+            said.starts_with("this socket is QEMU 7.2.22's QMP monitor, not a kvmscope VMM"),
+            "{said}"
+        );
+        assert!(said.contains("kvmscope exporter --qmp-socket"), "{said}");
+        server.join().unwrap();
+    }
 
     #[test]
     fn a_refused_connection_says_whether_the_path_is_a_stale_socket_or_no_socket() {
