@@ -54,7 +54,7 @@ impl Received {
     /// (the VMM's own instants, as dates); nothing for KVM's files.
     pub(crate) fn shown(&self) -> kvm_stats::format::Shown<'static> {
         match self.provider {
-            StatsProvider::Kvmscope => &crate::vmmstats::instant_text,
+            StatsProvider::Kvmscope => &crate::vmmstats::value_text,
             _ => &|_, _| None,
         }
     }

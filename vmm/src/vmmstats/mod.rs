@@ -247,18 +247,31 @@ pub fn measured_at(at: u64) -> bool {
 /// How `kvmscope stats` and `watch` show a value of the VMM's own files
 /// where its unit cannot say what it is: a wall-clock instant (`*_at_ns`,
 /// nanoseconds since the epoch, which the format calls seconds) as its UTC
-/// date and age, `never` for 0; `None` for every other stat.
-pub fn instant_text(d: &kvm_stats::Descriptor, raw: u64) -> Option<String> {
-    if !d.name.ends_with("_at_ns") {
-        return None;
+/// date and age, `never` for 0; a duration of `u64::MAX` ns (a prediction
+/// that never ends) as `never`; a rate (`*_bytes_per_second`, which the
+/// format has no unit for) in bytes per second, and the prediction's link
+/// of 0 as `unlimited`; `None` for every other stat (shown by its unit).
+pub fn value_text(d: &kvm_stats::Descriptor, raw: u64) -> Option<String> {
+    let name = d.name.as_str();
+    if name.ends_with("_at_ns") {
+        if raw == 0 {
+            return Some("never".into());
+        }
+        return instant_text_at(raw, std::time::SystemTime::now());
     }
-    if raw == 0 {
+    if name.ends_with("_ns") && raw == u64::MAX {
         return Some("never".into());
     }
-    instant_text_at(raw, std::time::SystemTime::now())
+    if name.ends_with("_bytes_per_second") {
+        if raw == 0 && name == <&str>::from(VmStat::PredictionBandwidthBytesPerSecond) {
+            return Some("unlimited".into());
+        }
+        return Some(format!("{}/s", crate::units::format_bytes(raw)));
+    }
+    None
 }
 
-/// [`instant_text`] of a nonzero instant as seen at `now`.
+/// [`value_text`] of a nonzero instant as seen at `now`.
 fn instant_text_at(raw: u64, now: std::time::SystemTime) -> Option<String> {
     let at = jiff::Timestamp::from_nanosecond(i128::from(raw)).ok()?;
     let then = std::time::UNIX_EPOCH + Duration::from_nanos(raw);
@@ -300,10 +313,10 @@ mod tests {
             bucket_size: 0,
         };
         assert_eq!(
-            instant_text(&d("readiness_at_ns"), 0).as_deref(),
+            value_text(&d("readiness_at_ns"), 0).as_deref(),
             Some("never")
         );
-        assert_eq!(instant_text(&d("guest_stall_ns"), 5), None, "a duration");
+        assert_eq!(value_text(&d("guest_stall_ns"), 5), None, "a duration");
         // 2026-11-27T16:44:36.019Z, seen 1.5 s later and 2 s earlier.
         let raw = 1_795_797_876_019_400_000;
         let at = std::time::UNIX_EPOCH + Duration::from_nanos(raw);
@@ -318,9 +331,47 @@ mod tests {
             Some("2026-11-27T16:44:36.019Z (2.0 s from now)")
         );
         // The latest a u64 of nanoseconds reaches, in 2554, is a date too.
-        assert!(instant_text(&d("published_at_ns"), u64::MAX)
+        assert!(value_text(&d("published_at_ns"), u64::MAX)
             .unwrap()
             .starts_with("2554-"));
+    }
+
+    #[test]
+    fn a_prediction_that_never_ends_and_rates_read_as_what_they_are() {
+        let d = |name: &str| kvm_stats::Descriptor {
+            name: name.into(),
+            flags: 0,
+            kind: StatType::Instant,
+            unit: Unit::None,
+            base: kvm_stats::Base::Pow10,
+            exponent: 0,
+            size: 1,
+            offset: 0,
+            bucket_size: 0,
+        };
+        let text = |name: &str, raw: u64| value_text(&d(name), raw);
+        assert_eq!(
+            text("prediction_total_time_ns", u64::MAX).as_deref(),
+            Some("never")
+        );
+        assert_eq!(
+            text("prediction_total_time_ns", 7),
+            None,
+            "a duration: its unit says"
+        );
+        assert_eq!(
+            text("readiness_dirty_bytes_per_second", 5 << 20).as_deref(),
+            Some("5 MiB/s")
+        );
+        assert_eq!(
+            text("prediction_bandwidth_bytes_per_second", 0).as_deref(),
+            Some("unlimited")
+        );
+        assert_eq!(
+            text("dirty_limit_bytes_per_second", 0).as_deref(),
+            Some("0 B/s")
+        );
+        assert_eq!(text("exits_hlt", 3), None);
     }
 
     #[test]
