@@ -126,36 +126,54 @@ pub(crate) fn poll(
     }
     Ok(QemuVms {
         vms,
+        stale_after: interval.saturating_mul(STALE_REFRESHES),
         _pollers: Pollers { stop, threads },
     })
 }
 
+/// Refreshes in a row a monitor may fail before its figures leave the page:
+/// one that fails now and then (a slow answer) keeps its VM on the page;
+/// a QEMU that is gone does not leave counters that no longer move.
+const STALE_REFRESHES: u32 = 3;
+
 /// QEMU VMs as a provider: the latest figures its threads fetched, with their age.
 pub(crate) struct QemuVms {
     vms: Arc<Mutex<Vec<QemuVm>>>,
+    /// How old the figures of a monitor that fails may be on the page.
+    stale_after: Duration,
     _pollers: Pollers,
 }
 
 impl Provider for QemuVms {
     fn read(&mut self) -> Box<dyn Figures + '_> {
-        Box::new(QemuFigures(lock(&self.vms).clone()))
+        Box::new(QemuFigures {
+            vms: lock(&self.vms).clone(),
+            stale_after: self.stale_after,
+        })
     }
 }
 
 /// A copy of every QEMU VM's latest figures, taken for one scrape.
-struct QemuFigures(Vec<QemuVm>);
+struct QemuFigures {
+    vms: Vec<QemuVm>,
+    stale_after: Duration,
+}
 
 impl QemuFigures {
-    /// The VMs read at least once.
+    /// The VMs whose figures the page shows: read at least once, and not
+    /// failing since longer than `stale_after` (its `qemu_up` 0 and age
+    /// stay on the page).
     fn read(&self) -> impl Iterator<Item = &QemuVm> {
-        self.0.iter().filter(|q| q.at.is_some())
+        self.vms.iter().filter(|q| {
+            q.at.is_some_and(|at| q.error.is_none() || at.elapsed() < self.stale_after)
+        })
     }
 }
 
 impl Figures for QemuFigures {
     /// `up`, info (provider `qemu-qmp`), and how old each VM's figures are.
     fn write_families(&self, out: &mut String) {
-        let qemu = &self.0;
+        let qemu = &self.vms;
         if qemu.is_empty() {
             return;
         }
@@ -454,5 +472,48 @@ mod tests {
         );
         // QEMU 7.2 sends the highest bucket first.
         assert_eq!(values, &[1, 0, 0, 5]);
+    }
+
+    #[test]
+    fn a_monitor_failing_for_longer_than_three_refreshes_leaves_only_its_up_and_age() {
+        let ago = |secs| {
+            Instant::now()
+                .checked_sub(Duration::from_secs(secs))
+                .unwrap()
+        };
+        let failing = || Some(Arc::new(MonitorError::Closed));
+        let vm = |name: &str, at, error| QemuVm {
+            labels: format!("vm=\"{name}\""),
+            vm: vec![],
+            at: Some(at),
+            error,
+            ..QemuVm::default()
+        };
+        let figures = QemuFigures {
+            vms: vec![
+                vm("fine", ago(1), None),
+                vm("failed-once", ago(6), failing()),
+                vm("gone", ago(20), failing()),
+                QemuVm::default(),
+            ],
+            stale_after: Duration::from_secs(15),
+        };
+        let shown: Vec<_> = figures
+            .vm_stats()
+            .iter()
+            .map(|s| s.labels.to_string())
+            .collect();
+        assert_eq!(shown, ["vm=\"fine\"", "vm=\"failed-once\""]);
+        let mut page = String::new();
+        figures.write_families(&mut page);
+        assert!(
+            page.contains("kvmscope_exporter_qemu_up{vm=\"gone\"} 0"),
+            "{page}"
+        );
+        assert!(
+            page.contains("kvmscope_exporter_qemu_age_seconds{vm=\"gone\"} 2"),
+            "{page}"
+        );
+        assert!(!page.contains("qemu_info{vm=\"gone\""), "{page}");
     }
 }
