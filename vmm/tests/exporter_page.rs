@@ -563,7 +563,9 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
     });
     let a = Vmm::start(&dir.join("a.sock"), &[]);
     let e = common::exporter::start(ExporterConfig {
-        qmp_sockets: vec![monitor.clone()],
+        // The second is a kvmscope VMM's socket, given as a QEMU monitor by
+        // mistake: down, never read as a QEMU.
+        qmp_sockets: vec![monitor.clone(), dir.join("a.sock")],
         qmp_interval: Duration::from_millis(200),
         qmp_vcpus: true,
         vcpu_exits: false,
@@ -608,10 +610,34 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
         info.contains(&format!("vcpu_kicks=\"{}\"", u8::from(kicks))),
         "{info}"
     );
-    // QEMU going away shows as down, and the page goes on.
+    let mistaken = |p: &str| {
+        p.lines()
+            .filter(|l| l.contains("a.sock") && l.starts_with("kvmscope_exporter_qemu_"))
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    // Three refreshes later, the mistaken socket is down and no more: no
+    // info, no age (taken as a QEMU, it showed qemu_version="0.1.0").
+    std::thread::sleep(Duration::from_millis(700));
+    let later = page_when(&e, "the page again", |p| up(p, "a", a.pid()));
+    let lines = mistaken(&later);
+    assert_eq!(
+        lines.len(),
+        1,
+        "a kvmscope socket given as a QEMU monitor: {lines:?}"
+    );
+    assert!(
+        lines[0].starts_with("kvmscope_exporter_qemu_up{") && lines[0].ends_with(" 0"),
+        "{lines:?}"
+    );
+    // QEMU going away shows as down, and the page goes on; after three
+    // refreshes without an answer its figures leave the page.
     q.kill().unwrap();
     q.wait().unwrap();
-    page_when(&e, "QEMU down", |p| {
-        common::metric(p, "kvmscope_exporter_qemu_up", &[&qvm]) == Some(0.0) && up(p, "a", a.pid())
+    page_when(&e, "QEMU down, its figures gone", |p| {
+        common::metric(p, "kvmscope_exporter_qemu_up", &[&qvm]) == Some(0.0)
+            && common::metric(p, "kvmscope_kvm_vm_pages_4k", &[&qvm]).is_none()
+            && !p.contains("qom_path=")
+            && up(p, "a", a.pid())
     });
 }

@@ -86,6 +86,10 @@ pub enum Error {
     /// greeting's version, its answer).
     #[error("this socket is QEMU {0}'s QMP monitor, not a kvmscope VMM ({1}); QEMU's stats are read by `kvmscope exporter --qmp-socket PATH`")]
     NotKvmscope(String, String),
+    /// A kvmscope VMM's socket given where a QEMU monitor was expected
+    /// (`exporter --qmp-socket`).
+    #[error("{0} is a kvmscope VMM's socket, not a QEMU monitor: give it with --socket or --vm-sockets (its stats fds are then read with no request)")]
+    NotQemu(PathBuf),
     /// The command's reply was an error.
     #[error("the VMM answered {class}: {desc}")]
     Remote {

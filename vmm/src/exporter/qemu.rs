@@ -306,6 +306,9 @@ impl Monitor {
             line_max: MAX_LINE,
         };
         let mut client = Client::connect_bounded(socket, bounds)?;
+        if client.greeting.qmp.version.package.starts_with("kvmscope") {
+            return Err(MonitorError::NotQemu(socket.to_path_buf()));
+        }
         client.bound_each_request(timeout);
         let pid = client.peer_pid().unwrap_or(0);
         let v = client.greeting.qmp.version.qemu;
