@@ -489,8 +489,6 @@ fn stat_pattern(text: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// `--vcpus`: from 1 to the guest ABI's most (KVM's own limit, which may be
-/// lower, is checked when the VM is made).
 /// Guest RAM (`run`, `demo`): a size the guest ABI takes (at least its
 /// minimum, whole 2 MiB pages, at most what its page tables cover), so that
 /// a missing unit (`--memory 64`: 64 bytes) is a command-line error.
@@ -539,6 +537,8 @@ fn usage_error(subcommand: &str, message: impl std::fmt::Display) -> ! {
         .exit()
 }
 
+/// `--vcpus`: from 1 to the guest ABI's most (KVM's own limit, which may be
+/// lower, is checked when the VM is made).
 fn vcpu_count(text: &str) -> Result<usize, String> {
     let most = kvmscope::abi::MAX_VCPUS;
     match text.parse::<i128>() {

@@ -313,6 +313,12 @@ pub(crate) const MIN_RING_ENTRIES: u32 = 256;
 /// Largest dirty ring kvmscope asks for (KVM caps the ring at 1 MiB here).
 pub(crate) const MAX_RING_ENTRIES: u32 = 65536;
 
+/// Whether KVM takes a dirty ring of `entries` per vCPU: a power of two
+/// from [`MIN_RING_ENTRIES`] to [`MAX_RING_ENTRIES`].
+pub(crate) fn ring_entries_valid(entries: u32) -> bool {
+    entries.is_power_of_two() && (MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&entries)
+}
+
 impl DirtyLog {
     /// Entries per vCPU ring when `ring` names none: the most KVM takes
     /// (1 MiB of ring per vCPU). A ring that fills is harvested and reset,
@@ -331,12 +337,7 @@ impl FromStr for DirtyLog {
             None if text.trim() == "bitmap" => Ok(DirtyLog::Bitmap),
             None if text.trim() == "ring" => Ok(DirtyLog::Ring(Self::DEFAULT_RING)),
             Some(("ring", n)) => match n.parse::<u32>() {
-                Ok(entries)
-                    if entries.is_power_of_two()
-                        && (MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&entries) =>
-                {
-                    Ok(DirtyLog::Ring(entries))
-                }
+                Ok(entries) if ring_entries_valid(entries) => Ok(DirtyLog::Ring(entries)),
                 Ok(entries) => Err(UnitError::RingEntries(entries)),
                 Err(_) => Err(UnitError::DirtyLog(text.to_string())),
             },

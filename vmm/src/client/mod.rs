@@ -190,10 +190,18 @@ impl Client {
     /// it is not a kvmscope (or QMP) server; `Silent` if it says nothing
     /// within [`GREETING_TIMEOUT`].
     pub fn connect(path: &Path) -> Result<Client, Error> {
-        let started = Instant::now();
-        let mut client = Client::open(path, started)?;
-        let negotiated = client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()));
-        client.within_greeting(path, negotiated)?;
+        let deadline = Instant::now() + GREETING_TIMEOUT;
+        let mut client =
+            Client::negotiated_within(path, MAX_REPLY, deadline).map_err(|e| match e {
+                Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    Error::Silent(path.to_path_buf(), GREETING_TIMEOUT)
+                }
+                other => other,
+            })?;
+        // The requests after it wait as long as their command does (the
+        // socket's timeouts were what was left of the deadline).
+        client.deadline = None;
+        client.set_timeout(None)?;
         Ok(client)
     }
 
@@ -205,9 +213,14 @@ impl Client {
     /// As [`Client::connect`]; past the deadline an `Io` error of kind
     /// `TimedOut`; a longer line `BadReply`.
     pub(crate) fn connect_bounded(path: &Path, bounds: Bounds) -> Result<Client, Error> {
-        let deadline = Instant::now() + bounds.request;
+        Client::negotiated_within(path, bounds.line_max, Instant::now() + bounds.request)
+    }
+
+    /// Connects, reads the greeting and negotiates, all by `deadline`, every
+    /// line up to `line_max`; the deadline stays on the client.
+    fn negotiated_within(path: &Path, line_max: usize, deadline: Instant) -> Result<Client, Error> {
         let stream = connect_stream(path)?;
-        let mut client = Client::greeted_within(stream, bounds.line_max, deadline)?;
+        let mut client = Client::greeted_within(stream, line_max, deadline)?;
         client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
         Ok(client)
     }
@@ -263,33 +276,6 @@ impl Client {
             deadline: None,
             fds: Vec::new(),
             greeting: Greeting::default(),
-        }
-    }
-
-    /// Connects and reads the greeting, both by [`GREETING_TIMEOUT`] after
-    /// `started`; the deadline stays for the negotiation after it, which
-    /// [`Client::within_greeting`] ends.
-    fn open(path: &Path, started: Instant) -> Result<Client, Error> {
-        let stream = connect_stream(path)?;
-        let mut client = Client::new(stream);
-        client.deadline = Some(started + GREETING_TIMEOUT);
-        let greeted = client.read_greeting();
-        client.within_greeting(path, greeted)?;
-        client.deadline = Some(started + GREETING_TIMEOUT);
-        Ok(client)
-    }
-
-    /// Ends the greeting's deadline: `result` past it is [`Error::Silent`];
-    /// the requests after it wait as long as their command does.
-    fn within_greeting<T>(&mut self, path: &Path, result: Result<T, Error>) -> Result<T, Error> {
-        self.deadline = None;
-        // The socket's timeouts were what was left of the deadline.
-        self.set_timeout(None)?;
-        match result {
-            Err(Error::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
-                Err(Error::Silent(path.to_path_buf(), GREETING_TIMEOUT))
-            }
-            other => other,
         }
     }
 
@@ -769,7 +755,7 @@ impl Client {
     /// (its greeting names no kvmscope) says what the socket is.
     fn remote(&self, class: ErrorClass, desc: String) -> Error {
         let version = &self.greeting.qmp.version;
-        if class == ErrorClass::CommandNotFound && !version.package.starts_with("kvmscope") {
+        if class == ErrorClass::CommandNotFound && !version.is_kvmscope() {
             let v = &version.qemu;
             return Error::NotKvmscope(format!("{}.{}.{}", v.major, v.minor, v.micro), desc);
         }
@@ -877,18 +863,25 @@ mod tests {
     use super::*;
     use crate::protocol::events::MigrationChange;
 
+    /// Why connecting to `path` failed (a test's expected failure).
+    fn connect_error(path: &Path) -> Error {
+        match Client::connect(path) {
+            Err(e) => e,
+            Ok(_) => panic!("{path:?}: connected"),
+        }
+    }
+
     #[test]
     fn a_socket_that_accepts_and_says_nothing_is_given_up_on_naming_why() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("silent.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let started = Instant::now();
-        match Client::connect(&path) {
-            Err(e @ Error::Silent(..)) => {
+        match connect_error(&path) {
+            e @ Error::Silent(..) => {
                 assert!(e.to_string().contains("said nothing within 5s"), "{e}");
             }
-            Err(other) => panic!("{other:?}"),
-            Ok(_) => panic!("connected to a socket that never greets"),
+            other => panic!("{other:?}"),
         }
         // The whole greeting's deadline, not forever (nor per read).
         assert!(started.elapsed() >= GREETING_TIMEOUT);
@@ -930,10 +923,9 @@ mod tests {
     #[test]
     fn a_refused_connection_says_whether_the_path_is_a_stale_socket_or_no_socket() {
         let dir = tempfile::tempdir().unwrap();
-        let said = |path: &Path| match Client::connect(path) {
-            Err(e @ Error::Connect(..)) => crate::error_chain(&e),
-            Err(other) => panic!("{path:?}: {other:?}"),
-            Ok(_) => panic!("{path:?}: connected"),
+        let said = |path: &Path| match connect_error(path) {
+            e @ Error::Connect(..) => crate::error_chain(&e),
+            other => panic!("{path:?}: {other:?}"),
         };
         // A socket whose listener is gone (a VMM killed with SIGKILL).
         let stale = dir.path().join("vm.sock");
@@ -954,10 +946,9 @@ mod tests {
             "{none}"
         );
         // The kind is kept: waiting for a VMM to come up still retries.
-        match Client::connect(&stale) {
-            Err(Error::Connect(_, e)) => assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused),
-            Err(other) => panic!("{other:?}"),
-            Ok(_) => panic!("connected"),
+        match connect_error(&stale) {
+            Error::Connect(_, e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused),
+            other => panic!("{other:?}"),
         }
     }
     use crate::protocol::migration::Status;

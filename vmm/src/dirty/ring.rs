@@ -10,7 +10,7 @@ use vm_memory::{Bytes as _, FileOffset, MmapRegion, VolatileMemory as _};
 
 use super::error::Error;
 
-pub(crate) use crate::units::{MAX_RING_ENTRIES, MIN_RING_ENTRIES};
+use crate::units::{ring_entries_valid, MAX_RING_ENTRIES, MIN_RING_ENTRIES};
 const GFN_DIRTY: u32 = 1;
 const GFN_RESET: u32 = 2;
 /// Bytes of one `struct kvm_dirty_gfn { u32 flags; u32 slot; u64 offset; }`.
@@ -21,7 +21,7 @@ const GFN_BYTES: usize = 16;
 /// # Errors
 /// A bad size, or KVM refuses.
 pub(crate) fn enable(vm: &VmFd, entries: u32) -> Result<(), Error> {
-    if !entries.is_power_of_two() || !(MIN_RING_ENTRIES..=MAX_RING_ENTRIES).contains(&entries) {
+    if !ring_entries_valid(entries) {
         return Err(Error::RingSize {
             entries,
             min: MIN_RING_ENTRIES,

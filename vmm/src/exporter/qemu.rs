@@ -306,7 +306,7 @@ impl Monitor {
             line_max: MAX_LINE,
         };
         let mut client = Client::connect_bounded(socket, bounds)?;
-        if client.greeting.qmp.version.package.starts_with("kvmscope") {
+        if client.greeting.qmp.version.is_kvmscope() {
             return Err(MonitorError::NotQemu(socket.to_path_buf()));
         }
         client.bound_each_request(timeout);

@@ -124,6 +124,12 @@ impl VersionInfo {
             package: concat!("kvmscope ", env!("CARGO_PKG_VERSION")).to_string(),
         }
     }
+
+    /// Whether a server with this version is a kvmscope VMM (its `package`
+    /// names kvmscope), not a QEMU.
+    pub(crate) fn is_kvmscope(&self) -> bool {
+        self.package.starts_with("kvmscope ")
+    }
 }
 
 /// kvmscope's part of the greeting: the protocol version and the VM.

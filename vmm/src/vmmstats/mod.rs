@@ -299,19 +299,24 @@ mod tests {
     use super::*;
     use kvm_stats::StatsFd;
 
-    #[test]
-    fn an_instant_shows_as_its_utc_date_and_age_and_zero_as_never() {
-        let d = |name: &str| kvm_stats::Descriptor {
+    /// An instant stat's descriptor, in `unit` times 10^`exponent`.
+    fn instant(name: &str, unit: Unit, exponent: i16) -> kvm_stats::Descriptor {
+        kvm_stats::Descriptor {
             name: name.into(),
             flags: 0,
             kind: StatType::Instant,
-            unit: Unit::Seconds,
+            unit,
             base: kvm_stats::Base::Pow10,
-            exponent: -9,
+            exponent,
             size: 1,
             offset: 0,
             bucket_size: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn an_instant_shows_as_its_utc_date_and_age_and_zero_as_never() {
+        let d = |name: &str| instant(name, Unit::Seconds, -9);
         assert_eq!(
             value_text(&d("readiness_at_ns"), 0).as_deref(),
             Some("never")
@@ -338,18 +343,7 @@ mod tests {
 
     #[test]
     fn a_prediction_that_never_ends_and_rates_read_as_what_they_are() {
-        let d = |name: &str| kvm_stats::Descriptor {
-            name: name.into(),
-            flags: 0,
-            kind: StatType::Instant,
-            unit: Unit::None,
-            base: kvm_stats::Base::Pow10,
-            exponent: 0,
-            size: 1,
-            offset: 0,
-            bucket_size: 0,
-        };
-        let text = |name: &str, raw: u64| value_text(&d(name), raw);
+        let text = |name: &str, raw: u64| value_text(&instant(name, Unit::None, 0), raw);
         assert_eq!(
             text("prediction_total_time_ns", u64::MAX).as_deref(),
             Some("never")

@@ -123,9 +123,7 @@ impl View {
         let cell = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) };
         Some(cell.load(Ordering::Acquire))
     }
-}
 
-impl View {
     /// Asks the CPU to start loading the data block of the file (whose
     /// schema is `schema`, as given to [`View::of`]) into its cache, without
     /// waiting: a reader of hundreds of files asks for them all, then reads
