@@ -62,7 +62,7 @@ pub enum Error {
     NotReady(PathBuf, Duration),
     /// The socket accepted, and no greeting (or no answer to
     /// `qmp_capabilities`) came within [`GREETING_TIMEOUT`].
-    #[error("{0} accepted the connection and said nothing within {1:?}: not a kvmscope VMM, or a stuck one (a QEMU monitor that another client holds says nothing until it is free)")]
+    #[error("{0} accepted the connection and gave no whole greeting within {1:?}: not a kvmscope VMM, or a stuck one (a QEMU monitor that another client holds says nothing until it is free)")]
     Silent(PathBuf, Duration),
     /// Reading or writing the socket failed.
     #[error("talking to the VMM")]
@@ -879,7 +879,7 @@ mod tests {
         let started = Instant::now();
         match connect_error(&path) {
             e @ Error::Silent(..) => {
-                assert!(e.to_string().contains("said nothing within 5s"), "{e}");
+                assert!(e.to_string().contains("gave no whole greeting within 5s"), "{e}");
             }
             other => panic!("{other:?}"),
         }
