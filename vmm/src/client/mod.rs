@@ -879,7 +879,10 @@ mod tests {
         let started = Instant::now();
         match connect_error(&path) {
             e @ Error::Silent(..) => {
-                assert!(e.to_string().contains("gave no whole greeting within 5s"), "{e}");
+                assert!(
+                    e.to_string().contains("gave no whole greeting within 5s"),
+                    "{e}"
+                );
             }
             other => panic!("{other:?}"),
         }
