@@ -192,7 +192,70 @@ fn a_window_leaves_the_pages_the_guest_wrote_writable_when_it_ends() {
         after < pages / 20,
         "{after} faults in the 0.5 s after a window of {pages} pages"
     );
+    // And the reply says so: of what the guest has mapped, only the few
+    // pages it did not write in the window are left protected.
+    let left = left_protected(&r);
+    assert!(left < pages / 20, "{left} pages left protected: {r}");
     vm.quit();
+}
+
+fn left_protected(r: &Value) -> u64 {
+    r["guest_stall"]["left_protected_pages"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no left_protected_pages in {r}"))
+}
+
+/// The pages a window leaves protected are the guest's mapped pages it did
+/// not write after their last protection: a writer over 8 MiB of the 32 MiB
+/// it mapped leaves the other 24 MiB (and no more than what it mapped).
+fn names_what_it_leaves_protected(mode: DirtyMode) {
+    let vm = ServedVm::start_with("stall-left", MEM, 1, |c| c.vm.dirty_log = Some(mode));
+    let mut c = vm.client();
+    guest(&mut c, 0, "touch offset=0 size=32M");
+    queue(&mut c, 0, "dirty offset=0 ws=8M rate=max for=4s");
+    wait_running(&vm);
+    let r = window(&vm, 0.5);
+    let pages = r["dirty_rate"]["pages"].as_u64().expect("pages");
+    assert!(
+        pages >= 2_000,
+        "{mode}: the writer covered its 2,048 pages: {r}"
+    );
+    let left = left_protected(&r);
+    let mapped = r["mapped"]["bytes"].as_u64().expect("mapped") / 4096;
+    assert!(
+        (8_192 - 2_048 - 64..=mapped + 256).contains(&left),
+        "{mode}: {left} pages left protected of {mapped} mapped, {pages} written: {r}"
+    );
+    let at_end = faults(&vm);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = faults(&vm) - at_end;
+    assert!(
+        after < 200,
+        "{mode}: the writer stays on pages left writable: {after} faults after"
+    );
+    let cost_us = r["guest_stall"]["fault_cost_us"].as_f64().unwrap();
+    let most = r["guest_stall"]["left_stall_ms_max"].as_f64().unwrap();
+    assert!(
+        (most - left as f64 * cost_us / 1e3).abs() < 1e-3,
+        "{mode}: a fault each at most: {r}"
+    );
+    assert!(
+        r["text"].as_str().unwrap().contains("left write-protected"),
+        "{r}"
+    );
+    vm.quit();
+}
+
+#[test]
+fn a_ring_window_names_the_pages_it_leaves_protected() {
+    require_kvm!();
+    names_what_it_leaves_protected(DirtyMode::Ring(65536));
+}
+
+#[test]
+fn a_bitmap_window_names_the_pages_it_leaves_protected() {
+    require_kvm!();
+    names_what_it_leaves_protected(DirtyMode::Bitmap);
 }
 
 #[test]
@@ -217,6 +280,13 @@ fn what_a_window_leaves_protected_costs_the_guest_after_it_and_counts() {
     assert!(
         after > 1_000,
         "the protected pages faulted after the window: {after}"
+    );
+    // The reply named them: the faults after come from the pages it left
+    // protected (the writer's set is all mapped, so no first touches).
+    let left = left_protected(&r);
+    assert!(
+        after <= left + 200,
+        "{after} faults after a window that left {left} pages protected: {r}"
     );
     assert!(
         total >= window_ns + 1_000 * 2_000,

@@ -86,6 +86,12 @@ pub struct Window {
     pub(crate) pages: Bitmap,
     /// Ring entries harvested per vCPU in the same span (ring mode; zeros otherwise).
     pub per_vcpu: Vec<u64>,
+    /// Set by the consumer's last look when nobody else holds the log: the
+    /// distinct pages it left writable (written since their last
+    /// protection). Every other page the guest had mapped stays
+    /// write-protected after the log is let go, and faults once when the
+    /// guest writes it next.
+    pub(crate) left_writable: Option<u64>,
 }
 
 impl Window {
@@ -93,6 +99,7 @@ impl Window {
         Window {
             pages: Bitmap::new(pages),
             per_vcpu: vec![0; vcpus],
+            left_writable: None,
         }
     }
 
@@ -424,7 +431,11 @@ impl DirtyLog {
 
     /// Folds what KVM logged since the last fold into every consumer, and
     /// protects those pages again or leaves them writable (`protect`).
-    fn fold(&self, state: &mut State, protect: Protect) -> Result<(), Error> {
+    /// Returns how many distinct pages it left writable: with
+    /// [`Protect::Leave`], a ring's entries since its last reset or a
+    /// manual-protect bitmap's bits since their last clear (a whole-slot
+    /// bitmap protects what it reads: none); 0 with [`Protect::Again`].
+    fn fold(&self, state: &mut State, protect: Protect) -> Result<u64, Error> {
         let State {
             rings,
             since_start,
@@ -435,17 +446,26 @@ impl DirtyLog {
             ..
         } = state;
         if !rings.is_empty() {
+            // What a fold that leaves pages writable harvests is every page
+            // written since the last reset: no other fold leaves entries
+            // unreset while a consumer looks.
+            let mut left = (protect == Protect::Leave).then(|| Bitmap::new(self.pages));
             for ring in rings.iter_mut() {
                 let vcpu = ring.vcpu;
-                let n = ring.harvest(|page| record(since_start, consumers, vcpu, page));
+                let n = ring.harvest(|page| {
+                    record(since_start, consumers, vcpu, page);
+                    if let Some(left) = left.as_mut() {
+                        left.set(page);
+                    }
+                });
                 self.count_harvested(vcpu, n);
             }
             // Left: the harvested entries stay marked until the next reset,
             // which protects their pages then (a subscribe resets before it
             // turns logging on, which protects every page anyway).
-            return match protect {
-                Protect::Again => self.reset_rings(),
-                Protect::Leave => Ok(()),
+            return match left {
+                None => self.reset_rings().map(|()| 0),
+                Some(left) => Ok(left.count()),
             };
         }
         if *logging {
@@ -473,18 +493,19 @@ impl DirtyLog {
             if let Some(e) = failed {
                 return Err(e);
             }
-            if !cleared
-                && matches!(self.protection, Protection::Manual { .. })
-                && protect == Protect::Again
-            {
+            let manual = matches!(self.protection, Protection::Manual { .. });
+            if !cleared && manual && protect == Protect::Again {
                 // Folded everywhere: hand back exactly those bits, which
                 // write-protects their pages again. Left set, they are
                 // read again at the next fold (where `since_start` has them
                 // already) and cleared then.
                 protect::clear(&self.vm, 0, &words, self.pages)?;
             }
+            if manual && protect == Protect::Leave {
+                return Ok(words.iter().map(|w| u64::from(w.count_ones())).sum());
+            }
         }
-        Ok(())
+        Ok(0)
     }
 
     /// Leaves in `words` (the bitmap as read) only the writes among the bits
@@ -633,14 +654,19 @@ impl Consumer {
         } else {
             Protect::Again
         };
-        self.log.fold(&mut state, protect)?;
+        let writable = self.log.fold(&mut state, protect)?;
         let window = state
             .consumers
             .iter_mut()
             .find(|(i, _)| *i == self.id)
             .map(|(_, w)| w);
         match window {
-            Some(w) => Ok(f(w)),
+            Some(w) => {
+                if protect == Protect::Leave {
+                    w.left_writable = Some(writable);
+                }
+                Ok(f(w))
+            }
             // Unreachable while `self` lives; an empty window is the honest answer.
             None => Ok(f(&mut Window::new(self.log.pages, self.log.vcpus))),
         }

@@ -103,6 +103,17 @@ pub struct StallFigure {
     pub period_s: f64,
     /// What one fault costs the guest, microseconds.
     pub fault_cost_us: f64,
+    /// Pages the guest had mapped that the window left write-protected: each
+    /// faults once more when the guest next writes it, after the window
+    /// (null where a migration went on holding the log; absent from VMMs
+    /// before it).
+    #[serde(default)]
+    pub left_protected_pages: Option<u64>,
+    /// The most those faults can cost the guest, ms (`left_protected_pages`
+    /// at the fault cost): paid only for the pages it writes again, and
+    /// counted by the running total (`guest_stall_ns`) as they come.
+    #[serde(default)]
+    pub left_stall_ms_max: Option<f64>,
     /// Each vCPU's stall.
     pub vcpus: Vec<VcpuStallFigure>,
 }

@@ -61,19 +61,15 @@ pub(crate) fn measure(
     progress: impl FnMut(u64, u64),
 ) -> Result<Report, Error> {
     let ram_pages = (g.ram.size() / 4096) as u64;
-    let mapped = timed(|| {
-        let mut sample = g.vm_stats.new_sample();
-        g.vm_stats.read_sample(&mut sample)?;
-        Ok(Mapped::from_sample(g.vm_stats.schema(), &sample))
-    })?;
+    let mapped = timed(|| mapped_now(g.vm_stats))?;
     let resident = timed(|| Ok(resident(g.ram).map_err(Error::Residency)?.1))?;
     // The window first: syncing the log for "written since boot" protects
     // again what it harvests, and the faults that follow would fall in the
     // rate before the window that its stall is measured against.
     let dirty_rate = match g.dirty {
-        Some(d) if !options.calc_time.is_zero() => {
-            Some(timed(|| dirty_rate(d, g.vcpus, options.calc_time))?)
-        }
+        Some(d) if !options.calc_time.is_zero() => Some(timed(|| {
+            dirty_rate(d, g.vm_stats, g.vcpus, options.calc_time)
+        })?),
         _ => None,
     };
     // Known only where the slot is logged from boot (a bitmap VM): a ring VM
@@ -144,10 +140,18 @@ const CURVE_POINTS: u32 = 5;
 /// says more about scheduling than about the guest).
 pub(crate) const CURVE_STEP_MIN: Duration = Duration::from_millis(5);
 
-/// Distinct pages written during a window of `calc_time`, and what the
-/// window cost the guest (from before the log is taken until it is let go).
+fn mapped_now(vm_stats: &StatsFd) -> Result<Mapped, Error> {
+    let mut sample = vm_stats.new_sample();
+    vm_stats.read_sample(&mut sample)?;
+    Ok(Mapped::from_sample(vm_stats.schema(), &sample))
+}
+
+/// Distinct pages written during a window of `calc_time`, what the window
+/// cost the guest (from before the log is taken until it is let go), and
+/// what it left write-protected.
 fn dirty_rate(
     d: &Arc<DirtyLog>,
+    vm_stats: &StatsFd,
     vcpus: &[Arc<VcpuShared>],
     calc_time: Duration,
 ) -> Result<DirtyRate, Error> {
@@ -173,9 +177,18 @@ fn dirty_rate(
     std::thread::sleep(calc_time.saturating_sub(started.elapsed()));
     // The last look leaves the pages written in the window writable: they
     // do not fault once more after it.
-    let (pages, per_vcpu) = window.finish(|w| (w.pages.count(), w.per_vcpu.clone()))?;
+    let (pages, per_vcpu, writable) =
+        window.finish(|w| (w.pages.count(), w.per_vcpu.clone(), w.left_writable))?;
     let stall = period.end();
     let window = started.elapsed();
+    // Every page the guest has mapped was protected when the log was taken
+    // or at a harvest since; those the last look left writable were written
+    // after. The rest fault once more when next written (not counted here:
+    // the running total counts them as they come).
+    let left_protected = match writable {
+        Some(w) => Some((mapped_now(vm_stats)?.bytes() / 4096).saturating_sub(w)),
+        None => None,
+    };
     let mode = match d.mode() {
         DirtyMode::Bitmap => "dirty-bitmap",
         DirtyMode::Ring(_) => "dirty-ring",
@@ -189,6 +202,7 @@ fn dirty_rate(
         per_vcpu,
         curve,
         stall,
+        left_protected,
     })
 }
 

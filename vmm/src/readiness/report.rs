@@ -46,6 +46,11 @@ pub struct DirtyRate {
     pub(crate) curve: Vec<(u64, Duration)>,
     /// What the window cost the guest.
     pub stall: Stall,
+    /// Pages the guest had mapped that the window left write-protected
+    /// (mapped at its end less those written after their last protection):
+    /// each faults once more when the guest next writes it. `None` where
+    /// another consumer (a migration) went on holding the log.
+    pub(crate) left_protected: Option<u64>,
 }
 
 impl DirtyRate {
@@ -506,7 +511,7 @@ impl Report {
             guest_stall: self
                 .dirty_rate
                 .as_ref()
-                .map(|d| stall_figure(&d.value.stall)),
+                .map(|d| stall_figure(&d.value.stall, d.value.left_protected)),
             scan: self.scan.as_ref().map(|s| self.scan_figure(s, us(s.took))),
             estimate_used: self.estimate_used.to_string(),
             prediction: self.prediction.as_ref().map(Prediction::to_reply),
@@ -633,7 +638,7 @@ impl Report {
             ),
             (None, _) => writeln!(s, "  model: {rate:.0} pages/s, no working set seen"),
         };
-        let f = stall_figure(&d.stall);
+        let f = stall_figure(&d.stall, d.left_protected);
         let per: Vec<String> = f.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
         let _ = writeln!(
             s,
@@ -642,6 +647,13 @@ impl Report {
             f.share * 100.0,
             per.join(", ")
         );
+        if let (Some(pages), Some(ms)) = (f.left_protected_pages, f.left_stall_ms_max) {
+            let _ = writeln!(
+                s,
+                "  left write-protected: {pages} pages ({}): up to {ms:.0} ms more, a fault each as the guest writes them again (the running total guest_stall_ns counts them as they come)",
+                format_bytes(pages * 4096)
+            );
+        }
     }
 
     fn scan_text(&self, s: &mut String) {
@@ -752,8 +764,9 @@ impl Report {
     }
 }
 
-/// A stall as the readiness report shows it.
-pub(crate) fn stall_figure(stall: &Stall) -> StallFigure {
+/// A stall as the readiness report shows it, with the pages the window left
+/// write-protected.
+pub(crate) fn stall_figure(stall: &Stall, left_protected: Option<u64>) -> StallFigure {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let vcpu_time = stall.period.as_secs_f64() * stall.vcpus.len() as f64;
     StallFigure {
@@ -765,6 +778,8 @@ pub(crate) fn stall_figure(stall: &Stall) -> StallFigure {
         },
         period_s: stall.period.as_secs_f64(),
         fault_cost_us: fault_cost().as_secs_f64() * 1e6,
+        left_protected_pages: left_protected,
+        left_stall_ms_max: left_protected.map(|n| n as f64 * ms(fault_cost())),
         vcpus: stall
             .vcpus
             .iter()
@@ -935,6 +950,7 @@ mod tests {
                 system: vec![None, None],
                 waited: vec![None, None],
             },
+            left_protected: Some(20_000),
         }
     }
 
@@ -1148,7 +1164,22 @@ mod tests {
         );
         assert_eq!(
             keys(&wire["guest_stall"]),
-            ["fault_cost_us", "period_s", "share", "total_ms", "vcpus"]
+            [
+                "fault_cost_us",
+                "left_protected_pages",
+                "left_stall_ms_max",
+                "period_s",
+                "share",
+                "total_ms",
+                "vcpus"
+            ]
+        );
+        assert_eq!(wire["guest_stall"]["left_protected_pages"], 20_000);
+        let left_ms = wire["guest_stall"]["left_stall_ms_max"].as_f64().unwrap();
+        let cost_us = wire["guest_stall"]["fault_cost_us"].as_f64().unwrap();
+        assert!(
+            (left_ms - 20_000.0 * cost_us / 1e3).abs() < 1e-6,
+            "a fault each: {left_ms} ms at {cost_us} us"
         );
         assert_eq!(wire["guest_stall"]["total_ms"], 50.0);
         assert_eq!(wire["guest_stall"]["share"], 0.05, "50 ms of 2 x 0.5 s");
