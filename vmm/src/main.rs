@@ -38,7 +38,9 @@ enum Cmd {
     /// Receive stats fds from a running VMM's socket and print the stats read through them.
     Stats(StatsArgs),
     /// A live view of stats and their rates, read through fds received once
-    /// (and the VMM sampler's newest point, asked for at each refresh).
+    /// (and the VMM sampler's newest point, asked for at each refresh). Ends
+    /// with exit status 1 when the VMM exits (the fds would still read, but
+    /// nothing moves them), or after --count refreshes.
     Watch(WatchArgs),
     /// Send one raw JSON request to a VMM's socket and print the reply.
     Ctl(CtlArgs),

@@ -130,6 +130,43 @@ fn watch_command_shows_rates_for_the_requested_refreshes() {
 }
 
 #[test]
+fn watch_ends_when_the_vmm_exits_even_without_a_sampler() {
+    require_kvm!();
+    // A VMM of its own process (the fds it hands out keep its stats
+    // readable after it exits), with no sampler: watch asks it nothing.
+    let socket = common::socket_path("watch-exit");
+    let _vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
+    let mut c = Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).unwrap();
+    let mut watch = common::KillOnDrop::new(
+        Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args(["watch", "--interval", "50ms", "--vm", "--names", "pages_4k"])
+            .arg("--socket")
+            .arg(&socket)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        watch.try_wait().unwrap().is_none(),
+        "watch runs while the VMM does"
+    );
+    c.execute("quit", json!({})).unwrap();
+    common::wait_for("watch to end", Duration::from_secs(10), || {
+        watch.try_wait().unwrap()
+    });
+    let out = watch.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("has exited"), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("refresh 1"),
+        "it showed the stats first"
+    );
+}
+
+#[test]
 fn ctl_command_prints_the_reply_and_fails_on_an_error_reply() {
     require_kvm!();
     let vm = ServedVm::start("ctl", MEM, 1);

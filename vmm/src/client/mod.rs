@@ -71,6 +71,10 @@ pub enum Error {
     /// reset: a VMM that exited or was killed with a request unread).
     #[error("the VMM closed the connection (it exited, or dropped this client)")]
     Closed,
+    /// The VMM process whose stats were read has exited (its fds still
+    /// read, but nothing moves them any more).
+    #[error("the VMM (pid {0}) has exited: its stats no longer move")]
+    VmmExited(u64),
     /// A line that is not a QMP greeting, reply or event (the line is given).
     #[error("the VMM sent something that is not a reply: {0}")]
     BadReply(String),

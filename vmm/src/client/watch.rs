@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::stats::{names_filter, receive, sample_all, table_filter, warn_missing, UNMEASURED};
 use super::{Client, Error, REPLY_TIMEOUT};
 use crate::abi;
+use crate::protocol::samples::{SampleRecord, SeriesHeader};
 use crate::protocol::VcpuSelector;
 use crate::units::format_bytes;
 
@@ -65,9 +66,10 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
     };
     let received = receive(&mut client, vm, vcpus, true)?;
     // The stats come from the kernel, through the fds; the connection stays
-    // only for the sampler's derived values (mapped bytes, our exit rates,
-    // phases), when the VMM runs a sampler.
-    let mut sampler = Derived::probe(client);
+    // for the sampler's derived values (mapped bytes, our exit rates,
+    // phases), when the VMM runs a sampler, and to see the VMM go: the fds
+    // keep the VM's stats readable (and still) after it exits.
+    let mut link = Link::probe(client, pid);
     let names = config
         .names
         .clone()
@@ -82,6 +84,8 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         std::thread::sleep(config.interval);
         let newer = sample_all(&received)?;
         refresh += 1;
+        // Asked before anything is drawn: a VMM that exited ends the view.
+        let sampled = link.refresh()?;
         if config.clear {
             write!(out, "\x1b[H\x1b[2J")?;
         }
@@ -90,8 +94,13 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
             "kvmscope watch: VMM pid {pid}, every {:?}, refresh {refresh}",
             config.interval
         )?;
-        if let Some(d) = sampler.as_mut() {
-            d.show(out)?;
+        match (&link, sampled) {
+            (Link::Sampler(d), fresh) => d.show(fresh, out)?,
+            (Link::Dropped, _) => writeln!(
+                out,
+                "(the VMM closed this client's connection and runs on: its stats are still read through the fds, its sampler no longer)"
+            )?,
+            (Link::Plain(_), _) => {}
         }
         for ((r, old), new) in received.iter().zip(&older).zip(&newer) {
             if !r.shows_any(&filter) {
@@ -116,38 +125,113 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
     Ok(())
 }
 
+/// What the connection to the VMM still gives after the fds came.
+enum Link {
+    /// The sampler's values, asked for each refresh.
+    Sampler(Derived),
+    /// No sampler: kept open only to see the VMM go.
+    Plain(Client),
+    /// The VMM closed the connection and runs on (it dropped this client).
+    Dropped,
+}
+
+impl Link {
+    /// The sampler's values if the VMM runs a sampler; else the plain
+    /// connection.
+    fn probe(mut client: Client, pid: u64) -> Link {
+        match client.query_samples(0, Some(1)) {
+            Ok(page) => Link::Sampler(Derived::new(client, pid, page.header.header)),
+            Err(_) => Link::Plain(client),
+        }
+    }
+
+    /// Asks the sampler for its newest point, or looks whether the VMM hung
+    /// up; returns whether the sampler had a new point. A hang-up by a VMM
+    /// that is gone ends the view ([`Error::VmmExited`]); one that runs on
+    /// leaves the view on its fds.
+    fn refresh(&mut self) -> Result<bool, Error> {
+        let (result, pid) = match self {
+            Link::Sampler(d) => (d.take(), d.pid),
+            Link::Plain(c) => {
+                let pid = c.greeting.qmp.kvmscope.vm.pid;
+                (c.take_events().map(|_| false), u64::from(pid))
+            }
+            Link::Dropped => return Ok(false),
+        };
+        match result {
+            Err(Error::Closed) if gone(pid) => Err(Error::VmmExited(pid)),
+            Err(Error::Closed) => {
+                *self = Link::Dropped;
+                Ok(false)
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether process `pid` has exited (a VMM runs on this host: its fds came
+/// over a Unix socket): no such process, or one that is a zombie (exited,
+/// its parent has not reaped it yet).
+fn gone(pid: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    matches!(state, Some("Z" | "X"))
+}
+
 /// The sampler's derived values, read with `query-samples` each refresh.
 struct Derived {
     client: Client,
+    pid: u64,
     last: u64,
+    /// The newest point seen, shown again (marked) when no tick came since.
+    point: Option<SampleRecord>,
     backend: String,
     quiet: Vec<String>,
 }
 
 impl Derived {
-    /// Keeps the connection if the VMM runs a sampler.
-    fn probe(mut client: Client) -> Option<Derived> {
-        let page = client.query_samples(0, Some(1)).ok()?;
-        let header = page.header.header;
-        Some(Derived {
+    fn new(client: Client, pid: u64, header: SeriesHeader) -> Derived {
+        Derived {
             client,
+            pid,
             last: 0,
+            point: None,
             backend: header
                 .backend_info()
                 .map_or_else(|| "?".to_string(), |b| b.description),
             quiet: header.quiet_stats,
-        })
+        }
     }
 
-    fn show(&mut self, out: &mut dyn Write) -> Result<(), Error> {
+    /// Asks for the points since the last; whether a new one came.
+    fn take(&mut self) -> Result<bool, Error> {
         let page = self.client.query_samples(self.last, Some(1))?;
-        let Some(p) = page.samples.last() else {
-            return Ok(());
+        let Some(p) = page.samples.into_iter().last() else {
+            return Ok(false);
         };
         self.last = p.seq;
+        self.point = Some(p);
+        Ok(true)
+    }
+
+    fn show(&self, fresh: bool, out: &mut dyn Write) -> Result<(), Error> {
+        let Some(p) = &self.point else {
+            writeln!(out, "== sampler (no tick yet, backend {}) ==", self.backend)?;
+            return Ok(());
+        };
+        let stale = if fresh {
+            ""
+        } else {
+            ", no new tick since the last refresh"
+        };
         writeln!(
             out,
-            "== sampler (tick {}, backend {}) ==",
+            "== sampler (tick {}{stale}, backend {}) ==",
             self.last, self.backend
         )?;
         writeln!(
@@ -183,5 +267,28 @@ impl Derived {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gone;
+
+    #[test]
+    fn a_process_is_gone_once_it_exited_even_before_it_is_reaped() {
+        assert!(!gone(u64::from(std::process::id())));
+        assert!(gone(u64::from(u32::MAX)), "no such process");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = u64::from(child.id());
+        // Not reaped: a zombie until `wait`.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !gone(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pid {pid} never read as gone"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().unwrap();
     }
 }
