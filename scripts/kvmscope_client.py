@@ -11,12 +11,18 @@ it as a careful reader should, and prints the stats it read from the kernel.
     python3 scripts/kvmscope_client.py --socket S --vcpu 0 --names exits,pf_fixed --json
     python3 scripts/kvmscope_client.py --socket S --provider kvmscope --vm
     python3 scripts/kvmscope_client.py --socket S --execute '{"execute":"query-vm"}'
+
+Values are printed as the file holds them: integers in each stat's unit,
+base and exponent (`kvmscope stats` scales them). --names takes stat names
+and `*` for any run of characters, as `kvmscope stats` does.
 """
 
 import argparse
 import json
 import os
+import re
 import socket
+import stat
 import struct
 import sys
 
@@ -45,8 +51,9 @@ class Connection:
             self.sock.connect(path)
         except OSError as e:
             # The same kind of error (callers wait out FileNotFoundError and
-            # ConnectionRefusedError while a VMM starts), naming the socket.
-            raise type(e)(e.errno, e.strerror, path) from None
+            # ConnectionRefusedError while a VMM starts), naming the socket
+            # and, where it tells, why.
+            raise type(e)(e.errno, "%s%s" % (e.strerror, connect_hint(path)), path) from None
         self.buf = b""
         self.fds = []  # (index of the last byte of the read that brought it, fd)
         self.greeting = self.read_line()[0]
@@ -86,6 +93,32 @@ class Connection:
                 os.close(fd)
             raise RuntimeError("%s: %s" % (reply["error"]["class"], reply["error"]["desc"]))
         return reply["return"], fds
+
+
+def connect_hint(path):
+    """Why connecting to path failed, where the path tells: ': it is not a
+    socket', a directory, or a socket nobody listens on (left by a VMM that
+    exited)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISDIR(mode):
+        return ": it is a directory (give the socket file in it)"
+    if not stat.S_ISSOCK(mode):
+        return ": it is not a socket"
+    return ": nothing listens on it (a socket left by a VMM that exited?)"
+
+
+def fd_target(fd):
+    """What an fd is, as /proc/self/fd names it (anon_inode:kvm-vm-stats, a
+    path), a pipe's or socket's inode number left out (pipe, socket)."""
+    try:
+        link = os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return "unknown"
+    m = re.fullmatch(r"(.*):\[[0-9]+\]", link)
+    return m.group(1) if m else link
 
 
 def pread_exact(fd, size, offset, block):
@@ -194,7 +227,13 @@ def receive(conn, vm, vcpu, provider="kvm"):
         ret, fds = conn.execute("get-stats-fd", args)
         if len(fds) != len(ret["fds"]):
             raise RuntimeError("the reply names %d fds but carried %d" % (len(ret["fds"]), len(fds)))
-        out += [(entry, StatsFile(fd)) for entry, fd in zip(ret["fds"], fds)]
+        for entry, fd in zip(ret["fds"], fds):
+            try:
+                out.append((entry, StatsFile(fd)))
+            except (OSError, StatsError) as e:
+                what = "vCPU %d" % entry["vcpu"] if "vcpu" in entry else "the VM"
+                raise StatsError("the stats fd the VMM sent for %s (%s) is not a readable stats file (it is \"%s\"): %s"
+                                 % (what, provider, fd_target(fd), e)) from None
     return out
 
 
@@ -203,12 +242,13 @@ def main():
     p.add_argument("--socket", required=True, help="the VMM's control socket")
     p.add_argument("--vm", action="store_true", help="the VM's stats (default: VM and all vCPUs)")
     p.add_argument("--vcpu", type=vcpu_choice, help="a vCPU index or 'all'")
-    p.add_argument("--names", help="only these stats, comma-separated")
+    p.add_argument("--names", type=names_choice,
+                   help="only these stats, comma-separated; * matches any run of characters (e.g. halt_*)")
     p.add_argument("--provider", choices=["kvm", "kvmscope"], default="kvm",
                    help="KVM's stats (default) or the VMM's own, in KVM's format")
     p.add_argument("--json", action="store_true", help="print query-stats-shaped JSON")
     p.add_argument("--execute", metavar="JSON", help="send this raw request and print the reply instead")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the VMM")
+    p.add_argument("--timeout", type=seconds, default=30.0, help="seconds to wait for the VMM (more than 0)")
     a = p.parse_args()
     conn = Connection(a.socket, a.timeout)
     if a.execute:
@@ -223,20 +263,21 @@ def main():
         vm, vcpu = True, "all"
     sources = receive(conn, vm, vcpu, a.provider)
     conn.sock.close()  # from here on, everything comes from the kernel through the fds
-    names = set(a.names.split(",")) if a.names else None
+    names = a.names
     results, seen = [], set()
     for entry, stats in sources:
         values = stats.read()
-        seen.update(values)
         os.close(stats.fd)
-        shown = [{"name": n, "value": v} for n, v in values.items() if names is None or n in names]
+        kept = [n for n in values if names is None or any(m.fullmatch(n) for m in names.values())]
+        seen.update(w for n in kept for w, m in (names or {}).items() if m.fullmatch(n))
+        shown = [{"name": n, "value": values[n]} for n in kept]
         result = {"provider": a.provider, "target": entry["target"], "id": stats.id, "stats": shown}
         if "vcpu" in entry:
             result["vcpu"] = entry["vcpu"]
         results.append(result)
-    missing = sorted(names - seen) if names else []
+    missing = sorted(set(names) - seen) if names else []
     if missing:
-        print("kvmscope_client: no stat of this name in the stats read (provider %s): %s"
+        print("kvmscope_client: nothing matches in the stats read (provider %s): %s"
               % (a.provider, ", ".join(missing)), file=sys.stderr)
     if a.json:
         print(json.dumps({"return": results}))
@@ -250,6 +291,29 @@ def main():
             value = s["value"]
             print("%-*s  %s" % (width, s["name"], str(value).lower() if isinstance(value, bool) else value))
     return 0
+
+
+def names_choice(text):
+    """--names: {name or pattern: its regular expression}, in the order given."""
+    out = {}
+    for name in text.split(","):
+        name = name.strip()
+        if not name or not re.fullmatch(r"[A-Za-z0-9_*]+", name):
+            raise argparse.ArgumentTypeError(
+                "%r: use stat names, with * for any run of characters (e.g. halt_*)" % name)
+        out[name] = re.compile(".*".join(re.escape(part) for part in name.split("*")))
+    return out
+
+
+def seconds(text):
+    """--timeout: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("%r is not a number of seconds above 0" % text)
+    return value
 
 
 def vcpu_choice(text):

@@ -249,6 +249,37 @@ fn python_client_reads_stats_through_received_fds() {
 }
 
 #[test]
+fn python_client_takes_patterns_and_refuses_bad_input_as_kvmscope_stats_does() {
+    require_kvm!();
+    let vm = touched_vm("python-input");
+    let out = python_client(&vm.socket, &["--vcpu", "0", "--names", "pf_*", "--json"]);
+    let j: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    let names: Vec<&str> = j["return"][0]["stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(names.len() > 1, "{j}");
+    assert!(names.iter().all(|n| n.starts_with("pf_")), "{j}");
+    for bad in [
+        ["--names", ""],
+        ["--names", "a b"],
+        ["--timeout", "0"],
+        ["--timeout", "-5"],
+    ] {
+        let out = python_client(&vm.socket, &bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?} is refused by argparse");
+    }
+    let file = vm.dir().join("plain-file");
+    std::fs::write(&file, "").unwrap();
+    let out = python_client(&file, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("it is not a socket"), "{err}");
+}
+
+#[test]
 fn python_client_sends_raw_requests() {
     require_kvm!();
     let vm = ServedVm::start("python-raw", MEM, 2);

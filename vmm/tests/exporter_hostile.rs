@@ -2,6 +2,8 @@
 //! fake VMMs in this process speak the control protocol, hand out real KVM
 //! stats fds (of a VM built here) or forged ones, and then dribble, flood or
 //! lie. One bad source must never hold up or break the page for the others.
+//! `kvmscope stats`, the other client that takes their fds, is held to the
+//! same: a forged fd is named for what it is.
 
 mod common;
 
@@ -341,6 +343,47 @@ fn forged_stats_files_are_refused_and_an_honest_vm_keeps_its_lines() {
         vcpu_stats.schema().iter().count()
     );
     common::check_with_promtool(&p);
+}
+
+#[test]
+fn the_stats_client_names_a_received_fd_that_is_not_a_stats_file() {
+    let dir = common::test_dir("exh-pipe");
+    let (pipe, _writer) = std::io::pipe().unwrap();
+    let pipe: std::fs::File = std::os::fd::OwnedFd::from(pipe).into();
+    let socket = dir.join("piper.sock");
+    fake_vmm(
+        &socket,
+        greeting("piper", 1),
+        Arc::new(pipe),
+        Arc::new(Vec::new()),
+        drain(),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+        .args(["stats", "--vm", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the stats fd the VMM sent for the VM (kvm) is not a readable stats file")
+            && err.contains("(it is \"pipe\")"),
+        "{err}"
+    );
+    // The Python client says the same.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kvmscope_client.py");
+    let out = std::process::Command::new("python3")
+        .args([script, "--vm", "--socket"])
+        .arg(&socket)
+        .output()
+        .expect("python3 runs (CI installs it)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the stats fd the VMM sent for the VM (kvm) is not a readable stats file")
+            && err.contains("(it is \"pipe\")"),
+        "{err}"
+    );
 }
 
 /// A memfd named as the VMM's own stats files are, holding a stats file

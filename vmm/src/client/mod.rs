@@ -105,6 +105,18 @@ pub enum Error {
     /// A stats fd that came with a reply could not be read.
     #[error("reading a received stats fd")]
     Stats(#[from] kvm_stats::Error),
+    /// A received fd is not a readable stats file: whose it was said to be,
+    /// and what it is.
+    #[error("the stats fd the VMM sent for {what} is not a readable stats file (it is {is:?})")]
+    NotStats {
+        /// `the VM (kvm)`, `vCPU 1 (kvmscope)`.
+        what: String,
+        /// Its `/proc/self/fd` link (`pipe:[N]`, a path).
+        is: String,
+        /// Why reading it failed.
+        #[source]
+        source: kvm_stats::Error,
+    },
     /// Starting or waiting for a child VMM (the demo) failed.
     #[error("the VMM process")]
     Child(#[source] io::Error),

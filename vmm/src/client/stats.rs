@@ -102,15 +102,47 @@ pub(crate) fn receive(
                 Err(e) => return Err(e),
             };
             for (entry, file) in files {
+                let what = match entry.vcpu {
+                    Some(i) => format!("vCPU {i}"),
+                    None => "the VM".to_string(),
+                };
+                let is = fd_target(&file);
+                let stats = StatsFd::new(file).map_err(|source| Error::NotStats {
+                    what: format!("{what} ({})", <&str>::from(provider)),
+                    is,
+                    source,
+                })?;
                 out.push(Received {
                     provider,
                     entry,
-                    stats: StatsFd::new(file)?,
+                    stats,
                 });
             }
         }
     }
     Ok(out)
+}
+
+/// What a received fd is, as `/proc/self/fd` names it
+/// (`anon_inode:kvm-vm-stats`, a path), for an error about it; a pipe's or
+/// socket's inode number is left out (`pipe`, `socket`), so that the same
+/// mistake reads the same each time (the exporter logs a reason once).
+pub(crate) fn fd_target(file: &std::fs::File) -> String {
+    use std::os::fd::AsRawFd;
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_or_else(
+        |_| "unknown".to_string(),
+        |l| l.to_string_lossy().into_owned(),
+    );
+    without_inode(link)
+}
+
+fn without_inode(link: String) -> String {
+    match link.strip_suffix(']').and_then(|l| l.rsplit_once(":[")) {
+        Some((kind, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            kind.to_string()
+        }
+        _ => link,
+    }
 }
 
 /// One sample of each received fd.
@@ -237,4 +269,23 @@ fn unmeasured(r: &Received, sample: &Sample) -> Option<fn(&str) -> bool> {
     let own_vm = r.provider == StatsProvider::Kvmscope && r.entry.vcpu.is_none();
     (own_vm && !crate::vmmstats::measured(r.stats.schema(), sample))
         .then_some(crate::vmmstats::is_readiness_figure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_inode;
+
+    #[test]
+    fn a_pipes_or_sockets_inode_is_left_out_of_what_an_fd_is() {
+        let kind = |l: &str| without_inode(l.to_string());
+        assert_eq!(kind("pipe:[6329016]"), "pipe");
+        assert_eq!(kind("socket:[12]"), "socket");
+        assert_eq!(kind("anon_inode:kvm-vm-stats"), "anon_inode:kvm-vm-stats");
+        assert_eq!(kind("anon_inode:[eventfd]"), "anon_inode:[eventfd]");
+        assert_eq!(kind("/tmp/x:[1]y"), "/tmp/x:[1]y");
+        assert_eq!(
+            kind("/memfd:kvmscope-stats (deleted)"),
+            "/memfd:kvmscope-stats (deleted)"
+        );
+    }
 }

@@ -747,10 +747,7 @@ fn open_stats(
     kind: &str,
     budget: &mut u64,
 ) -> Result<(StatsFd, Sample), AttachError> {
-    use std::os::fd::AsRawFd;
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
-        .map(|l| l.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let link = client::stats::fd_target(&file);
     // KVM names a vCPU's `kvm-vcpu-stats:N`; a VMM's own stats are a memfd
     // (`/memfd:kvmscope-stats (deleted)`).
     let is_kind = if kind == MEMFD_NAME {
