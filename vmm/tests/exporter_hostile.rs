@@ -358,32 +358,24 @@ fn the_stats_client_names_a_received_fd_that_is_not_a_stats_file() {
         Arc::new(Vec::new()),
         drain(),
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-        .args(["stats", "--vm", "--socket"])
-        .arg(&socket)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("the stats fd the VMM sent for the VM (kvm) is not a readable stats file")
-            && err.contains("(it is \"pipe\")"),
-        "{err}"
-    );
-    // The Python client says the same.
+    // kvmscope stats, and the Python client, which says the same.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kvmscope_client.py");
-    let out = std::process::Command::new("python3")
-        .args([script, "--vm", "--socket"])
-        .arg(&socket)
-        .output()
-        .expect("python3 runs (CI installs it)");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("the stats fd the VMM sent for the VM (kvm) is not a readable stats file")
-            && err.contains("(it is \"pipe\")"),
-        "{err}"
-    );
+    let mut rust = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"));
+    rust.args(["stats", "--vm", "--socket"]).arg(&socket);
+    let mut python = std::process::Command::new("python3");
+    python.args([script, "--vm", "--socket"]).arg(&socket);
+    for mut client in [rust, python] {
+        let out = client
+            .output()
+            .expect("the client runs (CI installs python3)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("the stats fd the VMM sent for the VM (kvm) is not a readable stats file")
+                && err.contains("(it is \"pipe\")"),
+            "{err}"
+        );
+    }
 }
 
 /// A memfd named as the VMM's own stats files are, holding a stats file
