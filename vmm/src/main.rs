@@ -302,7 +302,8 @@ struct PlotArgs {
     /// The image to write; its extension picks the format: .svg or .png.
     #[arg(short, long, value_name = "OUT")]
     output: PathBuf,
-    /// Chart title (default: the series' file name).
+    /// Chart title (default: the VM's name and the series' file name; a CSV
+    /// series, which has no name, the file name).
     #[arg(long)]
     title: Option<String>,
     /// Width in pixels.

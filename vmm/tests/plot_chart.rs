@@ -129,12 +129,15 @@ fn byte_axis_reads_mib_for_mebibyte_values() {
 }
 
 #[test]
-fn title_and_subtitle_name_the_file_backend_and_vcpus() {
+fn title_and_subtitle_name_the_vm_file_backend_and_vcpus() {
     let (_, points) = experiment();
     let svg = svg_of(&points, &opts());
     let doc = Document::parse(&svg).expect("xml");
     let labels = texts(&doc);
-    assert_eq!(labels.first().map(String::as_str), Some("series.jsonl"));
+    assert_eq!(
+        labels.first().map(String::as_str),
+        Some("test-vm  (series.jsonl)")
+    );
     assert!(
         labels.iter().any(|sub| sub.contains("vmx (EPT, tdp_mmu=Y)")
             && sub.contains("2 vCPUs")

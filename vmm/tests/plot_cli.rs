@@ -33,8 +33,39 @@ fn plot_writes_an_svg_from_json_lines() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = std::fs::read_to_string(&svg).unwrap_or_default();
-    assert!(text.contains("<svg") && text.contains("run.jsonl"));
+    // Titled by the VM's name, which the JSON-lines header carries, and the file.
+    assert!(text.contains("<svg") && text.contains("test-vm  (run.jsonl)"));
     assert!(String::from_utf8_lossy(&out.stdout).contains("60 samples, 2 vCPUs, 4 phase markers"));
+}
+
+#[test]
+fn a_series_cut_while_it_was_written_is_plotted_up_to_its_last_whole_line() {
+    let dir = TempDir::new("cli-cut");
+    let (header, points) = experiment();
+    let series = dir.join("cut.jsonl");
+    write_jsonl(&series, &header, &points);
+    let whole = std::fs::read_to_string(&series).unwrap();
+    // The last record half written, as by a VMM killed mid-line.
+    let cut = &whole[..whole.len() - 40];
+    std::fs::write(&series, cut).unwrap();
+    let svg = dir.join("cut.svg");
+    let out = kvmscope(&[
+        "plot",
+        series.to_str().unwrap_or_default(),
+        "-o",
+        svg.to_str().unwrap_or_default(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("59 samples, 2 vCPUs"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr(&out).contains("has no end, cut while it was written"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

@@ -35,6 +35,8 @@ const GAP: u32 = 26;
 const MARKER_MIN_PX: f64 = 13.0;
 /// Rough width of one character of a marker label, to cut labels that would not fit.
 const LABEL_CHAR_PX: f64 = 6.4;
+/// Width of a character of a bold axis title, pixels (an upper bound).
+const TITLE_CHAR_PX: f64 = 8.0;
 /// Text sizes as plotters counts them (an SVG `font-size` of size / 1.24).
 pub(super) const TEXT: f64 = 13.6;
 const TITLE: f64 = 21.0;
@@ -242,9 +244,7 @@ impl<'a> Chart<'a> {
         root.fill(&WHITE)?;
         self.draw_title(root)?;
         let (w, h) = root.dim_in_pixel();
-        // Panels below the first carry time labels under them.
-        let below = self.panels() - 1;
-        let panel_h = h.saturating_sub(TOP + below * (BOTTOM + GAP)) / (below + 1);
+        let panel_h = self.panel_height(h);
         let width = w.saturating_sub(RIGHT);
         let px = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
         let top = root.clone().shrink((0, TOP), (width, panel_h));
@@ -282,6 +282,24 @@ impl<'a> Chart<'a> {
         Ok(markers)
     }
 
+    /// A panel's y title: `long` where it fits along the panel's height,
+    /// else `short` (a title longer than its panel runs into the next).
+    fn title<'t>(&self, long: &'t str, short: &'t str) -> &'t str {
+        let panel_h = self.panel_height(self.opts.height);
+        if long.chars().count() as f64 * TITLE_CHAR_PX <= f64::from(panel_h) {
+            long
+        } else {
+            short
+        }
+    }
+
+    /// Each panel's plot height in an image `h` pixels high (panels below
+    /// the first carry time labels under them).
+    fn panel_height(&self, h: u32) -> u32 {
+        let below = self.panels() - 1;
+        h.saturating_sub(TOP + below * (BOTTOM + GAP)) / (below + 1)
+    }
+
     /// Panels drawn: mapped memory, exit rates, and the guest's where the
     /// series carries them.
     fn panels(&self) -> u32 {
@@ -308,9 +326,14 @@ impl<'a> Chart<'a> {
     }
 
     fn draw_title<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Drawing<(), DB> {
-        let title = self.opts.title.as_deref().unwrap_or(&self.opts.source);
+        // Given, else the VM's name with the file's, else the file's.
+        let title = match (&self.opts.title, self.header.name.as_str()) {
+            (Some(t), _) => t.clone(),
+            (None, "") => self.opts.source.clone(),
+            (None, name) => format!("{name}  ({})", self.opts.source),
+        };
         let x = LEFT_PX;
-        root.draw(&Text::new(clean(title), (x, 12), self.bold(TITLE, INK)))?;
+        root.draw(&Text::new(clean(&title), (x, 12), self.bold(TITLE, INK)))?;
         root.draw(&Text::new(self.subtitle(), (x, 36), self.font(TEXT, GREY)))
     }
 
@@ -357,7 +380,8 @@ impl<'a> Chart<'a> {
             .y_label_area_size(LEFT)
             .build_cartesian_2d(self.time.clone(), 0.0..self.bytes.top)?;
         let label = |v: &f64| self.bytes.label(*v);
-        self.panel(&mut chart, "mapped guest memory", &label)?;
+        let title = self.title("mapped guest memory", "mapped memory");
+        self.panel(&mut chart, title, &label)?;
         let mut below = vec![0.0; self.points.len()];
         for (k, (_, fill, _)) in LAYERS.iter().enumerate() {
             if !self.layers[k] {
@@ -388,7 +412,7 @@ impl<'a> Chart<'a> {
     /// The bottom panel: per vCPU, KVM's exit rate and ours, in the vCPU's colours.
     fn draw_rates<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Drawing<(), DB> {
         let title = match self.rates {
-            RateAxis::Log { .. } => "exits/s (log scale)",
+            RateAxis::Log { .. } => self.title("exits/s (log scale)", "exits/s (log)"),
             RateAxis::Linear { .. } => "exits/s",
         };
         let label = |v: &f64| self.rates.label(*v);
@@ -412,7 +436,7 @@ impl<'a> Chart<'a> {
         axis: &RateAxis,
     ) -> Drawing<(), DB> {
         let title = match axis {
-            RateAxis::Log { .. } => "guest units/s (log)",
+            RateAxis::Log { .. } => self.title("guest units/s (log)", "guest units/s"),
             RateAxis::Linear { .. } => "guest units/s",
         };
         let label = |v: &f64| axis.label(*v);
@@ -438,7 +462,8 @@ impl<'a> Chart<'a> {
         axis: &RateAxis,
     ) -> Drawing<(), DB> {
         let label = |v: &f64| format!("{} %", axis.label(*v));
-        let mut chart = self.rate_panel(area, axis, "vCPU time lost (%)", &label)?;
+        let title = self.title("vCPU time lost (%)", "time lost (%)");
+        let mut chart = self.rate_panel(area, axis, title, &label)?;
         for (k, &vcpu) in self.vcpus.iter().enumerate() {
             let kinds: [(Rate, LostOf); 2] =
                 [(Rate::Kvm, |l| l.stall), (Rate::Ours, |l| l.throttled)];
@@ -557,7 +582,11 @@ impl<'a> Chart<'a> {
     }
 }
 
-/// Draws `points` as a line, or as a dot when there is only one.
+/// Draws `points` as a line, or as a dot when there is only one. A line
+/// wider than a pixel is cut at each turn sharper than a right angle (the
+/// pieces share the vertex): a bitmap joins wide segments with a miter of
+/// no limit, which at a spike (up one sample, down the next) reaches far
+/// past both, out of the panel.
 fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
     chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, Y>>,
     points: Vec<(f64, f64)>,
@@ -565,10 +594,34 @@ fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
 ) -> Drawing<(), DB> {
     if let [only] = points[..] {
         chart.draw_series(std::iter::once(Circle::new(only, 3, style.color.filled())))?;
+        return Ok(());
+    }
+    let pieces = if style.stroke_width > 1 {
+        let spec = chart.as_coord_spec();
+        let px: Vec<(i32, i32)> = points.iter().map(|p| spec.translate(p)).collect();
+        sharp_turns(&px)
     } else {
-        chart.draw_series(std::iter::once(PathElement::new(points, style)))?;
+        Vec::new()
+    };
+    let mut start = 0;
+    for end in pieces.into_iter().chain([points.len() - 1]) {
+        let piece = points[start..=end].to_vec();
+        chart.draw_series(std::iter::once(PathElement::new(piece, style)))?;
+        start = end;
     }
     Ok(())
+}
+
+/// Indexes of the vertices of a pixel path where it turns by more than a
+/// right angle (the segments before and after point apart).
+fn sharp_turns(px: &[(i32, i32)]) -> Vec<usize> {
+    let d = |a: (i32, i32), b: (i32, i32)| (i64::from(b.0 - a.0), i64::from(b.1 - a.1));
+    (1..px.len().saturating_sub(1))
+        .filter(|&i| {
+            let (u, v) = (d(px[i - 1], px[i]), d(px[i], px[i + 1]));
+            u.0 * v.0 + u.1 * v.1 < 0
+        })
+        .collect()
 }
 
 /// A line in runs of samples with a finite value on `axis` (`value` is
@@ -716,6 +769,17 @@ mod tests {
         assert_eq!(l[3][0].stall, Some(100.0));
         // A vCPU the series lacks has no share.
         assert_eq!(lost_shares(&refs, &[3])[1][0], Lost::default());
+    }
+
+    #[test]
+    fn a_wide_line_is_cut_only_where_it_turns_back() {
+        // A spike one pixel wide: up, then straight back down.
+        assert_eq!(sharp_turns(&[(0, 100), (1, 10), (2, 100), (3, 100)]), [1]);
+        // A straight run, a right angle and a gentle bend are drawn whole.
+        assert!(sharp_turns(&[(0, 0), (5, 0), (10, 0)]).is_empty());
+        assert!(sharp_turns(&[(0, 0), (5, 0), (5, 5)]).is_empty());
+        assert!(sharp_turns(&[(0, 0), (5, 1), (10, 5)]).is_empty());
+        assert!(sharp_turns(&[(0, 0)]).is_empty());
     }
 
     #[test]

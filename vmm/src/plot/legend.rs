@@ -43,6 +43,13 @@ impl Chart<'_> {
         self.entry(root, (x, y), Sample::Line(INK, 2), "total mapped")?;
         y += ROW;
         self.entry(root, (x, y), Sample::Dashed(GREY), "phase start: v#seq cmd")?;
+        if self.vcpus.len() == 1 && y + 2 * ROW <= upper.1 + ROW {
+            // The bands: a series has no vCPU state, so a band lasts until
+            // the next command starts, whether or not this one has ended.
+            y += ROW;
+            let band = Sample::Box(RGBColor(0xf2, 0xe4, 0xe4));
+            self.entry(root, (x, y), band, "shade: last cmd started")?;
+        }
         self.draw_rate_legend(root, x, lower)
     }
 

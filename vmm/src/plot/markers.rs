@@ -13,13 +13,18 @@ pub(crate) struct PhaseChange {
     pub(crate) vcpu: usize,
     pub(crate) seq: u64,
     pub(crate) code: u64,
+    /// Commands the vCPU started since the change before, none of them seen
+    /// at a tick (each over before the next tick), as their first and last
+    /// sequence numbers.
+    pub(crate) unseen: Option<(u64, u64)>,
 }
 
 /// Changes close enough on the chart to share one line and label.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct MarkerGroup {
     pub(crate) time_s: f64,
-    /// The command of the first change, which colours the line.
+    /// The command the label leads with (the first vCPU's last in the
+    /// group), which colours the line.
     pub(crate) code: u64,
     pub(crate) label: String,
 }
@@ -46,14 +51,23 @@ pub(crate) fn phase_changes(points: &[&Point], vcpus: &[usize]) -> Vec<PhaseChan
     let mut changes = Vec::new();
     for &vcpu in vcpus {
         let mut last = 0;
+        // Whether the series saw this vCPU before its first command (a
+        // phase of 0): then every command since is in the series.
+        let mut from_boot = false;
         for p in points {
             let Some(v) = p.vcpus.get(vcpu) else { continue };
+            from_boot |= v.phase == 0;
             if v.phase != last && v.phase != 0 {
+                let seq = v.phase >> 8;
+                let before = last >> 8;
                 changes.push(PhaseChange {
                     time_s: p.time_s,
                     vcpu,
-                    seq: v.phase >> 8,
+                    seq,
                     code: v.phase & 0xff,
+                    // What ran before the series began is not in it.
+                    unseen: ((last != 0 || from_boot) && seq > before + 1)
+                        .then(|| (before + 1, seq - 1)),
                 });
             }
             last = v.phase;
@@ -82,32 +96,69 @@ pub(crate) fn group(
         .into_iter()
         .filter_map(|(_, members)| {
             let first = members.first()?;
+            // The colour of the command the label leads with: the first
+            // vCPU's last in the group, which it runs from there on.
+            let lasting = members.iter().rev().find(|c| c.vcpu == first.vcpu)?;
             Some(MarkerGroup {
                 time_s: first.time_s,
-                code: first.code,
+                code: lasting.code,
                 label: label(&members),
             })
         })
         .collect()
 }
 
-/// `v0 #3 dirty`, or `v0-3 #1 touch | v4 #2 read` for several at once.
+/// `v0 #3 dirty`, or `v0-3 #1 touch | v4 #2 read` for several at once. A
+/// vCPU that changed more than once in the group is labelled by its last
+/// command, the one it runs from there on, with those before it in the
+/// group after it (`v0 #2 dirty (after #1 touch)`: a label cut short keeps
+/// the command that lasts); commands no tick saw are named by number
+/// (`(after #2 unseen)`).
 fn label(members: &[&PhaseChange]) -> String {
-    let mut parts: Vec<((u64, u64), Vec<usize>)> = Vec::new();
+    // Per vCPU, in order of first appearance: its last change, and what the
+    // group saw of it before (commands unseen included).
+    let mut per_vcpu: Vec<(usize, &PhaseChange, Vec<String>)> = Vec::new();
     for c in members {
-        match parts.iter_mut().find(|(key, _)| *key == (c.seq, c.code)) {
-            Some((_, vcpus)) => vcpus.push(c.vcpu),
-            None => parts.push(((c.seq, c.code), vec![c.vcpu])),
+        let unseen = c.unseen.map(|(a, b)| {
+            if a == b {
+                format!("#{a} unseen")
+            } else {
+                format!("#{a}-#{b} unseen")
+            }
+        });
+        match per_vcpu.iter_mut().find(|(v, _, _)| *v == c.vcpu) {
+            Some((_, last, before)) => {
+                before.push(format!("#{} {}", last.seq, name_of(last.code)));
+                before.extend(unseen);
+                *last = c;
+            }
+            None => per_vcpu.push((c.vcpu, c, unseen.into_iter().collect())),
+        }
+    }
+    let mut parts: Vec<((u64, u64, String), Vec<usize>)> = Vec::new();
+    for (vcpu, c, before) in per_vcpu {
+        let key = (c.seq, c.code, before.join(", "));
+        match parts.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, vcpus)) => vcpus.push(vcpu),
+            None => parts.push((key, vec![vcpu])),
         }
     }
     parts
         .iter()
-        .map(|((seq, code), vcpus)| {
-            let name = command_name(*code).map_or_else(|| format!("cmd {code}"), str::to_string);
-            format!("v{} #{seq} {name}", vcpu_list(vcpus))
+        .map(|((seq, code, before), vcpus)| {
+            let after = if before.is_empty() {
+                String::new()
+            } else {
+                format!(" (after {before})")
+            };
+            format!("v{} #{seq} {}{after}", vcpu_list(vcpus), name_of(*code))
         })
         .collect::<Vec<_>>()
         .join(" | ")
+}
+
+fn name_of(code: u64) -> String {
+    command_name(code).map_or_else(|| format!("cmd {code}"), str::to_string)
 }
 
 /// `0`, `0,2`, `0-3`, `0-2,5`: vCPU indexes with runs collapsed.
@@ -203,12 +254,44 @@ mod tests {
     }
 
     #[test]
+    fn a_vcpu_that_changed_twice_in_a_group_is_labelled_by_what_it_runs_after() {
+        // #1 touch and #2 dirty start a tick apart, then #3 read and #4
+        // touch both start and end between two ticks: #5 dirty is seen.
+        let pts = [
+            point(0.0, &[0]),
+            point(1.0, &[marker(1, 1)]),
+            point(1.1, &[marker(2, 4)]),
+            point(9.0, &[marker(5, 4)]),
+        ];
+        // A series that begins after the vCPU's first commands does not
+        // call them unseen; one that saw it before any does.
+        let late = phase_changes(&[&pts[3]], &[0]);
+        assert_eq!(late[0].unseen, None);
+        let early = phase_changes(&[&pts[0], &pts[3]], &[0]);
+        assert_eq!(early[0].unseen, Some((1, 4)));
+        let refs: Vec<&Point> = pts.iter().collect();
+        let changes = phase_changes(&refs, &[0]);
+        let groups = group(&changes, |t| t * 100.0, 12.0);
+        let labels: Vec<&str> = groups.iter().map(|g| g.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "v0 #2 dirty (after #1 touch)",
+                "v0 #5 dirty (after #3-#4 unseen)"
+            ]
+        );
+        // The line has the colour of the command that lasts.
+        assert_eq!(groups[0].code, 4);
+    }
+
+    #[test]
     fn unknown_command_codes_are_labelled_by_number() {
         let c = PhaseChange {
             time_s: 0.0,
             vcpu: 2,
             seq: 9,
             code: 99,
+            unseen: None,
         };
         assert_eq!(label(&[&c]), "v2 #9 cmd 99");
     }

@@ -96,10 +96,16 @@ pub struct PlotOutcome {
 
 impl std::fmt::Display for PlotOutcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = |n: usize| if n == 1 { "" } else { "s" };
         write!(
             f,
-            "{} samples, {} vCPUs, {} phase markers",
-            self.points, self.vcpus, self.markers
+            "{} sample{}, {} vCPU{}, {} phase marker{}",
+            self.points,
+            s(self.points),
+            self.vcpus,
+            s(self.vcpus),
+            self.markers,
+            s(self.markers)
         )
     }
 }
@@ -117,10 +123,22 @@ pub fn source_name(path: &Path) -> String {
 /// # Errors
 /// The file cannot be read or does not parse.
 pub(crate) fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), PlotError> {
-    let text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries {
+    let mut text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries {
         path: path.to_path_buf(),
         source,
     })?;
+    // A series is written a line at a time: one whose last line has no end
+    // was cut while it was written (a VMM killed, a full disk). What came
+    // before is whole.
+    if !text.is_empty() && !text.ends_with('\n') {
+        let whole = text.rfind('\n').map_or(0, |i| i + 1);
+        log::warn!(
+            "{}: its last line ({} bytes) has no end, cut while it was written: left out",
+            path.display(),
+            text.len() - whole
+        );
+        text.truncate(whole);
+    }
     let is_csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
