@@ -14,6 +14,16 @@ fn kvmscope(args: &[&str]) -> Output {
         .expect("run kvmscope")
 }
 
+/// `kvmscope plot SERIES -o OUT`.
+fn plot(series: &std::path::Path, out: &std::path::Path) -> Output {
+    kvmscope(&[
+        "plot",
+        series.to_str().unwrap_or_default(),
+        "-o",
+        out.to_str().unwrap_or_default(),
+    ])
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -25,12 +35,7 @@ fn plot_writes_an_svg_from_json_lines() {
     let series = dir.join("run.jsonl");
     write_jsonl(&series, &header, &points);
     let svg = dir.join("run.svg");
-    let out = kvmscope(&[
-        "plot",
-        series.to_str().unwrap_or_default(),
-        "-o",
-        svg.to_str().unwrap_or_default(),
-    ]);
+    let out = plot(&series, &svg);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = std::fs::read_to_string(&svg).unwrap_or_default();
     // Titled by the VM's name, which the JSON-lines header carries, and the file.
@@ -48,13 +53,7 @@ fn a_series_cut_while_it_was_written_is_plotted_up_to_its_last_whole_line() {
     // The last record half written, as by a VMM killed mid-line.
     let cut = &whole[..whole.len() - 40];
     std::fs::write(&series, cut).unwrap();
-    let svg = dir.join("cut.svg");
-    let out = kvmscope(&[
-        "plot",
-        series.to_str().unwrap_or_default(),
-        "-o",
-        svg.to_str().unwrap_or_default(),
-    ]);
+    let out = plot(&series, &dir.join("cut.svg"));
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("59 samples, 2 vCPUs"),
