@@ -178,6 +178,14 @@ fn the_vmms_exit_counters_are_summed_per_vm_and_shown_per_vcpu_only_when_asked()
         page.contains("# HELP kvmscope_vmm_vm_exits_io_out_total sum over the VM's vCPUs of"),
         "{page}"
     );
+    // The VMM's own families say what they mean and in which unit.
+    assert!(
+        page.contains(
+            "# HELP kvmscope_vmm_vcpu_guest_stall_seconds_total kvmscope VMM's own vCPU stat \
+             guest_stall_ns (Cumulative, in seconds): vCPU time this vCPU's guest lost to dirty tracking."
+        ),
+        "{page}"
+    );
     assert!(
         !page.contains("kvmscope_vmm_vcpu_exits_"),
         "no exit counter per vCPU:\n{page}"

@@ -193,9 +193,26 @@ impl Family {
         seen: &mut HashSet<String>,
     ) {
         if seen.insert(self.full.clone()) {
+            // The value is in base units whatever the stat's own scale
+            // (`_ns` reads as seconds); the VMM's own stats say what they
+            // mean (its special values among it).
+            let unit = match d.unit {
+                Unit::Bytes => ", in bytes",
+                Unit::Seconds => ", in seconds",
+                Unit::Cycles => ", in cycles",
+                Unit::Boolean => ", 0 or 1",
+                Unit::None | Unit::Unknown(_) => "",
+            };
+            let meaning = if whose.contains("kvmscope") {
+                crate::vmmstats::meaning(&d.name, whose.contains("vCPU"))
+                    .map(|m| format!(": {}", help_text(&m)))
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "# HELP {} {} stat {} ({:?})\n# TYPE {} {}",
+                "# HELP {} {} stat {} ({:?}{unit}){meaning}\n# TYPE {} {}",
                 self.full,
                 whose,
                 help_text(&d.name),

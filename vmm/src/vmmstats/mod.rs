@@ -25,10 +25,13 @@ pub const PUBLISH_PERIOD: Duration = Duration::from_millis(100);
 
 /// The VM file's stats, in file order. Times are nanoseconds; `*_at_ns` are
 /// wall-clock (`CLOCK_REALTIME`) instants, 0 for never.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr, strum::EnumMessage,
+)]
 #[strum(serialize_all = "snake_case")]
 pub enum VmStat {
-    /// When the publisher last wrote the files.
+    /// When the publisher last wrote the files (a wall-clock instant: Unix
+    /// time).
     PublishedAtNs,
     /// vCPU time the guest lost to dirty tracking, all vCPUs, over every
     /// window and migration that has ended.
@@ -46,7 +49,8 @@ pub enum VmStat {
     MigrationDirtySyncs,
     /// `ram.dirty-pages-rate` (pages per second).
     MigrationDirtyPagesRate,
-    /// When the readiness figures below were measured; 0: never.
+    /// When the readiness figures were measured (a wall-clock instant: Unix
+    /// time); 0: never.
     ReadinessAtNs,
     /// The dirty-rate window they were measured over.
     ReadinessWindowNs,
@@ -60,15 +64,16 @@ pub enum VmStat {
     ReadinessGuestStallNs,
     /// 1 when the predicted migration converges.
     PredictionConverges,
-    /// Its predicted total time.
+    /// The predicted migration's total time (u64::MAX ns, 18446744073.7 s:
+    /// it never ends).
     PredictionTotalTimeNs,
-    /// Its predicted downtime.
+    /// Its predicted downtime (u64::MAX ns, 18446744073.7 s: it never stops).
     PredictionDowntimeNs,
     /// Bytes it would send.
     PredictionTransferred,
     /// The guest stall it would cost.
     PredictionGuestStallNs,
-    /// The link bandwidth it assumed (bytes per second).
+    /// The link bandwidth it assumed (bytes per second; 0: unlimited).
     PredictionBandwidthBytesPerSecond,
     /// The smallest auto-converge throttle, %, that makes it converge: 0 when
     /// none is needed, 100 when none would.
@@ -118,7 +123,9 @@ impl VmStat {
 
 /// A vCPU file's stats after the exit counters (`exits_<reason>`, one per
 /// [`Reason`], first).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr, strum::EnumMessage,
+)]
 #[strum(serialize_all = "snake_case")]
 pub enum VcpuStat {
     /// vCPU time this vCPU's guest lost to dirty tracking.
@@ -135,7 +142,7 @@ pub enum VcpuStat {
     /// Its dirty rate over the last period of its limit, bytes/s (0 unlimited).
     DirtyLimitRateBytesPerSecond,
     /// The guest's own count of the work it has done (guest ABI `progress`:
-    /// pages touched or read, page writes; `vcpu::progress`).
+    /// pages touched or read, page writes).
     GuestProgress,
     /// That count's rate over the last second, units/s (0 until known).
     GuestProgressPerSecond,
@@ -218,6 +225,36 @@ impl VmmStats {
     pub fn vcpus(&self) -> &[StatsFile] {
         &self.vcpus
     }
+}
+
+/// What stat `name` of the VMM's own files means (a vCPU file's with
+/// `vcpu`, else the VM file's), from its definition's documentation, in one
+/// line: for a page's `# HELP`. `None` for a name this build does not
+/// define (a file of another build).
+pub fn meaning(name: &str, vcpu: bool) -> Option<String> {
+    use strum::EnumMessage;
+    if let Some(reason) = name.strip_prefix("exits_") {
+        if vcpu && Reason::ALL.iter().any(|r| r.label() == reason) {
+            return Some(format!(
+                "exits that reached the VMM for {reason}, by its own count (KVM's stats miss some on some backends)"
+            ));
+        }
+    }
+    let doc = if vcpu {
+        VcpuStat::iter()
+            .find(|s| <&str>::from(*s) == name)
+            .and_then(|s| s.get_documentation())
+    } else {
+        VmStat::iter()
+            .find(|s| <&str>::from(*s) == name)
+            .and_then(|s| s.get_documentation())
+    }?;
+    Some(
+        doc.replace('`', "")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
 }
 
 /// Whether a stat of the VM file is a readiness figure (`readiness_*`,
@@ -312,6 +349,33 @@ mod tests {
             offset: 0,
             bucket_size: 0,
         }
+    }
+
+    #[test]
+    fn every_own_stat_has_a_meaning_in_one_line() {
+        let stats = VmmStats::new(1, 1).unwrap();
+        for (file, vcpu) in [(stats.vm(), false), (&stats.vcpus()[0], true)] {
+            let fd = StatsFd::new(file.reader().unwrap()).unwrap();
+            for (_, d) in fd.schema().iter() {
+                let m =
+                    meaning(&d.name, vcpu).unwrap_or_else(|| panic!("{} has no meaning", d.name));
+                assert!(
+                    !m.is_empty() && !m.contains(['\n', '`']),
+                    "{}: {m:?}",
+                    d.name
+                );
+            }
+        }
+        assert_eq!(
+            meaning("prediction_total_time_ns", false).as_deref(),
+            Some("The predicted migration's total time (u64::MAX ns, 18446744073.7 s: it never ends).")
+        );
+        // One name in both files: each file's own meaning.
+        assert_ne!(
+            meaning("guest_stall_ns", false),
+            meaning("guest_stall_ns", true)
+        );
+        assert_eq!(meaning("no_such_stat", true), None);
     }
 
     #[test]
