@@ -93,7 +93,7 @@ struct ExporterArgs {
     /// characters, e.g. `pages_*,exits,halt_*,prediction_*`); one that matches
     /// no stat of the first VMs read is said once in the log. The exporter's
     /// own metrics are always there.
-    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    #[arg(long, value_name = "NAMES", value_delimiter = ',', value_parser = stat_pattern)]
     stats: Vec<String>,
     /// Longest time to attach to one VMM (connect, greeting, fds); a VMM that
     /// does not answer in time is skipped and tried again 5 s later.
@@ -237,13 +237,15 @@ struct StatsArgs {
     #[arg(long)]
     vm: bool,
     /// A vCPU's stats: an index or `all`.
-    #[arg(long, value_name = "N|all")]
+    #[arg(long, value_name = "N|all", allow_negative_numbers = true)]
     vcpu: Option<VcpuChoice>,
     /// Only these stats, KVM's and the VMM's own: names, `*` for any run of
     /// characters, e.g. pages_4k,exits,readiness_*.
     #[arg(long, value_name = "NAMES", value_delimiter = ',', value_parser = stat_pattern)]
     names: Option<Vec<String>>,
-    /// Print QMP-like JSON (`{"return": [...]}`, as `query-stats`).
+    /// Print QMP-like JSON (`{"return": [...]}`, as `query-stats`); as in
+    /// the table, a VMM's readiness_*/prediction_* figures are left out
+    /// until it has measured readiness (zeros would read as figures).
     #[arg(long)]
     json: bool,
 }
@@ -267,7 +269,7 @@ struct WatchArgs {
     #[arg(long)]
     vm: bool,
     /// A vCPU's stats: an index or `all`.
-    #[arg(long, value_name = "N|all")]
+    #[arg(long, value_name = "N|all", allow_negative_numbers = true)]
     vcpu: Option<VcpuChoice>,
 }
 
@@ -695,8 +697,17 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         announce: true,
     };
     let summary = match incoming {
-        Some(incoming) => run::run_incoming(config, incoming)?,
-        None => run::run(config)?,
+        Some(incoming) => run::run_incoming(config, incoming),
+        None => run::run(config),
+    };
+    let summary = match summary {
+        // A --workload that names a vCPU the VM lacks, or a range outside
+        // its arena, is the command line's fault, as an unknown command is
+        // (exit status 2); checked against the VM before anything runs.
+        Err(e @ (run::Error::Workload { .. } | run::Error::Target(_))) => {
+            usage_error("run", kvmscope::error_chain(&e))
+        }
+        other => other?,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary.to_json())?);

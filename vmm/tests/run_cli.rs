@@ -39,6 +39,32 @@ fn values_out_of_range_and_flags_that_disagree_exit_2_naming_the_rule() {
     }
 }
 
+/// A workload that does not fit the VM (a range past its arena, a vCPU it
+/// lacks) is the command line's error too, found against the VM before
+/// anything runs.
+#[test]
+fn a_workload_that_does_not_fit_the_vm_exits_2_naming_it() {
+    require_kvm!();
+    for (workload, said) in [
+        (
+            "touch size=1G",
+            "touch range 0x0..0x40000000 does not fit the 56 MiB arena",
+        ),
+        (
+            "3: touch size=1M",
+            "vCPU 3 in target '[3]' does not exist (the VM has 1)",
+        ),
+    ] {
+        let out = kvmscope()
+            .args(["run", "--memory", "64M", "--workload", workload])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{workload}: {err}");
+        assert!(err.contains(said), "{workload}: {err}");
+    }
+}
+
 #[test]
 fn bad_memory_size_is_an_error() {
     let out = kvmscope()

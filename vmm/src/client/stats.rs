@@ -231,7 +231,10 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
             .zip(&samples)
             .filter(|(r, _)| r.shows_any(&filter))
             .map(|(r, s)| {
-                let mut e = kvm_stats::json::stats_result(r.stats.schema(), s, &filter);
+                // Unmeasured readiness figures are left out, as from a table:
+                // `prediction_converges: false` would read as a verdict.
+                let (kept, _) = table_filter(r, s, &filter);
+                let mut e = kvm_stats::json::stats_result(r.stats.schema(), s, &kept);
                 e["provider"] = serde_json::json!(r.provider.name());
                 e
             })
