@@ -125,8 +125,13 @@ fn empty_names_counts_and_patterns_are_refused_once_each_naming_the_flag() {
                 "--listen",
                 "127.0.0.1:0",
             ][..],
-            1,
-            "--stats pattern \"\": use stat names",
+            2,
+            "pattern \"\": use stat names",
+        ),
+        (
+            &["stats", "--socket", "/nonexistent", "--vcpu", "-1"][..],
+            2,
+            "'-1' is not a vCPU",
         ),
     ] {
         let out = kvmscope().args(args).output().unwrap();
