@@ -239,6 +239,13 @@ fn names_what_it_leaves_protected(mode: DirtyMode) {
         (most - left as f64 * cost_us / 1e3).abs() < 1e-3,
         "{mode}: a fault each at most: {r}"
     );
+    // The window saw the writer's 8 MiB set, all of it left writable: it
+    // expects next to none of the rest to be paid for.
+    let expected = r["guest_stall"]["left_stall_ms_expected"].as_f64();
+    assert!(
+        expected.is_some_and(|e| e < most / 10.0),
+        "{mode}: {expected:?} ms expected of {most} at most: {r}"
+    );
     assert!(
         r["text"].as_str().unwrap().contains("left write-protected"),
         "{r}"

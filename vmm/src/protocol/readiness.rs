@@ -114,6 +114,12 @@ pub struct StallFigure {
     /// counted by the running total (`guest_stall_ns`) as they come.
     #[serde(default)]
     pub left_stall_ms_max: Option<f64>,
+    /// What they will cost if the guest keeps to the working set the window
+    /// saw, ms: the pages of that set left protected, at the fault cost
+    /// (null when the window saw no working set: a guest it could not bound
+    /// may write any of them).
+    #[serde(default)]
+    pub left_stall_ms_expected: Option<f64>,
     /// Each vCPU's stall.
     pub vcpus: Vec<VcpuStallFigure>,
 }

@@ -185,8 +185,11 @@ fn dirty_rate(
     // or at a harvest since; those the last look left writable were written
     // after. The rest fault once more when next written (not counted here:
     // the running total counts them as they come).
-    let left_protected = match writable {
-        Some(w) => Some((mapped_now(vm_stats)?.bytes() / 4096).saturating_sub(w)),
+    let left = match writable {
+        Some(writable) => Some(report::Left {
+            protected: (mapped_now(vm_stats)?.bytes() / 4096).saturating_sub(writable),
+            writable,
+        }),
         None => None,
     };
     let mode = match d.mode() {
@@ -202,7 +205,7 @@ fn dirty_rate(
         per_vcpu,
         curve,
         stall,
-        left_protected,
+        left,
     })
 }
 

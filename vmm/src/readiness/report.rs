@@ -46,11 +46,21 @@ pub struct DirtyRate {
     pub(crate) curve: Vec<(u64, Duration)>,
     /// What the window cost the guest.
     pub stall: Stall,
-    /// Pages the guest had mapped that the window left write-protected
-    /// (mapped at its end less those written after their last protection):
-    /// each faults once more when the guest next writes it. `None` where
-    /// another consumer (a migration) went on holding the log.
-    pub(crate) left_protected: Option<u64>,
+    /// What the window left behind, `None` where another consumer (a
+    /// migration) went on holding the log.
+    pub(crate) left: Option<Left>,
+}
+
+/// The pages a window leaves: each protected one faults once more when the
+/// guest next writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Left {
+    /// Pages the guest had mapped that stay write-protected (mapped at the
+    /// window's end less `writable`).
+    pub(crate) protected: u64,
+    /// Pages the window's last look left writable (written after their last
+    /// protection).
+    pub(crate) writable: u64,
 }
 
 impl DirtyRate {
@@ -81,6 +91,16 @@ impl DirtyRate {
             None => self.pages,
         };
         (faults > 0).then(|| self.stall.total().as_secs_f64() / faults as f64)
+    }
+
+    /// Of the pages the window left protected, those the guest's working
+    /// set (as the window's model sees it) will write again: its set less
+    /// the pages left writable, at most those left. `None` without a working
+    /// set seen (a guest the window could not bound may write any of them).
+    pub(crate) fn left_to_pay(&self) -> Option<u64> {
+        let left = self.left?;
+        let set = self.growth().1.working_set()?;
+        Some(set.saturating_sub(left.writable).min(left.protected))
     }
 
     /// Distinct pages at about half the window (the last point of the
@@ -508,10 +528,7 @@ impl Report {
                     model_growth: growth.name().to_string(),
                 }
             }),
-            guest_stall: self
-                .dirty_rate
-                .as_ref()
-                .map(|d| stall_figure(&d.value.stall, d.value.left_protected)),
+            guest_stall: self.dirty_rate.as_ref().map(|d| stall_figure(&d.value)),
             scan: self.scan.as_ref().map(|s| self.scan_figure(s, us(s.took))),
             estimate_used: self.estimate_used.to_string(),
             prediction: self.prediction.as_ref().map(Prediction::to_reply),
@@ -638,7 +655,7 @@ impl Report {
             ),
             (None, _) => writeln!(s, "  model: {rate:.0} pages/s, no working set seen"),
         };
-        let f = stall_figure(&d.stall, d.left_protected);
+        let f = stall_figure(d);
         let per: Vec<String> = f.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
         let _ = writeln!(
             s,
@@ -648,9 +665,12 @@ impl Report {
             per.join(", ")
         );
         if let (Some(pages), Some(ms)) = (f.left_protected_pages, f.left_stall_ms_max) {
+            let expected = f.left_stall_ms_expected.map_or_else(String::new, |e| {
+                format!(", about {e:.0} ms for those its working set writes again")
+            });
             let _ = writeln!(
                 s,
-                "  left write-protected: {pages} pages ({}): up to {ms:.0} ms more, a fault each as the guest writes them again (the running total guest_stall_ns counts them as they come)",
+                "  left write-protected: {pages} pages ({}): up to {ms:.0} ms more, a fault each as the guest writes them again{expected} (the running total guest_stall_ns counts them as they come)",
                 format_bytes(pages * 4096)
             );
         }
@@ -764,9 +784,11 @@ impl Report {
     }
 }
 
-/// A stall as the readiness report shows it, with the pages the window left
-/// write-protected.
-pub(crate) fn stall_figure(stall: &Stall, left_protected: Option<u64>) -> StallFigure {
+/// A window's stall as the readiness report shows it, with the pages it
+/// left write-protected.
+pub(crate) fn stall_figure(d: &DirtyRate) -> StallFigure {
+    let stall = &d.stall;
+    let left_protected = d.left.map(|l| l.protected);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let vcpu_time = stall.period.as_secs_f64() * stall.vcpus.len() as f64;
     StallFigure {
@@ -780,6 +802,7 @@ pub(crate) fn stall_figure(stall: &Stall, left_protected: Option<u64>) -> StallF
         fault_cost_us: fault_cost().as_secs_f64() * 1e6,
         left_protected_pages: left_protected,
         left_stall_ms_max: left_protected.map(|n| n as f64 * ms(fault_cost())),
+        left_stall_ms_expected: d.left_to_pay().map(|n| n as f64 * ms(fault_cost())),
         vcpus: stall
             .vcpus
             .iter()
@@ -950,8 +973,39 @@ mod tests {
                 system: vec![None, None],
                 waited: vec![None, None],
             },
-            left_protected: Some(20_000),
+            left: Some(Left {
+                protected: 20_000,
+                writable: 9_000,
+            }),
         }
+    }
+
+    #[test]
+    fn of_what_a_window_left_protected_its_working_set_pays_for_what_it_writes_again() {
+        // 12,000 pages, all there by the first count: a working set of
+        // 12,000 pages, 9,000 of them left writable.
+        let w = window_of(500, |_| 12_000.0);
+        assert_eq!(w.growth().1.working_set(), Some(12_000));
+        assert_eq!(w.left_to_pay(), Some(3_000));
+        // Never more than was left.
+        let few = DirtyRate {
+            left: Some(Left {
+                protected: 1_000,
+                writable: 0,
+            }),
+            ..window_of(500, |_| 12_000.0)
+        };
+        assert_eq!(few.left_to_pay(), Some(1_000));
+        // A rate with no set seen: it may write any of them.
+        let linear = window_of(500, |t| 40_000.0 * t);
+        assert_eq!(linear.growth().1.working_set(), None);
+        assert_eq!(linear.left_to_pay(), None);
+        // A migration went on holding the log: nothing was left by the window.
+        let held = DirtyRate {
+            left: None,
+            ..window_of(500, |_| 12_000.0)
+        };
+        assert_eq!(held.left_to_pay(), None);
     }
 
     #[test]
@@ -1167,6 +1221,7 @@ mod tests {
             [
                 "fault_cost_us",
                 "left_protected_pages",
+                "left_stall_ms_expected",
                 "left_stall_ms_max",
                 "period_s",
                 "share",
@@ -1180,6 +1235,16 @@ mod tests {
         assert!(
             (left_ms - 20_000.0 * cost_us / 1e3).abs() < 1e-6,
             "a fault each: {left_ms} ms at {cost_us} us"
+        );
+        // The pages of the working set the model saw that are not writable:
+        // what it will write again, at most what was left.
+        let rate = &r.dirty_rate.as_ref().unwrap().value;
+        let expected = rate.left_to_pay().map(|n| n as f64 * cost_us / 1e3);
+        assert_eq!(
+            wire["guest_stall"]["left_stall_ms_expected"].as_f64(),
+            expected,
+            "{}",
+            wire["guest_stall"]
         );
         assert_eq!(wire["guest_stall"]["total_ms"], 50.0);
         assert_eq!(wire["guest_stall"]["share"], 0.05, "50 ms of 2 x 0.5 s");
