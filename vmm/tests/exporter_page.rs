@@ -598,6 +598,36 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
         &[&qvm, "vcpus_read=\"2\""],
     );
     assert_eq!(vcpus, Some(1.0), "{page}");
+    // Each vCPU under its own index, as `query-cpus-fast` gives it (QEMU 7.2
+    // lists a query-stats reply's vCPUs last first): vCPU 0 is `device[0]`
+    // on this machine, vCPU 1 a later device.
+    let labelled: Vec<(&str, &str)> = page
+        .lines()
+        .filter(|l| l.contains(&qvm) && l.contains("qom_path="))
+        .map(|l| {
+            let label = |name: &str| {
+                l.split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|v| v.split('"').next())
+                    .unwrap_or_default()
+            };
+            (label("vcpu"), label("qom_path"))
+        })
+        .collect();
+    assert!(!labelled.is_empty(), "{page}");
+    let device = |path: &str| -> u32 {
+        path.trim_start_matches("/machine/unattached/device[")
+            .trim_end_matches(']')
+            .parse()
+            .unwrap_or_else(|_| panic!("{path}"))
+    };
+    for (vcpu, path) in &labelled {
+        match *vcpu {
+            "0" => assert_eq!(device(path), 0, "{page}"),
+            "1" => assert!(device(path) > 0, "{page}"),
+            other => panic!("vcpu {other:?} of a 2-vCPU QEMU: {page}"),
+        }
+    }
     // The version from QEMU's greeting, and whether its vCPU queries kick
     // (this host's QEMU is 7.2: they do).
     let info = page

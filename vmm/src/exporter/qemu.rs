@@ -52,8 +52,9 @@ pub(crate) struct QemuVm {
     pub(crate) labels: String,
     /// VM stats.
     pub(crate) vm: Reading,
-    /// Each vCPU's stats, by `qom-path` (with `--qmp-vcpus`).
-    pub(crate) vcpus: Vec<(String, Reading)>,
+    /// Each vCPU's stats (with `--qmp-vcpus`): its index (`query-cpus-fast`'s
+    /// `cpu-index`) and `qom-path`, in index order.
+    pub(crate) vcpus: Vec<(usize, String, Reading)>,
     /// When they were read; `None` before the first read.
     pub(crate) at: Option<Instant>,
     /// Why the last attempt failed, if it did.
@@ -76,7 +77,7 @@ struct QemuReading {
     pid: u32,
     version: (u64, u64, u64),
     vm: Reading,
-    vcpus: Vec<(String, Reading)>,
+    vcpus: Vec<(usize, String, Reading)>,
 }
 
 /// The refreshing threads; dropping this stops them.
@@ -215,11 +216,11 @@ impl Figures for QemuFigures {
     fn vcpu_stats(&self) -> Vec<Source<'_>> {
         self.read()
             .flat_map(|q| {
-                q.vcpus.iter().enumerate().map(move |(i, (path, r))| {
+                q.vcpus.iter().map(move |(i, path, r)| {
                     Source::new(
                         format!(
                             "{},qom_path=\"{}\"",
-                            crate::metrics::vcpu_labels(&q.labels, i),
+                            crate::metrics::vcpu_labels(&q.labels, *i),
                             label_value(path)
                         ),
                         Values::Listed(r),
@@ -297,6 +298,9 @@ struct Monitor {
     pid: u32,
     version: (u64, u64, u64),
     schemas: Vec<(String, Vec<Value>)>,
+    /// Each vCPU's index by its `qom-path` (`query-cpus-fast`): QEMU lists
+    /// a `query-stats` reply's vCPUs in no set order (7.2: the last first).
+    cpu_index: Vec<(String, usize)>,
 }
 
 impl Monitor {
@@ -318,6 +322,7 @@ impl Monitor {
             pid,
             version: (v.major, v.minor, v.micro),
             schemas: Vec::new(),
+            cpu_index: Vec::new(),
         };
         if let Ok((v, _)) = m.client.call(&Command::QueryName(NoArgs {})) {
             if let Some(n) = v["name"].as_str() {
@@ -362,8 +367,16 @@ impl Monitor {
             let all = self.stats(StatsTarget::Vcpu)?;
             for r in all.as_array().into_iter().flatten() {
                 let path = r["qom-path"].as_str().unwrap_or_default().to_string();
-                vcpu_stats.push((path, self.reading("vcpu", &r["stats"])));
+                let Some(index) = self.index_of(&path)? else {
+                    log::warn!(
+                        "exporter: {}: no vCPU at {path:?} in query-cpus-fast: its stats left out",
+                        self.name
+                    );
+                    continue;
+                };
+                vcpu_stats.push((index, path, self.reading("vcpu", &r["stats"])));
             }
+            vcpu_stats.sort_by_key(|(index, _, _)| *index);
         }
         Ok(QemuReading {
             name: self.name.clone(),
@@ -372,6 +385,27 @@ impl Monitor {
             vm: vm_stats,
             vcpus: vcpu_stats,
         })
+    }
+
+    /// vCPU `path`'s index, asking `query-cpus-fast` again when the path is
+    /// new (a vCPU plugged since); `None` where QEMU names no such vCPU.
+    fn index_of(&mut self, path: &str) -> Result<Option<usize>, MonitorError> {
+        let known = |m: &Monitor| m.cpu_index.iter().find(|(p, _)| p == path).map(|&(_, i)| i);
+        if let Some(i) = known(self) {
+            return Ok(Some(i));
+        }
+        let (cpus, _) = self.client.call(&Command::QueryCpusFast(NoArgs {}))?;
+        self.cpu_index = cpus
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                let path = c["qom-path"].as_str()?.to_string();
+                let index = usize::try_from(c["cpu-index"].as_u64()?).ok()?;
+                Some((path, index))
+            })
+            .collect();
+        Ok(known(self))
     }
 
     fn reading(&self, target: &str, stats: &Value) -> Reading {
