@@ -746,6 +746,9 @@ impl Client {
         let args = MigrateArgs {
             uri: uri.to_string(),
             detach: None,
+            blk: None,
+            inc: None,
+            resume: None,
         };
         self.call(&Command::Migrate(args)).map(drop)
     }

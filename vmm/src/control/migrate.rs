@@ -17,6 +17,9 @@ pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
         return Outcome::generic("this VMM cannot migrate (no migration handle)");
     };
     match command {
+        Command::Migrate(a) if a.refused().is_some() => {
+            Outcome::generic(a.refused().unwrap_or_default())
+        }
         Command::Migrate(a) => match a.uri.parse::<Uri>() {
             Err(e) => Outcome::Error(ErrorClass::GenericError, e.to_string()),
             Ok(uri) => match m.start(uri, source.clone()) {
@@ -79,13 +82,37 @@ mod tests {
             command(r#"{"execute": "migrate", "arguments": {"uri": "unix:/tmp/x"}}"#),
             Ok(Command::Migrate(MigrateArgs {
                 uri: "unix:/tmp/x".into(),
-                detach: None
+                detach: None,
+                blk: None,
+                inc: None,
+                resume: None,
             }))
         );
         assert!(command(r#"{"execute": "migrate"}"#).is_err());
         assert!(
-            command(r#"{"execute": "migrate", "arguments": {"uri": "unix:/x", "blk": true}}"#)
+            command(r#"{"execute": "migrate", "arguments": {"uri": "unix:/x", "bogus": 1}}"#)
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn migrate_takes_libvirts_arguments_and_refuses_what_it_cannot_do() {
+        let args = |line: &str| match command(line) {
+            Ok(Command::Migrate(a)) => a,
+            other => panic!("{other:?}"),
+        };
+        // As libvirt sends it with QEMU 7.2.
+        let libvirt = args(
+            r#"{"execute": "migrate", "arguments": {"detach": true, "blk": false, "inc": false, "uri": "unix:/x"}}"#,
+        );
+        assert_eq!(libvirt.refused(), None);
+        let blk = args(r#"{"execute": "migrate", "arguments": {"uri": "unix:/x", "blk": true}}"#);
+        assert!(blk.refused().is_some_and(|e| e.contains("'blk'")));
+        let resume =
+            args(r#"{"execute": "migrate", "arguments": {"uri": "unix:/x", "resume": true}}"#);
+        assert_eq!(
+            resume.refused(),
+            Some("Cannot resume if there is no paused migration")
         );
     }
 

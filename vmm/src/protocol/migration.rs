@@ -14,6 +14,32 @@ pub struct MigrateArgs {
     /// QEMU's; a migration always runs detached here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) detach: Option<bool>,
+    /// QEMU 7.2's block migration (deprecated there): only `false` is taken
+    /// (libvirt sends it so); kvmscope moves RAM and vCPU state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) blk: Option<bool>,
+    /// QEMU 7.2's incremental block migration: only `false` is taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) inc: Option<bool>,
+    /// QEMU's resume of a paused postcopy migration: only `false` is taken
+    /// (kvmscope has no postcopy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) resume: Option<bool>,
+}
+
+impl MigrateArgs {
+    /// Why these arguments ask for what kvmscope cannot do, in QEMU's words
+    /// where QEMU has them; `None` when they can be done.
+    pub(crate) fn refused(&self) -> Option<&'static str> {
+        if self.resume == Some(true) {
+            // QEMU's text for a resume with no paused (postcopy) migration.
+            return Some("Cannot resume if there is no paused migration");
+        }
+        if self.blk == Some(true) || self.inc == Some(true) {
+            return Some("block migration ('blk', 'inc') is not supported: kvmscope migrates RAM and vCPU state, and its guest has no disk");
+        }
+        None
+    }
 }
 
 /// A migration's state, as QEMU's `MigrationStatus` names it.
@@ -89,6 +115,23 @@ pub struct RamStats {
     pub(crate) downtime_bytes: u64,
     /// Bytes per page on the wire, 4096.
     pub(crate) page_size: u64,
+    /// QEMU 7.2's members for what kvmscope does not do, always 0, so that
+    /// a client decoding `MigrationStats` as QEMU's schema has it finds
+    /// every member it requires: pages skipped (unused since QEMU 2.x)...
+    #[serde(default)]
+    pub(crate) skipped: u64,
+    /// ...postcopy page requests from the destination...
+    #[serde(default)]
+    pub(crate) postcopy_requests: u64,
+    /// ...bytes sent over multifd channels...
+    #[serde(default)]
+    pub(crate) multifd_bytes: u64,
+    /// ...bytes sent during postcopy...
+    #[serde(default)]
+    pub(crate) postcopy_bytes: u64,
+    /// ...and syncs that missed zero-copy sends.
+    #[serde(default)]
+    pub(crate) dirty_sync_missed_zero_copy: u64,
 }
 
 /// QEMU's `MigrationInfo`, as `query-migrate` returns it (times in ms).
@@ -494,4 +537,37 @@ pub struct CapabilityStatus {
 pub struct SetCapabilities {
     /// The capabilities to change.
     pub capabilities: Vec<CapabilityStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_stats_carry_every_member_qemu_7_2_requires() {
+        let ram = serde_json::to_value(RamStats::default()).unwrap();
+        // qapi/migration.json's MigrationStats in QEMU 7.2: none optional.
+        for member in [
+            "transferred",
+            "remaining",
+            "total",
+            "duplicate",
+            "skipped",
+            "normal",
+            "normal-bytes",
+            "dirty-pages-rate",
+            "mbps",
+            "dirty-sync-count",
+            "postcopy-requests",
+            "page-size",
+            "multifd-bytes",
+            "pages-per-second",
+            "precopy-bytes",
+            "downtime-bytes",
+            "postcopy-bytes",
+            "dirty-sync-missed-zero-copy",
+        ] {
+            assert!(ram.get(member).is_some(), "{member} missing: {ram}");
+        }
+    }
 }
