@@ -17,9 +17,6 @@ pub enum RunStateError {
     /// A resume came while a hold (readiness scan or migration) is on.
     #[error("a readiness scan holds the guest paused; it resumes when the scan ends")]
     HeldByScan,
-    /// The VM is `postmigrate`: it never runs again.
-    #[error("the guest has migrated away (postmigrate); only quit is left")]
-    MigratedAway,
     /// The main loop has stopped taking requests.
     #[error("the VMM is shutting down")]
     ShuttingDown,

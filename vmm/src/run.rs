@@ -10,6 +10,7 @@ use crate::control;
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::migration::receiver::{self, Incoming, IncomingConfig};
 use crate::migration::{self, Migration};
+use crate::protocol::events::ShutdownCause;
 use crate::runstate::{RunState, SharedRunState};
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::summary::{kvm_growth, BootTimeout, Summary, VcpuSummary};
@@ -306,9 +307,11 @@ impl PauseState {
     fn decide(&mut self, request: RunRequest) -> Result<Control, RunStateError> {
         match request {
             RunRequest::Pause => self.user = true,
-            RunRequest::Resume if self.migrated => return Err(RunStateError::MigratedAway),
             RunRequest::Resume if self.holds > 0 => return Err(RunStateError::HeldByScan),
-            RunRequest::Resume => self.user = false,
+            // As QEMU's: `cont` after a completed migration runs the guest
+            // here again (a management stack's way back when the destination
+            // could not start it; that it does not run there is its call).
+            RunRequest::Resume => (self.user, self.migrated) = (false, false),
             RunRequest::Hold => self.holds += 1,
             RunRequest::Release => self.holds = self.holds.saturating_sub(1),
             RunRequest::Postmigrate => self.migrated = true,
@@ -535,9 +538,9 @@ impl Services {
     /// Stops them (call once the vCPUs have stopped): the sampler takes a last
     /// point of the final state. What went wrong comes back as warnings, so
     /// that the run's results are not lost to a full disk.
-    fn stop(mut self) -> Vec<String> {
+    fn stop(mut self, cause: Option<ShutdownCause>) -> Vec<String> {
         let mut warnings = Vec::new();
-        if let Some(Err(e)) = self.server.take().map(control::Server::shutdown) {
+        if let Some(Err(e)) = self.server.take().map(|s| s.shutdown(cause)) {
             warnings.push(crate::error_chain(&e));
         }
         if let Some(Err(e)) = self.sampler.as_mut().map(Sampler::stop) {
@@ -652,7 +655,7 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
                         receiver::describe(vm.config())
                     );
                     // Its clients go with it, and its memory before the next is made.
-                    for w in services.stop() {
+                    for w in services.stop(None) {
                         log::warn!("{w}");
                     }
                     drop(vm);
@@ -701,7 +704,14 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
         services.status.set(RunState::Shutdown);
     }
     let stuck = vm.stop(config.stop_timeout);
-    let warnings = services.stop();
+    let cause = if watch.quit {
+        ShutdownCause::HostQmpQuit
+    } else if watch.signal.is_some() {
+        ShutdownCause::HostSignal
+    } else {
+        ShutdownCause::GuestShutdown
+    };
+    let warnings = services.stop(Some(cause));
     let elapsed = started.elapsed();
     summarize(
         &vm,

@@ -23,7 +23,11 @@ struct Raw {
 
 impl Raw {
     fn connect(vm: &ServedVm) -> Raw {
-        let s = UnixStream::connect(&vm.socket).unwrap();
+        Raw::at(&vm.socket)
+    }
+
+    fn at(path: &std::path::Path) -> Raw {
+        let s = UnixStream::connect(path).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut r = BufReader::new(s.try_clone().unwrap());
         let mut line = String::new();
@@ -68,10 +72,20 @@ fn commands_before_negotiation_are_refused_as_qemu_does() {
     require_kvm!();
     let vm = ServedVm::start("negotiate", MEM, 1);
     let mut c = Raw::connect(&vm);
-    c.send(br#"{"execute":"query-status","id":1}"#);
-    let e = c.line();
-    assert_eq!(e["error"]["class"], "CommandNotFound", "{e}");
-    assert_eq!(e["id"], 1);
+    // A command it has and one it has not read alike, as QEMU's do.
+    for line in [
+        &br#"{"execute":"query-status","id":1}"#[..],
+        br#"{"execute":"nosuch","id":1}"#,
+    ] {
+        c.send(line);
+        let e = c.line();
+        assert_eq!(e["error"]["class"], "CommandNotFound", "{e}");
+        assert_eq!(
+            e["error"]["desc"], "Expecting capabilities negotiation with 'qmp_capabilities'",
+            "{e}"
+        );
+        assert_eq!(e["id"], 1);
+    }
     c.send(br#"{"execute":"qmp_capabilities","arguments":{"enable":["bogus"]}}"#);
     let e = c.line();
     assert_eq!(e["error"]["class"], "GenericError", "{e}");
@@ -177,6 +191,51 @@ fn stop_and_cont_send_stop_and_resume_events_to_negotiated_clients() {
     );
 }
 
+/// As QEMU's, the last a negotiated client hears from a VMM that stops is
+/// `SHUTDOWN` with its cause (libvirt reads a close without one as a crash).
+#[test]
+fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
+    require_kvm!();
+    for (how, reason) in [("quit", "host-qmp-quit"), ("SIGTERM", "host-signal")] {
+        let socket = common::socket_path("shutdown-event");
+        let mut vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
+        drop(Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).unwrap());
+        let mut a = Raw::at(&socket);
+        a.send(br#"{"execute":"qmp_capabilities"}"#);
+        assert_eq!(a.line(), json!({"return": {}}));
+        // Connected, not negotiated: no event for it.
+        let mut b = Raw::at(&socket);
+        if how == "quit" {
+            a.send(br#"{"execute":"quit","id":"q"}"#);
+        } else {
+            rustix::process::kill_process(
+                rustix::process::Pid::from_child(&vmm),
+                rustix::process::Signal::TERM,
+            )
+            .unwrap();
+        }
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            if a.r.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            lines.push(serde_json::from_str::<Value>(&line).unwrap());
+        }
+        let last = lines.last().unwrap_or_else(|| panic!("{how}: nothing"));
+        assert_eq!(last["event"], "SHUTDOWN", "{how}: {lines:?}");
+        assert_eq!(
+            last["data"],
+            json!({"guest": false, "reason": reason}),
+            "{how}: {lines:?}"
+        );
+        let mut rest = String::new();
+        let _ = b.r.read_line(&mut rest);
+        assert!(!rest.contains("SHUTDOWN"), "{how}: not negotiated: {rest}");
+        assert!(vmm.wait().unwrap().success(), "{how}");
+    }
+}
+
 #[test]
 fn query_cpus_fast_names_each_vcpu_by_qom_path_and_thread() {
     require_kvm!();
@@ -213,6 +272,11 @@ fn query_version_and_query_name() {
     assert_eq!(
         c.execute("query-name", json!({})).unwrap().0,
         json!({"name": "web-7"})
+    );
+    // QEMU's KvmInfo, which libvirt asks at start.
+    assert_eq!(
+        c.execute("query-kvm", json!({})).unwrap().0,
+        json!({"enabled": true, "present": true})
     );
 }
 

@@ -286,7 +286,8 @@ fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
     assert_eq!(
         caps,
         json!([{"capability": "auto-converge", "state": false},
-               {"capability": "dirty-limit", "state": false}])
+               {"capability": "dirty-limit", "state": false},
+               {"capability": "events", "state": true}])
     );
     let set = |c: &mut kvmscope::client::Client, name: &str, state: bool| {
         c.execute(
@@ -302,6 +303,10 @@ fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
         "{e}"
     );
     assert!(set(&mut c, "xbzrle", true).is_err());
+    // `events`: on as libvirt sets it; kvmscope sends them always.
+    assert!(set(&mut c, "events", true).is_ok());
+    let e = set(&mut c, "events", false).unwrap_err();
+    assert!(e.contains("'events' cannot be turned off"), "{e}");
     let (caps, _) = c.execute("query-migrate-capabilities", json!({})).unwrap();
     assert_eq!(caps[0]["state"], true, "{caps}");
     for (name, bad) in [("cpu-throttle-initial", 0), ("max-cpu-throttle", 100)] {

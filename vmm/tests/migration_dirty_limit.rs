@@ -549,7 +549,8 @@ fn what_cannot_apply_is_refused_in_qemus_words() {
     assert_eq!(
         caps,
         json!([{"capability": "auto-converge", "state": false},
-               {"capability": "dirty-limit", "state": false}]),
+               {"capability": "dirty-limit", "state": false},
+               {"capability": "events", "state": true}]),
         "all or nothing"
     );
     assert!(set_caps(

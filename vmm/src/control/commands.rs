@@ -258,6 +258,10 @@ impl Handler {
                 name: Some(self.ctx.name.clone()),
             }),
             Command::QueryCpusFast(_) => Outcome::ret(self.cpus_fast()),
+            // QEMU's `KvmInfo`: a kvmscope VM runs on KVM or not at all.
+            Command::QueryKvm(_) => {
+                Outcome::ret(serde_json::json!({"enabled": true, "present": true}))
+            }
             Command::QueryVm(_) => Outcome::ret(self.query_vm()),
             Command::GetStatsFd(a) => self.get_stats_fd(&a),
             Command::QueryStats(a) => self.query_stats(a),

@@ -35,7 +35,7 @@ pub(crate) mod socket;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use event_manager::{EventManager, SubscriberId, SubscriberOps};
@@ -45,6 +45,8 @@ use commands::Handler;
 use plane::{Plane, PlaneFds};
 use socket::SocketFile;
 
+use crate::protocol::events::ShutdownCause;
+
 pub(crate) use context::Context;
 pub use context::Periodic;
 pub use error::Error;
@@ -53,6 +55,8 @@ pub use limits::{Limits, MAX_CLIENTS, MAX_TOTAL_QUEUED, RESERVED_CLIENTS};
 /// The running control socket; dropping it stops the thread and removes the socket file.
 pub(crate) struct Server {
     exit: EventFd,
+    /// Why the VMM stops, for the `SHUTDOWN` event ([`Server::shutdown`]).
+    cause: Arc<Mutex<Option<ShutdownCause>>>,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<(), Error>>>,
     /// The `vmm-stats` thread.
@@ -100,11 +104,13 @@ impl Server {
         })
         .map_err(Error::Spawn)?;
         let handler = Handler::new(context, stopping.clone())?;
+        let cause = Arc::new(Mutex::new(None));
         let fds = PlaneFds {
             listener,
             exit: exit.try_clone().map_err(Error::EventFd)?,
             watcher,
             ticks: ticks.unwrap_or_else(|| Arc::new(idle_ticks)),
+            cause: cause.clone(),
         };
         let plane = Plane::new(fds, handler, limits).map_err(Error::EventFd)?;
         let mut manager = EventManager::new().map_err(Error::EventManager)?;
@@ -116,6 +122,7 @@ impl Server {
         log::info!("control socket at {}", socket.path().display());
         Ok(Server {
             exit,
+            cause,
             stopping,
             thread: Some(thread),
             publisher: Some(publisher),
@@ -127,10 +134,14 @@ impl Server {
 impl Server {
     /// Stops the thread and says whether it had served to the end: an epoll
     /// failure or a panic on the way is the error (the run reports it).
+    /// With a `cause`, every negotiated client first gets a `SHUTDOWN` event
+    /// saying it (none where the VMM did not run a guest: a destination
+    /// whose migration failed).
     ///
     /// # Errors
     /// `Serve`, `Panicked`, or `Signal` if the thread could not be told.
-    pub(crate) fn shutdown(mut self) -> Result<(), Error> {
+    pub(crate) fn shutdown(mut self, cause: Option<ShutdownCause>) -> Result<(), Error> {
+        *crate::lock(&self.cause) = cause;
         self.stop_thread()
     }
 

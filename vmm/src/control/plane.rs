@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
@@ -20,8 +20,9 @@ use super::connection::{Connection, Input};
 use super::events;
 use super::limits::{Limits, LARGE_REPLY, MAX_CLIENTS, MAX_TOTAL_QUEUED, RESERVED_CLIENTS};
 use super::outcome::{Outcome, Pending};
+use crate::protocol::events::{EventKind, ShutdownCause, ShutdownInfo};
 use crate::protocol::framing::{Frame, MAX_VALUE};
-use crate::protocol::{request, Command, ErrorClass, Message};
+use crate::protocol::{request, Command, ErrorClass, Event, Message};
 use crate::scm;
 
 const LISTENER: u32 = 0;
@@ -56,6 +57,8 @@ pub(crate) struct Plane {
     watcher: Arc<EventFd>,
     /// Written by the sampler after each tick (never, when it is off).
     ticks: Arc<EventFd>,
+    /// Why the VMM stops ([`PlaneFds::cause`]).
+    cause: Arc<Mutex<Option<ShutdownCause>>>,
     retry: TimerFd,
     /// Fires a few times a second to enforce the client deadlines.
     sweep: TimerFd,
@@ -93,6 +96,9 @@ pub(crate) struct PlaneFds {
     pub(crate) watcher: Arc<EventFd>,
     /// Written by the sampler after each tick (wakes `SAMPLE` subscribers).
     pub(crate) ticks: Arc<EventFd>,
+    /// Why the VMM stops, set before `exit` is written: said to every
+    /// negotiated client in a `SHUTDOWN` event, as QEMU does.
+    pub(crate) cause: Arc<Mutex<Option<ShutdownCause>>>,
 }
 
 impl Plane {
@@ -110,6 +116,7 @@ impl Plane {
             exit: fds.exit,
             watcher: fds.watcher,
             ticks: fds.ticks,
+            cause: fds.cause,
             retry: timer()?,
             sweep: timer()?,
             work: EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
@@ -332,6 +339,11 @@ impl Plane {
                 (req.id, over_budget())
             }
             Ok(req) => (req.id, self.dispatch(negotiated, req.command)),
+            // As QEMU: before negotiation, a command it does not know reads
+            // as any other command but `qmp_capabilities`.
+            Err(e) if !negotiated && e.class == ErrorClass::CommandNotFound => {
+                (e.id, not_negotiated())
+            }
             Err(e) => (e.id, Outcome::Error(e.class, e.desc)),
         };
         let outcome = match outcome {
@@ -372,10 +384,7 @@ impl Plane {
                 ErrorClass::CommandNotFound,
                 "Capabilities negotiation is already complete, command ignored".into(),
             ),
-            (false, false) => Outcome::Error(
-                ErrorClass::CommandNotFound,
-                "Expecting capabilities negotiation with 'qmp_capabilities'".into(),
-            ),
+            (false, false) => not_negotiated(),
         }
     }
 
@@ -571,11 +580,25 @@ impl Plane {
         }
     }
 
-    /// The server is going: send what can be sent now (a `quit` reply).
+    /// The server is going: send what can be sent now (a `quit` reply),
+    /// and to every negotiated client the `SHUTDOWN` event QEMU sends, with
+    /// its cause (a client such as libvirt reads the connection closing
+    /// without one as a crash).
     fn farewell(&mut self) {
         let _ = self.exit.read();
         self.done = true;
+        let cause = *crate::lock(&self.cause);
+        let line = cause.map(|reason| {
+            let info = ShutdownInfo {
+                guest: false,
+                reason,
+            };
+            Message::Event(Event::of(&EventKind::Shutdown(info))).to_line()
+        });
         for client in self.clients.values_mut() {
+            if let (Some(line), true) = (&line, client.negotiated) {
+                client.queue_event(line.clone());
+            }
             let _ = client.flush();
         }
     }
@@ -638,6 +661,14 @@ fn for_the_reserve(command: &Command) -> bool {
 }
 
 /// The reply to a large query while the clients' queued output is over its budget.
+/// QEMU's answer to any command but `qmp_capabilities` before negotiation.
+fn not_negotiated() -> Outcome {
+    Outcome::Error(
+        ErrorClass::CommandNotFound,
+        "Expecting capabilities negotiation with 'qmp_capabilities'".into(),
+    )
+}
+
 fn over_budget() -> Outcome {
     Outcome::Error(
         ErrorClass::GenericError,

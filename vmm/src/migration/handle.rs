@@ -59,6 +59,9 @@ pub enum Error {
     /// `dirty-limit` and `auto-converge` together (QEMU's words).
     #[error("dirty-limit conflicts with auto-converge either of then available currently")]
     DirtyLimitConflict,
+    /// `events` turned off: kvmscope always sends its migration events.
+    #[error("capability 'events' cannot be turned off: kvmscope always sends MIGRATION and MIGRATION_PASS (the host exporter learns from them that a VM migrated away)")]
+    EventsAlwaysOn,
     /// `vcpu-dirty-limit` out of 1 MB/s to `MAX_DIRTY_RATE_MB` (the value given).
     #[error(
         "Parameter 'vcpu-dirty-limit' expects a rate from 1 to {max} MB/s, not {0}",
@@ -173,8 +176,15 @@ impl Migration {
                 inner.incoming = false;
                 inner.info.status = None;
             }
+            // A source whose guest left refuses; one that a `cont` brought
+            // back (running or paused again, no longer postmigrate) may send
+            // it again, as QEMU's.
+            let left = self
+                .run_state
+                .get()
+                .is_none_or(|r| r.get() == crate::runstate::RunState::Postmigrate);
             match inner.info.status {
-                Some(Status::Completed) => return Err(Error::Postmigrate),
+                Some(Status::Completed) if left => return Err(Error::Postmigrate),
                 Some(s) if !s.is_final() => return Err(Error::Busy(s.name())),
                 _ => {}
             }
@@ -264,6 +274,7 @@ impl Migration {
                 state: match capability {
                     Capability::AutoConverge => inner.auto_converge,
                     Capability::DirtyLimit => inner.dirty_limit,
+                    Capability::Events => true,
                 },
             })
             .collect()
@@ -299,6 +310,8 @@ impl Migration {
             match c.capability {
                 Capability::AutoConverge => auto_converge = c.state,
                 Capability::DirtyLimit => dirty_limit = c.state,
+                Capability::Events if !c.state => return Err(Error::EventsAlwaysOn),
+                Capability::Events => {}
             }
         }
         if dirty_limit && !ring {

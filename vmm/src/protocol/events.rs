@@ -33,6 +33,28 @@ pub struct MigrationPass {
     pub pass: u64,
 }
 
+/// `SHUTDOWN`'s data, as QEMU's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownInfo {
+    /// Whether the guest asked for it (never, here: the VMM ends it).
+    pub guest: bool,
+    /// QEMU's `ShutdownCause`: `host-qmp-quit` (a `quit`), `host-signal`
+    /// (SIGINT, SIGTERM), `guest-shutdown` (the guest's work ended or it failed).
+    pub reason: ShutdownCause,
+}
+
+/// Why the VMM stops, in QEMU's `ShutdownCause` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShutdownCause {
+    /// A client sent `quit`.
+    HostQmpQuit,
+    /// SIGINT or SIGTERM.
+    HostSignal,
+    /// The guest ended its work, or failed.
+    GuestShutdown,
+}
+
 /// `SAMPLES_DROPPED`'s data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplesDropped {
@@ -61,6 +83,8 @@ pub enum EventKind {
     Migration(MigrationChange),
     /// A pre-copy pass ended.
     MigrationPass(MigrationPass),
+    /// The VMM is stopping: the last event before the connection closes.
+    Shutdown(ShutdownInfo),
 }
 
 impl EventKind {

@@ -519,6 +519,10 @@ pub enum Capability {
     /// ring once the guest dirties too fast (QEMU 8.1+); a ring VM only, not
     /// with auto-converge.
     DirtyLimit,
+    /// Send the `MIGRATION` and `MIGRATION_PASS` events. Always on here
+    /// (QEMU's is off until set): the host exporter learns from them that a
+    /// VM migrated away. Setting it on is taken (libvirt does); off is refused.
+    Events,
 }
 
 /// QEMU's `MigrationCapabilityStatus`.

@@ -262,6 +262,8 @@ pub enum Command {
     QueryStatus(NoArgs),
     /// The VM's `--name`.
     QueryName(NoArgs),
+    /// QEMU's: whether KVM is there and used (always, here).
+    QueryKvm(NoArgs),
     /// Each vCPU's index, QOM path and thread id.
     QueryCpusFast(NoArgs),
     /// kvmscope: the VM's pid, backend, vCPUs, memory layout, guest ABI and stats ids.
