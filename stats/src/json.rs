@@ -105,7 +105,9 @@ pub fn stats_schema(schema: &Schema, filter: &NameFilter) -> Json {
 }
 
 /// The result of `query-stats-schemas`: one [`stats_schema`] per target, as QEMU gives (all
-/// vCPUs share a schema, so the first vCPU schema given stands for all).
+/// vCPUs share a schema, so the first vCPU schema given stands for all), with QEMU's members
+/// only (`provider`, `target`, `stats`): the file's `id` and vCPU index are one vCPU's, and
+/// the schema is every vCPU's.
 pub fn query_stats_schemas<'a, I>(schemas: I) -> Json
 where
     I: IntoIterator<Item = &'a Schema>,
@@ -120,7 +122,12 @@ where
         };
         if !*seen {
             *seen = true;
-            out.push(stats_schema(schema, &NameFilter::all()));
+            let mut entry = stats_schema(schema, &NameFilter::all());
+            if let Json::Object(members) = &mut entry {
+                members.remove("id");
+                members.remove("vcpu");
+            }
+            out.push(entry);
         }
     }
     Json::Array(out)

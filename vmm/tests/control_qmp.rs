@@ -329,6 +329,13 @@ fn query_stats_that_matches_nothing_is_an_empty_list() {
         .execute("query-stats-schemas", json!({"provider": "kvm"}))
         .unwrap();
     assert_eq!(v.as_array().unwrap().len(), 2);
+    // QEMU's StatsSchema members only: one vCPU's file id or index would
+    // read as that vCPU's schema, and it is every vCPU's.
+    for schema in v.as_array().unwrap() {
+        let mut members: Vec<&String> = schema.as_object().unwrap().keys().collect();
+        members.sort();
+        assert_eq!(members, ["provider", "stats", "target"], "{schema}");
+    }
 }
 
 #[test]

@@ -229,7 +229,16 @@ impl Client {
     /// As [`Client::connect`]; past the deadline an `Io` error of kind
     /// `TimedOut`; a longer line `BadReply`.
     pub(crate) fn connect_bounded(path: &Path, bounds: Bounds) -> Result<Client, Error> {
-        Client::negotiated_within(path, bounds.line_max, Instant::now() + bounds.request)
+        Client::negotiated_within(path, bounds.line_max, Instant::now() + bounds.request).map_err(
+            |e| match e {
+                // Said as `connect` says it: a QEMU monitor another client
+                // holds accepts and says nothing until it is free.
+                Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    Error::Silent(path.to_path_buf(), bounds.request)
+                }
+                e => e,
+            },
+        )
     }
 
     /// Connects, reads the greeting and negotiates, all by `deadline`, every

@@ -261,6 +261,15 @@ fn refresh_loop(
         let vm = &mut all[slot];
         match result {
             Ok(r) => {
+                if vm.error.is_some() {
+                    // Said once it failed: said when it is back.
+                    log::info!(
+                        "exporter: QEMU monitor {}: read again ({} pid {})",
+                        socket.display(),
+                        r.name,
+                        r.pid
+                    );
+                }
                 vm.labels = super::labels::vm_labels(&r.name, r.pid, socket);
                 vm.name = r.name;
                 vm.pid = r.pid;
