@@ -239,6 +239,8 @@ fn a_cancelled_migration_leaves_the_source_running_and_says_cancelled() {
     c.execute("migrate_cancel", json!({})).unwrap();
     let info = wait_final(&mut c);
     assert_eq!(info.status, Some(Status::Cancelled), "{info:?}");
+    // As QEMU's: `error-desc` comes with `failed` only.
+    assert_eq!(info.error_desc, None, "{info:?}");
     // What pre-copy sent is counted as it went (QEMU's precopy-bytes), not
     // only at a stop that never came.
     let (q, _) = c.execute("query-migrate", json!({})).unwrap();

@@ -194,7 +194,8 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
             log::warn!("migration {}: {desc}", status.name());
             let total = m.elapsed_ms();
             m.update(|i| {
-                i.error_desc = Some(desc);
+                // As QEMU's: `error-desc` only with `failed`.
+                i.error_desc = (status == Status::Failed).then_some(desc);
                 i.total_time = Some(total);
             });
             m.set_status(status);
