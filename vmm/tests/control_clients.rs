@@ -134,7 +134,8 @@ fn watch_ends_when_the_vmm_exits_even_without_a_sampler() {
     require_kvm!();
     // A VMM of its own process (the fds it hands out keep its stats
     // readable after it exits), with no sampler: watch asks it nothing.
-    let socket = common::socket_path("watch-exit");
+    let dir = common::test_dir("watch-exit");
+    let socket = dir.join("ctl.sock");
     let _vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
     let mut c = Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).unwrap();
     let mut watch = common::KillOnDrop::new(

@@ -197,7 +197,8 @@ fn stop_and_cont_send_stop_and_resume_events_to_negotiated_clients() {
 fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
     require_kvm!();
     for (how, reason) in [("quit", "host-qmp-quit"), ("SIGTERM", "host-signal")] {
-        let socket = common::socket_path("shutdown-event");
+        let dir = common::test_dir("shutdown-event");
+        let socket = dir.join("ctl.sock");
         let mut vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
         drop(Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).unwrap());
         let mut a = Raw::at(&socket);
