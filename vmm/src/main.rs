@@ -210,8 +210,9 @@ struct ReadinessArgs {
     #[arg(long)]
     scan: bool,
     /// Window for the dirty rate (needs `run --dirty-log`; default 1s when the
-    /// VMM has dirty logging, else none); 0s skips it.
-    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    /// VMM has dirty logging, else none), at most 10m; 0s skips it. Ending
+    /// this client (Ctrl-C) ends the window too.
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = calc_time)]
     calc_time: Option<Span>,
     /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB/s: bits
     /// (bit, kbit, Mbit, Gbit, Tbit) or bytes (KiB, MiB, GiB, TiB binary; KB, MB,
@@ -528,6 +529,19 @@ fn fault_cost(text: &str) -> Result<Period, String> {
         ));
     }
     Ok(cost)
+}
+
+/// `readiness --calc-time`: a window of at most 10 minutes, as the VMM
+/// takes it (`query-readiness`' `calc-time`), refused here rather than by
+/// the VMM.
+fn calc_time(text: &str) -> Result<Span, String> {
+    let span: Span = text
+        .parse()
+        .map_err(|e: kvmscope::units::UnitError| e.to_string())?;
+    if span.0 > Duration::from_secs(600) {
+        return Err(format!("'{text}' is more than 10m, the longest window"));
+    }
+    Ok(span)
 }
 
 /// Flags that disagree with each other: said as clap says its own errors,

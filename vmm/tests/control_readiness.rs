@@ -192,6 +192,46 @@ fn a_second_readiness_while_one_runs_is_refused() {
     vm.quit();
 }
 
+/// A window whose client goes stops: it would track the guest, at its cost,
+/// and hold the one readiness slot, for nobody.
+#[test]
+fn a_window_whose_client_went_stops_and_frees_the_slot() {
+    require_kvm!();
+    let vm = ServedVm::start_with("ready-gone", MEM, 1, with_dirty(DirtyMode::Ring(65536)));
+    let mut first = vm.client();
+    first
+        .send_line(
+            json!({"execute": "query-readiness", "arguments": {"calc-time": 600.0}})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+    common::wait_for(
+        "the window to be running",
+        Duration::from_secs(5),
+        || match vm
+            .client()
+            .execute("query-readiness", json!({"calc-time": 0}))
+        {
+            Err(kvmscope::client::Error::Remote { desc, .. })
+                if desc.contains("already running") =>
+            {
+                Some(())
+            }
+            _ => None,
+        },
+    );
+    drop(first);
+    // Within a few checks, the slot is free and the log let go.
+    let (r, _) = common::wait_for("the slot to be free", Duration::from_secs(5), || {
+        vm.client()
+            .execute("query-readiness", json!({"calc-time": 0.1}))
+            .ok()
+    });
+    assert!(r["dirty_rate"]["pages_per_s"].is_number(), "{r}");
+    vm.quit();
+}
+
 #[test]
 fn readiness_scan_progress_events_come_before_the_reply() {
     require_kvm!();

@@ -133,6 +133,17 @@ fn empty_names_counts_and_patterns_are_refused_once_each_naming_the_flag() {
             2,
             "'-1' is not a vCPU",
         ),
+        (
+            &[
+                "readiness",
+                "--socket",
+                "/nonexistent",
+                "--calc-time",
+                "100m",
+            ][..],
+            2,
+            "'100m' is more than 10m",
+        ),
     ] {
         let out = kvmscope().args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -604,7 +604,7 @@ impl Handler {
                 events: Vec::new(),
                 done: self.check_guest_wait(w),
             },
-            Pending::Readiness(rx) => deferred::poll_worker(rx),
+            Pending::Readiness(rx, _) => deferred::poll_worker(rx),
         }
     }
 

@@ -14,7 +14,7 @@ use kvm_stats::StatsFd;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::context::{Context, Periodic};
-use super::outcome::{Outcome, Pending, Progress, WorkerMsg};
+use super::outcome::{Abandon, Outcome, Pending, Progress, WorkerMsg};
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::protocol::events::{EventKind, ScanProgress};
 use crate::protocol::request::ReadinessArgs;
@@ -73,6 +73,8 @@ struct Job {
     options: Options,
     tx: Sender<WorkerMsg>,
     wake: Option<Arc<EventFd>>,
+    /// Set when the client that asked went away before its reply.
+    abandoned: Arc<AtomicBool>,
 }
 
 /// A prediction's input from the request, else the VMM's migration
@@ -127,9 +129,11 @@ pub(crate) fn periodic_readiness(ctx: &Context, periodic: Periodic, busy: &Arc<A
         max_downtime: None,
     };
     // Nobody waits for its reply: dropping the receiver leaves the worker to
-    // publish and end.
-    if let Outcome::Error(_, why) = start_readiness(ctx, args, busy) {
-        log::debug!("control: periodic readiness not started: {why}");
+    // publish and end (disarmed, its dropping does not stop the window).
+    match start_readiness(ctx, args, busy) {
+        Outcome::Error(_, why) => log::debug!("control: periodic readiness not started: {why}"),
+        Outcome::Wait(Pending::Readiness(_, abandon)) => abandon.disarm(),
+        _ => {}
     }
 }
 
@@ -185,6 +189,7 @@ pub(crate) fn start_readiness(
         (None, None) => Duration::ZERO,
     };
     let (tx, rx) = channel();
+    let abandoned = Arc::new(AtomicBool::new(false));
     let options = Options {
         calc_time,
         scan: args.scan,
@@ -201,6 +206,7 @@ pub(crate) fn start_readiness(
         options,
         tx,
         wake,
+        abandoned: abandoned.clone(),
     };
     let worker_busy = busy.clone();
     let spawned = std::thread::Builder::new()
@@ -209,7 +215,7 @@ pub(crate) fn start_readiness(
             job.run(&worker_busy);
         });
     match spawned {
-        Ok(_) => Outcome::Wait(Pending::Readiness(rx)),
+        Ok(_) => Outcome::Wait(Pending::Readiness(rx, Abandon::on_drop(abandoned))),
         Err(e) => {
             busy.store(false, Ordering::Release);
             Outcome::Error(
@@ -255,6 +261,7 @@ impl Job {
             };
             run_state(&main, request)
         };
+        let abandoned = || self.abandoned.load(Ordering::Acquire);
         let mut guest = Guest {
             vm_stats: &self.vm_stats,
             ram,
@@ -262,6 +269,7 @@ impl Job {
             vcpus: &self.vcpus,
             pause: &mut pause,
             arena: crate::abi::ARENA_BASE / 4096..(ram.size() / 4096) as u64,
+            abandoned: &abandoned,
         };
         let tx = self.tx.clone();
         let wake = self.wake.clone();

@@ -3,7 +3,9 @@
 //! `deferred` (which finishes the later ones), so neither imports the other.
 
 use std::fs::File;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -35,8 +37,37 @@ pub(crate) enum WorkerMsg {
 pub(crate) enum Pending {
     /// `guest-command` with `wait`: until the last command's result is in.
     Guest(GuestWait),
-    /// `query-readiness`: until its worker sends `Done`.
-    Readiness(Receiver<WorkerMsg>),
+    /// `query-readiness`: until its worker sends `Done`. Dropped unanswered
+    /// (its client went), it tells the worker to stop ([`Abandon`]).
+    Readiness(Receiver<WorkerMsg>, Abandon),
+}
+
+/// Set when dropped: the reply a readiness worker works for is no longer
+/// awaited (dropped after the reply, when the worker is done, it changes
+/// nothing), so that a window nobody waits for stops rather than tracking
+/// the guest, and holding the one readiness slot, for the rest of its span.
+#[derive(Debug)]
+pub(crate) struct Abandon(Option<Arc<AtomicBool>>);
+
+impl Abandon {
+    /// Sets `flag` when dropped.
+    pub(crate) fn on_drop(flag: Arc<AtomicBool>) -> Abandon {
+        Abandon(Some(flag))
+    }
+
+    /// Dropped without setting its flag: for a measurement nobody awaits
+    /// from the start (the periodic one), which runs to its end.
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(flag) = &self.0 {
+            flag.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// What a pending reply has now: event lines to send, and the reply when ready.

@@ -205,7 +205,7 @@ impl Family {
             };
             let meaning = if whose.contains("kvmscope") {
                 crate::vmmstats::meaning(&d.name, whose.contains("vCPU"))
-                    .map(|m| format!(": {}", help_text(&m)))
+                    .map(|m| format!(": {}", help_text(m)))
                     .unwrap_or_default()
             } else {
                 String::new()

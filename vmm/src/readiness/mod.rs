@@ -39,6 +39,9 @@ pub(crate) struct Guest<'a> {
     pub(crate) pause: &'a mut PauseFn<'a>,
     /// Guest pages of the workload arena (for the arena's own counts).
     pub(crate) arena: std::ops::Range<u64>,
+    /// Whether whoever asked has gone: a window then stops at once (it
+    /// would track the guest, at its cost, for nobody).
+    pub(crate) abandoned: &'a dyn Fn() -> bool,
 }
 
 fn timed<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<Figure<T>, Error> {
@@ -68,7 +71,7 @@ pub(crate) fn measure(
     // rate before the window that its stall is measured against.
     let dirty_rate = match g.dirty {
         Some(d) if !options.calc_time.is_zero() => Some(timed(|| {
-            dirty_rate(d, g.vm_stats, g.vcpus, options.calc_time)
+            dirty_rate(d, g.vm_stats, g.vcpus, options.calc_time, g.abandoned)
         })?),
         _ => None,
     };
@@ -130,6 +133,7 @@ pub fn measure_vm(
         vcpus: &vcpus,
         pause: &mut pause,
         arena: crate::abi::ARENA_BASE / 4096..(len / 4096) as u64,
+        abandoned: &|| false,
     };
     measure(&mut guest, options, progress)
 }
@@ -154,6 +158,7 @@ fn dirty_rate(
     vm_stats: &StatsFd,
     vcpus: &[Arc<VcpuShared>],
     calc_time: Duration,
+    abandoned: &dyn Fn() -> bool,
 ) -> Result<DirtyRate, Error> {
     // No rate before is taken for a window: measuring one would start the
     // window later than asked (a run the caller timed to fall inside it
@@ -171,10 +176,10 @@ fn dirty_rate(
         if at < CURVE_STEP_MIN {
             continue;
         }
-        std::thread::sleep(at.saturating_sub(started.elapsed()));
+        sleep_unless(at, started, abandoned)?;
         curve.push((window.peek_count()?, started.elapsed()));
     }
-    std::thread::sleep(calc_time.saturating_sub(started.elapsed()));
+    sleep_unless(calc_time, started, abandoned)?;
     // The last look leaves the pages written in the window writable: they
     // do not fault once more after it.
     let (pages, per_vcpu, writable) =
@@ -207,6 +212,25 @@ fn dirty_rate(
         stall,
         left,
     })
+}
+
+/// How often a window looks whether whoever asked is still there.
+const ABANDON_CHECK: Duration = Duration::from_millis(50);
+
+/// Sleeps until `at` after `started`, unless whoever asked goes first
+/// ([`Error::Abandoned`]: the caller's window is dropped, and with it the
+/// dirty log it held, as any window's last look would).
+fn sleep_unless(at: Duration, started: Instant, abandoned: &dyn Fn() -> bool) -> Result<(), Error> {
+    loop {
+        if abandoned() {
+            return Err(Error::Abandoned(started.elapsed()));
+        }
+        let left = at.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Ok(());
+        }
+        std::thread::sleep(left.min(ABANDON_CHECK));
+    }
 }
 
 /// Pauses the guest, counts zero and non-zero pages, resumes it.

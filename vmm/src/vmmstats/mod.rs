@@ -231,30 +231,33 @@ impl VmmStats {
 /// `vcpu`, else the VM file's), from its definition's documentation, in one
 /// line: for a page's `# HELP`. `None` for a name this build does not
 /// define (a file of another build).
-pub fn meaning(name: &str, vcpu: bool) -> Option<String> {
-    use strum::EnumMessage;
-    if let Some(reason) = name.strip_prefix("exits_") {
-        if vcpu && Reason::ALL.iter().any(|r| r.label() == reason) {
-            return Some(format!(
-                "exits that reached the VMM for {reason}, by its own count (KVM's stats miss some on some backends)"
-            ));
-        }
-    }
-    let doc = if vcpu {
-        VcpuStat::iter()
-            .find(|s| <&str>::from(*s) == name)
-            .and_then(|s| s.get_documentation())
-    } else {
-        VmStat::iter()
-            .find(|s| <&str>::from(*s) == name)
-            .and_then(|s| s.get_documentation())
-    }?;
-    Some(
-        doc.replace('`', "")
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" "),
-    )
+pub fn meaning(name: &str, vcpu: bool) -> Option<&'static str> {
+    // Made once: a page asks for each family's meaning at every scrape.
+    static MEANINGS: std::sync::OnceLock<Vec<(String, bool, String)>> = std::sync::OnceLock::new();
+    let table = MEANINGS.get_or_init(|| {
+        use strum::EnumMessage;
+        let line = |doc: &str| doc.replace('`', "").split_whitespace().collect::<Vec<_>>().join(" ");
+        let exits = Reason::ALL.iter().map(|r| {
+            let reason = r.label();
+            (
+                format!("exits_{reason}"),
+                true,
+                format!("exits that reached the VMM for {reason}, by its own count (KVM's stats miss some on some backends)"),
+            )
+        });
+        let vm = VmStat::iter().map(|s| {
+            (<&str>::from(s).to_string(), false, line(s.get_documentation().unwrap_or_default()))
+        });
+        let vcpus = VcpuStat::iter().map(|s| {
+            (<&str>::from(s).to_string(), true, line(s.get_documentation().unwrap_or_default()))
+        });
+        exits.chain(vm).chain(vcpus).collect()
+    });
+    table
+        .iter()
+        .find(|(n, v, _)| *v == vcpu && n == name)
+        .map(|(_, _, m)| m.as_str())
+        .filter(|m| !m.is_empty())
 }
 
 /// Whether a stat of the VM file is a readiness figure (`readiness_*`,
@@ -367,7 +370,7 @@ mod tests {
             }
         }
         assert_eq!(
-            meaning("prediction_total_time_ns", false).as_deref(),
+            meaning("prediction_total_time_ns", false),
             Some("The predicted migration's total time (u64::MAX ns, 18446744073.7 s: it never ends).")
         );
         // One name in both files: each file's own meaning.
