@@ -155,21 +155,20 @@ fn query_readiness_without_dirty_logging_has_no_rate_and_uses_mapped() {
     vm.quit();
 }
 
-#[test]
-fn a_second_readiness_while_one_runs_is_refused() {
-    require_kvm!();
-    let vm = ServedVm::start_with("ready-busy", MEM, 1, with_dirty(DirtyMode::Bitmap));
+/// A client whose `query-readiness` window of `seconds` runs (once the
+/// server has taken it, a second is refused: asked until it is), and that
+/// refusal.
+fn window_running(vm: &ServedVm, seconds: f64) -> (kvmscope::client::Client, String) {
     let mut first = vm.client();
     first
         .send_line(
-            json!({"execute": "query-readiness", "arguments": {"calc-time": 1.0}})
+            json!({"execute": "query-readiness", "arguments": {"calc-time": seconds}})
                 .to_string()
                 .as_bytes(),
         )
         .unwrap();
-    // The first is running once the server has taken it; ask until it is.
     let refused = common::wait_for(
-        "the second request to be refused",
+        "a second request to be refused",
         Duration::from_secs(5),
         || match vm
             .client()
@@ -183,6 +182,14 @@ fn a_second_readiness_while_one_runs_is_refused() {
             _ => None,
         },
     );
+    (first, refused)
+}
+
+#[test]
+fn a_second_readiness_while_one_runs_is_refused() {
+    require_kvm!();
+    let vm = ServedVm::start_with("ready-busy", MEM, 1, with_dirty(DirtyMode::Bitmap));
+    let (mut first, refused) = window_running(&vm, 1.0);
     assert!(refused.contains("try again"));
     let reply = first.read_reply_after_events(|_| Ok(())).unwrap().value;
     assert!(
@@ -198,29 +205,7 @@ fn a_second_readiness_while_one_runs_is_refused() {
 fn a_window_whose_client_went_stops_and_frees_the_slot() {
     require_kvm!();
     let vm = ServedVm::start_with("ready-gone", MEM, 1, with_dirty(DirtyMode::Ring(65536)));
-    let mut first = vm.client();
-    first
-        .send_line(
-            json!({"execute": "query-readiness", "arguments": {"calc-time": 600.0}})
-                .to_string()
-                .as_bytes(),
-        )
-        .unwrap();
-    common::wait_for(
-        "the window to be running",
-        Duration::from_secs(5),
-        || match vm
-            .client()
-            .execute("query-readiness", json!({"calc-time": 0}))
-        {
-            Err(kvmscope::client::Error::Remote { desc, .. })
-                if desc.contains("already running") =>
-            {
-                Some(())
-            }
-            _ => None,
-        },
-    );
+    let (first, _) = window_running(&vm, 600.0);
     drop(first);
     // Within a few checks, the slot is free and the log let go.
     let (r, _) = common::wait_for("the slot to be free", Duration::from_secs(5), || {
