@@ -229,10 +229,13 @@ def settings(p, pairs, known):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kvmscope", help="the kvmscope binary (default: target/release/kvmscope, built if missing)")
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "experiments"), help="directory for CSV, charts and meta.json")
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "experiments"),
+                   help="directory for CSV, charts and meta.json (default: docs/experiments in the source tree, "
+                        "whose committed files a run replaces: give a directory of your own to keep them)")
     p.add_argument("--small", action="store_true", help="the tiny CI matrix")
     p.add_argument("--only", "--part", dest="only", default=",".join(EXPERIMENTS),
-                   help="experiments to run, comma-separated (default: all)")
+                   help="experiments to run, comma-separated, of: %s (default: all; --small runs each in seconds, "
+                        "the full matrix takes minutes to an hour per part)" % ", ".join(EXPERIMENTS))
     p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                    help="change one setting of the matrix (scripts/experiments_matrix.py), the value in JSON, "
                         "e.g. stall_repeats=1 or 'converge_cells=[[\"random\", \"ring\", \"auto\"]]'; repeatable")

@@ -56,4 +56,36 @@ fn main() {
         .join("release")
         .join("kvmscope-guest");
     println!("cargo:rustc-env=KVMSCOPE_GUEST_ELF={}", elf.display());
+    println!("cargo:rustc-env=KVMSCOPE_COMMIT={}", commit(&manifest));
+}
+
+/// The source's commit, for `--version` (an experiment's record names the
+/// binary's commit, not the checkout's it ran from): `unknown` outside a git
+/// checkout. Rerun when HEAD moves (its ref file, or the packed refs once a
+/// `git gc` packed it); only files that exist are named, since cargo reruns
+/// a build script for ever for one that does not.
+fn commit(manifest: &std::path::Path) -> String {
+    let git = manifest.join("../.git");
+    let watch = |path: PathBuf| {
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    };
+    watch(git.join("HEAD"));
+    if let Ok(head) = std::fs::read_to_string(git.join("HEAD")) {
+        if let Some(name) = head.trim().strip_prefix("ref: ") {
+            watch(git.join(name));
+            watch(git.join("packed-refs"));
+        }
+    }
+    Command::new("git")
+        .arg("-C")
+        .arg(manifest)
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }

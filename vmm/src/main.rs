@@ -22,7 +22,7 @@ use kvmscope::workload::{parse_workload, Workload};
 #[derive(Parser)]
 #[command(
     name = "kvmscope",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("KVMSCOPE_COMMIT"), ")"),
     about = "A tiny VMM that shows KVM's binary statistics end to end"
 )]
 struct Cli {
@@ -382,7 +382,7 @@ struct RunArgs {
     /// .FILE.PID.XXXXXX.tmp beside it (such files of processes that are gone are
     /// removed); an existing FILE that is not a kvmscope samples file is
     /// refused unless --force is given.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = samples_file)]
     samples_out: Option<PathBuf>,
     /// Let --samples-out replace an existing file that is not a samples file.
     #[arg(long, requires = "samples_out")]
@@ -529,6 +529,13 @@ fn fault_cost(text: &str) -> Result<Period, String> {
         ));
     }
     Ok(cost)
+}
+
+/// `run --samples-out`: a name whose extension says the format.
+fn samples_file(text: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(text);
+    kvmscope::sampler::export::check_extension(&path).map_err(|e| e.to_string())?;
+    Ok(path)
 }
 
 /// `readiness --calc-time`: a window of at most 10 minutes, as the VMM

@@ -50,7 +50,7 @@ pub enum SpecError {
         param: String,
     },
     /// A value that does not parse as the parameter's type.
-    #[error("bad value '{value}' for {param} of {command}: expected {expected}")]
+    #[error("bad value '{value}' for '{param}' of {command}: expected {expected}")]
     BadValue {
         /// The command's name.
         command: &'static str,

@@ -29,6 +29,7 @@ fn values_out_of_range_and_flags_that_disagree_exit_2_naming_the_rule() {
         (&["--memory", "64"], "guest memory of 64 bytes is too small: the guest ABI needs at least 16777216 bytes (a unit: 64M, 1G)"),
         (&["--fault-cost", "2s"], "'2s' is more than 1s"),
         (&["--sample-interval", "off", "--samples-out", "/tmp/kvmscope-never.csv"], "--samples-out needs the sampler"),
+        (&["--samples-out", "/tmp/kvmscope-never.txt"], "unknown extension; use .csv, or .jsonl/.json/.ndjson"),
         (&["--metrics-addr", "localhost:9100"], "'localhost:9100' is not an IP address and port: use e.g. 127.0.0.1:9100"),
     ] {
         let out = kvmscope().arg("run").args(args).output().unwrap();
@@ -573,4 +574,22 @@ fn a_served_vmm_measures_the_hosts_cost_per_fault_unless_given_one() {
     let said: f64 = common::number_after(line, "guest ").unwrap_or_else(|| panic!("{line}"));
     // The log rounds to 0.1 us.
     assert!((cost - said).abs() <= 0.05 + 1e-9, "{cost} against {line}");
+}
+
+/// `--version` names the commit the binary was built from, so that a figure
+/// recorded with it (experiments' meta.json) says which code made it.
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = kvmscope().arg("--version").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let commit = text
+        .trim()
+        .strip_prefix(&format!("kvmscope {} (commit ", env!("CARGO_PKG_VERSION")))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{text}"
+    );
 }

@@ -205,6 +205,15 @@ pub(crate) fn format_of(path: &Path) -> Result<Format, Error> {
     }
 }
 
+/// Whether `path` names a samples file kvmscope writes (`.csv`, `.jsonl`,
+/// `.json`, `.ndjson`): for the command line, before anything starts.
+///
+/// # Errors
+/// `Extension`, naming the kinds it takes.
+pub fn check_extension(path: &Path) -> Result<(), Error> {
+    format_of(path).map(|_| ())
+}
+
 /// An open samples file.
 pub(crate) struct Writer {
     path: PathBuf,
