@@ -210,12 +210,13 @@ impl Summary {
             for r in &v.results {
                 let _ = writeln!(
                     s,
-                    "  #{:<3} {:<48} {:<4} values={:?} in {:.2} ms",
+                    "  #{:<3} {:<48} {:<4} {} in {:.2} ms{}",
                     r.seq,
                     r.command,
                     r.status,
-                    r.values,
-                    r.host_time.as_secs_f64() * 1e3
+                    labelled(r),
+                    r.host_time.as_secs_f64() * 1e3,
+                    short_of_rate(r).unwrap_or_default()
                 );
             }
             if let Some((seq, command)) = &v.interrupted {
@@ -293,5 +294,103 @@ pub(crate) fn result_reply(r: &CommandResult) -> CommandResultReply {
         status: r.status.clone(),
         values: r.values,
         host_time_s: r.host_time.as_secs_f64(),
+    }
+}
+
+/// A result's three words under their names for its command
+/// (docs/GUEST_ABI.md, "Commands"), `values=[...]` for one without names.
+fn labelled(r: &crate::vcpu::CommandResult) -> String {
+    let names: Option<[&str; 3]> = match r.command.split_whitespace().next() {
+        Some("touch" | "touch-zero") => Some(["pages", "ticks", ""]),
+        Some("read") => Some(["pages", "ticks", "xor"]),
+        Some("dirty") => Some(["writes", "ticks", "distinct"]),
+        Some("exits") => Some(["port-exits", "ticks", "mmio-exits"]),
+        Some("verify" | "verify-zero") => Some(["pages", "ticks", "differ"]),
+        _ => None,
+    };
+    match names {
+        Some(names) => names
+            .iter()
+            .zip(r.values)
+            .filter(|(n, _)| !n.is_empty())
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => format!("values={:?}", r.values),
+    }
+}
+
+/// For a paced `dirty` that wrote well under its rate (a vCPU that got too
+/// little of a busy host's CPU): what it wrote per second against what was
+/// asked, as a note after its line.
+fn short_of_rate(r: &crate::vcpu::CommandResult) -> Option<String> {
+    let [command] = &crate::workload::parse_sequence(&r.command).ok()?[..] else {
+        return None;
+    };
+    let crate::workload::Command::Dirty { rate, .. } = command else {
+        return None;
+    };
+    let secs = r.host_time.as_secs_f64();
+    let done = r.values[0] as f64 / secs;
+    (r.status == "ok" && *rate > 0 && secs > 0.0 && done < 0.9 * *rate as f64).then(|| {
+        format!(
+            " (wrote {done:.0} pages/s of the {rate}/s asked: the vCPU got too little CPU, or ran its command in pieces)"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vcpu::CommandResult;
+
+    fn result(command: &str, values: [u64; 3], ms: u64) -> CommandResult {
+        CommandResult {
+            seq: 1,
+            command: command.into(),
+            status: "ok".into(),
+            values,
+            host_time: Duration::from_millis(ms),
+        }
+    }
+
+    #[test]
+    fn a_results_words_are_named_for_its_command() {
+        let dirty = result(
+            "dirty offset=0 ws=4194304 rate=2000/s for=1s seed=1",
+            [2000, 9, 650],
+            1000,
+        );
+        assert_eq!(labelled(&dirty), "writes=2000 ticks=9 distinct=650");
+        let touch = result("touch offset=0 size=4096", [1, 5, 0], 1);
+        assert_eq!(labelled(&touch), "pages=1 ticks=5");
+        let wait = result("wait for=1s", [0, 0, 0], 1000);
+        assert_eq!(labelled(&wait), "values=[0, 0, 0]");
+    }
+
+    #[test]
+    fn a_paced_writer_well_under_its_rate_is_said_to_be() {
+        let short = result(
+            "dirty offset=0 ws=16777216 rate=2000/s for=2s seed=1",
+            [72, 9, 72],
+            2000,
+        );
+        let note = short_of_rate(&short).expect("72 writes in 2 s of 2000/s");
+        assert!(
+            note.contains("wrote 36 pages/s of the 2000/s asked"),
+            "{note}"
+        );
+        let paced = result(
+            "dirty offset=0 ws=16777216 rate=2000/s for=2s seed=1",
+            [3990, 9, 3000],
+            2000,
+        );
+        assert_eq!(short_of_rate(&paced), None);
+        let max = result(
+            "dirty offset=0 ws=16777216 rate=max for=2s seed=1",
+            [5, 9, 5],
+            2000,
+        );
+        assert_eq!(short_of_rate(&max), None, "max asks for no rate");
     }
 }
