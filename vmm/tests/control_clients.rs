@@ -85,8 +85,14 @@ fn stats_command_prints_a_table_of_the_named_stats() {
         &["stats", "--vcpu", "0", "--names", "exits,pf_fixed"],
         &vm.socket,
     ));
-    assert!(text.starts_with("== vcpu 0 (kvm-"), "{text}");
-    let rows: Vec<&str> = text.lines().skip(1).collect();
+    // The VM by its name (the files' ids name the process), then the table.
+    let (head, table) = text.split_once('\n').unwrap();
+    assert_eq!(
+        head,
+        format!("kvmscope stats: VM \"ctl\", VMM pid {}", std::process::id())
+    );
+    assert!(table.starts_with("== vcpu 0 (kvm-"), "{text}");
+    let rows: Vec<&str> = table.lines().skip(1).collect();
     assert_eq!(rows.len(), 2, "{text}");
     assert!(rows.iter().any(|r| r.starts_with("exits ")));
     // Patterns, as the exporter's --stats takes them.
@@ -94,7 +100,11 @@ fn stats_command_prints_a_table_of_the_named_stats() {
         &["stats", "--vcpu", "0", "--names", "pf_*"],
         &vm.socket,
     ));
-    let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with("== ")).collect();
+    let rows: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .filter(|l| !l.starts_with("== "))
+        .collect();
     assert!(rows.len() > 1, "{text}");
     assert!(rows.iter().all(|r| r.starts_with("pf_")), "{text}");
 }

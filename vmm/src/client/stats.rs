@@ -220,6 +220,10 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
         other => other,
     };
     let received = receive(&mut client, vm, vcpus, true)?;
+    let (name, pid) = (
+        client.greeting.qmp.kvmscope.vm.name.clone(),
+        client.greeting.qmp.kvmscope.vm.pid,
+    );
     drop(client);
     let samples = sample_all(&received)?;
     let filter = names_filter(config.names.clone())?;
@@ -246,6 +250,8 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
         writeln!(out, "{}", serde_json::to_string(&reply).unwrap_or_default())?;
         return Ok(());
     }
+    // The files' ids name the process (KVM's `kvm-PID`); the VM by its name.
+    writeln!(out, "kvmscope stats: VM {name:?}, VMM pid {pid}")?;
     for (r, s) in received.iter().zip(&samples) {
         if !r.shows_any(&filter) {
             continue;

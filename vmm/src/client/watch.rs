@@ -60,6 +60,7 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
     client.set_timeout(Some(REPLY_TIMEOUT))?;
     let pid = u64::from(client.greeting.qmp.kvmscope.vm.pid);
+    let name = client.greeting.qmp.kvmscope.vm.name.clone();
     let (vm, vcpus) = match (config.vm, config.vcpus) {
         (false, None) => (true, Some(VcpuSelector::All)),
         other => other,
@@ -91,7 +92,7 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         }
         writeln!(
             out,
-            "kvmscope watch: VMM pid {pid}, every {:?}, refresh {refresh}",
+            "kvmscope watch: VM {name:?}, VMM pid {pid}, every {:?}, refresh {refresh}",
             config.interval
         )?;
         match (&link, sampled) {

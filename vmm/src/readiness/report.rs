@@ -631,7 +631,7 @@ impl Report {
         let per_s = format_bytes(saturating_u64(d.pages_per_s * 4096.0));
         let _ = writeln!(
             s,
-            "dirty rate ({})   {:>9.0} pages/s ({per_s}/s) over {:.2} s, each page counted once",
+            "dirty rate ({})   {:>9.0} pages/s ({per_s}/s) over {:.2} s, each page counted once (QEMU's calc-dirty-rate figure: it falls with a longer window once a working set is full; the model below is what a pass sees)",
             d.mode,
             d.pages_per_s,
             d.window.as_secs_f64()
