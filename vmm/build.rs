@@ -61,31 +61,39 @@ fn main() {
 
 /// The source's commit, for `--version` (an experiment's record names the
 /// binary's commit, not the checkout's it ran from): `unknown` outside a git
-/// checkout. Rerun when HEAD moves (its ref file, or the packed refs once a
-/// `git gc` packed it); only files that exist are named, since cargo reruns
-/// a build script for ever for one that does not.
+/// checkout. Rerun when HEAD moves: its reflog (`logs/HEAD`, written at
+/// every commit, checkout and reset), else HEAD and its ref; the git
+/// directory as git names it (a worktree's is not `.git`). Only files that
+/// exist are named: cargo reruns a build script for ever for one that does
+/// not.
 fn commit(manifest: &std::path::Path) -> String {
-    let git = manifest.join("../.git");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(manifest)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|out| !out.is_empty())
+    };
+    let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]).map(PathBuf::from) else {
+        return "unknown".into();
+    };
     let watch = |path: PathBuf| {
-        if path.exists() {
+        let there = path.exists();
+        if there {
             println!("cargo:rerun-if-changed={}", path.display());
         }
+        there
     };
-    watch(git.join("HEAD"));
-    if let Ok(head) = std::fs::read_to_string(git.join("HEAD")) {
-        if let Some(name) = head.trim().strip_prefix("ref: ") {
-            watch(git.join(name));
-            watch(git.join("packed-refs"));
+    if !watch(dir.join("logs").join("HEAD")) {
+        watch(dir.join("HEAD"));
+        if let Some(name) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            watch(dir.join(name));
         }
+        watch(dir.join("packed-refs"));
     }
-    Command::new("git")
-        .arg("-C")
-        .arg(manifest)
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into())
 }

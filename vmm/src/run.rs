@@ -704,10 +704,22 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
         services.status.set(RunState::Shutdown);
     }
     let stuck = vm.stop(config.stop_timeout);
+    // QEMU's causes: a guest that panicked is the guest's doing; a fault, a
+    // KVM error or a missed boot deadline is the host's (libvirt reads
+    // `guest-shutdown` as a clean poweroff from inside the guest); a guest
+    // whose work ended (no socket or metrics to serve) shut down.
+    let panicked = vm
+        .vcpus
+        .iter()
+        .any(|v| matches!(v.outcome(), Some(Outcome::GuestPanic { .. })));
     let cause = if watch.quit {
         ShutdownCause::HostQmpQuit
     } else if watch.signal.is_some() {
         ShutdownCause::HostSignal
+    } else if panicked {
+        ShutdownCause::GuestPanic
+    } else if services.status.get() == RunState::InternalError || watch.not_checked_in.is_some() {
+        ShutdownCause::HostError
     } else {
         ShutdownCause::GuestShutdown
     };

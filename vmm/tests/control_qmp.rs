@@ -76,6 +76,7 @@ fn commands_before_negotiation_are_refused_as_qemu_does() {
     for line in [
         &br#"{"execute":"query-status","id":1}"#[..],
         br#"{"execute":"nosuch","id":1}"#,
+        br#"{"execute":"query-stats","arguments":{"target":"bogus"},"id":1}"#,
     ] {
         c.send(line);
         let e = c.line();
@@ -196,7 +197,11 @@ fn stop_and_cont_send_stop_and_resume_events_to_negotiated_clients() {
 #[test]
 fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
     require_kvm!();
-    for (how, reason) in [("quit", "host-qmp-quit"), ("SIGTERM", "host-signal")] {
+    for (how, reason) in [
+        ("quit", "host-qmp-quit"),
+        ("SIGTERM", "host-signal"),
+        ("panic", "guest-panic"),
+    ] {
         let dir = common::test_dir("shutdown-event");
         let socket = dir.join("ctl.sock");
         let mut vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
@@ -206,14 +211,16 @@ fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
         assert_eq!(a.line(), json!({"return": {}}));
         // Connected, not negotiated: no event for it.
         let mut b = Raw::at(&socket);
-        if how == "quit" {
-            a.send(br#"{"execute":"quit","id":"q"}"#);
-        } else {
-            rustix::process::kill_process(
+        match how {
+            "quit" => a.send(br#"{"execute":"quit","id":"q"}"#),
+            "panic" => {
+                a.send(br#"{"execute":"guest-command","arguments":{"vcpu":0,"command":"panic"}}"#)
+            }
+            _ => rustix::process::kill_process(
                 rustix::process::Pid::from_child(&vmm),
                 rustix::process::Signal::TERM,
             )
-            .unwrap();
+            .unwrap(),
         }
         let mut lines = Vec::new();
         loop {
@@ -225,15 +232,18 @@ fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
         }
         let last = lines.last().unwrap_or_else(|| panic!("{how}: nothing"));
         assert_eq!(last["event"], "SHUTDOWN", "{how}: {lines:?}");
+        // `guest` for the guest's own causes, as QEMU's.
         assert_eq!(
             last["data"],
-            json!({"guest": false, "reason": reason}),
+            json!({"guest": how == "panic", "reason": reason}),
             "{how}: {lines:?}"
         );
         let mut rest = String::new();
         let _ = b.r.read_line(&mut rest);
         assert!(!rest.contains("SHUTDOWN"), "{how}: not negotiated: {rest}");
-        assert!(vmm.wait().unwrap().success(), "{how}");
+        // An orderly stop is a success; a guest that panicked is status 2.
+        let code = vmm.wait().unwrap().code();
+        assert_eq!(code, Some(if how == "panic" { 2 } else { 0 }), "{how}");
     }
 }
 

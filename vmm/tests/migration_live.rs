@@ -236,16 +236,22 @@ fn the_source_sends_migration_events_and_ends_postmigrate() {
     assert_eq!(status["status"], "running", "{status}");
     let (m, _) = watcher.execute("query-migrate", json!({})).unwrap();
     assert_eq!(m["status"], "completed", "the last migration's record: {m}");
-    let again = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-        .args(["migrate", "--socket"])
-        .arg(&src.socket)
-        .args(["--to", "unix:/nonexistent/kvmscope.sock"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&again.stderr);
     assert!(
-        !err.contains("postmigrate"),
-        "a migrate is tried again: {err}"
+        m.get("x-vm-state").is_none(),
+        "the guest is here again: {m}"
+    );
+    // A new migration starts (and fails on the destination that is not there).
+    watcher
+        .execute("migrate", json!({"uri": "unix:/nonexistent/kvmscope.sock"}))
+        .expect("a migrate is taken again");
+    let again = wait_final(&mut watcher);
+    assert_eq!(again.status, Some(Status::Failed), "{again:?}");
+    assert!(
+        again
+            .error_desc
+            .as_deref()
+            .is_some_and(|e| e.contains("/nonexistent/kvmscope.sock")),
+        "{again:?}"
     );
     dest.quit();
 }

@@ -65,6 +65,19 @@ fn a_series_cut_while_it_was_written_is_plotted_up_to_its_last_whole_line() {
         "{}",
         stderr(&out)
     );
+    // A whole last line without its newline (another tool's file) is kept.
+    std::fs::write(&series, whole.trim_end_matches('\n')).unwrap();
+    let out = plot(&series, &dir.join("whole.svg"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("60 samples"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !stderr(&out).contains("cut while it was written"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

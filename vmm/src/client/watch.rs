@@ -97,7 +97,7 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
         )?;
         match (&link, sampled) {
             (Link::Sampler(d), fresh) => d.show(fresh, out)?,
-            (Link::Dropped, _) => writeln!(
+            (Link::Dropped(_), _) => writeln!(
                 out,
                 "(the VMM closed this client's connection and runs on: its stats are still read through the fds, its sampler no longer)"
             )?,
@@ -132,8 +132,9 @@ enum Link {
     Sampler(Derived),
     /// No sampler: kept open only to see the VMM go.
     Plain(Client),
-    /// The VMM closed the connection and runs on (it dropped this client).
-    Dropped,
+    /// The VMM closed the connection and ran on (it dropped this client,
+    /// or it is on its way out: its pid is looked at every refresh).
+    Dropped(u64),
 }
 
 impl Link {
@@ -157,12 +158,15 @@ impl Link {
                 let pid = c.greeting.qmp.kvmscope.vm.pid;
                 (c.take_events().map(|_| false), u64::from(pid))
             }
-            Link::Dropped => return Ok(false),
+            Link::Dropped(pid) if gone(*pid) => return Err(Error::VmmExited(*pid)),
+            Link::Dropped(_) => return Ok(false),
         };
         match result {
             Err(Error::Closed) if gone(pid) => Err(Error::VmmExited(pid)),
             Err(Error::Closed) => {
-                *self = Link::Dropped;
+                // A VMM closes its clients first when it stops, then ends
+                // its run: not gone yet is not running on.
+                *self = Link::Dropped(pid);
                 Ok(false)
             }
             other => other,

@@ -339,11 +339,11 @@ impl Plane {
                 (req.id, over_budget())
             }
             Ok(req) => (req.id, self.dispatch(negotiated, req.command)),
-            // As QEMU: before negotiation, a command it does not know reads
-            // as any other command but `qmp_capabilities`.
-            Err(e) if !negotiated && e.class == ErrorClass::CommandNotFound => {
-                (e.id, not_negotiated())
-            }
+            // As QEMU: before negotiation, a command it does not know, or one
+            // it knows with bad arguments, reads as any other command but
+            // `qmp_capabilities` (QEMU looks it up in a table of that one
+            // before anything else).
+            Err(e) if !negotiated && names_another_command(bytes) => (e.id, not_negotiated()),
             Err(e) => (e.id, Outcome::Error(e.class, e.desc)),
         };
         let outcome = match outcome {
@@ -589,10 +589,7 @@ impl Plane {
         self.done = true;
         let cause = *crate::lock(&self.cause);
         let line = cause.map(|reason| {
-            let info = ShutdownInfo {
-                guest: false,
-                reason,
-            };
+            let info = ShutdownInfo::of(reason);
             Message::Event(Event::of(&EventKind::Shutdown(info))).to_line()
         });
         for client in self.clients.values_mut() {
@@ -661,6 +658,15 @@ fn for_the_reserve(command: &Command) -> bool {
 }
 
 /// The reply to a large query while the clients' queued output is over its budget.
+/// Whether a request that did not parse still names a command, other than
+/// `qmp_capabilities` (a JSON object whose `execute` is such a string).
+fn names_another_command(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|v| v.get("execute").and_then(Value::as_str).map(str::to_owned))
+        .is_some_and(|name| name != "qmp_capabilities")
+}
+
 /// QEMU's answer to any command but `qmp_capabilities` before negotiation.
 fn not_negotiated() -> Outcome {
     Outcome::Error(

@@ -374,9 +374,12 @@ impl Monitor {
         let mut vcpu_stats = Vec::new();
         if vcpus {
             let all = self.stats(StatsTarget::Vcpu)?;
+            // `query-cpus-fast` at most once a reading, however many paths
+            // are new (a monitor naming vCPUs it does not list).
+            let mut asked = false;
             for r in all.as_array().into_iter().flatten() {
                 let path = r["qom-path"].as_str().unwrap_or_default().to_string();
-                let Some(index) = self.index_of(&path)? else {
+                let Some(index) = self.index_of(&path, &mut asked)? else {
                     log::warn!(
                         "exporter: {}: no vCPU at {path:?} in query-cpus-fast: its stats left out",
                         self.name
@@ -397,11 +400,15 @@ impl Monitor {
     }
 
     /// vCPU `path`'s index, asking `query-cpus-fast` again when the path is
-    /// new (a vCPU plugged since); `None` where QEMU names no such vCPU.
-    fn index_of(&mut self, path: &str) -> Result<Option<usize>, MonitorError> {
+    /// new (a vCPU plugged since) and it was not `asked` yet this reading;
+    /// `None` where QEMU names no such vCPU.
+    fn index_of(&mut self, path: &str, asked: &mut bool) -> Result<Option<usize>, MonitorError> {
         let known = |m: &Monitor| m.cpu_index.iter().find(|(p, _)| p == path).map(|&(_, i)| i);
         if let Some(i) = known(self) {
             return Ok(Some(i));
+        }
+        if std::mem::replace(asked, true) {
+            return Ok(None);
         }
         let (cpus, _) = self.client.call(&Command::QueryCpusFast(NoArgs {}))?;
         self.cpu_index = cpus

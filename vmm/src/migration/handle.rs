@@ -30,7 +30,9 @@ pub enum Error {
     #[error("a migration is already {0}")]
     Busy(&'static str),
     /// An earlier migration completed: the guest lives on the destination.
-    #[error("the guest has migrated away (postmigrate); quit this VMM")]
+    #[error(
+        "the guest has migrated away (postmigrate): `cont` runs it here again, or quit this VMM"
+    )]
     Postmigrate,
     /// This VMM is loading an incoming stream and cannot send one.
     #[error("this VMM is a migration destination")]
@@ -215,6 +217,14 @@ impl Migration {
             if !s.is_final() {
                 info.total_time = Some(crate::units::millis(t.elapsed()));
             }
+        }
+        // A `cont` since brought the guest back: it is here again.
+        let back = self
+            .run_state
+            .get()
+            .is_some_and(|r| r.get() != crate::runstate::RunState::Postmigrate);
+        if back {
+            info.x_vm_state = None;
         }
         info
     }

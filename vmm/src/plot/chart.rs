@@ -613,15 +613,31 @@ fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
 }
 
 /// Indexes of the vertices of a pixel path where it turns by more than a
-/// right angle (the segments before and after point apart).
+/// right angle (the segments before and after point apart). Repeated
+/// points (several samples on one pixel) are one vertex, judged at the
+/// first of them, as the bitmap backend joins them.
 fn sharp_turns(px: &[(i32, i32)]) -> Vec<usize> {
     let d = |a: (i32, i32), b: (i32, i32)| (i64::from(b.0 - a.0), i64::from(b.1 - a.1));
-    (1..px.len().saturating_sub(1))
-        .filter(|&i| {
-            let (u, v) = (d(px[i - 1], px[i]), d(px[i], px[i + 1]));
-            u.0 * v.0 + u.1 * v.1 < 0
-        })
-        .collect()
+    let mut turns = Vec::new();
+    let mut before: Option<(i32, i32)> = None;
+    for (i, &here) in px.iter().enumerate() {
+        if i > 0 && px[i - 1] == here {
+            continue;
+        }
+        let Some(from) = before else {
+            before = Some(here);
+            continue;
+        };
+        let Some(&to) = px[i + 1..].iter().find(|&&p| p != here) else {
+            break;
+        };
+        let (u, v) = (d(from, here), d(here, to));
+        if u.0 * v.0 + u.1 * v.1 < 0 {
+            turns.push(i);
+        }
+        before = Some(here);
+    }
+    turns
 }
 
 /// A line in runs of samples with a finite value on `axis` (`value` is
@@ -780,6 +796,12 @@ mod tests {
         assert!(sharp_turns(&[(0, 0), (5, 0), (5, 5)]).is_empty());
         assert!(sharp_turns(&[(0, 0), (5, 1), (10, 5)]).is_empty());
         assert!(sharp_turns(&[(0, 0)]).is_empty());
+        // A spike whose tip is several samples on one pixel: cut at its
+        // first, and where it comes down (the backend joins them as one).
+        assert_eq!(
+            sharp_turns(&[(0, 100), (1, 10), (1, 10), (1, 10), (2, 100), (3, 100)]),
+            [1]
+        );
     }
 
     #[test]

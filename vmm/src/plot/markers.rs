@@ -113,7 +113,8 @@ pub(crate) fn group(
 /// command, the one it runs from there on, with those before it in the
 /// group after it (`v0 #2 dirty (after #1 touch)`: a label cut short keeps
 /// the command that lasts); commands no tick saw are named by number
-/// (`(after #2 unseen)`).
+/// (`(after #2 between ticks)`: a command over before the next tick, or a
+/// `wait`, which the VMM carries out and the guest marks no phase for).
 fn label(members: &[&PhaseChange]) -> String {
     // Per vCPU, in order of first appearance: its last change, and what the
     // group saw of it before (commands unseen included).
@@ -121,9 +122,9 @@ fn label(members: &[&PhaseChange]) -> String {
     for c in members {
         let unseen = c.unseen.map(|(a, b)| {
             if a == b {
-                format!("#{a} unseen")
+                format!("#{a} between ticks")
             } else {
-                format!("#{a}-#{b} unseen")
+                format!("#{a}-#{b} between ticks")
             }
         });
         match per_vcpu.iter_mut().find(|(v, _, _)| *v == c.vcpu) {
@@ -277,7 +278,7 @@ mod tests {
             labels,
             [
                 "v0 #2 dirty (after #1 touch)",
-                "v0 #5 dirty (after #3-#4 unseen)"
+                "v0 #5 dirty (after #3-#4 between ticks)"
             ]
         );
         // The line has the colour of the command that lasts.

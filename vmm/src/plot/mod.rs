@@ -123,29 +123,34 @@ pub fn source_name(path: &Path) -> String {
 /// # Errors
 /// The file cannot be read or does not parse.
 pub(crate) fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), PlotError> {
-    let mut text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries {
+    let text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries {
         path: path.to_path_buf(),
         source,
     })?;
-    // A series is written a line at a time: one whose last line has no end
-    // was cut while it was written (a VMM killed, a full disk). What came
-    // before is whole.
-    if !text.is_empty() && !text.ends_with('\n') {
-        let whole = text.rfind('\n').map_or(0, |i| i + 1);
-        log::warn!(
-            "{}: its last line ({} bytes) has no end, cut while it was written: left out",
-            path.display(),
-            text.len() - whole
-        );
-        text.truncate(whole);
-    }
     let is_csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-    let parsed = if is_csv {
-        record::parse_csv(&text)
-    } else {
-        record::parse_jsonl(&text)
+    let parse = |text: &str| {
+        if is_csv {
+            record::parse_csv(text)
+        } else {
+            record::parse_jsonl(text)
+        }
+    };
+    let parsed = match parse(&text) {
+        // A series is written a line at a time: one whose last line has no
+        // end and does not parse was cut while it was written (a VMM
+        // killed, a full disk). What came before is whole.
+        Err(_) if !text.ends_with('\n') && text.contains('\n') => {
+            let whole = text.rfind('\n').map_or(0, |i| i + 1);
+            log::warn!(
+                "{}: its last line ({} bytes) has no end, cut while it was written: left out",
+                path.display(),
+                text.len() - whole
+            );
+            parse(&text[..whole])
+        }
+        parsed => parsed,
     };
     parsed.map_err(|source| PlotError::ParseSeries {
         path: path.to_path_buf(),

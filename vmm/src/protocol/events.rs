@@ -36,11 +36,21 @@ pub struct MigrationPass {
 /// `SHUTDOWN`'s data, as QEMU's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShutdownInfo {
-    /// Whether the guest asked for it (never, here: the VMM ends it).
+    /// Whether the guest caused it (QEMU's rule: the guest's causes).
     pub guest: bool,
-    /// QEMU's `ShutdownCause`: `host-qmp-quit` (a `quit`), `host-signal`
-    /// (SIGINT, SIGTERM), `guest-shutdown` (the guest's work ended or it failed).
+    /// QEMU's `ShutdownCause`.
     pub reason: ShutdownCause,
+}
+
+impl ShutdownInfo {
+    /// The event for `reason`, `guest` as QEMU sets it.
+    pub fn of(reason: ShutdownCause) -> ShutdownInfo {
+        let guest = matches!(
+            reason,
+            ShutdownCause::GuestShutdown | ShutdownCause::GuestPanic
+        );
+        ShutdownInfo { guest, reason }
+    }
 }
 
 /// Why the VMM stops, in QEMU's `ShutdownCause` names.
@@ -51,7 +61,12 @@ pub enum ShutdownCause {
     HostQmpQuit,
     /// SIGINT or SIGTERM.
     HostSignal,
-    /// The guest ended its work, or failed.
+    /// The VM could not go on: a guest fault the VMM cannot handle, a KVM
+    /// error, a boot deadline missed.
+    HostError,
+    /// The guest reported a panic.
+    GuestPanic,
+    /// The guest's work ended (a VMM that serves nobody stops then).
     GuestShutdown,
 }
 

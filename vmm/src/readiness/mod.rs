@@ -180,6 +180,9 @@ fn dirty_rate(
         curve.push((window.peek_count()?, started.elapsed()));
     }
     sleep_unless(calc_time, started, abandoned)?;
+    // Mapped while the log is still held: letting it go may change the
+    // mappings (with huge pages, KVM restores the 2 MiB ones it split).
+    let mapped = mapped_now(vm_stats)?.bytes() / 4096;
     // The last look leaves the pages written in the window writable: they
     // do not fault once more after it.
     let (pages, per_vcpu, writable) =
@@ -190,13 +193,10 @@ fn dirty_rate(
     // or at a harvest since; those the last look left writable were written
     // after. The rest fault once more when next written (not counted here:
     // the running total counts them as they come).
-    let left = match writable {
-        Some(writable) => Some(report::Left {
-            protected: (mapped_now(vm_stats)?.bytes() / 4096).saturating_sub(writable),
-            writable,
-        }),
-        None => None,
-    };
+    let left = writable.map(|writable| report::Left {
+        protected: mapped.saturating_sub(writable),
+        writable,
+    });
     let mode = match d.mode() {
         DirtyMode::Bitmap => "dirty-bitmap",
         DirtyMode::Ring(_) => "dirty-ring",
