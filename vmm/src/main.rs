@@ -518,17 +518,31 @@ fn listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
     })
 }
 
-/// `run --fault-cost`: a duration of at most a second.
-fn fault_cost(text: &str) -> Result<Period, String> {
-    let cost: Period = text
+/// A duration flag's value, parsed as `T` (a `Period`, a `Span`), of at
+/// most `most` (its duration given by `of`); `why` says what the bound is.
+fn duration_at_most<T: std::str::FromStr<Err = kvmscope::units::UnitError>>(
+    text: &str,
+    most: Duration,
+    of: fn(&T) -> Duration,
+    why: &str,
+) -> Result<T, String> {
+    let value: T = text
         .parse()
         .map_err(|e: kvmscope::units::UnitError| e.to_string())?;
-    if cost.0 > Duration::from_secs(1) {
-        return Err(format!(
-            "'{text}' is more than 1s (a write fault costs microseconds)"
-        ));
+    if of(&value) > most {
+        return Err(format!("'{text}' is more than {why}"));
     }
-    Ok(cost)
+    Ok(value)
+}
+
+/// `run --fault-cost`: a duration of at most a second.
+fn fault_cost(text: &str) -> Result<Period, String> {
+    duration_at_most(
+        text,
+        Duration::from_secs(1),
+        |p: &Period| p.0,
+        "1s (a write fault costs microseconds)",
+    )
 }
 
 /// `run --samples-out`: a name whose extension says the format.
@@ -542,13 +556,13 @@ fn samples_file(text: &str) -> Result<PathBuf, String> {
 /// takes it (`query-readiness`' `calc-time`), refused here rather than by
 /// the VMM.
 fn calc_time(text: &str) -> Result<Span, String> {
-    let span: Span = text
-        .parse()
-        .map_err(|e: kvmscope::units::UnitError| e.to_string())?;
-    if span.0 > Duration::from_secs(600) {
-        return Err(format!("'{text}' is more than 10m, the longest window"));
-    }
-    Ok(span)
+    use kvmscope::protocol::request::MAX_SECONDS;
+    duration_at_most(
+        text,
+        Duration::from_secs_f64(MAX_SECONDS),
+        |s: &Span| s.0,
+        &format!("{}m, the longest window", MAX_SECONDS / 60.0),
+    )
 }
 
 /// Flags that disagree with each other: said as clap says its own errors,

@@ -208,15 +208,19 @@ impl Summary {
                 ours.join(" ")
             );
             for r in &v.results {
+                let command = command_of(r);
                 let _ = writeln!(
                     s,
                     "  #{:<3} {:<48} {:<4} {} in {:.2} ms{}",
                     r.seq,
                     r.command,
                     r.status,
-                    labelled(r),
+                    labelled(r, command.as_ref()),
                     r.host_time.as_secs_f64() * 1e3,
-                    short_of_rate(r).unwrap_or_default()
+                    command
+                        .as_ref()
+                        .and_then(|c| short_of_rate(r, c))
+                        .unwrap_or_default()
                 );
             }
             if let Some((seq, command)) = &v.interrupted {
@@ -297,18 +301,17 @@ pub(crate) fn result_reply(r: &CommandResult) -> CommandResultReply {
     }
 }
 
+/// The command a result is for, read back from its spec.
+fn command_of(r: &crate::vcpu::CommandResult) -> Option<crate::workload::Command> {
+    let mut commands = crate::workload::parse_sequence(&r.command).ok()?;
+    (commands.len() == 1).then(|| commands.remove(0))
+}
+
 /// A result's three words under their names for its command
-/// (docs/GUEST_ABI.md, "Commands"), `values=[...]` for one without names.
-fn labelled(r: &crate::vcpu::CommandResult) -> String {
-    let names: Option<[&str; 3]> = match r.command.split_whitespace().next() {
-        Some("touch" | "touch-zero") => Some(["pages", "ticks", ""]),
-        Some("read") => Some(["pages", "ticks", "xor"]),
-        Some("dirty") => Some(["writes", "ticks", "distinct"]),
-        Some("exits") => Some(["port-exits", "ticks", "mmio-exits"]),
-        Some("verify" | "verify-zero") => Some(["pages", "ticks", "differ"]),
-        _ => None,
-    };
-    match names {
+/// ([`Command::result_names`](crate::workload::Command::result_names)),
+/// `values=[...]` for one without names.
+fn labelled(r: &crate::vcpu::CommandResult, command: Option<&crate::workload::Command>) -> String {
+    match command.and_then(crate::workload::Command::result_names) {
         Some(names) => names
             .iter()
             .zip(r.values)
@@ -323,10 +326,10 @@ fn labelled(r: &crate::vcpu::CommandResult) -> String {
 /// For a paced `dirty` that wrote well under its rate (a vCPU that got too
 /// little of a busy host's CPU): what it wrote per second against what was
 /// asked, as a note after its line.
-fn short_of_rate(r: &crate::vcpu::CommandResult) -> Option<String> {
-    let [command] = &crate::workload::parse_sequence(&r.command).ok()?[..] else {
-        return None;
-    };
+fn short_of_rate(
+    r: &crate::vcpu::CommandResult,
+    command: &crate::workload::Command,
+) -> Option<String> {
     let crate::workload::Command::Dirty { rate, .. } = command else {
         return None;
     };
@@ -361,15 +364,17 @@ mod tests {
             [2000, 9, 650],
             1000,
         );
-        assert_eq!(labelled(&dirty), "writes=2000 ticks=9 distinct=650");
+        let label = |r: &CommandResult| labelled(r, command_of(r).as_ref());
+        assert_eq!(label(&dirty), "writes=2000 ticks=9 distinct=650");
         let touch = result("touch offset=0 size=4096", [1, 5, 0], 1);
-        assert_eq!(labelled(&touch), "pages=1 ticks=5");
+        assert_eq!(label(&touch), "pages=1 ticks=5");
         let wait = result("wait for=1s", [0, 0, 0], 1000);
-        assert_eq!(labelled(&wait), "values=[0, 0, 0]");
+        assert_eq!(label(&wait), "values=[0, 0, 0]");
     }
 
     #[test]
     fn a_paced_writer_well_under_its_rate_is_said_to_be() {
+        let short_of_rate = |r: &CommandResult| short_of_rate(r, &command_of(r).unwrap());
         let short = result(
             "dirty offset=0 ws=16777216 rate=2000/s for=2s seed=1",
             [72, 9, 72],

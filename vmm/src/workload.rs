@@ -236,6 +236,20 @@ impl Command {
         }
     }
 
+    /// The names of the guest's three result words for this command
+    /// (docs/GUEST_ABI.md, "Commands"; "" for a word it leaves 0); `None`
+    /// for one whose words mean nothing (`wait`, the test aids).
+    pub(crate) fn result_names(&self) -> Option<[&'static str; 3]> {
+        match self {
+            Command::Touch { .. } | Command::TouchZero { .. } => Some(["pages", "ticks", ""]),
+            Command::Read { .. } => Some(["pages", "ticks", "xor"]),
+            Command::Dirty { .. } => Some(["writes", "ticks", "distinct"]),
+            Command::Exits { .. } => Some(["port-exits", "ticks", "mmio-exits"]),
+            Command::Verify { .. } => Some(["pages", "ticks", "differ"]),
+            Command::Wait { .. } | Command::Panic | Command::Fault => None,
+        }
+    }
+
     /// Encodes the command for the guest, checking it against an arena of
     /// `arena_size` bytes. `None` for `wait`, which the VMM carries out itself.
     ///

@@ -206,14 +206,7 @@ impl Client {
     /// it is not a kvmscope (or QMP) server; `Silent` if it says nothing
     /// within [`GREETING_TIMEOUT`].
     pub fn connect(path: &Path) -> Result<Client, Error> {
-        let deadline = Instant::now() + GREETING_TIMEOUT;
-        let mut client =
-            Client::negotiated_within(path, MAX_REPLY, deadline).map_err(|e| match e {
-                Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    Error::Silent(path.to_path_buf(), GREETING_TIMEOUT)
-                }
-                other => other,
-            })?;
+        let mut client = Client::negotiated_within(path, MAX_REPLY, GREETING_TIMEOUT)?;
         // The requests after it wait as long as their command does (the
         // socket's timeouts were what was left of the deadline).
         client.deadline = None;
@@ -229,25 +222,27 @@ impl Client {
     /// As [`Client::connect`]; past the deadline an `Io` error of kind
     /// `TimedOut`; a longer line `BadReply`.
     pub(crate) fn connect_bounded(path: &Path, bounds: Bounds) -> Result<Client, Error> {
-        Client::negotiated_within(path, bounds.line_max, Instant::now() + bounds.request).map_err(
-            |e| match e {
-                // Said as `connect` says it: a QEMU monitor another client
-                // holds accepts and says nothing until it is free.
-                Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    Error::Silent(path.to_path_buf(), bounds.request)
-                }
-                e => e,
-            },
-        )
+        Client::negotiated_within(path, bounds.line_max, bounds.request)
     }
 
-    /// Connects, reads the greeting and negotiates, all by `deadline`, every
-    /// line up to `line_max`; the deadline stays on the client.
-    fn negotiated_within(path: &Path, line_max: usize, deadline: Instant) -> Result<Client, Error> {
+    /// Connects, reads the greeting and negotiates, all within `limit`,
+    /// every line up to `line_max`; the deadline stays on the client. A
+    /// socket that says nothing whole by then is `Silent` (a QEMU monitor
+    /// another client holds accepts and says nothing until it is free).
+    fn negotiated_within(path: &Path, line_max: usize, limit: Duration) -> Result<Client, Error> {
         let stream = connect_stream(path)?;
-        let mut client = Client::greeted_within(stream, line_max, deadline)?;
-        client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
-        Ok(client)
+        let negotiated = Client::greeted_within(stream, line_max, Instant::now() + limit).and_then(
+            |mut client| {
+                client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
+                Ok(client)
+            },
+        );
+        negotiated.map_err(|e| match e {
+            Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
+                Error::Silent(path.to_path_buf(), limit)
+            }
+            e => e,
+        })
     }
 
     /// A client on `stream` whose lines are at most `line_max` and whose

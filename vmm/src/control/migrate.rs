@@ -9,7 +9,7 @@ use serde_json::json;
 use super::context::Context;
 use super::outcome::Outcome;
 use crate::migration::Uri;
-use crate::protocol::{Command, ErrorClass, Event, Message};
+use crate::protocol::{Command, Event, Message};
 
 /// Runs a migration command (any other command is an internal error).
 pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
@@ -17,12 +17,10 @@ pub(crate) fn execute(ctx: &Context, command: Command) -> Outcome {
         return Outcome::generic("this VMM cannot migrate (no migration handle)");
     };
     match command {
-        Command::Migrate(a) if a.refused().is_some() => {
-            Outcome::generic(a.refused().unwrap_or_default())
-        }
-        Command::Migrate(a) => match a.uri.parse::<Uri>() {
-            Err(e) => Outcome::Error(ErrorClass::GenericError, e.to_string()),
-            Ok(uri) => match m.start(uri, source.clone()) {
+        Command::Migrate(a) => match (a.refused(), a.uri.parse::<Uri>()) {
+            (Some(why), _) => Outcome::generic(why),
+            (None, Err(e)) => Outcome::generic(e.to_string()),
+            (None, Ok(uri)) => match m.start(uri, source.clone()) {
                 Ok(()) => Outcome::ret(json!({})),
                 Err(e) => Outcome::generic(crate::error_chain(&e)),
             },

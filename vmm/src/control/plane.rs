@@ -657,7 +657,6 @@ fn for_the_reserve(command: &Command) -> bool {
     )
 }
 
-/// The reply to a large query while the clients' queued output is over its budget.
 /// Whether a request that did not parse still names a command, other than
 /// `qmp_capabilities` (a JSON object whose `execute` is such a string).
 fn names_another_command(bytes: &[u8]) -> bool {
@@ -675,6 +674,7 @@ fn not_negotiated() -> Outcome {
     )
 }
 
+/// The reply to a large query while the clients' queued output is over its budget.
 fn over_budget() -> Outcome {
     Outcome::Error(
         ErrorClass::GenericError,

@@ -179,14 +179,9 @@ impl Migration {
                 inner.info.status = None;
             }
             // A source whose guest left refuses; one that a `cont` brought
-            // back (running or paused again, no longer postmigrate) may send
-            // it again, as QEMU's.
-            let left = self
-                .run_state
-                .get()
-                .is_none_or(|r| r.get() == crate::runstate::RunState::Postmigrate);
+            // back may send it again, as QEMU's.
             match inner.info.status {
-                Some(Status::Completed) if left => return Err(Error::Postmigrate),
+                Some(Status::Completed) if !self.here_again() => return Err(Error::Postmigrate),
                 Some(s) if !s.is_final() => return Err(Error::Busy(s.name())),
                 _ => {}
             }
@@ -218,15 +213,18 @@ impl Migration {
                 info.total_time = Some(crate::units::millis(t.elapsed()));
             }
         }
-        // A `cont` since brought the guest back: it is here again.
-        let back = self
-            .run_state
-            .get()
-            .is_some_and(|r| r.get() != crate::runstate::RunState::Postmigrate);
-        if back {
+        if self.here_again() {
             info.x_vm_state = None;
         }
         info
+    }
+
+    /// Whether a guest that migrated away runs (or is paused) here again:
+    /// a `cont` brought it back, so the run state is no longer `postmigrate`.
+    fn here_again(&self) -> bool {
+        self.run_state
+            .get()
+            .is_some_and(|r| r.get() != crate::runstate::RunState::Postmigrate)
     }
 
     /// `query-migrate-parameters`.

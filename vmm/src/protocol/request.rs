@@ -240,7 +240,7 @@ pub(crate) struct ReadinessArgs {
 }
 
 /// Longest dirty-rate window or downtime a request may ask for.
-pub(crate) const MAX_SECONDS: f64 = 600.0;
+pub const MAX_SECONDS: f64 = 600.0;
 
 /// Every command, with its arguments. The serde and strum names are the wire
 /// names; a unit test checks they agree.
