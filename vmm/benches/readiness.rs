@@ -75,7 +75,9 @@ fn scan_throughput() {
     let (mut scan_s, mut plain_s) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         let t = Instant::now();
-        black_box(scan::scan(&ram, None, 0..0, |_, _| {}));
+        black_box(scan::scan(&ram, None, 0..0, |_, _| {
+            std::ops::ControlFlow::Continue(())
+        }));
         scan_s.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
         black_box(plain_read(black_box(&buf)));

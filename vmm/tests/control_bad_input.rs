@@ -428,7 +428,8 @@ fn existing_live_socket_is_never_clobbered() {
 #[test]
 fn stale_socket_is_replaced() {
     require_kvm!();
-    let path = common::socket_path("stale");
+    let dir = common::test_dir("stale");
+    let path = dir.join("ctl.sock");
     drop(UnixListener::bind(&path).unwrap());
     assert!(path.exists());
     let config = kvmscope::run::RunConfig {

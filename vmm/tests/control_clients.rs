@@ -361,7 +361,8 @@ fn demo_runs_every_phase_end_to_end_and_cleans_up() {
 #[test]
 fn sigterm_stops_the_vmm_and_removes_its_socket() {
     require_kvm!();
-    let socket = common::socket_path("sigterm");
+    let dir = common::test_dir("sigterm");
+    let socket = dir.join("ctl.sock");
     let mut child = common::KillOnDrop::new(
         Command::new(env!("CARGO_BIN_EXE_kvmscope"))
             .args(["run", "--memory", "64M", "--socket"])

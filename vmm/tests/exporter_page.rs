@@ -668,6 +668,8 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
         lines[0].starts_with("kvmscope_exporter_qemu_up{") && lines[0].ends_with(" 0"),
         "{lines:?}"
     );
+    // Never read as a QEMU: no pid is known (not pid "0").
+    assert!(lines[0].contains("pid=\"\""), "{lines:?}");
     // QEMU going away shows as down, and the page goes on; after three
     // refreshes without an answer its figures leave the page.
     q.kill().unwrap();

@@ -329,7 +329,8 @@ fn a_guest_that_never_checks_in_exits_5_naming_the_deadline_and_registers() {
     require_kvm!();
     let entry = kvmscope::abi::IMAGE_BASE;
     let image = common::elf::ElfImage::exec(entry, &common::elf::SPIN).bytes();
-    let path = common::socket_path("boot-timeout").with_file_name("spin.elf");
+    let dir = common::test_dir("boot-timeout");
+    let path = dir.join("spin.elf");
     std::fs::write(&path, image).unwrap();
     let mut child = common::KillOnDrop::new(
         kvmscope()
@@ -374,7 +375,8 @@ fn memory_over_the_maximum_is_an_error_naming_the_maximum() {
 #[test]
 fn a_fifo_as_the_guest_is_refused_at_once() {
     require_kvm!();
-    let fifo = common::socket_path("guest-fifo").with_file_name("guest.elf");
+    let dir = common::test_dir("guest-fifo");
+    let fifo = dir.join("guest.elf");
     let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: `path` is a NUL-terminated string that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);

@@ -228,11 +228,13 @@ fn a_run_ending_in_a_bare_wait_finishes_without_a_socket() {
     );
 }
 
-/// Writes `image` to a fresh file for `--guest`.
-fn guest_file(test: &str, image: &[u8]) -> std::path::PathBuf {
-    let path = common::socket_path(test).with_file_name("guest.elf");
+/// Writes `image` to a fresh file for `--guest`, in a directory removed
+/// when the first is dropped.
+fn guest_file(test: &str, image: &[u8]) -> (common::TestDir, std::path::PathBuf) {
+    let dir = common::test_dir(test);
+    let path = dir.join("guest.elf");
     std::fs::write(&path, image).unwrap();
-    path
+    (dir, path)
 }
 
 #[test]
@@ -240,7 +242,7 @@ fn a_guest_that_never_checks_in_is_stopped_at_the_boot_deadline_with_its_registe
     require_kvm!();
     let entry = kvmscope::abi::IMAGE_BASE;
     let image = common::elf::ElfImage::exec(entry, &common::elf::SPIN).bytes();
-    let guest = guest_file("spin", &image);
+    let (dir, guest) = guest_file("spin", &image);
     let config = RunConfig {
         vm: VmConfig {
             vcpus: 2,
@@ -258,7 +260,7 @@ fn a_guest_that_never_checks_in_is_stopped_at_the_boot_deadline_with_its_registe
         || done.is_finished().then_some(()),
     );
     let s = done.join().unwrap().unwrap();
-    std::fs::remove_dir_all(guest.parent().unwrap()).unwrap();
+    drop(dir);
     let late = s.boot_timeout.expect("a boot timeout");
     assert_eq!(late.limit, Duration::from_millis(500));
     assert_eq!(late.vcpus.len(), 2, "neither vCPU checked in");

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::ServedVm;
@@ -53,17 +53,10 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
-fn fresh_dir(test: &str) -> PathBuf {
-    common::socket_path(test)
-        .parent()
-        .expect("a directory")
-        .to_path_buf()
-}
-
 #[test]
 fn a_start_up_failing_on_a_taken_metrics_port_leaves_the_samples_file_unchanged() {
     require_kvm!();
-    let dir = fresh_dir("out-port");
+    let dir = common::test_dir("out-port");
     let out = dir.join("series.jsonl");
     let before = earlier_series(&out);
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -73,7 +66,6 @@ fn a_start_up_failing_on_a_taken_metrics_port_leaves_the_samples_file_unchanged(
     assert!(matches!(err, run::Error::Metrics(_)), "{err}");
     assert_eq!(std::fs::read(&out).unwrap(), before, "byte for byte");
     assert_eq!(names(&dir), ["series.jsonl"], "no temporary file left");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -103,7 +95,7 @@ fn kvmscope_run(out: &Path, extra: &[&str]) -> std::process::Output {
 #[test]
 fn a_file_that_is_not_a_series_is_refused_and_kept() {
     require_kvm!();
-    let dir = fresh_dir("out-refused");
+    let dir = common::test_dir("out-refused");
     let out = dir.join("notes.csv");
     std::fs::write(&out, "my precious notes\n").unwrap();
     let run = kvmscope_run(&out, &[]);
@@ -115,13 +107,12 @@ fn a_file_that_is_not_a_series_is_refused_and_kept() {
     );
     assert_eq!(std::fs::read(&out).unwrap(), b"my precious notes\n");
     assert_eq!(names(&dir), ["notes.csv"]);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn force_replaces_a_file_that_is_not_a_series_and_a_series_is_replaced_without() {
     require_kvm!();
-    let dir = fresh_dir("out-force");
+    let dir = common::test_dir("out-force");
     let out = dir.join("notes.jsonl");
     std::fs::write(&out, "my notes, which I want gone\n").unwrap();
     let first_line = |p: &Path| {
@@ -138,5 +129,4 @@ fn force_replaces_a_file_that_is_not_a_series_and_a_series_is_replaced_without()
         assert!(is_series_header(&first_line(&out)), "{extra:?}");
     }
     assert_eq!(names(&dir), ["notes.jsonl"]);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

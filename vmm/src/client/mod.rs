@@ -260,11 +260,19 @@ impl Client {
         Ok(client)
     }
 
-    /// The server's process id, from the socket's peer credentials.
+    /// The server's process id, from the socket's peer credentials (as
+    /// this process's pid namespace numbers it).
     pub(crate) fn peer_pid(&self) -> Option<u32> {
         rustix::net::sockopt::socket_peercred(&self.stream)
             .ok()
             .map(|c| c.pid.as_raw_nonzero().get().unsigned_abs())
+    }
+
+    /// A kvmscope VMM's process id as this process sees it: the socket's
+    /// peer credentials, else the greeting's (which is the VMM's own view,
+    /// another number where it runs in a pid namespace of its own).
+    pub(crate) fn vmm_pid(&self) -> u32 {
+        self.peer_pid().unwrap_or(self.greeting.qmp.kvmscope.vm.pid)
     }
 
     /// Gives each request from now on its own whole deadline of `limit`;

@@ -222,7 +222,7 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
     let received = receive(&mut client, vm, vcpus, true)?;
     let (name, pid) = (
         client.greeting.qmp.kvmscope.vm.name.clone(),
-        client.greeting.qmp.kvmscope.vm.pid,
+        client.vmm_pid(),
     );
     drop(client);
     let samples = sample_all(&received)?;

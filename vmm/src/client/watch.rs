@@ -59,7 +59,7 @@ pub struct WatchConfig {
 pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
     client.set_timeout(Some(REPLY_TIMEOUT))?;
-    let pid = u64::from(client.greeting.qmp.kvmscope.vm.pid);
+    let pid = u64::from(client.vmm_pid());
     let name = client.greeting.qmp.kvmscope.vm.name.clone();
     let (vm, vcpus) = match (config.vm, config.vcpus) {
         (false, None) => (true, Some(VcpuSelector::All)),
@@ -101,7 +101,7 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
                 out,
                 "(the VMM closed this client's connection and runs on: its stats are still read through the fds, its sampler no longer)"
             )?,
-            (Link::Plain(_), _) => {}
+            (Link::Plain(..), _) => {}
         }
         for ((r, old), new) in received.iter().zip(&older).zip(&newer) {
             if !r.shows_any(&filter) {
@@ -130,8 +130,8 @@ pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
 enum Link {
     /// The sampler's values, asked for each refresh.
     Sampler(Derived),
-    /// No sampler: kept open only to see the VMM go.
-    Plain(Client),
+    /// No sampler: kept open only to see the VMM (this pid) go.
+    Plain(Client, u64),
     /// The VMM closed the connection and ran on (it dropped this client,
     /// or it is on its way out: its pid is looked at every refresh).
     Dropped(u64),
@@ -143,7 +143,7 @@ impl Link {
     fn probe(mut client: Client, pid: u64) -> Link {
         match client.query_samples(0, Some(1)) {
             Ok(page) => Link::Sampler(Derived::new(client, pid, page.header.header)),
-            Err(_) => Link::Plain(client),
+            Err(_) => Link::Plain(client, pid),
         }
     }
 
@@ -154,10 +154,7 @@ impl Link {
     fn refresh(&mut self) -> Result<bool, Error> {
         let (result, pid) = match self {
             Link::Sampler(d) => (d.take(), d.pid),
-            Link::Plain(c) => {
-                let pid = c.greeting.qmp.kvmscope.vm.pid;
-                (c.take_events().map(|_| false), u64::from(pid))
-            }
+            Link::Plain(c, pid) => (c.take_events().map(|_| false), *pid),
             Link::Dropped(pid) if gone(*pid) => return Err(Error::VmmExited(*pid)),
             Link::Dropped(_) => return Ok(false),
         };

@@ -1,7 +1,10 @@
 //! The labels every line of a VM carries on the page.
 
 /// The labels of one VM: `vm`, `pid`, `socket`.
-pub(crate) fn vm_labels(name: &str, pid: u32, socket: &std::path::Path) -> String {
+pub(crate) fn vm_labels(name: &str, pid: Option<u32>, socket: &std::path::Path) -> String {
+    // Not known yet (a QEMU never read): empty, which PromQL reads as no
+    // label, rather than a pid that no process has.
+    let pid = pid.map(|p| p.to_string()).unwrap_or_default();
     format!(
         "vm=\"{}\",pid=\"{pid}\",socket=\"{}\"",
         crate::metrics::label_value(name),

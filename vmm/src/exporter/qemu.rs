@@ -46,8 +46,9 @@ pub(crate) type Reading = Vec<(Descriptor, Vec<u64>)>;
 pub(crate) struct QemuVm {
     /// `query-name`, or the socket's file name.
     pub(crate) name: String,
-    /// The QEMU process, from the socket's peer credentials.
-    pub(crate) pid: u32,
+    /// The QEMU process, from the socket's peer credentials (`None` before
+    /// the first read).
+    pub(crate) pid: Option<u32>,
     /// Its page labels (`vm`, `pid`, `socket`), made when those are learnt.
     pub(crate) labels: String,
     /// VM stats.
@@ -74,7 +75,7 @@ impl QemuVm {
 /// One refresh of a QEMU VM.
 struct QemuReading {
     name: String,
-    pid: u32,
+    pid: Option<u32>,
     version: (u64, u64, u64),
     vm: Reading,
     vcpus: Vec<(usize, String, Reading)>,
@@ -110,7 +111,7 @@ pub(crate) fn poll(
             .iter()
             .map(|s| QemuVm {
                 name: file_name(s),
-                labels: super::labels::vm_labels(&file_name(s), 0, s),
+                labels: super::labels::vm_labels(&file_name(s), None, s),
                 ..QemuVm::default()
             })
             .collect::<Vec<_>>(),
@@ -264,10 +265,10 @@ fn refresh_loop(
                 if vm.error.is_some() {
                     // Said once it failed: said when it is back.
                     log::info!(
-                        "exporter: QEMU monitor {}: read again ({} pid {})",
+                        "exporter: QEMU monitor {}: read again ({}{})",
                         socket.display(),
                         r.name,
-                        r.pid
+                        r.pid.map(|p| format!(" pid {p}")).unwrap_or_default()
                     );
                 }
                 vm.labels = super::labels::vm_labels(&r.name, r.pid, socket);
@@ -304,7 +305,7 @@ fn refresh_loop(
 struct Monitor {
     client: Client,
     name: String,
-    pid: u32,
+    pid: Option<u32>,
     version: (u64, u64, u64),
     schemas: Vec<(String, Vec<Value>)>,
     /// Each vCPU's index by its `qom-path` (`query-cpus-fast`): QEMU lists
@@ -323,7 +324,7 @@ impl Monitor {
             return Err(MonitorError::NotQemu(socket.to_path_buf()));
         }
         client.bound_each_request(timeout);
-        let pid = client.peer_pid().unwrap_or(0);
+        let pid = client.peer_pid();
         let v = client.greeting.qmp.version.qemu;
         let mut m = Monitor {
             client,

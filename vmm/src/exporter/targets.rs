@@ -73,7 +73,7 @@ enum AttachError {
 pub(crate) struct Target {
     /// The VM's name (`kvmscope run --name`), from the greeting.
     pub(crate) name: String,
-    /// The VMM's pid, from the greeting.
+    /// The VMM's pid on this host (its socket's peer credentials).
     pub(crate) pid: u32,
     /// Guest RAM, bytes.
     pub(crate) memory: u64,
@@ -657,12 +657,14 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     // Follow-up requests (a completed migration's `query-status`) each get
     // the attach timeout, whole; everything above shared one.
     client.bound_each_request(timeout);
-    let labels = super::labels::vm_labels(&vm.name, vm.pid, path);
+    // The pid a `kill` or `top` on this host knows the VMM by.
+    let pid = client.vmm_pid();
+    let labels = super::labels::vm_labels(&vm.name, Some(pid), path);
     Ok(Target {
         vcpu_labels: super::labels::vcpu_labels(&labels, vm.vcpus),
         labels,
         name: vm.name,
-        pid: vm.pid,
+        pid,
         memory: vm.memory,
         backend: vm.backend,
         vm: kvm.vm,

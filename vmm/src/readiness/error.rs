@@ -29,7 +29,8 @@ pub enum Error {
     /// The VM has no guest RAM to measure.
     #[error("the VM has no memory")]
     NoMemory,
-    /// The client that asked went away: the window stopped after this long.
-    #[error("the client that asked went away: the dirty-rate window stopped after {0:?}")]
+    /// The client that asked went away: the window or the scan it was in
+    /// stopped after this long.
+    #[error("the client that asked went away: the measurement stopped after {0:?}")]
     Abandoned(Duration),
 }

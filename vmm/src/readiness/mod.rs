@@ -9,6 +9,7 @@ mod options;
 pub(crate) mod report;
 pub mod scan;
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -233,9 +234,16 @@ fn sleep_unless(at: Duration, started: Instant, abandoned: &dyn Fn() -> bool) ->
     }
 }
 
-/// Pauses the guest, counts zero and non-zero pages, resumes it.
-fn exact_scan(g: &mut Guest<'_>, progress: impl FnMut(u64, u64)) -> Result<scan::Scan, Error> {
+/// Pauses the guest, counts zero and non-zero pages, resumes it. Whoever
+/// asked going stops the scan within a progress step (about 20 ms of
+/// reading), and the guest is resumed then ([`Error::Abandoned`]).
+fn exact_scan(g: &mut Guest<'_>, mut progress: impl FnMut(u64, u64)) -> Result<scan::Scan, Error> {
     const PAUSE_LIMIT: Duration = Duration::from_secs(5);
+    let started = Instant::now();
+    let abandoned = g.abandoned;
+    if abandoned() {
+        return Err(Error::Abandoned(started.elapsed()));
+    }
     (g.pause)(true).map_err(Error::Pause)?;
     let result = (|| {
         if !crate::vcpu::wait_parked(g.vcpus, PAUSE_LIMIT) {
@@ -245,12 +253,16 @@ fn exact_scan(g: &mut Guest<'_>, progress: impl FnMut(u64, u64)) -> Result<scan:
         // SAFETY: every vCPU is parked (checked just above) and stays so until
         // the resume below.
         let ram = unsafe { scan::Ram::paused(g.ram) };
-        Ok(scan::scan(
-            &ram,
-            Some(&residency),
-            g.arena.clone(),
-            progress,
-        ))
+        let step = |done, total| {
+            progress(done, total);
+            if abandoned() {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        };
+        scan::scan(&ram, Some(&residency), g.arena.clone(), step)
+            .ok_or_else(|| Error::Abandoned(started.elapsed()))
     })();
     let resumed = (g.pause)(false).map_err(Error::Pause);
     let scan = result?;

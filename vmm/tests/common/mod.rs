@@ -125,7 +125,9 @@ use kvmscope::run::{self, RunConfig};
 use kvmscope::summary::Summary;
 use kvmscope::vm::VmConfig;
 
-/// A unique socket path for one test, in a fresh directory under the temp dir.
+/// A unique socket path for one test, in a fresh directory under the temp
+/// dir that its owner removes (`ServedVm` and `Dest` do when dropped); a
+/// test that owns nothing else takes a [`test_dir`], removed for it.
 pub fn socket_path(test: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
