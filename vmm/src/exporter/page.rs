@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::provider::{Figures, Provider};
-use crate::metrics::{write_sources, write_sources_as};
+use crate::metrics::{write_sources, Whose};
 
 /// How old the open-fd count on the page may be: counting walks
 /// `/proc/self/fd`, a thousand entries on a host of 100 VMs.
@@ -91,16 +91,34 @@ pub(crate) fn render(
     // The VMMs' own stats first, `--stats` choosing among them by name too:
     // their files were read last, and their samples are still in the cache.
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vmm_vm_stats()).collect();
-    write_sources(out, &vms, "kvmscope_vmm_vm_", &mut seen, &keep);
+    let own_vm = Whose::Own { vcpu: false };
+    write_sources(out, &vms, "kvmscope_vmm_vm_", own_vm, &mut seen, &keep);
     let sums: Vec<_> = figures.iter().flat_map(|f| f.vmm_exit_sums()).collect();
-    let whose = "sum over the VM's vCPUs of the kvmscope VMM's own vCPU";
-    write_sources_as(out, &sums, "kvmscope_vmm_vm_", whose, &mut seen, &keep);
+    let whose = Whose::OwnVcpuSum;
+    write_sources(out, &sums, "kvmscope_vmm_vm_", whose, &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vmm_vcpu_stats()).collect();
-    write_sources(out, &vcpus, "kvmscope_vmm_vcpu_", &mut seen, &keep);
+    let own_vcpu = Whose::Own { vcpu: true };
+    write_sources(
+        out,
+        &vcpus,
+        "kvmscope_vmm_vcpu_",
+        own_vcpu,
+        &mut seen,
+        &keep,
+    );
     let vms: Vec<_> = figures.iter().flat_map(|f| f.vm_stats()).collect();
-    write_sources(out, &vms, "kvmscope_kvm_vm_", &mut seen, &keep);
+    let kvm_vm = Whose::Kvm { vcpu: false };
+    write_sources(out, &vms, "kvmscope_kvm_vm_", kvm_vm, &mut seen, &keep);
     let vcpus: Vec<_> = figures.iter().flat_map(|f| f.vcpu_stats()).collect();
-    write_sources(out, &vcpus, "kvmscope_kvm_vcpu_", &mut seen, &keep);
+    let kvm_vcpu = Whose::Kvm { vcpu: true };
+    write_sources(
+        out,
+        &vcpus,
+        "kvmscope_kvm_vcpu_",
+        kvm_vcpu,
+        &mut seen,
+        &keep,
+    );
     drop(figures);
     let names = names.into_inner();
     if noting && !names.is_empty() {

@@ -183,13 +183,12 @@ impl Family {
         })
     }
 
-    /// `# HELP` and `# TYPE`, once per family on the page; `whose`: `KVM
-    /// VM`, `kvmscope vCPU`, ...
+    /// `# HELP` and `# TYPE`, once per family on the page.
     fn write_header(
         &self,
         out: &mut String,
         d: &Descriptor,
-        whose: &str,
+        whose: Whose,
         seen: &mut HashSet<String>,
     ) {
         if seen.insert(self.full.clone()) {
@@ -203,18 +202,15 @@ impl Family {
                 Unit::Boolean => ", 0 or 1",
                 Unit::None | Unit::Unknown(_) => "",
             };
-            let meaning = if whose.contains("kvmscope") {
-                crate::vmmstats::meaning(&d.name, whose.contains("vCPU"))
-                    .map(|m| format!(": {}", help_text(m)))
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            };
+            let meaning = whose
+                .meaning(&d.name)
+                .map(|m| format!(": {}", help_text(m)))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
                 "# HELP {} {} stat {} ({:?}{unit}){meaning}\n# TYPE {} {}",
                 self.full,
-                whose,
+                whose.text(),
                 help_text(&d.name),
                 d.kind,
                 self.full,
@@ -370,33 +366,51 @@ impl<'a> Source<'a> {
     }
 }
 
+/// Whose stats a family holds: its `# HELP` says so, and for the VMM's own
+/// what each means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Whose {
+    /// KVM's, of a VM or (`vcpu`) of a vCPU.
+    Kvm { vcpu: bool },
+    /// The kvmscope VMM's own, of a VM or (`vcpu`) of a vCPU.
+    Own { vcpu: bool },
+    /// The VMM's own vCPU stats summed over a VM's vCPUs.
+    OwnVcpuSum,
+}
+
+impl Whose {
+    /// Whose stats they are, as `# HELP` says it ("`text` stat `name`").
+    fn text(self) -> &'static str {
+        match self {
+            Whose::Kvm { vcpu: false } => "KVM VM",
+            Whose::Kvm { vcpu: true } => "KVM vCPU",
+            Whose::Own { vcpu: false } => "kvmscope VMM's own VM",
+            Whose::Own { vcpu: true } => "kvmscope VMM's own vCPU",
+            Whose::OwnVcpuSum => "sum over the VM's vCPUs of the kvmscope VMM's own vCPU",
+        }
+    }
+
+    /// What stat `name` means: the VMM's own say (KVM's are KVM's to
+    /// document).
+    fn meaning(self, name: &str) -> Option<&'static str> {
+        match self {
+            Whose::Kvm { .. } => None,
+            Whose::Own { vcpu } => crate::vmmstats::meaning(name, vcpu),
+            Whose::OwnVcpuSum => crate::vmmstats::meaning(name, true),
+        }
+    }
+}
+
 /// Writes every stat of `sources`, grouped by stat (all sources of one stat
 /// together, as the text format requires), each source with its own labels
-/// and its own descriptor's unit. Only stats whose name `keep` accepts are
-/// written; families already in `seen` get no second `# HELP`/`# TYPE`.
+/// and its own descriptor's unit, under families named `prefix` and the
+/// stat's name. Only stats whose name `keep` accepts are written; families
+/// already in `seen` get no second `# HELP`/`# TYPE`.
 pub(crate) fn write_sources(
     out: &mut String,
     sources: &[Source<'_>],
     prefix: &str,
-    seen: &mut HashSet<String>,
-    keep: &dyn Fn(&str) -> bool,
-) {
-    let whose = match (prefix.contains("_vmm_"), prefix.contains("vcpu")) {
-        (false, false) => "KVM VM",
-        (false, true) => "KVM vCPU",
-        (true, false) => "kvmscope VMM's own VM",
-        (true, true) => "kvmscope VMM's own vCPU",
-    };
-    write_sources_as(out, sources, prefix, whose, seen, keep);
-}
-
-/// `write_sources`, with each family's `# HELP` saying the stats are
-/// `whose` ("`whose` stat `name`").
-pub(crate) fn write_sources_as(
-    out: &mut String,
-    sources: &[Source<'_>],
-    prefix: &str,
-    whose: &str,
+    whose: Whose,
     seen: &mut HashSet<String>,
     keep: &dyn Fn(&str) -> bool,
 ) {
@@ -620,9 +634,15 @@ pub(crate) fn render(samples: &Shared) -> String {
             .map(|(fd, sample)| Source::new(vm.as_str(), Values::Sampled(fd.schema(), sample)))
             .into_iter()
             .collect();
-        write_sources(&mut out, &vm_source, "kvmscope_kvm_vm_", &mut seen, &|_| {
-            true
-        });
+        let vm_stats = Whose::Kvm { vcpu: false };
+        write_sources(
+            &mut out,
+            &vm_source,
+            "kvmscope_kvm_vm_",
+            vm_stats,
+            &mut seen,
+            &|_| true,
+        );
         let vcpu_sources: Vec<Source<'_>> = pairs
             .enumerate()
             .map(|(i, (fd, sample))| {
@@ -633,6 +653,7 @@ pub(crate) fn render(samples: &Shared) -> String {
             &mut out,
             &vcpu_sources,
             "kvmscope_kvm_vcpu_",
+            Whose::Kvm { vcpu: true },
             &mut seen,
             &|_| true,
         );
@@ -646,7 +667,7 @@ mod tests {
 
     use kvm_stats::{Base, Descriptor, StatType, Unit};
 
-    use super::{write_sources, Source, Values};
+    use super::{write_sources, Source, Values, Whose};
 
     fn written(raw: u64, base: Base, exponent: i16) -> String {
         let d = Descriptor {
@@ -688,9 +709,15 @@ mod tests {
     /// The page's sample lines (no `#` line) for `sources`, every stat kept.
     fn sample_lines(sources: &[Source<'_>]) -> Vec<String> {
         let mut out = String::new();
-        write_sources(&mut out, sources, "p_", &mut HashSet::new(), &|_: &str| {
-            true
-        });
+        let whose = Whose::Kvm { vcpu: false };
+        write_sources(
+            &mut out,
+            sources,
+            "p_",
+            whose,
+            &mut HashSet::new(),
+            &|_: &str| true,
+        );
         out.lines()
             .filter(|l| !l.starts_with('#'))
             .map(str::to_string)
