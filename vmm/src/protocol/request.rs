@@ -425,9 +425,40 @@ fn typed(name: &str, arguments: &Value) -> Result<Command, String> {
         let path = e.path().to_string();
         let member = path.strip_prefix("arguments").unwrap_or(&path);
         let why = in_json_words(&without_position(e.inner()));
-        match member.strip_prefix('.') {
-            Some(m) if !m.is_empty() => format!("parameter '{m}': {why}"),
-            _ => why,
+        let member = member.strip_prefix('.').filter(|m| !m.is_empty());
+        // Said as QEMU says them where serde's words name the member again
+        // ("unknown field `x`") or not at all ("missing field `x`" at the
+        // top, "expected value" for a name given as a number).
+        if let Some(rest) = why.strip_prefix("unknown field `") {
+            let (field, expected) = rest.split_once('`').unwrap_or((rest, ""));
+            let known = expected
+                .strip_prefix(", expected one of ")
+                .or_else(|| expected.strip_prefix(", expected "))
+                .map(|k| format!(" (it takes {k})"))
+                .unwrap_or_else(|| " (it takes none)".into());
+            return format!(
+                "parameter '{}' is unexpected{known}",
+                member.unwrap_or(field)
+            );
+        }
+        let name = |field: &str| match member {
+            Some(m) => format!("{m}.{field}"),
+            None => field.to_string(),
+        };
+        if let Some(field) = why
+            .strip_prefix("missing field `")
+            .and_then(|r| r.strip_suffix('`'))
+        {
+            return format!("parameter '{}' is missing", name(field));
+        }
+        let why = if why == "expected value" {
+            "invalid type, expected a name (a string)".to_string()
+        } else {
+            why
+        };
+        match member {
+            Some(m) => format!("parameter '{m}': {why}"),
+            None => why,
         }
     })
 }

@@ -96,9 +96,9 @@ fn get_stats_fd_for_vm_rejects_a_vcpu_argument() {
 #[test]
 fn missing_arguments_are_named() {
     let desc = args_err("get-stats-fd", json!({}));
-    assert!(desc.contains("missing field `target`"), "{desc}");
+    assert_eq!(desc, "get-stats-fd: parameter 'target' is missing");
     let desc = args_err("guest-command", json!({"vcpu": 0}));
-    assert!(desc.contains("`command`"), "{desc}");
+    assert_eq!(desc, "guest-command: parameter 'command' is missing");
 }
 
 #[test]
@@ -302,4 +302,22 @@ fn a_wrong_argument_is_named_without_a_place_in_text_the_client_never_sent() {
         "{e}"
     );
     assert!(!e.contains(" at line "), "{e}");
+    // Missing and unexpected members named as QEMU names them.
+    assert_eq!(
+        args_err("query-stats", json!({})),
+        "query-stats: parameter 'target' is missing"
+    );
+    assert_eq!(
+        args_err("query-stats", json!({"target": "vm", "bogus": 1})),
+        "query-stats: parameter 'bogus' is unexpected (it takes `target`, `providers`, `names`, `vcpus`)"
+    );
+    assert_eq!(
+        args_err("query-status", json!({"bogus": 1})),
+        "query-status: parameter 'bogus' is unexpected (it takes none)"
+    );
+    // A name given as a number.
+    assert_eq!(
+        args_err("query-stats", json!({"target": 5})),
+        "query-stats: parameter 'target': invalid type, expected a name (a string)"
+    );
 }
