@@ -3,6 +3,7 @@
 //! and what a pre-copy migration would do with it (docs/READINESS.md).
 
 pub mod calibrate;
+mod converge;
 mod error;
 pub(crate) mod model;
 mod options;
