@@ -18,6 +18,8 @@ pub(crate) mod provider;
 pub(crate) mod qemu;
 pub(crate) mod targets;
 
+pub use targets::MAX_ATTACHING;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -38,6 +38,11 @@ use crate::vmmstats::MEMFD_NAME;
 pub(crate) const RESCAN: Duration = Duration::from_millis(500);
 /// How long a socket that failed to attach is left alone.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Attaches in flight at once, each a thread and a connection: a directory
+/// of sockets that accept and say nothing (thousands, say) holds at most
+/// this many for an attach timeout each, never a thread per socket. Sockets
+/// never tried go before those being tried again.
+pub const MAX_ATTACHING: usize = 32;
 
 /// Why a VMM could not be attached.
 #[derive(Debug, thiserror::Error)]
@@ -273,9 +278,10 @@ pub(crate) fn watch(sources: Sources, registry: Arc<Mutex<Registry>>) -> std::io
     let flags = rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK;
     let stop = rustix::event::eventfd(0, flags)?;
     let stopping = stop.try_clone()?;
+    let answered = rustix::event::eventfd(0, flags)?;
     let thread = std::thread::Builder::new()
         .name("exporter-watch".into())
-        .spawn(move || Discovery::new(sources, registry).run(&stopping))?;
+        .spawn(move || Discovery::new(sources, registry, answered).run(&stopping))?;
     Ok(Watcher {
         stop,
         thread: Some(thread),
@@ -290,14 +296,18 @@ type Checked = (PathBuf, Client, Result<bool, client::Error>);
 struct Discovery {
     sources: Sources,
     registry: Arc<Mutex<Registry>>,
+    /// Attaches in flight (at most [`MAX_ATTACHING`]).
     pending: BTreeMap<PathBuf, Instant>,
     results: (Sender<Attached>, Receiver<Attached>),
     checks: (Sender<Checked>, Receiver<Checked>),
     inotify: Option<OwnedFd>,
+    /// Written by an attach or check thread once its answer is sent: the
+    /// wait for a change ends, so that a slot freed is used at once.
+    answered: Arc<OwnedFd>,
 }
 
 impl Discovery {
-    fn new(sources: Sources, registry: Arc<Mutex<Registry>>) -> Discovery {
+    fn new(sources: Sources, registry: Arc<Mutex<Registry>>, answered: OwnedFd) -> Discovery {
         // Without inotify (no such directory yet, or out of watches) the
         // periodic rescan still finds everything, only later.
         let inotify = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
@@ -320,6 +330,7 @@ impl Discovery {
             results: channel(),
             checks: channel(),
             inotify,
+            answered: Arc::new(answered),
         }
     }
 
@@ -339,7 +350,10 @@ impl Discovery {
     /// [`RESCAN`] passes; returns whether the stop was asked.
     fn wait_for_change(&self, stop: &OwnedFd) -> bool {
         use rustix::event::{PollFd, PollFlags};
-        let mut fds = vec![PollFd::new(stop, PollFlags::IN)];
+        let mut fds = vec![
+            PollFd::new(stop, PollFlags::IN),
+            PollFd::new(&*self.answered, PollFlags::IN),
+        ];
         if let Some(fd) = &self.inotify {
             fds.push(PollFd::new(fd, PollFlags::IN));
         }
@@ -353,6 +367,8 @@ impl Discovery {
         if fds[0].revents().contains(PollFlags::IN) {
             return true;
         }
+        let mut count = [0u8; 8];
+        let _ = rustix::io::read(&*self.answered, &mut count);
         if let Some(fd) = &self.inotify {
             // Drain the events: any change means "rescan".
             let mut buf = [0u8; 4096];
@@ -389,34 +405,52 @@ impl Discovery {
             .collect()
     }
 
+    /// Starts attaching to sockets not attached, not being attached, and
+    /// not failed within [`RETRY_AFTER`]: those never tried first, at most
+    /// [`MAX_ATTACHING`] in flight.
     fn attach_new(&mut self) {
+        if self.pending.len() >= MAX_ATTACHING {
+            return;
+        }
         let now = Instant::now();
-        for (path, id) in self.candidates() {
+        let (mut fresh, mut again) = (Vec::new(), Vec::new());
+        {
             let reg = lock(&self.registry);
-            let recently_failed = reg
-                .failures
-                .get(&path)
-                .is_some_and(|f| now.duration_since(f.at) < RETRY_AFTER);
-            // Attached already, under this path or another for the same file.
-            let attached = reg.targets.contains_key(&path)
-                || id.is_some() && reg.targets.values().any(|t| t.socket == id);
-            if attached || recently_failed {
-                continue;
+            for (path, id) in self.candidates() {
+                // Attached already, under this path or another for the same file.
+                let attached = reg.targets.contains_key(&path)
+                    || id.is_some() && reg.targets.values().any(|t| t.socket == id);
+                if attached || self.pending.contains_key(&path) {
+                    continue;
+                }
+                match reg.failures.get(&path) {
+                    None => fresh.push(path),
+                    Some(f) if now.duration_since(f.at) >= RETRY_AFTER => again.push(path),
+                    Some(_) => {}
+                }
             }
-            drop(reg);
-            if self.pending.contains_key(&path) {
-                continue;
-            }
-            self.pending.insert(path.clone(), now);
+        }
+        let room = MAX_ATTACHING - self.pending.len();
+        for path in fresh.into_iter().chain(again).take(room) {
             let (tx, timeout) = (self.results.0.clone(), self.sources.attach_timeout);
+            let answered = self.answered.clone();
+            let key = path.clone();
             let spawned = std::thread::Builder::new()
                 .name("exporter-attach".into())
                 .spawn(move || {
                     let result = attach(&path, timeout);
                     let _ = tx.send((path, result));
+                    let _ = rustix::io::write(&*answered, &1u64.to_ne_bytes());
                 });
-            if let Err(e) = spawned {
-                log::warn!("exporter: cannot start an attach thread: {e}");
+            match spawned {
+                Ok(_) => {
+                    self.pending.insert(key, now);
+                }
+                Err(e) => {
+                    // Tried again at the next look.
+                    log::warn!("exporter: cannot start an attach thread: {e}");
+                    break;
+                }
             }
         }
     }
@@ -492,11 +526,13 @@ impl Discovery {
         drop(reg);
         for (path, mut client) in ask {
             let tx = self.checks.0.clone();
+            let answered = self.answered.clone();
             let spawned = std::thread::Builder::new()
                 .name("exporter-check".into())
                 .spawn(move || {
                     let verdict = migrated_away(&mut client);
                     let _ = tx.send((path, client, verdict));
+                    let _ = rustix::io::write(&*answered, &1u64.to_ne_bytes());
                 });
             if let Err(e) = spawned {
                 log::warn!("exporter: cannot start a check thread: {e}");

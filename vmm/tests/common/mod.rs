@@ -282,6 +282,15 @@ impl ServedVm {
             ..RunConfig::demo()
         };
         adjust(&mut config);
+        // Where `adjust` may have moved it (then the directory made for it
+        // goes: the VM's is its owner's).
+        let moved = config.socket.clone().expect("a VMM that serves a socket");
+        if moved != socket {
+            if let Some(unused) = socket.parent() {
+                let _ = std::fs::remove_dir_all(unused);
+            }
+        }
+        let socket = moved;
         let thread = std::thread::spawn(move || run::run(config));
         let mut vm = ServedVm {
             socket,
