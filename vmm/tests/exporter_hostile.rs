@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::exporter::up;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -205,12 +207,6 @@ fn fake_vmm_with_own(
             });
         }
     });
-}
-
-fn up(page: &str, socket: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| l.starts_with("kvmscope_exporter_vm_up{") && l.contains(socket))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 #[test]

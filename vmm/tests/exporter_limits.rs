@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::exporter::up;
+
 use std::os::unix::net::UnixListener;
 use std::time::{Duration, Instant};
 
@@ -17,12 +19,6 @@ fn threads_named(name: &str) -> usize {
             std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
         })
         .count()
-}
-
-fn up(page: &str, socket: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| l.starts_with("kvmscope_exporter_vm_up{") && l.contains(socket))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 #[test]

@@ -35,3 +35,10 @@ pub fn start(config: ExporterConfig) -> Exporter {
 pub fn page(e: &Exporter) -> String {
     super::scrape(e.addr.port()).expect("the exporter serves its page")
 }
+
+/// `kvmscope_exporter_vm_up` of the VM whose socket path holds `socket`.
+pub fn up(page: &str, socket: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.starts_with("kvmscope_exporter_vm_up{") && l.contains(socket))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
