@@ -196,6 +196,27 @@ fn request_over_the_limit_gets_an_error_and_is_closed() {
     still_healthy(&vm);
 }
 
+/// A whole request over the limit, its long part in a string, sent at once:
+/// the server reads it in one go and must count the string's bytes too (it
+/// answered such a request of 70,000 bytes as if it were short).
+#[test]
+fn a_whole_request_over_the_limit_in_one_write_is_refused_too() {
+    require_kvm!();
+    let vm = ServedVm::start("long-whole", MEM, 1);
+    let (mut s, mut r) = raw(&vm);
+    let id = "x".repeat(MAX_VALUE);
+    let line = format!("{{\"execute\":\"query-name\",\"id\":\"{id}\"}}\n");
+    s.write_all(line.as_bytes()).unwrap();
+    let e = reply(&mut r);
+    assert!(
+        e["error"]["desc"].as_str().unwrap().contains("at most"),
+        "{e}"
+    );
+    let mut rest = Vec::new();
+    assert_eq!(r.read_to_end(&mut rest).unwrap(), 0, "then closed");
+    still_healthy(&vm);
+}
+
 #[test]
 fn client_that_never_reads_is_dropped_and_the_others_carry_on() {
     require_kvm!();

@@ -170,6 +170,11 @@ impl Framer {
         while self.pos < self.buf.len() {
             let b = self.buf[self.pos];
             self.pos += 1;
+            // Every byte counts, those inside a string too (a long string
+            // closed within one read was let through whole).
+            if self.pos - self.start > MAX_VALUE {
+                return Scanned::Incomplete;
+            }
             if s.in_string {
                 match (s.escape, b) {
                     (true, _) => s.escape = false,
@@ -193,9 +198,6 @@ impl Framer {
                 }
                 b if !lexical(b) => return Scanned::Invalid(b),
                 _ => {}
-            }
-            if self.pos - self.start > MAX_VALUE {
-                return Scanned::Incomplete;
             }
         }
         Scanned::Incomplete
@@ -228,6 +230,10 @@ impl Framer {
                 .position(|b| b.is_ascii_whitespace() || b"{}[]".contains(b))
         };
         let len = match len {
+            Some(n) if n > MAX_VALUE => {
+                self.discard_rest();
+                return Some(Frame::TooLarge);
+            }
             Some(n) => n,
             None if rest.len() > MAX_VALUE => {
                 self.discard_rest();
@@ -374,6 +380,24 @@ mod tests {
         let mut big = b"{\"a\":\"".to_vec();
         big.extend(std::iter::repeat_n(b'x', MAX_VALUE));
         assert_eq!(frames(&[&big], false), [Frame::TooLarge]);
+    }
+
+    #[test]
+    fn a_value_over_the_limit_is_too_large_however_it_arrives() {
+        // A long string closed within the same read as the rest of its
+        // value, in one read or a few: every byte counts.
+        let over = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_VALUE));
+        assert_eq!(frames(&[over.as_bytes()], false), [Frame::TooLarge]);
+        let (head, tail) = over.as_bytes().split_at(100);
+        assert_eq!(frames(&[head, tail], false), [Frame::TooLarge]);
+        // A top-level string too.
+        let scalar = format!("\"{}\" ", "x".repeat(MAX_VALUE));
+        assert_eq!(frames(&[scalar.as_bytes()], false), [Frame::TooLarge]);
+        // At the limit, a value is whole.
+        let fill = MAX_VALUE - r#"{"a":""}"#.len();
+        let at = format!("{{\"a\":\"{}\"}}", "x".repeat(fill));
+        assert_eq!(at.len(), MAX_VALUE);
+        assert_eq!(frames(&[at.as_bytes()], false), [value(&at)]);
     }
 
     #[test]

@@ -371,7 +371,7 @@ pub fn parse(bytes: &[u8]) -> Result<Request, RequestError> {
         class: ErrorClass::GenericError,
         desc,
     };
-    let value: Value =
+    let Strict(value) =
         serde_json::from_slice(bytes).map_err(|e| fail(format!("JSON parse error, {e}")))?;
     let Value::Object(mut top) = value else {
         return Err(fail("QMP input must be a JSON object".into()));
@@ -410,6 +410,80 @@ pub fn parse(bytes: &[u8]) -> Result<Request, RequestError> {
         .and_then(Command::checked)
         .map_err(|desc| generic(&format!("{name}: {desc}")))?;
     Ok(Request { id, command })
+}
+
+/// A JSON value as serde_json reads it, except that an object naming a key
+/// twice is refused, as QEMU's parser refuses it ("duplicate key"): where
+/// the last would win, `{"execute":"query-status","execute":"quit"}` reads
+/// as one command to a proxy or log that takes the first and runs another.
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        // JSON has no NaN or infinity to read: every f64 here is a number.
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                let shown: String = key.chars().take(64).collect();
+                return Err(serde::de::Error::custom(format_args!(
+                    "duplicate key '{shown}'"
+                )));
+            }
+            let Strict(v) = map.next_value()?;
+            object.insert(key, v);
+        }
+        Ok(Value::Object(object))
+    }
 }
 
 /// Deserializes `arguments` as command `name`'s, naming the member at fault.

@@ -321,3 +321,27 @@ fn a_wrong_argument_is_named_without_a_place_in_text_the_client_never_sent() {
         "query-stats: parameter 'target': invalid type, expected a name (a string)"
     );
 }
+
+#[test]
+fn a_key_named_twice_is_refused_as_qemu_refuses_it() {
+    for line in [
+        r#"{"execute":"query-status","execute":"quit"}"#,
+        r#"{"execute":"query-stats","arguments":{"target":"vm","target":"vcpu"}}"#,
+        r#"{"execute":"query-stats","arguments":{"target":"vm"},"arguments":{}}"#,
+        r#"{"execute":"migrate-set-parameters","arguments":{"x":[{"a":1,"a":2}]}}"#,
+    ] {
+        let e = parse(line.as_bytes()).expect_err(line);
+        assert!(
+            e.desc.starts_with("JSON parse error, duplicate key '"),
+            "{line}: {}",
+            e.desc
+        );
+    }
+    // The same key in two objects is no duplicate.
+    let r = parse(br#"{"execute":"query-stats","arguments":{"target":"vm","providers":[{"provider":"kvm"},{"provider":"kvmscope"}]}}"#);
+    assert!(r.is_ok(), "{r:?}");
+    // Numbers of each kind survive the strict read.
+    let r = parse(br#"{"execute":"query-readiness","arguments":{"calc-time":0.25,"bandwidth":125000000},"id":-3}"#)
+        .unwrap();
+    assert_eq!(r.id, Some(serde_json::json!(-3)));
+}
