@@ -59,6 +59,34 @@ fn assert_untouched(s: &UnixStream) {
     }
 }
 
+/// A client in every slot, each waiting on a guest command (never evicted:
+/// it has a request outstanding).
+fn every_slot_busy(vm: &ServedVm) -> Vec<(UnixStream, BufReader<UnixStream>)> {
+    (0..MAX_CLIENTS)
+        .map(|_| {
+            let (mut s, r) = raw(vm, true);
+            s.write_all(b"{\"execute\":\"guest-command\",\"arguments\":{\"vcpu\":0,\"command\":\"dirty ws=1M rate=100/s for=30s\",\"wait\":true}}\n")
+                .unwrap();
+            (s, r)
+        })
+        .collect()
+}
+
+/// Asserts a newcomer is refused: every slot busy.
+fn assert_refused_as_busy(vm: &ServedVm) {
+    let early = UnixStream::connect(&vm.socket).unwrap();
+    early
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let refused = line(&mut BufReader::new(early));
+    assert!(
+        refused["error"]["desc"]
+            .as_str()
+            .is_some_and(|d| d.contains("all are busy")),
+        "{refused}"
+    );
+}
+
 fn line(r: &mut BufReader<UnixStream>) -> Value {
     let mut l = String::new();
     r.read_line(&mut l).unwrap();
@@ -133,16 +161,7 @@ fn a_client_closed_mid_reply_gets_no_byte_after_it() {
 fn the_operator_gets_in_to_query_status_and_quit_when_every_client_is_busy() {
     require_kvm!();
     let vm = ServedVm::start("hostile-full", MEM, 1);
-    // Every slot taken by a client waiting on a guest command (never
-    // evicted: it has a request outstanding).
-    let busy: Vec<_> = (0..MAX_CLIENTS)
-        .map(|_| {
-            let (mut s, r) = raw(&vm, true);
-            s.write_all(b"{\"execute\":\"guest-command\",\"arguments\":{\"vcpu\":0,\"command\":\"dirty ws=1M rate=100/s for=20s\",\"wait\":true}}\n")
-                .unwrap();
-            (s, r)
-        })
-        .collect();
+    let busy = every_slot_busy(&vm);
     // Before: refused ("all are busy"), so quit over the socket was impossible.
     let (mut op, mut r) = raw(&vm, true);
     op.write_all(b"{\"execute\":\"query-guest\"}\n").unwrap();
@@ -159,6 +178,52 @@ fn the_operator_gets_in_to_query_status_and_quit_when_every_client_is_busy() {
     op.write_all(b"{\"execute\":\"quit\"}\n").unwrap();
     let mut vm = vm;
     vm.join();
+    drop(busy);
+}
+
+/// Clients that poll faster than the idle eviction allows, every slot
+/// taken, reserved ones too: the operator still gets in, in place of the
+/// client that has held a reserved slot longest.
+#[test]
+fn clients_polling_in_every_slot_cannot_lock_the_operator_out() {
+    require_kvm!();
+    let vm = ServedVm::start("hostile-polling", MEM, 1);
+    let busy = every_slot_busy(&vm);
+    // Four pollers in the reserved slots, each asking every 200 ms (never
+    // idle for the second the idle eviction waits for), until closed: what
+    // each was told last.
+    let pollers: Vec<_> = (0..RESERVED_CLIENTS)
+        .map(|_| {
+            let (mut s, mut r) = raw(&vm, true);
+            std::thread::spawn(move || loop {
+                // A write to a closed client may fail before it reads why.
+                let _ = s.write_all(b"{\"execute\":\"query-status\"}\n");
+                let mut l = String::new();
+                if r.read_line(&mut l).unwrap_or(0) == 0 || !l.contains("\"return\"") {
+                    return l;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            })
+        })
+        .collect();
+    // Within their first second, a newcomer is refused ...
+    std::thread::sleep(Duration::from_millis(300));
+    assert_refused_as_busy(&vm);
+    // ... after it, the operator gets in (before: refused for as long as
+    // they polled) and can stop the VM.
+    std::thread::sleep(Duration::from_millis(1000));
+    let (mut op, mut r) = raw(&vm, true);
+    op.write_all(b"{\"execute\":\"query-status\"}\n").unwrap();
+    assert_eq!(line(&mut r)["return"]["status"], "running");
+    op.write_all(b"{\"execute\":\"quit\"}\n").unwrap();
+    let mut vm = vm;
+    vm.join();
+    let told: Vec<String> = pollers.into_iter().map(|p| p.join().unwrap()).collect();
+    let made_room = told
+        .iter()
+        .filter(|l| l.contains("a reserved slot is held for a second"))
+        .count();
+    assert_eq!(made_room, 1, "one poller made room: {told:?}");
     drop(busy);
 }
 
@@ -189,17 +254,7 @@ fn clients_that_connect_and_say_nothing_cannot_lock_the_operator_out() {
         .map(|_| raw(&vm, false))
         .collect();
     // Within a second of their connecting, none is closed for a newcomer.
-    let early = UnixStream::connect(&vm.socket).unwrap();
-    early
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let refused = line(&mut BufReader::new(early));
-    assert!(
-        refused["error"]["desc"]
-            .as_str()
-            .is_some_and(|d| d.contains("all are busy")),
-        "{refused}"
-    );
+    assert_refused_as_busy(&vm);
     // After it, the one that connected first makes room (before: refused
     // until the handshake deadline, 10 s, closed them).
     std::thread::sleep(Duration::from_millis(1200));

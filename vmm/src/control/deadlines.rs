@@ -11,7 +11,9 @@
 //!   closed to make room, so the operator can always connect.
 //! - When even the reserved slots are taken, a client that never negotiated
 //!   and has said nothing for a second after connecting is closed to make
-//!   room, so that silent connections cannot lock everyone out.
+//!   room, so that silent connections cannot lock everyone out; failing
+//!   that, the client that has held a reserved slot longest (a second at
+//!   least), so that clients polling faster than the idle eviction cannot.
 //!
 //! Each client closed for a deadline gets an error line saying which.
 
@@ -19,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use event_manager::EventOps;
 
+use super::connection::Connection;
 use super::plane::Plane;
 
 /// A client must have been idle this long to be closed for a new one, so
@@ -99,26 +102,59 @@ impl Plane {
     /// When every slot, reserved ones included, is taken: closes the client
     /// that connected longest ago of those that never negotiated and sent
     /// nothing unread, at least [`EVICT_MIN_IDLE`] after connecting (a QMP
-    /// tool negotiates within milliseconds), to admit a new one. Returns
-    /// whether one was closed and whether it held a reserved slot. Without
-    /// this, clients that connect and say nothing could fill every slot for
-    /// the whole handshake deadline, and reconnect as each is closed.
-    pub(super) fn evict_silent(&mut self, ops: &mut EventOps) -> Option<bool> {
+    /// tool negotiates within milliseconds), to admit a new one; returns
+    /// whether one was closed. Without this, clients that connect and say
+    /// nothing could fill every slot for the whole handshake deadline, and
+    /// reconnect as each is closed.
+    pub(super) fn evict_silent(&mut self, ops: &mut EventOps) -> bool {
+        let why = "closed to make room for a new client (this one never negotiated)";
+        self.evict_oldest(ops, why, |c| {
+            !c.negotiated && c.partial_since.is_none() && !c.has_pending_input()
+        })
+    }
+
+    /// When every slot, reserved ones included, is taken and none can go for
+    /// being idle or silent: closes the client that has held a reserved slot
+    /// longest, at least [`EVICT_MIN_IDLE`], between its requests. A
+    /// reserved slot is for a look and a `quit`, which take milliseconds:
+    /// clients that poll more often than the idle eviction allows (68
+    /// monitoring agents asking `query-status` every 0.95 s) would otherwise
+    /// hold every slot, and keep the operator out, for as long as they poll.
+    pub(super) fn evict_reserved(&mut self, ops: &mut EventOps) -> bool {
+        let why = "closed to make room for a new client (a reserved slot is held for a second when every slot is busy)";
+        self.evict_oldest(ops, why, |c| {
+            c.reserved
+                && c.wants_input()
+                && !c.has_output()
+                && c.partial_since.is_none()
+                && !c.has_pending_input()
+        })
+    }
+
+    /// Closes, saying `why`, the client that connected longest ago of those
+    /// `may_go` picks that connected at least [`EVICT_MIN_IDLE`] ago (a burst
+    /// of clients connecting together do not close each other); returns
+    /// whether there was one.
+    fn evict_oldest(
+        &mut self,
+        ops: &mut EventOps,
+        why: &str,
+        may_go: impl Fn(&Connection) -> bool,
+    ) -> bool {
         let now = Instant::now();
-        let (token, reserved) = self
+        let Some(token) = self
             .clients
             .iter()
             .filter(|(_, c)| {
-                !c.negotiated
-                    && now.saturating_duration_since(c.connected) >= EVICT_MIN_IDLE
-                    && c.partial_since.is_none()
-                    && !c.has_pending_input()
+                now.saturating_duration_since(c.connected) >= EVICT_MIN_IDLE && may_go(c)
             })
             .min_by_key(|(_, c)| c.connected)
-            .map(|(&token, c)| (token, c.reserved))?;
-        let why = "closed to make room for a new client (this one never negotiated)";
+            .map(|(&token, _)| token)
+        else {
+            return false;
+        };
         log::info!("control: client {token}: {why}");
         self.close_with(token, ops, why);
-        Some(reserved)
+        true
     }
 }

@@ -173,15 +173,19 @@ impl Plane {
             }
             Err(e) => return Err(format!("the peer's credentials are unreadable: {e}")),
         }
-        let reserved = self.clients.values().filter(|c| c.reserved).count();
-        if self.clients.len() - reserved < MAX_CLIENTS || self.evict_idlest(ops) {
-            return Ok(false);
+        // Whether the slot free now is a reserved one (every other is taken).
+        let in_reserve = |plane: &Plane| {
+            let reserved = plane.clients.values().filter(|c| c.reserved).count();
+            plane.clients.len() - reserved >= MAX_CLIENTS
+        };
+        if !in_reserve(self) || self.evict_idlest(ops) {
+            return Ok(in_reserve(self));
         }
-        if reserved < RESERVED_CLIENTS {
+        if self.clients.values().filter(|c| c.reserved).count() < RESERVED_CLIENTS {
             return Ok(true);
         }
-        if let Some(reserved) = self.evict_silent(ops) {
-            return Ok(reserved);
+        if self.evict_silent(ops) || self.evict_reserved(ops) {
+            return Ok(in_reserve(self));
         }
         Err(format!(
             "this VMM serves at most {MAX_CLIENTS} clients at once (and {RESERVED_CLIENTS} more for query-status and quit) and all are busy; try again later"
