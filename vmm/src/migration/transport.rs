@@ -336,6 +336,15 @@ impl Listener {
                     let _ = std::fs::remove_file(path);
                 }
                 let l = UnixListener::bind(path).map_err(failed)?;
+                // Whoever sends a guest here runs it as this VMM's user: the
+                // socket is this user's (as the control socket is), whatever
+                // the umask, and each peer's uid is checked on accept too.
+                use std::os::unix::fs::PermissionsExt;
+                let private = std::fs::Permissions::from_mode(0o600);
+                if let Err(e) = std::fs::set_permissions(path, private) {
+                    let _ = std::fs::remove_file(path);
+                    return Err(failed(e));
+                }
                 Ok(Listener::Unix(l, path.clone()))
             }
             Uri::Tcp(addr) => TcpListener::bind(addr.as_str())
@@ -373,7 +382,25 @@ impl Listener {
     /// `Accept` when accepting failed for another reason (out of fds).
     pub(crate) fn try_accept(&self) -> Result<Option<Conn>, Error> {
         let accepted = match self {
-            Listener::Unix(l, _) => l.accept().map(|(s, _)| Conn::Unix(s)),
+            Listener::Unix(l, path) => match l.accept() {
+                Ok((s, _)) => match crate::scm::peer_uid(&s) {
+                    Ok(uid) if may_send(uid, rustix::process::geteuid().as_raw()) => {
+                        Ok(Conn::Unix(s))
+                    }
+                    peer => {
+                        let who = peer.map_or_else(
+                            |e| format!("a peer whose credentials are unreadable ({e})"),
+                            |uid| format!("uid {uid}"),
+                        );
+                        log::warn!(
+                            "migration: refused a connection to {} from {who}: only this VMM's user and root may send it a guest",
+                            path.display()
+                        );
+                        return Ok(None);
+                    }
+                },
+                Err(e) => Err(e),
+            },
             Listener::Tcp(l) => l.accept().map(|(s, _)| {
                 let _ = s.set_nodelay(true);
                 Conn::Tcp(s)
@@ -397,6 +424,12 @@ impl Listener {
             Err(e) => Err(Error::Accept(self.name(), e)),
         }
     }
+}
+
+/// Whether a peer of uid `peer` may send a guest to a VMM run as `own`:
+/// the same user, or root (who could anyway).
+fn may_send(peer: u32, own: u32) -> bool {
+    peer == own || peer == 0
 }
 
 impl AsFd for Listener {
@@ -433,5 +466,68 @@ mod tests {
         for bad in ["", "unix:", "tcp:host", "tcp::80", "file:/x", "tcp:h:99999"] {
             assert!(bad.parse::<Uri>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn only_the_vmms_user_and_root_may_send_it_a_guest() {
+        assert!(may_send(1000, 1000));
+        assert!(may_send(0, 1000));
+        assert!(!may_send(65534, 1000));
+        assert!(!may_send(1000, 0));
+    }
+
+    /// The socket is private whatever the umask; a peer of another uid that
+    /// reaches it anyway (made reachable here on purpose) is refused on
+    /// accept, and the next peer of ours is taken.
+    #[test]
+    fn a_unix_listener_is_private_and_refuses_another_users_peer() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sock");
+        let l = Listener::bind(&Uri::Unix(path.clone())).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        l.set_nonblocking().unwrap();
+        if !rustix::process::geteuid().is_root() {
+            // Only root can start a peer of another uid.
+            return;
+        }
+        let open = std::fs::Permissions::from_mode(0o777);
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&path, open).unwrap();
+        let connect = format!(
+            "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); print(len(s.recv(1)))",
+            path.display().to_string()
+        );
+        let out = std::process::Command::new("python3")
+            .args(["-c", &connect])
+            .uid(65534)
+            .gid(65534)
+            .stdin(std::process::Stdio::null())
+            .spawn();
+        let Ok(child) = out else {
+            return; // no python3 here
+        };
+        // Taken and refused: nothing comes, and the peer sees the end.
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut child = child;
+        loop {
+            assert!(
+                l.try_accept().unwrap().is_none(),
+                "another user's peer was taken"
+            );
+            if child.try_wait().unwrap().is_some() || Instant::now() > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(child.wait().unwrap().success());
+        let _mine = UnixStream::connect(&path).unwrap();
+        let taken = (0..100).find_map(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            l.try_accept().unwrap()
+        });
+        assert!(taken.is_some(), "a peer of this user is taken");
     }
 }
