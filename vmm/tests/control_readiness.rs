@@ -217,6 +217,37 @@ fn a_window_whose_client_went_stops_and_frees_the_slot() {
     vm.quit();
 }
 
+/// A client's `query-readiness` while the periodic measurement
+/// (`run --readiness-every`) runs is answered: the periodic one stops for
+/// it (it was refused, "already running", at random for such VMMs; so were
+/// `readiness` and `migrate --predict`).
+#[test]
+fn a_clients_readiness_goes_before_the_periodic_one() {
+    require_kvm!();
+    let vm = ServedVm::start_with("ready-periodic", MEM, 1, |c| {
+        with_dirty(DirtyMode::Bitmap)(c);
+        // The first is due a second in; its window would last 20 s.
+        c.readiness_every = Some(kvmscope::control::Periodic {
+            period: Duration::from_secs(60),
+            window: Duration::from_secs(20),
+        });
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = std::time::Instant::now();
+    let (r, _) = vm
+        .client()
+        .execute("query-readiness", json!({"calc-time": 0.2}))
+        .expect("answered, not refused as already running");
+    assert!(r["dirty_rate"]["pages_per_s"].is_number(), "{r}");
+    // It did not wait out the periodic window.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    vm.quit();
+}
+
 #[test]
 fn readiness_scan_progress_events_come_before_the_reply() {
     require_kvm!();

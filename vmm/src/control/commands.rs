@@ -27,7 +27,8 @@ use crate::protocol::reply::{
     KvmscopeGreeting, NameInfo, StatusInfo, VersionInfo,
 };
 use crate::protocol::request::{
-    CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, QueryStatsArgs, SchemasArgs, StatsProvider,
+    CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, QueryStatsArgs, ReadinessArgs, SchemasArgs,
+    StatsProvider,
 };
 use crate::protocol::vm::{
     MemoryInfo, RegionInfo, StatsFdEntry, StatsFds, StatsIds, VcpuExits, VmInfo,
@@ -44,6 +45,11 @@ use crate::x86_64::paging;
 /// How often a run-state request that the main loop has not answered yet
 /// looks whether the server is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(20);
+
+/// How long a `query-readiness` waits for the periodic measurement it
+/// stopped to let the slot go (it looks every 50 ms; a scan in progress
+/// stops within about 20 ms of reading).
+const READINESS_QUEUE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Most sampler points one `query-samples` reply carries; ask again with
 /// `since` for more (docs/PROTOCOL.md, "Limits").
@@ -76,6 +82,9 @@ pub(crate) struct Handler {
     stopping: Arc<AtomicBool>,
     /// A `query-readiness` worker is running.
     readiness_busy: Arc<AtomicBool>,
+    /// What stops the periodic measurement, when the last one started was
+    /// periodic: a client's `query-readiness` goes first.
+    periodic_stop: Option<Arc<AtomicBool>>,
     /// When the next periodic readiness measurement is due (`run --readiness-every`).
     periodic_due: Option<std::time::Instant>,
     /// Run-state changes told to clients so far, and whether the last one
@@ -155,6 +164,7 @@ impl Handler {
             own,
             stopping,
             readiness_busy: Arc::new(AtomicBool::new(false)),
+            periodic_stop: None,
             // The first a second in: the figures are there soon after start.
             periodic_due: ctx_periodic.map(|_| std::time::Instant::now() + Duration::from_secs(1)),
         })
@@ -227,7 +237,11 @@ impl Handler {
         if let (Some(periodic), Some(due)) = (self.ctx.periodic, self.periodic_due) {
             let now = std::time::Instant::now();
             if now >= due {
-                deferred::periodic_readiness(&self.ctx, periodic, &self.readiness_busy);
+                if let Some(stop) =
+                    deferred::periodic_readiness(&self.ctx, periodic, &self.readiness_busy)
+                {
+                    self.periodic_stop = Some(stop);
+                }
                 self.periodic_due = Some(deferred::next_due(due, now, periodic.period));
             }
         }
@@ -284,7 +298,7 @@ impl Handler {
             },
             Command::UnsubscribeSamples(_) => Outcome::Unsubscribe,
             Command::QueryReadiness(r) => match r.check() {
-                Ok(args) => deferred::start_readiness(&self.ctx, args, &self.readiness_busy),
+                Ok(args) => self.client_readiness(args),
                 Err(desc) => Outcome::generic(desc),
             },
             Command::Pause(_) | Command::Stop(_) => self.run_state(RunRequest::Pause),
@@ -597,14 +611,53 @@ impl Handler {
         })
     }
 
-    /// Where a deferred reply stands: events to send now, and the reply once ready.
-    pub(crate) fn check_wait(&self, pending: &Pending) -> Progress {
+    /// A client's `query-readiness`: started now, or, while the periodic
+    /// measurement runs, once that one has stopped for it (a client who
+    /// asks gets an answer; the periodic figures come again a period on).
+    fn client_readiness(&mut self, args: ReadinessArgs) -> Outcome {
+        let running = self.readiness_busy.load(Ordering::Acquire);
+        match self.periodic_stop.take() {
+            Some(stop) if running => {
+                stop.store(true, Ordering::Release);
+                Outcome::Wait(Pending::ReadinessQueued {
+                    args,
+                    until: std::time::Instant::now() + READINESS_QUEUE_LIMIT,
+                })
+            }
+            _ => deferred::start_readiness(&self.ctx, args, &self.readiness_busy),
+        }
+    }
+
+    /// Where a deferred reply stands: events to send now, and the reply once
+    /// ready. A queued `query-readiness` becomes a running one here.
+    pub(crate) fn check_wait(&self, pending: &mut Pending) -> Progress {
         match pending {
             Pending::Guest(w) => Progress {
                 events: Vec::new(),
                 done: self.check_guest_wait(w),
             },
             Pending::Readiness(rx, _) => deferred::poll_worker(rx),
+            Pending::ReadinessQueued { args, until } => {
+                let waiting = |done| Progress {
+                    events: Vec::new(),
+                    done,
+                };
+                if self.readiness_busy.load(Ordering::Acquire) {
+                    if std::time::Instant::now() < *until {
+                        return waiting(None);
+                    }
+                    return waiting(Some(Outcome::generic(
+                        "a readiness measurement is already running; try again when it is done",
+                    )));
+                }
+                match deferred::start_readiness(&self.ctx, *args, &self.readiness_busy) {
+                    Outcome::Wait(started) => {
+                        *pending = started;
+                        waiting(None)
+                    }
+                    other => waiting(Some(other)),
+                }
+            }
         }
     }
 

@@ -120,8 +120,12 @@ fn link_options(ctx: &Context, args: ReadinessArgs) -> Options {
 
 /// Starts the periodic measurement when it is due and none is running (a
 /// client's `query-readiness` publishes its figures too, so one running now
-/// counts).
-pub(crate) fn periodic_readiness(ctx: &Context, periodic: Periodic, busy: &Arc<AtomicBool>) {
+/// counts); returns the flag that stops it (a client's request does).
+pub(crate) fn periodic_readiness(
+    ctx: &Context,
+    periodic: Periodic,
+    busy: &Arc<AtomicBool>,
+) -> Option<Arc<AtomicBool>> {
     let args = ReadinessArgs {
         scan: false,
         calc_time: Some(periodic.window),
@@ -131,9 +135,12 @@ pub(crate) fn periodic_readiness(ctx: &Context, periodic: Periodic, busy: &Arc<A
     // Nobody waits for its reply: dropping the receiver leaves the worker to
     // publish and end (disarmed, its dropping does not stop the window).
     match start_readiness(ctx, args, busy) {
-        Outcome::Error(_, why) => log::debug!("control: periodic readiness not started: {why}"),
+        Outcome::Error(_, why) => {
+            log::debug!("control: periodic readiness not started: {why}");
+            None
+        }
         Outcome::Wait(Pending::Readiness(_, abandon)) => abandon.disarm(),
-        _ => {}
+        _ => None,
     }
 }
 
@@ -227,12 +234,14 @@ pub(crate) fn start_readiness(
 }
 
 impl Job {
-    fn send(&self, msg: WorkerMsg) {
-        // The client may have gone; then nobody waits for this.
-        let _ = self.tx.send(msg);
+    /// Tells the control thread; false when nobody waits for this
+    /// measurement (the periodic one, or a client that went).
+    fn send(&self, msg: WorkerMsg) -> bool {
+        let sent = self.tx.send(msg).is_ok();
         if let Some(w) = &self.wake {
             let _ = w.write(1);
         }
+        sent
     }
 
     /// Measures, then frees the readiness slot *before* replying, so a client
@@ -245,7 +254,15 @@ impl Job {
             }
         }
         busy.store(false, Ordering::Release);
-        self.send(WorkerMsg::Done(Box::new(result)));
+        let failed = match &result {
+            Err(readiness::Error::Abandoned(_)) | Ok(_) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        if !self.send(WorkerMsg::Done(Box::new(result))) {
+            if let Some(why) = failed {
+                warn_unawaited(why);
+            }
+        }
     }
 
     fn measure(&self) -> Result<readiness::Report, readiness::Error> {
@@ -280,6 +297,23 @@ impl Job {
             }
         };
         readiness::measure(&mut guest, &self.options, progress)
+    }
+}
+
+/// Says why a measurement nobody waited for (`run --readiness-every`)
+/// failed, once per reason in a row: it would otherwise fail each period
+/// unseen, its figures never published (a `downtime-limit` the model
+/// refused did so).
+fn warn_unawaited(why: String) {
+    static LAST: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if *last != why {
+        log::warn!(
+            "readiness: the periodic measurement failed (its figures are not published): {why}"
+        );
+        *last = why;
     }
 }
 

@@ -40,6 +40,13 @@ pub(crate) enum Pending {
     /// `query-readiness`: until its worker sends `Done`. Dropped unanswered
     /// (its client went), it tells the worker to stop ([`Abandon`]).
     Readiness(Receiver<WorkerMsg>, Abandon),
+    /// `query-readiness` that came while the periodic measurement ran: that
+    /// one was told to stop, and this starts once the slot is free (within
+    /// a window's look, 50 ms), unless it is still taken at `until`.
+    ReadinessQueued {
+        args: crate::protocol::request::ReadinessArgs,
+        until: std::time::Instant,
+    },
 }
 
 /// Set when dropped: the reply a readiness worker works for is no longer
@@ -56,9 +63,10 @@ impl Abandon {
     }
 
     /// Dropped without setting its flag: for a measurement nobody awaits
-    /// from the start (the periodic one), which runs to its end.
-    pub(crate) fn disarm(mut self) {
-        self.0 = None;
+    /// from the start (the periodic one), which runs to its end unless the
+    /// flag returned is set.
+    pub(crate) fn disarm(mut self) -> Option<Arc<AtomicBool>> {
+        self.0.take()
     }
 }
 

@@ -439,7 +439,7 @@ impl Plane {
     fn finish_waits(&mut self, only: Option<u32>) {
         let mut i = 0;
         while i < self.waits.len() {
-            let (token, _, wait) = &self.waits[i];
+            let (token, _, wait) = &mut self.waits[i];
             let token = *token;
             if only.is_some_and(|t| t != token) {
                 i += 1;

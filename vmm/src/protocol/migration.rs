@@ -335,6 +335,10 @@ impl Parameters {
     /// written; [`Parameters::default`] and every other default take it.
     pub(crate) const DEFAULT_DOWNTIME_LIMIT_MS: u64 = 300;
 
+    /// The longest `downtime-limit`, ms (QEMU's): also the longest
+    /// `max-downtime` a `query-readiness` may predict for.
+    pub const MAX_DOWNTIME_LIMIT_MS: u64 = 2_000_000;
+
     /// The default `x-vcpu-dirty-limit-period`, ms (QEMU's).
     pub(crate) const DEFAULT_DIRTY_LIMIT_PERIOD_MS: u64 = 1000;
 

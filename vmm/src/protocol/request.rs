@@ -234,12 +234,12 @@ pub(crate) struct ReadinessArgs {
     pub(crate) calc_time: Option<Duration>,
     /// Bytes per second, 0 for unlimited; `None`: the migration parameters'.
     pub(crate) bandwidth: Option<u64>,
-    /// The downtime the prediction must fit, at most [`MAX_SECONDS`];
-    /// `None`: the migration parameters' `downtime-limit`.
+    /// The downtime the prediction must fit, as `downtime-limit` takes it
+    /// (0 to 2000 s); `None`: the migration parameters' `downtime-limit`.
     pub(crate) max_downtime: Option<Duration>,
 }
 
-/// Longest dirty-rate window or downtime a request may ask for.
+/// Longest dirty-rate window a request may ask for.
 pub const MAX_SECONDS: f64 = 600.0;
 
 /// Every command, with its arguments. The serde and strum names are the wire
@@ -594,23 +594,25 @@ impl ReadinessRequest {
     /// # Errors
     /// A value out of range, named.
     pub(crate) fn check(&self) -> Result<ReadinessArgs, String> {
-        let seconds = |key: &str, v: f64, zero_ok: bool| {
-            let ok = v.is_finite() && v <= MAX_SECONDS && (v > 0.0 || (zero_ok && v == 0.0));
-            match ok {
-                true => Ok(Duration::from_secs_f64(v)),
-                false => Err(format!(
-                    "parameter '{key}' must be a number of seconds from {} to {MAX_SECONDS}",
-                    if zero_ok { "0" } else { "above 0" }
-                )),
+        let seconds = |key: &str, v: f64, most: f64| {
+            if v.is_finite() && (0.0..=most).contains(&v) {
+                Ok(Duration::from_secs_f64(v))
+            } else {
+                Err(format!(
+                    "parameter '{key}' must be a number of seconds from 0 to {most}"
+                ))
             }
         };
         let calc_time = self
             .calc_time
-            .map(|v| seconds("calc-time", v, true))
+            .map(|v| seconds("calc-time", v, MAX_SECONDS))
             .transpose()?;
+        // As `downtime-limit` takes it (0 included: stop only when nothing
+        // is left dirty).
+        let longest = crate::protocol::migration::Parameters::MAX_DOWNTIME_LIMIT_MS as f64 / 1e3;
         let max_downtime = self
             .max_downtime
-            .map(|v| seconds("max-downtime", v, false))
+            .map(|v| seconds("max-downtime", v, longest))
             .transpose()?;
         let bandwidth = match self.bandwidth {
             Some(b) if b == 0.0 || (b.is_finite() && (1.0..=1e13).contains(&b)) => {

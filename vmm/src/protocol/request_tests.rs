@@ -247,7 +247,7 @@ fn query_readiness_takes_defaults_and_checks_ranges() {
     for (args, key) in [
         (json!({"calc-time": -1}), "calc-time"),
         (json!({"calc-time": 1e9}), "calc-time"),
-        (json!({"max-downtime": 0}), "max-downtime"),
+        (json!({"max-downtime": -0.5}), "max-downtime"),
         (json!({"bandwidth": 0.5}), "bandwidth"),
         (json!({"bandwidth": "fast"}), "bandwidth"),
         (json!({"scan": "yes"}), "scan"),
@@ -344,4 +344,21 @@ fn a_key_named_twice_is_refused_as_qemu_refuses_it() {
     let r = parse(br#"{"execute":"query-readiness","arguments":{"calc-time":0.25,"bandwidth":125000000},"id":-3}"#)
         .unwrap();
     assert_eq!(r.id, Some(serde_json::json!(-3)));
+}
+
+#[test]
+fn readiness_takes_the_downtimes_downtime_limit_takes() {
+    let check = |v: f64| {
+        let r: ReadinessRequest =
+            serde_json::from_value(serde_json::json!({"max-downtime": v})).unwrap();
+        r.check().map(|a| a.max_downtime)
+    };
+    assert_eq!(check(0.0), Ok(Some(Duration::ZERO)));
+    assert_eq!(check(2000.0), Ok(Some(Duration::from_secs(2000))));
+    let e = check(2000.5).unwrap_err();
+    assert_eq!(
+        e,
+        "parameter 'max-downtime' must be a number of seconds from 0 to 2000"
+    );
+    assert!(check(-1.0).is_err());
 }

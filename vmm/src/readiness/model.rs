@@ -184,7 +184,7 @@ pub enum Error {
     #[error("bandwidth must be a positive number of bytes per second, not {0}")]
     Bandwidth(f64),
     /// The downtime limit is not a positive number.
-    #[error("max downtime must be a positive number of seconds, not {0}")]
+    #[error("the downtime limit must be 0 or more seconds, not {0}")]
     Downtime(f64),
     /// The dirty rate is negative or not a number.
     #[error("dirty rate must be zero or more pages per second, not {0}")]
@@ -214,7 +214,8 @@ fn check(i: &Inputs) -> Result<(), Error> {
     if let Some(b) = i.bandwidth.filter(|b| !(b.is_finite() && *b > 0.0)) {
         return Err(Error::Bandwidth(b));
     }
-    if !(i.max_downtime.is_finite() && i.max_downtime > 0.0) {
+    // 0 is a limit: the sender then stops only when nothing is dirty.
+    if !(i.max_downtime.is_finite() && i.max_downtime >= 0.0) {
         return Err(Error::Downtime(i.max_downtime));
     }
     if !(i.dirty_rate.is_finite() && i.dirty_rate >= 0.0) {

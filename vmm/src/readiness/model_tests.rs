@@ -465,3 +465,32 @@ fn a_stop_that_alone_passes_the_limit_waits_for_nothing_dirty() {
     assert!(!busy.converges);
     assert!(busy.reason.contains("the stop alone"), "{}", busy.reason);
 }
+
+#[test]
+fn a_downtime_limit_of_zero_is_predicted_not_refused() {
+    // QEMU takes `downtime-limit` 0: the sender then stops only once a pass
+    // leaves nothing dirty, over the limit (any stop takes some time).
+    let idle = predict(&Inputs {
+        max_downtime: 0.0,
+        ..inputs()
+    })
+    .unwrap();
+    assert!(!idle.converges);
+    assert!(
+        idle.reason.starts_with("nothing is dirty"),
+        "{}",
+        idle.reason
+    );
+    let writing = predict(&Inputs {
+        max_downtime: 0.0,
+        dirty_rate: 100.0,
+        ..inputs()
+    })
+    .unwrap();
+    assert!(!writing.converges);
+    assert!(
+        writing.reason.contains("pages are dirty"),
+        "{}",
+        writing.reason
+    );
+}
