@@ -42,7 +42,14 @@ enum Cmd {
     /// with exit status 1 when the VMM exits (the fds would still read, but
     /// nothing moves them), or after --count refreshes.
     Watch(WatchArgs),
-    /// Send one raw JSON request to a VMM's socket and print the reply.
+    /// Send one raw JSON request to a VMM's socket and print the reply, one
+    /// JSON line each. It negotiates first (qmp_capabilities is not to be
+    /// sent); event lines that come before a reply (STOP,
+    /// READINESS_PROGRESS...) are printed too, each on its own line. Waits
+    /// as long as the command does (a guest-command with wait on a paused
+    /// guest waits for its resume; Ctrl-C ends it). Exit status 0 when every
+    /// reply is a success, 1 when one is an error or the VMM cannot be
+    /// reached.
     Ctl(CtlArgs),
     /// The whole story: start a VMM with a socket, drive the guest through it,
     /// and show how the stats move, read through fds received from it.
@@ -168,8 +175,9 @@ struct MigrateArgs {
     /// periods of dirtying too fast); `dirty-limit` limits every vCPU to the
     /// VMM's `vcpu-dirty-limit` (1 MB/s unless set) after two such periods, as
     /// QEMU 8.1+ does (ring VMs only); `off` turns both off. Default: the
-    /// VMM's capabilities as they are. Throttles and limits are lifted when
-    /// the migration ends.
+    /// VMM's capabilities as they are. The throttles and limits it sets on
+    /// vCPUs are lifted when the migration ends, however it ends; the
+    /// capabilities and parameters it sets stay in the VMM, as QEMU's do.
     #[arg(long, value_name = "HOW")]
     converge: Option<ConvergeArg>,
     /// Print the final `query-migrate` as JSON.
@@ -260,7 +268,11 @@ struct WatchArgs {
     #[arg(long, default_value = "1s")]
     interval: Period,
     /// The stats to show: names, `*` for any run of characters (default:
-    /// pages, exits and faults).
+    /// the mapped pages, the shadow MMU's flushes, zaps and PTE writes, the
+    /// exits, the faults and instruction emulation: pages_4k, pages_2m,
+    /// pages_1g, remote_tlb_flush, mmu_shadow_zapped, mmu_pte_write, exits,
+    /// io_exits, mmio_exits, halt_exits, irq_exits, signal_exits, pf_taken,
+    /// pf_fixed, pf_emulate, insn_emulation).
     #[arg(long, value_name = "NAMES", value_delimiter = ',', value_parser = stat_pattern)]
     names: Option<Vec<String>>,
     /// Stop after N refreshes (at least 1).
@@ -415,14 +427,14 @@ struct RunArgs {
     /// once it has sent its stream header, sends nothing for this long. Every
     /// peer has 5s for its header and the source 5s more for its config;
     /// SIGINT/SIGTERM or `quit` stop an incoming migration at any point.
+    /// Default 30s.
     #[arg(
         long,
-        default_value = "30s",
         value_name = "DUR",
         allow_hyphen_values = true,
         requires = "incoming"
     )]
-    incoming_idle_timeout: Period,
+    incoming_idle_timeout: Option<Period>,
     /// Measure migration readiness every DUR (90s when given no value): a
     /// dirty-rate window of --readiness-window, the mapped-pages estimate and
     /// the prediction for the migration parameters, published in the VMM's
@@ -663,6 +675,14 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
+    // clap's `requires` lets it through beside --workload, which --incoming
+    // conflicts with: said here, as clap would.
+    if args.incoming_idle_timeout.is_some() && args.incoming.is_none() {
+        usage_error(
+            "run",
+            "the argument '--incoming-idle-timeout <DUR>' requires '--incoming <URI>'",
+        );
+    }
     // With a socket, clients drive the guest: no demo workload by default.
     let memory = args.memory.map_or(VmConfig::default().memory, |m| m.0);
     let workloads = if args.workload.is_empty() && args.socket.is_none() && args.incoming.is_none()
@@ -679,7 +699,9 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
             vcpus: args.vcpus,
             hugepages: args.hugepages.then_some(true),
             dirty_log: args.dirty_log.map(dirty_mode),
-            idle_timeout: args.incoming_idle_timeout.0,
+            idle_timeout: args
+                .incoming_idle_timeout
+                .map_or(kvmscope::migration::receiver::DEFAULT_IDLE_TIMEOUT, |p| p.0),
         });
     let config = RunConfig {
         vm: VmConfig {

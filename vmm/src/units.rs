@@ -389,6 +389,28 @@ pub(crate) fn saturating_usize(v: f64) -> usize {
     v as usize
 }
 
+/// Text a peer sent (a destination's refusal, a VMM's garbled greeting),
+/// fit for one log line: invalid UTF-8 replaced, control characters
+/// (newlines, escapes, carriage returns) written as escapes, and at most
+/// `max` characters kept, the cut said. A peer cannot add lines to the log
+/// or move a terminal's cursor.
+pub(crate) fn peer_text(bytes: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::new();
+    for (n, c) in text.chars().enumerate() {
+        if n == max {
+            out.push_str(&format!("... ({} characters in all)", text.chars().count()));
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Formats a duration exactly, in the largest unit that divides it: `5s`, `250ms`, `1500us`.
 pub(crate) fn format_duration(d: Duration) -> String {
     let ns = d.as_nanos();

@@ -236,3 +236,16 @@ fn bytes_format_with_binary_units() {
     assert_eq!(format_bytes(3 << 29), "1.50 GiB");
     assert_eq!(Size(64 << 20).to_string(), "64 MiB");
 }
+
+#[test]
+fn peer_text_keeps_a_peer_on_one_line() {
+    let sent = b"\x1b[2J\x1b[31mpwned\r\n\xff\xfe\n\nnext";
+    let shown = peer_text(sent, 100);
+    assert!(!shown.chars().any(char::is_control), "{shown:?}");
+    assert_eq!(
+        shown,
+        "\\u{1b}[2J\\u{1b}[31mpwned\\r\\n\u{fffd}\u{fffd}\\n\\nnext"
+    );
+    assert_eq!(peer_text(b"abcdef", 3), "abc... (6 characters in all)");
+    assert_eq!(peer_text(b"plain words", 100), "plain words");
+}

@@ -403,6 +403,22 @@ fn a_fifo_as_the_guest_is_refused_at_once() {
 }
 
 #[test]
+fn incoming_idle_timeout_needs_incoming_even_beside_a_workload() {
+    // clap's own check let it through beside --workload (which --incoming
+    // conflicts with), and the run ignored it.
+    for extra in [&["--workload", "touch size=1M"][..], &[]] {
+        let out = kvmscope()
+            .args(["run", "--memory", "32M", "--incoming-idle-timeout", "5s"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains("--incoming"), "{err}");
+    }
+}
+
+#[test]
 fn readiness_every_needs_a_socket_and_dirty_logging_and_a_window_shorter_than_it() {
     let run = |args: &[&str]| {
         let out = kvmscope().arg("run").args(args).output().unwrap();

@@ -49,6 +49,15 @@ impl DemoConfig {
         if self.phase_size == 0 {
             return Err("--phase-size must be above 0".into());
         }
+        // The guest's workloads take whole pages (an offset of 3 KiB is
+        // refused by the guest, mid-demo).
+        if self.phase_size % 4096 != 0 {
+            return Err(format!(
+                "--phase-size {} is not a whole number of 4 KiB pages: give e.g. {}",
+                format_bytes(self.phase_size),
+                format_bytes(self.phase_size.next_multiple_of(4096))
+            ));
+        }
         let needed = self.phase_size.saturating_mul(PHASES_REACHED);
         // The guest's arena (as `boot::arena_size` lays it out): RAM past
         // the guest ABI's fixed pages.
@@ -515,5 +524,8 @@ mod tests {
             config(256 * M, 0).check(),
             Err("--phase-size must be above 0".into())
         );
+        let why = config(64 * M, 3 << 10).check().unwrap_err();
+        assert!(why.contains("not a whole number of 4 KiB pages"), "{why}");
+        assert_eq!(config(64 * M, 8 << 10).check(), Ok(()));
     }
 }

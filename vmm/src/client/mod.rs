@@ -320,7 +320,8 @@ impl Client {
                 desc: error.desc,
             }),
             _ => Err(Error::BadReply(format!(
-                "expected a kvmscope greeting, got {first}"
+                "expected a kvmscope greeting, got {}",
+                crate::units::peer_text(first.to_string().as_bytes(), 200)
             ))),
         }
     }
@@ -512,7 +513,12 @@ impl Client {
                     value,
                     fds: mine.into_iter().map(|(_, f)| f).collect(),
                 })
-                .map_err(|e| Error::BadReply(format!("{e}: {}", String::from_utf8_lossy(&line)))),
+                .map_err(|e| {
+                    // The peer's bytes, on one line of a log and not all of
+                    // a 64 KiB line.
+                    let shown = crate::units::peer_text(line.trim_ascii_end(), 200);
+                    Error::BadReply(format!("{e}: {shown}"))
+                }),
         )
     }
 

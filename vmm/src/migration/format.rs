@@ -45,6 +45,9 @@ pub enum Error {
     /// The peer closed the stream in the middle of the named record.
     #[error("the stream ended early (truncated) while reading {0}: the source cancelled the migration, failed or was killed (its query-migrate says which)")]
     Truncated(&'static str),
+    /// The destination's reply is not one: why.
+    #[error("the destination's reply is malformed: {0}")]
+    BadReply(String),
     /// The first 8 bytes are not [`MAGIC`]; they are given.
     #[error("not a kvmscope migration stream (bad magic {0:02x?})")]
     Magic([u8; 8]),
@@ -644,14 +647,24 @@ pub(crate) fn read_reply(input: &mut impl Read) -> Result<(u32, String), Error> 
             std::io::ErrorKind::UnexpectedEof => Error::Truncated("the destination's reply"),
             _ => Error::Io(e),
         })?;
-    if h.magic != REPLY_MAGIC || h.len > MAX_MESSAGE {
-        return Err(Error::Truncated("a well-formed reply"));
+    if h.magic != REPLY_MAGIC {
+        return Err(Error::BadReply(format!(
+            "its magic is {:02x?}, not {REPLY_MAGIC:02x?}: not a kvmscope destination",
+            h.magic
+        )));
+    }
+    if h.len > MAX_MESSAGE {
+        return Err(Error::BadReply(format!(
+            "its message would be {} bytes, over the {MAX_MESSAGE}-byte limit",
+            h.len
+        )));
     }
     let mut msg = vec![0u8; h.len as usize];
     input
         .read_exact(&mut msg)
         .map_err(|_| Error::Truncated("the reply's message"))?;
-    Ok((h.code, String::from_utf8_lossy(&msg).into_owned()))
+    // Shown in the source's log and error-desc: one line, the peer's text.
+    Ok((h.code, crate::units::peer_text(&msg, MAX_MESSAGE as usize)))
 }
 
 #[cfg(test)]

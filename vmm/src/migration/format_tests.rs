@@ -96,6 +96,27 @@ fn replies_round_trip() {
 }
 
 #[test]
+fn a_malformed_reply_says_what_is_wrong_and_a_message_stays_on_one_line() {
+    let mut buf = Vec::new();
+    write_reply(&mut buf, REPLY_REFUSED, "no\r\n\x1b[2Jroom").unwrap();
+    let (_, msg) = read_reply(&mut &buf[..]).unwrap();
+    assert!(!msg.chars().any(char::is_control), "{msg:?}");
+    // Its magic (the header's first 4 bytes) wrong: not "truncated".
+    let mut bad = buf.clone();
+    bad[..4].copy_from_slice(b"JUNK");
+    let e = read_reply(&mut &bad[..]).unwrap_err();
+    assert!(matches!(e, Error::BadReply(_)), "{e}");
+    assert!(e.to_string().contains("not a kvmscope destination"), "{e}");
+    // A length over the limit, before anything is allocated.
+    let mut long = Vec::new();
+    write_reply(&mut long, REPLY_REFUSED, "").unwrap();
+    // The header's `len`, after its magic and code.
+    long[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    let e = read_reply(&mut &long[..]).unwrap_err();
+    assert!(e.to_string().contains("over the 4096-byte limit"), "{e}");
+}
+
+#[test]
 fn a_section_of_an_unknown_kind_is_refused_by_its_value() {
     let mut w = Writer::start(Vec::new()).unwrap();
     let mut raw = 9u32.to_ne_bytes().to_vec();
