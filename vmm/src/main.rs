@@ -153,8 +153,9 @@ struct MigrateArgs {
     /// `migrate-set-parameters` left in the VMM.
     #[arg(long, value_name = "RATE")]
     bandwidth: Option<Bandwidth>,
-    /// Longest acceptable downtime (`downtime-limit`); default 300ms.
-    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    /// Longest acceptable downtime (`downtime-limit`); default 300ms, at
+    /// most 2000s (QEMU's limit).
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = max_downtime)]
     max_downtime: Option<Period>,
     /// Stop and copy after N passes whatever is left (`x-max-rounds`); 0 or
     /// default: no limit.
@@ -224,13 +225,14 @@ struct ReadinessArgs {
     calc_time: Option<Span>,
     /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB/s: bits
     /// (bit, kbit, Mbit, Gbit, Tbit) or bytes (KiB, MiB, GiB, TiB binary; KB, MB,
-    /// GB, TB decimal); a bare 10G is refused as ambiguous; 0bit is unlimited.
-    /// Default: the VMM's `max-bandwidth` (unlimited unless set).
-    #[arg(long, value_name = "RATE")]
+    /// GB, TB decimal); a bare 10G is refused as ambiguous; 0bit is unlimited;
+    /// at most 80Tbit (1e13 B/s). Default: the VMM's `max-bandwidth`
+    /// (unlimited unless set).
+    #[arg(long, value_name = "RATE", value_parser = readiness_bandwidth)]
     bandwidth: Option<Bandwidth>,
-    /// Longest acceptable downtime for the prediction. Default: the VMM's
-    /// `downtime-limit` (300ms unless set).
-    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    /// Longest acceptable downtime for the prediction, at most 2000s.
+    /// Default: the VMM's `downtime-limit` (300ms unless set).
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = max_downtime)]
     max_downtime: Option<Period>,
     /// Print the report as JSON.
     #[arg(long)]
@@ -575,6 +577,32 @@ fn calc_time(text: &str) -> Result<Span, String> {
         |s: &Span| s.0,
         &format!("{}m, the longest window", MAX_SECONDS / 60.0),
     )
+}
+
+/// `--max-downtime` (`readiness`, `migrate`): at most `downtime-limit`'s
+/// most, refused here rather than by the VMM.
+fn max_downtime(text: &str) -> Result<Period, String> {
+    let most = kvmscope::protocol::MAX_DOWNTIME_LIMIT_MS;
+    duration_at_most(
+        text,
+        Duration::from_millis(most),
+        |p: &Period| p.0,
+        &format!("{}s, the longest downtime-limit (QEMU's)", most / 1000),
+    )
+}
+
+/// `readiness --bandwidth`: at most what `query-readiness` takes (1e13
+/// B/s), refused here rather than by the VMM.
+fn readiness_bandwidth(text: &str) -> Result<Bandwidth, String> {
+    let b: Bandwidth = text
+        .parse()
+        .map_err(|e: kvmscope::units::UnitError| e.to_string())?;
+    if b.0 > 1e13 {
+        return Err(format!(
+            "'{text}' is more than 80Tbit (1e13 B/s), the fastest link a prediction takes"
+        ));
+    }
+    Ok(b)
 }
 
 /// Flags that disagree with each other: said as clap says its own errors,

@@ -33,7 +33,7 @@ pub enum UnitError {
     #[error("'{0}' is too large: sizes go up to 16 EiB")]
     SizeOverflow(String),
     /// Not a bandwidth.
-    #[error("'{0}' is not a bandwidth: use e.g. 10Gbit, 1.25GB/s or 800MiB/s (bits: bit, kbit, Mbit, Gbit, Tbit; bytes: B, {SIZE_UNITS})")]
+    #[error("'{0}' is not a bandwidth: use e.g. 10Gbit, 1.25GB/s or 800MiB/s (bits: bit, kbit, Mbit, Gbit, Tbit; bytes: B, KB, MB, GB, TB decimal, KiB, MiB, GiB, TiB binary, with or without /s; a bare number is bytes/s), at least 1 B/s (8bit), or 0bit for unlimited")]
     Bandwidth(String),
     /// A bandwidth with a bare `K`/`M`/`G`/`T`.
     #[error("'{text}' is ambiguous for a bandwidth: write {number}{prefix}bit (bits), {number}{prefix}B/s (decimal bytes) or {number}{prefix}iB/s (binary bytes)")]

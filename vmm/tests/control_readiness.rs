@@ -313,6 +313,20 @@ fn readiness_cli_prints_the_report_and_json() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("'fast' is not a bandwidth"));
+    // Past what the VMM takes: refused on the command line, naming the flag
+    // (the VMM's refusal named its QMP argument, with exit status 1).
+    for (flag, value, said) in [
+        ("--bandwidth", "100Tbit", "more than 80Tbit"),
+        ("--max-downtime", "3000s", "more than 2000s"),
+    ] {
+        let bad = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args(["readiness", "--socket", &socket, flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert_eq!(bad.status.code(), Some(2), "{err}");
+        assert!(err.contains(flag) && err.contains(said), "{err}");
+    }
     vm.quit();
 }
 

@@ -21,7 +21,7 @@ use crate::protocol::migration::{Capability, CapabilityStatus, SetCapabilities};
 use crate::protocol::migration::{MigrationInfo, Parameters, RamStats, SetParameters, Status};
 
 /// Longest downtime limit accepted, ms (QEMU's limit).
-pub(crate) const MAX_DOWNTIME_LIMIT: u64 = Parameters::MAX_DOWNTIME_LIMIT_MS;
+pub(crate) const MAX_DOWNTIME_LIMIT: u64 = crate::protocol::MAX_DOWNTIME_LIMIT_MS;
 
 /// Why a migration could not start or a parameter was refused.
 #[derive(Debug, thiserror::Error)]

@@ -288,6 +288,10 @@ pub struct CancelDirtyLimitArgs {
     pub cpu_index: Option<usize>,
 }
 
+/// The longest `downtime-limit`, ms (QEMU's): also the longest
+/// `max-downtime` a `query-readiness` may predict for.
+pub const MAX_DOWNTIME_LIMIT_MS: u64 = 2_000_000;
+
 /// QEMU's `MigrationParameters`, the part kvmscope uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -334,10 +338,6 @@ impl Parameters {
     /// The default `downtime-limit`, ms (QEMU's): the one place it is
     /// written; [`Parameters::default`] and every other default take it.
     pub(crate) const DEFAULT_DOWNTIME_LIMIT_MS: u64 = 300;
-
-    /// The longest `downtime-limit`, ms (QEMU's): also the longest
-    /// `max-downtime` a `query-readiness` may predict for.
-    pub const MAX_DOWNTIME_LIMIT_MS: u64 = 2_000_000;
 
     /// The default `x-vcpu-dirty-limit-period`, ms (QEMU's).
     pub(crate) const DEFAULT_DIRTY_LIMIT_PERIOD_MS: u64 = 1000;

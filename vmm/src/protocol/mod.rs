@@ -26,6 +26,7 @@ pub mod events;
 pub mod framing;
 pub mod guest;
 pub(crate) mod migration;
+pub use migration::MAX_DOWNTIME_LIMIT_MS;
 pub mod readiness;
 pub(crate) mod reply;
 pub mod request;

@@ -609,7 +609,7 @@ impl ReadinessRequest {
             .transpose()?;
         // As `downtime-limit` takes it (0 included: stop only when nothing
         // is left dirty).
-        let longest = crate::protocol::migration::Parameters::MAX_DOWNTIME_LIMIT_MS as f64 / 1e3;
+        let longest = super::migration::MAX_DOWNTIME_LIMIT_MS as f64 / 1e3;
         let max_downtime = self
             .max_downtime
             .map(|v| seconds("max-downtime", v, longest))
