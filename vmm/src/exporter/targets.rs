@@ -695,6 +695,7 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     client.bound_each_request(timeout);
     // The pid a `kill` or `top` on this host knows the VMM by.
     let pid = client.vmm_pid();
+    warn_if_relayed(path, pid, kvm.vm.0.schema().id());
     let labels = super::labels::vm_labels(&vm.name, Some(pid), path);
     Ok(Target {
         vcpu_labels: super::labels::vcpu_labels(&labels, vm.vcpus),
@@ -714,6 +715,25 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
 /// One provider's stats fds (`get-stats-fd` of the VM and of every vCPU:
 /// KVM's, or with `kvmscope` the VMM's own), opened as stats sources, at most
 /// the `vcpus` the greeting names (the rest are closed) and within `budget`.
+/// Says when the VM's stats file names another process than the socket's
+/// peer: KVM names it `kvm-PID` after the process that made the VM, so a
+/// socket whose peer hands out another VMM's fds (a relay, which may also
+/// give the VM a name of its own: the greeting's name is what the VMM
+/// says) shows here. Only said: in a pid namespace of the exporter's own
+/// the two numbers differ for every VMM, and a VMM whose VM was made by a
+/// thread other than its first names that thread.
+fn warn_if_relayed(path: &Path, peer: u32, stats_id: &str) {
+    let made_by = stats_id
+        .strip_prefix("kvm-")
+        .and_then(|n| n.parse::<u32>().ok());
+    if made_by.is_some_and(|n| n != peer) {
+        log::warn!(
+            "exporter: {}: its VM's stats file is {stats_id:?}, made by another process than the socket's peer (pid {peer}): the peer relays another VMM's stats, or this exporter runs in a pid namespace of its own; the page labels the VM with the peer's pid and the name it gave",
+            path.display()
+        );
+    }
+}
+
 fn take_stats(
     client: &mut Client,
     provider: Option<StatsProvider>,
