@@ -323,11 +323,23 @@ struct PlotArgs {
     /// series, which has no name, the file name).
     #[arg(long)]
     title: Option<String>,
-    /// Width in pixels.
-    #[arg(long, default_value_t = kvmscope::plot::DEFAULT_WIDTH)]
+    /// Width in pixels, 480 to 10000.
+    #[arg(
+        long,
+        default_value_t = kvmscope::plot::DEFAULT_WIDTH,
+        value_parser = clap::value_parser!(u32).range(
+            i64::from(kvmscope::plot::MIN_WIDTH)..=i64::from(kvmscope::plot::MAX_SIDE)
+        )
+    )]
     width: u32,
-    /// Height in pixels.
-    #[arg(long, default_value_t = kvmscope::plot::DEFAULT_HEIGHT)]
+    /// Height in pixels, 300 to 10000.
+    #[arg(
+        long,
+        default_value_t = kvmscope::plot::DEFAULT_HEIGHT,
+        value_parser = clap::value_parser!(u32).range(
+            i64::from(kvmscope::plot::MIN_HEIGHT)..=i64::from(kvmscope::plot::MAX_SIDE)
+        )
+    )]
     height: u32,
     /// Draw only this vCPU's exit rates, progress and phases.
     #[arg(long, value_name = "N")]
@@ -386,7 +398,8 @@ struct RunArgs {
         allow_hyphen_values = true
     )]
     sample_interval: Interval,
-    /// Points the sampler keeps in memory (its ring buffer); older ones are dropped.
+    /// Points the sampler keeps in memory (its ring buffer), 2 to 1000000;
+    /// older ones are dropped.
     #[arg(long, default_value = "4096", value_name = "N")]
     sample_buffer: Count<2, { kvmscope::sampler::MAX_CAPACITY }>,
     /// Write every sample to FILE as it is taken: CSV for a name ending in

@@ -107,6 +107,16 @@ fn plot_writes_a_png_of_the_requested_size_from_csv() {
 }
 
 #[test]
+fn a_chart_size_out_of_range_is_refused_naming_the_flag() {
+    for (flag, value) in [("--width", "400"), ("--height", "10001")] {
+        let out = kvmscope(&["plot", "x.csv", "-o", "x.png", flag, value]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(flag) && err.contains("is not in"), "{err}");
+    }
+}
+
+#[test]
 fn plot_to_an_unknown_extension_fails_naming_it() {
     let dir = TempDir::new("cli-ext");
     let (header, points) = experiment();

@@ -24,7 +24,9 @@ use crate::sampler::record::{self, Point, SeriesHeader};
 
 pub use chart::{rate_color, Rate, TOTAL_COLOR};
 pub use error::PlotError;
-pub use options::{ChartOptions, RateScale, DEFAULT_HEIGHT, DEFAULT_WIDTH};
+pub use options::{
+    ChartOptions, RateScale, DEFAULT_HEIGHT, DEFAULT_WIDTH, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH,
+};
 pub use plotters::style::RGBColor;
 
 /// The image format, chosen by the output file's extension.

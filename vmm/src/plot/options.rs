@@ -5,11 +5,11 @@ pub const DEFAULT_WIDTH: u32 = 1200;
 /// Default chart height in pixels.
 pub const DEFAULT_HEIGHT: u32 = 700;
 /// Smallest width that leaves room for the axes and the legend.
-pub(crate) const MIN_WIDTH: u32 = 480;
+pub const MIN_WIDTH: u32 = 480;
 /// Smallest height that leaves room for two panels.
-pub(crate) const MIN_HEIGHT: u32 = 300;
+pub const MIN_HEIGHT: u32 = 300;
 /// Largest width or height.
-pub(crate) const MAX_SIDE: u32 = 10_000;
+pub const MAX_SIDE: u32 = 10_000;
 
 /// How the exit-rate panel scales its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
