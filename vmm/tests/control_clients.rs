@@ -75,6 +75,15 @@ fn stats_command_reads_the_kernel_through_received_fds() {
         serde_json::from_str(&stdout_of(&kvmscope(&["stats", "--json"], &vm.socket))).unwrap();
     assert!(stat(&j, "vm", "pages_4k").unwrap() >= 512, "{j}");
     assert!(stat(&j, "vcpu", "exits").unwrap() > 0, "{j}");
+    // Only unmeasured readiness figures asked for: no entry of the VMM's
+    // own VM file (it was one with "stats": []), as for a file that
+    // matched nothing.
+    let out = stdout_of(&kvmscope(
+        &["stats", "--json", "--names", "prediction_*"],
+        &vm.socket,
+    ));
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["return"], json!([]), "{j}");
 }
 
 #[test]

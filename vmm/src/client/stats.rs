@@ -234,13 +234,17 @@ pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
             .iter()
             .zip(&samples)
             .filter(|(r, _)| r.shows_any(&filter))
-            .map(|(r, s)| {
+            .filter_map(|(r, s)| {
                 // Unmeasured readiness figures are left out, as from a table:
-                // `prediction_converges: false` would read as a verdict.
+                // `prediction_converges: false` would read as a verdict. An
+                // entry left with none goes, as one that matched none does.
                 let (kept, _) = table_filter(r, s, &filter);
+                if kept.select(r.stats.schema()).is_empty() {
+                    return None;
+                }
                 let mut e = kvm_stats::json::stats_result(r.stats.schema(), s, &kept);
                 e["provider"] = serde_json::json!(r.provider.name());
-                e
+                Some(e)
             })
             .collect();
         let reply = Message::Return {
