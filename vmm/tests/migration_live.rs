@@ -59,7 +59,7 @@ fn a_four_vcpu_guest_busy_on_every_vcpu_arrives_whole_and_finishes_its_work() {
     assert_completed(&info);
     assert_eq!(info.x_vm_state.as_deref(), Some("postmigrate"));
     let mut d = dest.client();
-    let arrived = query(&mut d);
+    let arrived = common::migration::arrived(&mut d);
     assert_eq!(arrived.status, Some(Status::Completed));
     // The destination counts the stream as the source counted it.
     let (sent, got) = (

@@ -155,6 +155,17 @@ pub fn query(c: &mut Client) -> MigrationInfo {
     serde_json::from_value(v).expect("a MigrationInfo")
 }
 
+/// A destination's `query-migrate` once its migration has ended: it sends
+/// the source its COMPLETED reply and then counts itself completed, so
+/// asked just as the source completes it may still say `device`.
+pub fn arrived(c: &mut Client) -> MigrationInfo {
+    wait_for(
+        "the destination's migration to end",
+        Duration::from_secs(10),
+        || Some(query(c)).filter(|i| matches!(i.status, Some(Status::Completed | Status::Failed))),
+    )
+}
+
 /// Sets `params`, starts `migrate` to `uri` and waits for the end; returns the final status.
 pub fn migrate(src: &ServedVm, uri: &str, params: Value) -> MigrationInfo {
     let mut c = src.client();
