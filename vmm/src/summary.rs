@@ -337,7 +337,7 @@ fn short_of_rate(
     let done = r.values[0] as f64 / secs;
     (r.status == "ok" && *rate > 0 && secs > 0.0 && done < 0.9 * *rate as f64).then(|| {
         format!(
-            " (wrote {done:.0} pages/s of the {rate}/s asked: the vCPU got too little CPU, or ran its command in pieces)"
+            " (wrote {done:.0} pages/s of the {rate}/s asked: the vCPU got too little CPU, was paused meanwhile (a pause, a migration), or ran its command in pieces)"
         )
     })
 }
