@@ -1,5 +1,7 @@
 //! Passing file descriptors over a Unix stream socket (`SCM_RIGHTS`), both ways,
-//! and the peer's credentials (`SO_PEERCRED`), in safe code on rustix.
+//! in safe code on rustix, and the peer's credentials (`SO_PEERCRED`), read
+//! with libc (rustix's `UCred` holds a non-zero pid, and the kernel gives 0
+//! for a peer outside this pid namespace).
 //!
 //! Received fds are close-on-exec (`MSG_CMSG_CLOEXEC`), so that a client which
 //! spawns processes does not leak its stats fds into them, and they come back
@@ -9,10 +11,10 @@
 use std::fs::File;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use rustix::net::{
-    recvmsg, sendmsg, sockopt, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 
@@ -98,12 +100,55 @@ pub(crate) fn recv_with_fds(
     Ok(msg.bytes)
 }
 
+/// Who is at the other end of a Unix socket (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerCred {
+    /// Its process, as this process's pid namespace numbers it; `None` for
+    /// one this namespace cannot see (the kernel says 0).
+    pub(crate) pid: Option<u32>,
+    /// Its user.
+    pub(crate) uid: u32,
+}
+
+/// The credentials of the process at the other end of a Unix socket.
+///
+/// # Errors
+/// The `getsockopt` failure.
+pub(crate) fn peer_cred(socket: impl AsFd) -> io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    // 12 bytes: it fits.
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `cred` is a `ucred` and `len` its size, as SO_PEERCRED
+    // writes; the fd is borrowed for the call.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: u32::try_from(cred.pid).ok().filter(|&p| p > 0),
+        uid: cred.uid,
+    })
+}
+
 /// The uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
 ///
 /// # Errors
 /// The `getsockopt` failure.
 pub(crate) fn peer_uid(socket: impl AsFd) -> io::Result<u32> {
-    Ok(sockopt::socket_peercred(socket)?.uid.as_raw())
+    Ok(peer_cred(socket)?.uid)
 }
 
 #[cfg(test)]
@@ -185,5 +230,6 @@ mod tests {
         // /proc/self belongs to the process' effective uid.
         let euid = std::fs::metadata("/proc/self").unwrap().uid();
         assert_eq!(peer_uid(&a).unwrap(), euid);
+        assert_eq!(peer_cred(&a).unwrap().pid, Some(std::process::id()));
     }
 }

@@ -263,9 +263,7 @@ impl Client {
     /// The server's process id, from the socket's peer credentials (as
     /// this process's pid namespace numbers it).
     pub(crate) fn peer_pid(&self) -> Option<u32> {
-        rustix::net::sockopt::socket_peercred(&self.stream)
-            .ok()
-            .map(|c| c.pid.as_raw_nonzero().get().unsigned_abs())
+        scm::peer_cred(&self.stream).ok().and_then(|c| c.pid)
     }
 
     /// A kvmscope VMM's process id as this process sees it: the socket's
