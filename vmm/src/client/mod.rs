@@ -179,14 +179,19 @@ pub struct Client {
 /// as the file tells: a socket nobody listens on any more (a VMM that was
 /// killed leaves its socket file behind), or a file that is not a socket at
 /// all (`connect` refuses both alike). The error keeps its kind.
-fn connect_stream(path: &Path) -> Result<UnixStream, Error> {
-    UnixStream::connect(path).map_err(|e| {
+fn connect_stream(path: &Path, limit: Duration) -> Result<UnixStream, Error> {
+    bounded_connect(path, limit).map_err(|e| {
         use std::os::unix::fs::FileTypeExt;
         let hint = match std::fs::metadata(path).map(|m| m.file_type()) {
+            // A listener whose backlog is full makes a connect wait for a
+            // place (for ever, unbounded): it accepts nobody.
+            _ if e.kind() == io::ErrorKind::WouldBlock => Some(format!(
+                "no connection was accepted within {limit:?}: the server's backlog is full (it accepts nobody)"
+            )),
             _ if e.kind() != io::ErrorKind::ConnectionRefused => None,
-            Ok(t) if t.is_socket() => Some("nothing listens on this socket (its VMM has exited without removing it, or was killed)"),
-            Ok(t) if t.is_dir() => Some("it is a directory, not a socket"),
-            Ok(_) => Some("it is not a socket"),
+            Ok(t) if t.is_socket() => Some("nothing listens on this socket (its VMM has exited without removing it, or was killed)".into()),
+            Ok(t) if t.is_dir() => Some("it is a directory, not a socket".into()),
+            Ok(_) => Some("it is not a socket".into()),
             Err(_) => None,
         };
         let e = match hint {
@@ -195,6 +200,27 @@ fn connect_stream(path: &Path) -> Result<UnixStream, Error> {
         };
         Error::Connect(path.to_path_buf(), e)
     })
+}
+
+/// Connects to the Unix socket at `path`, waiting at most `limit` for a
+/// place in its backlog (`SO_SNDTIMEO`, which a Unix `connect` honours;
+/// `std`'s would wait for ever on a server that accepts nobody).
+fn bounded_connect(path: &Path, limit: Duration) -> io::Result<UnixStream> {
+    use rustix::net::{sockopt, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    sockopt::set_socket_timeout(
+        &fd,
+        sockopt::Timeout::Send,
+        Some(limit.max(Duration::from_millis(1))),
+    )?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(path)?)?;
+    sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, None)?;
+    Ok(UnixStream::from(fd))
 }
 
 impl Client {
@@ -230,7 +256,7 @@ impl Client {
     /// socket that says nothing whole by then is `Silent` (a QEMU monitor
     /// another client holds accepts and says nothing until it is free).
     fn negotiated_within(path: &Path, line_max: usize, limit: Duration) -> Result<Client, Error> {
-        let stream = connect_stream(path)?;
+        let stream = connect_stream(path, limit)?;
         let negotiated = Client::greeted_within(stream, line_max, Instant::now() + limit).and_then(
             |mut client| {
                 client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
@@ -924,6 +950,34 @@ mod tests {
         // The whole greeting's deadline, not forever (nor per read).
         assert!(started.elapsed() >= GREETING_TIMEOUT);
         drop(listener);
+    }
+
+    /// A listener whose backlog is full (it accepts nobody): a connect waits
+    /// for a place, which `std`'s would do for ever; a bounded client's
+    /// waits its deadline, and says why.
+    #[test]
+    fn a_server_that_accepts_nobody_is_given_up_on_within_the_deadline() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("full.sock");
+        let listener = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        rustix::net::listen(&listener, 0).unwrap();
+        // Backlog 0 holds one: the next waits.
+        let _first = UnixStream::connect(&path).unwrap();
+        let bounds = Bounds {
+            request: Duration::from_millis(300),
+            line_max: 1 << 16,
+        };
+        let started = Instant::now();
+        match Client::connect_bounded(&path, bounds) {
+            Err(e @ Error::Connect(..)) => {
+                let said = crate::error_chain(&e);
+                assert!(said.contains("backlog is full"), "{said}");
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "bounded");
     }
 
     #[test]

@@ -304,6 +304,22 @@ struct Discovery {
     /// Written by an attach or check thread once its answer is sent: the
     /// wait for a change ends, so that a slot freed is used at once.
     answered: Arc<OwnedFd>,
+    /// The sockets the last look at the directories found (a wake for an
+    /// answer alone starts the next attaches from these, without reading
+    /// thousands of directory entries again).
+    seen: Vec<(PathBuf, Option<(u64, u64)>)>,
+    /// Whether the directories must be read again before the next attaches.
+    stale: bool,
+}
+
+/// What ended a wait for a change.
+enum Wake {
+    /// The exporter is stopping.
+    Stop,
+    /// A directory changed, or [`RESCAN`] passed.
+    Look,
+    /// An attach or check thread answered.
+    Answered,
 }
 
 impl Discovery {
@@ -331,6 +347,8 @@ impl Discovery {
             checks: channel(),
             inotify,
             answered: Arc::new(answered),
+            seen: Vec::new(),
+            stale: true,
         }
     }
 
@@ -340,15 +358,17 @@ impl Discovery {
             self.collect_checks();
             self.check_attached();
             self.attach_new();
-            if self.wait_for_change(stop) {
-                return;
+            match self.wait_for_change(stop) {
+                Wake::Stop => return,
+                Wake::Look => self.stale = true,
+                Wake::Answered => {}
             }
         }
     }
 
-    /// Sleeps until a watched directory changes, a stop is asked, or
-    /// [`RESCAN`] passes; returns whether the stop was asked.
-    fn wait_for_change(&self, stop: &OwnedFd) -> bool {
+    /// Sleeps until a watched directory changes, a stop is asked, a thread
+    /// answers, or [`RESCAN`] passes.
+    fn wait_for_change(&self, stop: &OwnedFd) -> Wake {
         use rustix::event::{PollFd, PollFlags};
         let mut fds = vec![
             PollFd::new(stop, PollFlags::IN),
@@ -362,19 +382,26 @@ impl Discovery {
             tv_nsec: i64::try_from(RESCAN.as_nanos()).unwrap_or(500_000_000),
         };
         if rustix::event::poll(&mut fds, Some(&timeout)).unwrap_or(0) == 0 {
-            return false;
+            return Wake::Look;
         }
         if fds[0].revents().contains(PollFlags::IN) {
-            return true;
+            return Wake::Stop;
         }
         let mut count = [0u8; 8];
         let _ = rustix::io::read(&*self.answered, &mut count);
+        let changed = fds
+            .get(2)
+            .is_some_and(|f| f.revents().contains(PollFlags::IN));
         if let Some(fd) = &self.inotify {
             // Drain the events: any change means "rescan".
             let mut buf = [0u8; 4096];
             while rustix::io::read(fd, &mut buf).is_ok_and(|n| n > 0) {}
         }
-        false
+        if changed {
+            Wake::Look
+        } else {
+            Wake::Answered
+        }
     }
 
     /// The sockets there are now: the named ones, then every socket in the
@@ -406,17 +433,39 @@ impl Discovery {
     }
 
     /// Starts attaching to sockets not attached, not being attached, and
-    /// not failed within [`RETRY_AFTER`]: those never tried first, at most
-    /// [`MAX_ATTACHING`] in flight.
+    /// not failed within [`RETRY_AFTER`], at most [`MAX_ATTACHING`] in
+    /// flight: those never tried and those due a retry in turn, so that
+    /// neither a crowd of new sockets nor one of failing ones keeps the
+    /// other waiting.
     fn attach_new(&mut self) {
+        let now = Instant::now();
+        // An attach is bounded by the attach timeout (its connect too); one
+        // far past it (a thread that panicked, or a bound this missed)
+        // gives its slot back rather than hold it for ever.
+        let stuck = 2 * self.sources.attach_timeout + Duration::from_secs(1);
+        self.pending.retain(|path, since| {
+            let alive = now.duration_since(*since) < stuck;
+            if !alive {
+                log::warn!(
+                    "exporter: attaching to {} has not ended after {stuck:?}; its slot is given back",
+                    path.display()
+                );
+            }
+            alive
+        });
         if self.pending.len() >= MAX_ATTACHING {
             return;
         }
-        let now = Instant::now();
+        if std::mem::take(&mut self.stale) {
+            // Read outside the registry's lock: thousands of entries are
+            // a while to read, and every scrape takes that lock.
+            self.seen = self.candidates();
+        }
         let (mut fresh, mut again) = (Vec::new(), Vec::new());
         {
             let reg = lock(&self.registry);
-            for (path, id) in self.candidates() {
+            for (path, id) in &self.seen {
+                let (path, id) = (path.clone(), *id);
                 // Attached already, under this path or another for the same file.
                 let attached = reg.targets.contains_key(&path)
                     || id.is_some() && reg.targets.values().any(|t| t.socket == id);
@@ -431,7 +480,14 @@ impl Discovery {
             }
         }
         let room = MAX_ATTACHING - self.pending.len();
-        for path in fresh.into_iter().chain(again).take(room) {
+        let mut fresh = fresh.into_iter();
+        let mut again = again.into_iter();
+        let turns = std::iter::from_fn(|| match (fresh.next(), again.next()) {
+            (None, None) => None,
+            (a, b) => Some(a.into_iter().chain(b)),
+        })
+        .flatten();
+        for path in turns.take(room) {
             let (tx, timeout) = (self.results.0.clone(), self.sources.attach_timeout);
             let answered = self.answered.clone();
             let key = path.clone();
@@ -712,9 +768,6 @@ fn attach(path: &Path, timeout: Duration) -> Result<Target, AttachError> {
     })
 }
 
-/// One provider's stats fds (`get-stats-fd` of the VM and of every vCPU:
-/// KVM's, or with `kvmscope` the VMM's own), opened as stats sources, at most
-/// the `vcpus` the greeting names (the rest are closed) and within `budget`.
 /// Says when the VM's stats file names another process than the socket's
 /// peer: KVM names it `kvm-PID` after the process that made the VM, so a
 /// socket whose peer hands out another VMM's fds (a relay, which may also
@@ -734,6 +787,9 @@ fn warn_if_relayed(path: &Path, peer: u32, stats_id: &str) {
     }
 }
 
+/// One provider's stats fds (`get-stats-fd` of the VM and of every vCPU:
+/// KVM's, or with `kvmscope` the VMM's own), opened as stats sources, at most
+/// the `vcpus` the greeting names (the rest are closed) and within `budget`.
 fn take_stats(
     client: &mut Client,
     provider: Option<StatsProvider>,

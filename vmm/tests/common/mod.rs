@@ -252,6 +252,9 @@ pub fn test_dir(test: &str) -> TestDir {
 pub struct ServedVm {
     pub socket: PathBuf,
     thread: Option<JoinHandle<Result<Summary, run::Error>>>,
+    /// The socket's directory was made for it (and goes with it); one its
+    /// `adjust` chose is the caller's.
+    owns_dir: bool,
 }
 
 impl ServedVm {
@@ -283,9 +286,10 @@ impl ServedVm {
         };
         adjust(&mut config);
         // Where `adjust` may have moved it (then the directory made for it
-        // goes: the VM's is its owner's).
+        // goes now, and the one it chose is the caller's).
         let moved = config.socket.clone().expect("a VMM that serves a socket");
-        if moved != socket {
+        let owns_dir = moved == socket;
+        if !owns_dir {
             if let Some(unused) = socket.parent() {
                 let _ = std::fs::remove_dir_all(unused);
             }
@@ -295,6 +299,7 @@ impl ServedVm {
         let mut vm = ServedVm {
             socket,
             thread: Some(thread),
+            owns_dir,
         };
         let running = |vm: &ServedVm| vm.thread.as_ref().is_some_and(|t| !t.is_finished());
         let ready = Client::connect_when_ready(&vm.socket, Duration::from_secs(20), || {
@@ -351,7 +356,9 @@ impl Drop for ServedVm {
             }
             let _ = t.join();
         }
-        let _ = std::fs::remove_dir_all(self.dir());
+        if self.owns_dir {
+            let _ = std::fs::remove_dir_all(self.dir());
+        }
     }
 }
 
