@@ -120,6 +120,11 @@ impl Plane {
     /// clients that poll more often than the idle eviction allows (68
     /// monitoring agents asking `query-status` every 0.95 s) would otherwise
     /// hold every slot, and keep the operator out, for as long as they poll.
+    ///
+    /// One between its requests goes first; failing that, one mid-request
+    /// or with a reply unread (a reserved slot's requests and replies are a
+    /// few bytes: one half-sent, or unread, for a second is not a client at
+    /// work), so that clients that send `{` and wait cannot hold them all.
     pub(super) fn evict_reserved(&mut self, ops: &mut EventOps) -> bool {
         let why = "closed to make room for a new client (a reserved slot is held for a second when every slot is busy)";
         self.evict_oldest(ops, why, |c| {
@@ -128,7 +133,7 @@ impl Plane {
                 && !c.has_output()
                 && c.partial_since.is_none()
                 && !c.has_pending_input()
-        })
+        }) || self.evict_oldest(ops, why, |c| c.reserved)
     }
 
     /// Closes, saying `why`, the client that connected longest ago of those
