@@ -391,7 +391,8 @@ pub(crate) fn saturating_usize(v: f64) -> usize {
 
 /// Text a peer sent (a destination's refusal, a VMM's garbled greeting),
 /// fit for one log line: invalid UTF-8 replaced, control characters
-/// (newlines, escapes, carriage returns) written as escapes, and at most
+/// (newlines, escapes, carriage returns; line separators and bidirectional
+/// overrides too) written as escapes, and at most
 /// `max` characters kept, the cut said. A peer cannot add lines to the log
 /// or move a terminal's cursor.
 pub(crate) fn peer_text(bytes: &[u8], max: usize) -> String {
@@ -402,7 +403,11 @@ pub(crate) fn peer_text(bytes: &[u8], max: usize) -> String {
             out.push_str(&format!("... ({} characters in all)", text.chars().count()));
             break;
         }
-        if c.is_control() {
+        // Line and paragraph separators and bidirectional overrides move
+        // or reorder what a terminal shows, as control characters do.
+        let unsafe_to_show = c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if unsafe_to_show {
             out.extend(c.escape_default());
         } else {
             out.push(c);

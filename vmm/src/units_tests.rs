@@ -248,4 +248,8 @@ fn peer_text_keeps_a_peer_on_one_line() {
     );
     assert_eq!(peer_text(b"abcdef", 3), "abc... (6 characters in all)");
     assert_eq!(peer_text(b"plain words", 100), "plain words");
+    assert_eq!(
+        peer_text("a\u{202e}b\u{2028}c".as_bytes(), 100),
+        "a\\u{202e}b\\u{2028}c"
+    );
 }

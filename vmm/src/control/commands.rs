@@ -84,7 +84,9 @@ pub(crate) struct Handler {
     readiness_busy: Arc<AtomicBool>,
     /// What stops the periodic measurement, when the last one started was
     /// periodic: a client's `query-readiness` goes first.
-    periodic_stop: Option<Arc<AtomicBool>>,
+    /// (A cell: a queued request that starts, in [`Handler::check_wait`],
+    /// makes the running one a client's.)
+    periodic_stop: std::cell::Cell<Option<Arc<AtomicBool>>>,
     /// When the next periodic readiness measurement is due (`run --readiness-every`).
     periodic_due: Option<std::time::Instant>,
     /// Run-state changes told to clients so far, and whether the last one
@@ -164,7 +166,7 @@ impl Handler {
             own,
             stopping,
             readiness_busy: Arc::new(AtomicBool::new(false)),
-            periodic_stop: None,
+            periodic_stop: std::cell::Cell::new(None),
             // The first a second in: the figures are there soon after start.
             periodic_due: ctx_periodic.map(|_| std::time::Instant::now() + Duration::from_secs(1)),
         })
@@ -240,7 +242,7 @@ impl Handler {
                 if let Some(stop) =
                     deferred::periodic_readiness(&self.ctx, periodic, &self.readiness_busy)
                 {
-                    self.periodic_stop = Some(stop);
+                    self.periodic_stop.set(Some(stop));
                 }
                 self.periodic_due = Some(deferred::next_due(due, now, periodic.period));
             }
@@ -643,6 +645,13 @@ impl Handler {
                     done,
                 };
                 if self.readiness_busy.load(Ordering::Acquire) {
+                    // A periodic one started since (its slot came free as
+                    // it fell due) stops for this one too.
+                    let periodic = self.periodic_stop.take();
+                    if let Some(stop) = &periodic {
+                        stop.store(true, Ordering::Release);
+                    }
+                    self.periodic_stop.set(periodic);
                     if std::time::Instant::now() < *until {
                         return waiting(None);
                     }
@@ -652,6 +661,8 @@ impl Handler {
                 }
                 match deferred::start_readiness(&self.ctx, *args, &self.readiness_busy) {
                     Outcome::Wait(started) => {
+                        // The one running now is this client's.
+                        self.periodic_stop.set(None);
                         *pending = started;
                         waiting(None)
                     }

@@ -255,12 +255,13 @@ impl Job {
         }
         busy.store(false, Ordering::Release);
         let failed = match &result {
-            Err(readiness::Error::Abandoned(_)) | Ok(_) => None,
-            Err(e) => Some(e.to_string()),
+            Err(readiness::Error::Abandoned(_)) => None,
+            Ok(_) => Some(None),
+            Err(e) => Some(Some(e.to_string())),
         };
         if !self.send(WorkerMsg::Done(Box::new(result))) {
-            if let Some(why) = failed {
-                warn_unawaited(why);
+            if let Some(outcome) = failed {
+                warn_unawaited(outcome);
             }
         }
     }
@@ -300,21 +301,22 @@ impl Job {
     }
 }
 
-/// Says why a measurement nobody waited for (`run --readiness-every`)
-/// failed, once per reason in a row: it would otherwise fail each period
-/// unseen, its figures never published (a `downtime-limit` the model
+/// Says why a measurement nobody waited for (the periodic one, `run
+/// --readiness-every`, or one whose client left) failed (`Some(why)`; `None`:
+/// it succeeded), once per reason in a row: it would otherwise fail each
+/// period unseen, its figures never published (a `downtime-limit` the model
 /// refused did so).
-fn warn_unawaited(why: String) {
-    static LAST: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+fn warn_unawaited(failed: Option<String>) {
+    static LAST: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     let mut last = LAST
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if *last != why {
+    if let Some(why) = failed.as_ref().filter(|why| last.as_ref() != Some(*why)) {
         log::warn!(
-            "readiness: the periodic measurement failed (its figures are not published): {why}"
+            "readiness: a measurement nobody waited for (the periodic one, or one whose client left) failed, its figures not published: {why}"
         );
-        *last = why;
     }
+    *last = failed;
 }
 
 /// Asks the main loop to pause or resume, and waits for its answer.

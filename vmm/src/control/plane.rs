@@ -562,6 +562,11 @@ impl Plane {
                 self.settle(token, ops);
             }
         }
+        self.answer_waits(ops);
+    }
+
+    /// Answers the waits that are over, and pumps the clients they held.
+    fn answer_waits(&mut self, ops: &mut EventOps) {
         let before: Vec<u32> = self.waits.iter().map(|(t, _, _)| *t).collect();
         self.finish_waits(None);
         for token in before {
@@ -638,6 +643,9 @@ impl MutEventSubscriber for Plane {
                 let _ = self.sweep.wait();
                 self.enforce_deadlines(ops);
                 self.handler.on_sweep();
+                // A wait whose end no thread announces (a queued
+                // measurement's deadline) is looked at here too.
+                self.answer_waits(ops);
             }
             WORK => self.on_work(ops),
             RETRY => {

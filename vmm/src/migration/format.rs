@@ -664,7 +664,7 @@ pub(crate) fn read_reply(input: &mut impl Read) -> Result<(u32, String), Error> 
         .read_exact(&mut msg)
         .map_err(|_| Error::Truncated("the reply's message"))?;
     // Shown in the source's log and error-desc: one line, the peer's text.
-    Ok((h.code, crate::units::peer_text(&msg, MAX_MESSAGE as usize)))
+    Ok((h.code, crate::units::peer_text(&msg, 500)))
 }
 
 #[cfg(test)]

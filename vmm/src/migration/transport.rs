@@ -382,24 +382,17 @@ impl Listener {
     /// `Accept` when accepting failed for another reason (out of fds).
     pub(crate) fn try_accept(&self) -> Result<Option<Conn>, Error> {
         let accepted = match self {
-            Listener::Unix(l, path) => match l.accept() {
-                Ok((s, _)) => match crate::scm::peer_uid(&s) {
-                    Ok(uid) if may_send(uid, rustix::process::geteuid().as_raw()) => {
-                        Ok(Conn::Unix(s))
-                    }
-                    peer => {
-                        let who = peer.map_or_else(
-                            |e| format!("a peer whose credentials are unreadable ({e})"),
-                            |uid| format!("uid {uid}"),
-                        );
-                        log::warn!(
-                            "migration: refused a connection to {} from {who}: only this VMM's user and root may send it a guest",
-                            path.display()
-                        );
-                        return Ok(None);
-                    }
-                },
-                Err(e) => Err(e),
+            Listener::Unix(l, path) => loop {
+                match l.accept() {
+                    Ok((s, _)) => match crate::scm::peer_uid(&s) {
+                        Ok(uid) if may_send(uid, rustix::process::geteuid().as_raw()) => {
+                            break Ok(Conn::Unix(s));
+                        }
+                        // Closed; the next waiting peer is looked at.
+                        peer => refused(path, peer),
+                    },
+                    Err(e) => break Err(e),
+                }
             },
             Listener::Tcp(l) => l.accept().map(|(s, _)| {
                 let _ = s.set_nodelay(true);
@@ -423,6 +416,28 @@ impl Listener {
             }
             Err(e) => Err(Error::Accept(self.name(), e)),
         }
+    }
+}
+
+/// Says that a peer (its uid, or why it is unknown) was refused: the first
+/// time and every thousandth after, so that one connecting in a loop does
+/// not fill the log.
+fn refused(path: &std::path::Path, peer: std::io::Result<u32>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static REFUSED: AtomicU64 = AtomicU64::new(0);
+    let n = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
+    let who = peer.map_or_else(
+        |e| format!("a peer whose credentials are unreadable ({e})"),
+        |uid| format!("uid {uid}"),
+    );
+    let said = format!(
+        "migration: refused a connection to {} from {who} ({n} refused so far): only this VMM's user and root may send it a guest",
+        path.display()
+    );
+    if n == 1 || n % 1000 == 0 {
+        log::warn!("{said}");
+    } else {
+        log::debug!("{said}");
     }
 }
 
