@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use kvmscope::exporter::MAX_ATTACHING;
 
+/// The tests here count this process's attach threads: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// This process's threads named `name`.
 fn threads_named(name: &str) -> usize {
     std::fs::read_dir("/proc/self/task")
@@ -24,6 +27,7 @@ fn threads_named(name: &str) -> usize {
 #[test]
 fn a_directory_of_silent_sockets_holds_at_most_max_attaching_attaches_and_a_vm_still_comes() {
     require_kvm!();
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let silent_dir = common::test_dir("exl-silent");
     let late_dir = common::test_dir("exl-late");
     // Three times as many sockets that accept (the backlog does) and never
@@ -59,6 +63,59 @@ fn a_directory_of_silent_sockets_holds_at_most_max_attaching_attaches_and_a_vm_s
     common::wait_for("the late VM up", Duration::from_secs(10), || {
         (up(&common::exporter::page(&e), "late.sock") == Some(1.0)).then_some(())
     });
+    drop(e);
+    vm.quit();
+}
+
+/// One tenant's crowd of silent sockets does not keep another's VM
+/// waiting: sockets are tried by owner in turn. (Root only: the crowd is
+/// made another user's.)
+#[test]
+fn another_owners_crowd_of_silent_sockets_does_not_hold_up_a_vm() {
+    require_kvm!();
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: only root can give the crowd's sockets to another user");
+        return;
+    }
+    let dir = common::test_dir("exl-owners");
+    let crowd = 10 * MAX_ATTACHING;
+    let silent: Vec<UnixListener> = (0..crowd)
+        .map(|i| {
+            let path = dir.join(format!("a-silent{i:03}.sock"));
+            let l = UnixListener::bind(&path).unwrap();
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+            l
+        })
+        .collect();
+    let e = common::exporter::over(&dir, Duration::from_secs(1));
+    // Once the crowd is being tried, a VM of root's comes: found after
+    // every silent socket.
+    common::wait_for(
+        "the first silent sockets down",
+        Duration::from_secs(30),
+        || {
+            let p = common::exporter::page(&e);
+            (0..silent.len())
+                .any(|i| up(&p, &format!("a-silent{i:03}.sock")).is_some())
+                .then_some(())
+        },
+    );
+    let vm_socket = dir.join("z-vm.sock");
+    let vm = common::ServedVm::start_with("exl-owner-vm", 32 << 20, 1, |c| {
+        c.socket = Some(vm_socket.clone());
+    });
+    let page = common::wait_for("the VM up", Duration::from_secs(30), || {
+        Some(common::exporter::page(&e)).filter(|p| up(p, "z-vm.sock") == Some(1.0))
+    });
+    let tried = (0..silent.len())
+        .filter(|i| up(&page, &format!("a-silent{i:03}.sock")).is_some())
+        .count();
+    // Before: all 320 first, 10 attach timeouts; by owner, in its first turn.
+    assert!(
+        tried < crowd / 2,
+        "{tried} of {crowd} silent sockets tried before the VM"
+    );
     drop(e);
     vm.quit();
 }

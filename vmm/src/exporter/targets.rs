@@ -307,9 +307,37 @@ struct Discovery {
     /// The sockets the last look at the directories found (a wake for an
     /// answer alone starts the next attaches from these, without reading
     /// thousands of directory entries again).
-    seen: Vec<(PathBuf, Option<(u64, u64)>)>,
+    seen: Vec<Candidate>,
     /// Whether the directories must be read again before the next attaches.
     stale: bool,
+}
+
+/// A socket found in a watched directory or named.
+struct Candidate {
+    path: PathBuf,
+    /// Its file's device and inode (`None`: not there).
+    id: Option<(u64, u64)>,
+    /// The uid that owns the socket file: whoever made it.
+    owner: Option<u32>,
+}
+
+/// `paths` in turns by owner: the first of each owner's, then the second of
+/// each, and so on, each owner's in the order found. One tenant's thousands
+/// of sockets that say nothing then hold up another's VM by one attach per
+/// turn, not by all of theirs.
+fn by_owner_in_turn(paths: Vec<(PathBuf, Option<u32>)>) -> Vec<PathBuf> {
+    let mut owners: Vec<(Option<u32>, std::collections::VecDeque<PathBuf>)> = Vec::new();
+    for (path, owner) in paths {
+        match owners.iter_mut().find(|(o, _)| *o == owner) {
+            Some((_, queue)) => queue.push_back(path),
+            None => owners.push((owner, std::collections::VecDeque::from([path]))),
+        }
+    }
+    let mut out = Vec::new();
+    while owners.iter().any(|(_, q)| !q.is_empty()) {
+        out.extend(owners.iter_mut().filter_map(|(_, q)| q.pop_front()));
+    }
+    out
 }
 
 /// What ended a wait for a change.
@@ -408,7 +436,7 @@ impl Discovery {
     /// directories, each socket file once, under the first path that names
     /// it (`vms/a.sock`, `/run/vms/a.sock` and `/run/vms/../vms/a.sock` are one
     /// VM; so are two links to one socket), with its identity.
-    fn candidates(&self) -> Vec<(PathBuf, Option<(u64, u64)>)> {
+    fn candidates(&self) -> Vec<Candidate> {
         let mut found: Vec<PathBuf> = self.sources.sockets.clone();
         for dir in &self.sources.dirs {
             let Ok(entries) = std::fs::read_dir(dir) else {
@@ -424,11 +452,16 @@ impl Discovery {
         found
             .into_iter()
             .map(|path| {
-                let id = socket_id(&path);
-                (path, id)
+                use std::os::unix::fs::MetadataExt;
+                let meta = std::fs::metadata(&path).ok();
+                Candidate {
+                    id: meta.as_ref().map(|m| (m.dev(), m.ino())),
+                    owner: meta.as_ref().map(MetadataExt::uid),
+                    path,
+                }
             })
             // One not there yet (a named socket) is tried, and fails, as named.
-            .filter(|(_, id)| id.is_none_or(|id| seen.insert(id)))
+            .filter(|c| c.id.is_none_or(|id| seen.insert(id)))
             .collect()
     }
 
@@ -436,7 +469,7 @@ impl Discovery {
     /// not failed within [`RETRY_AFTER`], at most [`MAX_ATTACHING`] in
     /// flight: those never tried and those due a retry in turn, so that
     /// neither a crowd of new sockets nor one of failing ones keeps the
-    /// other waiting.
+    /// other waiting, and each kind by owner in turn.
     fn attach_new(&mut self) {
         let now = Instant::now();
         // An attach is bounded by the attach timeout (its connect too); one
@@ -464,8 +497,8 @@ impl Discovery {
         let (mut fresh, mut again) = (Vec::new(), Vec::new());
         {
             let reg = lock(&self.registry);
-            for (path, id) in &self.seen {
-                let (path, id) = (path.clone(), *id);
+            for c in &self.seen {
+                let (path, id) = (c.path.clone(), c.id);
                 // Attached already, under this path or another for the same file.
                 let attached = reg.targets.contains_key(&path)
                     || id.is_some() && reg.targets.values().any(|t| t.socket == id);
@@ -473,15 +506,17 @@ impl Discovery {
                     continue;
                 }
                 match reg.failures.get(&path) {
-                    None => fresh.push(path),
-                    Some(f) if now.duration_since(f.at) >= RETRY_AFTER => again.push(path),
+                    None => fresh.push((path, c.owner)),
+                    Some(f) if now.duration_since(f.at) >= RETRY_AFTER => {
+                        again.push((path, c.owner));
+                    }
                     Some(_) => {}
                 }
             }
         }
         let room = MAX_ATTACHING - self.pending.len();
-        let mut fresh = fresh.into_iter();
-        let mut again = again.into_iter();
+        let mut fresh = by_owner_in_turn(fresh).into_iter();
+        let mut again = by_owner_in_turn(again).into_iter();
         let turns = std::iter::from_fn(|| match (fresh.next(), again.next()) {
             (None, None) => None,
             (a, b) => Some(a.into_iter().chain(b)),
@@ -911,6 +946,23 @@ fn socket_id(path: &Path) -> Option<(u64, u64)> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn sockets_are_tried_by_owner_in_turn() {
+        let p = |s: &str| PathBuf::from(s);
+        let found = vec![
+            (p("a1"), Some(1000)),
+            (p("a2"), Some(1000)),
+            (p("a3"), Some(1000)),
+            (p("b1"), Some(0)),
+            (p("c1"), None),
+            (p("b2"), Some(0)),
+        ];
+        assert_eq!(
+            by_owner_in_turn(found),
+            ["a1", "b1", "c1", "a2", "b2", "a3"].map(PathBuf::from)
+        );
+    }
     use kvm_stats::builder::StatsFileBuilder;
 
     pub(crate) fn file_of(bytes: &[u8]) -> std::fs::File {
