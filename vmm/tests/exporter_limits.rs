@@ -30,39 +30,58 @@ fn a_directory_of_silent_sockets_holds_at_most_max_attaching_attaches_and_a_vm_s
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let silent_dir = common::test_dir("exl-silent");
     let late_dir = common::test_dir("exl-late");
-    // Three times as many sockets that accept (the backlog does) and never
+    // Ten times as many sockets that accept (the backlog does) and never
     // say a word as attaches may be in flight: before, one thread and one
     // connection each, without end (20,000 of them took an exporter down).
-    let silent: Vec<UnixListener> = (0..3 * MAX_ATTACHING)
+    let crowd = 10 * MAX_ATTACHING;
+    let silent: Vec<UnixListener> = (0..crowd)
         .map(|i| UnixListener::bind(silent_dir.join(format!("silent{i:03}.sock"))).unwrap())
         .collect();
     let timeout = Duration::from_secs(1);
     let mut config = common::exporter::config(&silent_dir, timeout);
     config.dirs.push(late_dir.to_path_buf());
     let e = common::exporter::start(config);
-    // Until every one has been tried (three rounds of an attach timeout),
-    // the attach threads seen at once. A thread that has answered may not
+    let tried = |p: &str| {
+        (0..silent.len())
+            .filter(|i| up(p, &format!("silent{i:03}.sock")).is_some())
+            .count()
+    };
+    // The attach threads seen at once, until every one has been tried (ten
+    // rounds of an attach timeout). A thread that has answered may not
     // have exited when the one after it starts: a few over the bound, never
     // the crowd.
     let mut most = 0;
-    let all_down =
-        |p: &str| (0..silent.len()).all(|i| up(p, &format!("silent{i:03}.sock")) == Some(0.0));
-    common::wait_for("every silent socket down", Duration::from_secs(30), || {
+    common::wait_for(
+        "the first silent sockets down",
+        Duration::from_secs(30),
+        || {
+            most = most.max(threads_named("exporter-attach"));
+            (tried(&common::exporter::page(&e)) > 0).then_some(())
+        },
+    );
+    // A VM its owner starts while the crowd is being tried goes first of
+    // that owner's sockets never tried (newest first), not after them all.
+    let late = late_dir.join("late.sock");
+    let vm = common::ServedVm::start_with("exl-vm", 32 << 20, 1, |c| {
+        c.socket = Some(late.clone());
+    });
+    let page = common::wait_for("the late VM up", Duration::from_secs(30), || {
         most = most.max(threads_named("exporter-attach"));
-        all_down(&common::exporter::page(&e)).then_some(())
+        Some(common::exporter::page(&e)).filter(|p| up(p, "late.sock") == Some(1.0))
+    });
+    let before = tried(&page);
+    assert!(
+        before < crowd / 2,
+        "{before} of {crowd} silent sockets tried before the VM"
+    );
+    common::wait_for("every silent socket tried", Duration::from_secs(60), || {
+        most = most.max(threads_named("exporter-attach"));
+        (tried(&common::exporter::page(&e)) == crowd).then_some(())
     });
     assert!(
         (MAX_ATTACHING..MAX_ATTACHING + 8).contains(&most),
         "attach threads at once: {most}"
     );
-    // A VM that comes now is attached (fresh sockets and retries take turns).
-    let late = late_dir.join("late.sock");
-    let vm = common::ServedVm::start_with("exl-vm", 32 << 20, 1, |c| {
-        c.socket = Some(late.clone());
-    });
-    common::wait_for("the late VM up", Duration::from_secs(10), || {
-        (up(&common::exporter::page(&e), "late.sock") == Some(1.0)).then_some(())
-    });
     drop(e);
     vm.quit();
 }

@@ -11,7 +11,7 @@
 //! outgoing migration (the guest now runs elsewhere) drops the VM and closes
 //! its fds, since a held stats fd keeps the kernel's VM structure alive.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -310,6 +310,10 @@ struct Discovery {
     seen: Vec<Candidate>,
     /// Whether the directories must be read again before the next attaches.
     stale: bool,
+    /// When each socket there now was first found: of one owner's sockets
+    /// never tried, the newest goes first (a VM started after a crowd of
+    /// its owner's silent sockets does not wait behind them all).
+    first_seen: HashMap<PathBuf, Instant>,
 }
 
 /// A socket found in a watched directory or named.
@@ -377,6 +381,7 @@ impl Discovery {
             answered: Arc::new(answered),
             seen: Vec::new(),
             stale: true,
+            first_seen: HashMap::new(),
         }
     }
 
@@ -493,6 +498,11 @@ impl Discovery {
             // Read outside the registry's lock: thousands of entries are
             // a while to read, and every scrape takes that lock.
             self.seen = self.candidates();
+            let found: HashSet<&PathBuf> = self.seen.iter().map(|c| &c.path).collect();
+            self.first_seen.retain(|p, _| found.contains(p));
+            for c in &self.seen {
+                self.first_seen.entry(c.path.clone()).or_insert(now);
+            }
         }
         let (mut fresh, mut again) = (Vec::new(), Vec::new());
         {
@@ -515,6 +525,8 @@ impl Discovery {
             }
         }
         let room = MAX_ATTACHING - self.pending.len();
+        // Newest first (stable: found together, in the directory's order).
+        fresh.sort_by_key(|(path, _)| std::cmp::Reverse(self.first_seen.get(path).copied()));
         let mut fresh = by_owner_in_turn(fresh).into_iter();
         let mut again = by_owner_in_turn(again).into_iter();
         let turns = std::iter::from_fn(|| match (fresh.next(), again.next()) {
