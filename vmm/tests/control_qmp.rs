@@ -87,6 +87,23 @@ fn commands_before_negotiation_are_refused_as_qemu_does() {
         );
         assert_eq!(e["id"], 1);
     }
+    // A key named twice is no command, in either order (the last one won
+    // here, before a request was read).
+    for line in [
+        &br#"{"execute":"qmp_capabilities","execute":"quit"}"#[..],
+        br#"{"execute":"quit","execute":"qmp_capabilities"}"#,
+    ] {
+        c.send(line);
+        let e = c.line();
+        assert_eq!(e["error"]["class"], "GenericError", "{e}");
+        assert!(
+            e["error"]["desc"]
+                .as_str()
+                .unwrap()
+                .contains("duplicate key"),
+            "{e}"
+        );
+    }
     c.send(br#"{"execute":"qmp_capabilities","arguments":{"enable":["bogus"]}}"#);
     let e = c.line();
     assert_eq!(e["error"]["class"], "GenericError", "{e}");

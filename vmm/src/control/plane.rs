@@ -672,7 +672,8 @@ fn for_the_reserve(command: &Command) -> bool {
 /// Whether a request that did not parse still names a command, other than
 /// `qmp_capabilities` (a JSON object whose `execute` is such a string).
 fn names_another_command(bytes: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(bytes)
+    // Read as a request is: a key named twice is no command at all.
+    crate::protocol::request::strict_value(bytes)
         .ok()
         .and_then(|v| v.get("execute").and_then(Value::as_str).map(str::to_owned))
         .is_some_and(|name| name != "qmp_capabilities")

@@ -371,8 +371,7 @@ pub fn parse(bytes: &[u8]) -> Result<Request, RequestError> {
         class: ErrorClass::GenericError,
         desc,
     };
-    let Strict(value) =
-        serde_json::from_slice(bytes).map_err(|e| fail(format!("JSON parse error, {e}")))?;
+    let value = strict_value(bytes).map_err(|e| fail(format!("JSON parse error, {e}")))?;
     let Value::Object(mut top) = value else {
         return Err(fail("QMP input must be a JSON object".into()));
     };
@@ -410,6 +409,15 @@ pub fn parse(bytes: &[u8]) -> Result<Request, RequestError> {
         .and_then(Command::checked)
         .map_err(|desc| generic(&format!("{name}: {desc}")))?;
     Ok(Request { id, command })
+}
+
+/// Reads one JSON value as [`parse`] does: an object that names a key twice
+/// is refused.
+///
+/// # Errors
+/// Not JSON, or a key named twice.
+pub(crate) fn strict_value(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    serde_json::from_slice(bytes).map(|Strict(v)| v)
 }
 
 /// A JSON value as serde_json reads it, except that an object naming a key
