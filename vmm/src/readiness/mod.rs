@@ -245,7 +245,15 @@ fn exact_scan(g: &mut Guest<'_>, mut progress: impl FnMut(u64, u64)) -> Result<s
     if abandoned() {
         return Err(Error::Abandoned(started.elapsed()));
     }
-    (g.pause)(true).map_err(Error::Pause)?;
+    if let Err(e) = (g.pause)(true) {
+        // Unanswered, the hold may still be taken later (requests are
+        // taken in order): its release goes after it, so that the guest
+        // is not left held by nobody. A refusal took nothing to release.
+        if matches!(e, crate::messages::RunStateError::NoAnswer { .. }) {
+            let _ = (g.pause)(false);
+        }
+        return Err(Error::Pause(e));
+    }
     let result = (|| {
         if !crate::vcpu::wait_parked(g.vcpus, PAUSE_LIMIT) {
             return Err(Error::PauseTimeout(PAUSE_LIMIT));
