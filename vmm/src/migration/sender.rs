@@ -542,8 +542,16 @@ impl<'a> Precopy<'a> {
     fn stop_and_copy(&mut self, dirty: Bitmap, consumer: dirty::Consumer) -> Result<(), Error> {
         let stopped = Instant::now();
         let step = |what: &str| log::debug!("migration: {what} at {:?}", stopped.elapsed());
-        run_state(&self.src.main, RunRequest::Hold).map_err(Error::Pause)?;
-        self.held = true;
+        match run_state(&self.src.main, RunRequest::Hold) {
+            Ok(()) => self.held = true,
+            // Unanswered, the hold may still be taken (requests are taken
+            // in order): released as a taken one is, after it.
+            Err(e @ RunStateError::NoAnswer { .. }) => {
+                self.held = true;
+                return Err(Error::Pause(e));
+            }
+            Err(e) => return Err(Error::Pause(e)),
+        }
         let stall = stop_stall(&self.m.parameters(), self.src.memory());
         if let Some(w) = self.w.take() {
             let set = self.set_stall(w.get_ref(), stall);
