@@ -181,6 +181,28 @@ impl Plane {
         if !in_reserve(self) || self.evict_idlest(ops) {
             return Ok(in_reserve(self));
         }
+        // The reserve is for a process that holds no connection here (the
+        // operator's `kvmscope ctl`): one that already holds some (a
+        // monitoring agent's threads, one retrying as soon as it is
+        // refused) would otherwise take each reserved slot as it frees.
+        // (This process's own clients, in-process tests, are not held to it.)
+        let pid = scm::peer_cred(stream)
+            .ok()
+            .and_then(|c| c.pid)
+            .filter(|&p| p != std::process::id());
+        if let Some(holding) = pid
+            .map(|pid| {
+                self.clients
+                    .values()
+                    .filter(|c| c.peer_pid == Some(pid))
+                    .count()
+            })
+            .filter(|&n| n > 0)
+        {
+            return Err(format!(
+                "this VMM serves at most {MAX_CLIENTS} clients at once and all are busy; its {RESERVED_CLIENTS} reserved slots are for a process that holds no connection to it, and this one holds {holding}; try again later"
+            ));
+        }
         if self.clients.values().filter(|c| c.reserved).count() < RESERVED_CLIENTS {
             return Ok(true);
         }
