@@ -88,6 +88,14 @@ pub(crate) fn recv_with_fds(
             received.extend(owned.map(File::from));
         }
     }
+    // A socket among them (a peer may send any fd) is closed without
+    // lingering: one whose SO_LINGER holds unsent data would block the
+    // close that drops it, for up to the time it sets (a hostile VMM's
+    // TCP socket held an exporter thread in close for 3000 s). Not a
+    // socket: ENOTSOCK, nothing to do.
+    for f in &received {
+        let _ = rustix::net::sockopt::set_socket_linger(f, None);
+    }
     // The control buffer is rounded up for alignment, so it may hold a few
     // more than `max_fds`: those are refused too, and closed with the rest.
     if msg.flags.contains(ReturnFlags::CTRUNC) || received.len() > max_fds {

@@ -502,3 +502,50 @@ fn a_client_cannot_queue_guest_commands_without_end() {
     let mut vm = vm;
     vm.join();
 }
+
+/// A TCP socket with unsent data and SO_LINGER, sent to the VMM with a
+/// request and closed here: the VMM's copy is the last, and closing it
+/// would wait out the linger (30 s) on the control thread, every client
+/// stalled meanwhile. The VMM takes such fds and closes them without
+/// lingering.
+#[test]
+fn a_lingering_socket_sent_to_the_vmm_does_not_stall_its_control_thread() {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::os::fd::AsFd;
+    require_kvm!();
+    let vm = ServedVm::start("hostile-linger", MEM, 1);
+    // A TCP connection whose peer never reads, its send buffer filled.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (_peer, _) = listener.accept().unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let chunk = vec![0u8; 1 << 16];
+    while (&tcp).write(&chunk).is_ok() {}
+    rustix::net::sockopt::set_socket_linger(&tcp, Some(Duration::from_secs(30))).unwrap();
+    let (s, _r) = raw(&vm, true);
+    let fds = [tcp.as_fd()];
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+    let line = b"{\"execute\":\"query-status\"}\n";
+    sendmsg(
+        &s,
+        &[std::io::IoSlice::new(line)],
+        &mut control,
+        SendFlags::empty(),
+    )
+    .unwrap();
+    drop(tcp);
+    // Another client is answered at once (before: after the linger).
+    let started = std::time::Instant::now();
+    let mut c = vm.client();
+    c.set_timeout(Some(Duration::from_secs(60))).unwrap();
+    let (status, _) = c.execute("query-status", serde_json::json!({})).unwrap();
+    assert_eq!(status["status"], "running");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    vm.quit();
+}

@@ -815,6 +815,8 @@ impl Client {
     /// The error for an error reply: a command a QEMU monitor does not know
     /// (its greeting names no kvmscope) says what the socket is.
     fn remote(&self, class: ErrorClass, desc: String) -> Error {
+        // The peer's words, on one line wherever they are shown or logged.
+        let desc = crate::units::peer_text(desc.as_bytes(), 1000);
         let version = &self.greeting.qmp.version;
         if class == ErrorClass::CommandNotFound && !version.is_kvmscope() {
             let v = &version.qemu;

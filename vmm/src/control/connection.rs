@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
@@ -99,12 +99,19 @@ impl Connection {
     /// The read failure (the client is then dropped).
     pub(crate) fn read(&mut self) -> io::Result<Input> {
         let mut buf = [0u8; READ_CHUNK];
+        // With room for the most fds a message carries: fds a client sends
+        // are taken here (and closed, without lingering, when `sent` goes),
+        // not by the kernel on a plain read, which would close them on this
+        // thread's return from it, a socket with SO_LINGER blocking the
+        // control thread for as long as it sets.
+        let mut sent = Vec::new();
         let got = loop {
-            match self.stream.read(&mut buf) {
+            match scm::recv_with_fds(&self.stream, &mut buf, &mut sent, MAX_FDS_PER_MESSAGE) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 other => break other,
             }
         };
+        drop(sent);
         match got {
             Ok(0) => {
                 self.ended = true;

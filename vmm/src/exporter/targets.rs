@@ -298,6 +298,10 @@ struct Discovery {
     registry: Arc<Mutex<Registry>>,
     /// Attaches in flight (at most [`MAX_ATTACHING`]).
     pending: BTreeMap<PathBuf, Instant>,
+    /// Attach threads still running, those whose slot was given back too
+    /// (at most twice [`MAX_ATTACHING`]: a thread stuck past any bound,
+    /// in a close a peer's fd makes wait, is not replaced for ever).
+    running: Arc<std::sync::atomic::AtomicUsize>,
     results: (Sender<Attached>, Receiver<Attached>),
     checks: (Sender<Checked>, Receiver<Checked>),
     inotify: Option<OwnedFd>,
@@ -314,6 +318,22 @@ struct Discovery {
     /// never tried, the newest goes first (a VM started after a crowd of
     /// its owner's silent sockets does not wait behind them all).
     first_seen: HashMap<PathBuf, Instant>,
+}
+
+/// One running attach thread, counted while it lives (a panic included).
+struct RunningThread(Arc<std::sync::atomic::AtomicUsize>);
+
+impl RunningThread {
+    fn count(running: &Arc<std::sync::atomic::AtomicUsize>) -> RunningThread {
+        running.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        RunningThread(running.clone())
+    }
+}
+
+impl Drop for RunningThread {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// A socket found in a watched directory or named.
@@ -375,6 +395,7 @@ impl Discovery {
             sources,
             registry,
             pending: BTreeMap::new(),
+            running: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             results: channel(),
             checks: channel(),
             inotify,
@@ -491,7 +512,8 @@ impl Discovery {
             }
             alive
         });
-        if self.pending.len() >= MAX_ATTACHING {
+        let running = self.running.load(std::sync::atomic::Ordering::Acquire);
+        if self.pending.len() >= MAX_ATTACHING || running >= 2 * MAX_ATTACHING {
             return;
         }
         if std::mem::take(&mut self.stale) {
@@ -524,7 +546,7 @@ impl Discovery {
                 }
             }
         }
-        let room = MAX_ATTACHING - self.pending.len();
+        let room = (MAX_ATTACHING - self.pending.len()).min(2 * MAX_ATTACHING - running);
         // Newest first (stable: found together, in the directory's order).
         fresh.sort_by_key(|(path, _)| std::cmp::Reverse(self.first_seen.get(path).copied()));
         let mut fresh = by_owner_in_turn(fresh).into_iter();
@@ -538,9 +560,11 @@ impl Discovery {
             let (tx, timeout) = (self.results.0.clone(), self.sources.attach_timeout);
             let answered = self.answered.clone();
             let key = path.clone();
+            let running = RunningThread::count(&self.running);
             let spawned = std::thread::Builder::new()
                 .name("exporter-attach".into())
                 .spawn(move || {
+                    let _running = running;
                     let result = attach(&path, timeout);
                     let _ = tx.send((path, result));
                     let _ = rustix::io::write(&*answered, &1u64.to_ne_bytes());
