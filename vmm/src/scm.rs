@@ -108,6 +108,34 @@ pub(crate) fn recv_with_fds(
     Ok(msg.bytes)
 }
 
+/// Makes a listening socket refuse fds: a peer's `sendmsg` with
+/// `SCM_RIGHTS` fails with EPERM (`SO_PASSRIGHTS` 0, Linux 6.16 and
+/// later; the connections it accepts take it from it). A socket that takes
+/// no fds then never holds any in its queue, which its close would release
+/// on the closing thread: a TCP socket with unsent data and `SO_LINGER`
+/// among them blocks that close for as long as it sets, nested in a Unix
+/// socket's queue too. Returns whether the kernel has the option.
+pub(crate) fn refuse_fds(socket: impl AsFd) -> bool {
+    /// `SO_PASSRIGHTS` (asm-generic; checked on this kernel: a peer's send
+    /// of an fd is refused with EPERM, before and after the accept).
+    const SO_PASSRIGHTS: libc::c_int = 83;
+    let off: libc::c_int = 0;
+    // An int's 4 bytes.
+    let len: libc::socklen_t = 4;
+    // SAFETY: `off` is an int, as the option takes; the fd is borrowed for
+    // the call.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&raw const off).cast(),
+            len,
+        )
+    };
+    r == 0
+}
+
 /// Who is at the other end of a Unix socket (`SO_PEERCRED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PeerCred {
@@ -239,5 +267,19 @@ mod tests {
         let euid = std::fs::metadata("/proc/self").unwrap().uid();
         assert_eq!(peer_uid(&a).unwrap(), euid);
         assert_eq!(peer_cred(&a).unwrap().pid, Some(std::process::id()));
+    }
+
+    #[test]
+    fn a_socket_that_refuses_fds_makes_a_peers_send_of_one_fail() {
+        let (a, b) = pair();
+        if !refuse_fds(&b) {
+            // A kernel before 6.16: nothing to check.
+            return;
+        }
+        let (r, _w) = pair();
+        let e = send_with_fds(&a, b"x", &[r.as_fd()]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+        // Bytes alone still go.
+        send_with_fds(&a, b"y", &[]).unwrap();
     }
 }

@@ -101,6 +101,13 @@ impl SocketFile {
         let temp = dir.path().join("s");
         let listener = UnixListener::bind(&temp).map_err(|e| Error::Bind(path.to_path_buf(), e))?;
         fs::set_permissions(&temp, fs::Permissions::from_mode(0o600)).map_err(Error::Chmod)?;
+        // No command takes an fd: clients may send none (where the kernel
+        // can refuse them; else they are taken and closed as they come).
+        if !crate::scm::refuse_fds(&listener) {
+            log::debug!(
+                "control: this kernel cannot refuse fds on the socket (SO_PASSRIGHTS, Linux 6.16+)"
+            );
+        }
         if stale {
             match fs::remove_file(path) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => {

@@ -345,6 +345,8 @@ impl Listener {
                     let _ = std::fs::remove_file(path);
                     return Err(failed(e));
                 }
+                // The stream carries no fds: a peer may send none.
+                let _ = crate::scm::refuse_fds(&l);
                 Ok(Listener::Unix(l, path.clone()))
             }
             Uri::Tcp(addr) => TcpListener::bind(addr.as_str())
