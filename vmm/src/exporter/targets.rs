@@ -288,7 +288,8 @@ pub(crate) fn watch(sources: Sources, registry: Arc<Mutex<Registry>>) -> std::io
     })
 }
 
-type Attached = (PathBuf, Result<Target, AttachError>);
+/// An attach's answer: its socket, its attempt, what it got.
+type Attached = (PathBuf, u64, Result<Target, AttachError>);
 
 /// A follow-up check's answer: the client back, and whether its guest left.
 type Checked = (PathBuf, Client, Result<bool, client::Error>);
@@ -296,12 +297,19 @@ type Checked = (PathBuf, Client, Result<bool, client::Error>);
 struct Discovery {
     sources: Sources,
     registry: Arc<Mutex<Registry>>,
-    /// Attaches in flight (at most [`MAX_ATTACHING`]).
-    pending: BTreeMap<PathBuf, Instant>,
-    /// Attach threads still running, those whose slot was given back too
-    /// (at most twice [`MAX_ATTACHING`]: a thread stuck past any bound,
-    /// in a close a peer's fd makes wait, is not replaced for ever).
-    running: Arc<std::sync::atomic::AtomicUsize>,
+    /// Attaches in flight (at most [`MAX_ATTACHING`]): when each began, and
+    /// its attempt's number (the answer of one given up on is not this
+    /// one's).
+    pending: BTreeMap<PathBuf, (Instant, u64)>,
+    /// The last attempt's number.
+    attempts: u64,
+    /// The sockets whose attach thread still runs, those given up on too:
+    /// at most one thread per socket, and twice [`MAX_ATTACHING`] in all
+    /// (a thread stuck past any bound, in a close a peer's fd makes wait,
+    /// is not replaced for ever).
+    running: Arc<Mutex<HashSet<PathBuf>>>,
+    /// When the directories were last read.
+    looked_at: Option<Instant>,
     results: (Sender<Attached>, Receiver<Attached>),
     checks: (Sender<Checked>, Receiver<Checked>),
     inotify: Option<OwnedFd>,
@@ -320,19 +328,20 @@ struct Discovery {
     first_seen: HashMap<PathBuf, Instant>,
 }
 
-/// One running attach thread, counted while it lives (a panic included).
-struct RunningThread(Arc<std::sync::atomic::AtomicUsize>);
+/// One running attach thread, its socket counted while it lives (a panic
+/// included).
+struct RunningThread(Arc<Mutex<HashSet<PathBuf>>>, PathBuf);
 
 impl RunningThread {
-    fn count(running: &Arc<std::sync::atomic::AtomicUsize>) -> RunningThread {
-        running.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        RunningThread(running.clone())
+    fn count(running: &Arc<Mutex<HashSet<PathBuf>>>, path: &Path) -> RunningThread {
+        lock(running).insert(path.to_path_buf());
+        RunningThread(running.clone(), path.to_path_buf())
     }
 }
 
 impl Drop for RunningThread {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        lock(&self.0).remove(&self.1);
     }
 }
 
@@ -395,7 +404,9 @@ impl Discovery {
             sources,
             registry,
             pending: BTreeMap::new(),
-            running: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            attempts: 0,
+            running: Arc::new(Mutex::new(HashSet::new())),
+            looked_at: None,
             results: channel(),
             checks: channel(),
             inotify,
@@ -502,21 +513,38 @@ impl Discovery {
         // far past it (a thread that panicked, or a bound this missed)
         // gives its slot back rather than hold it for ever.
         let stuck = 2 * self.sources.attach_timeout + Duration::from_secs(1);
-        self.pending.retain(|path, since| {
-            let alive = now.duration_since(*since) < stuck;
-            if !alive {
-                log::warn!(
-                    "exporter: attaching to {} has not ended after {stuck:?}; its slot is given back",
-                    path.display()
-                );
-            }
-            alive
-        });
-        let running = self.running.load(std::sync::atomic::Ordering::Acquire);
-        if self.pending.len() >= MAX_ATTACHING || running >= 2 * MAX_ATTACHING {
+        let given_up: Vec<PathBuf> = self
+            .pending
+            .iter()
+            .filter(|(_, (since, _))| now.duration_since(*since) >= stuck)
+            .map(|(path, _)| path.clone())
+            .collect();
+        for path in given_up {
+            self.pending.remove(&path);
+            let reason = format!("attaching did not end within {stuck:?}: its slot is given back, and it is tried again {RETRY_AFTER:?} after its thread ends");
+            log::warn!("exporter: {}: {reason}", path.display());
+            lock(&self.registry).failures.insert(
+                path,
+                Failure {
+                    reason,
+                    down: true,
+                    at: now,
+                },
+            );
+        }
+        let running = lock(&self.running).clone();
+        if self.pending.len() >= MAX_ATTACHING || running.len() >= 2 * MAX_ATTACHING {
             return;
         }
-        if std::mem::take(&mut self.stale) {
+        // Read again when one changed, and every RESCAN whatever else wakes
+        // the loop (answers alone kept the timeout from ever passing, and a
+        // directory without a watch went unread).
+        if std::mem::take(&mut self.stale)
+            || self
+                .looked_at
+                .is_none_or(|t| now.duration_since(t) >= RESCAN)
+        {
+            self.looked_at = Some(now);
             // Read outside the registry's lock: thousands of entries are
             // a while to read, and every scrape takes that lock.
             self.seen = self.candidates();
@@ -534,7 +562,8 @@ impl Discovery {
                 // Attached already, under this path or another for the same file.
                 let attached = reg.targets.contains_key(&path)
                     || id.is_some() && reg.targets.values().any(|t| t.socket == id);
-                if attached || self.pending.contains_key(&path) {
+                // One thread per socket: one given up on still runs.
+                if attached || self.pending.contains_key(&path) || running.contains(&path) {
                     continue;
                 }
                 match reg.failures.get(&path) {
@@ -546,7 +575,7 @@ impl Discovery {
                 }
             }
         }
-        let room = (MAX_ATTACHING - self.pending.len()).min(2 * MAX_ATTACHING - running);
+        let room = (MAX_ATTACHING - self.pending.len()).min(2 * MAX_ATTACHING - running.len());
         // Newest first (stable: found together, in the directory's order).
         fresh.sort_by_key(|(path, _)| std::cmp::Reverse(self.first_seen.get(path).copied()));
         let mut fresh = by_owner_in_turn(fresh).into_iter();
@@ -560,18 +589,21 @@ impl Discovery {
             let (tx, timeout) = (self.results.0.clone(), self.sources.attach_timeout);
             let answered = self.answered.clone();
             let key = path.clone();
-            let running = RunningThread::count(&self.running);
+            let running = RunningThread::count(&self.running, &path);
+            self.attempts += 1;
+            let attempt = self.attempts;
             let spawned = std::thread::Builder::new()
                 .name("exporter-attach".into())
                 .spawn(move || {
-                    let _running = running;
                     let result = attach(&path, timeout);
-                    let _ = tx.send((path, result));
+                    // Counted out before the answer wakes the loop.
+                    drop(running);
+                    let _ = tx.send((path, attempt, result));
                     let _ = rustix::io::write(&*answered, &1u64.to_ne_bytes());
                 });
             match spawned {
                 Ok(_) => {
-                    self.pending.insert(key, now);
+                    self.pending.insert(key, (now, attempt));
                 }
                 Err(e) => {
                     // Tried again at the next look.
@@ -583,7 +615,12 @@ impl Discovery {
     }
 
     fn collect_attached(&mut self) {
-        while let Ok((path, result)) = self.results.1.try_recv() {
+        while let Ok((path, attempt, result)) = self.results.1.try_recv() {
+            // The answer of an attempt given up on is dropped (its slot,
+            // or the attempt after it, is another's).
+            if self.pending.get(&path).is_none_or(|&(_, a)| a != attempt) {
+                continue;
+            }
             self.pending.remove(&path);
             let mut reg = lock(&self.registry);
             match result {
@@ -648,8 +685,15 @@ impl Discovery {
         // RETRY_AFTER and said once, until it comes: forgotten, it was tried
         // again at once and logged twice a second, and left the page.
         let named = &self.sources.sockets;
+        let before = reg.failures.len();
         reg.failures
             .retain(|path, _| path.exists() || named.contains(path));
+        // A socket gone is no candidate: the directories are read again
+        // (the last look would have it tried, and forgotten, at once, over
+        // and over).
+        if reg.failures.len() != before {
+            self.stale = true;
+        }
         drop(reg);
         for (path, mut client) in ask {
             let tx = self.checks.0.clone();
