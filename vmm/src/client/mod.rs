@@ -256,13 +256,14 @@ impl Client {
     /// socket that says nothing whole by then is `Silent` (a QEMU monitor
     /// another client holds accepts and says nothing until it is free).
     fn negotiated_within(path: &Path, line_max: usize, limit: Duration) -> Result<Client, Error> {
+        // One deadline for the connect and what follows it.
+        let deadline = Instant::now() + limit;
         let stream = connect_stream(path, limit)?;
-        let negotiated = Client::greeted_within(stream, line_max, Instant::now() + limit).and_then(
-            |mut client| {
+        let negotiated =
+            Client::greeted_within(stream, line_max, deadline).and_then(|mut client| {
                 client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
                 Ok(client)
-            },
-        );
+            });
         negotiated.map_err(|e| match e {
             Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
                 Error::Silent(path.to_path_buf(), limit)
@@ -341,7 +342,7 @@ impl Client {
             }
             Ok(Message::Error { error, .. }) => Err(Error::Refused {
                 class: error.class,
-                desc: error.desc,
+                desc: crate::units::peer_text(error.desc.as_bytes(), 1000),
             }),
             _ => Err(Error::BadReply(format!(
                 "expected a kvmscope greeting, got {}",
@@ -363,10 +364,13 @@ impl Client {
         let deadline = Instant::now() + timeout;
         loop {
             match Client::connect(path) {
+                // Not there yet, not listening yet, or its backlog full.
                 Err(Error::Connect(_, e))
                     if matches!(
                         e.kind(),
-                        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                        io::ErrorKind::NotFound
+                            | io::ErrorKind::ConnectionRefused
+                            | io::ErrorKind::WouldBlock
                     ) => {}
                 other => return other,
             }
