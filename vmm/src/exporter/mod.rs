@@ -18,7 +18,7 @@ pub(crate) mod provider;
 pub(crate) mod qemu;
 pub(crate) mod targets;
 
-pub use targets::MAX_ATTACHING;
+pub use targets::{MAX_ATTACHING, MAX_ATTACHING_PER_OWNER};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

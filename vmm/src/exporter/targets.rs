@@ -38,6 +38,12 @@ use crate::vmmstats::MEMFD_NAME;
 pub(crate) const RESCAN: Duration = Duration::from_millis(500);
 /// How long a socket that failed to attach is left alone.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Attach threads one owner's sockets may hold at once (those given up on
+/// included): a user whose sockets hold their attaches past any bound (fds
+/// that linger when closed, left unread) holds at most these, and other
+/// users' VMs are attached as before.
+pub const MAX_ATTACHING_PER_OWNER: usize = 8;
+
 /// Attaches in flight at once, each a thread and a connection: a directory
 /// of sockets that accept and say nothing (thousands, say) holds at most
 /// this many for an attach timeout each, never a thread per socket. Sockets
@@ -307,7 +313,7 @@ struct Discovery {
     /// at most one thread per socket, and twice [`MAX_ATTACHING`] in all
     /// (a thread stuck past any bound, in a close a peer's fd makes wait,
     /// is not replaced for ever).
-    running: Arc<Mutex<HashSet<PathBuf>>>,
+    running: Arc<Mutex<HashMap<PathBuf, Option<u32>>>>,
     /// When the directories were last read.
     looked_at: Option<Instant>,
     results: (Sender<Attached>, Receiver<Attached>),
@@ -328,13 +334,17 @@ struct Discovery {
     first_seen: HashMap<PathBuf, Instant>,
 }
 
-/// One running attach thread, its socket counted while it lives (a panic
-/// included).
-struct RunningThread(Arc<Mutex<HashSet<PathBuf>>>, PathBuf);
+/// One running attach thread, its socket (and the socket's owner) counted
+/// while it lives (a panic included).
+struct RunningThread(Arc<Mutex<HashMap<PathBuf, Option<u32>>>>, PathBuf);
 
 impl RunningThread {
-    fn count(running: &Arc<Mutex<HashSet<PathBuf>>>, path: &Path) -> RunningThread {
-        lock(running).insert(path.to_path_buf());
+    fn count(
+        running: &Arc<Mutex<HashMap<PathBuf, Option<u32>>>>,
+        path: &Path,
+        owner: Option<u32>,
+    ) -> RunningThread {
+        lock(running).insert(path.to_path_buf(), owner);
         RunningThread(running.clone(), path.to_path_buf())
     }
 }
@@ -405,7 +415,7 @@ impl Discovery {
             registry,
             pending: BTreeMap::new(),
             attempts: 0,
-            running: Arc::new(Mutex::new(HashSet::new())),
+            running: Arc::new(Mutex::new(HashMap::new())),
             looked_at: None,
             results: channel(),
             checks: channel(),
@@ -563,7 +573,7 @@ impl Discovery {
                 let attached = reg.targets.contains_key(&path)
                     || id.is_some() && reg.targets.values().any(|t| t.socket == id);
                 // One thread per socket: one given up on still runs.
-                if attached || self.pending.contains_key(&path) || running.contains(&path) {
+                if attached || self.pending.contains_key(&path) || running.contains_key(&path) {
                     continue;
                 }
                 match reg.failures.get(&path) {
@@ -576,6 +586,11 @@ impl Discovery {
             }
         }
         let room = (MAX_ATTACHING - self.pending.len()).min(2 * MAX_ATTACHING - running.len());
+        let owner_of: HashMap<PathBuf, Option<u32>> = fresh.iter().chain(&again).cloned().collect();
+        let mut per_owner: HashMap<Option<u32>, usize> = HashMap::new();
+        for owner in running.values() {
+            *per_owner.entry(*owner).or_default() += 1;
+        }
         // Newest first (stable: found together, in the directory's order).
         fresh.sort_by_key(|(path, _)| std::cmp::Reverse(self.first_seen.get(path).copied()));
         let mut fresh = by_owner_in_turn(fresh).into_iter();
@@ -585,11 +600,22 @@ impl Discovery {
             (a, b) => Some(a.into_iter().chain(b)),
         })
         .flatten();
-        for path in turns.take(room) {
+        let mut started = 0;
+        for path in turns {
+            if started == room {
+                break;
+            }
+            let owner = owner_of.get(&path).copied().flatten();
+            let held = per_owner.entry(owner).or_default();
+            if *held >= MAX_ATTACHING_PER_OWNER {
+                continue;
+            }
+            *held += 1;
+            started += 1;
             let (tx, timeout) = (self.results.0.clone(), self.sources.attach_timeout);
             let answered = self.answered.clone();
             let key = path.clone();
-            let running = RunningThread::count(&self.running, &path);
+            let running = RunningThread::count(&self.running, &path, owner);
             self.attempts += 1;
             let attempt = self.attempts;
             let spawned = std::thread::Builder::new()
