@@ -610,9 +610,10 @@ fn readiness_bandwidth(text: &str) -> Result<Bandwidth, String> {
     let b: Bandwidth = text
         .parse()
         .map_err(|e: kvmscope::units::UnitError| e.to_string())?;
-    if b.0 > 1e13 {
+    use kvmscope::protocol::request::MAX_BANDWIDTH;
+    if b.0 > MAX_BANDWIDTH {
         return Err(format!(
-            "'{text}' is more than 80Tbit (1e13 B/s), the fastest link a prediction takes"
+            "'{text}' is more than 80Tbit ({MAX_BANDWIDTH:e} B/s), the fastest link a prediction takes"
         ));
     }
     Ok(b)

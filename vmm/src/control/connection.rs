@@ -67,14 +67,14 @@ pub(crate) struct Connection {
     /// Admitted to a reserved slot ([`super::limits::RESERVED_CLIENTS`]): served
     /// `query-status`, `query-version` and `quit` only.
     pub(crate) reserved: bool,
-    /// The peer's process (its socket's credentials), when known.
+    /// The peer's process (its socket's credentials, read at admission),
+    /// when known.
     pub(crate) peer_pid: Option<u32>,
 }
 
 impl Connection {
     /// Wraps an accepted, non-blocking stream.
     pub(crate) fn new(stream: UnixStream) -> Connection {
-        let peer_pid = crate::scm::peer_cred(&stream).ok().and_then(|c| c.pid);
         Connection {
             stream,
             framer: Framer::new(),
@@ -89,7 +89,7 @@ impl Connection {
             connected: Instant::now(),
             held: false,
             reserved: false,
-            peer_pid,
+            peer_pid: None,
         }
     }
 

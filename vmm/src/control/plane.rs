@@ -158,20 +158,25 @@ impl Plane {
     }
 
     /// Whether a new client may be served (`Ok(true)`: in a reserved slot),
-    /// or why not.
-    fn admission(&mut self, stream: &UnixStream, ops: &mut EventOps) -> Result<bool, String> {
-        match scm::peer_uid(stream) {
-            Ok(uid) if uid == self.uid || uid == 0 => {}
-            Ok(uid) if self.uid == 0 => {
+    /// or why not; with the peer's credentials, read once.
+    fn admission(
+        &mut self,
+        stream: &UnixStream,
+        ops: &mut EventOps,
+    ) -> Result<(bool, scm::PeerCred), String> {
+        let cred = scm::peer_cred(stream)
+            .map_err(|e| format!("the peer's credentials are unreadable: {e}"))?;
+        match cred.uid {
+            uid if uid == self.uid || uid == 0 => {}
+            uid if self.uid == 0 => {
                 return Err(format!("uid {uid} may not use this socket: only root may"))
             }
-            Ok(uid) => {
+            uid => {
                 return Err(format!(
                     "uid {uid} may not use this socket: only uid {} and root may",
                     self.uid
                 ))
             }
-            Err(e) => return Err(format!("the peer's credentials are unreadable: {e}")),
         }
         // Whether the slot free now is a reserved one (every other is taken).
         let in_reserve = |plane: &Plane| {
@@ -179,17 +184,14 @@ impl Plane {
             plane.clients.len() - reserved >= MAX_CLIENTS
         };
         if !in_reserve(self) || self.evict_idlest(ops) {
-            return Ok(in_reserve(self));
+            return Ok((in_reserve(self), cred));
         }
         // The reserve is for a process that holds no connection here (the
         // operator's `kvmscope ctl`): one that already holds some (a
         // monitoring agent's threads, one retrying as soon as it is
         // refused) would otherwise take each reserved slot as it frees.
         // (This process's own clients, in-process tests, are not held to it.)
-        let pid = scm::peer_cred(stream)
-            .ok()
-            .and_then(|c| c.pid)
-            .filter(|&p| p != std::process::id());
+        let pid = cred.pid.filter(|&p| p != std::process::id());
         if let Some(holding) = pid
             .map(|pid| {
                 self.clients
@@ -204,10 +206,10 @@ impl Plane {
             ));
         }
         if self.clients.values().filter(|c| c.reserved).count() < RESERVED_CLIENTS {
-            return Ok(true);
+            return Ok((true, cred));
         }
         if self.evict_silent(ops) || self.evict_reserved(ops) {
-            return Ok(in_reserve(self));
+            return Ok((in_reserve(self), cred));
         }
         Err(format!(
             "this VMM serves at most {MAX_CLIENTS} clients at once (and {RESERVED_CLIENTS} more for query-status and quit) and all are busy; try again later"
@@ -229,8 +231,8 @@ impl Plane {
 
     /// Greets an accepted client, or tells it why not and closes.
     fn admit(&mut self, stream: UnixStream, ops: &mut EventOps) {
-        let reserved = match self.admission(&stream, ops) {
-            Ok(reserved) => reserved,
+        let (reserved, cred) = match self.admission(&stream, ops) {
+            Ok(admitted) => admitted,
             Err(desc) => {
                 log::info!("control: refusing a client: {desc}");
                 self.warn_refused(&desc);
@@ -246,6 +248,7 @@ impl Plane {
         self.next_token = self.next_token.checked_add(1).unwrap_or(FIRST_CLIENT);
         let mut client = Connection::new(stream);
         client.reserved = reserved;
+        client.peer_pid = cred.pid;
         if reserved {
             log::info!("control: every client slot is busy; admitting one to a reserved slot");
         }

@@ -368,7 +368,7 @@ struct Candidate {
 /// each, and so on, each owner's in the order found. One tenant's thousands
 /// of sockets that say nothing then hold up another's VM by one attach per
 /// turn, not by all of theirs.
-fn by_owner_in_turn(paths: Vec<(PathBuf, Option<u32>)>) -> Vec<PathBuf> {
+fn by_owner_in_turn(paths: Vec<(PathBuf, Option<u32>)>) -> Vec<(PathBuf, Option<u32>)> {
     let mut owners: Vec<(Option<u32>, std::collections::VecDeque<PathBuf>)> = Vec::new();
     for (path, owner) in paths {
         match owners.iter_mut().find(|(o, _)| *o == owner) {
@@ -378,7 +378,11 @@ fn by_owner_in_turn(paths: Vec<(PathBuf, Option<u32>)>) -> Vec<PathBuf> {
     }
     let mut out = Vec::new();
     while owners.iter().any(|(_, q)| !q.is_empty()) {
-        out.extend(owners.iter_mut().filter_map(|(_, q)| q.pop_front()));
+        out.extend(
+            owners
+                .iter_mut()
+                .filter_map(|(owner, q)| Some((q.pop_front()?, *owner))),
+        );
     }
     out
 }
@@ -586,7 +590,6 @@ impl Discovery {
             }
         }
         let room = (MAX_ATTACHING - self.pending.len()).min(2 * MAX_ATTACHING - running.len());
-        let owner_of: HashMap<PathBuf, Option<u32>> = fresh.iter().chain(&again).cloned().collect();
         let mut per_owner: HashMap<Option<u32>, usize> = HashMap::new();
         for owner in running.values() {
             *per_owner.entry(*owner).or_default() += 1;
@@ -601,11 +604,10 @@ impl Discovery {
         })
         .flatten();
         let mut started = 0;
-        for path in turns {
+        for (path, owner) in turns {
             if started == room {
                 break;
             }
-            let owner = owner_of.get(&path).copied().flatten();
             let held = per_owner.entry(owner).or_default();
             if *held >= MAX_ATTACHING_PER_OWNER {
                 continue;
@@ -1064,8 +1066,12 @@ pub(crate) mod tests {
             (p("c1"), None),
             (p("b2"), Some(0)),
         ];
+        let order: Vec<PathBuf> = by_owner_in_turn(found)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
         assert_eq!(
-            by_owner_in_turn(found),
+            order,
             ["a1", "b1", "c1", "a2", "b2", "a3"].map(PathBuf::from)
         );
     }

@@ -242,6 +242,10 @@ pub(crate) struct ReadinessArgs {
 /// Longest dirty-rate window a request may ask for.
 pub const MAX_SECONDS: f64 = 600.0;
 
+/// Fastest link, bytes per second, a `query-readiness` predicts for (80
+/// Tbit/s).
+pub const MAX_BANDWIDTH: f64 = 1e13;
+
 /// Every command, with its arguments. The serde and strum names are the wire
 /// names; a unit test checks they agree.
 #[derive(
@@ -623,13 +627,13 @@ impl ReadinessRequest {
             .map(|v| seconds("max-downtime", v, longest))
             .transpose()?;
         let bandwidth = match self.bandwidth {
-            Some(b) if b == 0.0 || (b.is_finite() && (1.0..=1e13).contains(&b)) => {
+            Some(b) if b == 0.0 || (b.is_finite() && (1.0..=MAX_BANDWIDTH).contains(&b)) => {
                 // In range: the conversion only drops the fraction.
                 Some(crate::units::saturating_u64(b))
             }
             Some(_) => {
                 return Err(
-                    "parameter 'bandwidth' must be bytes per second, from 1 to 1e13, or 0 for unlimited".into(),
+                    format!("parameter 'bandwidth' must be bytes per second, from 1 to {MAX_BANDWIDTH:e}, or 0 for unlimited"),
                 )
             }
             None => None,
