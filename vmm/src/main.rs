@@ -224,8 +224,9 @@ struct ReadinessArgs {
     #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = calc_time)]
     calc_time: Option<Span>,
     /// Link bandwidth for the prediction, e.g. 10Gbit, 1.25GB/s, 800MiB/s: bits
-    /// (bit, kbit, Mbit, Gbit, Tbit) or bytes (KiB, MiB, GiB, TiB binary; KB, MB,
-    /// GB, TB decimal); a bare 10G is refused as ambiguous; 0bit is unlimited;
+    /// (bit, kbit, Mbit, Gbit, Tbit in any case, or Gbps) or bytes (KiB, MiB,
+    /// GiB, TiB binary; KB, MB, GB, TB decimal); a bare 10G is refused as
+    /// ambiguous; 0bit is unlimited;
     /// at most 80Tbit (1e13 B/s). Default: the VMM's `max-bandwidth`
     /// (unlimited unless set).
     #[arg(long, value_name = "RATE", value_parser = readiness_bandwidth)]

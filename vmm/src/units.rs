@@ -6,7 +6,8 @@
 //! One convention for byte units everywhere:
 //! - `K`, `M`, `G`, `T` and `KiB`, `MiB`, `GiB`, `TiB` are binary (1G = 2^30 bytes);
 //! - `KB`, `MB`, `GB`, `TB` are decimal (1GB = 10^9 bytes);
-//! - bits are spelled `bit`, `kbit`, `Mbit`, `Gbit`, `Tbit` (decimal).
+//! - bits are spelled `bit`, `kbit`, `Mbit`, `Gbit`, `Tbit` (decimal; any
+//!   case, and `bps`..`Tbps` too).
 //!
 //! A bare `K`/`M`/`G`/`T` is a size (guest RAM, workload ranges) but not a
 //! bandwidth, where `10G` could mean bits or either kind of byte: it is
@@ -33,7 +34,7 @@ pub enum UnitError {
     #[error("'{0}' is too large: sizes go up to 16 EiB")]
     SizeOverflow(String),
     /// Not a bandwidth.
-    #[error("'{0}' is not a bandwidth: use e.g. 10Gbit, 1.25GB/s or 800MiB/s (bits: bit, kbit, Mbit, Gbit, Tbit; bytes: B, KB, MB, GB, TB decimal, KiB, MiB, GiB, TiB binary, with or without /s; a bare number is bytes/s), at least 1 B/s (8bit), or 0bit for unlimited")]
+    #[error("'{0}' is not a bandwidth: use e.g. 10Gbit, 1.25GB/s or 800MiB/s (bits: bit, kbit, Mbit, Gbit, Tbit or Gbps, any case; bytes: B, KB, MB, GB, TB decimal, KiB, MiB, GiB, TiB binary, with or without /s; a bare number is bytes/s), at least 1 B/s (8bit), or 0bit for unlimited")]
     Bandwidth(String),
     /// A bandwidth with a bare `K`/`M`/`G`/`T`.
     #[error("'{text}' is ambiguous for a bandwidth: write {number}{prefix}bit (bits), {number}{prefix}B/s (decimal bytes) or {number}{prefix}iB/s (binary bytes)")]
@@ -142,7 +143,9 @@ pub(crate) fn parse_size(text: &str) -> Option<u64> {
 }
 
 /// A link bandwidth in bytes per second: a number with a unit of bits
-/// (`bit`, `kbit`, `Mbit`, `Gbit`, `Tbit`; decimal) or bytes (`B`, `KiB`..`TiB`
+/// (`bit`, `kbit`, `Mbit`, `Gbit`, `Tbit`, in any case, or `bps`..`Tbps`
+/// with a lower-case `b`;
+/// decimal) or bytes (`B`, `KiB`..`TiB`
 /// binary, `KB`..`TB` decimal) and an optional `/s`; a bare number is bytes
 /// per second. E.g. `10Gbit`, `1.25GB/s`, `800MiB/s`.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
@@ -155,20 +158,29 @@ impl FromStr for Bandwidth {
         let bad = || UnitError::Bandwidth(text.to_string());
         let (number, unit) = split_number(text.trim().trim_end_matches("/s"), true);
         let n: f64 = number.parse().map_err(|_| bad())?;
-        let per_unit = match unit.trim() {
-            "bit" => 1.0 / 8.0,
-            "kbit" | "Kbit" => 1e3 / 8.0,
-            "Mbit" => 1e6 / 8.0,
-            "Gbit" => 1e9 / 8.0,
-            "Tbit" => 1e12 / 8.0,
-            u @ ("K" | "k" | "M" | "m" | "G" | "g" | "T" | "t") => {
+        let unit = unit.trim();
+        // Bits in any case (`10gbit`) and as `bps` with a lower-case `b`
+        // (`10Gbps`; `GBps` could be bytes): a bit unit says bits whatever
+        // its case, bytes keep their case (`MB`, `MiB`).
+        let lower = unit.to_ascii_lowercase();
+        let bits = match unit.strip_suffix("bps") {
+            Some(_) => lower.strip_suffix("bps"),
+            None => lower.strip_suffix("bit"),
+        };
+        let per_unit = match (bits, unit) {
+            (Some(""), _) => 1.0 / 8.0,
+            (Some("k"), _) => 1e3 / 8.0,
+            (Some("m"), _) => 1e6 / 8.0,
+            (Some("g"), _) => 1e9 / 8.0,
+            (Some("t"), _) => 1e12 / 8.0,
+            (_, u @ ("K" | "k" | "M" | "m" | "G" | "g" | "T" | "t")) => {
                 return Err(UnitError::AmbiguousBandwidth {
                     text: text.to_string(),
                     number: number.to_string(),
                     prefix: u.to_ascii_uppercase(),
                 })
             }
-            u => byte_unit(u, false).ok_or_else(bad)? as f64,
+            (_, u) => byte_unit(u, false).ok_or_else(bad)? as f64,
         };
         let v = n * per_unit;
         // 0 (`0bit`) is a link without a limit, as `max-bandwidth` 0 is; a

@@ -77,6 +77,23 @@ fn bandwidth_takes_bits_and_both_kinds_of_bytes() {
 }
 
 #[test]
+fn bit_units_take_any_case_and_bps_but_byte_units_keep_theirs() {
+    for text in ["10gbit", "10GBIT", "10Gbps", "10gbps", "10Gbit/s"] {
+        assert_eq!(bandwidth(text), Ok(1.25e9), "{text}");
+    }
+    assert_eq!(bandwidth("100mbps"), Ok(12.5e6));
+    assert_eq!(bandwidth("8bps"), Ok(1.0));
+    // Bytes keep their case: `mb` or `GBps` could be read as bits or bytes.
+    for bad in ["10gb", "10mib", "10GBps", "10Gibit", "10bits"] {
+        assert_eq!(
+            bandwidth(bad),
+            Err(UnitError::Bandwidth(bad.into())),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn size_and_bandwidth_agree_on_every_byte_unit() {
     for unit in ["B", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB"] {
         let text = format!("3{unit}");
