@@ -592,6 +592,16 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
         "{page}"
     );
     assert!(common::metric(&page, "kvmscope_kvm_vm_pages_4k", &["vm=\"a\""]).is_some());
+    // The mapped-pages estimate for the QEMU VM too, from the same stats.
+    let pages = |size| common::metric(&page, &format!("kvmscope_kvm_vm_pages_{size}"), &[&qvm]);
+    let mapped = pages("4k").unwrap() * 4096.0
+        + pages("2m").unwrap_or(0.0) * f64::from(2u32 << 20)
+        + pages("1g").unwrap_or(0.0) * f64::from(1u32 << 30);
+    assert_eq!(
+        common::metric(&page, "kvmscope_exporter_mapped_bytes", &[&qvm]),
+        Some(mapped),
+        "{page}"
+    );
     let vcpus = common::metric(
         &page,
         "kvmscope_exporter_qemu_info",

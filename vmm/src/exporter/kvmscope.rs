@@ -213,19 +213,22 @@ impl Figures for KvmscopeFigures<'_> {
                 t.labels, t.memory
             );
         }
-        let _ = writeln!(out, "# HELP kvmscope_exporter_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes): the non-zero RAM a migration would send, estimated without a scan (no bound for a VM that migrated in, until its guest touches its pages again: docs/READINESS.md).\n# TYPE kvmscope_exporter_mapped_bytes gauge");
-        for t in reg.targets.values() {
-            let (fd, sample) = &t.vm;
-            let mapped = Mapped::from_sample(fd.schema(), sample);
-            let _ = writeln!(
-                out,
-                "kvmscope_exporter_mapped_bytes{{{}}} {}",
-                t.labels,
-                mapped.bytes()
-            );
-        }
         let _ = writeln!(out, "# HELP kvmscope_exporter_fds_read_total Stats fds read (one pread each) over all scrapes.\n# TYPE kvmscope_exporter_fds_read_total counter\nkvmscope_exporter_fds_read_total {}", self.fds_read);
         let _ = writeln!(out, "# HELP kvmscope_exporter_read_errors_total Stats fd reads that failed.\n# TYPE kvmscope_exporter_read_errors_total counter\nkvmscope_exporter_read_errors_total {}", self.read_errors);
+    }
+
+    fn mapped_bytes(&self) -> Vec<(&str, u64)> {
+        self.reg
+            .targets
+            .values()
+            .map(|t| {
+                let (fd, sample) = &t.vm;
+                (
+                    t.labels.as_str(),
+                    Mapped::from_sample(fd.schema(), sample).bytes(),
+                )
+            })
+            .collect()
     }
 
     fn vm_stats(&self) -> Vec<Source<'_>> {

@@ -77,6 +77,10 @@ pub(crate) fn render(
     for f in &figures {
         f.write_families(out);
     }
+    let _ = writeln!(out, "# HELP kvmscope_exporter_mapped_bytes Guest memory the KVM MMU maps (pages_4k/2m/1g in bytes): the non-zero RAM a migration would send, estimated without a scan (no bound for a VM that migrated in, until its guest touches its pages again: docs/READINESS.md).\n# TYPE kvmscope_exporter_mapped_bytes gauge");
+    for (labels, bytes) in figures.iter().flat_map(|f| f.mapped_bytes()) {
+        let _ = writeln!(out, "kvmscope_exporter_mapped_bytes{{{labels}}} {bytes}");
+    }
     // Until the first page with a VM on it, every stat name is noted, to
     // tell `--stats` patterns that match nothing (a typo shows no line).
     let noting = !kept.patterns_checked && !filter.is_all();

@@ -25,6 +25,11 @@ pub(crate) trait Figures {
     fn vm_stats(&self) -> Vec<Source<'_>>;
     /// The KVM stats of each vCPU, labelled (`vcpu` among them).
     fn vcpu_stats(&self) -> Vec<Source<'_>>;
+    /// The guest memory each VM's KVM MMU maps (`pages_4k/2m/1g` in bytes),
+    /// labelled, for the VMs whose stats have them.
+    fn mapped_bytes(&self) -> Vec<(&str, u64)> {
+        Vec::new()
+    }
     /// The VMM's own VM stats (provider `kvmscope`), where it has them.
     fn vmm_vm_stats(&self) -> Vec<Source<'_>> {
         Vec::new()

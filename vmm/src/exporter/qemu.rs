@@ -172,6 +172,22 @@ impl QemuFigures {
     }
 }
 
+/// The page counts in a QEMU VM's stats (0 for one it lacks, as a kvmscope
+/// VM's are read).
+fn mapped(vm: &Reading) -> kvm_stats::Mapped {
+    let get = |name: &str| {
+        vm.iter()
+            .find(|(d, _)| d.name == name)
+            .and_then(|(_, values)| values.first().copied())
+            .unwrap_or(0)
+    };
+    kvm_stats::Mapped {
+        pages_4k: get("pages_4k"),
+        pages_2m: get("pages_2m"),
+        pages_1g: get("pages_1g"),
+    }
+}
+
 impl Figures for QemuFigures {
     /// `up`, info (provider `qemu-qmp`), and how old each VM's figures are.
     fn write_families(&self, out: &mut String) {
@@ -206,6 +222,12 @@ impl Figures for QemuFigures {
                 );
             }
         }
+    }
+
+    fn mapped_bytes(&self) -> Vec<(&str, u64)> {
+        self.read()
+            .map(|q| (q.labels.as_str(), mapped(&q.vm).bytes()))
+            .collect()
     }
 
     fn vm_stats(&self) -> Vec<Source<'_>> {
