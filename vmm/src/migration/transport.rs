@@ -219,6 +219,10 @@ pub(crate) struct Watched {
     /// A whole deadline for what is read now (the config), with its name.
     deadline: Option<(Instant, &'static str, Duration)>,
     stop: Stop,
+    /// When the stop and the whole deadline were last looked at: a source
+    /// that always has bytes ready never makes a read wait, so they are
+    /// looked at every [`TICK`] between reads too.
+    checked: Instant,
 }
 
 impl Watched {
@@ -243,6 +247,7 @@ impl Watched {
             idle,
             deadline: None,
             stop,
+            checked: Instant::now(),
         })
     }
 
@@ -257,18 +262,34 @@ impl Watched {
         self.deadline = None;
     }
 
-    fn check(&self, waiting_since: Instant) -> Option<Halt> {
+    /// A stop asked for, or the whole deadline passed.
+    fn halted(&mut self, now: Instant) -> Option<Halt> {
+        self.checked = now;
         if let Some(why) = (self.stop)() {
             return Some(Halt::Stopped(why));
         }
-        let now = Instant::now();
-        if let Some((at, what, limit)) = self.deadline {
-            if now >= at {
-                return Some(Halt::Late(what, limit));
-            }
+        match self.deadline {
+            Some((at, what, limit)) if now >= at => Some(Halt::Late(what, limit)),
+            _ => None,
         }
-        (now.duration_since(waiting_since) >= self.idle).then_some(Halt::Idle(self.idle))
     }
+
+    fn check(&mut self, waiting_since: Instant) -> Option<Halt> {
+        let now = Instant::now();
+        self.halted(now).or_else(|| {
+            (now.duration_since(waiting_since) >= self.idle).then_some(Halt::Idle(self.idle))
+        })
+    }
+}
+
+/// The error a watched read gives up with (not `Interrupted`: `read_exact`
+/// would retry that).
+fn halt_error(halt: Halt) -> std::io::Error {
+    let kind = match halt {
+        Halt::Stopped(_) => std::io::ErrorKind::Other,
+        _ => std::io::ErrorKind::TimedOut,
+    };
+    std::io::Error::new(kind, halt)
 }
 
 impl Read for Watched {
@@ -280,6 +301,11 @@ impl Read for Watched {
             return Ok(n);
         }
         let since = Instant::now();
+        if since.duration_since(self.checked) >= TICK {
+            if let Some(halt) = self.halted(since) {
+                return Err(halt_error(halt));
+            }
+        }
         loop {
             match self.conn.read(buf) {
                 Err(e)
@@ -291,12 +317,7 @@ impl Read for Watched {
                     ) =>
                 {
                     if let Some(halt) = self.check(since) {
-                        // Not `Interrupted`: `read_exact` would retry that.
-                        let kind = match halt {
-                            Halt::Stopped(_) => std::io::ErrorKind::Other,
-                            _ => std::io::ErrorKind::TimedOut,
-                        };
-                        return Err(std::io::Error::new(kind, halt));
+                        return Err(halt_error(halt));
                     }
                 }
                 other => return other,
@@ -483,6 +504,46 @@ mod tests {
         for bad in ["", "unix:", "tcp:host", "tcp::80", "file:/x", "tcp:h:99999"] {
             assert!(bad.parse::<Uri>().is_err(), "{bad}");
         }
+    }
+
+    /// A source that always has bytes ready never makes a read wait: the
+    /// stop is looked at between reads too, and a read after it fails.
+    #[test]
+    fn a_stop_ends_the_reads_of_a_source_that_never_pauses() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let flood = std::thread::spawn(move || {
+            let chunk = [0u8; 4096];
+            while theirs.write_all(&chunk).is_ok() {}
+        });
+        let asked = Arc::new(AtomicBool::new(false));
+        let stop: Stop = {
+            let asked = asked.clone();
+            Arc::new(move || asked.load(Ordering::Relaxed).then(|| "quit".to_string()))
+        };
+        let mut w = Watched::new(Conn::Unix(ours), &[], Duration::from_secs(60), stop).unwrap();
+        let mut buf = [0u8; 4096];
+        let started = Instant::now();
+        let err = loop {
+            if started.elapsed() >= Duration::from_millis(300) {
+                asked.store(true, Ordering::Relaxed);
+            }
+            match w.read(&mut buf) {
+                Ok(n) => assert!(n > 0, "the flood ended"),
+                Err(e) => break e,
+            }
+            // Not a timing goal: a read loop that never sees the stop.
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "still reading 30 s on, the stop asked for at 0.3 s"
+            );
+        };
+        drop(w);
+        flood.join().unwrap();
+        assert!(
+            matches!(halt_of(&err), Some(Halt::Stopped(why)) if why == "quit"),
+            "{err}"
+        );
     }
 
     #[test]
