@@ -260,10 +260,15 @@ fn a_cancelled_migration_leaves_the_source_running_and_says_cancelled() {
 
 /// A real stream of a small guest, as a destination received it.
 fn recorded_stream(test: &str) -> Vec<u8> {
+    recorded_stream_with(test, json!({}))
+}
+
+/// The same, with migration parameters `params`.
+fn recorded_stream_with(test: &str, params: serde_json::Value) -> Vec<u8> {
     let src = ServedVm::start(test, MEM, 1);
     guest(&mut src.client(), 0, "touch size=1M");
     let (uri, fake) = fake_destination(&format!("{test}-rec"), Plan::Record);
-    let info = migrate(&src, &uri, json!({}));
+    let info = migrate(&src, &uri, params);
     assert_eq!(info.status, Some(Status::Completed), "{info:?}");
     fake.join().unwrap()
 }
@@ -596,4 +601,161 @@ fn a_signal_ends_the_cli_at_once_while_nothing_has_started() {
         child.try_wait().unwrap()
     });
     assert_eq!(status.code(), Some(128 + libc::SIGINT), "{status}");
+}
+
+/// A stream's sections before its trailer: (kind, payload).
+type Sections = Vec<(u32, Vec<u8>)>;
+
+/// The sections of `stream`.
+fn sections(stream: &[u8]) -> Sections {
+    let mut out = Vec::new();
+    let mut at = 16;
+    loop {
+        let kind = u32::from_le_bytes(stream[at..at + 4].try_into().unwrap());
+        let len = u64::from_le_bytes(stream[at + 8..at + 16].try_into().unwrap()) as usize;
+        if kind == Kind::End as u32 {
+            return out;
+        }
+        out.push((kind, stream[at + 16..at + 16 + len].to_vec()));
+        at += 16 + len;
+    }
+}
+
+/// A stream of `sections` after `stream`'s header, with a trailer that
+/// counts them and sums every byte before it: well formed, whatever the
+/// sections say.
+fn assemble(stream: &[u8], sections: &[(u32, Vec<u8>)]) -> Vec<u8> {
+    let mut out = stream[..16].to_vec();
+    for (kind, payload) in sections {
+        out.extend_from_slice(&kind.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(payload);
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&(Kind::End as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&16u64.to_le_bytes());
+    out.extend_from_slice(&(sections.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out
+}
+
+/// Sections a well-formed stream may carry only where, and as often as,
+/// a source sends them, each refused as it comes, naming what was wrong: a
+/// vCPU twice, a digest twice, a plan after RAM, a pass numbered below the
+/// last, a config field no version defines.
+#[test]
+fn sections_out_of_place_or_repeated_are_refused_as_they_come() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let stream = recorded_stream_with("mig-order", json!({"x-check-ram": true}));
+    let real = sections(&stream);
+    assert_eq!(
+        assemble(&stream, &real),
+        stream,
+        "the trailer as a source writes it"
+    );
+    let at = |kind: Kind| real.iter().position(|(k, _)| *k == kind as u32).unwrap();
+    let (config, vcpu, digest) = (at(Kind::Config), at(Kind::Vcpu), at(Kind::Digest));
+    let ram = at(Kind::Ram);
+    let with = |f: &dyn Fn(&mut Sections)| {
+        let mut s = real.clone();
+        f(&mut s);
+        assemble(&stream, &s)
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "vcpu",
+            with(&|s| s.insert(vcpu, s[vcpu].clone())),
+            "carries vCPU 0 twice",
+        ),
+        (
+            "digest",
+            with(&|s| s.insert(digest, s[digest].clone())),
+            "digest section came out of order",
+        ),
+        (
+            "plan",
+            with(&|s| s.insert(ram + 1, (Kind::Plan as u32, vec![0; 16]))),
+            "plan section came out of order",
+        ),
+        (
+            "pass",
+            with(&|s| {
+                let pass = s.iter().position(|(k, _)| *k == Kind::Pass as u32).unwrap();
+                let mut zero = s[pass].clone();
+                zero.1[..8].copy_from_slice(&0u64.to_le_bytes());
+                s.insert(pass + 1, zero);
+            }),
+            "pass 0 came after pass 0",
+        ),
+        (
+            "mode",
+            with(&|s| s[config].1[24..28].copy_from_slice(&7u32.to_le_bytes())),
+            "the config's dirty_mode is 7",
+        ),
+        (
+            "huge",
+            with(&|s| s[config].1[20..24].copy_from_slice(&5u32.to_le_bytes())),
+            "the config's hugepages is 5",
+        ),
+    ];
+    for (name, bytes, says) in cases {
+        let e = replay(&format!("mig-order-{name}"), &bytes);
+        assert!(e.contains(says), "{name}: {e}");
+    }
+}
+
+/// A source that always has bytes ready (an endless run of valid zero
+/// pages) never makes the destination wait on a read: `quit` stops it
+/// all the same, naming who stopped it.
+#[test]
+fn quit_stops_a_destination_whose_source_never_pauses() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let stream = recorded_stream("mig-flood");
+    let real = sections(&stream);
+    let dest = Dest::start("mig-flood-dest", |_, _| {});
+    let mut s = UnixStream::connect(dest.uri.trim_start_matches("unix:")).unwrap();
+    let mut head = stream[..16].to_vec();
+    let (kind, config) = &real[0];
+    assert_eq!(*kind, Kind::Config as u32);
+    head.extend_from_slice(&kind.to_le_bytes());
+    head.extend_from_slice(&0u32.to_le_bytes());
+    head.extend_from_slice(&(config.len() as u64).to_le_bytes());
+    head.extend_from_slice(config);
+    s.write_all(&head).unwrap();
+    // One zero page, over and over: 32 bytes a section.
+    let mut section = (Kind::Ram as u32).to_le_bytes().to_vec();
+    section.extend_from_slice(&0u32.to_le_bytes());
+    section.extend_from_slice(&16u64.to_le_bytes());
+    section.extend_from_slice(&0u64.to_le_bytes());
+    section.extend_from_slice(&1u32.to_le_bytes());
+    section.extend_from_slice(&(format::RunKind::Zero as u32).to_le_bytes());
+    let flood = section.repeat(2048);
+    let flooding = std::thread::spawn(move || {
+        let mut sent = 0u64;
+        while s.write_all(&flood).is_ok() {
+            sent += 1;
+        }
+        sent
+    });
+    let mut c = dest.client();
+    wait_for("the stream to load", Duration::from_secs(20), || {
+        (query(&mut c).status == Some(Status::Active)).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    c.execute("quit", json!({})).expect("quit");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(dest.join().err());
+    });
+    let ended = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the destination still loads 30 s after quit");
+    let e = ended.expect("a stopped load is an error");
+    assert!(e.contains("stopped by quit"), "{e}");
+    assert!(flooding.join().unwrap() > 0, "the flood was sent");
 }

@@ -33,8 +33,10 @@ pub(crate) const MAX_PLAN_SECTION: u64 = 4 << 20;
 pub(crate) const MAX_VCPU_SECTION: u64 = 4 << 20;
 /// Longest message in a reply.
 pub(crate) const MAX_MESSAGE: u32 = 4096;
-/// Most MSRs a vCPU section may carry.
-pub(crate) const MAX_MSRS: u32 = 4096;
+/// Most MSRs a vCPU section may carry: what one `KVM_SET_MSRS` call of
+/// kvm-bindings takes (the source reads them with one `KVM_GET_MSRS`).
+#[allow(clippy::cast_possible_truncation)] // 256
+pub(crate) const MAX_MSRS: u32 = kvm_bindings::KVM_MAX_MSR_ENTRIES as u32;
 
 /// Why the stream could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +118,22 @@ pub enum Error {
     /// (such as RAM after the first vCPU section).
     #[error("a {0} section came out of order")]
     Order(&'static str),
+    /// A pass section whose number is not above the last one's.
+    #[error("pass {pass} came after pass {last} (passes count up)")]
+    PassOrder {
+        /// Its number.
+        pass: u64,
+        /// The last pass section's number.
+        last: u64,
+    },
+    /// A config field holds a value this stream version does not define.
+    #[error("the config's {what} is {value}, which stream version 1 does not define")]
+    Field {
+        /// The field (`dirty_mode`, `hugepages`).
+        what: &'static str,
+        /// Its value.
+        value: u64,
+    },
     /// The source's RAM digest differs from the destination's RAM after loading.
     #[error(
         "guest RAM differs after loading: the source's CRC-32 is {theirs:#010x}, ours {ours:#010x}"

@@ -32,6 +32,11 @@ struct PrefetchShared {
     stop: AtomicBool,
     /// One past the last page pass 0 has loaded (it goes in ascending order).
     loaded_to: AtomicU64,
+    /// Pages that have come with data: the prefetch backs no more than
+    /// these and [`PREFETCH_AHEAD`] in all, so a stream that claims a plan
+    /// of all RAM and sends zero runs far apart (4 KiB of stream that
+    /// backed 4 GB) backs no more than it sent.
+    arrived: AtomicU64,
 }
 
 impl Prefetch {
@@ -40,11 +45,13 @@ impl Prefetch {
         let shared = Arc::new(PrefetchShared {
             stop: AtomicBool::new(false),
             loaded_to: AtomicU64::new(0),
+            arrived: AtomicU64::new(0),
         });
         let (mem, ours) = (mem.clone(), shared.clone());
         let thread = std::thread::Builder::new()
             .name("prefetch".into())
             .spawn(move || {
+                let mut backed = 0u64;
                 for r in ranges {
                     let end = r.first + r.count;
                     let mut at = r.first;
@@ -57,7 +64,11 @@ impl Prefetch {
                             // Arrived: normal runs were backed as they were
                             // written, and zero runs need no memory.
                             at = loaded.min(end);
-                        } else if at >= loaded.saturating_add(PREFETCH_AHEAD) {
+                        } else if at >= loaded.saturating_add(PREFETCH_AHEAD)
+                            || backed
+                                >= (ours.arrived.load(Ordering::Acquire))
+                                    .saturating_add(PREFETCH_AHEAD)
+                        {
                             // Far enough ahead: wait for the stream (woken by
                             // `loaded` or `stop`; the timeout only bounds a miss).
                             std::thread::park_timeout(std::time::Duration::from_millis(50));
@@ -65,6 +76,7 @@ impl Prefetch {
                             let n = CHUNK.min(end - at);
                             populate(&mem, at, n * format::PAGE_SIZE);
                             at += n;
+                            backed += n;
                         }
                     }
                 }
@@ -73,8 +85,9 @@ impl Prefetch {
         Prefetch { shared, thread }
     }
 
-    /// Pass 0 has loaded every page below `page`.
-    pub(super) fn loaded(&self, page: u64) {
+    /// Pass 0 has loaded every page below `page`, `data` more of them with data.
+    pub(super) fn loaded(&self, page: u64, data: u64) {
+        self.shared.arrived.fetch_add(data, Ordering::AcqRel);
         self.shared.loaded_to.fetch_max(page, Ordering::AcqRel);
         self.wake();
     }
@@ -116,4 +129,52 @@ pub(super) fn populate(mem: &GuestMemory, page: u64, bytes: u64) {
     // zeroed pages, which a concurrent writer of the same pages may race with
     // harmlessly (the kernel serialises the faults).
     let _ = unsafe { libc::madvise(host.cast(), bytes, libc::MADV_POPULATE_WRITE) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backing::Backing;
+
+    fn backed(mem: &GuestMemory) -> u64 {
+        let region = crate::memory::region(mem).unwrap();
+        crate::backing::classify(region)
+            .unwrap()
+            .iter()
+            .filter(|(_, _, b)| *b == Backing::Data)
+            .map(|(_, count, _)| count)
+            .sum()
+    }
+
+    /// A plan of all RAM and a stream whose runs end far apart but carry no
+    /// data (zero runs) backs no more than the prefetch's reach; pages with
+    /// data let it go on.
+    #[test]
+    fn the_prefetch_backs_no_more_than_the_data_that_came_and_its_reach() {
+        let pages = 65_536; // 256 MiB
+        let mem = crate::memory::create(pages * format::PAGE_SIZE, false).unwrap();
+        let before = backed(&mem);
+        let p = Prefetch::start(
+            &mem,
+            vec![format::PlanRange {
+                first: 0,
+                count: pages,
+            }],
+        );
+        // Zero runs ending a quarter, a half, then all of RAM on.
+        for end in [pages / 4, pages / 2, pages] {
+            p.loaded(end, 0);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let reach = PREFETCH_AHEAD + 512;
+        let zero_runs = backed(&mem) - before;
+        assert!(
+            zero_runs <= reach,
+            "{zero_runs} pages backed for zero runs, more than the reach of {reach}"
+        );
+        // Data: as many again may be backed.
+        p.loaded(pages, 4 * PREFETCH_AHEAD);
+        drop(p);
+        assert!(backed(&mem) - before <= 5 * PREFETCH_AHEAD + 512);
+    }
 }

@@ -98,6 +98,12 @@ struct Loading {
     /// pass is sent in the stop), so what came after that is its
     /// `downtime-bytes`.
     pass_ends: (u64, u64),
+    /// The last pass section's number: passes come in ascending order.
+    last_pass_number: Option<u64>,
+    /// A RAM section has come (a plan must come before the first).
+    ram_seen: bool,
+    /// The digest has come (once, after the last RAM and before the vCPUs).
+    digest_seen: bool,
 }
 
 impl Loading {
@@ -204,6 +210,18 @@ pub(crate) fn describe(c: &VmConfig) -> String {
 /// `Mismatch` naming the first difference and both values.
 pub(crate) fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Error> {
     let differ = |what, theirs: String, ours: String| Error::Mismatch { what, theirs, ours };
+    let undefined = |what, value: u32| {
+        Error::Stream(format::Error::Field {
+            what,
+            value: value.into(),
+        })
+    };
+    if ![format::DIRTY_NONE, format::DIRTY_BITMAP, format::DIRTY_RING].contains(&c.dirty_mode) {
+        return Err(undefined("dirty_mode", c.dirty_mode));
+    }
+    if c.hugepages > 1 {
+        return Err(undefined("hugepages", c.hugepages));
+    }
     if u64::from(c.page_size) != format::PAGE_SIZE {
         return Err(differ(
             "page size",
@@ -414,6 +432,9 @@ impl Incoming {
             last_pass: Instant::now(),
             started: Instant::now(),
             pass_ends: (0, 0),
+            last_pass_number: None,
+            ram_seen: false,
+            digest_seen: false,
         };
         // A zero run must clear what this VMM wrote before the stream (boot
         // structures, mailboxes): the pages backed now, present or swapped out
@@ -463,15 +484,17 @@ impl Incoming {
         l: &mut Loading,
     ) -> Result<(), Error> {
         match kind {
-            Kind::Ram if l.snapshots.is_empty() => {
+            Kind::Ram if l.snapshots.is_empty() && !l.digest_seen => {
+                l.ram_seen = true;
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "a RAM section")?;
+                let normal = l.ram.normal;
                 let end = load_ram(&l.buf, mem, l.pages, &mut l.written, &mut l.ram)?;
                 if let Some(p) = &l.prefetch {
-                    p.loaded(end);
+                    p.loaded(end, l.ram.normal - normal);
                 }
             }
-            Kind::Plan if l.prefetch.is_none() => {
+            Kind::Plan if l.prefetch.is_none() && !l.ram_seen => {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "the plan")?;
                 l.prefetch = Some(Prefetch::start(mem, plan(&l.buf, l.pages)?));
@@ -479,6 +502,14 @@ impl Incoming {
             Kind::Pass => {
                 format::expect_len(kind, len, size_of::<PassRecord>() as u64)?;
                 let record: PassRecord = self.reader.read_obj("a pass section")?;
+                if let Some(last) = l.last_pass_number.filter(|&last| record.pass <= last) {
+                    return Err(format::Error::PassOrder {
+                        pass: record.pass,
+                        last,
+                    }
+                    .into());
+                }
+                l.last_pass_number = Some(record.pass);
                 // Every planned page has arrived: what the prefetch has not
                 // backed yet came as zero runs, which need no memory; left
                 // running, it would only compete with the passes and the stop.
@@ -503,12 +534,25 @@ impl Incoming {
                 }
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "a vCPU section")?;
-                l.snapshots.push(device::decode(&l.buf)?);
+                let snapshot = device::decode(&l.buf)?;
+                // Refused as it comes, not at the trailer: each is up to
+                // 4 MiB held until the restore.
+                let index = snapshot.index;
+                if index >= self.config.vcpus as usize
+                    || l.snapshots.iter().any(|s| s.index == index)
+                {
+                    return Err(Error::VcpuIndex(u32::try_from(index).unwrap_or(u32::MAX)));
+                }
+                l.snapshots.push(snapshot);
             }
-            Kind::Digest => {
+            Kind::Digest if !l.digest_seen && l.snapshots.is_empty() => {
+                l.digest_seen = true;
                 format::expect_len(kind, len, size_of::<format::DigestRecord>() as u64)?;
                 let d: format::DigestRecord = self.reader.read_obj("the RAM digest")?;
-                let ours = super::digest::ram_crc32(mem);
+                // Seconds for a big guest: a stop asked for meanwhile ends it.
+                let stop = self.reader.inner().stop();
+                let ours = super::digest::ram_crc32(mem, &|| stop().is_some())
+                    .ok_or_else(|| Error::Halted(Halt::Stopped(stop().unwrap_or_default())))?;
                 m.update(|i| i.x_ram_crc32 = Some(ours));
                 if ours != d.crc32 {
                     let e = format::Error::Digest {

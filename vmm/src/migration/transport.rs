@@ -262,6 +262,11 @@ impl Watched {
         self.deadline = None;
     }
 
+    /// What says whether the destination must stop.
+    pub(crate) fn stop(&self) -> Stop {
+        self.stop.clone()
+    }
+
     /// A stop asked for, or the whole deadline passed.
     fn halted(&mut self, now: Instant) -> Option<Halt> {
         self.checked = now;

@@ -11,6 +11,7 @@ use kvm_ioctls::VcpuFd;
 
 use super::shared::{
     map_runs, with_spec_lens, CommandResult, VcpuShared, VcpuState, MAX_QUEUED_COMMANDS,
+    RESULTS_KEPT,
 };
 use super::snapshot::{self, micros, Current, Error, ResultRecord, Site, Snapshot, VmmState};
 use crate::workload::SpecError;
@@ -104,6 +105,7 @@ pub(super) struct Resumed {
 pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<Resumed, Error> {
     let index = shared.index;
     within_queue_limit(index, &s.vmm.queue)?;
+    check_state(&s.vmm).map_err(|why| Error::State(index, why))?;
     // Each run of equal entries parsed and sized once.
     let queue = map_runs(s.vmm.queue.iter(), |spec| {
         crate::workload::parse_sequence(spec)
@@ -166,6 +168,44 @@ pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<R
 /// Refuses a migrated queue of more than [`MAX_QUEUED_COMMANDS`],
 /// counted before parsing: a stream's entry could hold thousands of
 /// commands (`;`-separated), each parsed into memory of its own.
+/// Highest command number a migrated vCPU may go on from: numbers stay
+/// exact in a JSON double, and no count of commands comes near it.
+const MAX_SEQ: u64 = 1 << 53;
+
+/// The VMM-side values of a migrated vCPU that its source could have sent:
+/// results no more than a vCPU keeps, each numbered below the next command's
+/// number (which leaves room to count on), exit counters whose total fits.
+fn check_state(v: &VmmState) -> Result<(), String> {
+    if v.results.len() > RESULTS_KEPT {
+        return Err(format!(
+            "{} results, over the {RESULTS_KEPT} a vCPU keeps",
+            v.results.len()
+        ));
+    }
+    if v.next_seq == 0 || v.next_seq > MAX_SEQ {
+        return Err(format!(
+            "next command number {} is outside 1..={MAX_SEQ}",
+            v.next_seq
+        ));
+    }
+    let numbered = v
+        .results
+        .iter()
+        .map(|r| r.seq)
+        .chain(v.current.as_ref().map(|c| c.seq));
+    if let Some(seq) = numbered.into_iter().find(|&seq| seq >= v.next_seq) {
+        return Err(format!(
+            "command {seq} is numbered at or past the next command's number {}",
+            v.next_seq
+        ));
+    }
+    let counts = v.reasons.iter().chain(&v.devices).map(|(_, n)| *n);
+    if counts.clone().try_fold(0u64, u64::checked_add).is_none() {
+        return Err("its exit counters add up past 2^64".into());
+    }
+    Ok(())
+}
+
 fn within_queue_limit(index: usize, queue: &[String]) -> Result<(), Error> {
     let commands: usize = queue
         .iter()
@@ -186,6 +226,48 @@ mod tests {
     use super::*;
     use crate::vcpu::RESULTS_KEPT;
     use crate::workload::parse_sequence;
+
+    /// What a source sends passes; each value no source sends is refused
+    /// naming it.
+    #[test]
+    fn a_migrated_state_no_source_sends_is_refused_naming_what_is_wrong() {
+        let shared = VcpuShared::new(0);
+        shared.counters.restore(&[("io_out".into(), 5)], &[]);
+        let good = vmm_state(Where::NextCommand, None, None, &shared);
+        assert_eq!(check_state(&good), Ok(()));
+        let result = |seq| ResultRecord {
+            seq,
+            command: "touch size=4K".into(),
+            status: "ok".into(),
+            values: [0; 3],
+            host_time_us: 1,
+        };
+        let mut cases: Vec<(VmmState, &str)> = Vec::new();
+        let mut s = good.clone();
+        s.results = (1..=RESULTS_KEPT as u64 + 1).map(result).collect();
+        s.next_seq = RESULTS_KEPT as u64 + 2;
+        cases.push((s, "257 results, over the 256 a vCPU keeps"));
+        let mut s = good.clone();
+        s.next_seq = u64::MAX;
+        cases.push((s, "next command number 18446744073709551615 is outside"));
+        let mut s = good.clone();
+        s.next_seq = 0;
+        cases.push((s, "next command number 0 is outside"));
+        let mut s = good.clone();
+        s.results = vec![result(7)];
+        s.next_seq = 7;
+        cases.push((
+            s,
+            "command 7 is numbered at or past the next command's number 7",
+        ));
+        let mut s = good.clone();
+        s.reasons = vec![("io_out".into(), u64::MAX), ("hlt".into(), 11)];
+        cases.push((s, "its exit counters add up past 2^64"));
+        for (state, says) in cases {
+            let e = check_state(&state).unwrap_err();
+            assert!(e.starts_with(says), "{e}");
+        }
+    }
 
     #[test]
     fn specs_are_sized_as_they_are_shown_once_per_run() {

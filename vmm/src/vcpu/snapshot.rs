@@ -25,6 +25,9 @@ pub enum Error {
     /// The MSR list is longer than one `KVM_GET_MSRS` call takes (vCPU index, count).
     #[error("vCPU {0}: {1} MSRs do not fit one KVM_GET_MSRS call")]
     TooManyMsrs(usize, usize),
+    /// A migrated VMM-side value no source sends (vCPU index, what is wrong).
+    #[error("vCPU {0}'s state: {1}")]
+    State(usize, String),
     /// A migrated queue entry is not a valid workload spec (vCPU index, spec, why).
     #[error("vCPU {0}'s queued command '{1}' does not parse: {2}")]
     Queue(usize, String, String),
