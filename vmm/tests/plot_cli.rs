@@ -43,6 +43,38 @@ fn plot_writes_an_svg_from_json_lines() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("60 samples, 2 vCPUs, 4 phase markers"));
 }
 
+/// The image is written beside the old one and renamed over it: the old
+/// file is never truncated (a stop mid-write left an empty file where an
+/// image was), nothing is left beside it, and a path that is no regular
+/// file is written in place.
+#[test]
+fn plot_replaces_an_image_whole_and_leaves_nothing_beside_it() {
+    use std::io::Read as _;
+    let dir = TempDir::new("cli-replace");
+    let (header, points) = experiment();
+    let series = dir.join("run.jsonl");
+    write_jsonl(&series, &header, &points);
+    let svg = dir.join("run.svg");
+    std::fs::write(&svg, "the old image").unwrap();
+    let mut old = std::fs::File::open(&svg).unwrap();
+    let out = plot(&series, &svg);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut held = String::new();
+    old.read_to_string(&mut held).unwrap();
+    assert_eq!(held, "the old image", "the old file was written over");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let names: Vec<_> = std::fs::read_dir(dir.join(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let to_stdout = dir.join("stdout.svg");
+    std::os::unix::fs::symlink("/dev/stdout", &to_stdout).unwrap();
+    let out = plot(&series, &to_stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("<svg"));
+}
+
 #[test]
 fn a_series_cut_while_it_was_written_is_plotted_up_to_its_last_whole_line() {
     let dir = TempDir::new("cli-cut");

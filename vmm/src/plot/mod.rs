@@ -232,11 +232,40 @@ pub fn plot(config: &PlotConfig) -> Result<PlotOutcome, PlotError> {
         }
         Format::Png => render_png(&header, &points, &config.chart)?,
     };
-    fs::write(&config.output, bytes).map_err(|source| PlotError::WriteOutput {
+    write_whole(&config.output, &bytes).map_err(|source| PlotError::WriteOutput {
         path: config.output.clone(),
         source,
     })?;
     Ok(outcome)
+}
+
+/// Writes `bytes` to `path` whole or not at all: into a temporary file
+/// beside it, renamed over it once written, so that a stop, a crash or a
+/// full disk mid-write leaves the image that was there (a write in place
+/// truncated it first). A symlink is followed to its file; a path that is
+/// not a regular file (`/dev/stdout`, a FIFO) is written in place.
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = match fs::metadata(path) {
+        Ok(m) if !m.is_file() => return fs::write(path, bytes),
+        Ok(_) => fs::canonicalize(path)?,
+        Err(_) => path.to_path_buf(),
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    // 0666 less the umask, as a file the write made.
+    let mut temp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)?;
+    temp.write_all(bytes)?;
+    temp.persist(&path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 #[cfg(test)]
