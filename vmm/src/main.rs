@@ -809,10 +809,17 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         }
         other => other?,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary.to_json())?);
+    let text = if args.json {
+        serde_json::to_string_pretty(&summary.to_json())? + "\n"
     } else {
-        print!("{}", summary.to_text());
+        summary.to_text()
+    };
+    // A reader gone (`| head`, a parent that died) does not change how the
+    // run went: its exit status says that, as it would have.
+    if let Err(e) = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e.into());
+        }
     }
     if let Some(late) = &summary.boot_timeout {
         eprintln!("kvmscope: {}", late.describe());
@@ -1041,6 +1048,7 @@ fn main() -> ExitCode {
                 stop: Some(client::migrate::Stop {
                     pending: kvmscope::signals::pending_termination,
                     exit_on_next: kvmscope::signals::exit_on_signal,
+                    exit_on_second: kvmscope::signals::exit_on_second_signal,
                 }),
             };
             // The migration goes on in the VMM whether or not anybody reads

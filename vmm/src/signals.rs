@@ -67,6 +67,20 @@ pub fn exit_on_signal(note: Option<&'static str>) {
     }
 }
 
+/// What the process says as a second termination signal ends it, when one
+/// should (see [`exit_on_second_signal`]).
+static EXIT_ON_SECOND: Mutex<Option<&'static str>> = Mutex::new(None);
+
+/// From now on, a termination signal taken while an earlier one is still
+/// pending ends the process at once, saying `Some(note)`; `None` leaves it
+/// recorded. For a client whose answer to the first signal waits on a peer
+/// (`kvmscope migrate` cancelling through a VMM that does not answer): the
+/// second is the user's say that it must not wait, and nothing reads it
+/// while the first is unanswered. Only where [`take_termination`] runs.
+pub fn exit_on_second_signal(note: Option<&'static str>) {
+    *crate::lock(&EXIT_ON_SECOND) = note;
+}
+
 /// Blocks SIGINT/SIGTERM in the calling thread (and so in the threads it
 /// starts afterwards) and starts the `signals` thread that takes them. Call
 /// first thing in `main`, before any other thread exists.
@@ -109,6 +123,13 @@ fn took(sig: i32) {
         std::process::exit(128 + sig);
     }
     let mut taken = crate::lock(&TAKEN);
+    if taken.first.is_some() {
+        if let Some(note) = *crate::lock(&EXIT_ON_SECOND) {
+            eprintln!("kvmscope: signal {sig}: {note}");
+            #[allow(clippy::exit)]
+            std::process::exit(128 + sig);
+        }
+    }
     taken.first.get_or_insert(sig);
     if let Some(events) = &taken.forward {
         if events.send(VmEvent::Signal(sig)).is_err() {

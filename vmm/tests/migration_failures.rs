@@ -583,6 +583,93 @@ fn a_signal_to_the_cli_cancels_its_migration_and_the_source_runs_on() {
     );
 }
 
+/// Relays one client's connection to `target`, and stops passing the
+/// server's replies on once `frozen` is set: a VMM that stopped answering
+/// (SIGSTOPped, hung), as its client sees it.
+fn freezing_relay(
+    dir: &std::path::Path,
+    target: std::path::PathBuf,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::path::PathBuf {
+    let path = dir.join("relay.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        let Ok((client, _)) = listener.accept() else {
+            return;
+        };
+        let server = UnixStream::connect(&target).unwrap();
+        let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut c_in, &mut s_out);
+        });
+        let (mut s_in, mut c_out) = (server, client);
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s_in.read(&mut buf) {
+            if n == 0 || frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            if c_out.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        // Frozen: hold the client's end open, answering nothing.
+        std::thread::sleep(Duration::from_secs(60));
+    });
+    path
+}
+
+/// A VMM that stops answering while the client migrates: the first signal
+/// waits on it (the client cannot cancel through it), a second ends the
+/// client at once, saying so.
+#[test]
+fn a_second_signal_ends_the_cli_while_its_vmm_does_not_answer() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("mig-cli-frozen");
+    let dest = Dest::start("mig-cli-frozen-dst", |_, _| {});
+    let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dir = common::test_dir("mig-cli-frozen-relay");
+    let relay = freezing_relay(&dir, src.socket.clone(), frozen.clone());
+    let mut child = migrate_command(&relay, &["--to", &dest.uri, "--bandwidth", "8Mbit"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c = src.client();
+    wait_for("the migration to run", Duration::from_secs(30), || {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "kvmscope migrate ended first"
+        );
+        (query(&mut c).status == Some(Status::Active)).then_some(())
+    });
+    frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: sending signals to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = wait_for("the client to end", Duration::from_secs(20), || {
+        child.try_wait().unwrap()
+    });
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("ends without waiting for the migration's end"),
+        "{err}"
+    );
+    // The migration is the VMM's: it runs on until cancelled.
+    assert_eq!(query(&mut c).status, Some(Status::Active));
+    c.execute("migrate_cancel", json!({})).unwrap();
+    assert_eq!(wait_final(&mut c).status, Some(Status::Cancelled));
+    assert!(
+        dest.join().is_err(),
+        "the destination refuses the cut stream"
+    );
+}
+
 #[test]
 fn a_signal_ends_the_cli_at_once_while_nothing_has_started() {
     // A "VMM" that takes the connection and never greets: the client waits

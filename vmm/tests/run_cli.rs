@@ -611,3 +611,28 @@ fn version_names_the_commit_it_was_built_from() {
         "{text}"
     );
 }
+
+/// A reader of the summary that is gone (`| head`, a parent that died) does
+/// not make the run fail: it ends with the status the run earned, without a
+/// panic (it died in `println!` with status 101).
+#[test]
+fn a_summary_nobody_reads_leaves_the_exit_status_as_the_run_made_it() {
+    require_kvm!();
+    for json in [false, true] {
+        let mut cmd = kvmscope();
+        cmd.args(["run", "--memory", "16M", "--workload", "touch size=4K"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "json {json}: {err}");
+        assert!(!err.contains("panicked"), "json {json}: {err}");
+    }
+}

@@ -54,7 +54,14 @@ pub struct Stop {
     /// Whether the next one should end the process at once, saying
     /// `Some(why)`, or be left for `pending` to tell (`None`).
     pub exit_on_next: fn(Option<&'static str>),
+    /// Whether one that comes while an earlier one is pending should end
+    /// the process at once, saying `Some(why)`.
+    pub exit_on_second: fn(Option<&'static str>),
 }
+
+/// What the client says as a second signal ends it once its migration ran.
+const ENDS_WITHOUT_WAITING: &str =
+    "this client ends without waiting for the migration's end (query-migrate on the source tells it)";
 
 /// What `kvmscope migrate` does.
 #[derive(Debug, Clone)]
@@ -128,9 +135,12 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     if !config.predict {
         predicted = None;
     }
-    // From here a signal is the migration's to answer: cancel it.
+    // From here a signal is the migration's to answer: cancel it. A second
+    // ends the client even while the VMM keeps it from hearing the first (a
+    // request that waits on a VMM that does not answer).
     if let Some(stop) = config.stop {
         (stop.exit_on_next)(None);
+        (stop.exit_on_second)(Some(ENDS_WITHOUT_WAITING));
     }
     let pending = || config.stop.and_then(|s| (s.pending)());
     if let Some(sig) = pending() {
@@ -180,9 +190,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
             cancelled = true;
             // A VMM that never answers cannot hold the client past a second one.
             if let Some(stop) = config.stop {
-                (stop.exit_on_next)(Some(
-                    "this client ends without waiting for the migration's end (query-migrate on the source tells it)",
-                ));
+                (stop.exit_on_next)(Some(ENDS_WITHOUT_WAITING));
             }
         }
         std::thread::sleep(POLL);
