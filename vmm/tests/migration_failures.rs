@@ -795,6 +795,27 @@ fn sections_out_of_place_or_repeated_are_refused_as_they_come() {
     }
 }
 
+/// A source that goes silent inside the trailer is named by the idle
+/// deadline, as anywhere else in the stream (it read as a stream cut short).
+#[test]
+fn a_source_silent_inside_the_trailer_is_named_by_the_idle_deadline() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let stream = recorded_stream("mig-trailer");
+    let dest = Dest::start("mig-trailer-dest", |incoming, _| {
+        incoming.idle_timeout = Duration::from_secs(1);
+    });
+    let mut s = UnixStream::connect(dest.uri.trim_start_matches("unix:")).unwrap();
+    // All but the trailer's last 8 bytes, the connection left open.
+    s.write_all(&stream[..stream.len() - 8]).unwrap();
+    let e = dest.join().expect_err("refused");
+    assert!(
+        e.contains("the source sent nothing for 1s (the idle deadline"),
+        "{e}"
+    );
+    drop(s);
+}
+
 /// A source that always has bytes ready (an endless run of valid zero
 /// pages) never makes the destination wait on a read: `quit` stops it
 /// all the same, naming who stopped it.

@@ -85,7 +85,7 @@ pub enum Error {
         /// The length its records need, in bytes.
         need: u64,
     },
-    /// A page run or plan range reaches past the end of guest RAM (or is empty).
+    /// A page run or plan range reaches past the end of guest RAM.
     #[error("pages {first}..{end} lie outside guest RAM ({pages} pages)")]
     PageRange {
         /// First guest page number of the run (guest physical address / 4096).
@@ -95,6 +95,9 @@ pub enum Error {
         /// Guest RAM size in pages.
         pages: u64,
     },
+    /// A page run of no pages (its first page given).
+    #[error("a page run at page {0} holds no pages")]
+    EmptyRun(u64),
     /// A page run's `kind` is no [`RunKind`].
     #[error("page run of kind {0} is neither zero nor normal")]
     RunKind(u32),
@@ -587,7 +590,11 @@ impl<R: Read> Reader<R> {
         let mut t = Trailer::new_zeroed();
         self.input
             .read_exact(t.as_mut_bytes())
-            .map_err(|_| Error::Truncated("the trailer"))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => Error::Truncated("the trailer"),
+                // A deadline or a stop, said as such.
+                _ => Error::Io(e),
+            })?;
         self.bytes += size_of::<Trailer>() as u64;
         if t.crc32 != ours {
             return Err(Error::Checksum {

@@ -44,6 +44,9 @@ pub enum Error {
     /// The stream is malformed, truncated or corrupt, or the connection failed.
     #[error("reading the stream")]
     Stream(#[from] format::Error),
+    /// The reply to the source (which one) could not be sent.
+    #[error("answering the source ({0})")]
+    Reply(&'static str, #[source] format::Error),
     /// The stream's VM differs from an option this VMM was given.
     #[error("the stream's VM has {what} {theirs}, but this VMM was given {ours}")]
     Mismatch {
@@ -268,6 +271,16 @@ pub(crate) fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Erro
             format!("--dirty-log {d}"),
         ));
     }
+    if c.vcpus == 0 || u64::from(c.vcpus) > crate::abi::MAX_VCPUS {
+        return Err(differ(
+            "vCPUs:",
+            c.vcpus.to_string(),
+            format!(
+                "a VM of 1 to {} vCPUs (the guest ABI)",
+                crate::abi::MAX_VCPUS
+            ),
+        ));
+    }
     crate::memory::check_size(c.memory).map_err(|e| Error::Mismatch {
         what: "memory of",
         theirs: format!("{} bytes", c.memory),
@@ -400,7 +413,7 @@ impl Incoming {
                 m.set_status(Status::Completed);
                 Ok(())
             }
-            (Ok(()), Err(e)) => Err(Self::failed(m, Error::Stream(e))),
+            (Ok(()), Err(e)) => Err(Self::failed(m, Error::Reply("completed", e))),
             (Err(e), _) => Err(Self::failed(m, e)),
         }
     }
@@ -412,7 +425,8 @@ impl Incoming {
     }
 
     fn receive_inner(&mut self, mem: &GuestMemory, m: &Migration) -> Result<Vec<Snapshot>, Error> {
-        format::write_reply(self.reader.inner(), format::REPLY_READY, "")?;
+        format::write_reply(self.reader.inner(), format::REPLY_READY, "")
+            .map_err(|e| Error::Reply("ready", e))?;
         let setup = m.elapsed_ms();
         m.update(|i| i.setup_time = Some(setup));
         log::debug!("migration stream: ready (VM built) at {setup} ms");
@@ -611,7 +625,10 @@ pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, 
         let rest = &b[size_of::<PageRun>()..];
         b = rest;
         let end = run.first.checked_add(u64::from(run.count));
-        if run.count == 0 || end.is_none_or(|e| e > pages) {
+        if run.count == 0 {
+            return Err(format::Error::EmptyRun(run.first));
+        }
+        if end.is_none_or(|e| e > pages) {
             return Err(format::Error::PageRange {
                 first: run.first,
                 end: end.unwrap_or(u64::MAX),
@@ -624,7 +641,14 @@ pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, 
                 let bytes = usize::try_from(u64::from(run.count) * format::PAGE_SIZE)
                     .ok()
                     .filter(|&n| n <= b.len())
-                    .ok_or(format::Error::Truncated("a normal run's pages"))?;
+                    // The section is whole (its length was read): the run
+                    // claims more than it holds.
+                    .ok_or(format::Error::Length {
+                        what: "RAM",
+                        len: payload.len() as u64,
+                        need: (payload.len() - b.len()) as u64
+                            + u64::from(run.count) * format::PAGE_SIZE,
+                    })?;
                 let (data, rest) = b.split_at(bytes);
                 b = rest;
                 data

@@ -93,3 +93,42 @@ fn a_page_run_of_an_unknown_kind_is_refused_by_its_value() {
     let e = runs(&payload[..15], 4).unwrap_err();
     assert!(matches!(e, format::Error::Length { .. }), "{e}");
 }
+
+/// Values no stream version defines, and counts the guest ABI does not
+/// allow, are refused from the config, before any VM is built.
+#[test]
+fn config_fields_out_of_range_are_refused_naming_the_field() {
+    type Set = fn(&mut ConfigRecord);
+    let cases: [(Set, &str); 4] = [
+        (|c| c.dirty_mode = 7, "the config's dirty_mode is 7, which stream version 1 does not define"),
+        (|c| c.hugepages = 5, "the config's hugepages is 5, which stream version 1 does not define"),
+        (|c| c.vcpus = 0, "the stream's VM has vCPUs: 0, but this VMM was given a VM of 1 to 256 vCPUs (the guest ABI)"),
+        (|c| c.vcpus = 257, "vCPUs: 257, but"),
+    ];
+    for (set, says) in cases {
+        let mut c = config();
+        set(&mut c);
+        let e = crate::error_chain(&check(&c, &given()).unwrap_err());
+        assert!(e.contains(says), "{e}");
+    }
+}
+
+/// A RAM section whose run claims more pages than the section holds, or
+/// none, is named as such (it read as a source that was killed).
+#[test]
+fn a_run_that_claims_more_than_its_section_or_nothing_is_named() {
+    let run = |count: u32, kind: RunKind| {
+        zerocopy::IntoBytes::as_bytes(&PageRun {
+            first: 3,
+            count,
+            kind,
+        })
+        .to_vec()
+    };
+    let mut short = run(2, RunKind::Normal);
+    short.extend_from_slice(&[0; 4096]);
+    let e = runs(&short, 64).unwrap_err().to_string();
+    assert_eq!(e, "RAM section is 4112 bytes, but its contents need 8208");
+    let e = runs(&run(0, RunKind::Zero), 64).unwrap_err().to_string();
+    assert_eq!(e, "a page run at page 3 holds no pages");
+}
