@@ -724,6 +724,14 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
         ShutdownCause::GuestShutdown
     };
     let warnings = services.stop(Some(cause));
+    // An outgoing migration the stop cut short: said, as the stop asked for
+    // it (the exit status stays the stop's).
+    if let Some(status) = migration.status().status.filter(|s| !s.is_final()) {
+        log::warn!(
+            "a migration was {} when the run stopped and ended with it: the guest did not move (the destination refuses the stream cut short)",
+            status.name()
+        );
+    }
     let elapsed = started.elapsed();
     summarize(
         &vm,

@@ -867,3 +867,47 @@ fn quit_stops_a_destination_whose_source_never_pauses() {
     assert!(e.contains("stopped by quit"), "{e}");
     assert!(flooding.join().unwrap() > 0, "the flood was sent");
 }
+
+/// A source VMM stopped while its migration runs says that the migration
+/// ended with it (its summary only said the signal), and its exit status
+/// stays the stop's.
+#[test]
+fn a_source_stopped_mid_migration_says_the_migration_ended_with_it() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let dir = common::test_dir("mig-src-stopped");
+    let socket = dir.join("src.sock");
+    let child = common::served_run(&socket)
+        .args(["--workload", "dirty ws=16M rate=max for=60s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child = common::KillOnDrop::new(child);
+    let dest = Dest::start("mig-src-stopped-dst", |_, _| {});
+    let mut c =
+        kvmscope::client::Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(()))
+            .unwrap();
+    c.execute(
+        "migrate-set-parameters",
+        json!({"max-bandwidth": 1_000_000}),
+    )
+    .unwrap();
+    c.execute("migrate", json!({ "uri": dest.uri })).unwrap();
+    wait_for("the migration to run", Duration::from_secs(30), || {
+        (query(&mut c).status == Some(Status::Active)).then_some(())
+    });
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("a migration was active when the run stopped and ended with it"),
+        "{err}"
+    );
+    assert!(
+        dest.join().is_err(),
+        "the destination refuses the cut stream"
+    );
+}
