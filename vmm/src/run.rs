@@ -727,10 +727,17 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     // An outgoing migration the stop cut short: said, as the stop asked for
     // it (the exit status stays the stop's).
     if let Some(status) = migration.status().status.filter(|s| !s.is_final()) {
-        log::warn!(
-            "a migration was {} when the run stopped and ended with it: the guest did not move (the destination refuses the stream cut short)",
-            status.name()
-        );
+        if migration.committed() {
+            log::warn!(
+                "the run stopped as a migration waited for the destination's answer to its whole stream (status {}): the destination may run the guest (its query-status says)",
+                status.name()
+            );
+        } else {
+            log::warn!(
+                "the run stopped during a migration (status {}), which ended with it: the guest did not move (the destination refuses the stream cut short)",
+                status.name()
+            );
+        }
     }
     let elapsed = started.elapsed();
     summarize(

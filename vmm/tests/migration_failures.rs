@@ -590,6 +590,7 @@ fn freezing_relay(
     dir: &std::path::Path,
     target: std::path::PathBuf,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    withheld: std::sync::mpsc::Sender<()>,
 ) -> std::path::PathBuf {
     let path = dir.join("relay.sock");
     let listener = UnixListener::bind(&path).unwrap();
@@ -605,7 +606,12 @@ fn freezing_relay(
         let (mut s_in, mut c_out) = (server, client);
         let mut buf = [0u8; 4096];
         while let Ok(n) = s_in.read(&mut buf) {
-            if n == 0 || frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            if n == 0 {
+                break;
+            }
+            if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                // A reply the client now waits for in vain.
+                let _ = withheld.send(());
                 break;
             }
             if c_out.write_all(&buf[..n]).is_err() {
@@ -629,7 +635,8 @@ fn a_second_signal_ends_the_cli_while_its_vmm_does_not_answer() {
     let dest = Dest::start("mig-cli-frozen-dst", |_, _| {});
     let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let dir = common::test_dir("mig-cli-frozen-relay");
-    let relay = freezing_relay(&dir, src.socket.clone(), frozen.clone());
+    let (tx, withheld) = std::sync::mpsc::channel();
+    let relay = freezing_relay(&dir, src.socket.clone(), frozen.clone(), tx);
     let mut child = migrate_command(&relay, &["--to", &dest.uri, "--bandwidth", "8Mbit"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -644,7 +651,10 @@ fn a_second_signal_ends_the_cli_while_its_vmm_does_not_answer() {
         (query(&mut c).status == Some(Status::Active)).then_some(())
     });
     frozen.store(true, std::sync::atomic::Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(300));
+    // The client polls every 100 ms: its next reply is withheld.
+    withheld
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a reply withheld");
     // SAFETY: sending signals to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     std::thread::sleep(Duration::from_millis(300));
@@ -746,7 +756,6 @@ fn sections_out_of_place_or_repeated_are_refused_as_they_come() {
     );
     let at = |kind: Kind| real.iter().position(|(k, _)| *k == kind as u32).unwrap();
     let (config, vcpu, digest) = (at(Kind::Config), at(Kind::Vcpu), at(Kind::Digest));
-    let ram = at(Kind::Ram);
     let with = |f: &dyn Fn(&mut Sections)| {
         let mut s = real.clone();
         f(&mut s);
@@ -765,7 +774,33 @@ fn sections_out_of_place_or_repeated_are_refused_as_they_come() {
         ),
         (
             "plan",
-            with(&|s| s.insert(ram + 1, (Kind::Plan as u32, vec![0; 16]))),
+            with(&|s| {
+                // The source's plan moved after the first RAM.
+                let plan = s.iter().position(|(k, _)| *k == Kind::Plan as u32).unwrap();
+                let moved = s.remove(plan);
+                let ram = s.iter().position(|(k, _)| *k == Kind::Ram as u32).unwrap();
+                s.insert(ram + 1, moved);
+            }),
+            "plan section came out of order",
+        ),
+        (
+            "plan-after-pass",
+            with(&|s| {
+                // Config, an empty pass 0, then a plan.
+                let plan = s
+                    .iter()
+                    .find(|(k, _)| *k == Kind::Plan as u32)
+                    .unwrap()
+                    .clone();
+                let pass = s
+                    .iter()
+                    .find(|(k, _)| *k == Kind::Pass as u32)
+                    .unwrap()
+                    .clone();
+                s.truncate(config + 1);
+                s.push(pass);
+                s.push(plan);
+            }),
             "plan section came out of order",
         ),
         (
@@ -903,7 +938,7 @@ fn a_source_stopped_mid_migration_says_the_migration_ended_with_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
-        err.contains("a migration was active when the run stopped and ended with it"),
+        err.contains("the run stopped during a migration (status active), which ended with it"),
         "{err}"
     );
     assert!(

@@ -56,6 +56,8 @@ fn plot_replaces_an_image_whole_and_leaves_nothing_beside_it() {
     write_jsonl(&series, &header, &points);
     let svg = dir.join("run.svg");
     std::fs::write(&svg, "the old image").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&svg, std::fs::Permissions::from_mode(0o640)).unwrap();
     let mut old = std::fs::File::open(&svg).unwrap();
     let out = plot(&series, &svg);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -63,6 +65,8 @@ fn plot_replaces_an_image_whole_and_leaves_nothing_beside_it() {
     old.read_to_string(&mut held).unwrap();
     assert_eq!(held, "the old image", "the old file was written over");
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let mode = std::fs::metadata(&svg).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o640, "the old file's mode");
     let names: Vec<_> = std::fs::read_dir(dir.join(""))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -30,21 +30,42 @@ impl Bitmap {
     /// Adds the pages `[first, first + n)`, a word at a time where it can;
     /// pages past the end are ignored.
     pub(crate) fn set_run(&mut self, first: u64, n: u64) {
-        let end = (first + n).min(self.words.len() as u64 * 64);
+        for (i, mask) in self.masks(first, n) {
+            let w = &mut self.words[i];
+            self.count += u64::from((mask & !*w).count_ones());
+            *w |= mask;
+        }
+    }
+
+    /// Removes the pages `[first, first + n)`, a word at a time where it
+    /// can; pages past the end are ignored.
+    pub(crate) fn unset_run(&mut self, first: u64, n: u64) {
+        for (i, mask) in self.masks(first, n) {
+            let w = &mut self.words[i];
+            self.count -= u64::from((mask & *w).count_ones());
+            *w &= !mask;
+        }
+    }
+
+    /// The words that pages `[first, first + n)` lie in, each with the bits
+    /// of those pages; none past the end.
+    fn masks(&self, first: u64, n: u64) -> impl Iterator<Item = (usize, u64)> {
+        let end = first.saturating_add(n).min(self.words.len() as u64 * 64);
         let mut p = first;
-        while p < end {
+        std::iter::from_fn(move || {
+            if p >= end {
+                return None;
+            }
             let bits = (end - p).min(64 - p % 64);
             let mask = if bits == 64 {
                 u64::MAX
             } else {
                 ((1u64 << bits) - 1) << (p % 64)
             };
-            if let Some(w) = self.words.get_mut((p / 64) as usize) {
-                self.count += u64::from((mask & !*w).count_ones());
-                *w |= mask;
-            }
+            let word = (p / 64) as usize;
             p += bits;
-        }
+            Some((word, mask))
+        })
     }
 
     /// Removes a page.
@@ -191,6 +212,12 @@ mod tests {
         assert_eq!(b.count(), 169);
         assert!(!b.contains(70));
         assert_eq!(b.iter().count() as u64, b.count());
+        b.unset_run(65, 100);
+        assert_eq!(b.count(), 169 - 99, "70 was not set");
+        assert!(b.contains(64) && !b.contains(65) && !b.contains(164) && b.contains(165));
+        b.unset_run(300, u64::MAX);
+        assert_eq!(b.iter().count() as u64, b.count());
+        assert!(!b.contains(319) && b.contains(299));
     }
 
     #[test]

@@ -95,6 +95,14 @@ pub enum Error {
         /// Guest RAM size in pages.
         pages: u64,
     },
+    /// A page run that starts below the end of the section's run before it.
+    #[error("a page run at page {first} comes after one that ends at page {after} (runs go up within a section)")]
+    RunOrder {
+        /// Its first page.
+        first: u64,
+        /// One past the last page of the run before it.
+        after: u64,
+    },
     /// A page run of no pages (its first page given).
     #[error("a page run at page {0} holds no pages")]
     EmptyRun(u64),

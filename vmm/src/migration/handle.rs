@@ -371,6 +371,12 @@ impl Migration {
         true
     }
 
+    /// Whether the trailer was sent or is being sent ([`Migration::commit`]):
+    /// the destination may hold the whole stream and run the guest.
+    pub(crate) fn committed(&self) -> bool {
+        self.lock().committed
+    }
+
     /// Stops an incoming migration (its reads look every [`transport::TICK`]);
     /// `why` names who asked (`signal 15`, `quit`), the first one kept.
     pub(crate) fn stop_incoming(&self, why: String) {

@@ -57,6 +57,16 @@ pub enum Error {
         /// This VMM's value, printed as its option.
         ours: String,
     },
+    /// The stream's VM is one no VMM of this build can be (the guest ABI's bounds).
+    #[error("the stream's VM has {what} {theirs}, but this VMM takes {allowed}")]
+    Unsupported {
+        /// What is out of bounds (`memory of`, `vCPUs:`).
+        what: &'static str,
+        /// The stream's value, printed.
+        theirs: String,
+        /// What this VMM takes, printed.
+        allowed: String,
+    },
     /// A vCPU section could not be decoded.
     #[error(transparent)]
     Device(#[from] device::Error),
@@ -272,19 +282,16 @@ pub(crate) fn check(c: &ConfigRecord, given: &IncomingConfig) -> Result<(), Erro
         ));
     }
     if c.vcpus == 0 || u64::from(c.vcpus) > crate::abi::MAX_VCPUS {
-        return Err(differ(
-            "vCPUs:",
-            c.vcpus.to_string(),
-            format!(
-                "a VM of 1 to {} vCPUs (the guest ABI)",
-                crate::abi::MAX_VCPUS
-            ),
-        ));
+        return Err(Error::Unsupported {
+            what: "vCPUs:",
+            theirs: c.vcpus.to_string(),
+            allowed: format!("1 to {} (the guest ABI)", crate::abi::MAX_VCPUS),
+        });
     }
-    crate::memory::check_size(c.memory).map_err(|e| Error::Mismatch {
+    crate::memory::check_size(c.memory).map_err(|e| Error::Unsupported {
         what: "memory of",
         theirs: format!("{} bytes", c.memory),
-        ours: format!("a VM this guest ABI allows ({e})"),
+        allowed: format!("what the guest ABI allows ({e})"),
     })
 }
 
@@ -508,7 +515,7 @@ impl Incoming {
                     p.loaded(end, l.ram.normal - normal);
                 }
             }
-            Kind::Plan if l.prefetch.is_none() && !l.ram_seen => {
+            Kind::Plan if l.prefetch.is_none() && !l.ram_seen && l.last_pass_number.is_none() => {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "the plan")?;
                 l.prefetch = Some(Prefetch::start(mem, plan(&l.buf, l.pages)?));
@@ -610,6 +617,9 @@ impl Incoming {
 pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, format::Error> {
     let mut out = Vec::new();
     let mut b = payload;
+    // Runs go up within a section, as a source writes them: so a section's
+    // runs cover each page once, and the zero runs' work is bounded by RAM.
+    let mut after = 0;
     while !b.is_empty() {
         let Some(head) = b.get(..size_of::<PageRun>()) else {
             return Err(format::Error::Length {
@@ -635,6 +645,13 @@ pub(crate) fn runs(payload: &[u8], pages: u64) -> Result<Vec<(PageRun, &[u8])>, 
                 pages,
             });
         }
+        if run.first < after {
+            return Err(format::Error::RunOrder {
+                first: run.first,
+                after,
+            });
+        }
+        after = end.unwrap_or(u64::MAX);
         let data = match run.kind {
             RunKind::Zero => &b[..0],
             RunKind::Normal => {
@@ -675,10 +692,12 @@ fn load_ram(
         let range = run.first..run.first + u64::from(run.count);
         end = range.end;
         if run.kind == RunKind::Zero {
-            let stale: Vec<u64> = written.iter_range(range.start, range.end).collect();
-            for p in stale {
+            for p in written.iter_range(range.start, range.end) {
                 write_page(mem, p, &zero)?;
             }
+            // Zero now: a later zero run over them writes nothing (each page
+            // is written over once for each time data came for it).
+            written.unset_run(range.start, u64::from(run.count));
             ram.duplicate += u64::from(run.count);
             continue;
         }

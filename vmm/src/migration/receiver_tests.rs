@@ -100,9 +100,18 @@ fn a_page_run_of_an_unknown_kind_is_refused_by_its_value() {
 fn config_fields_out_of_range_are_refused_naming_the_field() {
     type Set = fn(&mut ConfigRecord);
     let cases: [(Set, &str); 4] = [
-        (|c| c.dirty_mode = 7, "the config's dirty_mode is 7, which stream version 1 does not define"),
-        (|c| c.hugepages = 5, "the config's hugepages is 5, which stream version 1 does not define"),
-        (|c| c.vcpus = 0, "the stream's VM has vCPUs: 0, but this VMM was given a VM of 1 to 256 vCPUs (the guest ABI)"),
+        (
+            |c| c.dirty_mode = 7,
+            "the config's dirty_mode is 7, which stream version 1 does not define",
+        ),
+        (
+            |c| c.hugepages = 5,
+            "the config's hugepages is 5, which stream version 1 does not define",
+        ),
+        (
+            |c| c.vcpus = 0,
+            "the stream's VM has vCPUs: 0, but this VMM takes 1 to 256 (the guest ABI)",
+        ),
         (|c| c.vcpus = 257, "vCPUs: 257, but"),
     ];
     for (set, says) in cases {
@@ -131,4 +140,39 @@ fn a_run_that_claims_more_than_its_section_or_nothing_is_named() {
     assert_eq!(e, "RAM section is 4112 bytes, but its contents need 8208");
     let e = runs(&run(0, RunKind::Zero), 64).unwrap_err().to_string();
     assert_eq!(e, "a page run at page 3 holds no pages");
+}
+
+/// Runs go up within a section, as a source writes them: a run that goes
+/// back, or overlaps the one before it, is refused (each could make the
+/// destination go over all of RAM again for 16 bytes of stream).
+#[test]
+fn runs_that_go_back_within_a_section_are_refused() {
+    let run = |first: u64, count: u32| {
+        zerocopy::IntoBytes::as_bytes(&PageRun {
+            first,
+            count,
+            kind: RunKind::Zero,
+        })
+        .to_vec()
+    };
+    let section = |runs: &[(u64, u32)]| {
+        runs.iter()
+            .flat_map(|&(f, c)| run(f, c))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        runs(&section(&[(0, 4), (4, 4), (10, 54)]), 64)
+            .unwrap()
+            .len(),
+        3
+    );
+    let e = runs(&section(&[(0, 64), (0, 64)]), 64)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "a page run at page 0 comes after one that ends at page 64 (runs go up within a section)"
+    );
+    assert!(runs(&section(&[(8, 4), (2, 1)]), 64).is_err());
+    assert!(runs(&section(&[(0, 4), (3, 4)]), 64).is_err());
 }

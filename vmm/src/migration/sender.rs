@@ -579,9 +579,9 @@ impl<'a> Precopy<'a> {
         self.end_pass(pages0)?;
         step("last pages sent");
         if self.m.parameters().x_check_ram {
-            // In the stop: the guest is paused, and a cancel is still taken
-            // after it (the commit below).
-            let crc32 = super::digest::ram_crc32(&self.src.mem, &|| false).unwrap_or_default();
+            // In the stop, before the commit: a cancel is still taken.
+            let crc32 = super::digest::ram_crc32(&self.src.mem, &|| self.m.cancelled())
+                .ok_or(Error::Cancelled)?;
             self.m.update(|i| i.x_ram_crc32 = Some(crc32));
             let record = format::DigestRecord { crc32, reserved: 0 };
             self.section(Kind::Digest, &[record.as_bytes()])?;

@@ -240,32 +240,51 @@ pub fn plot(config: &PlotConfig) -> Result<PlotOutcome, PlotError> {
 }
 
 /// Writes `bytes` to `path` whole or not at all: into a temporary file
-/// beside it, renamed over it once written, so that a stop, a crash or a
+/// beside it, synced, then renamed over it, so that a stop, a crash or a
 /// full disk mid-write leaves the image that was there (a write in place
-/// truncated it first). A symlink is followed to its file; a path that is
-/// not a regular file (`/dev/stdout`, a FIFO) is written in place.
+/// truncated it first). The file that was there gives the new one its mode
+/// (and, for root, its owner). Written in place as before: a path that is
+/// a symlink or no regular file (`/dev/stdout`, a FIFO), and one whose
+/// directory this user may not write in or whose file it may not replace
+/// (another user's in a sticky `/tmp`).
 fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::PermissionsExt as _;
-    let path = match fs::metadata(path) {
-        Ok(m) if !m.is_file() => return fs::write(path, bytes),
-        Ok(_) => fs::canonicalize(path)?,
-        Err(_) => path.to_path_buf(),
+    use std::io::{ErrorKind, Write as _};
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let old = match fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_file() => return fs::write(path, bytes),
+        Ok(m) => Some(m),
+        Err(_) => None,
     };
+    let denied = |e: &std::io::Error| e.kind() == ErrorKind::PermissionDenied;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    // 0666 less the umask, as a file the write made.
-    let mut temp = tempfile::Builder::new()
+    // 0666 less the umask, as a file the write made, where none was.
+    let made = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
         .permissions(fs::Permissions::from_mode(0o666))
-        .tempfile_in(dir)?;
+        .tempfile_in(dir);
+    let mut temp = match made {
+        Ok(t) => t,
+        Err(e) if denied(&e) => return fs::write(path, bytes),
+        Err(e) => return Err(e),
+    };
+    if let Some(m) = &old {
+        temp.as_file()
+            .set_permissions(fs::Permissions::from_mode(m.mode() & 0o7777))?;
+        // Only root may give a file away; anyone else keeps their own.
+        let _ = std::os::unix::fs::fchown(temp.as_file(), Some(m.uid()), Some(m.gid()));
+    }
     temp.write_all(bytes)?;
-    temp.persist(&path).map_err(|e| e.error)?;
-    Ok(())
+    temp.as_file().sync_all()?;
+    match temp.persist(path) {
+        Ok(_) => Ok(()),
+        Err(e) if denied(&e.error) => fs::write(path, bytes),
+        Err(e) => Err(e.error),
+    }
 }
 
 #[cfg(test)]

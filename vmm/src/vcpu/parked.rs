@@ -165,16 +165,16 @@ pub(super) fn resume(fd: &VcpuFd, shared: &VcpuShared, s: &Snapshot) -> Result<R
     Ok(resumed)
 }
 
-/// Refuses a migrated queue of more than [`MAX_QUEUED_COMMANDS`],
-/// counted before parsing: a stream's entry could hold thousands of
-/// commands (`;`-separated), each parsed into memory of its own.
-/// Highest command number a migrated vCPU may go on from: numbers stay
-/// exact in a JSON double, and no count of commands comes near it.
-const MAX_SEQ: u64 = 1 << 53;
+/// Highest command number a migrated vCPU may go on from, and most exits
+/// its counters may hold in all: numbers stay exact in a JSON double, leave
+/// room to count on (a counter at 2^64-1 wrapped at its next exit), and no
+/// guest comes near them.
+const MAX_COUNT: u64 = 1 << 53;
 
 /// The VMM-side values of a migrated vCPU that its source could have sent:
 /// results no more than a vCPU keeps, each numbered below the next command's
-/// number (which leaves room to count on), exit counters whose total fits.
+/// number, which is at most [`MAX_COUNT`], and exit counters whose sum is
+/// at most that too.
 fn check_state(v: &VmmState) -> Result<(), String> {
     if v.results.len() > RESULTS_KEPT {
         return Err(format!(
@@ -182,9 +182,9 @@ fn check_state(v: &VmmState) -> Result<(), String> {
             v.results.len()
         ));
     }
-    if v.next_seq == 0 || v.next_seq > MAX_SEQ {
+    if v.next_seq == 0 || v.next_seq > MAX_COUNT {
         return Err(format!(
-            "next command number {} is outside 1..={MAX_SEQ}",
+            "next command number {} is outside 1..={MAX_COUNT}",
             v.next_seq
         ));
     }
@@ -199,13 +199,17 @@ fn check_state(v: &VmmState) -> Result<(), String> {
             v.next_seq
         ));
     }
-    let counts = v.reasons.iter().chain(&v.devices).map(|(_, n)| *n);
-    if counts.clone().try_fold(0u64, u64::checked_add).is_none() {
-        return Err("its exit counters add up past 2^64".into());
+    let mut counts = v.reasons.iter().chain(&v.devices).map(|(_, n)| *n);
+    let sum = counts.try_fold(0u64, u64::checked_add);
+    if sum.is_none_or(|sum| sum > MAX_COUNT) {
+        return Err(format!("its exit counters add up past {MAX_COUNT}"));
     }
     Ok(())
 }
 
+/// Refuses a migrated queue of more than [`MAX_QUEUED_COMMANDS`],
+/// counted before parsing: a stream's entry could hold thousands of
+/// commands (`;`-separated), each parsed into memory of its own.
 fn within_queue_limit(index: usize, queue: &[String]) -> Result<(), Error> {
     let commands: usize = queue
         .iter()
@@ -262,7 +266,11 @@ mod tests {
         ));
         let mut s = good.clone();
         s.reasons = vec![("io_out".into(), u64::MAX), ("hlt".into(), 11)];
-        cases.push((s, "its exit counters add up past 2^64"));
+        cases.push((s, "its exit counters add up past 9007199254740992"));
+        // One counter at the top: its next exit would wrap it.
+        let mut s = good.clone();
+        s.reasons = vec![("io_out".into(), u64::MAX)];
+        cases.push((s, "its exit counters add up past"));
         for (state, says) in cases {
             let e = check_state(&state).unwrap_err();
             assert!(e.starts_with(says), "{e}");
