@@ -107,3 +107,15 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// A line on standard error, as `eprintln!` writes it, that is dropped where
+/// standard error is gone (a closed pipe, a parent that died): `eprintln!`
+/// panics there, and a VMM or a client must not end for want of a reader
+/// of its messages.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}

@@ -707,7 +707,7 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
         qmp_vcpus: a.qmp_vcpus,
         vcpu_exits: a.vcpu_exits,
     })?;
-    eprintln!(
+    kvmscope::say!(
         "kvmscope exporter: serving http://{}/metrics for {}",
         exporter.addr,
         reads.join(", ")
@@ -822,15 +822,15 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
         }
     }
     if let Some(late) = &summary.boot_timeout {
-        eprintln!("kvmscope: {}", late.describe());
+        kvmscope::say!("kvmscope: {}", late.describe());
         return Ok(ExitCode::from(5));
     }
     if let Some(failure) = summary.failure() {
-        eprintln!("kvmscope: the guest failed: {failure}");
+        kvmscope::say!("kvmscope: the guest failed: {failure}");
         return Ok(ExitCode::from(2));
     }
     if !summary.stuck.is_empty() {
-        eprintln!(
+        kvmscope::say!(
             "kvmscope: vCPUs {:?} did not stop within a second",
             summary.stuck
         );
@@ -838,7 +838,7 @@ fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode
     }
     if !summary.warnings.is_empty() {
         for w in &summary.warnings {
-            eprintln!("kvmscope: {w}");
+            kvmscope::say!("kvmscope: {w}");
         }
         return Ok(ExitCode::from(4));
     }
@@ -977,7 +977,7 @@ fn main() -> ExitCode {
         // (Ctrl-C ends them); `migrate` says what one does at each stage
         // (`MigrateConfig::stop`).
         if let Err(e) = kvmscope::signals::take_termination() {
-            eprintln!("kvmscope: taking SIGINT/SIGTERM: {e}");
+            kvmscope::say!("kvmscope: taking SIGINT/SIGTERM: {e}");
             return ExitCode::from(1);
         }
     }
@@ -1077,7 +1077,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("kvmscope: {e:#}");
+            kvmscope::say!("kvmscope: {e:#}");
             ExitCode::FAILURE
         }
     }

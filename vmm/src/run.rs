@@ -502,7 +502,7 @@ impl Services {
             status,
         };
         if config.announce && services.serving() {
-            eprintln!("kvmscope run: {}", services.where_served(config, vm));
+            crate::say!("kvmscope run: {}", services.where_served(config, vm));
         }
         Ok(services)
     }
@@ -607,7 +607,7 @@ fn wait_for_source(
     let stop = incoming_stop(config, migration);
     let waiting = || {
         if config.announce {
-            eprintln!("kvmscope run: waiting for a migration on {}", given.uri);
+            crate::say!("kvmscope run: waiting for a migration on {}", given.uri);
         }
     };
     let Some(mut vm) = given.ahead(&config.vm).map(Vm::new).transpose()? else {

@@ -115,7 +115,7 @@ pub fn take_termination() -> std::io::Result<()> {
 fn took(sig: i32) {
     if EXIT_ON_NEXT.load(Ordering::SeqCst) {
         if let Some(note) = *crate::lock(&EXIT_NOTE) {
-            eprintln!("kvmscope: signal {sig}: {note}");
+            crate::say!("kvmscope: signal {sig}: {note}");
         }
         // The signal's default action, which this thread took over: the
         // caller asked for it (a client with nothing to undo).
@@ -125,7 +125,7 @@ fn took(sig: i32) {
     let mut taken = crate::lock(&TAKEN);
     if taken.first.is_some() {
         if let Some(note) = *crate::lock(&EXIT_ON_SECOND) {
-            eprintln!("kvmscope: signal {sig}: {note}");
+            crate::say!("kvmscope: signal {sig}: {note}");
             #[allow(clippy::exit)]
             std::process::exit(128 + sig);
         }

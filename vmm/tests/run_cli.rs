@@ -635,4 +635,16 @@ fn a_summary_nobody_reads_leaves_the_exit_status_as_the_run_made_it() {
         assert_eq!(out.status.code(), Some(0), "json {json}: {err}");
         assert!(!err.contains("panicked"), "json {json}: {err}");
     }
+    // Nobody reads its messages either: a run that ends with one (here a
+    // boot deadline no guest meets, status 5) ends with the status, not a
+    // panic in `eprintln!` (101).
+    let mut child = kvmscope()
+        .args(["run", "--memory", "16M", "--boot-timeout", "1us"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    assert_eq!(child.wait().unwrap().code(), Some(5));
 }

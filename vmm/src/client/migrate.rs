@@ -144,7 +144,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
     }
     let pending = || config.stop.and_then(|s| (s.pending)());
     if let Some(sig) = pending() {
-        eprintln!("kvmscope migrate: signal {sig} before the migration began: none started");
+        crate::say!("kvmscope migrate: signal {sig} before the migration began: none started");
         return Ok(false);
     }
     client.migrate(&config.to)?;
@@ -159,7 +159,7 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
             None => {
                 let now = (info.status, info.ram.as_ref().map(|r| r.dirty_sync_count));
                 if logged != Some(now) {
-                    eprintln!("{}", pass_line(&info));
+                    crate::say!("{}", pass_line(&info));
                     logged = Some(now);
                 }
             }
@@ -181,8 +181,8 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
                 format!("kvmscope migrate: signal {sig}: cancelling the migration; a second signal ends this client")
             };
             match &bar {
-                Some(bar) => bar.suspend(|| eprintln!("{said}")),
-                None => eprintln!("{said}"),
+                Some(bar) => bar.suspend(|| crate::say!("{said}")),
+                None => crate::say!("{said}"),
             }
             if !stopping {
                 client.execute("migrate_cancel", serde_json::json!({}))?;
