@@ -207,13 +207,48 @@ fn parse_name(bytes: &[u8]) -> Result<String, StatError> {
     if nul == 0 {
         return Err(StatError::NameEmpty);
     }
-    std::str::from_utf8(&bytes[..nul])
-        .map(str::to_owned)
-        .map_err(|_| StatError::NameNotUtf8)
+    let name = std::str::from_utf8(&bytes[..nul]).map_err(|_| StatError::NameNotUtf8)?;
+    if !printable(name) {
+        return Err(StatError::NameNotPrintable);
+    }
+    Ok(name.to_owned())
+}
+
+/// Whether `text` holds nothing a terminal acts on: no control character
+/// (newline, escape, carriage return), line or paragraph separator, or
+/// bidirectional override. KVM's names and ids are identifiers; a file
+/// whose names hold such characters would forge lines of a table or move
+/// a terminal's cursor.
+pub(crate) fn printable(text: &str) -> bool {
+    !text.chars().any(|c| {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn names_a_terminal_would_act_on_are_refused() {
+        for bad in ["a\nb", "\u{1b}[2J", "x\u{202e}y", "tab\there", "del\u{7f}"] {
+            let mut bytes = bad.as_bytes().to_vec();
+            bytes.push(0);
+            assert_eq!(
+                super::parse_name(&bytes),
+                Err(super::StatError::NameNotPrintable),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            super::parse_name(b"halt_poll_success_ns\0").as_deref(),
+            Ok("halt_poll_success_ns")
+        );
+        assert_eq!(
+            super::parse_name("caf\u{e9}\0".as_bytes()).as_deref(),
+            Ok("caf\u{e9}")
+        );
+    }
+
     use super::*;
 
     fn desc(kind: StatType, unit: Unit, exponent: i16, size: u16, bucket_size: u32) -> Descriptor {

@@ -108,6 +108,10 @@ pub enum Error {
     /// The id string is not UTF-8.
     #[error("the id string is not UTF-8")]
     IdNotUtf8,
+    /// The id string holds a character a terminal acts on (a control
+    /// character, a line separator, a bidirectional override).
+    #[error("the id string holds a control character")]
+    IdNotPrintable,
     /// One descriptor breaks a rule.
     #[error("stat #{index} ({name:?}) is malformed")]
     Stat {
@@ -157,6 +161,11 @@ pub enum StatError {
     /// The name is not UTF-8.
     #[error("name is not UTF-8")]
     NameNotUtf8,
+    /// The name holds a character a terminal acts on (a control character,
+    /// a line separator, a bidirectional override): names are shown in
+    /// tables and logs as they are.
+    #[error("name holds a control character")]
+    NameNotPrintable,
     /// `size` is 0.
     #[error("field size is 0")]
     ZeroSize,

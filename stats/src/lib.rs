@@ -21,7 +21,9 @@
 //! ```
 //!
 //! Malformed input is a typed [`Error`] naming the field and value, never a panic; no
-//! allocation is sized by a header field before it is checked against a cap. Only
+//! allocation is sized by a header field before it is checked against a cap. Names and
+//! the id string must be UTF-8 without characters a terminal acts on (control
+//! characters, line separators, bidirectional overrides): they are shown as they are. Only
 //! [`ioctl`] has unsafe code; every other module forbids it.
 
 #![deny(unsafe_code)]

@@ -261,6 +261,9 @@ fn read_id(src: &(impl ReadAt + ?Sized), header: &Header) -> Result<String> {
         return Err(Error::IdNotTerminated);
     };
     let id = std::str::from_utf8(&bytes[..nul]).map_err(|_| Error::IdNotUtf8)?;
+    if !crate::descriptor::printable(id) {
+        return Err(Error::IdNotPrintable);
+    }
     if !id.starts_with("kvm") {
         return Err(Error::IdPrefix { id: id.to_owned() });
     }

@@ -428,6 +428,22 @@ pub(crate) fn peer_text(bytes: &[u8], max: usize) -> String {
     out
 }
 
+/// A report of many lines a peer wrote (a VMM's readiness report), fit for
+/// a terminal: each line as [`peer_text`] makes it (at most `width`
+/// characters), its newlines kept, at most `lines` of them (the cut said).
+pub(crate) fn peer_lines(text: &str, width: usize, lines: usize) -> String {
+    let mut out: Vec<String> = text
+        .split('\n')
+        .take(lines)
+        .map(|l| peer_text(l.as_bytes(), width))
+        .collect();
+    let all = text.split('\n').count();
+    if all > lines {
+        out.push(format!("... ({all} lines in all)"));
+    }
+    out.join("\n")
+}
+
 /// Formats a duration exactly, in the largest unit that divides it: `5s`, `250ms`, `1500us`.
 pub(crate) fn format_duration(d: Duration) -> String {
     let ns = d.as_nanos();

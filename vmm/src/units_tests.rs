@@ -270,3 +270,16 @@ fn peer_text_keeps_a_peer_on_one_line() {
         "a\\u{202e}b\\u{2028}c"
     );
 }
+
+#[test]
+fn a_peers_report_keeps_its_lines_and_escapes_the_rest() {
+    let text = "converges\n\u{1b}]0;owned\u{7}title\r\nlast\n";
+    assert_eq!(
+        peer_lines(text, 100, 10),
+        "converges\n\\u{1b}]0;owned\\u{7}title\\r\nlast\n"
+    );
+    assert_eq!(
+        peer_lines("a\nb\nc\nd", 100, 2),
+        "a\nb\n... (4 lines in all)"
+    );
+}

@@ -368,10 +368,73 @@ fn the_stats_client_names_a_received_fd_that_is_not_a_stats_file() {
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(
             err.contains("the stats fd the VMM sent for the VM (kvm) is not a readable stats file")
-                && err.contains("(it is \"pipe\")"),
+                && err.contains("(it is \"pipe\""),
             "{err}"
         );
     }
+}
+
+/// `kvmscope stats` against a VMM that hands out what no stats fd is: a
+/// file whose read blocks (`/dev/kmsg` at its end: the client sat in
+/// `pread` for ever) is refused by what it is, unread; more vCPU fds than
+/// the greeting's vCPUs are refused too (3,000 were taken and held).
+#[test]
+fn the_stats_client_reads_no_fd_of_another_kind_and_no_more_than_the_vcpus() {
+    require_kvm!();
+    let dir = common::test_dir("exh-kinds");
+    let stats = |socket: &Path, args: &[&str]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .arg("stats")
+            .args(args)
+            .arg("--socket")
+            .arg(socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = common::wait_for("the client to end", Duration::from_secs(20), || {
+            child.try_wait().unwrap()
+        });
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err);
+        (status.code(), err)
+    };
+    if let Ok(mut kmsg) = std::fs::File::open("/dev/kmsg") {
+        use std::io::Seek as _;
+        let _ = kmsg.seek(std::io::SeekFrom::End(0));
+        let socket = dir.join("kmsg.sock");
+        fake_vmm(
+            &socket,
+            greeting("kmsg", 1),
+            Arc::new(kmsg),
+            Arc::new(Vec::new()),
+            drain(),
+        );
+        let (code, err) = stats(&socket, &["--vm"]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains("(it is \"/dev/kmsg\", not kvm-vm-stats); it was not read"),
+            "{err}"
+        );
+    } else {
+        eprintln!("/dev/kmsg cannot be opened here: its case skipped");
+    }
+    let real = RealStats::new();
+    let socket = dir.join("many.sock");
+    let vcpus: Vec<_> = (0..3).map(|_| real.vcpu.try_clone().unwrap()).collect();
+    fake_vmm(
+        &socket,
+        greeting("many", 1),
+        Arc::new(real.vm.try_clone().unwrap()),
+        Arc::new(vcpus),
+        drain(),
+    );
+    let (code, err) = stats(&socket, &["--vcpu", "all"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("the reply names 3 stats fds for a VM whose greeting names 1 vCPUs"),
+        "{err}"
+    );
 }
 
 /// A memfd named as the VMM's own stats files are, holding a stats file

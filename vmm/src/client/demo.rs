@@ -228,7 +228,7 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
     let started = Instant::now();
     let mut client =
         Client::connect_when_ready(&socket, config.startup_timeout, || vmm.check_running())?;
-    client.set_timeout(Some(super::REPLY_TIMEOUT))?;
+    client.bound_each_request(super::REPLY_TIMEOUT);
     let vm = client.query_vm()?;
     writeln!(
         out,
@@ -376,7 +376,7 @@ fn verify_on(
     let size = config.phase_size;
     let mut d =
         Client::connect_when_ready(dst_socket, config.startup_timeout, || dst.check_running())?;
-    d.set_timeout(Some(super::REPLY_TIMEOUT))?;
+    d.bound_each_request(super::REPLY_TIMEOUT);
     let vm = &d.greeting.qmp.kvmscope.vm;
     writeln!(
         out,

@@ -418,9 +418,12 @@ fn pass_line(info: &MigrationInfo) -> String {
         indicatif::HumanBytes(r.transferred),
         indicatif::HumanBytes(r.remaining),
         r.mbps,
-        info.x_not_converging
-            .as_ref()
-            .map_or(String::new(), |n| format!("; not converging: {n}")),
+        info.x_not_converging.as_ref().map_or(String::new(), |n| {
+            format!(
+                "; not converging: {}",
+                crate::units::peer_text(n.as_bytes(), 500)
+            )
+        }),
     )
 }
 
@@ -493,11 +496,16 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
             let _ = writeln!(s, "{name}: {v}");
         }
     }
+    // The VMM's words, shown on the user's terminal.
     if let Some(e) = &info.error_desc {
-        let _ = writeln!(s, "error: {e}");
+        let _ = writeln!(s, "error: {}", crate::units::peer_text(e.as_bytes(), 1000));
     }
     if let Some(n) = &info.x_not_converging {
-        let _ = writeln!(s, "not converging: {n}");
+        let _ = writeln!(
+            s,
+            "not converging: {}",
+            crate::units::peer_text(n.as_bytes(), 500)
+        );
     }
     let per_vcpu = |s: &mut String, what: &str, g: &crate::protocol::migration::GuestStall| {
         let per: Vec<String> = g.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();

@@ -51,6 +51,14 @@ pub(crate) const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest reply line a client accepts (a `query-stats` of 256 vCPUs is ~1 MiB).
 const MAX_REPLY: usize = 64 << 20;
 
+/// Longest greeting a client accepts (a kvmscope VMM's is under 1 KiB): a
+/// server's first line of 60 MiB took the client to 2.9 GB.
+const MAX_GREETING: usize = 64 << 10;
+
+/// Most event lines a client skips while it waits for one reply: a server
+/// that sends events without end does not hold the request for ever.
+const MAX_EVENTS_PER_REPLY: usize = 1 << 20;
+
 /// Why a client command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -117,6 +125,17 @@ pub enum Error {
         #[source]
         source: kvm_stats::Error,
     },
+    /// A received fd is not of the kind a stats fd is (what it was said to
+    /// be, what it is, what it should be): not read at all.
+    #[error("the stats fd the VMM sent for {what} is not a readable stats file (it is {is:?}, not {kind}); it was not read")]
+    NotStatsKind {
+        /// `the VM (kvm)`, `vCPU 1 (kvmscope)`.
+        what: String,
+        /// Its `/proc/self/fd` link.
+        is: String,
+        /// The kind it should be (`kvm-vm-stats`, `kvmscope-stats`).
+        kind: &'static str,
+    },
     /// Starting or waiting for a child VMM (the demo) failed.
     #[error("the VMM process")]
     Child(#[source] io::Error),
@@ -160,7 +179,11 @@ pub(crate) struct Bounds {
 pub struct Client {
     stream: UnixStream,
     input: Vec<u8>,
-    /// Bytes at the start of `input` already searched for a newline.
+    /// Where the lines not yet taken begin in `input` (the bytes before are
+    /// dropped now and then, not after each line: a buffer of many short
+    /// lines was moved down once per line).
+    start: usize,
+    /// Where in `input` the search for a newline goes on from.
     scanned: usize,
     /// Longest line accepted.
     line_max: usize,
@@ -281,9 +304,10 @@ impl Client {
         deadline: Instant,
     ) -> Result<Client, Error> {
         let mut client = Client::new(stream);
-        client.line_max = line_max;
+        client.line_max = line_max.min(MAX_GREETING);
         client.deadline = Some(deadline);
         client.read_greeting()?;
+        client.line_max = line_max;
         Ok(client)
     }
 
@@ -323,6 +347,7 @@ impl Client {
         Client {
             stream,
             input: Vec::new(),
+            start: 0,
             scanned: 0,
             line_max: MAX_REPLY,
             request_limit: None,
@@ -390,14 +415,18 @@ impl Client {
     /// `Closed` once the server has hung up (after the events before it were
     /// taken), `BadReply` for a line that is not JSON, or the read failure.
     pub(crate) fn take_events(&mut self) -> Result<Vec<Value>, Error> {
+        /// Bytes one look takes at most: a server that sends without end
+        /// cannot keep it reading.
+        const LOOK: usize = 4 << 20;
         self.stream.set_nonblocking(true)?;
+        let mut read = 0;
         let received = loop {
-            if self.input.len() > self.line_max {
+            if self.pending() > self.line_max || read > LOOK {
                 break Ok(false);
             }
             match self.receive() {
                 Ok(0) => break Ok(true),
-                Ok(_) => {}
+                Ok(n) => read += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
                 Err(e) => break Err(e),
             }
@@ -493,7 +522,7 @@ impl Client {
             if let Some(line) = self.take_line() {
                 return line;
             }
-            if self.input.len() > self.line_max {
+            if self.pending() > self.line_max {
                 return Err(Error::BadReply(format!(
                     "a line longer than {} bytes",
                     self.line_max
@@ -524,30 +553,52 @@ impl Client {
     fn take_line(&mut self) -> Option<Result<Reply, Error>> {
         // Only the bytes that came since the last look: a line is searched
         // once, however many reads it takes to arrive.
-        let Some(found) = self.input[self.scanned..].iter().position(|&b| b == b'\n') else {
+        let from = self.scanned.max(self.start);
+        let Some(found) = self.input[from..].iter().position(|&b| b == b'\n') else {
             self.scanned = self.input.len();
             return None;
         };
-        let nl = self.scanned + found;
-        self.scanned = 0;
-        let line: Vec<u8> = self.input.drain(..=nl).collect();
+        let nl = from + found;
+        let line = &self.input[self.start..=nl];
+        let parsed = serde_json::from_slice(line).map_err(|e| {
+            // The peer's bytes, on one line of a log and not all of a
+            // 64 KiB line.
+            let shown = crate::units::peer_text(line.trim_ascii_end(), 200);
+            Error::BadReply(format!("{e}: {shown}"))
+        });
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fds)
             .into_iter()
             .partition(|(at, _)| *at <= nl);
-        self.fds = rest.into_iter().map(|(at, f)| (at - nl - 1, f)).collect();
-        Some(
-            serde_json::from_slice(&line)
-                .map(|value| Reply {
-                    value,
-                    fds: mine.into_iter().map(|(_, f)| f).collect(),
-                })
-                .map_err(|e| {
-                    // The peer's bytes, on one line of a log and not all of
-                    // a 64 KiB line.
-                    let shown = crate::units::peer_text(line.trim_ascii_end(), 200);
-                    Error::BadReply(format!("{e}: {shown}"))
-                }),
-        )
+        self.fds = rest;
+        self.start = nl + 1;
+        self.scanned = self.start;
+        self.compact();
+        Some(parsed.map(|value| Reply {
+            value,
+            fds: mine.into_iter().map(|(_, f)| f).collect(),
+        }))
+    }
+
+    /// Bytes received and not yet taken as lines.
+    fn pending(&self) -> usize {
+        self.input.len() - self.start
+    }
+
+    /// Drops the bytes of lines taken, once they are all of the buffer or
+    /// the larger part of it (so each byte moves down a few times at most).
+    fn compact(&mut self) {
+        if self.start == self.input.len() {
+            self.input.clear();
+        } else if self.start >= 64 << 10 && self.start * 2 >= self.input.len() {
+            self.input.drain(..self.start);
+            for (at, _) in &mut self.fds {
+                *at -= self.start;
+            }
+        } else {
+            return;
+        }
+        self.scanned -= self.start;
+        self.start = 0;
     }
 
     /// One `recvmsg` into the input, each fd tagged with the last byte that
@@ -572,13 +623,16 @@ impl Client {
         &mut self,
         mut on_event: impl FnMut(&Value) -> Result<(), Error>,
     ) -> Result<Reply, Error> {
-        loop {
+        for _ in 0..=MAX_EVENTS_PER_REPLY {
             let reply = self.read_reply()?;
             if reply.value.get("event").is_none() {
                 return Ok(reply);
             }
             on_event(&reply.value)?;
         }
+        Err(Error::BadReply(format!(
+            "more than {MAX_EVENTS_PER_REPLY} events and no reply"
+        )))
     }
 
     /// Runs a command: its `return` value and fds, or its error as `Remote`.
@@ -838,7 +892,7 @@ impl Client {
         }
         match value.get_mut("return") {
             Some(v) => Ok((v.take(), fds)),
-            None => Err(Error::BadReply(value.to_string())),
+            None => Err(Error::BadReply(shown(&value))),
         }
     }
 }
@@ -856,7 +910,13 @@ fn past_deadline() -> io::Error {
 /// # Errors
 /// `BadReply` with the value, when it is not of that shape.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, Error> {
-    serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(value.to_string()))
+    serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(shown(&value)))
+}
+
+/// A peer's value as an error shows it: on one line, escaped, cut (a
+/// reply of megabytes was put whole into the message).
+fn shown(value: &Value) -> String {
+    crate::units::peer_text(value.to_string().as_bytes(), 200)
 }
 
 /// An event line, typed; `None` for an event this build does not know.
@@ -866,7 +926,7 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, 
 pub(crate) fn event_of(line: &Value) -> Result<Option<EventKind>, Error> {
     decode::<Event>(line.clone())?
         .kind()
-        .map_err(|_| Error::BadReply(line.to_string()))
+        .map_err(|_| Error::BadReply(shown(line)))
 }
 
 /// The class and description of an error reply (`{"error": {...}}`), if it is one.
@@ -1050,6 +1110,43 @@ mod tests {
         }
     }
     use crate::protocol::migration::Status;
+
+    /// Many lines in one buffer are taken in order, the buffer dropped now
+    /// and then, and an fd stays with the line it came with across that.
+    #[test]
+    fn lines_by_the_hundred_thousand_keep_their_order_and_their_fds() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut c = Client::new(ours);
+        let writer = std::thread::spawn(move || {
+            use std::io::Write as _;
+            let mut theirs = theirs;
+            let events: String = (0..100_000)
+                .map(|i| format!("{{\"event\":\"E\",\"data\":{{\"n\":{i}}}}}\n"))
+                .collect();
+            theirs.write_all(events.as_bytes()).unwrap();
+            let file = std::fs::File::open("/dev/null").unwrap();
+            scm::send_with_fds(
+                &theirs,
+                b"{\"return\":{}}\n",
+                &[std::os::fd::AsFd::as_fd(&file)],
+            )
+            .unwrap();
+            theirs
+        });
+        let mut seen = 0u64;
+        let reply = c
+            .read_reply_after_events(|e| {
+                assert_eq!(e["data"]["n"].as_u64(), Some(seen));
+                seen += 1;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, 100_000);
+        assert_eq!(reply.value, json!({"return": {}}));
+        assert_eq!(reply.fds.len(), 1, "the fd came with the reply");
+        assert_eq!(c.pending(), 0);
+        drop(writer.join().unwrap());
+    }
 
     fn line(message: &Message) -> Value {
         serde_json::from_slice(&message.to_line()).unwrap()

@@ -61,7 +61,9 @@ pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Erro
             "the readiness report has no prediction".into(),
         ));
     };
-    let mut predicted = of(p, report.text);
+    // The VMM's report, shown on the user's terminal.
+    let text = crate::units::peer_lines(&report.text, 1000, 200);
+    let mut predicted = of(p, text);
     predicted.converge = report.converge.map(|c| {
         (
             c.cpu_throttle_percentage,

@@ -71,7 +71,8 @@ pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Er
             serde_json::to_string_pretty(&value).unwrap_or_default()
         )?;
     } else {
-        write!(out, "{}", report.text)?;
+        // The VMM's report, shown on the user's terminal.
+        write!(out, "{}", crate::units::peer_lines(&report.text, 1000, 200))?;
     }
     Ok(())
 }

@@ -87,6 +87,7 @@ pub(crate) fn receive(
         requests.push((StatsTarget::Vcpu, Some(selector)));
     }
     let mut out = Vec::new();
+    let mut budget = RECEIVED_BUDGET;
     // KVM's (the request names no provider, as from any client), then the
     // VMM's own when asked for.
     let mut providers = vec![(StatsProvider::Kvm, None)];
@@ -101,14 +102,43 @@ pub(crate) fn receive(
                 Err(Error::Remote { .. }) if asked.is_some() => break,
                 Err(e) => return Err(e),
             };
+            // One for the VM, one per vCPU the greeting names at most (a
+            // greeting without any, an older VMM's: any number).
+            let vcpus = client.greeting.qmp.kvmscope.vm.vcpus;
+            let most = match target {
+                StatsTarget::Vcpu if vcpus > 0 => vcpus,
+                StatsTarget::Vcpu => usize::MAX,
+                _ => 1,
+            };
+            if files.len() > most {
+                return Err(Error::BadReply(format!(
+                    "the reply names {} stats fds for a VM whose greeting names {vcpus} vCPUs",
+                    files.len()
+                )));
+            }
             for (entry, file) in files {
                 let what = match entry.vcpu {
                     Some(i) => format!("vCPU {i}"),
                     None => "the VM".to_string(),
                 };
+                let what = format!("{what} ({})", <&str>::from(provider));
                 let is = fd_target(&file);
-                let stats = StatsFd::new(file).map_err(|source| Error::NotStats {
-                    what: format!("{what} ({})", <&str>::from(provider)),
+                // What the fd is, before a byte of it is read: a read of
+                // another kind of file may block for ever (`/dev/kmsg`).
+                let kind = match (provider, target) {
+                    (StatsProvider::Kvmscope, _) => crate::vmmstats::MEMFD_NAME,
+                    (_, StatsTarget::Vm) => "kvm-vm-stats",
+                    _ => "kvm-vcpu-stats",
+                };
+                if !is_stats_kind(&is, kind) {
+                    return Err(Error::NotStatsKind {
+                        what,
+                        is: crate::units::peer_text(is.as_bytes(), 200),
+                        kind,
+                    });
+                }
+                let stats = within_budget(file, &mut budget).map_err(|source| Error::NotStats {
+                    what,
                     is,
                     source,
                 })?;
@@ -121,6 +151,53 @@ pub(crate) fn receive(
         }
     }
     Ok(out)
+}
+
+/// Schema and data bytes a client keeps for all the stats fds it received
+/// from one VMM: KVM's are about 4.5 KiB per fd, so this is thousands of
+/// vCPUs' worth; a file's header says its sizes before they are read (two
+/// fds of 1 GiB of names each were read whole).
+const RECEIVED_BUDGET: u64 = 64 << 20;
+
+/// Whether a received fd, as [`fd_target`] names it, is a stats file of
+/// `kind`: KVM's `anon_inode:kvm-vm-stats` or `anon_inode:kvm-vcpu-stats:N`,
+/// or a VMM's own `/memfd:kvmscope-stats (deleted)` for
+/// [`MEMFD_NAME`](crate::vmmstats::MEMFD_NAME).
+pub(crate) fn is_stats_kind(link: &str, kind: &str) -> bool {
+    if kind == crate::vmmstats::MEMFD_NAME {
+        link.strip_prefix("/memfd:")
+            .is_some_and(|n| n.split(' ').next() == Some(kind))
+    } else {
+        let name = link.strip_prefix("anon_inode:").unwrap_or("");
+        name == kind || name.split_once(':').is_some_and(|(k, _)| k == kind)
+    }
+}
+
+/// A stats file whose schema and data fit what is left of `budget` (taken
+/// from it): the header is checked before any descriptor is read.
+///
+/// # Errors
+/// The file's own errors, or `SizeLimit` past the budget.
+pub(crate) fn within_budget(
+    file: std::fs::File,
+    budget: &mut u64,
+) -> Result<StatsFd, kvm_stats::Error> {
+    let take = |budget: &mut u64, bytes: u64| {
+        *budget = budget
+            .checked_sub(bytes)
+            .ok_or(kvm_stats::Error::TooLarge {
+            field:
+                "what is left of the schema and data bytes a client keeps for one VMM's stats fds",
+            value: bytes,
+            limit: *budget,
+        })?;
+        Ok(())
+    };
+    let header = kvm_stats::Header::read(&file)?;
+    take(budget, u64::from(header.num_desc) * header.desc_stride())?;
+    let schema = kvm_stats::Schema::read(&file)?;
+    take(budget, schema.data_size())?;
+    StatsFd::with_schema(file, schema)
 }
 
 /// What a received fd is, as `/proc/self/fd` names it
@@ -214,7 +291,7 @@ pub(crate) const UNMEASURED: &str = "(no readiness_* or prediction_* figure: thi
 /// Connecting, receiving or reading failed.
 pub fn run(config: &StatsConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
-    client.set_timeout(Some(REPLY_TIMEOUT))?;
+    client.bound_each_request(REPLY_TIMEOUT);
     let (vm, vcpus) = match (config.vm, config.vcpus) {
         (false, None) => (true, Some(VcpuSelector::All)),
         other => other,

@@ -58,7 +58,7 @@ pub struct WatchConfig {
 /// Connecting, receiving or reading failed.
 pub fn run(config: &WatchConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
-    client.set_timeout(Some(REPLY_TIMEOUT))?;
+    client.bound_each_request(REPLY_TIMEOUT);
     let pid = u64::from(client.vmm_pid());
     let name = client.greeting.qmp.kvmscope.vm.name.clone();
     let (vm, vcpus) = match (config.vm, config.vcpus) {
@@ -203,10 +203,16 @@ impl Derived {
             pid,
             last: 0,
             point: None,
-            backend: header
-                .backend_info()
-                .map_or_else(|| "?".to_string(), |b| b.description),
-            quiet: header.quiet_stats,
+            // The VMM's words, shown on the user's terminal.
+            backend: header.backend_info().map_or_else(
+                || "?".to_string(),
+                |b| crate::units::peer_text(b.description.as_bytes(), 200),
+            ),
+            quiet: header
+                .quiet_stats
+                .iter()
+                .map(|q| crate::units::peer_text(q.as_bytes(), 100))
+                .collect(),
         }
     }
 

@@ -1005,16 +1005,7 @@ fn open_stats(
     budget: &mut u64,
 ) -> Result<(StatsFd, Sample), AttachError> {
     let link = client::stats::fd_target(&file);
-    // KVM names a vCPU's `kvm-vcpu-stats:N`; a VMM's own stats are a memfd
-    // (`/memfd:kvmscope-stats (deleted)`).
-    let is_kind = if kind == MEMFD_NAME {
-        link.strip_prefix("/memfd:")
-            .is_some_and(|n| n.split(' ').next() == Some(MEMFD_NAME))
-    } else {
-        let name = link.strip_prefix("anon_inode:").unwrap_or("");
-        name == kind || name.split_once(':').is_some_and(|(k, _)| k == kind)
-    };
-    if !is_kind {
+    if !client::stats::is_stats_kind(&link, kind) {
         return Err(AttachError::NotStats(kind.to_string(), link));
     }
     let mode = rustix::fs::fcntl_getfl(&file)
