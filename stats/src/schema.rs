@@ -93,7 +93,18 @@ impl Schema {
     /// [`Error::Read`] if the source fails, [`Error::Truncated`] if it ends inside a block,
     /// and a malformed-input variant naming the field and value for any broken rule.
     pub fn read(src: &(impl ReadAt + ?Sized)) -> Result<Self> {
-        let header = Header::read(src)?;
+        Self::read_after(src, Header::read(src)?)
+    }
+
+    /// As [`Schema::read`], with the header already read (and checked) from
+    /// `src`: what is allocated is what that header says, so a caller that
+    /// weighed it (the sizes of the id and descriptors) gets no more, even
+    /// from a file that changes between the two reads.
+    ///
+    /// # Errors
+    ///
+    /// As [`Schema::read`].
+    pub fn read_after(src: &(impl ReadAt + ?Sized), header: Header) -> Result<Self> {
         let id = read_id(src, &header)?;
         let stats = read_descriptors(src, &header)?;
         let by_name = index_names(&stats)?;

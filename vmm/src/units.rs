@@ -432,16 +432,18 @@ pub(crate) fn peer_text(bytes: &[u8], max: usize) -> String {
 /// a terminal: each line as [`peer_text`] makes it (at most `width`
 /// characters), its newlines kept, at most `lines` of them (the cut said).
 pub(crate) fn peer_lines(text: &str, width: usize, lines: usize) -> String {
-    let mut out: Vec<String> = text
-        .split('\n')
-        .take(lines)
-        .map(|l| peer_text(l.as_bytes(), width))
-        .collect();
-    let all = text.split('\n').count();
-    if all > lines {
-        out.push(format!("... ({all} lines in all)"));
+    let mut out = String::new();
+    for line in text.lines().take(lines) {
+        out.push_str(&peer_text(line.as_bytes(), width));
+        out.push('\n');
     }
-    out.join("\n")
+    let all = text.lines().count();
+    if all > lines {
+        out.push_str(&format!("... ({all} lines in all)\n"));
+    } else if !text.ends_with('\n') {
+        out.pop();
+    }
+    out
 }
 
 /// Formats a duration exactly, in the largest unit that divides it: `5s`, `250ms`, `1500us`.

@@ -273,13 +273,17 @@ fn peer_text_keeps_a_peer_on_one_line() {
 
 #[test]
 fn a_peers_report_keeps_its_lines_and_escapes_the_rest() {
-    let text = "converges\n\u{1b}]0;owned\u{7}title\r\nlast\n";
+    // CRLF ends a line as LF does; a CR inside one is escaped.
+    let text = "converges\n\u{1b}]0;owned\u{7}title\r\nla\rst\n";
     assert_eq!(
         peer_lines(text, 100, 10),
-        "converges\n\\u{1b}]0;owned\\u{7}title\\r\nlast\n"
+        "converges\n\\u{1b}]0;owned\\u{7}title\nla\\rst\n"
     );
     assert_eq!(
         peer_lines("a\nb\nc\nd", 100, 2),
-        "a\nb\n... (4 lines in all)"
+        "a\nb\n... (4 lines in all)\n"
     );
+    // Exactly as many lines as allowed: nothing cut, the last newline kept.
+    assert_eq!(peer_lines("a\nb\n", 100, 2), "a\nb\n");
+    assert_eq!(peer_lines("a\nb", 100, 2), "a\nb");
 }

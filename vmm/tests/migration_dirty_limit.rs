@@ -327,10 +327,13 @@ fn a_cancel_lifts_the_limits_and_standalone_limits_wait_for_the_migration() {
     let before = settled(&mut c);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(slept(&mut c)[0], before, "the writer runs free");
-    // As the guest counts it: back to (about) its pace before the migration.
+    // As the guest counts it: well above a limited writer's pace (under a
+    // tenth of its untracked one: the test above), back towards its pace
+    // before the migration. Not half of it: other work on a 2-core host
+    // halved it once (48 %, a CI run beside builds), the limit lifted.
     let after = writer_pace(&mut c);
     assert!(
-        after > untracked / 2.0,
+        after > untracked / 4.0,
         "{after} writes/s after the cancel against {untracked} before"
     );
     drop(dest);

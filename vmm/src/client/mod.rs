@@ -706,10 +706,11 @@ impl Client {
             Some(kind) => on_event(kind),
             None => Ok(()),
         })?;
+        let shown_as = shown(&value);
         match decode::<Message>(value)? {
             Message::Return { value, .. } => Ok((value, fds)),
             Message::Error { error, .. } => Err(self.remote(error.class, error.desc)),
-            other => Err(Error::BadReply(format!("{other:?}"))),
+            _ => Err(Error::BadReply(shown_as)),
         }
     }
 

@@ -62,7 +62,7 @@ pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Erro
         ));
     };
     // The VMM's report, shown on the user's terminal.
-    let text = crate::units::peer_lines(&report.text, 1000, 200);
+    let text = crate::units::peer_lines(&report.text, super::readiness::REPORT_WIDTH, 1000);
     let mut predicted = of(p, text);
     predicted.converge = report.converge.map(|c| {
         (

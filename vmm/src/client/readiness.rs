@@ -9,6 +9,10 @@ use std::time::Duration;
 use super::{Client, Error};
 use crate::protocol::request::ReadinessRequest;
 
+/// Longest line of a VMM's readiness report shown whole: its per-vCPU
+/// lists run to a few thousand characters for 256 vCPUs.
+pub(crate) const REPORT_WIDTH: usize = 16 << 10;
+
 /// What `kvmscope readiness` asks for.
 #[derive(Debug, Clone)]
 pub struct ReadinessConfig {
@@ -72,7 +76,11 @@ pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Er
         )?;
     } else {
         // The VMM's report, shown on the user's terminal.
-        write!(out, "{}", crate::units::peer_lines(&report.text, 1000, 200))?;
+        write!(
+            out,
+            "{}",
+            crate::units::peer_lines(&report.text, REPORT_WIDTH, 1000)
+        )?;
     }
     Ok(())
 }

@@ -105,9 +105,10 @@ pub(crate) fn receive(
             // One for the VM, one per vCPU the greeting names at most (a
             // greeting without any, an older VMM's: any number).
             let vcpus = client.greeting.qmp.kvmscope.vm.vcpus;
+            let abi = usize::try_from(crate::abi::MAX_VCPUS).unwrap_or(usize::MAX);
             let most = match target {
-                StatsTarget::Vcpu if vcpus > 0 => vcpus,
-                StatsTarget::Vcpu => usize::MAX,
+                StatsTarget::Vcpu if vcpus > 0 => vcpus.min(abi),
+                StatsTarget::Vcpu => abi,
                 _ => 1,
             };
             if files.len() > most {
@@ -130,17 +131,18 @@ pub(crate) fn receive(
                     (_, StatsTarget::Vm) => "kvm-vm-stats",
                     _ => "kvm-vcpu-stats",
                 };
-                if !is_stats_kind(&is, kind) {
+                if !is_stats_kind(&file, &is, kind) {
                     return Err(Error::NotStatsKind {
                         what,
                         is: crate::units::peer_text(is.as_bytes(), 200),
                         kind,
                     });
                 }
-                let stats = within_budget(file, &mut budget).map_err(|source| Error::NotStats {
-                    what,
-                    is,
-                    source,
+                let stats = within_budget(file, &mut budget).map_err(|e| match e {
+                    Budgeted::Stats(source) => Error::NotStats { what, is, source },
+                    Budgeted::Over(_) => Error::BadReply(format!(
+                        "its stats files hold more than the {RECEIVED_BUDGET} bytes of schema and data a client keeps for one VMM"
+                    )),
                 })?;
                 out.push(Received {
                     provider,
@@ -163,41 +165,50 @@ const RECEIVED_BUDGET: u64 = 64 << 20;
 /// `kind`: KVM's `anon_inode:kvm-vm-stats` or `anon_inode:kvm-vcpu-stats:N`,
 /// or a VMM's own `/memfd:kvmscope-stats (deleted)` for
 /// [`MEMFD_NAME`](crate::vmmstats::MEMFD_NAME).
-pub(crate) fn is_stats_kind(link: &str, kind: &str) -> bool {
+pub(crate) fn is_stats_kind(file: &std::fs::File, link: &str, kind: &str) -> bool {
     if kind == crate::vmmstats::MEMFD_NAME {
+        // Named so, and a memfd indeed: only shared memory has seals (a
+        // file of that name in the VMM's mount namespace could be FUSE's,
+        // whose read may never return).
         link.strip_prefix("/memfd:")
             .is_some_and(|n| n.split(' ').next() == Some(kind))
+            && rustix::fs::fcntl_get_seals(file).is_ok()
     } else {
         let name = link.strip_prefix("anon_inode:").unwrap_or("");
         name == kind || name.split_once(':').is_some_and(|(k, _)| k == kind)
     }
 }
 
-/// A stats file whose schema and data fit what is left of `budget` (taken
-/// from it): the header is checked before any descriptor is read.
+/// A stats file whose id, schema and data fit what is left of `budget`
+/// (taken from it): the sizes its header gives are weighed before anything
+/// they size is read, and the schema is read with that header (a file
+/// that changes between two reads gets no more), its id charged as well.
 ///
 /// # Errors
-/// The file's own errors, or `SizeLimit` past the budget.
-pub(crate) fn within_budget(
-    file: std::fs::File,
-    budget: &mut u64,
-) -> Result<StatsFd, kvm_stats::Error> {
+/// The file's own errors, or `Over` with the bytes past the budget.
+pub(crate) fn within_budget(file: std::fs::File, budget: &mut u64) -> Result<StatsFd, Budgeted> {
     let take = |budget: &mut u64, bytes: u64| {
-        *budget = budget
-            .checked_sub(bytes)
-            .ok_or(kvm_stats::Error::TooLarge {
-            field:
-                "what is left of the schema and data bytes a client keeps for one VMM's stats fds",
-            value: bytes,
-            limit: *budget,
-        })?;
-        Ok(())
+        *budget = budget.checked_sub(bytes).ok_or(Budgeted::Over(bytes))?;
+        Ok::<_, Budgeted>(())
     };
     let header = kvm_stats::Header::read(&file)?;
-    take(budget, u64::from(header.num_desc) * header.desc_stride())?;
-    let schema = kvm_stats::Schema::read(&file)?;
+    let schema_bytes =
+        u64::from(header.name_size) + u64::from(header.num_desc) * header.desc_stride();
+    take(budget, schema_bytes)?;
+    let schema = kvm_stats::Schema::read_after(&file, header)?;
     take(budget, schema.data_size())?;
-    StatsFd::with_schema(file, schema)
+    Ok(StatsFd::with_schema(file, schema)?)
+}
+
+/// Why [`within_budget`] refused a file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Budgeted {
+    /// The file itself.
+    #[error(transparent)]
+    Stats(#[from] kvm_stats::Error),
+    /// More bytes than were left.
+    #[error("its schema and data need {0} bytes more than were left")]
+    Over(u64),
 }
 
 /// What a received fd is, as `/proc/self/fd` names it
@@ -363,7 +374,27 @@ fn unmeasured(r: &Received, sample: &Sample) -> Option<fn(&str) -> bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::without_inode;
+    use super::{within_budget, without_inode, Budgeted};
+
+    /// The id is weighed with the descriptors and data, from the header,
+    /// before it is read: a file of no stats and a 512 KiB id costs that.
+    #[test]
+    fn a_files_id_descriptors_and_data_are_weighed_before_they_are_read() {
+        let mut builder = kvm_stats::builder::StatsFileBuilder::new("kvm-1").counter("exits", 7);
+        builder.name_size = 512 << 10;
+        let file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut &file, &builder.build()).unwrap();
+        let mut budget = 1 << 20;
+        assert!(matches!(
+            within_budget(file.try_clone().unwrap(), &mut budget),
+            Err(Budgeted::Over(_))
+        ));
+        let mut budget = 2 << 20;
+        let fd = within_budget(file, &mut budget).unwrap();
+        assert_eq!(fd.schema().len(), 1);
+        // The id, one descriptor of 16 bytes and its name, 8 bytes of data.
+        assert_eq!(budget, (2 << 20) - (512 << 10) - (16 + (512 << 10)) - 8);
+    }
 
     #[test]
     fn a_pipes_or_sockets_inode_is_left_out_of_what_an_fd_is() {

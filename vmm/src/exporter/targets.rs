@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_stats::{Header, Sample, Schema, StatsFd};
+use kvm_stats::{Sample, Schema, StatsFd};
 use rustix::fd::OwnedFd;
 use rustix::fs::inotify;
 
@@ -1005,7 +1005,7 @@ fn open_stats(
     budget: &mut u64,
 ) -> Result<(StatsFd, Sample), AttachError> {
     let link = client::stats::fd_target(&file);
-    if !client::stats::is_stats_kind(&link, kind) {
+    if !client::stats::is_stats_kind(&file, &link, kind) {
         return Err(AttachError::NotStats(kind.to_string(), link));
     }
     let mode = rustix::fs::fcntl_getfl(&file)
@@ -1016,24 +1016,15 @@ fn open_stats(
     within_budget(file, budget)
 }
 
-/// A stats file whose schema and data fit what is left of the VM's
-/// `budget`: the header is checked before any descriptor is read.
+/// A stats file whose id, schema and data fit what is left of the VM's
+/// `budget` ([`client::stats::within_budget`]).
 fn within_budget(file: std::fs::File, budget: &mut u64) -> Result<(StatsFd, Sample), AttachError> {
-    let header = Header::read(&file).map_err(client::Error::from)?;
-    let schema_bytes = u64::from(header.num_desc) * header.desc_stride();
-    check_budget(schema_bytes, budget)?;
-    let schema = kvm_stats::Schema::read(&file).map_err(client::Error::from)?;
-    check_budget(schema.data_size(), budget)?;
-    let fd = StatsFd::with_schema(file, schema).map_err(client::Error::from)?;
+    let fd = client::stats::within_budget(file, budget).map_err(|e| match e {
+        client::stats::Budgeted::Stats(e) => AttachError::Client(e.into()),
+        client::stats::Budgeted::Over(_) => AttachError::OverBudget(VM_STATS_BUDGET),
+    })?;
     let sample = fd.new_sample();
     Ok((fd, sample))
-}
-
-fn check_budget(bytes: u64, budget: &mut u64) -> Result<(), AttachError> {
-    *budget = budget
-        .checked_sub(bytes)
-        .ok_or(AttachError::OverBudget(VM_STATS_BUDGET))?;
-    Ok(())
 }
 
 /// The socket file's identity, to notice a new one renamed over it.
