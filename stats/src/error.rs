@@ -16,6 +16,7 @@ use crate::flags::{StatType, Unit};
 
 /// Why a stats file could not be read or did not follow the format.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The source failed to read.
     #[error("cannot read the {block} at offset {offset}")]
@@ -151,6 +152,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// What is wrong with one descriptor (wrapped in [`crate::Error::Stat`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StatError {
     /// The name has no NUL within `name_size` bytes.
     #[error("name has no NUL terminator within name_size bytes")]
@@ -215,6 +217,7 @@ pub enum StatError {
 
 /// Something a stat uses that this library does not know; not an error by default.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Warning {
     /// The type field is not one of the five known types.
     #[error("stat {stat:?} has unknown type {value}")]

@@ -438,6 +438,15 @@ impl Client {
         while let Some(line) = self.take_line() {
             events.push(line?.value);
         }
+        // What is left is one line not yet whole: past the limit it never
+        // will be (left, it would stop every later look from reading, the
+        // end of the stream included).
+        if self.pending() > self.line_max {
+            return Err(Error::BadReply(format!(
+                "a line longer than {} bytes",
+                self.line_max
+            )));
+        }
         if closed && events.is_empty() {
             return Err(Error::Closed);
         }
@@ -1111,6 +1120,21 @@ mod tests {
         }
     }
     use crate::protocol::migration::Status;
+
+    /// A line that grows past the limit between requests is an error, not a
+    /// look that finds nothing for ever (the server's end unseen behind it).
+    #[test]
+    fn an_endless_line_between_requests_is_refused_not_waited_on() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut c = Client::new(ours);
+        c.line_max = 1 << 16;
+        std::io::Write::write_all(&mut &theirs, &vec![b'x'; 1 << 17]).unwrap();
+        drop(theirs);
+        let e = (0..100)
+            .find_map(|_| c.take_events().err())
+            .expect("a hundred looks found nothing and never the end");
+        assert!(e.to_string().contains("a line longer than 65536 bytes"), "{e}");
+    }
 
     /// Many lines in one buffer are taken in order, the buffer dropped now
     /// and then, and an fd stays with the line it came with across that.
