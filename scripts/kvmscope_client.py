@@ -25,6 +25,7 @@ import socket
 import stat
 import struct
 import sys
+import unicodedata
 
 HEADER = struct.Struct("=6I")  # flags, name_size, num_desc, id_offset, desc_offset, data_offset
 DESC = struct.Struct("=IhHII")  # flags, exponent, size, offset, bucket_size
@@ -128,12 +129,22 @@ def pread_exact(fd, size, offset, block):
     return data
 
 
+# Characters a terminal acts on, besides control characters: line and
+# paragraph separators, bidirectional overrides (kvm-stats refuses them too).
+MOVERS = {0x2028, 0x2029} | set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A))
+
+
 def cstring(raw, what):
     if b"\0" not in raw:
         raise StatsError("%s has no NUL terminator within name_size bytes" % what)
-    text = raw[: raw.index(b"\0")].decode("utf-8")
+    try:
+        text = raw[: raw.index(b"\0")].decode("utf-8")
+    except UnicodeDecodeError:
+        raise StatsError("%s is not UTF-8" % what) from None
     if not text:
         raise StatsError("%s is empty" % what)
+    if any(unicodedata.category(c) == "Cc" or ord(c) in MOVERS for c in text):
+        raise StatsError("%s holds a control character" % what)
     return text
 
 
