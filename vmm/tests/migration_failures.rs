@@ -45,6 +45,11 @@ enum Plan {
     Record,
     /// Take the whole stream, never answer, and hang up once the source does.
     SilentAtEnd,
+    /// Take the whole stream, answer COMPLETED with its message cut short,
+    /// and hang up.
+    CompletedCut,
+    /// Answer COMPLETED right after READY, then read on to the end.
+    CompletedEarly,
 }
 
 /// A destination that follows the protocol until its plan says otherwise.
@@ -69,7 +74,7 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
             let dies = match plan {
                 Plan::DieInPass(p) => kind == Kind::Ram && passes == p,
                 Plan::DieAtDeviceState => kind == Kind::Vcpu,
-                Plan::Record | Plan::SilentAtEnd => false,
+                _ => false,
             };
             if dies {
                 return Vec::new();
@@ -79,15 +84,33 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
                 let _ = r.inner().inner.read_to_end(&mut Vec::new());
                 return Vec::new();
             }
+            if kind == Kind::End && plan == Plan::CompletedCut {
+                r.finish(len).unwrap();
+                // A reply of code COMPLETED whose 100-byte message stops at 10.
+                let mut reply = b"KSMR".to_vec();
+                reply.extend_from_slice(&format::REPLY_COMPLETED.to_le_bytes());
+                reply.extend_from_slice(&100u32.to_le_bytes());
+                reply.extend_from_slice(&[0; 4]);
+                reply.extend_from_slice(&[b'x'; 10]);
+                out.write_all(&reply).unwrap();
+                return Vec::new();
+            }
             if kind == Kind::End {
                 r.finish(len).unwrap();
                 format::write_reply(&mut out, format::REPLY_COMPLETED, "").unwrap();
                 break;
             }
             buf.resize(len as usize, 0);
-            r.read_exact(&mut buf, "a section").unwrap();
+            if r.read_exact(&mut buf, "a section").is_err() && plan == Plan::CompletedEarly {
+                return Vec::new();
+            }
             match kind {
-                Kind::Config => format::write_reply(&mut out, format::REPLY_READY, "").unwrap(),
+                Kind::Config => {
+                    format::write_reply(&mut out, format::REPLY_READY, "").unwrap();
+                    if plan == Plan::CompletedEarly {
+                        format::write_reply(&mut out, format::REPLY_COMPLETED, "").unwrap();
+                    }
+                }
                 Kind::Pass => passes += 1,
                 _ => {}
             }
@@ -945,4 +968,98 @@ fn a_source_stopped_mid_migration_says_the_migration_ended_with_it() {
         dest.join().is_err(),
         "the destination refuses the cut stream"
     );
+}
+
+/// A COMPLETED whose message is cut short may be one the destination acts
+/// on: the source's guest stays paused, as for a COMPLETED that never came
+/// (it was resumed: two guests could have run).
+#[test]
+fn a_completed_cut_short_leaves_the_source_paused() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-cut-done", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M");
+    let (uri, fake) = fake_destination("mig-cut-done-dst", Plan::CompletedCut);
+    let info = migrate(&src, &uri, json!({}));
+    fake.join().unwrap();
+    assert_eq!(info.status, Some(Status::Failed), "{info:?}");
+    let desc = info.error_desc.unwrap_or_default();
+    assert!(desc.contains("ended before its message did"), "{desc}");
+    assert!(desc.contains("may be running the guest"), "{desc}");
+    let (status, _) = src.client().execute("query-status", json!({})).unwrap();
+    assert_eq!(status["status"], "paused", "{status}");
+    src.client().execute("cont", json!({})).unwrap();
+}
+
+/// A destination that answers COMPLETED before the stream is whole is not
+/// believed (the source went postmigrate with its last pages unread): the
+/// migration fails and the guest runs on here.
+#[test]
+fn a_completed_before_the_stream_is_whole_is_not_believed() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-early-done", MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M");
+    let (uri, fake) = fake_destination("mig-early-done-dst", Plan::CompletedEarly);
+    let info = migrate(&src, &uri, json!({}));
+    let _ = fake.join();
+    let desc = info.error_desc.clone().unwrap_or_default();
+    assert!(
+        desc.contains("answered (code 2) before the stream was whole"),
+        "{info:?}"
+    );
+    assert_source_runs_on(&src, &info);
+}
+
+/// A destination whose backlog is full accepts nobody: the connect gives up
+/// at a cancel (it waited for ever, deaf to it, and no later migration
+/// could start).
+#[test]
+fn a_cancel_ends_a_connect_to_a_destination_that_accepts_nobody() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let dir = common::test_dir("mig-backlog");
+    let path = dir.join("full.sock");
+    let listener = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+    rustix::net::listen(&listener, 0).unwrap();
+    // Peers that fill its backlog, never accepted.
+    let addr = SocketAddrUnix::new(&path).unwrap();
+    let fill: Vec<_> = (0..4)
+        .filter_map(|_| {
+            let s = rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::STREAM,
+                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+                None,
+            )
+            .unwrap();
+            rustix::net::connect(&s, &addr).ok().map(|()| s)
+        })
+        .collect();
+    assert!(!fill.is_empty(), "the backlog takes at least one");
+    let src = ServedVm::start("mig-backlog-src", MEM, 1);
+    let mut c = src.client();
+    c.execute(
+        "migrate",
+        json!({"uri": format!("unix:{}", path.display())}),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        query(&mut c).status,
+        Some(Status::Setup),
+        "still connecting"
+    );
+    c.execute("migrate_cancel", json!({})).unwrap();
+    let info = wait_final(&mut c);
+    assert_eq!(info.status, Some(Status::Cancelled), "{info:?}");
+    drop((fill, listener));
 }

@@ -228,7 +228,7 @@ fn connect_stream(path: &Path, limit: Duration) -> Result<UnixStream, Error> {
 /// Connects to the Unix socket at `path`, waiting at most `limit` for a
 /// place in its backlog (`SO_SNDTIMEO`, which a Unix `connect` honours;
 /// `std`'s would wait for ever on a server that accepts nobody).
-fn bounded_connect(path: &Path, limit: Duration) -> io::Result<UnixStream> {
+pub(crate) fn bounded_connect(path: &Path, limit: Duration) -> io::Result<UnixStream> {
     use rustix::net::{sockopt, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
     let fd = rustix::net::socket_with(
         AddressFamily::UNIX,
@@ -1133,7 +1133,10 @@ mod tests {
         let e = (0..100)
             .find_map(|_| c.take_events().err())
             .expect("a hundred looks found nothing and never the end");
-        assert!(e.to_string().contains("a line longer than 65536 bytes"), "{e}");
+        assert!(
+            e.to_string().contains("a line longer than 65536 bytes"),
+            "{e}"
+        );
     }
 
     /// Many lines in one buffer are taken in order, the buffer dropped now

@@ -129,6 +129,16 @@ pub enum Error {
     /// (such as RAM after the first vCPU section).
     #[error("a {0} section came out of order")]
     Order(&'static str),
+    /// The destination's reply gave its code and not all of its message
+    /// (a COMPLETED so cut may be one the destination acts on).
+    #[error("the destination's reply (code {code}) ended before its message did")]
+    ReplyCut {
+        /// The reply's code.
+        code: u32,
+        /// Why the message could not be read.
+        #[source]
+        source: std::io::Error,
+    },
     /// A pass section whose number is not above the last one's.
     #[error("pass {pass} came after pass {last} (passes count up)")]
     PassOrder {
@@ -695,7 +705,10 @@ pub(crate) fn read_reply(input: &mut impl Read) -> Result<(u32, String), Error> 
     let mut msg = vec![0u8; h.len as usize];
     input
         .read_exact(&mut msg)
-        .map_err(|_| Error::Truncated("the reply's message"))?;
+        .map_err(|source| Error::ReplyCut {
+            code: h.code,
+            source,
+        })?;
     // Shown in the source's log and error-desc: one line, the peer's text.
     Ok((h.code, crate::units::peer_text(&msg, 500)))
 }

@@ -169,7 +169,17 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
             // leaves it, for whoever drives the migration to `cont` once the
             // destination is known not to run it (QEMU's pre-copy leaves the
             // source paused).
-            let uncertain = trailer_sent && matches!(e, Error::Unresponsive(..));
+            // A COMPLETED whose message was cut is one the destination may
+            // act on too (it read as a refusal, and the guest ran on here).
+            let uncertain = trailer_sent
+                && matches!(
+                    e,
+                    Error::Unresponsive(..)
+                        | Error::Stream(format::Error::ReplyCut {
+                            code: format::REPLY_COMPLETED,
+                            ..
+                        })
+                );
             if held {
                 if uncertain {
                     if let Err(r) = run_state(&src.main, RunRequest::Pause) {
@@ -356,7 +366,11 @@ impl<'a> Precopy<'a> {
 
     fn stream(&mut self, uri: &Uri) -> Result<(), Error> {
         let started = self.m.elapsed_ms();
-        let conn = Conn::connect(uri)?;
+        let m = self.m;
+        let conn = match Conn::connect(uri, &|| m.cancelled()) {
+            Err(super::transport::Error::ConnectCancelled(_)) => return Err(Error::Cancelled),
+            other => other?,
+        };
         let connected = self.m.elapsed_ms();
         self.set_stall(&conn, PRECOPY_STALL)?;
         self.m.set_conn(conn.try_clone().ok());
@@ -500,7 +514,29 @@ impl<'a> Precopy<'a> {
             pages: self.pages_sent() - pages_before,
         };
         self.section(Kind::Pass, &[record.as_bytes()])?;
-        Ok(())
+        // A refusal sent mid-stream ends the migration at the pass, not
+        // after the stop it would otherwise still make the guest pay.
+        self.nothing_said_out_of_turn()
+    }
+
+    /// Between READY and the trailer the destination has nothing to say:
+    /// a reply there is read (without waiting) and ends the migration, a
+    /// refusal with its reason, anything else as out of turn.
+    fn nothing_said_out_of_turn(&mut self) -> Result<(), Error> {
+        let w = self.writer()?;
+        let mut byte = [0u8; 1];
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+        match rustix::net::recv(&*w.inner(), &mut byte, flags) {
+            Ok((0, _)) | Err(_) => return Ok(()),
+            Ok(_) => {}
+        }
+        match format::read_reply(w.inner()) {
+            Ok((format::REPLY_REFUSED, why)) => Err(Error::Refused(why)),
+            Ok((code, why)) => Err(Error::Refused(format!(
+                "the destination answered (code {code}) before the stream was whole: {why}"
+            ))),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Whether to stop now: the stop, with what is left at the last pass's
@@ -590,6 +626,10 @@ impl<'a> Precopy<'a> {
             let payload = device::encode(s)?;
             self.section(Kind::Vcpu, &[&payload])?;
         }
+        // A destination that answered before the stream was whole (a
+        // COMPLETED for a stream it did not read: it was believed, and the
+        // guest stopped here for good) is refused now, and the guest runs on.
+        self.nothing_said_out_of_turn()?;
         // Past here the destination may complete and run the guest: a
         // `migrate_cancel` is no longer taken (one that came first is).
         if !self.m.commit() {

@@ -28,7 +28,13 @@ pub enum Error {
     /// The source could not connect to the destination (URI given).
     #[error("connecting to {0}")]
     Connect(String, #[source] std::io::Error),
+    /// A cancel came while the source waited to connect (URI given).
+    #[error("cancelled while connecting to {0}")]
+    ConnectCancelled(String),
 }
+
+/// Longest a source waits to connect to a destination.
+const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 
 /// A migration endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,15 +86,37 @@ impl Conn {
     ///
     /// # Errors
     /// `Connect` with the cause.
-    pub(crate) fn connect(uri: &Uri) -> Result<Conn, Error> {
+    pub(crate) fn connect(uri: &Uri, cancelled: &dyn Fn() -> bool) -> Result<Conn, Error> {
         let failed = |e| Error::Connect(uri.to_string(), e);
         match uri {
-            Uri::Unix(path) => UnixStream::connect(path).map(Conn::Unix).map_err(failed),
+            // A listener whose backlog is full takes nobody: std's connect
+            // waited on it for ever, deaf to a cancel. Now 10 s at most, as
+            // TCP's, in slices that look at the cancel.
+            Uri::Unix(path) => {
+                let until = Instant::now() + CONNECT_LIMIT;
+                loop {
+                    match crate::client::bounded_connect(path, TICK) {
+                        Ok(s) => return Ok(Conn::Unix(s)),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if cancelled() {
+                                return Err(Error::ConnectCancelled(uri.to_string()));
+                            }
+                            if Instant::now() >= until {
+                                return Err(failed(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "no place in its backlog within 10s: it accepts nobody",
+                                )));
+                            }
+                        }
+                        Err(e) => return Err(failed(e)),
+                    }
+                }
+            }
             Uri::Tcp(addr) => {
                 let addrs = addr.to_socket_addrs().map_err(failed)?;
                 let mut last = std::io::Error::other("the address resolves to nothing");
                 for a in addrs {
-                    match TcpStream::connect_timeout(&a, Duration::from_secs(10)) {
+                    match TcpStream::connect_timeout(&a, CONNECT_LIMIT) {
                         Ok(s) => {
                             let _ = s.set_nodelay(true);
                             return Ok(Conn::Tcp(s));
@@ -173,10 +201,40 @@ impl Read for Conn {
 }
 
 impl Write for Conn {
+    /// Sends what the socket takes now; where it takes nothing, waits for
+    /// room up to its send timeout, and fails `WouldBlock` past it. So the
+    /// timeout bounds the time without progress: a blocking send with
+    /// `SO_SNDTIMEO` that copied a little and then waited returned at the
+    /// timeout, and the next waited as long again (a peer that read nothing
+    /// held a source twice its stall limit).
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.write(buf),
-            Conn::Tcp(s) => s.write(buf),
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        use rustix::net::{sockopt, SendFlags};
+        let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+        let limit = sockopt::socket_timeout(&*self, sockopt::Timeout::Send)?;
+        let until = limit.map(|l| Instant::now() + l);
+        loop {
+            match rustix::net::send(&*self, buf, flags) {
+                Ok(n) => return Ok(n),
+                Err(rustix::io::Errno::AGAIN) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let left = match until {
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(std::io::ErrorKind::WouldBlock.into());
+                    }
+                    Some(Timespec::try_from(left).map_err(std::io::Error::other)?)
+                }
+                None => None,
+            };
+            let mut fds = [PollFd::new(&*self, PollFlags::OUT)];
+            match poll(&mut fds, left.as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 
@@ -549,6 +607,26 @@ mod tests {
             matches!(halt_of(&err), Some(Halt::Stopped(why)) if why == "quit"),
             "{err}"
         );
+    }
+
+    /// A peer that reads nothing fails a write after the send timeout once,
+    /// not twice: a write that copied a little returned at the timeout, and
+    /// `write_all`'s next call waited as long again.
+    #[test]
+    fn a_peer_that_reads_nothing_fails_the_write_within_one_send_timeout() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut conn = Conn::Unix(ours);
+        let limit = Duration::from_millis(500);
+        conn.set_write_timeout(Some(limit)).unwrap();
+        let big = vec![0u8; 64 << 20];
+        let started = Instant::now();
+        let e = conn.write_all(&big).unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+        // The bound under test, with room for a busy host's wake-up; twice
+        // the limit (1 s) was what it took.
+        assert!(took >= limit && took < limit * 9 / 5, "{took:?}");
+        drop(theirs);
     }
 
     #[test]
