@@ -1062,4 +1062,39 @@ fn a_cancel_ends_a_connect_to_a_destination_that_accepts_nobody() {
     let info = wait_final(&mut c);
     assert_eq!(info.status, Some(Status::Cancelled), "{info:?}");
     drop((fill, listener));
+    // The same over TCP: a listener whose accept queue is full drops the
+    // SYNs, and the connect waited out its 10 s whatever came.
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    rustix::net::listen(&tcp, 0).unwrap();
+    let held: Vec<_> = (0..4)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(
+                &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                Duration::from_millis(200),
+            )
+            .ok()
+        })
+        .collect();
+    c.execute("migrate", json!({"uri": format!("tcp:127.0.0.1:{port}")}))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    if query(&mut c).status == Some(Status::Setup) {
+        let asked = std::time::Instant::now();
+        c.execute("migrate_cancel", json!({})).unwrap();
+        let info = wait_final(&mut c);
+        assert_eq!(info.status, Some(Status::Cancelled), "{info:?}");
+        // Not a timing goal: the 10 s connect limit is not waited out.
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            asked.elapsed()
+        );
+    } else {
+        // This host's stack took it anyway (syncookies): the migration
+        // goes on to the listener, which never reads; cancel it.
+        c.execute("migrate_cancel", json!({})).unwrap();
+        wait_final(&mut c);
+    }
+    drop((held, tcp));
 }

@@ -36,6 +36,52 @@ pub enum Error {
 /// Longest a source waits to connect to a destination.
 const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 
+/// Connects to `a` within [`CONNECT_LIMIT`], looking at `cancelled` every
+/// [`TICK`] (std's `connect_timeout` waited out its limit whatever came):
+/// `Err(None)` for a cancel.
+fn tcp_connect(
+    a: std::net::SocketAddr,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<TcpStream, Option<std::io::Error>> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
+    let io = |e: rustix::io::Errno| Some(std::io::Error::from(e));
+    let family = if a.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+    let fd = rustix::net::socket_with(family, SocketType::STREAM, flags, None).map_err(io)?;
+    match rustix::net::connect(&fd, &a) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::INPROGRESS) => {
+            let until = Instant::now() + CONNECT_LIMIT;
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Some(std::io::ErrorKind::TimedOut.into()));
+                }
+                let wait = Timespec::try_from(left.min(TICK))
+                    .map_err(|e| Some(std::io::Error::other(e)))?;
+                let mut fds = [PollFd::new(&fd, PollFlags::OUT)];
+                match poll(&mut fds, Some(&wait)) {
+                    Ok(0) | Err(rustix::io::Errno::INTR) => {}
+                    Ok(_) => break,
+                    Err(e) => return Err(io(e)),
+                }
+                if cancelled() {
+                    return Err(None);
+                }
+            }
+            sockopt::socket_error(&fd).map_err(io)?.map_err(io)?;
+        }
+        Err(e) => return Err(io(e)),
+    }
+    rustix::io::ioctl_fionbio(&fd, false).map_err(io)?;
+    Ok(TcpStream::from(fd))
+}
+
 /// A migration endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Uri {
@@ -116,12 +162,13 @@ impl Conn {
                 let addrs = addr.to_socket_addrs().map_err(failed)?;
                 let mut last = std::io::Error::other("the address resolves to nothing");
                 for a in addrs {
-                    match TcpStream::connect_timeout(&a, CONNECT_LIMIT) {
+                    match tcp_connect(a, cancelled) {
                         Ok(s) => {
                             let _ = s.set_nodelay(true);
                             return Ok(Conn::Tcp(s));
                         }
-                        Err(e) => last = e,
+                        Err(None) => return Err(Error::ConnectCancelled(uri.to_string())),
+                        Err(Some(e)) => last = e,
                     }
                 }
                 Err(failed(last))
