@@ -18,6 +18,7 @@ and `*` for any run of characters, as `kvmscope stats` does.
 """
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -109,6 +110,23 @@ def connect_hint(path):
     if not stat.S_ISSOCK(mode):
         return ": it is not a socket"
     return ": nothing listens on it (a socket left by a VMM that exited?)"
+
+
+def is_stats_kind(fd, kind):
+    """Whether fd is a stats file of kind: KVM's anon_inode:kvm-vm-stats or
+    anon_inode:kvm-vcpu-stats:N, or a VMM's own memfd:kvmscope-stats (a memfd
+    indeed: only shared memory has seals)."""
+    link = fd_target(fd)
+    if kind == "kvmscope-stats":
+        if link.split(" ")[0] != "/memfd:kvmscope-stats":
+            return False
+        try:
+            fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            return False
+        return True
+    name = link[len("anon_inode:"):] if link.startswith("anon_inode:") else ""
+    return name == kind or name.split(":")[0] == kind
 
 
 def fd_target(fd):
@@ -239,10 +257,16 @@ def receive(conn, vm, vcpu, provider="kvm"):
         if len(fds) != len(ret["fds"]):
             raise RuntimeError("the reply names %d fds but carried %d" % (len(ret["fds"]), len(fds)))
         for entry, fd in zip(ret["fds"], fds):
+            what = "vCPU %d" % entry["vcpu"] if "vcpu" in entry else "the VM"
+            kind = "kvmscope-stats" if provider != "kvm" else ("kvm-vm-stats" if args["target"] == "vm" else "kvm-vcpu-stats")
+            # What the fd is, before a byte of it is read: a read of another
+            # kind of file may block for ever (/dev/kmsg).
+            if not is_stats_kind(fd, kind):
+                raise StatsError("the stats fd the VMM sent for %s (%s) is not a readable stats file (it is \"%s\", not %s); it was not read"
+                                 % (what, provider, fd_target(fd), kind))
             try:
                 out.append((entry, StatsFile(fd)))
             except (OSError, StatsError) as e:
-                what = "vCPU %d" % entry["vcpu"] if "vcpu" in entry else "the VM"
                 raise StatsError("the stats fd the VMM sent for %s (%s) is not a readable stats file (it is \"%s\"): %s"
                                  % (what, provider, fd_target(fd), e)) from None
     return out

@@ -416,6 +416,20 @@ fn the_stats_client_reads_no_fd_of_another_kind_and_no_more_than_the_vcpus() {
             err.contains("(it is \"/dev/kmsg\", not kvm-vm-stats); it was not read"),
             "{err}"
         );
+        // The Python client says the same (the fake VMM serves one client
+        // at a time, each given the same fds).
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kvmscope_client.py");
+        let out = std::process::Command::new("python3")
+            .args([script, "--vm", "--socket"])
+            .arg(&socket)
+            .output()
+            .expect("the Python client runs (CI installs python3)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("(it is \"/dev/kmsg\", not kvm-vm-stats); it was not read"),
+            "{err}"
+        );
     } else {
         eprintln!("/dev/kmsg cannot be opened here: its case skipped");
     }
