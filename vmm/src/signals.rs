@@ -114,20 +114,12 @@ pub fn take_termination() -> std::io::Result<()> {
 /// process where [`exit_on_signal`] says so.
 fn took(sig: i32) {
     if EXIT_ON_NEXT.load(Ordering::SeqCst) {
-        if let Some(note) = *crate::lock(&EXIT_NOTE) {
-            crate::say!("kvmscope: signal {sig}: {note}");
-        }
-        // The signal's default action, which this thread took over: the
-        // caller asked for it (a client with nothing to undo).
-        #[allow(clippy::exit)]
-        std::process::exit(128 + sig);
+        end(sig, *crate::lock(&EXIT_NOTE));
     }
     let mut taken = crate::lock(&TAKEN);
     if taken.first.is_some() {
         if let Some(note) = *crate::lock(&EXIT_ON_SECOND) {
-            crate::say!("kvmscope: signal {sig}: {note}");
-            #[allow(clippy::exit)]
-            std::process::exit(128 + sig);
+            end(sig, Some(note));
         }
     }
     taken.first.get_or_insert(sig);
@@ -137,6 +129,17 @@ fn took(sig: i32) {
         }
     }
     ARRIVED.notify_all();
+}
+
+/// Ends the process as `sig`'s default action would, after saying `note`:
+/// the action this thread took over, which the caller asked for (a client
+/// with nothing to undo).
+fn end(sig: i32, note: Option<&str>) -> ! {
+    if let Some(note) = note {
+        crate::say!("kvmscope: signal {sig}: {note}");
+    }
+    #[allow(clippy::exit)]
+    std::process::exit(128 + sig);
 }
 
 /// SIGINT or SIGTERM, if one was taken (for waits that happen before the

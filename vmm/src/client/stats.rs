@@ -126,11 +126,7 @@ pub(crate) fn receive(
                 let is = fd_target(&file);
                 // What the fd is, before a byte of it is read: a read of
                 // another kind of file may block for ever (`/dev/kmsg`).
-                let kind = match (provider, target) {
-                    (StatsProvider::Kvmscope, _) => crate::vmmstats::MEMFD_NAME,
-                    (_, StatsTarget::Vm) => "kvm-vm-stats",
-                    _ => "kvm-vcpu-stats",
-                };
+                let kind = stats_fd_kind(asked, *target);
                 if !is_stats_kind(&file, &is, kind) {
                     return Err(Error::NotStatsKind {
                         what,
@@ -140,7 +136,7 @@ pub(crate) fn receive(
                 }
                 let stats = within_budget(file, &mut budget).map_err(|e| match e {
                     Budgeted::Stats(source) => Error::NotStats { what, is, source },
-                    Budgeted::Over(_) => Error::BadReply(format!(
+                    Budgeted::Over => Error::BadReply(format!(
                         "its stats files hold more than the {RECEIVED_BUDGET} bytes of schema and data a client keeps for one VMM"
                     )),
                 })?;
@@ -160,6 +156,17 @@ pub(crate) fn receive(
 /// vCPUs' worth; a file's header says its sizes before they are read (two
 /// fds of 1 GiB of names each were read whole).
 const RECEIVED_BUDGET: u64 = 64 << 20;
+
+/// The kind of file `provider`'s stats fd for `target` is (see
+/// [`is_stats_kind`]): KVM's anon inodes (no provider named: KVM's), or the
+/// VMM's own memfd.
+pub(crate) fn stats_fd_kind(provider: Option<StatsProvider>, target: StatsTarget) -> &'static str {
+    match (provider, target) {
+        (Some(StatsProvider::Kvmscope), _) => crate::vmmstats::MEMFD_NAME,
+        (_, StatsTarget::Vm) => "kvm-vm-stats",
+        _ => "kvm-vcpu-stats",
+    }
+}
 
 /// Whether a received fd, as [`fd_target`] names it, is a stats file of
 /// `kind`: KVM's `anon_inode:kvm-vm-stats` or `anon_inode:kvm-vcpu-stats:N`,
@@ -188,7 +195,7 @@ pub(crate) fn is_stats_kind(file: &std::fs::File, link: &str, kind: &str) -> boo
 /// The file's own errors, or `Over` with the bytes past the budget.
 pub(crate) fn within_budget(file: std::fs::File, budget: &mut u64) -> Result<StatsFd, Budgeted> {
     let take = |budget: &mut u64, bytes: u64| {
-        *budget = budget.checked_sub(bytes).ok_or(Budgeted::Over(bytes))?;
+        *budget = budget.checked_sub(bytes).ok_or(Budgeted::Over)?;
         Ok::<_, Budgeted>(())
     };
     let header = kvm_stats::Header::read(&file)?;
@@ -207,8 +214,8 @@ pub(crate) enum Budgeted {
     #[error(transparent)]
     Stats(#[from] kvm_stats::Error),
     /// More bytes than were left.
-    #[error("its schema and data need {0} bytes more than were left")]
-    Over(u64),
+    #[error("its schema and data need more bytes than were left")]
+    Over,
 }
 
 /// What a received fd is, as `/proc/self/fd` names it
@@ -387,7 +394,7 @@ mod tests {
         let mut budget = 1 << 20;
         assert!(matches!(
             within_budget(file.try_clone().unwrap(), &mut budget),
-            Err(Budgeted::Over(_))
+            Err(Budgeted::Over)
         ));
         let mut budget = 2 << 20;
         let fd = within_budget(file, &mut budget).unwrap();

@@ -32,7 +32,6 @@ use crate::protocol::reply::RunState;
 use crate::protocol::request::StatsProvider;
 use crate::protocol::{StatsTarget, VcpuSelector};
 use crate::vmmstats::view::View;
-use crate::vmmstats::MEMFD_NAME;
 
 /// Longest time between two scans of the socket directories.
 pub(crate) const RESCAN: Duration = Duration::from_millis(500);
@@ -940,10 +939,8 @@ fn take_stats(
     budget: &mut u64,
     path: &Path,
 ) -> Result<ProviderStats, AttachError> {
-    let (vm_kind, vcpu_kind) = match provider {
-        Some(StatsProvider::Kvmscope) => (MEMFD_NAME, MEMFD_NAME),
-        _ => ("kvm-vm-stats", "kvm-vcpu-stats"),
-    };
+    let vm_kind = client::stats::stats_fd_kind(provider, StatsTarget::Vm);
+    let vcpu_kind = client::stats::stats_fd_kind(provider, StatsTarget::Vcpu);
     let vm_files = client.get_provider_stats_fd(provider, StatsTarget::Vm, None)?;
     let vcpu_files =
         client.get_provider_stats_fd(provider, StatsTarget::Vcpu, Some(VcpuSelector::All))?;
@@ -1021,7 +1018,7 @@ fn open_stats(
 fn within_budget(file: std::fs::File, budget: &mut u64) -> Result<(StatsFd, Sample), AttachError> {
     let fd = client::stats::within_budget(file, budget).map_err(|e| match e {
         client::stats::Budgeted::Stats(e) => AttachError::Client(e.into()),
-        client::stats::Budgeted::Over(_) => AttachError::OverBudget(VM_STATS_BUDGET),
+        client::stats::Budgeted::Over => AttachError::OverBudget(VM_STATS_BUDGET),
     })?;
     let sample = fd.new_sample();
     Ok((fd, sample))

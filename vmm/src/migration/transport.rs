@@ -258,8 +258,9 @@ impl Write for Conn {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         use rustix::net::{sockopt, SendFlags};
         let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
-        let limit = sockopt::socket_timeout(&*self, sockopt::Timeout::Send)?;
-        let until = limit.map(|l| Instant::now() + l);
+        // Looked up only once the socket has no room: a send that goes at
+        // once (most of a stream's) costs one syscall.
+        let mut deadline: Option<Option<Instant>> = None;
         loop {
             match rustix::net::send(&*self, buf, flags) {
                 Ok(n) => return Ok(n),
@@ -267,6 +268,13 @@ impl Write for Conn {
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(e.into()),
             }
+            let until = match deadline {
+                Some(at) => at,
+                None => *deadline.insert(
+                    sockopt::socket_timeout(&*self, sockopt::Timeout::Send)?
+                        .map(|l| Instant::now() + l),
+                ),
+            };
             let left = match until {
                 Some(at) => {
                     let left = at.saturating_duration_since(Instant::now());
