@@ -355,12 +355,7 @@ fn the_stats_client_names_a_received_fd_that_is_not_a_stats_file() {
         drain(),
     );
     // kvmscope stats, and the Python client, which says the same.
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kvmscope_client.py");
-    let mut rust = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"));
-    rust.args(["stats", "--vm", "--socket"]).arg(&socket);
-    let mut python = std::process::Command::new("python3");
-    python.args([script, "--vm", "--socket"]).arg(&socket);
-    for mut client in [rust, python] {
+    for mut client in stats_clients(&socket, &["--vm"]) {
         let out = client
             .output()
             .expect("the client runs (CI installs python3)");
@@ -374,6 +369,17 @@ fn the_stats_client_names_a_received_fd_that_is_not_a_stats_file() {
     }
 }
 
+/// `kvmscope stats ARGS --socket SOCKET` and the Python client with the
+/// same arguments.
+fn stats_clients(socket: &Path, args: &[&str]) -> [std::process::Command; 2] {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kvmscope_client.py");
+    let mut rust = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"));
+    rust.arg("stats").args(args).arg("--socket").arg(socket);
+    let mut python = std::process::Command::new("python3");
+    python.arg(script).args(args).arg("--socket").arg(socket);
+    [rust, python]
+}
+
 /// `kvmscope stats` against a VMM that hands out what no stats fd is: a
 /// file whose read blocks (`/dev/kmsg` at its end: the client sat in
 /// `pread` for ever) is refused by what it is, unread; more vCPU fds than
@@ -382,16 +388,14 @@ fn the_stats_client_names_a_received_fd_that_is_not_a_stats_file() {
 fn the_stats_client_reads_no_fd_of_another_kind_and_no_more_than_the_vcpus() {
     require_kvm!();
     let dir = common::test_dir("exh-kinds");
-    let stats = |socket: &Path, args: &[&str]| {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
-            .arg("stats")
-            .args(args)
-            .arg("--socket")
-            .arg(socket)
+    // Each client run to its end, or given up on: a read that blocks
+    // must not hold the test.
+    let ended = |mut client: std::process::Command| {
+        let mut child = client
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap();
+            .expect("the client runs (CI installs python3)");
         let status = common::wait_for("the client to end", Duration::from_secs(20), || {
             child.try_wait().unwrap()
         });
@@ -410,26 +414,16 @@ fn the_stats_client_reads_no_fd_of_another_kind_and_no_more_than_the_vcpus() {
             Arc::new(Vec::new()),
             drain(),
         );
-        let (code, err) = stats(&socket, &["--vm"]);
-        assert_eq!(code, Some(1), "{err}");
-        assert!(
-            err.contains("(it is \"/dev/kmsg\", not kvm-vm-stats); it was not read"),
-            "{err}"
-        );
-        // The Python client says the same (the fake VMM serves one client
-        // at a time, each given the same fds).
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kvmscope_client.py");
-        let out = std::process::Command::new("python3")
-            .args([script, "--vm", "--socket"])
-            .arg(&socket)
-            .output()
-            .expect("the Python client runs (CI installs python3)");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{err}");
-        assert!(
-            err.contains("(it is \"/dev/kmsg\", not kvm-vm-stats); it was not read"),
-            "{err}"
-        );
+        // Both clients say the same (the fake VMM serves one client at a
+        // time, each given the same fds).
+        for client in stats_clients(&socket, &["--vm"]) {
+            let (code, err) = ended(client);
+            assert_eq!(code, Some(1), "{err}");
+            assert!(
+                err.contains("(it is \"/dev/kmsg\", not kvm-vm-stats); it was not read"),
+                "{err}"
+            );
+        }
     } else {
         eprintln!("/dev/kmsg cannot be opened here: its case skipped");
     }
@@ -443,7 +437,8 @@ fn the_stats_client_reads_no_fd_of_another_kind_and_no_more_than_the_vcpus() {
         Arc::new(vcpus),
         drain(),
     );
-    let (code, err) = stats(&socket, &["--vcpu", "all"]);
+    let [rust, _] = stats_clients(&socket, &["--vcpu", "all"]);
+    let (code, err) = ended(rust);
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("the reply names 3 stats fds for a VM whose greeting names 1 vCPUs"),

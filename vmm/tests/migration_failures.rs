@@ -174,8 +174,7 @@ fn a_destination_that_dies_in_a_later_pass_leaves_the_source_running() {
 fn a_destination_that_dies_after_the_vcpus_stopped_leaves_the_source_running() {
     require_kvm!();
     let _serial = common::migration::serial();
-    let src = ServedVm::start("mig-die-dev", MEM, 1);
-    guest(&mut src.client(), 0, "touch size=1M");
+    let src = touched_source("mig-die-dev");
     let (uri, fake) = fake_destination("mig-die-dev-dst", Plan::DieAtDeviceState);
     let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
     fake.join().unwrap();
@@ -186,8 +185,7 @@ fn a_destination_that_dies_after_the_vcpus_stopped_leaves_the_source_running() {
 fn a_destination_silent_after_the_trailer_fails_the_migration_naming_it() {
     require_kvm!();
     let _serial = common::migration::serial();
-    let src = ServedVm::start("mig-silent", MEM, 1);
-    guest(&mut src.client(), 0, "touch size=1M");
+    let src = touched_source("mig-silent");
     let (uri, fake) = fake_destination("mig-silent-dst", Plan::SilentAtEnd);
     let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
     fake.join().unwrap();
@@ -220,8 +218,7 @@ fn assert_paused_until_cont(src: &ServedVm, info: &kvmscope::migration::Migratio
 fn a_cancel_after_the_trailer_is_not_taken() {
     require_kvm!();
     let _serial = common::migration::serial();
-    let src = ServedVm::start("mig-late-cancel", MEM, 1);
-    guest(&mut src.client(), 0, "touch size=1M");
+    let src = touched_source("mig-late-cancel");
     let (uri, fake) = fake_destination("mig-late-cancel-dst", Plan::SilentAtEnd);
     let mut c = src.client();
     common::migration::start_migration(&mut c, &uri, json!({"downtime-limit": 300}));
@@ -281,6 +278,13 @@ fn a_cancelled_migration_leaves_the_source_running_and_says_cancelled() {
     );
 }
 
+/// A source of one vCPU whose guest has written its first MiB.
+fn touched_source(test: &str) -> ServedVm {
+    let src = ServedVm::start(test, MEM, 1);
+    guest(&mut src.client(), 0, "touch size=1M");
+    src
+}
+
 /// A real stream of a small guest, as a destination received it.
 fn recorded_stream(test: &str) -> Vec<u8> {
     recorded_stream_with(test, json!({}))
@@ -288,8 +292,7 @@ fn recorded_stream(test: &str) -> Vec<u8> {
 
 /// The same, with migration parameters `params`.
 fn recorded_stream_with(test: &str, params: serde_json::Value) -> Vec<u8> {
-    let src = ServedVm::start(test, MEM, 1);
-    guest(&mut src.client(), 0, "touch size=1M");
+    let src = touched_source(test);
     let (uri, fake) = fake_destination(&format!("{test}-rec"), Plan::Record);
     let info = migrate(&src, &uri, params);
     assert_eq!(info.status, Some(Status::Completed), "{info:?}");
@@ -362,8 +365,7 @@ fn peers_that_are_not_sources_do_not_end_the_destinations_wait() {
     probe.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
     drop(probe);
     drop(UnixStream::connect(&path).unwrap());
-    let src = ServedVm::start("mig-stray-src", MEM, 1);
-    guest(&mut src.client(), 0, "touch size=1M");
+    let src = touched_source("mig-stray-src");
     let info = migrate(&src, &dest.uri, json!({}));
     assert_eq!(info.status, Some(Status::Completed), "{info:?}");
     let done = guest(&mut dest.client(), 0, "verify size=1M");
@@ -747,18 +749,22 @@ fn sections(stream: &[u8]) -> Sections {
 fn assemble(stream: &[u8], sections: &[(u32, Vec<u8>)]) -> Vec<u8> {
     let mut out = stream[..16].to_vec();
     for (kind, payload) in sections {
-        out.extend_from_slice(&kind.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        out.extend_from_slice(payload);
+        out.extend(section_bytes(*kind, payload));
     }
     let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&(Kind::End as u32).to_le_bytes());
+    let mut trailer = (sections.len() as u64).to_le_bytes().to_vec();
+    trailer.extend_from_slice(&crc.to_le_bytes());
+    trailer.extend_from_slice(&0u32.to_le_bytes());
+    out.extend(section_bytes(Kind::End as u32, &trailer));
+    out
+}
+
+/// One section on the wire: its header (kind, reserved, length), then `payload`.
+fn section_bytes(kind: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = kind.to_le_bytes().to_vec();
     out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&16u64.to_le_bytes());
-    out.extend_from_slice(&(sections.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(payload);
     out
 }
 
@@ -888,19 +894,13 @@ fn quit_stops_a_destination_whose_source_never_pauses() {
     let mut head = stream[..16].to_vec();
     let (kind, config) = &real[0];
     assert_eq!(*kind, Kind::Config as u32);
-    head.extend_from_slice(&kind.to_le_bytes());
-    head.extend_from_slice(&0u32.to_le_bytes());
-    head.extend_from_slice(&(config.len() as u64).to_le_bytes());
-    head.extend_from_slice(config);
+    head.extend(section_bytes(*kind, config));
     s.write_all(&head).unwrap();
     // One zero page, over and over: 32 bytes a section.
-    let mut section = (Kind::Ram as u32).to_le_bytes().to_vec();
-    section.extend_from_slice(&0u32.to_le_bytes());
-    section.extend_from_slice(&16u64.to_le_bytes());
-    section.extend_from_slice(&0u64.to_le_bytes());
-    section.extend_from_slice(&1u32.to_le_bytes());
-    section.extend_from_slice(&(format::RunKind::Zero as u32).to_le_bytes());
-    let flood = section.repeat(2048);
+    let mut run = 0u64.to_le_bytes().to_vec();
+    run.extend_from_slice(&1u32.to_le_bytes());
+    run.extend_from_slice(&(format::RunKind::Zero as u32).to_le_bytes());
+    let flood = section_bytes(Kind::Ram as u32, &run).repeat(2048);
     let flooding = std::thread::spawn(move || {
         let mut sent = 0u64;
         while s.write_all(&flood).is_ok() {
@@ -977,8 +977,7 @@ fn a_source_stopped_mid_migration_says_the_migration_ended_with_it() {
 fn a_completed_cut_short_leaves_the_source_paused() {
     require_kvm!();
     let _serial = common::migration::serial();
-    let src = ServedVm::start("mig-cut-done", MEM, 1);
-    guest(&mut src.client(), 0, "touch size=1M");
+    let src = touched_source("mig-cut-done");
     let (uri, fake) = fake_destination("mig-cut-done-dst", Plan::CompletedCut);
     let info = migrate(&src, &uri, json!({}));
     fake.join().unwrap();
@@ -998,8 +997,7 @@ fn a_completed_cut_short_leaves_the_source_paused() {
 fn a_completed_before_the_stream_is_whole_is_not_believed() {
     require_kvm!();
     let _serial = common::migration::serial();
-    let src = ServedVm::start("mig-early-done", MEM, 1);
-    guest(&mut src.client(), 0, "touch size=1M");
+    let src = touched_source("mig-early-done");
     let (uri, fake) = fake_destination("mig-early-done-dst", Plan::CompletedEarly);
     let info = migrate(&src, &uri, json!({}));
     let _ = fake.join();
