@@ -20,15 +20,21 @@ use serde_json::json;
 
 const MEM: u64 = 64 << 20;
 
-/// Copies what it reads.
+/// Copies what it reads; once `slow`, reads 64 KiB a quarter second at most.
 struct Tee {
     inner: UnixStream,
     copy: Vec<u8>,
+    slow: bool,
 }
 
 impl Read for Tee {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
+        let mut end = buf.len();
+        if self.slow {
+            std::thread::sleep(Duration::from_millis(250));
+            end = end.min(64 << 10);
+        }
+        let n = self.inner.read(&mut buf[..end])?;
         self.copy.extend_from_slice(&buf[..n]);
         Ok(n)
     }
@@ -50,6 +56,11 @@ enum Plan {
     CompletedCut,
     /// Answer COMPLETED right after READY, then read on to the end.
     CompletedEarly,
+    /// Take the whole stream, then send COMPLETED a byte every 2 s.
+    CompletedTrickled,
+    /// After this many passes (the source stopped: `x-max-rounds`), read
+    /// 64 KiB a quarter second, never silent for long.
+    SlowAfterPass(u64),
 }
 
 /// A destination that follows the protocol until its plan says otherwise.
@@ -66,6 +77,7 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
         let mut r = Reader::start(Tee {
             inner: s,
             copy: Vec::new(),
+            slow: false,
         })
         .unwrap();
         let mut passes = 0;
@@ -95,6 +107,18 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
                 out.write_all(&reply).unwrap();
                 return Vec::new();
             }
+            if kind == Kind::End && plan == Plan::CompletedTrickled {
+                r.finish(len).unwrap();
+                let mut reply = Vec::new();
+                format::write_reply(&mut reply, format::REPLY_COMPLETED, "").unwrap();
+                for byte in reply.chunks(1) {
+                    if out.write_all(byte).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                return Vec::new();
+            }
             if kind == Kind::End {
                 r.finish(len).unwrap();
                 format::write_reply(&mut out, format::REPLY_COMPLETED, "").unwrap();
@@ -111,7 +135,10 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
                         format::write_reply(&mut out, format::REPLY_COMPLETED, "").unwrap();
                     }
                 }
-                Kind::Pass => passes += 1,
+                Kind::Pass => {
+                    passes += 1;
+                    r.inner().slow = plan == Plan::SlowAfterPass(passes);
+                }
                 _ => {}
             }
         }
@@ -195,6 +222,48 @@ fn a_destination_silent_after_the_trailer_fails_the_migration_naming_it() {
         "{why}"
     );
     assert_paused_until_cont(&src, &info);
+}
+
+/// A destination that answers COMPLETED a byte at a time, never silent for
+/// the 5 s the stop allows, held the paused guest for as long as it
+/// trickled (16 bytes: 32 s, and the migration completed). The stop has a
+/// deadline for the whole: past it the migration fails, and as the whole
+/// stream was sent the guest stays paused until `cont`.
+#[test]
+fn a_destination_that_trickles_its_answer_is_given_up_on_all_told() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = touched_source("mig-trickle-done");
+    let (uri, fake) = fake_destination("mig-trickle-done-dst", Plan::CompletedTrickled);
+    let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
+    fake.join().unwrap();
+    let why = info.error_desc.clone().unwrap_or_default();
+    assert!(
+        why.contains("the destination did not answer within") && why.contains("all told"),
+        "{why}"
+    );
+    assert_paused_until_cont(&src, &info);
+}
+
+/// A destination that reads the stop's pages slowly (64 KiB a quarter
+/// second: 4 MiB in 16 s), never silent for long, held the paused guest
+/// until it had read them all. The stop's whole deadline (its silence bound
+/// plus four times what its bytes take at the last pass's rate) ends it:
+/// the trailer was not sent, so the guest runs on here.
+#[test]
+fn a_destination_that_reads_the_stop_slowly_is_given_up_on_all_told() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_source("mig-slow-stop");
+    let (uri, fake) = fake_destination("mig-slow-stop-dst", Plan::SlowAfterPass(2));
+    let info = migrate(&src, &uri, json!({"downtime-limit": 0, "x-max-rounds": 2}));
+    fake.join().unwrap();
+    let why = info.error_desc.clone().unwrap_or_default();
+    assert!(
+        why.contains("the destination did not read the stream within") && why.contains("all told"),
+        "{why}"
+    );
+    assert_source_runs_on(&src, &info);
 }
 
 /// A migration that failed after its whole stream was sent: the destination

@@ -49,18 +49,29 @@ const STOP_STALL_FLOOR: Duration = Duration::from_secs(5);
 /// Guest RAM the destination checksums per second, at least, when
 /// `x-check-ram` asks it to before it answers.
 const CHECK_RAM_RATE: u64 = 1 << 30;
+/// How many times what the stop's bytes take at the last pass's rate the
+/// destination may take to read them, beyond [`stop_stall`] (see
+/// [`Precopy::stop_whole`]).
+const STOP_SLACK: u32 = 4;
+/// All told, how long a reply may take to come whole once its first byte
+/// did, outside the stop (a refusal after a failed write, a reply out of turn).
+const REPLY_WHOLE: Duration = Duration::from_secs(1);
 
 /// How long the destination may go without reading the stream or answering
 /// while the guest is held paused: ten times `downtime-limit`, at least
 /// [`STOP_STALL_FLOOR`], plus a second per GiB of RAM with `x-check-ram`.
 pub(crate) fn stop_stall(p: &crate::protocol::migration::Parameters, memory: u64) -> Duration {
     let limit = Duration::from_millis(p.downtime_limit.saturating_mul(10)).max(STOP_STALL_FLOOR);
-    let check = if p.x_check_ram {
+    limit + check_ram_time(p, memory)
+}
+
+/// The time allowed to checksum guest RAM on one side, with `x-check-ram`.
+fn check_ram_time(p: &crate::protocol::migration::Parameters, memory: u64) -> Duration {
+    if p.x_check_ram {
         Duration::from_secs(memory.div_ceil(CHECK_RAM_RATE))
     } else {
         Duration::ZERO
-    };
-    limit + check
+    }
 }
 
 /// Why a migration failed.
@@ -108,6 +119,10 @@ pub enum Error {
     /// The destination made no progress for too long (what it did not do, how long).
     #[error("the destination did not {0} for {limit}", limit = crate::units::format_duration(*.1))]
     Unresponsive(&'static str, Duration),
+    /// The destination made progress, but too slowly to finish within a
+    /// whole deadline (what it did not finish, the deadline).
+    #[error("the destination did not {0} within {limit} all told (it went on, too slowly)", limit = crate::units::format_duration(*.1))]
+    TooSlow(&'static str, Duration),
     /// KVM's list of MSRs to save could not be read.
     #[error("reading KVM's MSR list")]
     MsrList(#[source] kvm_ioctls::Error),
@@ -175,6 +190,7 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
                 && matches!(
                     e,
                     Error::Unresponsive(..)
+                        | Error::TooSlow(..)
                         | Error::Stream(format::Error::ReplyCut {
                             code: format::REPLY_COMPLETED,
                             ..
@@ -340,19 +356,27 @@ impl<'a> Precopy<'a> {
     /// Migrates; a write that fails because the destination hung up is
     /// explained by the destination's refusal when it sent one.
     fn migrate(&mut self, uri: &Uri) -> Result<(), Error> {
+        let what = |awaiting_reply| {
+            if awaiting_reply {
+                "answer"
+            } else {
+                "read the stream"
+            }
+        };
         match self.stream(uri) {
+            Err(Error::Stream(format::Error::Io(e)))
+                if !self.m.cancelled() && super::transport::past_deadline(&e).is_some() =>
+            {
+                let limit = super::transport::past_deadline(&e).map_or(Duration::ZERO, |p| p.0);
+                Err(Error::TooSlow(what(self.awaiting_reply), limit))
+            }
             Err(Error::Stream(format::Error::Io(e)))
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) && !self.m.cancelled() =>
             {
-                let what = if self.awaiting_reply {
-                    "answer"
-                } else {
-                    "read the stream"
-                };
-                Err(Error::Unresponsive(what, self.stall))
+                Err(Error::Unresponsive(what(self.awaiting_reply), self.stall))
             }
             Err(Error::Stream(format::Error::Io(e))) if !self.m.cancelled() => {
                 match self.w.as_mut().map(|w| read_refusal(w.inner())) {
@@ -376,7 +400,11 @@ impl<'a> Precopy<'a> {
         self.m.set_conn(conn.try_clone().ok());
         self.w = Some(PageWriter::new(Writer::start(conn)?, &self.src.mem));
         self.section(Kind::Config, &[self.src.config.as_bytes()])?;
+        // READY, whole, within the stall limit of the config's end: one
+        // that trickles in holds the migration no longer than silence would.
+        self.writer()?.inner().set_whole_deadline(PRECOPY_STALL);
         self.expect_reply(format::REPLY_READY)?;
+        self.writer()?.inner().clear_whole_deadline();
         let ready = self.m.elapsed_ms();
         self.observed = self.baseline.take().map(Baseline::begin);
         self.converge = self.m.mechanism().map(|mechanism| {
@@ -530,7 +558,7 @@ impl<'a> Precopy<'a> {
             Ok((0, _)) | Err(_) => return Ok(()),
             Ok(_) => {}
         }
-        match format::read_reply(w.inner()) {
+        match w.inner().within(REPLY_WHOLE, format::read_reply) {
             Ok((format::REPLY_REFUSED, why)) => Err(Error::Refused(why)),
             Ok((code, why)) => Err(Error::Refused(format!(
                 "the destination answered (code {code}) before the stream was whole: {why}"
@@ -546,6 +574,23 @@ impl<'a> Precopy<'a> {
         let p = self.m.parameters();
         (p.x_max_rounds != 0 && self.pass >= p.x_max_rounds)
             || wire::stop_fits(self.expected, dirty.count(), p.downtime_limit)
+    }
+
+    /// How long the stop may take, all told, from the last sync of the dirty
+    /// log to COMPLETED, with `pages` to send: its silence bound `stall`
+    /// (which holds the destination's RAM checksum), the source's own
+    /// checksum, and [`STOP_SLACK`] times what its bytes take at the rate the
+    /// last pass ran, or at `max-bandwidth` if lower.
+    fn stop_whole(&self, stall: Duration, pages: u64) -> Duration {
+        let p = self.m.parameters();
+        let mut rate = self.last_rate;
+        if p.max_bandwidth > 0 {
+            rate = rate.min(p.max_bandwidth as f64);
+        }
+        let vcpus = &self.src.vcpus;
+        let extra = vcpus.iter().map(|v| v.state_extra_bytes()).sum();
+        let sending = Duration::from_millis(expected_ms(pages, vcpus.len() as u64, extra, rate));
+        stall + check_ram_time(&p, self.src.memory()) + sending * STOP_SLACK
     }
 
     /// The stop's expected downtime with `dirty` pages left, ms.
@@ -610,6 +655,11 @@ impl<'a> Precopy<'a> {
         let mut last = consumer.finish(|w| std::mem::replace(&mut w.pages, Bitmap::new(0)))?;
         last.or(&dirty);
         step("dirty log synced");
+        // From here to COMPLETED, one deadline for the whole: a destination
+        // that reads or answers a byte at a time holds the paused guest no
+        // longer than one that says nothing.
+        let whole = self.stop_whole(stall, last.count());
+        self.writer()?.inner().set_whole_deadline(whole);
         let pages0 = self.pages_sent();
         self.send_runs(&data_runs(&last))?;
         self.end_pass(pages0)?;
@@ -813,8 +863,8 @@ fn expected_ms(pages: u64, vcpus: u64, state_extra: u64, rate: f64) -> u64 {
 /// After a failed write: the destination's refusal, if it sent one before
 /// closing (read with a short timeout).
 fn read_refusal(conn: &mut Conn) -> Option<String> {
-    conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    match format::read_reply(conn) {
+    conn.set_read_timeout(Some(REPLY_WHOLE)).ok()?;
+    match conn.within(REPLY_WHOLE, format::read_reply) {
         Ok((format::REPLY_REFUSED, why)) => Some(why),
         _ => None,
     }

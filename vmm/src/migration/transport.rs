@@ -1,7 +1,10 @@
 //! Where a stream goes: `unix:PATH` or `tcp:HOST:PORT`, as QEMU's `-incoming`
-//! and `migrate` name them; and the destination's end of a connection
-//! ([`Watched`]), whose reads give up when the source has sent nothing for
-//! the idle deadline or when the destination is told to stop.
+//! and `migrate` name them; a connection ([`Conn`]) whose reads and writes
+//! give up after a time without progress and, when one is set, past a
+//! deadline for the whole (a peer that trickles is not silent); and the
+//! destination's end of a connection ([`Watched`]), whose reads give up when
+//! the source has sent nothing for the idle deadline or when the destination
+//! is told to stop.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
@@ -33,8 +36,67 @@ pub enum Error {
     ConnectCancelled(String),
 }
 
-/// Longest a source waits to connect to a destination.
+/// Longest a source waits to connect to a destination (to resolve its
+/// name, and then each address it resolves to).
 const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+
+/// Waits for `slice` to give an answer: each call waits at most `TICK`
+/// (`Ok(None)`: nothing yet), and between them the cancel is looked at.
+/// `Err(None)` for a cancel, `TimedOut` naming `what` past `until`.
+fn in_slices<T>(
+    until: Instant,
+    cancelled: &dyn Fn() -> bool,
+    what: &str,
+    mut slice: impl FnMut(Duration) -> std::io::Result<Option<T>>,
+) -> Result<T, Option<std::io::Error>> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let limit = format_duration(CONNECT_LIMIT);
+            return Err(Some(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("{what} within {limit}"),
+            )));
+        }
+        if let Some(done) = slice(left.min(TICK)).map_err(Some)? {
+            return Ok(done);
+        }
+        if cancelled() {
+            return Err(None);
+        }
+    }
+}
+
+/// Resolves `HOST:PORT` on a thread of its own, so that a cancel is taken
+/// within [`TICK`] and a resolver that never answers is given up on after
+/// [`CONNECT_LIMIT`] (`getaddrinfo` cannot be interrupted; the thread ends
+/// when it returns).
+fn resolve(
+    addr: &str,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Vec<std::net::SocketAddr>, Option<std::io::Error>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = addr.to_string();
+    std::thread::Builder::new()
+        .name("resolve".into())
+        .spawn(move || {
+            let _ = tx.send(name.to_socket_addrs().map(Iterator::collect));
+        })
+        .map_err(Some)?;
+    let until = Instant::now() + CONNECT_LIMIT;
+    in_slices(
+        until,
+        cancelled,
+        "no answer from the resolver",
+        |wait| match rx.recv_timeout(wait) {
+            Ok(answer) => answer.map(Some),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(std::io::Error::other(
+                "the resolver's thread ended without an answer",
+            )),
+        },
+    )
+}
 
 /// Connects to `a` within [`CONNECT_LIMIT`], looking at `cancelled` every
 /// [`TICK`] (std's `connect_timeout` waited out its limit whatever came):
@@ -57,23 +119,15 @@ fn tcp_connect(
         Ok(()) => {}
         Err(rustix::io::Errno::INPROGRESS) => {
             let until = Instant::now() + CONNECT_LIMIT;
-            loop {
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(Some(std::io::ErrorKind::TimedOut.into()));
-                }
-                let wait = Timespec::try_from(left.min(TICK))
-                    .map_err(|e| Some(std::io::Error::other(e)))?;
+            in_slices(until, cancelled, "no answer", |wait| {
+                let wait = Timespec::try_from(wait).map_err(std::io::Error::other)?;
                 let mut fds = [PollFd::new(&fd, PollFlags::OUT)];
                 match poll(&mut fds, Some(&wait)) {
-                    Ok(0) | Err(rustix::io::Errno::INTR) => {}
-                    Ok(_) => break,
-                    Err(e) => return Err(io(e)),
+                    Ok(0) | Err(rustix::io::Errno::INTR) => Ok(None),
+                    Ok(_) => Ok(Some(())),
+                    Err(e) => Err(e.into()),
                 }
-                if cancelled() {
-                    return Err(None);
-                }
-            }
+            })?;
             sockopt::socket_error(&fd).map_err(io)?.map_err(io)?;
         }
         Err(e) => return Err(io(e)),
@@ -118,13 +172,40 @@ impl std::fmt::Display for Uri {
     }
 }
 
-/// One connection, either kind.
+/// One connection, either kind, with an optional whole deadline on its
+/// reads and writes.
 #[derive(Debug)]
-pub(crate) enum Conn {
-    /// Over a unix socket.
+pub(crate) struct Conn {
+    sock: Sock,
+    /// Past this instant every read and write fails ([`PastDeadline`], with
+    /// the limit it was set from), however the peer trickles: the socket's
+    /// timeouts bound only the time without progress.
+    until: Option<(Instant, Duration)>,
+}
+
+#[derive(Debug)]
+enum Sock {
     Unix(UnixStream),
-    /// Over TCP.
     Tcp(TcpStream),
+}
+
+impl From<Sock> for Conn {
+    fn from(sock: Sock) -> Self {
+        Conn { sock, until: None }
+    }
+}
+
+/// What a [`Conn`]'s read or write gives up with (inside a `TimedOut`
+/// `io::Error`) once its whole deadline has passed: the limit.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("past its whole deadline of {}", format_duration(*.0))]
+pub(crate) struct PastDeadline(pub(crate) Duration);
+
+/// The whole deadline an I/O error from a [`Conn`] gave up on, if that is why.
+pub(crate) fn past_deadline(e: &std::io::Error) -> Option<PastDeadline> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<PastDeadline>())
+        .copied()
 }
 
 impl Conn {
@@ -134,75 +215,75 @@ impl Conn {
     /// `Connect` with the cause.
     pub(crate) fn connect(uri: &Uri, cancelled: &dyn Fn() -> bool) -> Result<Conn, Error> {
         let failed = |e| Error::Connect(uri.to_string(), e);
-        match uri {
-            // A listener whose backlog is full takes nobody: std's connect
-            // waited on it for ever, deaf to a cancel. Now 10 s at most, as
-            // TCP's, in slices that look at the cancel.
-            Uri::Unix(path) => {
-                let until = Instant::now() + CONNECT_LIMIT;
-                loop {
-                    match crate::client::bounded_connect(path, TICK) {
-                        Ok(s) => return Ok(Conn::Unix(s)),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            if cancelled() {
-                                return Err(Error::ConnectCancelled(uri.to_string()));
-                            }
-                            if Instant::now() >= until {
-                                return Err(failed(std::io::Error::new(
-                                    std::io::ErrorKind::TimedOut,
-                                    "no place in its backlog within 10s: it accepts nobody",
-                                )));
-                            }
+        let cancel = || Error::ConnectCancelled(uri.to_string());
+        let sock =
+            match uri {
+                // A listener whose backlog is full takes nobody: std's connect
+                // waited on it for ever, deaf to a cancel. Now 10 s at most, as
+                // TCP's, in slices that look at the cancel.
+                Uri::Unix(path) => {
+                    let until = Instant::now() + CONNECT_LIMIT;
+                    let what = "no place in its backlog (it accepts nobody)";
+                    let s = in_slices(until, cancelled, what, |wait| {
+                        match crate::client::bounded_connect(path, wait) {
+                            Ok(s) => Ok(Some(s)),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                            Err(e) => Err(e),
                         }
-                        Err(e) => return Err(failed(e)),
-                    }
+                    });
+                    Sock::Unix(s.map_err(|e| e.map_or_else(cancel, failed))?)
                 }
-            }
-            Uri::Tcp(addr) => {
-                let addrs = addr.to_socket_addrs().map_err(failed)?;
-                let mut last = std::io::Error::other("the address resolves to nothing");
-                for a in addrs {
-                    match tcp_connect(a, cancelled) {
-                        Ok(s) => {
-                            let _ = s.set_nodelay(true);
-                            return Ok(Conn::Tcp(s));
+                Uri::Tcp(addr) => {
+                    let addrs =
+                        resolve(addr, cancelled).map_err(|e| e.map_or_else(cancel, failed))?;
+                    let mut last = std::io::Error::other("the address resolves to nothing");
+                    let mut connected = None;
+                    for a in addrs {
+                        match tcp_connect(a, cancelled) {
+                            Ok(s) => {
+                                let _ = s.set_nodelay(true);
+                                connected = Some(s);
+                                break;
+                            }
+                            Err(None) => return Err(cancel()),
+                            Err(Some(e)) => last = e,
                         }
-                        Err(None) => return Err(Error::ConnectCancelled(uri.to_string())),
-                        Err(Some(e)) => last = e,
                     }
+                    Sock::Tcp(connected.ok_or_else(|| failed(last))?)
                 }
-                Err(failed(last))
-            }
-        }
+            };
+        Ok(Conn::from(sock))
     }
 
-    /// A second handle on the same connection (to shut it down from another thread).
+    /// A second handle on the same connection (to shut it down from another
+    /// thread), without a whole deadline.
     ///
     /// # Errors
     /// The fd could not be duplicated.
     pub(crate) fn try_clone(&self) -> std::io::Result<Conn> {
-        Ok(match self {
-            Conn::Unix(s) => Conn::Unix(s.try_clone()?),
-            Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
-        })
+        let sock = match &self.sock {
+            Sock::Unix(s) => Sock::Unix(s.try_clone()?),
+            Sock::Tcp(s) => Sock::Tcp(s.try_clone()?),
+        };
+        Ok(Conn::from(sock))
     }
 
     /// Ends the connection both ways, waking any thread blocked on it.
     pub(crate) fn shutdown(&self) {
-        let _ = match self {
-            Conn::Unix(s) => s.shutdown(Shutdown::Both),
-            Conn::Tcp(s) => s.shutdown(Shutdown::Both),
+        let _ = match &self.sock {
+            Sock::Unix(s) => s.shutdown(Shutdown::Both),
+            Sock::Tcp(s) => s.shutdown(Shutdown::Both),
         };
     }
 
-    /// Limits how long a read may block.
+    /// Limits how long a read may block without progress.
     ///
     /// # Errors
     /// The socket option could not be set.
     pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
-        match self {
-            Conn::Unix(s) => s.set_read_timeout(t),
-            Conn::Tcp(s) => s.set_read_timeout(t),
+        match &self.sock {
+            Sock::Unix(s) => s.set_read_timeout(t),
+            Sock::Tcp(s) => s.set_read_timeout(t),
         }
     }
 
@@ -211,10 +292,34 @@ impl Conn {
     /// # Errors
     /// The socket option could not be set.
     pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
-        match self {
-            Conn::Unix(s) => s.set_write_timeout(t),
-            Conn::Tcp(s) => s.set_write_timeout(t),
+        match &self.sock {
+            Sock::Unix(s) => s.set_write_timeout(t),
+            Sock::Tcp(s) => s.set_write_timeout(t),
         }
+    }
+
+    /// Until cleared, reads and writes fail ([`PastDeadline`]) once `limit`
+    /// from now has passed, whether or not the peer makes progress.
+    pub(crate) fn set_whole_deadline(&mut self, limit: Duration) {
+        self.until = Some((Instant::now() + limit, limit));
+    }
+
+    /// Ends the whole deadline: only the socket's timeouts apply.
+    pub(crate) fn clear_whole_deadline(&mut self) {
+        self.until = None;
+    }
+
+    /// Runs `f` on this connection with a whole deadline of `limit` from
+    /// now (or the one already set, if sooner), then puts the one before back.
+    pub(crate) fn within<T>(&mut self, limit: Duration, f: impl FnOnce(&mut Conn) -> T) -> T {
+        let before = self.until;
+        let at = Instant::now() + limit;
+        if before.is_none_or(|(was, _)| at < was) {
+            self.until = Some((at, limit));
+        }
+        let out = f(self);
+        self.until = before;
+        out
     }
 
     /// Makes reads and writes return `WouldBlock` instead of waiting (or wait again).
@@ -222,28 +327,95 @@ impl Conn {
     /// # Errors
     /// The flag could not be set.
     pub(crate) fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
-        match self {
-            Conn::Unix(s) => s.set_nonblocking(on),
-            Conn::Tcp(s) => s.set_nonblocking(on),
+        match &self.sock {
+            Sock::Unix(s) => s.set_nonblocking(on),
+            Sock::Tcp(s) => s.set_nonblocking(on),
+        }
+    }
+
+    /// Moves bytes with `io` (which must not wait: `MSG_DONTWAIT`); where it
+    /// would, waits for `ready` up to the socket's `timeout` (looked up only
+    /// then: most calls go at once) and the whole deadline. Past the first,
+    /// `WouldBlock`; past the second, [`PastDeadline`].
+    fn without_waiting(
+        &self,
+        ready: rustix::event::PollFlags,
+        timeout: rustix::net::sockopt::Timeout,
+        mut io: impl FnMut() -> rustix::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        use rustix::event::{poll, PollFd, Timespec};
+        let past = |limit| std::io::Error::new(std::io::ErrorKind::TimedOut, PastDeadline(limit));
+        let whole = self.until;
+        if let Some((at, limit)) = whole {
+            if Instant::now() >= at {
+                return Err(past(limit));
+            }
+        }
+        let mut stalled_at: Option<Option<Instant>> = None;
+        loop {
+            match io() {
+                Ok(n) => return Ok(n),
+                Err(rustix::io::Errno::AGAIN) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let stall = match stalled_at {
+                Some(at) => at,
+                None => *stalled_at.insert(
+                    rustix::net::sockopt::socket_timeout(self, timeout)?
+                        .map(|l| Instant::now() + l),
+                ),
+            };
+            let now = Instant::now();
+            let mut left = None;
+            if let Some((at, limit)) = whole {
+                if now >= at {
+                    return Err(past(limit));
+                }
+                left = Some(at - now);
+            }
+            if let Some(at) = stall {
+                if now >= at {
+                    return Err(std::io::ErrorKind::WouldBlock.into());
+                }
+                left = Some(left.map_or(at - now, |l: Duration| l.min(at - now)));
+            }
+            let left = left
+                .map(|l| Timespec::try_from(l).map_err(std::io::Error::other))
+                .transpose()?;
+            let mut fds = [PollFd::new(self, ready)];
+            match poll(&mut fds, left.as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 }
 
 impl AsFd for Conn {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Conn::Unix(s) => s.as_fd(),
-            Conn::Tcp(s) => s.as_fd(),
+        match &self.sock {
+            Sock::Unix(s) => s.as_fd(),
+            Sock::Tcp(s) => s.as_fd(),
         }
     }
 }
 
 impl Read for Conn {
+    /// Reads as the socket's mode says; under a whole deadline, waits for
+    /// bytes up to the read timeout (time without progress) and the deadline.
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.read(buf),
-            Conn::Tcp(s) => s.read(buf),
+        use rustix::event::PollFlags;
+        use rustix::net::{sockopt::Timeout, RecvFlags};
+        if self.until.is_none() {
+            return match &mut self.sock {
+                Sock::Unix(s) => s.read(buf),
+                Sock::Tcp(s) => s.read(buf),
+            };
         }
+        self.without_waiting(PollFlags::IN, Timeout::Recv, || {
+            rustix::net::recv(&*self, &mut *buf, RecvFlags::DONTWAIT).map(|(n, _)| n)
+        })
     }
 }
 
@@ -253,44 +425,14 @@ impl Write for Conn {
     /// timeout bounds the time without progress: a blocking send with
     /// `SO_SNDTIMEO` that copied a little and then waited returned at the
     /// timeout, and the next waited as long again (a peer that read nothing
-    /// held a source twice its stall limit).
+    /// held a source twice its stall limit). A whole deadline bounds it too.
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        use rustix::net::{sockopt, SendFlags};
+        use rustix::event::PollFlags;
+        use rustix::net::{sockopt::Timeout, SendFlags};
         let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
-        // Looked up only once the socket has no room: a send that goes at
-        // once (most of a stream's) costs one syscall.
-        let mut deadline: Option<Option<Instant>> = None;
-        loop {
-            match rustix::net::send(&*self, buf, flags) {
-                Ok(n) => return Ok(n),
-                Err(rustix::io::Errno::AGAIN) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
-            let until = match deadline {
-                Some(at) => at,
-                None => *deadline.insert(
-                    sockopt::socket_timeout(&*self, sockopt::Timeout::Send)?
-                        .map(|l| Instant::now() + l),
-                ),
-            };
-            let left = match until {
-                Some(at) => {
-                    let left = at.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(std::io::ErrorKind::WouldBlock.into());
-                    }
-                    Some(Timespec::try_from(left).map_err(std::io::Error::other)?)
-                }
-                None => None,
-            };
-            let mut fds = [PollFd::new(&*self, PollFlags::OUT)];
-            match poll(&mut fds, left.as_ref()) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.without_waiting(PollFlags::OUT, Timeout::Send, || {
+            rustix::net::send(&*self, buf, flags)
+        })
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -527,7 +669,7 @@ impl Listener {
                 match l.accept() {
                     Ok((s, _)) => match crate::scm::peer_uid(&s) {
                         Ok(uid) if may_send(uid, rustix::process::geteuid().as_raw()) => {
-                            break Ok(Conn::Unix(s));
+                            break Ok(Conn::from(Sock::Unix(s)));
                         }
                         // Closed; the next waiting peer is looked at.
                         peer => refused(path, peer),
@@ -537,7 +679,7 @@ impl Listener {
             },
             Listener::Tcp(l) => l.accept().map(|(s, _)| {
                 let _ = s.set_nodelay(true);
-                Conn::Tcp(s)
+                Conn::from(Sock::Tcp(s))
             }),
         };
         match accepted {
@@ -639,7 +781,13 @@ mod tests {
             let asked = asked.clone();
             Arc::new(move || asked.load(Ordering::Relaxed).then(|| "quit".to_string()))
         };
-        let mut w = Watched::new(Conn::Unix(ours), &[], Duration::from_secs(60), stop).unwrap();
+        let mut w = Watched::new(
+            Conn::from(Sock::Unix(ours)),
+            &[],
+            Duration::from_secs(60),
+            stop,
+        )
+        .unwrap();
         let mut buf = [0u8; 4096];
         let started = Instant::now();
         let err = loop {
@@ -668,9 +816,68 @@ mod tests {
     /// not twice: a write that copied a little returned at the timeout, and
     /// `write_all`'s next call waited as long again.
     #[test]
+    fn a_peer_that_trickles_is_given_up_on_at_the_whole_deadline() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let mut conn = Conn::from(Sock::Unix(ours));
+        // Silence alone would wait a minute: a byte every 20 ms is never silent.
+        conn.set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..200 {
+                if theirs.write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            theirs
+        });
+        let limit = Duration::from_millis(300);
+        conn.set_whole_deadline(limit);
+        let mut buf = [0u8; 100];
+        let e = conn.read_exact(&mut buf).unwrap_err();
+        assert_eq!(past_deadline(&e).map(|p| p.0), Some(limit), "{e}");
+        // A reply read out of turn gets its own, shorter one, and the one
+        // before is back after it.
+        let e = conn
+            .within(Duration::from_millis(50), |c| c.read_exact(&mut buf))
+            .unwrap_err();
+        assert!(past_deadline(&e).is_some(), "{e}");
+        conn.clear_whole_deadline();
+        conn.read_exact(&mut buf[..2]).unwrap();
+        // Writes are held to it too, room or not.
+        conn.set_whole_deadline(Duration::ZERO);
+        let e = conn.write_all(b"late").unwrap_err();
+        assert!(past_deadline(&e).is_some(), "{e}");
+        drop(conn);
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn a_connect_in_slices_takes_a_cancel_and_names_its_limit() {
+        let mut calls = 0;
+        let cancelled = std::cell::Cell::new(false);
+        let r: Result<(), _> = in_slices(
+            Instant::now() + Duration::from_secs(60),
+            &|| cancelled.get(),
+            "no answer",
+            |_| {
+                calls += 1;
+                cancelled.set(calls == 3);
+                Ok(None)
+            },
+        );
+        assert!(matches!(r, Err(None)), "a cancel: {r:?}");
+        assert_eq!(calls, 3);
+        let r: Result<(), _> = in_slices(Instant::now(), &|| false, "no answer", |_| Ok(None));
+        let e = r.unwrap_err().expect("not a cancel");
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(e.to_string(), "no answer within 10s");
+    }
+
+    #[test]
     fn a_peer_that_reads_nothing_fails_the_write_within_one_send_timeout() {
         let (ours, theirs) = UnixStream::pair().unwrap();
-        let mut conn = Conn::Unix(ours);
+        let mut conn = Conn::from(Sock::Unix(ours));
         let limit = Duration::from_millis(500);
         conn.set_write_timeout(Some(limit)).unwrap();
         let big = vec![0u8; 64 << 20];
