@@ -627,7 +627,7 @@ fn wait_for_source(
 /// What stops an incoming migration: `quit`, a signal taken by the signal
 /// thread, `migrate_cancel` (all through the migration handle), or before
 /// that thread exists, a pending SIGINT/SIGTERM.
-fn incoming_stop(config: &RunConfig, m: &Arc<Migration>) -> migration::transport::Stop {
+fn incoming_stop(config: &RunConfig, m: &Arc<Migration>) -> migration::inbound::Stop {
     let (m, signals) = (m.clone(), config.handle_signals);
     Arc::new(move || {
         m.incoming_stop().or_else(|| {

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use zerocopy::FromBytes;
 
 use super::format::{self, StreamHeader};
-use super::transport::{self, Conn, Listener, Stop, TICK};
+use super::inbound::{Listener, Stop};
+use super::transport::{self, Conn, TICK};
 use crate::units::format_duration;
 
 /// How long a peer has, from its connection, to send its whole stream header.

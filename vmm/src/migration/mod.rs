@@ -2,8 +2,10 @@
 //! TCP socket, counted with QEMU's names (`query-migrate`).
 //!
 //! - [`format`](mod@format): the versioned stream (headers, sections, trailer);
-//! - [`transport`]: `unix:PATH` and `tcp:HOST:PORT`, and the destination's
-//!   watched reads (idle deadline, stop);
+//! - [`transport`]: `unix:PATH` and `tcp:HOST:PORT`, connecting, and a
+//!   connection with its deadlines (silence, and the whole);
+//! - [`inbound`]: the destination's listener and its watched reads (idle
+//!   deadline, whole deadlines, stop);
 //! - [`crate::backing`] (outside: dirty tracking uses it too): which pages
 //!   the host ever backed (page map), zero checks;
 //! - [`writer`]: the page writer: runs, batching into sections, zero pages,
@@ -29,6 +31,7 @@ pub(crate) mod digest;
 pub mod format;
 pub(crate) mod handle;
 pub mod handshake;
+pub(crate) mod inbound;
 pub(crate) mod prefetch;
 pub mod receiver;
 pub(crate) mod sender;

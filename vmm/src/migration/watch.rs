@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::handle::Migration;
+use super::inbound::Stop;
 use super::receiver::{Error, Incoming, IncomingConfig};
-use super::transport::Stop;
 use crate::messages::{RunRequest, RunStateError, VmEvent};
 use crate::vm::Vm;
 
