@@ -44,7 +44,9 @@ fn modules() -> BTreeSet<String> {
             } else {
                 name.strip_suffix(".rs")?.to_string()
             };
-            let skip = ["lib", "main"].contains(&module.as_str()) || module.ends_with("_tests");
+            // `bin/` is the binary's: it may use any module, as `main.rs` did.
+            let skip =
+                ["lib", "main", "bin"].contains(&module.as_str()) || module.ends_with("_tests");
             (!skip).then_some(module)
         })
         .collect()

@@ -1,12 +1,14 @@
 //! Clients of the control socket (docs/PROTOCOL.md): a [`Client`] that sends
 //! requests and receives replies with the fds riding on them, and the commands
-//! built on it: `kvmscope stats`, `watch`, `ctl` and `demo`.
+//! built on it: `kvmscope stats`, `watch`, `ctl`, `readiness`, `migrate` and
+//! `demo`, and their standard output (`output`).
 //!
 //! `stats` and `watch` read the kernel themselves through the fds they receive;
 //! they never ask the VMM for values.
 
 pub mod demo;
 pub mod migrate;
+pub mod output;
 pub(crate) mod predict;
 pub mod readiness;
 pub mod stats;
