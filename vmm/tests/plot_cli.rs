@@ -79,6 +79,68 @@ fn plot_replaces_an_image_whole_and_leaves_nothing_beside_it() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("<svg"));
 }
 
+/// A stop (SIGTERM) while the image is being written: the image is whole,
+/// old or new, and nothing is left beside it. The stop came as soon as the
+/// hidden temporary file appeared, and left it behind in every try before
+/// the write held stops off.
+#[test]
+fn a_stop_mid_write_leaves_no_temporary_file() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let dir = TempDir::new("cli-stop-write");
+    let (header, mut points) = experiment();
+    // Long enough an image (about 1.5 MB) that its write and sync take a while.
+    let base = points.clone();
+    for round in 1..200u64 {
+        points.extend(base.iter().cloned().map(|mut p| {
+            p.seq += round * base.len() as u64;
+            p.time_s += round as f64 * base.len() as f64 * 0.01;
+            p
+        }));
+    }
+    let series = dir.join("run.jsonl");
+    write_jsonl(&series, &header, &points);
+    let svg = dir.join("run.svg");
+    let names = || -> Vec<String> {
+        std::fs::read_dir(dir.join(""))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    for _ in 0..5 {
+        std::fs::write(&svg, "the old image").unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvmscope"))
+            .args([
+                "plot",
+                series.to_str().unwrap(),
+                "-o",
+                svg.to_str().unwrap(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while !names().iter().any(|n| n.ends_with(".tmp"))
+            && child.try_wait().unwrap().is_none()
+            && started.elapsed() < std::time::Duration::from_secs(60)
+        {}
+        // SAFETY: kill on a child of ours that has not been waited for.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().unwrap();
+        assert!(
+            status.success() || status.signal() == Some(libc::SIGTERM),
+            "{status:?}"
+        );
+        let left = names();
+        assert_eq!(left.len(), 2, "beside the image: {left:?}");
+        let image = std::fs::read_to_string(&svg).unwrap();
+        assert!(
+            image == "the old image" || image.trim_end().ends_with("</svg>"),
+            "a cut image: {} bytes",
+            image.len()
+        );
+    }
+}
+
 #[test]
 fn a_series_cut_while_it_was_written_is_plotted_up_to_its_last_whole_line() {
     let dir = TempDir::new("cli-cut");

@@ -261,6 +261,9 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         _ => Path::new("."),
     };
     let name = path.file_name().unwrap_or_default().to_string_lossy();
+    // Dropped after the temporary file (declared before it): a stop that
+    // came meanwhile ends the process once the file is renamed or removed.
+    let _held = StopsHeld::new();
     // 0666 less the umask, as a file the write made, where none was.
     let made = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
@@ -284,6 +287,34 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Ok(_) => Ok(()),
         Err(e) if denied(&e.error) => fs::write(path, bytes),
         Err(e) => Err(e.error),
+    }
+}
+
+/// SIGINT and SIGTERM blocked in this thread while it lives, those of them
+/// that were not blocked already; unblocked again when it goes, so that one
+/// that came meanwhile takes effect then (by default it ends the process, as
+/// it would have). A stop in the middle of [`write_whole`] left its hidden
+/// temporary file beside the image.
+struct StopsHeld(Vec<std::os::raw::c_int>);
+
+impl StopsHeld {
+    fn new() -> Self {
+        use vmm_sys_util::signal::block_signal;
+        let stops = [libc::SIGINT, libc::SIGTERM];
+        StopsHeld(
+            stops
+                .into_iter()
+                .filter(|&s| block_signal(s).is_ok())
+                .collect(),
+        )
+    }
+}
+
+impl Drop for StopsHeld {
+    fn drop(&mut self) {
+        for &s in &self.0 {
+            let _ = vmm_sys_util::signal::unblock_signal(s);
+        }
     }
 }
 

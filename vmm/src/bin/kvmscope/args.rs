@@ -313,6 +313,9 @@ pub(crate) struct PlotArgs {
     /// The series: JSON lines, or CSV if the name ends in .csv.
     pub(crate) file: PathBuf,
     /// The image to write; its extension picks the format: .svg or .png.
+    /// An image already there is replaced whole (written beside it, then
+    /// renamed over it, keeping its mode), so that a stop or a full disk
+    /// leaves the old one.
     #[arg(short, long, value_name = "OUT")]
     pub(crate) output: PathBuf,
     /// Chart title (default: the VM's name and the series' file name; a CSV
