@@ -259,7 +259,10 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
         writeln!(out, "phase {}: {what}", n + 1)?;
         run_phase(&mut client, &received, &command, out)?;
     }
+    // The scan reads the guest's RAM: its request gets a second per GiB more.
+    client.bound_each_request(super::REPLY_TIMEOUT + scan_time(config.memory));
     readiness_step(&mut client, config.phase_size, out)?;
+    client.bound_each_request(super::REPLY_TIMEOUT);
     migration_step(config, &socket, &mut client, out)?;
     client.quit()?;
     drop(client);
@@ -272,6 +275,13 @@ pub fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<(), Error> {
         writeln!(out, "  | {line}")?;
     }
     Ok(())
+}
+
+/// Time beyond a request's usual to allow a scan of `memory` bytes of guest
+/// RAM: a second per GiB, over ten times what it took (zero pages, the
+/// slowest, at 14 GB/s; docs/EXPERIMENTS.md section 2) for a busy host.
+fn scan_time(memory: u64) -> Duration {
+    Duration::from_secs(memory.div_ceil(1 << 30))
 }
 
 /// The question the stats are for: is this guest ready to migrate? The guest
