@@ -20,7 +20,7 @@ use serde_json::json;
 
 const MEM: u64 = 64 << 20;
 
-/// Copies what it reads; once `slow`, reads 64 KiB a quarter second at most.
+/// Copies what it reads; once `slow`, reads 64 KiB a half second at most.
 struct Tee {
     inner: UnixStream,
     copy: Vec<u8>,
@@ -31,7 +31,7 @@ impl Read for Tee {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let mut end = buf.len();
         if self.slow {
-            std::thread::sleep(Duration::from_millis(250));
+            std::thread::sleep(Duration::from_millis(500));
             end = end.min(64 << 10);
         }
         let n = self.inner.read(&mut buf[..end])?;
@@ -59,7 +59,7 @@ enum Plan {
     /// Take the whole stream, then send COMPLETED a byte every 2 s.
     CompletedTrickled,
     /// After this many passes (the source stopped: `x-max-rounds`), read
-    /// 64 KiB a quarter second, never silent for long.
+    /// 64 KiB a half second, never silent for long.
     SlowAfterPass(u64),
 }
 
@@ -137,7 +137,7 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
                 }
                 Kind::Pass => {
                     passes += 1;
-                    r.inner().slow = plan == Plan::SlowAfterPass(passes);
+                    r.inner().slow |= plan == Plan::SlowAfterPass(passes);
                 }
                 _ => {}
             }
@@ -245,8 +245,8 @@ fn a_destination_that_trickles_its_answer_is_given_up_on_all_told() {
     assert_paused_until_cont(&src, &info);
 }
 
-/// A destination that reads the stop's pages slowly (64 KiB a quarter
-/// second: 4 MiB in 16 s), never silent for long, held the paused guest
+/// A destination that reads the stop's pages slowly (64 KiB a half
+/// second: 4 MiB in 32 s), never silent for long, held the paused guest
 /// until it had read them all. The stop's whole deadline (its silence bound
 /// plus four times what its bytes take at the last pass's rate) ends it:
 /// the trailer was not sent, so the guest runs on here.

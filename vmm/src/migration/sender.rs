@@ -9,9 +9,13 @@
 //! since the previous sync. When what is left would fit the downtime limit at
 //! the send rate measured over the last pass (or the round limit is reached),
 //! the guest is held paused, the vCPUs' state is taken, and the last dirty
-//! pages, the state and the trailer go out. Whatever fails, before or after
-//! the stop, the hold is released and the guest runs on here; only the
-//! destination's `completed` reply moves the source to `postmigrate`.
+//! pages, the state and the trailer go out. Whatever fails before the
+//! trailer, the hold is released and the guest runs on here; once the whole
+//! stream was sent, a failure without a refusal (no answer, a late or cut
+//! COMPLETED) leaves it paused until `cont`: the destination may run it.
+//! Only the destination's `completed` reply moves the source to
+//! `postmigrate`. The stop has a deadline for the whole, beside the bounds
+//! on silence ([`stop_stall`], `Precopy::stop_whole`).
 
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
@@ -559,6 +563,12 @@ impl<'a> Precopy<'a> {
             Ok(_) => {}
         }
         match w.inner().within(REPLY_WHOLE, format::read_reply) {
+            Err(format::Error::Io(e)) if super::transport::past_deadline(&e).is_some() => {
+                Err(Error::Refused(format!(
+                    "its reply came out of turn and was not whole within {}",
+                    crate::units::format_duration(REPLY_WHOLE)
+                )))
+            }
             Ok((format::REPLY_REFUSED, why)) => Err(Error::Refused(why)),
             Ok((code, why)) => Err(Error::Refused(format!(
                 "the destination answered (code {code}) before the stream was whole: {why}"
@@ -581,7 +591,8 @@ impl<'a> Precopy<'a> {
     /// (which holds the destination's RAM checksum), the source's own
     /// checksum, and [`STOP_SLACK`] times what its bytes take at the rate the
     /// last pass ran, or at `max-bandwidth` if lower.
-    fn stop_whole(&self, stall: Duration, pages: u64) -> Duration {
+    /// `queued`: bytes written before and still in the socket, which go first.
+    fn stop_whole(&self, stall: Duration, pages: u64, queued: u64) -> Duration {
         let p = self.m.parameters();
         let mut rate = self.last_rate;
         if p.max_bandwidth > 0 {
@@ -589,7 +600,8 @@ impl<'a> Precopy<'a> {
         }
         let vcpus = &self.src.vcpus;
         let extra = vcpus.iter().map(|v| v.state_extra_bytes()).sum();
-        let sending = Duration::from_millis(expected_ms(pages, vcpus.len() as u64, extra, rate));
+        let sending = Duration::from_millis(expected_ms(pages, vcpus.len() as u64, extra, rate))
+            + Duration::from_secs_f64(queued as f64 / rate.max(1.0));
         stall + check_ram_time(&p, self.src.memory()) + sending * STOP_SLACK
     }
 
@@ -658,7 +670,8 @@ impl<'a> Precopy<'a> {
         // From here to COMPLETED, one deadline for the whole: a destination
         // that reads or answers a byte at a time holds the paused guest no
         // longer than one that says nothing.
-        let whole = self.stop_whole(stall, last.count());
+        let queued = self.writer()?.get_ref().unsent();
+        let whole = self.stop_whole(stall, last.count(), queued);
         self.writer()?.inner().set_whole_deadline(whole);
         let pages0 = self.pages_sent();
         self.send_runs(&data_runs(&last))?;

@@ -64,22 +64,44 @@ fn in_slices<T>(
     }
 }
 
-/// Resolves `HOST:PORT` on a thread of its own, so that a cancel is taken
-/// within [`TICK`] and a resolver that never answers is given up on after
-/// [`CONNECT_LIMIT`] (`getaddrinfo` cannot be interrupted; the thread ends
-/// when it returns).
+/// Name lookups still running on threads of their own, at most
+/// [`MAX_LOOKUPS`] (each one given up on is left to end by itself).
+static LOOKUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The most name lookups left running at once.
+const MAX_LOOKUPS: usize = 4;
+
+/// Resolves `HOST:PORT`: an address as it is; a name on a thread of its own,
+/// so that a cancel is taken within [`TICK`] and a resolver that never
+/// answers is given up on after [`CONNECT_LIMIT`] (`getaddrinfo` cannot be
+/// interrupted; the thread ends when it returns, and while [`MAX_LOOKUPS`]
+/// of them run no other starts).
 fn resolve(
     addr: &str,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Vec<std::net::SocketAddr>, Option<std::io::Error>> {
+    use std::sync::atomic::Ordering;
+    if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
+        return Ok(vec![a]);
+    }
+    let running = LOOKUPS.fetch_add(1, Ordering::AcqRel);
+    if running >= MAX_LOOKUPS {
+        LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+        return Err(Some(std::io::Error::other(format!(
+            "{running} name lookups given up on are still running: the resolver does not answer"
+        ))));
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let name = addr.to_string();
-    std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("resolve".into())
         .spawn(move || {
             let _ = tx.send(name.to_socket_addrs().map(Iterator::collect));
-        })
-        .map_err(Some)?;
+            LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+        return Err(Some(e));
+    }
     let until = Instant::now() + CONNECT_LIMIT;
     in_slices(
         until,
@@ -174,10 +196,14 @@ impl std::fmt::Display for Uri {
 #[derive(Debug)]
 pub(crate) struct Conn {
     sock: Sock,
-    /// Past this instant every read and write fails ([`PastDeadline`], with
-    /// the limit it was set from), however the peer trickles: the socket's
-    /// timeouts bound only the time without progress.
+    /// Past this instant every read and write that would wait fails
+    /// ([`PastDeadline`], with the limit it was set from), however the peer
+    /// trickles: the socket's timeouts bound only the time without progress.
     until: Option<(Instant, Duration)>,
+    /// When bytes last moved either way (or the whole deadline was set): a
+    /// peer silent since for a socket timeout is said to be silent, not
+    /// slow, whichever bound ran out first.
+    progress: std::cell::Cell<Instant>,
 }
 
 #[derive(Debug)]
@@ -188,7 +214,11 @@ enum Sock {
 
 impl From<Sock> for Conn {
     fn from(sock: Sock) -> Self {
-        Conn { sock, until: None }
+        Conn {
+            sock,
+            until: None,
+            progress: std::cell::Cell::new(Instant::now()),
+        }
     }
 }
 
@@ -310,7 +340,26 @@ impl Conn {
     /// Until cleared, reads and writes fail ([`PastDeadline`]) once `limit`
     /// from now has passed, whether or not the peer makes progress.
     pub(crate) fn set_whole_deadline(&mut self, limit: Duration) {
-        self.until = Some((Instant::now() + limit, limit));
+        let now = Instant::now();
+        self.until = Some((now + limit, limit));
+        self.progress.set(now);
+    }
+
+    /// Bytes written and not yet taken by the peer (`SIOCOUTQ`): they go
+    /// before anything written next (a unix socket counts the kernel's
+    /// overhead per packet with them; TCP the bytes not yet acknowledged).
+    /// 0 where the kernel does not say.
+    pub(crate) fn unsent(&self) -> u64 {
+        use std::os::fd::AsRawFd as _;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int through the pointer,
+        // which points at one; the fd is this connection's socket.
+        let r = unsafe { libc::ioctl(self.as_fd().as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+        if r == 0 {
+            u64::try_from(queued).unwrap_or(0)
+        } else {
+            0
+        }
     }
 
     /// Ends the whole deadline: only the socket's timeouts apply.
@@ -345,7 +394,10 @@ impl Conn {
     /// Moves bytes with `io` (which must not wait: `MSG_DONTWAIT`); where it
     /// would, waits for `ready` up to the socket's `timeout` (looked up only
     /// then: most calls go at once) and the whole deadline. Past the first,
-    /// `WouldBlock`; past the second, [`PastDeadline`].
+    /// `WouldBlock`; past the second, [`PastDeadline`], unless nothing moved
+    /// for the socket's timeout: that is silence (`WouldBlock`) too. The
+    /// whole deadline is looked at only when the call would wait: bytes or
+    /// room that are there are taken, however late.
     fn without_waiting(
         &self,
         ready: rustix::event::PollFlags,
@@ -353,39 +405,43 @@ impl Conn {
         mut io: impl FnMut() -> rustix::io::Result<usize>,
     ) -> std::io::Result<usize> {
         use rustix::event::{poll, PollFd, Timespec};
-        let past = |limit| std::io::Error::new(std::io::ErrorKind::TimedOut, PastDeadline(limit));
-        let whole = self.until;
-        if let Some((at, limit)) = whole {
-            if Instant::now() >= at {
-                return Err(past(limit));
-            }
-        }
-        let mut stalled_at: Option<Option<Instant>> = None;
+        let silence = || std::io::Error::from(std::io::ErrorKind::WouldBlock);
+        let mut stall: Option<(Option<Duration>, Option<Instant>)> = None;
         loop {
             match io() {
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    if n > 0 {
+                        self.progress.set(Instant::now());
+                    }
+                    return Ok(n);
+                }
                 Err(rustix::io::Errno::AGAIN) => {}
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(e.into()),
             }
-            let stall = match stalled_at {
-                Some(at) => at,
-                None => *stalled_at.insert(
-                    rustix::net::sockopt::socket_timeout(self, timeout)?
-                        .map(|l| Instant::now() + l),
-                ),
+            let (limit, stall_at) = match stall {
+                Some(s) => s,
+                None => {
+                    let limit = rustix::net::sockopt::socket_timeout(self, timeout)?;
+                    *stall.insert((limit, limit.map(|l| Instant::now() + l)))
+                }
             };
             let now = Instant::now();
             let mut left = None;
-            if let Some((at, limit)) = whole {
+            if let Some(at) = stall_at {
                 if now >= at {
-                    return Err(past(limit));
+                    return Err(silence());
                 }
                 left = Some(at - now);
             }
-            if let Some(at) = stall {
+            if let Some((at, whole)) = self.until {
                 if now >= at {
-                    return Err(std::io::ErrorKind::WouldBlock.into());
+                    let silent = limit.is_some_and(|l| now - self.progress.get() >= l);
+                    return Err(if silent {
+                        silence()
+                    } else {
+                        std::io::Error::new(std::io::ErrorKind::TimedOut, PastDeadline(whole))
+                    });
                 }
                 left = Some(left.map_or(at - now, |l: Duration| l.min(at - now)));
             }
@@ -471,44 +527,95 @@ mod tests {
         }
     }
 
-    /// A peer that reads nothing fails a write after the send timeout once,
-    /// not twice: a write that copied a little returned at the timeout, and
-    /// `write_all`'s next call waited as long again.
+    /// A peer that sends a byte every 20 ms is never silent: the whole
+    /// deadline ends the read, where silence alone would wait a minute.
     #[test]
     fn a_peer_that_trickles_is_given_up_on_at_the_whole_deadline() {
         let (ours, mut theirs) = UnixStream::pair().unwrap();
-        let mut conn = Conn::from(Sock::Unix(ours));
-        // Silence alone would wait a minute: a byte every 20 ms is never silent.
+        let mut conn = Conn::from(ours);
         conn.set_read_timeout(Some(Duration::from_secs(60)))
             .unwrap();
         let trickle = std::thread::spawn(move || {
-            for _ in 0..200 {
-                if theirs.write_all(b"x").is_err() {
-                    break;
-                }
+            while theirs.write_all(b"x").is_ok() {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            theirs
         });
         let limit = Duration::from_millis(300);
         conn.set_whole_deadline(limit);
+        let started = Instant::now();
         let mut buf = [0u8; 100];
         let e = conn.read_exact(&mut buf).unwrap_err();
         assert_eq!(past_deadline(&e).map(|p| p.0), Some(limit), "{e}");
-        // A reply read out of turn gets its own, shorter one, and the one
-        // before is back after it.
-        let e = conn
-            .within(Duration::from_millis(50), |c| c.read_exact(&mut buf))
-            .unwrap_err();
-        assert!(past_deadline(&e).is_some(), "{e}");
+        assert!(started.elapsed() >= limit);
+        // A shorter deadline for one reply, inside it: its own limit, and
+        // the one before is back after it.
         conn.clear_whole_deadline();
-        conn.read_exact(&mut buf[..2]).unwrap();
-        // Writes are held to it too, room or not.
-        conn.set_whole_deadline(Duration::ZERO);
-        let e = conn.write_all(b"late").unwrap_err();
-        assert!(past_deadline(&e).is_some(), "{e}");
+        let short = Duration::from_millis(50);
+        let started = Instant::now();
+        let e = conn.within(short, |c| c.read_exact(&mut buf)).unwrap_err();
+        assert_eq!(past_deadline(&e).map(|p| p.0), Some(short), "{e}");
+        assert!(started.elapsed() >= short);
+        assert!(conn.until.is_none(), "none before, none after");
+        conn.set_whole_deadline(Duration::from_secs(60));
+        let before = conn.until;
+        let _ = conn.within(short, |c| c.read_exact(&mut buf));
+        assert_eq!(conn.until, before, "the minute's deadline is back");
         drop(conn);
         trickle.join().unwrap();
+    }
+
+    /// Past the whole deadline, a peer that said nothing for its silence
+    /// bound is said to be silent, whichever bound ran out first; bytes
+    /// already there are taken, however late.
+    #[test]
+    fn silence_is_named_as_silence_and_waiting_bytes_are_taken_late() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let mut conn = Conn::from(ours);
+        let silence = Duration::from_millis(100);
+        conn.set_read_timeout(Some(silence)).unwrap();
+        // The same limit for both, as READY's: silence, not slowness.
+        conn.set_whole_deadline(silence);
+        let mut buf = [0u8; 4];
+        let e = conn.read_exact(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+        assert!(past_deadline(&e).is_none(), "{e}");
+        // The deadline long past, four bytes waiting: read.
+        theirs.write_all(b"late").unwrap();
+        conn.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"late");
+        // A write with room goes; one that would wait past the deadline fails.
+        conn.set_whole_deadline(Duration::ZERO);
+        conn.write_all(b"room").unwrap();
+        let e = conn.write_all(&vec![0u8; 64 << 20]).unwrap_err();
+        assert!(past_deadline(&e).is_some(), "{e}");
+        drop(theirs);
+    }
+
+    /// What the socket holds unsent is counted (the stop's deadline adds it).
+    #[test]
+    fn bytes_the_peer_has_not_taken_are_counted() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut conn = Conn::from(ours);
+        assert_eq!(conn.unsent(), 0);
+        conn.write_all(&[0u8; 1000]).unwrap();
+        // A unix socket counts the kernel's own bytes per packet too.
+        let unsent = conn.unsent();
+        assert!((1000..1000 + 4096).contains(&unsent), "{unsent}");
+        drop(theirs);
+    }
+
+    #[test]
+    fn an_address_is_not_looked_up_and_a_name_is() {
+        let direct = resolve("127.0.0.1:4444", &|| false).unwrap();
+        assert_eq!(direct, vec!["127.0.0.1:4444".parse().unwrap()]);
+        // `localhost` is in every /etc/hosts: looked up on a thread, which ends.
+        let named = resolve("localhost:4444", &|| false).unwrap();
+        assert!(
+            named
+                .iter()
+                .all(|a| a.ip().is_loopback() && a.port() == 4444),
+            "{named:?}"
+        );
     }
 
     #[test]
@@ -533,10 +640,13 @@ mod tests {
         assert_eq!(e.to_string(), "no answer within 10s");
     }
 
+    /// A peer that reads nothing fails a write after the send timeout once,
+    /// not twice: a write that copied a little returned at the timeout, and
+    /// `write_all`'s next call waited as long again.
     #[test]
     fn a_peer_that_reads_nothing_fails_the_write_within_one_send_timeout() {
         let (ours, theirs) = UnixStream::pair().unwrap();
-        let mut conn = Conn::from(Sock::Unix(ours));
+        let mut conn = Conn::from(ours);
         let limit = Duration::from_millis(500);
         conn.set_write_timeout(Some(limit)).unwrap();
         let big = vec![0u8; 64 << 20];

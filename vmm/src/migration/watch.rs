@@ -3,7 +3,7 @@
 //! thread, and the main thread answers termination signals and the control
 //! plane meanwhile (`quit` stops them, other run-state changes are refused
 //! while `inmigrate`). The thread's waits and reads
-//! ([`Watched`](super::transport::Watched)) see the stop within a
+//! ([`Watched`](super::inbound::Watched)) see the stop within a
 //! [`TICK`](super::transport::TICK).
 
 use std::sync::Arc;
