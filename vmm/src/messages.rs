@@ -40,8 +40,6 @@ pub enum VmEvent {
     Idle(usize),
     /// A command finished.
     CommandDone(usize, CommandResult),
-    /// The guest printed a line.
-    Console(usize, String),
     /// vCPU `0`'s thread ended.
     Finished(usize, Outcome),
     /// The process received a termination signal.
@@ -61,7 +59,6 @@ impl VmEvent {
         match report {
             Report::Idle => VmEvent::Idle(index),
             Report::CommandDone(result) => VmEvent::CommandDone(index, result),
-            Report::Console(line) => VmEvent::Console(index, line),
             Report::Finished(outcome) => VmEvent::Finished(index, outcome),
         }
     }

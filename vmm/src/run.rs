@@ -396,7 +396,7 @@ fn wait_until_done(
             Some(VmEvent::Control(request, reply)) => {
                 let _ = reply.send(pause.apply(vm, request));
             }
-            Some(VmEvent::Console(..) | VmEvent::Loaded | VmEvent::Throttled) | None => {}
+            Some(VmEvent::Loaded | VmEvent::Throttled) | None => {}
         }
         if let Some(late) = boot.late(vm, pause.paused(), Instant::now()) {
             watch.not_checked_in = Some(late);

@@ -20,6 +20,7 @@ use crate::kick;
 use crate::memory::GuestMemory;
 use crate::workload::Command;
 
+mod console;
 pub mod dirty_limit;
 pub(crate) mod faults;
 pub(crate) mod limits;
@@ -67,6 +68,8 @@ pub(crate) struct Vcpu {
     /// time it is limited (`None` if that failed: the main loop's kick
     /// every timeslice then serves).
     look_timer: Option<kick::Timer>,
+    /// The guest's console lines this second (a flood is not all logged).
+    console: console::ConsoleLog,
 }
 
 /// Sleeps from `now` to `until` in [`throttle::STEP`]s, each counted in
@@ -108,8 +111,6 @@ pub(crate) enum Report {
     Idle,
     /// A command finished.
     CommandDone(CommandResult),
-    /// The guest printed a line.
-    Console(String),
     /// Its thread ended.
     Finished(Outcome),
 }
@@ -149,6 +150,7 @@ impl Vcpu {
             slice_start: None,
             bucket: None,
             look_timer: None,
+            console: console::ConsoleLog::default(),
         }
     }
 
@@ -439,6 +441,8 @@ impl Vcpu {
     fn enter(&mut self) -> Result<Exit, kvm_ioctls::Error> {
         let exit = match self.fd.run() {
             Ok(VcpuExit::IoOut(port, data)) => {
+                // The guest checks in with its first port write (`--boot-timeout`).
+                let _ = self.shared.first_exit.set(Instant::now());
                 let mut v = [0u8; 4];
                 let n = data.len().min(4);
                 v[..n].copy_from_slice(&data[..n]);
@@ -487,13 +491,25 @@ impl Vcpu {
                 None
             }
             Action::Console(len) => {
-                let text = self.read_text(len);
-                log::info!("vcpu{} console: {text}", self.shared.index);
-                (self.report)(Report::Console(text));
+                let index = self.shared.index;
+                if log::log_enabled!(log::Level::Info) && self.console.admit(Instant::now(), index)
+                {
+                    log::info!("vcpu{index} console: {}", self.read_text(len));
+                }
                 None
             }
             Action::Ready => {
-                let _ = self.shared.first_exit.set(Instant::now());
+                // READY asks for a first command: one still running has
+                // no result now (the guest restarted, or lost its place).
+                if let Some((seq, command, started)) = self.current.take() {
+                    self.record(CommandResult {
+                        seq,
+                        command,
+                        status: "no result: the guest asked for a first command (READY) again while running this one".into(),
+                        values: [0; 3],
+                        host_time: started.elapsed(),
+                    });
+                }
                 self.next_command()
             }
             Action::Done => {
@@ -542,13 +558,16 @@ impl Vcpu {
         self.mem.read_obj(addr).unwrap_or(u64::MAX)
     }
 
+    /// The mailbox's text of `len` bytes (at most its size), fit for a
+    /// terminal and a log: the guest's control characters, line breaks and
+    /// bidirectional overrides escaped (`\u{1b}`), as a peer's text is.
     fn read_text(&self, len: u32) -> String {
         let mut buf = vec![0u8; (len as usize).min(abi::TEXT_MAX)];
         let addr = GuestAddress(mailbox_addr(self.shared.index as u64) + mb::TEXT);
         if self.mem.read_slice(&mut buf, addr).is_err() {
             return "<unreadable mailbox>".to_string();
         }
-        String::from_utf8_lossy(&buf).into_owned()
+        crate::units::peer_text(&buf, abi::TEXT_MAX)
     }
 
     fn record(&self, result: CommandResult) {
@@ -567,14 +586,20 @@ impl Vcpu {
         let Some((seq, command, started)) = self.current.take() else {
             return;
         };
-        let status = match (self.read_u64(mb::RESULT_SEQ), self.read_u64(mb::STATUS)) {
+        let answered = self.read_u64(mb::RESULT_SEQ);
+        let status = match (answered, self.read_u64(mb::STATUS)) {
             (s, _) if s != seq => format!("guest answered for command {s}, not {seq}"),
             (_, abi::STATUS_OK) => "ok".to_string(),
             (_, abi::STATUS_BAD_ARGS) => "guest rejected the arguments".to_string(),
             (_, abi::STATUS_UNKNOWN_COMMAND) => "guest does not know the command".to_string(),
             (_, other) => format!("guest status {other}"),
         };
-        let values = [0, 1, 2].map(|i| self.read_u64(mb::RESULT + 8 * i));
+        // Values the guest gave for another command are not this one's.
+        let values = if answered == seq {
+            [0, 1, 2].map(|i| self.read_u64(mb::RESULT + 8 * i))
+        } else {
+            [0; 3]
+        };
         self.record(CommandResult {
             seq,
             command,

@@ -244,7 +244,7 @@ pub struct VcpuShared {
     pub(crate) phase: AtomicU64,
     /// The kernel thread id of the vCPU's thread, once it runs (for /proc lookups).
     pub tid: OnceLock<i32>,
-    /// When the guest first asked for a command (its first port write).
+    /// When the guest first wrote to a port (it checked in: `--boot-timeout`).
     pub(crate) first_exit: OnceLock<Instant>,
     /// The registers of a vCPU stopped before its guest checked in (no first
     /// exit), as its thread read them on the way out: for boot-timeout reports.
