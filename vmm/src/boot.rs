@@ -58,6 +58,28 @@ pub enum Error {
         /// The first reserved area it overlaps, or `the end of guest RAM`.
         area: &'static str,
     },
+    /// A loadable segment's bytes reach past the end of the file.
+    #[error("guest ELF segment {index} takes {size} bytes from offset {offset:#x} of the file, which has {file} (cut short?)")]
+    SegmentData {
+        /// The program header's index.
+        index: usize,
+        /// `p_offset`.
+        offset: u64,
+        /// `p_filesz`.
+        size: u64,
+        /// The file's length in bytes.
+        file: usize,
+    },
+    /// A loadable segment has more bytes in the file than in memory.
+    #[error("guest ELF segment {index} has {filesz} bytes in the file but {memsz} in memory; an ELF segment's file size is at most its memory size")]
+    SegmentSizes {
+        /// The program header's index.
+        index: usize,
+        /// `p_filesz`.
+        filesz: u64,
+        /// `p_memsz`.
+        memsz: u64,
+    },
     /// A loadable segment's address plus size overflows 64 bits.
     #[error("guest ELF segment {index} has a size that wraps around the address space")]
     SegmentOverflow {
@@ -165,7 +187,8 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 ///
 /// # Errors
 /// `ElfClass`, `ElfMachine`, `ElfType`, `ProgramHeaders`, `NothingToLoad`,
-/// `SegmentPlacement`, `SegmentOverflow` or `EntryPlacement`.
+/// `SegmentSizes`, `SegmentData`, `SegmentPlacement`, `SegmentOverflow` or
+/// `EntryPlacement`.
 pub(crate) fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
     if image.len() < ec::EHDR_SIZE || !image.starts_with(ec::MAGIC) {
         return Ok(());
@@ -194,6 +217,25 @@ pub(crate) fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
         let (filesz, memsz) = (u64_at(ph, 32), u64_at(ph, 40));
         if u32_at(ph, 0) != ec::PT_LOAD || filesz.max(memsz) == 0 {
             continue;
+        }
+        if filesz > memsz {
+            return Err(Error::SegmentSizes {
+                index,
+                filesz,
+                memsz,
+            });
+        }
+        let offset = u64_at(ph, 8);
+        if offset
+            .checked_add(filesz)
+            .is_none_or(|end| end > image.len() as u64)
+        {
+            return Err(Error::SegmentData {
+                index,
+                offset,
+                size: filesz,
+                file: image.len(),
+            });
         }
         let start = u64_at(ph, 24);
         let end = start
@@ -401,6 +443,41 @@ mod tests {
         assert_eq!(placement_area(&image), "the vCPU stacks");
         let err = check_elf(&image, RAM).unwrap_err().to_string();
         assert!(err.contains("segment 1 (0x3ffff8..0x400008)"), "{err}");
+    }
+
+    #[test]
+    fn a_segment_cut_short_by_the_end_of_the_file_is_named() {
+        let image = with_segment(abi::IMAGE_BASE + 0x1000, 16);
+        let cut = &image[..image.len() - 4];
+        let err = check_elf(cut, RAM).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::SegmentData {
+                    index: 1,
+                    size: 16,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("cut short"), "{err}");
+    }
+
+    #[test]
+    fn a_segment_with_more_bytes_in_the_file_than_in_memory_is_refused() {
+        let err = check_elf(&with_segment(abi::IMAGE_BASE + 0x1000, 8), RAM).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::SegmentSizes {
+                    index: 1,
+                    filesz: 16,
+                    memsz: 8
+                }
+            ),
+            "{err:?}"
+        );
     }
 
     #[test]
