@@ -618,16 +618,26 @@ impl Handler {
     /// asks gets an answer; the periodic figures come again a period on).
     fn client_readiness(&mut self, args: ReadinessArgs) -> Outcome {
         let running = self.readiness_busy.load(Ordering::Acquire);
-        match self.periodic_stop.take() {
-            Some(stop) if running => {
-                stop.store(true, Ordering::Release);
-                Outcome::Wait(Pending::ReadinessQueued {
-                    args,
-                    until: std::time::Instant::now() + READINESS_QUEUE_LIMIT,
-                })
-            }
-            _ => deferred::start_readiness(&self.ctx, args, &self.readiness_busy),
+        if running && self.stop_periodic() {
+            Outcome::Wait(Pending::ReadinessQueued {
+                args,
+                until: std::time::Instant::now() + READINESS_QUEUE_LIMIT,
+            })
+        } else {
+            deferred::start_readiness(&self.ctx, args, &self.readiness_busy)
         }
+    }
+
+    /// Asks the periodic measurement last started, if any, to stop (it
+    /// stops for a client's); whether there was one to ask.
+    fn stop_periodic(&self) -> bool {
+        let periodic = self.periodic_stop.take();
+        if let Some(stop) = &periodic {
+            stop.store(true, Ordering::Release);
+        }
+        let asked = periodic.is_some();
+        self.periodic_stop.set(periodic);
+        asked
     }
 
     /// Where a deferred reply stands: events to send now, and the reply once
@@ -647,11 +657,7 @@ impl Handler {
                 if self.readiness_busy.load(Ordering::Acquire) {
                     // A periodic one started since (its slot came free as
                     // it fell due) stops for this one too.
-                    let periodic = self.periodic_stop.take();
-                    if let Some(stop) = &periodic {
-                        stop.store(true, Ordering::Release);
-                    }
-                    self.periodic_stop.set(periodic);
+                    self.stop_periodic();
                     if std::time::Instant::now() < *until {
                         return waiting(None);
                     }
