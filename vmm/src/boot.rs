@@ -225,10 +225,12 @@ pub(crate) fn check_elf(image: &[u8], ram: u64) -> Result<(), Error> {
                 memsz,
             });
         }
+        // A segment of no file bytes (all bss) reads nothing from the file.
         let offset = u64_at(ph, 8);
-        if offset
-            .checked_add(filesz)
-            .is_none_or(|end| end > image.len() as u64)
+        if filesz > 0
+            && offset
+                .checked_add(filesz)
+                .is_none_or(|end| end > image.len() as u64)
         {
             return Err(Error::SegmentData {
                 index,
@@ -462,6 +464,20 @@ mod tests {
             "{err:?}"
         );
         assert!(err.to_string().contains("cut short"), "{err}");
+    }
+
+    #[test]
+    fn a_segment_of_no_file_bytes_may_point_past_the_end_of_the_file() {
+        let mut image = spin();
+        image.segments.push(Segment {
+            paddr: abi::IMAGE_BASE + 0x1000,
+            data: Vec::new(),
+            memsz: 4096,
+        });
+        let mut bytes = image.bytes();
+        // The second program header's p_offset (at 64 + 56 + 8), far past the end.
+        bytes[128..136].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        check_elf(&bytes, RAM).unwrap();
     }
 
     #[test]

@@ -124,6 +124,8 @@ fn a_console_flood_is_logged_escaped_at_its_rate_and_checks_the_guest_in() {
     let (_dir, path) = guest("hostile-console", &code);
     let child = run(&path, &["--boot-timeout", "1s"])
         .env("RUST_LOG", "info")
+        // No colours, whatever the environment forces: escapes of our own.
+        .env("RUST_LOG_STYLE", "never")
         .spawn()
         .unwrap();
     let child = common::KillOnDrop::new(child);

@@ -123,8 +123,10 @@ fn a_stop_mid_write_leaves_no_temporary_file() {
             && child.try_wait().unwrap().is_none()
             && started.elapsed() < std::time::Duration::from_secs(60)
         {}
-        // SAFETY: kill on a child of ours that has not been waited for.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        if child.try_wait().unwrap().is_none() {
+            // SAFETY: kill on a child of ours that has not been reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
         let status = child.wait().unwrap();
         assert!(
             status.success() || status.signal() == Some(libc::SIGTERM),

@@ -26,12 +26,7 @@ impl ConsoleLog {
             .second
             .is_none_or(|s| now.duration_since(s) >= Duration::from_secs(1));
         if new_second {
-            if self.dropped > 0 {
-                log::info!(
-                    "vcpu{vcpu} console: {} more lines not shown (over {LINES_PER_SECOND} a second)",
-                    self.dropped
-                );
-            }
+            self.flush(vcpu);
             *self = ConsoleLog {
                 second: Some(now),
                 shown: 0,
@@ -44,6 +39,19 @@ impl ConsoleLog {
         } else {
             self.dropped += 1;
             false
+        }
+    }
+
+    /// Says how many lines were not logged, if any, and counts from zero:
+    /// at the next second's first line, and when the vCPU's thread ends (a
+    /// guest that went quiet after a flood, a run stopped in one).
+    pub(crate) fn flush(&mut self, vcpu: usize) {
+        if self.dropped > 0 {
+            log::info!(
+                "vcpu{vcpu} console: {} more lines not shown (over {LINES_PER_SECOND} a second)",
+                self.dropped
+            );
+            self.dropped = 0;
         }
     }
 }
@@ -59,6 +67,13 @@ mod tests {
         let shown = (0..1000).filter(|_| log.admit(t0, 0)).count();
         assert_eq!(shown, LINES_PER_SECOND as usize);
         assert_eq!(log.dropped, 1000 - u64::from(LINES_PER_SECOND));
+        // Said at the end too: nothing left to say after.
+        let mut ended = ConsoleLog::default();
+        for _ in 0..30 {
+            ended.admit(t0, 0);
+        }
+        ended.flush(0);
+        assert_eq!(ended.dropped, 0);
         // A new second: counted again from zero.
         assert!(log.admit(t0 + Duration::from_millis(1001), 0));
         assert_eq!((log.shown, log.dropped), (1, 0));

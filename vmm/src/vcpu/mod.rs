@@ -170,6 +170,7 @@ impl Vcpu {
                 State::Finished(outcome) => break outcome,
             }
         };
+        self.console.flush(self.shared.index);
         if outcome == Outcome::Stopped && self.shared.first_exit.get().is_none() {
             // Only this thread may read them; the boot-timeout report needs them.
             let _ = self.shared.boot_registers.set(self.registers());
@@ -442,7 +443,9 @@ impl Vcpu {
         let exit = match self.fd.run() {
             Ok(VcpuExit::IoOut(port, data)) => {
                 // The guest checks in with its first port write (`--boot-timeout`).
-                let _ = self.shared.first_exit.set(Instant::now());
+                if self.shared.first_exit.get().is_none() {
+                    let _ = self.shared.first_exit.set(Instant::now());
+                }
                 let mut v = [0u8; 4];
                 let n = data.len().min(4);
                 v[..n].copy_from_slice(&data[..n]);
