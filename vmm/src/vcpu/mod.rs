@@ -211,18 +211,20 @@ impl Vcpu {
 
     /// Answers a snapshot request while parked at `at`.
     fn serve(&mut self, request: SnapshotRequest, at: Where) {
-        self.complete_io();
         let index = self.shared.index;
-        let result = snapshot::capture(&self.fd, index, &request.msr_list).map(|kvm| Snapshot {
-            index,
-            kvm,
-            vmm: parked::vmm_state(
-                at,
-                self.current.as_ref(),
-                self.waiting.as_ref(),
-                &self.shared,
-            ),
-        });
+        let result = self
+            .complete_io()
+            .and_then(|()| snapshot::capture(&self.fd, index, &request.msr_list))
+            .map(|kvm| Snapshot {
+                index,
+                kvm,
+                vmm: parked::vmm_state(
+                    at,
+                    self.current.as_ref(),
+                    self.waiting.as_ref(),
+                    &self.shared,
+                ),
+            });
         // The migration may have given up waiting; then nobody needs this.
         let _ = request.reply.send(result);
     }
@@ -231,16 +233,26 @@ impl Vcpu {
     /// on the next KVM_RUN): KVM_RUN with `immediate_exit` set finishes it and
     /// returns EINTR without entering the guest, so the registers read next
     /// are the whole state (KVM's documented way before saving state).
-    fn complete_io(&mut self) {
+    /// Anything but EINTR fails the snapshot: the state read next would have
+    /// the guest's `out` still to retire, and a destination would run it again
+    /// (a READY there ends the command it had just been given).
+    fn complete_io(&mut self) -> Result<(), snapshot::Error> {
+        let index = self.shared.index;
         self.fd.set_kvm_immediate_exit(1);
-        match self.fd.run() {
-            Err(e) if e.errno() == libc::EINTR => {}
-            other => log::warn!(
-                "vcpu{}: completing pending I/O before a snapshot: {other:?}",
-                self.shared.index
-            ),
-        }
+        let done = match self.fd.run() {
+            Err(e) if e.errno() == libc::EINTR => Ok(()),
+            Err(e) => Err(snapshot::Error::Kvm(
+                "KVM_RUN (to complete pending I/O)",
+                index,
+                e,
+            )),
+            Ok(exit) => Err(snapshot::Error::State(
+                index,
+                format!("KVM_RUN to complete pending I/O gave {exit:?}, not EINTR"),
+            )),
+        };
         self.fd.set_kvm_immediate_exit(0);
+        done
     }
 
     /// Loads a snapshot into this vCPU before its thread starts (a
