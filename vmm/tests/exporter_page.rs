@@ -691,3 +691,149 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
             && up(p, "a", a.pid())
     });
 }
+
+/// A QMP monitor of our own making that greets as QEMU 7.2 and answers each
+/// command with `answer(name)` (a `return` value) after `delay`; `None`
+/// answers nothing.
+fn fake_monitor(
+    path: &Path,
+    delay: Duration,
+    answer: fn(&str) -> Option<serde_json::Value>,
+) -> std::thread::JoinHandle<()> {
+    let listener = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let greeting = json!({"QMP": {"version": {"qemu": {"micro": 22, "minor": 2, "major": 7},
+                "package": "fake"}, "capabilities": ["oob"]}});
+            if writeln!(conn, "{greeting}").is_err() {
+                continue;
+            }
+            let reader = std::io::BufReader::new(conn.try_clone().unwrap());
+            for line in std::io::BufRead::lines(reader) {
+                let Ok(line) = line else { break };
+                let request: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                let name = request["execute"].as_str().unwrap_or_default();
+                let value = if name == "qmp_capabilities" {
+                    Some(json!({}))
+                } else {
+                    std::thread::sleep(delay);
+                    answer(name)
+                };
+                let Some(value) = value else { continue };
+                let mut reply = json!({"return": value});
+                if let Some(id) = request.get("id") {
+                    reply["id"] = id.clone();
+                }
+                if writeln!(conn, "{reply}").is_err() {
+                    break;
+                }
+            }
+        }
+    })
+}
+
+/// A monitor listed first that says `pages_4k` is a counter no longer makes
+/// an honest QEMU's `pages_4k` a counter (its gauge lines were written under
+/// the liar's `# TYPE counter`, as `kvmscope_kvm_vm_pages_4k_total`); one
+/// whose reply is over a bound (600 stats) is down; the page stays valid.
+#[test]
+fn a_lying_or_flooding_qemu_monitor_does_not_change_how_an_honest_one_reads() {
+    require_kvm!();
+    let dir = common::test_dir("exp-qemu-liar");
+    let (liar, flood, monitor) = (
+        dir.join("liar.sock"),
+        dir.join("flood.sock"),
+        dir.join("qmp.sock"),
+    );
+    let Some(q) = qemu(&monitor) else {
+        return;
+    };
+    common::wait_for("QEMU's monitor", LIMIT, || {
+        common::unix_listening(&monitor).then_some(())
+    });
+    fake_monitor(&liar, Duration::ZERO, |name| match name {
+        "query-name" => Some(json!({"name": "liar"})),
+        "query-stats-schemas" => Some(json!([{"provider": "kvm", "target": "vm",
+            "stats": [{"name": "pages_4k", "type": "cumulative", "exponent": 0}]}])),
+        "query-stats" => {
+            Some(json!([{"provider": "kvm", "stats": [{"name": "pages_4k", "value": 7}]}]))
+        }
+        _ => None,
+    });
+    fake_monitor(&flood, Duration::ZERO, |name| match name {
+        "query-name" => Some(json!({"name": "flood"})),
+        "query-stats-schemas" => Some(json!([{"provider": "kvm", "target": "vm",
+            "stats": [{"name": "pages_4k", "type": "instant", "exponent": 0}]}])),
+        "query-stats" => {
+            let stats: Vec<_> = (0..600)
+                .map(|i| json!({"name": format!("s{i}"), "value": i}))
+                .collect();
+            Some(json!([{"provider": "kvm", "stats": stats}]))
+        }
+        _ => None,
+    });
+    let e = common::exporter::start(ExporterConfig {
+        dirs: vec![],
+        qmp_sockets: vec![liar.clone(), flood.clone(), monitor.clone()],
+        qmp_interval: Duration::from_millis(200),
+        ..common::exporter::config(&dir, Duration::from_secs(2))
+    });
+    let qvm = format!("vm=\"qvm-test\",pid=\"{}\"", q.id());
+    let qemu_up = |p: &str, vm: &str| {
+        p.lines().any(|l| {
+            l.starts_with("kvmscope_exporter_qemu_up{")
+                && l.contains(&format!("vm=\"{vm}\""))
+                && l.ends_with(" 1")
+        })
+    };
+    let page = page_when(
+        &e,
+        "the liar and the honest QEMU read, the flood down",
+        |p| qemu_up(p, "liar") && qemu_up(p, "qvm-test") && p.contains("vm=\"flood\""),
+    );
+    common::check_with_promtool(&page);
+    assert!(
+        common::metric(&page, "kvmscope_kvm_vm_pages_4k", &[&qvm]).is_some(),
+        "the honest QEMU's gauge: {page}"
+    );
+    assert!(
+        common::metric(&page, "kvmscope_kvm_vm_pages_4k_total", &[&qvm]).is_none(),
+        "{page}"
+    );
+    assert_eq!(
+        common::metric(&page, "kvmscope_kvm_vm_pages_4k_total", &["vm=\"liar\""]),
+        Some(7.0),
+        "the liar in a family of its own kind: {page}"
+    );
+    assert!(!qemu_up(&page, "flood"), "{page}");
+    assert!(!page.contains("kvmscope_kvm_vm_s599"), "{page}");
+}
+
+/// The exporter stops without waiting for a monitor in the middle of a
+/// slow answer (each command may take the attach timeout: a stop waited for
+/// every poller's reading to end, 8 s and more).
+#[test]
+fn the_exporter_stops_at_once_while_a_monitor_answers_slowly() {
+    let dir = common::test_dir("exp-qemu-slow");
+    let slow = dir.join("slow.sock");
+    fake_monitor(&slow, Duration::from_secs(5), |name| match name {
+        "query-name" => Some(json!({"name": "slow"})),
+        _ => Some(json!([])),
+    });
+    let e = common::exporter::start(ExporterConfig {
+        dirs: vec![],
+        qmp_sockets: vec![slow],
+        qmp_interval: Duration::from_millis(200),
+        ..common::exporter::config(&dir, Duration::from_secs(30))
+    });
+    // In its first slow answer.
+    std::thread::sleep(Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    drop(e);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the stop waited {:?} for the monitor",
+        started.elapsed()
+    );
+}

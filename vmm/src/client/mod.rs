@@ -943,10 +943,14 @@ pub(crate) fn event_of(line: &Value) -> Result<Option<EventKind>, Error> {
 
 /// The class and description of an error reply (`{"error": {...}}`), if it is one.
 pub(crate) fn error_reply(line: &Value) -> Option<(ErrorClass, String)> {
-    match serde_json::from_value::<Message>(line.clone()) {
-        Ok(Message::Error { error, .. }) => Some((error.class, error.desc)),
-        _ => None,
-    }
+    // Only the error body is copied to be typed: this is asked of every
+    // reply, and a copy of a reply of megabytes took as much again.
+    let error = line
+        .as_object()
+        .filter(|o| !o.contains_key("return"))?
+        .get("error")?;
+    let body: crate::protocol::reply::QmpError = serde_json::from_value(error.clone()).ok()?;
+    Some((body.class, body.desc))
 }
 
 /// `kvmscope ctl`: negotiates, sends the raw request line and prints each

@@ -31,12 +31,43 @@ use crate::metrics::{label_value, Source, Values};
 use crate::protocol::request::{NoArgs, QueryStatsArgs, SchemasArgs, StatsProvider};
 use crate::protocol::{Command, StatsTarget};
 
-/// Longest line taken from a QEMU monitor (a `query-stats` of hundreds of
-/// vCPUs is a few MiB); a longer one fails the read instead of growing a buffer.
-const MAX_LINE: usize = 64 << 20;
+/// Longest line taken from a QEMU monitor: QEMU 7.2's `query-stats` is
+/// about 2.5 KiB a vCPU, so this holds some 3,000; a longer one fails the
+/// read instead of growing a buffer (each byte of a reply costs up to about
+/// 16 more once parsed: 64 MiB of `[0,0,...]` took 3.4 GB).
+const MAX_LINE: usize = 8 << 20;
+/// The most stats taken of one target, in a schema or a reply (KVM has
+/// about 40 of a VM and 70 of a vCPU).
+const MAX_STATS: usize = 512;
+/// The most vCPUs read of one VM (`--qmp-vcpus`): KVM's most on x86.
+const MAX_VCPUS: usize = 4096;
+/// The most buckets of a histogram: a log2 histogram of u64 values has 65.
+const MAX_BUCKETS: usize = 65;
+/// The longest name and vCPU `qom-path` taken, in characters.
+const MAX_TEXT: usize = 256;
+/// The most values (a stat's one, a histogram's buckets) of one reading, the
+/// page's lines for the VM: QEMU 7.2 gives about 140 a vCPU, so this reads
+/// some 1,800 vCPUs; a monitor cannot make the page of a scrape much larger
+/// than some 25 MB.
+const MAX_VALUES: usize = 1 << 18;
 
 /// Why a QEMU monitor could not be read.
-pub(crate) type MonitorError = client::Error;
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MonitorError {
+    /// Connecting, the greeting, or a transport failure.
+    #[error(transparent)]
+    Client(#[from] Box<client::Error>),
+    /// The monitor accepted and finished no greeting and negotiation in time.
+    #[error("the QEMU monitor {0} accepted the connection and finished no greeting and capabilities negotiation within {1:?} (QEMU serves one client at a time: another may hold it)")]
+    Silent(PathBuf, Duration),
+    /// A command's answer failed or was refused (the command given).
+    #[error("{0}")]
+    Command(&'static str, #[source] Box<client::Error>),
+    /// A reply over one of this exporter's bounds, or of the wrong shape
+    /// (the command and what is wrong).
+    #[error("{0}: {1}")]
+    Reply(&'static str, String),
+}
 
 /// A stat and its values as QEMU reported them, in the kernel's order.
 pub(crate) type Reading = Vec<(Descriptor, Vec<u64>)>;
@@ -88,11 +119,13 @@ pub(crate) struct Pollers {
 }
 
 impl Drop for Pollers {
+    /// Tells the threads to stop, without waiting for them: one may be in a
+    /// request to a monitor that answers slowly (each command has the
+    /// attach timeout), and the exporter stops at once. Each ends at its next
+    /// look at the flag.
     fn drop(&mut self) {
         *lock(&self.stop) = true;
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        self.threads.clear();
     }
 }
 
@@ -332,7 +365,10 @@ struct Monitor {
     schemas: Vec<(String, Vec<Value>)>,
     /// Each vCPU's index by its `qom-path` (`query-cpus-fast`): QEMU lists
     /// a `query-stats` reply's vCPUs in no set order (7.2: the last first).
-    cpu_index: Vec<(String, usize)>,
+    cpu_index: std::collections::HashMap<String, usize>,
+    /// vCPUs of the last reading left out (not in `query-cpus-fast`, or
+    /// named twice), as last logged.
+    unknown_vcpus: usize,
 }
 
 impl Monitor {
@@ -341,9 +377,12 @@ impl Monitor {
             request: timeout,
             line_max: MAX_LINE,
         };
-        let mut client = Client::connect_bounded(socket, bounds)?;
+        let mut client = Client::connect_bounded(socket, bounds).map_err(|e| match e {
+            client::Error::Silent(path, limit) => MonitorError::Silent(path, limit),
+            other => Box::new(other).into(),
+        })?;
         if client.greeting.qmp.version.is_kvmscope() {
-            return Err(MonitorError::NotQemu(socket.to_path_buf()));
+            return Err(Box::new(client::Error::NotQemu(socket.to_path_buf())).into());
         }
         client.bound_each_request(timeout);
         let pid = client.peer_pid();
@@ -354,64 +393,104 @@ impl Monitor {
             pid,
             version: (v.major, v.minor, v.micro),
             schemas: Vec::new(),
-            cpu_index: Vec::new(),
+            cpu_index: std::collections::HashMap::new(),
+            unknown_vcpus: 0,
         };
         if let Ok((v, _)) = m.client.call(&Command::QueryName(NoArgs {})) {
             if let Some(n) = v["name"].as_str() {
-                m.name = n.to_string();
+                // The monitor's word, in logs and labels: one line, bounded.
+                m.name = crate::units::peer_text(n.as_bytes(), MAX_TEXT);
             }
         }
-        let (schemas, _) = m.client.call(&Command::QueryStatsSchemas(SchemasArgs {
-            provider: Some(StatsProvider::Kvm),
-            target: None,
-        }))?;
-        m.schemas = schemas
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|s| {
-                let target = s["target"].as_str().unwrap_or_default().to_string();
-                (target, s["stats"].as_array().cloned().unwrap_or_default())
-            })
-            .collect();
+        const SCHEMAS: &str = "query-stats-schemas";
+        let (schemas, _) = m
+            .client
+            .call(&Command::QueryStatsSchemas(SchemasArgs {
+                provider: Some(StatsProvider::Kvm),
+                target: None,
+            }))
+            .map_err(|e| MonitorError::Command(SCHEMAS, Box::new(e)))?;
+        let mut targets = Vec::new();
+        for s in schemas.as_array().into_iter().flatten().take(4) {
+            let target = s["target"].as_str().unwrap_or_default().to_string();
+            let stats = s["stats"].as_array().cloned().unwrap_or_default();
+            if stats.len() > MAX_STATS {
+                let why = format!(
+                    "{} stats for the {target} target, over the {MAX_STATS} this exporter takes",
+                    stats.len()
+                );
+                return Err(MonitorError::Reply(SCHEMAS, why));
+            }
+            targets.push((target, stats));
+        }
+        m.schemas = targets;
         Ok(m)
     }
 
     fn stats(&mut self, target: StatsTarget) -> Result<Value, MonitorError> {
-        let (v, _) = self.client.call(&Command::QueryStats(QueryStatsArgs {
-            target,
-            providers: None,
-            names: None,
-            vcpus: None,
-        }))?;
+        let (v, _) = self
+            .client
+            .call(&Command::QueryStats(QueryStatsArgs {
+                target,
+                providers: None,
+                names: None,
+                vcpus: None,
+            }))
+            .map_err(|e| MonitorError::Command("query-stats", Box::new(e)))?;
         Ok(v)
     }
 
     fn read(&mut self, vcpus: bool) -> Result<QemuReading, MonitorError> {
         let vm = self.stats(StatsTarget::Vm)?;
-        let vm_stats = vm
-            .as_array()
-            .and_then(|a| a.first())
-            .map(|r| self.reading("vm", &r["stats"]))
-            .unwrap_or_default();
+        let vm_stats = match vm.as_array().and_then(|a| a.first()) {
+            Some(r) => self.reading("vm", &r["stats"])?,
+            None => Reading::new(),
+        };
         let mut vcpu_stats = Vec::new();
         if vcpus {
             let all = self.stats(StatsTarget::Vcpu)?;
+            let listed = all.as_array().map_or(0, Vec::len);
+            if listed > MAX_VCPUS {
+                let why = format!("{listed} vCPUs, over the {MAX_VCPUS} this exporter reads");
+                return Err(MonitorError::Reply("query-stats", why));
+            }
             // `query-cpus-fast` at most once a reading, however many paths
             // are new (a monitor naming vCPUs it does not list).
             let mut asked = false;
+            let mut unknown = 0;
             for r in all.as_array().into_iter().flatten() {
-                let path = r["qom-path"].as_str().unwrap_or_default().to_string();
-                let Some(index) = self.index_of(&path, &mut asked)? else {
+                let path = r["qom-path"].as_str().unwrap_or_default();
+                let index = match self.index_of(path, &mut asked)? {
+                    // One vCPU once: a path or index named twice is not two.
+                    Some(i) if !vcpu_stats.iter().any(|(j, _, _)| *j == i) => i,
+                    _ => {
+                        unknown += 1;
+                        continue;
+                    }
+                };
+                let stats = self.reading("vcpu", &r["stats"])?;
+                vcpu_stats.push((index, path.to_string(), stats));
+            }
+            if unknown != self.unknown_vcpus {
+                // Said when the count changes, not at every reading.
+                if unknown > 0 {
                     log::warn!(
-                        "exporter: {}: no vCPU at {path:?} in query-cpus-fast: its stats left out",
+                        "exporter: {}: {unknown} vCPUs of query-stats are not in query-cpus-fast, or named twice: their stats left out",
                         self.name
                     );
-                    continue;
-                };
-                vcpu_stats.push((index, path, self.reading("vcpu", &r["stats"])));
+                }
+                self.unknown_vcpus = unknown;
             }
             vcpu_stats.sort_by_key(|(index, _, _)| *index);
+        }
+        let values: usize = std::iter::once(&vm_stats)
+            .chain(vcpu_stats.iter().map(|(_, _, r)| r))
+            .flat_map(|r| r.iter().map(|(_, v)| v.len()))
+            .sum();
+        if values > MAX_VALUES {
+            let why =
+                format!("{values} values, over the {MAX_VALUES} this exporter shows of one VM");
+            return Err(MonitorError::Reply("query-stats", why));
         }
         Ok(QemuReading {
             name: self.name.clone(),
@@ -426,95 +505,149 @@ impl Monitor {
     /// new (a vCPU plugged since) and it was not `asked` yet this reading;
     /// `None` where QEMU names no such vCPU.
     fn index_of(&mut self, path: &str, asked: &mut bool) -> Result<Option<usize>, MonitorError> {
-        let known = |m: &Monitor| m.cpu_index.iter().find(|(p, _)| p == path).map(|&(_, i)| i);
-        if let Some(i) = known(self) {
+        if let Some(&i) = self.cpu_index.get(path) {
             return Ok(Some(i));
         }
         if std::mem::replace(asked, true) {
             return Ok(None);
         }
-        let (cpus, _) = self.client.call(&Command::QueryCpusFast(NoArgs {}))?;
+        const CPUS: &str = "query-cpus-fast";
+        let (cpus, _) = self
+            .client
+            .call(&Command::QueryCpusFast(NoArgs {}))
+            .map_err(|e| MonitorError::Command(CPUS, Box::new(e)))?;
+        let listed = cpus.as_array().map_or(0, Vec::len);
+        if listed > MAX_VCPUS {
+            let why = format!("{listed} vCPUs, over the {MAX_VCPUS} this exporter reads");
+            return Err(MonitorError::Reply(CPUS, why));
+        }
         self.cpu_index = cpus
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|c| {
-                let path = c["qom-path"].as_str()?.to_string();
+                let path = c["qom-path"].as_str()?;
                 let index = usize::try_from(c["cpu-index"].as_u64()?).ok()?;
-                Some((path, index))
+                (path.chars().count() <= MAX_TEXT).then(|| (path.to_string(), index))
             })
             .collect();
-        Ok(known(self))
+        Ok(self.cpu_index.get(path).copied())
     }
 
-    fn reading(&self, target: &str, stats: &Value) -> Reading {
+    fn reading(&self, target: &str, stats: &Value) -> Result<Reading, MonitorError> {
         let schema = self
             .schemas
             .iter()
             .find(|(t, _)| t == target)
             .map(|(_, s)| s);
-        reading(schema.map(Vec::as_slice), stats)
+        reading(schema.map(Vec::as_slice), stats).map_err(|why| {
+            MonitorError::Reply("query-stats", format!("the {target} target: {why}"))
+        })
     }
 }
 
 /// QEMU's `[{name, value}]` with the schema's type, unit, base and exponent,
-/// as descriptors and raw values in the kernel's order.
-fn reading(schema: Option<&[Value]>, stats: &Value) -> Reading {
-    stats
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| {
-            let name = s["name"].as_str()?;
-            let desc = schema?.iter().find(|d| d["name"] == name)?;
-            let kind = match desc["type"].as_str()? {
-                "cumulative" => StatType::Cumulative,
-                "instant" => StatType::Instant,
-                "peak" => StatType::Peak,
-                "linear-histogram" => StatType::LinearHistogram,
-                "log2-histogram" => StatType::Log2Histogram,
-                _ => return None,
-            };
-            let mut values: Vec<u64> = match &s["value"] {
-                Value::Bool(b) => vec![u64::from(*b)],
-                Value::Array(a) => a.iter().filter_map(Value::as_u64).collect(),
-                v => vec![v.as_u64()?],
-            };
-            if kind == StatType::Log2Histogram {
-                values.reverse();
+/// as descriptors and raw values in the kernel's order. A stat not in the
+/// schema, or of a type this does not know, is left out; more stats than
+/// [`MAX_STATS`], a stat named twice, a value that is not an unsigned
+/// integer (or a boolean), or a histogram of more than [`MAX_BUCKETS`] fail
+/// the reading, naming it.
+fn reading(schema: Option<&[Value]>, stats: &Value) -> Result<Reading, String> {
+    let stats = stats.as_array().map_or(&[][..], Vec::as_slice);
+    if stats.len() > MAX_STATS {
+        return Err(format!(
+            "{} stats, over the {MAX_STATS} this exporter takes",
+            stats.len()
+        ));
+    }
+    let by_name: std::collections::HashMap<&str, &Value> = schema
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|d| Some((d["name"].as_str()?, d)))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Reading::new();
+    for s in stats {
+        let Some(name) = s["name"].as_str() else {
+            continue;
+        };
+        if !seen.insert(name) {
+            return Err(format!("stat {:?} named twice", shown(name)));
+        }
+        let Some(desc) = by_name.get(name) else {
+            continue;
+        };
+        let not_a_count = || format!("stat {:?}'s value is not an unsigned integer", shown(name));
+        let values: Vec<u64> = match &s["value"] {
+            Value::Bool(b) => vec![u64::from(*b)],
+            Value::Array(a) if a.len() > MAX_BUCKETS => {
+                return Err(format!(
+                    "stat {:?} has {} buckets, over the {MAX_BUCKETS} a histogram has",
+                    shown(name),
+                    a.len()
+                ))
             }
-            let unit = match desc["unit"].as_str() {
-                Some("bytes") => Unit::Bytes,
-                Some("seconds") => Unit::Seconds,
-                Some("cycles") => Unit::Cycles,
-                Some("boolean") => Unit::Boolean,
-                _ => Unit::None,
-            };
-            let base = if desc["base"] == 2 {
-                Base::Pow2
-            } else {
-                Base::Pow10
-            };
-            let d = Descriptor {
-                name: name.to_string(),
-                flags: kind.to_flags() | unit.to_flags() | base.to_flags(),
-                kind,
-                unit,
-                base,
-                exponent: desc["exponent"]
-                    .as_i64()
-                    .and_then(|e| i16::try_from(e).ok())
-                    .unwrap_or(0),
-                size: u16::try_from(values.len()).unwrap_or(u16::MAX),
-                offset: 0,
-                bucket_size: desc["bucket-size"]
-                    .as_u64()
-                    .and_then(|b| u32::try_from(b).ok())
-                    .unwrap_or(0),
-            };
-            Some((d, values))
-        })
-        .collect()
+            Value::Array(a) => a
+                .iter()
+                .map(Value::as_u64)
+                .collect::<Option<_>>()
+                .ok_or_else(not_a_count)?,
+            v => vec![v.as_u64().ok_or_else(not_a_count)?],
+        };
+        out.extend(described(name, desc, values));
+    }
+    Ok(out)
+}
+
+/// A stat name as a message shows it: one line, bounded.
+fn shown(name: &str) -> String {
+    crate::units::peer_text(name.as_bytes(), 64)
+}
+
+/// A stat of `name` with `values`, as the schema entry `desc` describes it;
+/// `None` for a type this does not know.
+fn described(name: &str, desc: &Value, mut values: Vec<u64>) -> Option<(Descriptor, Vec<u64>)> {
+    let kind = match desc["type"].as_str()? {
+        "cumulative" => StatType::Cumulative,
+        "instant" => StatType::Instant,
+        "peak" => StatType::Peak,
+        "linear-histogram" => StatType::LinearHistogram,
+        "log2-histogram" => StatType::Log2Histogram,
+        _ => return None,
+    };
+    if kind == StatType::Log2Histogram {
+        values.reverse();
+    }
+    let unit = match desc["unit"].as_str() {
+        Some("bytes") => Unit::Bytes,
+        Some("seconds") => Unit::Seconds,
+        Some("cycles") => Unit::Cycles,
+        Some("boolean") => Unit::Boolean,
+        _ => Unit::None,
+    };
+    let base = if desc["base"] == 2 {
+        Base::Pow2
+    } else {
+        Base::Pow10
+    };
+    let d = Descriptor {
+        name: name.to_string(),
+        flags: kind.to_flags() | unit.to_flags() | base.to_flags(),
+        kind,
+        unit,
+        base,
+        exponent: desc["exponent"]
+            .as_i64()
+            .and_then(|e| i16::try_from(e).ok())
+            .unwrap_or(0),
+        size: u16::try_from(values.len()).unwrap_or(u16::MAX),
+        offset: 0,
+        bucket_size: desc["bucket-size"]
+            .as_u64()
+            .and_then(|b| u32::try_from(b).ok())
+            .unwrap_or(0),
+    };
+    Some((d, values))
 }
 
 #[cfg(test)]
@@ -536,7 +669,7 @@ mod tests {
             {"name": "halt_wait_hist", "value": [5, 0, 0, 1]},
             {"name": "not_in_the_schema", "value": 7}
         ]);
-        let r = reading(Some(&schema), &stats);
+        let r = reading(Some(&schema), &stats).unwrap();
         let names: Vec<&str> = r.iter().map(|(d, _)| d.name.as_str()).collect();
         assert_eq!(names, ["exits", "guest_mode", "halt_wait_hist"]);
         assert_eq!(r[0].1, [42]);
@@ -550,6 +683,51 @@ mod tests {
         assert_eq!(values, &[1, 0, 0, 5]);
     }
 
+    /// A reply over a bound, or of the wrong shape, fails the reading
+    /// naming what is wrong (a 9 MB reply of 200,000 stats took minutes of
+    /// CPU; 65,535 buckets made a page of hundreds of MB; a value of -1 was
+    /// left out without a word).
+    #[test]
+    fn a_reading_over_its_bounds_or_with_values_that_are_not_counts_is_refused() {
+        let schema: Vec<Value> = serde_json::from_str(
+            r#"[{"name": "exits", "type": "cumulative"},
+                {"name": "hist", "type": "log2-histogram"}]"#,
+        )
+        .unwrap();
+        let many: Vec<Value> = (0..=MAX_STATS)
+            .map(|i| json!({"name": format!("s{i}"), "value": 1}))
+            .collect();
+        let cases = [
+            (json!(many), "513 stats"),
+            (
+                json!([{"name": "exits", "value": 1}, {"name": "exits", "value": 2}]),
+                "named twice",
+            ),
+            (
+                json!([{"name": "exits", "value": -1}]),
+                "not an unsigned integer",
+            ),
+            (
+                json!([{"name": "exits", "value": 1.5}]),
+                "not an unsigned integer",
+            ),
+            (
+                json!([{"name": "hist", "value": [1, -2]}]),
+                "not an unsigned integer",
+            ),
+            (
+                json!([{"name": "hist", "value": vec![0; 66]}]),
+                "66 buckets",
+            ),
+        ];
+        for (stats, why) in cases {
+            let err = reading(Some(&schema), &stats).unwrap_err();
+            assert!(err.contains(why), "{why}: {err}");
+        }
+        let fine = json!([{"name": "hist", "value": vec![1; 65]}]);
+        assert_eq!(reading(Some(&schema), &fine).unwrap()[0].1.len(), 65);
+    }
+
     #[test]
     fn a_monitor_failing_for_longer_than_three_refreshes_leaves_only_its_up_and_age() {
         let ago = |secs| {
@@ -557,7 +735,11 @@ mod tests {
                 .checked_sub(Duration::from_secs(secs))
                 .unwrap()
         };
-        let failing = || Some(Arc::new(MonitorError::Closed));
+        let failing = || {
+            Some(Arc::new(MonitorError::Client(Box::new(
+                client::Error::Closed,
+            ))))
+        };
         let vm = |name: &str, at, error| QemuVm {
             labels: format!("vm=\"{name}\""),
             vm: vec![],

@@ -414,6 +414,10 @@ pub(crate) fn write_sources(
     seen: &mut HashSet<String>,
     keep: &dyn Fn(&str) -> bool,
 ) {
+    // Each family's kind of stat, by its name on the page: one that a source
+    // gives another type or unit under a name the page already has is left
+    // out (said once), not written under the first's `# TYPE`.
+    let mut written: Vec<(String, Identity)> = Vec::new();
     for (hint, d) in every_stat(sources)
         .into_iter()
         .filter(|(_, d)| keep(&d.name))
@@ -421,6 +425,15 @@ pub(crate) fn write_sources(
         let Some(family) = Family::of(prefix, d) else {
             continue;
         };
+        let identity = Identity::of(d);
+        match written.iter().find(|(full, _)| *full == family.full) {
+            Some((_, first)) if *first != identity => {
+                clashing_family(&family.full);
+                continue;
+            }
+            Some(_) => {}
+            None => written.push((family.full.clone(), identity)),
+        }
         family.write_header(out, d, whose, seen);
         // Sources side by side mostly hide by one rule (each VMM's vCPUs):
         // the rule is asked once per run of sources that share it, not once
@@ -440,11 +453,61 @@ pub(crate) fn write_sources(
             }
         };
         for source in sources.iter().filter(|s| shows(s)) {
-            if let Some((own, values)) = source.values.find(&d.name, hint) {
-                family.write_values(out, own, values, &source.labels);
+            match source.values.find(&d.name, hint) {
+                // A source whose stat of this name is of another kind has
+                // it written in that kind's family (its own entry here).
+                Some((own, values)) if Identity::of(own) == identity => {
+                    family.write_values(out, own, values, &source.labels);
+                }
+                _ => {}
             }
         }
     }
+}
+
+/// What makes two stats of one name one family: type, unit and base (the
+/// flags), exponent, bucket size, and size (a histogram's buckets). Sources
+/// that disagree (a QEMU monitor that says `pages_4k` is a counter) each get
+/// their own family instead of the first one's deciding how the others read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Identity {
+    flags: u32,
+    exponent: i16,
+    bucket_size: u32,
+    size: u16,
+}
+
+impl Identity {
+    fn of(d: &Descriptor) -> Identity {
+        Identity {
+            flags: d.kind.to_flags() | d.unit.to_flags() | d.base.to_flags(),
+            exponent: d.exponent,
+            bucket_size: d.bucket_size,
+            size: d.size,
+        }
+    }
+}
+
+/// Logs a family left out because its name on the page was another kind's,
+/// once per name.
+fn clashing_family(full: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if first_time(&SAID, full) {
+        log::warn!(
+            "metrics: leaving out {full} of a source that gives it another type or unit than the first source that has it"
+        );
+    }
+}
+
+/// Whether `name` is new to `said` (at most 256 remembered: past that,
+/// nothing more is said), remembering it.
+fn first_time(said: &std::sync::Mutex<Vec<String>>, name: &str) -> bool {
+    let mut said = crate::lock(said);
+    let new = said.len() < 256 && !said.iter().any(|n| n == name);
+    if new {
+        said.push(name.to_string());
+    }
+    new
 }
 
 /// Every stat of every source, each once, in the order they first appear
@@ -479,7 +542,9 @@ fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Hint<'a>, &'a Descriptor)> {
                     let same = last_listed.is_some_and(|(last, last_hide)| {
                         last_hide == hide
                             && last.len() == list.len()
-                            && last.iter().zip(list).all(|(a, b)| a.0.name == b.0.name)
+                            && last.iter().zip(list).all(|(a, b)| {
+                                a.0.name == b.0.name && Identity::of(&a.0) == Identity::of(&b.0)
+                            })
                     });
                     last_listed = Some((list, hide));
                     !same
@@ -488,7 +553,7 @@ fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Hint<'a>, &'a Descriptor)> {
         })
         .flat_map(|s| s.values.stats().filter(move |(_, d)| s.shows(&d.name)));
     for (id, d) in shown {
-        if !names.insert(d.name.as_str()) {
+        if !names.insert((d.name.as_str(), Identity::of(d))) {
             continue;
         }
         if valid_name(&d.name) {
@@ -507,12 +572,10 @@ fn valid_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// Logs a refused stat name, once per name (at most 256 remembered).
+/// Logs a refused stat name, once per name.
 fn refused_name(name: &str) {
     static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut said = crate::lock(&SAID);
-    if said.len() < 256 && !said.iter().any(|n| n == name) {
-        said.push(name.to_string());
+    if first_time(&SAID, name) {
         log::warn!("metrics: leaving out a stat whose name is not a metric name: {name:?}");
     }
 }
@@ -748,6 +811,31 @@ mod tests {
                 "p_z_total{vm=\"c\"} 3",
             ]
         );
+    }
+
+    /// A source that gives a stat another type or unit (a hostile QEMU
+    /// monitor listed first saying `x` is a gauge) no longer decides how the
+    /// others' `x` reads: each kind has its own family, each source its own
+    /// line in its own kind's.
+    #[test]
+    fn a_source_that_gives_a_stat_another_type_does_not_retype_the_others() {
+        let mut liar = listed(&["x"], 7);
+        liar[0].0.kind = StatType::Instant;
+        let honest = listed(&["x"], 1);
+        let source = |l: &str, v| Source::new(format!("vm=\"{l}\""), Values::Listed(v));
+        let sources = [source("liar", &liar), source("honest", &honest)];
+        assert_eq!(
+            sample_lines(&sources),
+            ["p_x{vm=\"liar\"} 7", "p_x_total{vm=\"honest\"} 1"]
+        );
+        // The same name on the page of two kinds (a gauge named `y_total`
+        // and a counter `y`): the first kind's family only, no second `# TYPE`.
+        let gauge = listed(&["y_total"], 2);
+        let mut gauge = gauge;
+        gauge[0].0.kind = StatType::Instant;
+        let counter = listed(&["y"], 3);
+        let sources = [source("a", &gauge), source("b", &counter)];
+        assert_eq!(sample_lines(&sources), ["p_y_total{vm=\"a\"} 2"]);
     }
 
     #[test]
