@@ -694,13 +694,15 @@ fn a_qemu_vm_read_over_qmp_shares_the_families_of_the_fd_read_vms() {
 
 /// A QMP monitor of our own making that greets as QEMU 7.2 and answers each
 /// command with `answer(name)` (a `return` value) after `delay`; `None`
-/// answers nothing.
+/// answers nothing. Counts the `query-stats` it answered.
 fn fake_monitor(
     path: &Path,
     delay: Duration,
     answer: fn(&str) -> Option<serde_json::Value>,
-) -> std::thread::JoinHandle<()> {
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
     let listener = UnixListener::bind(path).unwrap();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = answered.clone();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { return };
@@ -721,6 +723,9 @@ fn fake_monitor(
                     answer(name)
                 };
                 let Some(value) = value else { continue };
+                if name == "query-stats" {
+                    count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 let mut reply = json!({"return": value});
                 if let Some(id) = request.get("id") {
                     reply["id"] = id.clone();
@@ -730,22 +735,22 @@ fn fake_monitor(
                 }
             }
         }
-    })
+    });
+    answered
 }
 
-/// A monitor listed first that says `pages_4k` is a counter no longer makes
-/// an honest QEMU's `pages_4k` a counter (its gauge lines were written under
-/// the liar's `# TYPE counter`, as `kvmscope_kvm_vm_pages_4k_total`); one
-/// whose reply is over a bound (600 stats) is down; the page stays valid.
+/// Monitors listed first that say `pages_4k` is a counter, or scale it by
+/// ten, no longer change how an honest QEMU's `pages_4k` reads (its gauge
+/// lines were written under the first's `# TYPE counter`, as
+/// `kvmscope_kvm_vm_pages_4k_total`; a source of another scale was left
+/// out); one whose reply is over a bound (600 stats) is down, none of its
+/// stats on the page; the page stays valid.
 #[test]
 fn a_lying_or_flooding_qemu_monitor_does_not_change_how_an_honest_one_reads() {
     require_kvm!();
     let dir = common::test_dir("exp-qemu-liar");
-    let (liar, flood, monitor) = (
-        dir.join("liar.sock"),
-        dir.join("flood.sock"),
-        dir.join("qmp.sock"),
-    );
+    let sock = |name: &str| dir.join(format!("{name}.sock"));
+    let (liar, scaler, flood, monitor) = (sock("liar"), sock("scaler"), sock("flood"), sock("qmp"));
     let Some(q) = qemu(&monitor) else {
         return;
     };
@@ -761,10 +766,23 @@ fn a_lying_or_flooding_qemu_monitor_does_not_change_how_an_honest_one_reads() {
         }
         _ => None,
     });
-    fake_monitor(&flood, Duration::ZERO, |name| match name {
-        "query-name" => Some(json!({"name": "flood"})),
+    fake_monitor(&scaler, Duration::ZERO, |name| match name {
+        "query-name" => Some(json!({"name": "scaler"})),
         "query-stats-schemas" => Some(json!([{"provider": "kvm", "target": "vm",
-            "stats": [{"name": "pages_4k", "type": "instant", "exponent": 0}]}])),
+            "stats": [{"name": "pages_4k", "type": "instant", "exponent": 1}]}])),
+        "query-stats" => {
+            Some(json!([{"provider": "kvm", "stats": [{"name": "pages_4k", "value": 7}]}]))
+        }
+        _ => None,
+    });
+    let flooded = fake_monitor(&flood, Duration::ZERO, |name| match name {
+        "query-name" => Some(json!({"name": "flood"})),
+        "query-stats-schemas" => {
+            let stats: Vec<_> = (0..500)
+                .map(|i| json!({"name": format!("s{i}"), "type": "instant", "exponent": 0}))
+                .collect();
+            Some(json!([{"provider": "kvm", "target": "vm", "stats": stats}]))
+        }
         "query-stats" => {
             let stats: Vec<_> = (0..600)
                 .map(|i| json!({"name": format!("s{i}"), "value": i}))
@@ -775,7 +793,7 @@ fn a_lying_or_flooding_qemu_monitor_does_not_change_how_an_honest_one_reads() {
     });
     let e = common::exporter::start(ExporterConfig {
         dirs: vec![],
-        qmp_sockets: vec![liar.clone(), flood.clone(), monitor.clone()],
+        qmp_sockets: vec![liar, scaler, flood, monitor.clone()],
         qmp_interval: Duration::from_millis(200),
         ..common::exporter::config(&dir, Duration::from_secs(2))
     });
@@ -787,11 +805,12 @@ fn a_lying_or_flooding_qemu_monitor_does_not_change_how_an_honest_one_reads() {
                 && l.ends_with(" 1")
         })
     };
-    let page = page_when(
-        &e,
-        "the liar and the honest QEMU read, the flood down",
-        |p| qemu_up(p, "liar") && qemu_up(p, "qvm-test") && p.contains("vm=\"flood\""),
-    );
+    let page = page_when(&e, "every monitor read once, the honest ones up", |p| {
+        qemu_up(p, "liar")
+            && qemu_up(p, "scaler")
+            && qemu_up(p, "qvm-test")
+            && flooded.load(std::sync::atomic::Ordering::Relaxed) >= 2
+    });
     common::check_with_promtool(&page);
     assert!(
         common::metric(&page, "kvmscope_kvm_vm_pages_4k", &[&qvm]).is_some(),
@@ -806,8 +825,13 @@ fn a_lying_or_flooding_qemu_monitor_does_not_change_how_an_honest_one_reads() {
         Some(7.0),
         "the liar in a family of its own kind: {page}"
     );
+    assert_eq!(
+        common::metric(&page, "kvmscope_kvm_vm_pages_4k", &["vm=\"scaler\""]),
+        Some(70.0),
+        "the scaler in the gauge's family, on its own scale: {page}"
+    );
     assert!(!qemu_up(&page, "flood"), "{page}");
-    assert!(!page.contains("kvmscope_kvm_vm_s599"), "{page}");
+    assert!(!page.contains("kvmscope_kvm_vm_s0{"), "{page}");
 }
 
 /// The exporter stops without waiting for a monitor in the middle of a

@@ -58,10 +58,10 @@ pub(crate) enum MonitorError {
     #[error(transparent)]
     Client(#[from] Box<client::Error>),
     /// The monitor accepted and finished no greeting and negotiation in time.
-    #[error("the QEMU monitor {0} accepted the connection and finished no greeting and capabilities negotiation within {1:?} (QEMU serves one client at a time: another may hold it)")]
-    Silent(PathBuf, Duration),
+    #[error("it accepted the connection and finished no greeting and capabilities negotiation within {0:?} (QEMU serves one client at a time: another may hold it)")]
+    Silent(Duration),
     /// A command's answer failed or was refused (the command given).
-    #[error("{0}")]
+    #[error("QEMU's answer to {0}")]
     Command(&'static str, #[source] Box<client::Error>),
     /// A reply over one of this exporter's bounds, or of the wrong shape
     /// (the command and what is wrong).
@@ -369,6 +369,9 @@ struct Monitor {
     /// vCPUs of the last reading left out (not in `query-cpus-fast`, or
     /// named twice), as last logged.
     unknown_vcpus: usize,
+    /// Whether the last reading's vCPUs were left out for their values'
+    /// number, as last logged.
+    vcpus_over: bool,
 }
 
 impl Monitor {
@@ -378,7 +381,7 @@ impl Monitor {
             line_max: MAX_LINE,
         };
         let mut client = Client::connect_bounded(socket, bounds).map_err(|e| match e {
-            client::Error::Silent(path, limit) => MonitorError::Silent(path, limit),
+            client::Error::Silent(_, limit) => MonitorError::Silent(limit),
             other => Box::new(other).into(),
         })?;
         if client.greeting.qmp.version.is_kvmscope() {
@@ -395,6 +398,7 @@ impl Monitor {
             schemas: Vec::new(),
             cpu_index: std::collections::HashMap::new(),
             unknown_vcpus: 0,
+            vcpus_over: false,
         };
         if let Ok((v, _)) = m.client.call(&Command::QueryName(NoArgs {})) {
             if let Some(n) = v["name"].as_str() {
@@ -458,7 +462,10 @@ impl Monitor {
             // are new (a monitor naming vCPUs it does not list).
             let mut asked = false;
             let mut unknown = 0;
-            for r in all.as_array().into_iter().flatten() {
+            // KVM's entries only: another provider's for the same vCPU is
+            // not a vCPU named twice.
+            let kvm = |r: &&Value| r["provider"].as_str().is_none_or(|p| p == "kvm");
+            for r in all.as_array().into_iter().flatten().filter(kvm) {
                 let path = r["qom-path"].as_str().unwrap_or_default();
                 let index = match self.index_of(path, &mut asked)? {
                     // One vCPU once: a path or index named twice is not two.
@@ -487,10 +494,17 @@ impl Monitor {
             .chain(vcpu_stats.iter().map(|(_, _, r)| r))
             .flat_map(|r| r.iter().map(|(_, v)| v.len()))
             .sum();
-        if values > MAX_VALUES {
-            let why =
-                format!("{values} values, over the {MAX_VALUES} this exporter shows of one VM");
-            return Err(MonitorError::Reply("query-stats", why));
+        if values > MAX_VALUES && !self.vcpus_over {
+            log::warn!(
+                "exporter: {}: its vCPUs' stats are {values} values, over the {MAX_VALUES} this exporter shows of one VM: they are left out",
+                self.name
+            );
+        }
+        // The VM's own stats stay on the page; its vCPUs' go (said when
+        // that begins).
+        self.vcpus_over = values > MAX_VALUES;
+        if self.vcpus_over {
+            vcpu_stats.clear();
         }
         Ok(QemuReading {
             name: self.name.clone(),
@@ -578,6 +592,22 @@ fn reading(schema: Option<&[Value]>, stats: &Value) -> Result<Reading, String> {
             continue;
         };
         let not_a_count = || format!("stat {:?}'s value is not an unsigned integer", shown(name));
+        let histogram = matches!(
+            desc["type"].as_str(),
+            Some("linear-histogram" | "log2-histogram")
+        );
+        if histogram != s["value"].is_array() {
+            return Err(format!(
+                "stat {:?} is {} but its value is {}",
+                shown(name),
+                if histogram {
+                    "a histogram"
+                } else {
+                    "one value"
+                },
+                if histogram { "not a list" } else { "a list" }
+            ));
+        }
         let values: Vec<u64> = match &s["value"] {
             Value::Bool(b) => vec![u64::from(*b)],
             Value::Array(a) if a.len() > MAX_BUCKETS => {
@@ -718,6 +748,14 @@ mod tests {
             (
                 json!([{"name": "hist", "value": vec![0; 66]}]),
                 "66 buckets",
+            ),
+            (
+                json!([{"name": "exits", "value": [7, 7]}]),
+                "one value but its value is a list",
+            ),
+            (
+                json!([{"name": "hist", "value": 7}]),
+                "a histogram but its value is not a list",
             ),
         ];
         for (stats, why) in cases {

@@ -10,7 +10,7 @@
 pub mod http;
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -414,10 +414,11 @@ pub(crate) fn write_sources(
     seen: &mut HashSet<String>,
     keep: &dyn Fn(&str) -> bool,
 ) {
-    // Each family's kind of stat, by its name on the page: one that a source
-    // gives another type or unit under a name the page already has is left
-    // out (said once), not written under the first's `# TYPE`.
-    let mut written: Vec<(String, Identity)> = Vec::new();
+    // Each family's stat and kind, by its name on the page: another stat or
+    // kind whose name on the page is the same (a gauge `x_total` beside a
+    // counter `x`, `x` in bytes beside `x_bytes`) is left out (said once),
+    // not written under the first's `# TYPE` or as a second run of lines.
+    let mut written: HashMap<String, (&str, Kind)> = HashMap::new();
     for (hint, d) in every_stat(sources)
         .into_iter()
         .filter(|(_, d)| keep(&d.name))
@@ -425,14 +426,16 @@ pub(crate) fn write_sources(
         let Some(family) = Family::of(prefix, d) else {
             continue;
         };
-        let identity = Identity::of(d);
-        match written.iter().find(|(full, _)| *full == family.full) {
-            Some((_, first)) if *first != identity => {
+        let kind = Kind::of(d);
+        match written.get(&family.full) {
+            Some(&first) if first != (d.name.as_str(), kind) => {
                 clashing_family(&family.full);
                 continue;
             }
             Some(_) => {}
-            None => written.push((family.full.clone(), identity)),
+            None => {
+                written.insert(family.full.clone(), (d.name.as_str(), kind));
+            }
         }
         family.write_header(out, d, whose, seen);
         // Sources side by side mostly hide by one rule (each VMM's vCPUs):
@@ -456,8 +459,14 @@ pub(crate) fn write_sources(
             match source.values.find(&d.name, hint) {
                 // A source whose stat of this name is of another kind has
                 // it written in that kind's family (its own entry here).
-                Some((own, values)) if Identity::of(own) == identity => {
-                    family.write_values(out, own, values, &source.labels);
+                Some((own, values)) if Kind::of(own) == kind => {
+                    if same_scale(own, d) {
+                        family.write_values(out, own, values, &source.labels);
+                    } else if let Some(f) = Family::of(prefix, own) {
+                        // Its own exponent, base or buckets: its own
+                        // scaling and `le` labels, in the same family.
+                        f.write_values(out, own, values, &source.labels);
+                    }
                 }
                 _ => {}
             }
@@ -465,27 +474,42 @@ pub(crate) fn write_sources(
     }
 }
 
-/// What makes two stats of one name one family: type, unit and base (the
-/// flags), exponent, bucket size, and size (a histogram's buckets). Sources
-/// that disagree (a QEMU monitor that says `pages_4k` is a counter) each get
-/// their own family instead of the first one's deciding how the others read.
+/// What decides the family a stat of one name is written in, its name on
+/// the page and its `# TYPE`: counter, gauge or histogram, and the unit.
+/// Sources that disagree (a QEMU monitor that says `pages_4k` is a counter)
+/// each get their own family instead of the first one's deciding how the
+/// others read; sources that agree on it but scale their values otherwise
+/// (exponent, base, a histogram's buckets) share the family, each written
+/// to its own scale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Identity {
-    flags: u32,
-    exponent: i16,
-    bucket_size: u32,
-    size: u16,
+struct Kind {
+    page: u8,
+    unit: u32,
 }
 
-impl Identity {
-    fn of(d: &Descriptor) -> Identity {
-        Identity {
-            flags: d.kind.to_flags() | d.unit.to_flags() | d.base.to_flags(),
-            exponent: d.exponent,
-            bucket_size: d.bucket_size,
-            size: d.size,
+impl Kind {
+    fn of(d: &Descriptor) -> Kind {
+        let page = match d.kind {
+            StatType::Cumulative => 0,
+            StatType::Instant | StatType::Peak => 1,
+            StatType::LinearHistogram | StatType::Log2Histogram => 2,
+            StatType::Unknown(_) => 3,
+        };
+        Kind {
+            page,
+            unit: d.unit.to_flags(),
         }
     }
+}
+
+/// Whether `a`'s values read on `b`'s scale: the same type, base,
+/// exponent and buckets (true for every source of one kernel).
+fn same_scale(a: &Descriptor, b: &Descriptor) -> bool {
+    a.kind == b.kind
+        && a.base == b.base
+        && a.exponent == b.exponent
+        && a.bucket_size == b.bucket_size
+        && a.size == b.size
 }
 
 /// Logs a family left out because its name on the page was another kind's,
@@ -543,7 +567,7 @@ fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Hint<'a>, &'a Descriptor)> {
                         last_hide == hide
                             && last.len() == list.len()
                             && last.iter().zip(list).all(|(a, b)| {
-                                a.0.name == b.0.name && Identity::of(&a.0) == Identity::of(&b.0)
+                                a.0.name == b.0.name && Kind::of(&a.0) == Kind::of(&b.0)
                             })
                     });
                     last_listed = Some((list, hide));
@@ -553,7 +577,7 @@ fn every_stat<'a>(sources: &[Source<'a>]) -> Vec<(Hint<'a>, &'a Descriptor)> {
         })
         .flat_map(|s| s.values.stats().filter(move |(_, d)| s.shows(&d.name)));
     for (id, d) in shown {
-        if !names.insert((d.name.as_str(), Identity::of(d))) {
+        if !names.insert((d.name.as_str(), Kind::of(d))) {
             continue;
         }
         if valid_name(&d.name) {
