@@ -459,12 +459,14 @@ pub(crate) fn write_sources(
             match source.values.find(&d.name, hint) {
                 // A source whose stat of this name is of another kind has
                 // it written in that kind's family (its own entry here).
+                // The first source's descriptor itself (every source of one layout).
+                Some((own, values)) if std::ptr::eq(own, d) || same_scale(own, d) => {
+                    family.write_values(out, own, values, &source.labels);
+                }
                 Some((own, values)) if Kind::of(own) == kind => {
-                    if same_scale(own, d) {
-                        family.write_values(out, own, values, &source.labels);
-                    } else if let Some(f) = Family::of(prefix, own) {
-                        // Its own exponent, base or buckets: its own
-                        // scaling and `le` labels, in the same family.
+                    // Its own exponent, base or buckets: its own scaling
+                    // and `le` labels, in the same family.
+                    if let Some(f) = Family::of(prefix, own) {
                         f.write_values(out, own, values, &source.labels);
                     }
                 }
@@ -502,10 +504,11 @@ impl Kind {
     }
 }
 
-/// Whether `a`'s values read on `b`'s scale: the same type, base,
-/// exponent and buckets (true for every source of one kernel).
+/// Whether `a`'s values read on `b`'s scale, in its family: the same type,
+/// unit, base, exponent and buckets (true for every source of one kernel).
 fn same_scale(a: &Descriptor, b: &Descriptor) -> bool {
     a.kind == b.kind
+        && a.unit == b.unit
         && a.base == b.base
         && a.exponent == b.exponent
         && a.bucket_size == b.bucket_size
