@@ -206,6 +206,55 @@ fn plot_writes_a_png_of_the_requested_size_from_csv() {
     assert_eq!(info.ok(), Some((640, 400)));
 }
 
+/// Two samples whose times are each finite but whose span is not
+/// (-1e308 s to 1e308 s): refused, naming it (the axis' key points were
+/// computed for ever, at full CPU).
+#[test]
+fn times_whose_span_no_axis_holds_are_refused_not_drawn_for_ever() {
+    let dir = TempDir::new("cli-span");
+    let (header, mut points) = experiment();
+    points.truncate(2);
+    points[0].time_s = -1e308;
+    points[1].time_s = 1e308;
+    let series = dir.join("run.jsonl");
+    write_jsonl(&series, &header, &points);
+    let out = plot(&series, &dir.join("run.svg"));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("a span no axis can hold"), "{err}");
+}
+
+/// A cell of a series quoted in an error reaches the terminal escaped and
+/// cut (a title-setting escape sequence and a cell of megabytes were
+/// printed whole).
+#[test]
+fn a_bad_cell_is_quoted_escaped_and_cut() {
+    let dir = TempDir::new("cli-bad-cell");
+    let (header, points) = experiment();
+    let series = dir.join("run.csv");
+    write_csv(&series, &header, &points);
+    let text = std::fs::read_to_string(&series).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let hostile = format!("\u{1b}]0;owned\u{7}{}", "x".repeat(1 << 20));
+    let row = &mut lines[1];
+    let first_cell_end = row.find(',').unwrap();
+    row.replace_range(..first_cell_end, &hostile);
+    std::fs::write(&series, lines.join("\n") + "\n").unwrap();
+    let out = plot(&series, &dir.join("run.svg"));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{}", &err[..err.len().min(500)]);
+    assert!(
+        !err.contains('\u{1b}') && !err.contains('\u{7}'),
+        "raw escapes"
+    );
+    assert!(
+        err.contains("\\u{1b}]0;owned"),
+        "{}",
+        &err[..err.len().min(500)]
+    );
+    assert!(err.len() < 4096, "{} bytes of error", err.len());
+}
+
 #[test]
 fn a_chart_size_out_of_range_is_refused_naming_the_flag() {
     for (flag, value) in [("--width", "400"), ("--height", "10001")] {

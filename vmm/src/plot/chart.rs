@@ -199,6 +199,15 @@ impl<'a> Chart<'a> {
             .iter()
             .map(|p| p.time_s)
             .fold(f64::NEG_INFINITY, f64::max);
+        if !(t1 - t0).is_finite() {
+            // Each time finite, their span not (-1e308 to 1e308): the axis'
+            // key points were computed for ever.
+            return Err(PlotError::TimeSpan {
+                name: opts.source.clone(),
+                first: t0,
+                last: t1,
+            });
+        }
         let max_bytes = points.iter().map(|p| total_bytes(p)).fold(0.0, f64::max);
         let max_rate = max_rate(&points, &vcpus);
         let max_progress = max_progress(&points, &vcpus);
@@ -732,10 +741,17 @@ fn max_rate(points: &[&Point], vcpus: &[usize]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// `text` with control characters (which XML cannot carry) replaced.
+/// `text` with the characters XML cannot carry (control characters, and
+/// U+FFFE and U+FFFF, which browsers refuse an SVG for) replaced.
 pub(super) fn clean(text: &str) -> String {
     text.chars()
-        .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
+        .map(|c| {
+            if c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}') {
+                '\u{FFFD}'
+            } else {
+                c
+            }
+        })
         .collect()
 }
 
@@ -807,6 +823,7 @@ mod tests {
     #[test]
     fn clean_replaces_control_characters_only() {
         assert_eq!(clean("a\u{7}b <c>"), "a\u{FFFD}b <c>");
+        assert_eq!(clean("x\u{FFFE}y\u{FFFF}"), "x\u{FFFD}y\u{FFFD}");
     }
 
     #[test]

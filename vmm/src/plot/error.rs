@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::options::{MAX_SIDE, MIN_HEIGHT, MIN_WIDTH};
+use super::options::{MAX_SERIES_BYTES, MAX_SIDE, MIN_HEIGHT, MIN_WIDTH};
 use crate::sampler::record::ParseError;
 
 /// A plot that could not be made.
@@ -51,6 +51,22 @@ pub enum PlotError {
     EmptySeries {
         /// The series' name (its file name).
         name: String,
+    },
+    /// The samples' times span more than a float holds (first, last).
+    #[error("series {name}'s times run from {first:e} s to {last:e} s: a span no axis can hold")]
+    TimeSpan {
+        /// The series' name (its file name).
+        name: String,
+        /// The earliest finite time.
+        first: f64,
+        /// The latest finite time.
+        last: f64,
+    },
+    /// The series file is larger than a plot reads (its size at least).
+    #[error("series {} is over {} MiB: plot a part of it (e.g. its header and last lines: head -n 1; tail -n 100000)", path.display(), MAX_SERIES_BYTES >> 20)]
+    TooLarge {
+        /// The series file.
+        path: PathBuf,
     },
     /// `--vcpu` names a vCPU the series does not have.
     #[error("vCPU {vcpu} is not in the series (it has {vcpus})")]

@@ -125,10 +125,24 @@ pub fn source_name(path: &Path) -> String {
 /// # Errors
 /// The file cannot be read or does not parse.
 pub(crate) fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), PlotError> {
-    let text = fs::read_to_string(path).map_err(|source| PlotError::ReadSeries {
+    use std::io::Read as _;
+    let read_error = |source| PlotError::ReadSeries {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    // Bounded: `/dev/zero` or a file of gigabytes was read until memory ran out.
+    let mut text = String::new();
+    fs::File::open(path)
+        .and_then(|f| {
+            f.take(options::MAX_SERIES_BYTES + 1)
+                .read_to_string(&mut text)
+        })
+        .map_err(read_error)?;
+    if text.len() as u64 > options::MAX_SERIES_BYTES {
+        return Err(PlotError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
     let is_csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));

@@ -50,3 +50,7 @@ impl Default for ChartOptions {
         }
     }
 }
+
+/// The largest series a plot reads: about 10 million samples of 2 vCPUs
+/// (one took 1.6 GB of memory to draw).
+pub(crate) const MAX_SERIES_BYTES: u64 = 1 << 30;

@@ -61,8 +61,10 @@ pub struct Point {
 /// A record that does not read back.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ParseError {
-    /// A line that is not the record it should be.
-    #[error("line {line}: {what}")]
+    /// A line that is not the record it should be (what is shown escaped
+    /// and cut: it quotes the file, which may carry terminal escapes or a
+    /// cell of 100 MB).
+    #[error("line {line}: {}", crate::units::peer_text(what.as_bytes(), 300))]
     Bad {
         /// Line number, from 1.
         line: usize,

@@ -310,7 +310,8 @@ pub(crate) struct DemoArgs {
 #[cfg(feature = "plot")]
 #[derive(clap::Args)]
 pub(crate) struct PlotArgs {
-    /// The series: JSON lines, or CSV if the name ends in .csv.
+    /// The series: JSON lines, or CSV if the name ends in .csv (at most
+    /// 1 GiB, about 10 million samples; a larger one is refused).
     pub(crate) file: PathBuf,
     /// The image to write; its extension picks the format: .svg or .png.
     /// An image already there is replaced whole (written beside it, then
