@@ -255,6 +255,51 @@ fn a_bad_cell_is_quoted_escaped_and_cut() {
     assert!(err.len() < 4096, "{} bytes of error", err.len());
 }
 
+/// Samples out of time order (runs joined, a file edited) are drawn in
+/// time order, said once: the same image as the sorted series (drawn in
+/// file order, the lines went back and forth).
+#[test]
+fn samples_out_of_time_order_are_drawn_in_time_order_and_said() {
+    let (a, b) = (TempDir::new("cli-order-a"), TempDir::new("cli-order-b"));
+    let (header, points) = experiment();
+    let mut reversed = points.clone();
+    reversed.reverse();
+    write_jsonl(&a.join("run.jsonl"), &header, &points);
+    write_jsonl(&b.join("run.jsonl"), &header, &reversed);
+    let sorted = plot(&a.join("run.jsonl"), &a.join("run.svg"));
+    let unsorted = plot(&b.join("run.jsonl"), &b.join("run.svg"));
+    assert!(
+        sorted.status.success() && unsorted.status.success(),
+        "{}",
+        stderr(&unsorted)
+    );
+    assert!(
+        stderr(&unsorted).contains("not in time order"),
+        "{}",
+        stderr(&unsorted)
+    );
+    assert!(!stderr(&sorted).contains("not in time order"));
+    let image = |d: &TempDir| std::fs::read(d.join("run.svg")).unwrap();
+    assert!(image(&a) == image(&b), "the same chart");
+}
+
+/// An image whose directory does not exist: said of the image (the error
+/// named the hidden temporary file beside it).
+#[test]
+fn an_output_in_a_missing_directory_is_named_as_given() {
+    let dir = TempDir::new("cli-no-dir");
+    let (header, points) = experiment();
+    let series = dir.join("run.jsonl");
+    write_jsonl(&series, &header, &points);
+    let out = plot(&series, &dir.join("nowhere").join("run.svg"));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("does not exist") && !err.contains(".tmp"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_chart_size_out_of_range_is_refused_naming_the_flag() {
     for (flag, value) in [("--width", "400"), ("--height", "10001")] {

@@ -174,7 +174,16 @@ impl<'a> Chart<'a> {
         opts: &'a ChartOptions,
     ) -> Result<Self, PlotError> {
         check_size(opts)?;
-        let points: Vec<&Point> = points.iter().filter(|p| p.time_s.is_finite()).collect();
+        let mut points: Vec<&Point> = points.iter().filter(|p| p.time_s.is_finite()).collect();
+        if !points.is_sorted_by(|a, b| a.time_s <= b.time_s) {
+            // Drawn in file order, lines went back and forth, and the
+            // stacked memory areas disagreed with their total.
+            log::warn!(
+                "{}: its samples are not in time order (joined runs, or edited): drawn in time order",
+                opts.source
+            );
+            points.sort_by(|a, b| a.time_s.total_cmp(&b.time_s));
+        }
         if points.is_empty() {
             return Err(PlotError::EmptySeries {
                 name: opts.source.clone(),
@@ -369,7 +378,9 @@ impl<'a> Chart<'a> {
             parts.push(format!("sampled every {} ms", axes::si(h.interval_ms)));
         }
         let span = self.time_span();
-        parts.push(format!("{} samples over {span:.2} s", self.points.len()));
+        let n = self.points.len();
+        let samples = if n == 1 { "sample" } else { "samples" };
+        parts.push(format!("{n} {samples} over {span:.2} s"));
         parts.join("  ·  ")
     }
 

@@ -274,6 +274,13 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    if !dir.is_dir() {
+        // Said of the image, not of the hidden temporary file beside it.
+        return Err(std::io::Error::new(
+            ErrorKind::NotFound,
+            format!("its directory {} does not exist", dir.display()),
+        ));
+    }
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     // Dropped after the temporary file (declared before it): a stop that
     // came meanwhile ends the process once the file is renamed or removed.
