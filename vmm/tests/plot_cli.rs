@@ -300,6 +300,35 @@ fn an_output_in_a_missing_directory_is_named_as_given() {
     );
 }
 
+/// A CSV whose columns a spreadsheet put in another order is refused,
+/// naming the first out of place (it was read by place: 8 MiB drawn as
+/// about 2 TiB).
+#[test]
+fn a_csv_with_its_columns_in_another_order_is_refused_naming_them() {
+    let dir = TempDir::new("cli-csv-order");
+    let (header, points) = experiment();
+    let series = dir.join("run.csv");
+    write_csv(&series, &header, &points);
+    let text = std::fs::read_to_string(&series).unwrap();
+    // Swap the pages_4k and pages_2m columns, header and cells alike.
+    let swapped: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let mut cells: Vec<&str> = l.split(',').collect();
+            cells.swap(2, 3);
+            cells.join(",")
+        })
+        .collect();
+    std::fs::write(&series, swapped.join("\n") + "\n").unwrap();
+    let out = plot(&series, &dir.join("run.svg"));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("column 3 is 'pages_2m' where a series has 'pages_4k'"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_chart_size_out_of_range_is_refused_naming_the_flag() {
     for (flag, value) in [("--width", "400"), ("--height", "10001")] {

@@ -110,26 +110,32 @@ impl SeriesHeader {
 
     /// The CSV header row.
     pub fn csv_columns(&self) -> String {
-        let mut cols: Vec<String> = [
-            "seq",
-            "time_s",
-            "pages_4k",
-            "pages_2m",
-            "pages_1g",
-            "mapped_bytes",
-            "vcpu",
-            "phase",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        cols.extend(self.kvm_stats.iter().map(|s| format!("kvm_{s}")));
-        cols.extend(our_names().iter().map(|s| format!("our_{s}")));
-        cols.push("exits_per_s".into());
-        cols.push("our_exits_per_s".into());
-        cols.extend(GUEST_COLUMNS.iter().map(|s| s.to_string()));
-        cols.join(",")
+        csv_column_names(&self.kvm_stats).join(",")
     }
+}
+
+/// The CSV columns of a series with `kvm_stats`, in their order (a CSV is
+/// read by place: the reader checks them against these).
+fn csv_column_names(kvm_stats: &[String]) -> Vec<String> {
+    let mut cols: Vec<String> = [
+        "seq",
+        "time_s",
+        "pages_4k",
+        "pages_2m",
+        "pages_1g",
+        "mapped_bytes",
+        "vcpu",
+        "phase",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cols.extend(kvm_stats.iter().map(|s| format!("kvm_{s}")));
+    cols.extend(our_names().iter().map(|s| format!("our_{s}")));
+    cols.push("exits_per_s".into());
+    cols.push("our_exits_per_s".into());
+    cols.extend(GUEST_COLUMNS.iter().map(|s| s.to_string()));
+    cols
 }
 
 impl Point {
@@ -310,6 +316,23 @@ pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
         return Err(ParseError::Bad {
             line: 1,
             what: format!("unexpected CSV columns ({} of them)", cols.len()),
+        });
+    }
+    // Read by place: columns in another order (a spreadsheet's) would be
+    // read as others (8 MiB as about 2 TiB).
+    let expected = csv_column_names(&kvm_stats);
+    if let Some((k, (found, want))) = cols
+        .iter()
+        .zip(&expected)
+        .enumerate()
+        .find(|(_, (c, e))| *c != e)
+    {
+        return Err(ParseError::Bad {
+            line: 1,
+            what: format!(
+                "column {} is '{found}' where a series has '{want}': the columns are read in the order kvmscope writes them",
+                k + 1
+            ),
         });
     }
     let mut points: Vec<Point> = Vec::new();
