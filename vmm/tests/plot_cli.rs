@@ -329,6 +329,26 @@ fn a_csv_with_its_columns_in_another_order_is_refused_naming_them() {
     );
 }
 
+/// A series saved with a byte-order mark (an editor, a spreadsheet) plots
+/// as it would without (its header read as no header).
+#[test]
+fn a_series_with_a_byte_order_mark_plots() {
+    let dir = TempDir::new("cli-bom");
+    let (header, points) = experiment();
+    for name in ["run.jsonl", "run.csv"] {
+        let series = dir.join(name);
+        if name.ends_with("csv") {
+            write_csv(&series, &header, &points);
+        } else {
+            write_jsonl(&series, &header, &points);
+        }
+        let text = std::fs::read_to_string(&series).unwrap();
+        std::fs::write(&series, format!("\u{feff}{text}")).unwrap();
+        let out = plot(&series, &dir.join("run.svg"));
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+    }
+}
+
 #[test]
 fn a_chart_size_out_of_range_is_refused_naming_the_flag() {
     for (flag, value) in [("--width", "400"), ("--height", "10001")] {

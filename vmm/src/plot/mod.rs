@@ -143,6 +143,11 @@ pub(crate) fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), Plo
             path: path.to_path_buf(),
         });
     }
+    // A byte-order mark (an editor's, a spreadsheet's export) is not the
+    // series' first character: its header was refused as no header.
+    if text.starts_with('\u{feff}') {
+        text.drain(..'\u{feff}'.len_utf8());
+    }
     let is_csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
