@@ -598,18 +598,21 @@ impl<'a> Precopy<'a> {
         if p.max_bandwidth > 0 {
             rate = rate.min(p.max_bandwidth as f64);
         }
-        let vcpus = &self.src.vcpus;
-        let extra = vcpus.iter().map(|v| v.state_extra_bytes()).sum();
-        let sending = Duration::from_millis(expected_ms(pages, vcpus.len() as u64, extra, rate))
+        let sending = Duration::from_millis(self.stop_ms_at(pages, rate))
             + Duration::from_secs_f64(queued as f64 / rate.max(1.0));
         stall + check_ram_time(&p, self.src.memory()) + sending * STOP_SLACK
     }
 
     /// The stop's expected downtime with `dirty` pages left, ms.
     fn expected_ms(&self, dirty: u64) -> u64 {
+        self.stop_ms_at(dirty, self.last_rate)
+    }
+
+    /// What a stop with `pages` to send takes at `rate` bytes/s, ms.
+    fn stop_ms_at(&self, pages: u64, rate: f64) -> u64 {
         let vcpus = &self.src.vcpus;
         let extra = vcpus.iter().map(|v| v.state_extra_bytes()).sum();
-        expected_ms(dirty, vcpus.len() as u64, extra, self.last_rate)
+        expected_ms(pages, vcpus.len() as u64, extra, rate)
     }
 
     /// Why the passes are not converging, while they are not.
