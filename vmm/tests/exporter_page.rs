@@ -861,3 +861,95 @@ fn the_exporter_stops_at_once_while_a_monitor_answers_slowly() {
         started.elapsed()
     );
 }
+
+/// A monitor whose vCPUs' reply keeps more than the exporter keeps of one
+/// reply (2,700 vCPUs of 100 stats: 270,000 values) keeps its VM's stats
+/// on the page and loses its vCPUs' lines, up all the while; an honest
+/// monitor's vCPUs beside it read as before.
+#[test]
+fn a_monitor_whose_vcpus_reply_is_over_what_is_kept_keeps_its_vm_lines() {
+    const VCPUS: usize = 2700;
+    let dir = common::test_dir("exp-qemu-cut");
+    let (crowd, small) = (dir.join("crowd.sock"), dir.join("small.sock"));
+    let path = |i: usize| format!("/machine/unattached/device[{i}]");
+    // The same answers for both targets: the VM's reading takes the first
+    // result; the vCPUs' takes them all.
+    fn schema() -> serde_json::Value {
+        let stats: Vec<_> = (0..100)
+            .map(|i| json!({"name": format!("s{i}"), "type": "instant", "exponent": 0}))
+            .collect();
+        json!([{"provider": "kvm", "target": "vm", "stats": stats},
+               {"provider": "kvm", "target": "vcpu", "stats": stats}])
+    }
+    fake_monitor(&crowd, Duration::ZERO, |name| match name {
+        "query-name" => Some(json!({"name": "crowd"})),
+        "query-stats-schemas" => Some(schema()),
+        "query-stats" => {
+            let stats: Vec<_> = (0..100)
+                .map(|i| json!({"name": format!("s{i}"), "value": i}))
+                .collect();
+            let results: Vec<_> = (0..VCPUS)
+                .map(|i| json!({"provider": "kvm", "qom-path": format!("/machine/unattached/device[{i}]"), "stats": stats}))
+                .collect();
+            Some(json!(results))
+        }
+        "query-cpus-fast" => Some(json!((0..VCPUS)
+            .map(
+                |i| json!({"cpu-index": i, "qom-path": format!("/machine/unattached/device[{i}]")})
+            )
+            .collect::<Vec<_>>())),
+        _ => None,
+    });
+    fake_monitor(&small, Duration::ZERO, |name| match name {
+        "query-name" => Some(json!({"name": "small"})),
+        "query-stats-schemas" => Some(schema()),
+        "query-stats" => Some(
+            json!([{"provider": "kvm", "qom-path": "/machine/unattached/device[0]",
+            "stats": [{"name": "s1", "value": 5}]}]),
+        ),
+        "query-cpus-fast" => {
+            Some(json!([{"cpu-index": 0, "qom-path": "/machine/unattached/device[0]"}]))
+        }
+        _ => None,
+    });
+    let e = common::exporter::start(ExporterConfig {
+        dirs: vec![],
+        qmp_sockets: vec![crowd, small],
+        qmp_interval: Duration::from_millis(300),
+        qmp_vcpus: true,
+        ..common::exporter::config(&dir, Duration::from_secs(10))
+    });
+    let page = page_when(&e, "both monitors read", |p| {
+        common::metric(p, "kvmscope_kvm_vm_s1", &["vm=\"crowd\""]).is_some()
+            && common::metric(p, "kvmscope_kvm_vcpu_s1", &["vm=\"small\""]).is_some()
+    });
+    common::check_with_promtool(&page);
+    let up = |vm: &str| {
+        page.lines().any(|l| {
+            l.starts_with("kvmscope_exporter_qemu_up{")
+                && l.contains(&format!("vm=\"{vm}\""))
+                && l.ends_with(" 1")
+        })
+    };
+    assert!(up("crowd") && up("small"), "{page}");
+    assert_eq!(
+        common::metric(&page, "kvmscope_kvm_vm_s99", &["vm=\"crowd\""]),
+        Some(99.0),
+        "{page}"
+    );
+    assert!(
+        !page
+            .lines()
+            .any(|l| l.starts_with("kvmscope_kvm_vcpu_") && l.contains("vm=\"crowd\"")),
+        "the crowd's vCPU lines left out"
+    );
+    assert_eq!(
+        common::metric(
+            &page,
+            "kvmscope_kvm_vcpu_s1",
+            &["vm=\"small\"", &format!("qom_path=\"{}\"", path(0))]
+        ),
+        Some(5.0),
+        "{page}"
+    );
+}

@@ -20,6 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use serde::Deserialize as _;
 use serde_json::{json, Value};
 
 use crate::protocol::events::{EventKind, ScanProgress};
@@ -29,7 +30,7 @@ use crate::protocol::migration::{
     SetParameters,
 };
 use crate::protocol::readiness::ReadinessReport;
-use crate::protocol::reply::StatusInfo;
+use crate::protocol::reply::{QmpError, StatusInfo};
 use crate::protocol::request::{
     request_line, CapabilitiesArgs, GetStatsFdArgs, GuestCommandArgs, NoArgs, QuerySamplesArgs,
     ReadinessRequest, StatsProvider, VcpusArgs,
@@ -52,6 +53,9 @@ pub(crate) const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest reply line a client accepts (a `query-stats` of 256 vCPUs is ~1 MiB).
 const MAX_REPLY: usize = 64 << 20;
+
+/// Room for input a client keeps between lines.
+const KEPT_INPUT: usize = 256 << 10;
 
 /// Longest greeting a client accepts (a kvmscope VMM's is under 1 KiB): a
 /// server's first line of 60 MiB took the client to 2.9 GB.
@@ -437,8 +441,8 @@ impl Client {
         let closed = received?;
         let mut events = Vec::new();
         // Events carry no fds: any that came are closed with their line.
-        while let Some(line) = self.take_line() {
-            events.push(line?.value);
+        while let Some(line) = self.take_line(parsed::<Value>) {
+            events.push(line?.0);
         }
         // What is left is one line not yet whole: past the limit it never
         // will be (left, it would stop every later look from reading, the
@@ -529,8 +533,21 @@ impl Client {
     /// `Closed` at end of stream, `BadReply` for a line that is not JSON or too
     /// long, or the read failure.
     pub fn read_reply(&mut self) -> Result<Reply, Error> {
+        let (value, fds) = self.read_line(parsed::<Value>)?;
+        Ok(Reply { value, fds })
+    }
+
+    /// Reads the next line as `parse` makes it, and the fds that rode on it.
+    ///
+    /// # Errors
+    /// As [`Client::read_reply`]; a line `parse` refuses is `BadReply`,
+    /// with the reason and the line's start.
+    fn read_line<R>(
+        &mut self,
+        parse: impl Fn(&[u8]) -> serde_json::Result<R>,
+    ) -> Result<(R, Vec<File>), Error> {
         loop {
-            if let Some(line) = self.take_line() {
+            if let Some(line) = self.take_line(&parse) {
                 return line;
             }
             if self.pending() > self.line_max {
@@ -559,9 +576,12 @@ impl Client {
         }
     }
 
-    /// Splits the next complete line off the input, with the fds that rode
-    /// on it; `None` while no line is complete.
-    fn take_line(&mut self) -> Option<Result<Reply, Error>> {
+    /// Splits the next complete line off the input, as `parse` makes it,
+    /// with the fds that rode on it; `None` while no line is complete.
+    fn take_line<R>(
+        &mut self,
+        parse: impl Fn(&[u8]) -> serde_json::Result<R>,
+    ) -> Option<Result<(R, Vec<File>), Error>> {
         // Only the bytes that came since the last look: a line is searched
         // once, however many reads it takes to arrive.
         let from = self.scanned.max(self.start);
@@ -571,7 +591,7 @@ impl Client {
         };
         let nl = from + found;
         let line = &self.input[self.start..=nl];
-        let parsed = serde_json::from_slice(line).map_err(|e| {
+        let parsed = parse(line).map_err(|e| {
             // The peer's bytes, on one line of a log and not all of a
             // 64 KiB line.
             let shown = crate::units::peer_text(line.trim_ascii_end(), 200);
@@ -584,10 +604,7 @@ impl Client {
         self.start = nl + 1;
         self.scanned = self.start;
         self.compact();
-        Some(parsed.map(|value| Reply {
-            value,
-            fds: mine.into_iter().map(|(_, f)| f).collect(),
-        }))
+        Some(parsed.map(|value| (value, mine.into_iter().map(|(_, f)| f).collect())))
     }
 
     /// Bytes received and not yet taken as lines.
@@ -600,6 +617,9 @@ impl Client {
     fn compact(&mut self) {
         if self.start == self.input.len() {
             self.input.clear();
+            // A long line's room goes back (a peer's 8 MiB line left 16 MiB
+            // held for the connection's life).
+            self.input.shrink_to(KEPT_INPUT);
         } else if self.start >= 64 << 10 && self.start * 2 >= self.input.len() {
             self.input.drain(..self.start);
             for (at, _) in &mut self.fds {
@@ -671,6 +691,37 @@ impl Client {
         self.read_return()
     }
 
+    /// Runs a typed command whose return is read straight off its line as
+    /// `T`, skipping events before it; fds that ride on the reply are
+    /// closed. No JSON tree is built first: a tree takes up to some 30
+    /// times the bytes of its line (8 MiB of `[0,0,...]` took 250 MB), the
+    /// typed value about what the line says, and a part `T` does not take
+    /// is skipped without being kept.
+    ///
+    /// # Errors
+    /// As [`Client::execute`]; `BadReply` for a reply whose return is not
+    /// a `T`, naming why.
+    pub(crate) fn call_as<T: serde::de::DeserializeOwned>(
+        &mut self,
+        command: &Command,
+    ) -> Result<T, Error> {
+        self.start_request();
+        self.write(&request_line(command, None))?;
+        for _ in 0..=MAX_EVENTS_PER_REPLY {
+            let (line, _) = self.read_line(typed_line::<T>)?;
+            match line {
+                TypedLine { event: Some(_), .. } => {}
+                TypedLine { value: Some(v), .. } => return Ok(v),
+                TypedLine { error: Some(e), .. } => return Err(self.remote(e.class, e.desc)),
+                // `typed_line` refuses a line with none of the three.
+                TypedLine { .. } => return Err(Error::BadReply("an empty reply".into())),
+            }
+        }
+        Err(Error::BadReply(format!(
+            "more than {MAX_EVENTS_PER_REPLY} events and no reply"
+        )))
+    }
+
     /// Queues workload text on a vCPU (`guest-command`); with `wait`, replies
     /// once every command finished, with the results.
     ///
@@ -682,12 +733,11 @@ impl Client {
         command: &str,
         wait: bool,
     ) -> Result<GuestCommandReply, Error> {
-        let (value, _) = self.call(&Command::GuestCommand(GuestCommandArgs {
+        self.call_as(&Command::GuestCommand(GuestCommandArgs {
             vcpu,
             command: command.to_string(),
             wait,
-        }))?;
-        decode(value)
+        }))
     }
 
     /// The VM: its backend, vCPUs, memory map and stats ids (`query-vm`).
@@ -695,8 +745,7 @@ impl Client {
     /// # Errors
     /// As [`Client::execute`], or `BadReply` for a return of another shape.
     pub fn query_vm(&mut self) -> Result<VmInfo, Error> {
-        let (value, _) = self.call(&Command::QueryVm(NoArgs::default()))?;
-        decode(value)
+        self.call_as(&Command::QueryVm(NoArgs::default()))
     }
 
     /// Sends `command`, hands each event line before its reply to
@@ -752,8 +801,7 @@ impl Client {
     /// As [`Client::execute`] (a VMM without a sampler answers `Remote`), or
     /// `BadReply` for a page of another shape.
     pub fn query_samples(&mut self, since: u64, max: Option<u64>) -> Result<SamplesPage, Error> {
-        let (value, _) = self.call(&Command::QuerySamples(QuerySamplesArgs { since, max }))?;
-        decode(value)
+        self.call_as(&Command::QuerySamples(QuerySamplesArgs { since, max }))
     }
 
     /// The VM's run state (`query-status`).
@@ -761,8 +809,7 @@ impl Client {
     /// # Errors
     /// As [`Client::execute`], or `BadReply` for a status of another shape.
     pub(crate) fn query_status(&mut self) -> Result<StatusInfo, Error> {
-        let (value, _) = self.call(&Command::QueryStatus(NoArgs {}))?;
-        decode(value)
+        self.call_as(&Command::QueryStatus(NoArgs {}))
     }
 
     /// The VMM's own exit counters of some vCPUs (all when `None`), `query-exits`.
@@ -770,8 +817,7 @@ impl Client {
     /// # Errors
     /// As [`Client::execute`], or `BadReply` for counters of another shape.
     pub fn query_exits(&mut self, vcpus: Option<Vec<VcpuRef>>) -> Result<Vec<VcpuExits>, Error> {
-        let (value, _) = self.call(&Command::QueryExits(VcpusArgs { vcpus }))?;
-        decode(value)
+        self.call_as(&Command::QueryExits(VcpusArgs { vcpus }))
     }
 
     /// Stats fds of the VM or some vCPUs (`get-stats-fd`): the reply's
@@ -846,8 +892,7 @@ impl Client {
     /// # Errors
     /// As [`Client::execute`], or `BadReply` for parameters of another shape.
     pub fn query_migrate_parameters(&mut self) -> Result<Parameters, Error> {
-        let (value, _) = self.call(&Command::QueryMigrateParameters(NoArgs {}))?;
-        decode(value)
+        self.call_as(&Command::QueryMigrateParameters(NoArgs {}))
     }
 
     /// Starts a migration to `uri` (`unix:PATH` or `tcp:HOST:PORT`).
@@ -870,8 +915,7 @@ impl Client {
     /// # Errors
     /// As [`Client::execute`], or `BadReply` for a status of another shape.
     pub fn query_migrate(&mut self) -> Result<MigrationInfo, Error> {
-        let (value, _) = self.call(&Command::QueryMigrate(NoArgs {}))?;
-        decode(value)
+        self.call_as(&Command::QueryMigrate(NoArgs {}))
     }
 
     /// Stops the VMM (`quit`); it closes the connection after the reply.
@@ -909,6 +953,45 @@ impl Client {
     }
 }
 
+/// A reply line read as the command's return type: an event, a return or an
+/// error (a return is taken before an error, as `error_reply` does). A key
+/// that is there counts, whatever its value (`"return": null` is a return
+/// of the wrong shape, not none).
+#[derive(serde::Deserialize)]
+#[serde(bound(deserialize = "T: serde::de::DeserializeOwned"))]
+struct TypedLine<T> {
+    #[serde(rename = "return", default, deserialize_with = "present")]
+    value: Option<T>,
+    #[serde(default, deserialize_with = "present")]
+    error: Option<QmpError>,
+    #[serde(default, deserialize_with = "present")]
+    event: Option<serde::de::IgnoredAny>,
+}
+
+/// A key's value, `Some` however it reads (null included).
+fn present<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A reply line as `T`'s command returns it; a line with no return, error
+/// or event is refused, so that the error shows it.
+fn typed_line<T: serde::de::DeserializeOwned>(line: &[u8]) -> serde_json::Result<TypedLine<T>> {
+    let typed: TypedLine<T> = serde_json::from_slice(line)?;
+    if typed.value.is_none() && typed.error.is_none() && typed.event.is_none() {
+        return Err(serde::de::Error::custom(
+            "a line with neither a return, an error nor an event",
+        ));
+    }
+    Ok(typed)
+}
+
+/// A line as `T`.
+fn parsed<T: serde::de::DeserializeOwned>(line: &[u8]) -> serde_json::Result<T> {
+    serde_json::from_slice(line)
+}
+
 /// A bounded request that ran past its deadline.
 fn past_deadline() -> io::Error {
     io::Error::new(
@@ -922,7 +1005,8 @@ fn past_deadline() -> io::Error {
 /// # Errors
 /// `BadReply` with the value, when it is not of that shape.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, Error> {
-    serde_json::from_value(value.clone()).map_err(|_| Error::BadReply(shown(&value)))
+    // Read from the tree in place: a copy of a reply of megabytes took as much again.
+    T::deserialize(&value).map_err(|e| Error::BadReply(format!("{e}: {}", shown(&value))))
 }
 
 /// A peer's value as an error shows it: on one line, escaped, cut (a
@@ -943,13 +1027,13 @@ pub(crate) fn event_of(line: &Value) -> Result<Option<EventKind>, Error> {
 
 /// The class and description of an error reply (`{"error": {...}}`), if it is one.
 pub(crate) fn error_reply(line: &Value) -> Option<(ErrorClass, String)> {
-    // Only the error body is copied to be typed: this is asked of every
+    // Only the error body is typed, read in place: this is asked of every
     // reply, and a copy of a reply of megabytes took as much again.
     let error = line
         .as_object()
         .filter(|o| !o.contains_key("return"))?
         .get("error")?;
-    let body: crate::protocol::reply::QmpError = serde_json::from_value(error.clone()).ok()?;
+    let body = QmpError::deserialize(error).ok()?;
     Some((body.class, body.desc))
 }
 
@@ -1180,6 +1264,57 @@ mod tests {
         assert_eq!(reply.fds.len(), 1, "the fd came with the reply");
         assert_eq!(c.pending(), 0);
         drop(writer.join().unwrap());
+    }
+
+    /// `call_as` reads a typed return straight off its line: events before
+    /// it skipped (`"event": null` is one), an error reply in its class and
+    /// words, a return of the wrong shape (null included) or a line with
+    /// none of the three refused showing the line; and a long line's room
+    /// is given back once it is taken.
+    #[test]
+    fn a_typed_call_takes_its_return_skips_events_and_names_what_is_wrong() {
+        let big = format!(
+            "{{\"event\": \"E\", \"data\": \"{}\"}}\n",
+            "x".repeat(4 << 20)
+        );
+        let mut first = big.into_bytes();
+        first.extend_from_slice(b"{\"event\": null}\n{\"return\": {\"running\": true, \"singlestep\": false, \"status\": \"running\"}}\n");
+        let refused: [(&[u8], &str); 3] = [
+            (b"{\"return\": null}\n", "invalid type: null"),
+            (b"{\"return\": {\"running\": 1}}\n", "invalid type: integer"),
+            (b"{\"id\": 7}\n", "neither a return, an error nor an event"),
+        ];
+        let mut answers = vec![
+            first,
+            b"{\"error\": {\"class\": \"GenericError\", \"desc\": \"no\"}}\n".to_vec(),
+        ];
+        answers.extend(refused.iter().map(|(l, _)| l.to_vec()));
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut asked = std::io::BufReader::new(theirs.try_clone().unwrap());
+            let mut theirs = theirs;
+            for lines in answers {
+                let mut request = String::new();
+                std::io::BufRead::read_line(&mut asked, &mut request).unwrap();
+                theirs.write_all(&lines).unwrap();
+            }
+        });
+        let mut c = Client::new(ours);
+        let status = Command::QueryStatus(NoArgs {});
+        let got: StatusInfo = c.call_as(&status).unwrap();
+        assert!(got.running);
+        assert!(c.input.capacity() <= KEPT_INPUT, "{}", c.input.capacity());
+        let e = c.call_as::<StatusInfo>(&status).unwrap_err();
+        assert!(
+            matches!(&e, Error::Remote { desc, .. } if desc == "no"),
+            "{e:?}"
+        );
+        for (line, why) in refused {
+            let e = c.call_as::<StatusInfo>(&status).unwrap_err().to_string();
+            let shown = String::from_utf8_lossy(line.trim_ascii_end()).into_owned();
+            assert!(e.contains(why) && e.contains(&shown), "{e}");
+        }
+        server.join().unwrap();
     }
 
     fn line(message: &Message) -> Value {

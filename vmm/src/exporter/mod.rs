@@ -16,6 +16,7 @@ pub(crate) mod labels;
 pub(crate) mod page;
 pub(crate) mod provider;
 pub(crate) mod qemu;
+pub(crate) mod qemu_reply;
 pub(crate) mod targets;
 
 pub use targets::{MAX_ATTACHING, MAX_ATTACHING_PER_OWNER};

@@ -15,6 +15,7 @@
 //! QEMU 7.2 returns log2 histogram buckets highest first; they are reversed
 //! here into the kernel's order (bucket 0 first), as the fd path reads them.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,9 +23,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvm_stats::{Base, Descriptor, StatType, Unit};
-use serde_json::Value;
 
 use super::provider::{Figures, Provider};
+use super::qemu_reply::{
+    AtMost, Cpus, NameInfo, Schemas, Stat, StatKind, StatSchema, StatUnit, StatValue, StatsResult,
+    StatsResults, Target, MAX_BUCKETS, MAX_KEPT_BYTES, MAX_STATS, MAX_VALUES, MAX_VCPUS,
+};
 use crate::client::{self, Bounds, Client};
 use crate::lock;
 use crate::metrics::{label_value, Source, Values};
@@ -33,23 +37,13 @@ use crate::protocol::{Command, StatsTarget};
 
 /// Longest line taken from a QEMU monitor: QEMU 7.2's `query-stats` is
 /// about 2.5 KiB a vCPU, so this holds some 3,000; a longer one fails the
-/// read instead of growing a buffer (each byte of a reply costs up to about
-/// 16 more once parsed: 64 MiB of `[0,0,...]` took 3.4 GB).
+/// read instead of growing a buffer. A line is read into its typed shape
+/// (`qemu_reply`), which costs about what it says (a JSON tree took up to
+/// some 30 times the line: 64 MiB of `[0,0,...]` took 3.4 GB).
 const MAX_LINE: usize = 8 << 20;
-/// The most stats taken of one target, in a schema or a reply (KVM has
-/// about 40 of a VM and 70 of a vCPU).
-const MAX_STATS: usize = 512;
-/// The most vCPUs read of one VM (`--qmp-vcpus`): KVM's most on x86.
-const MAX_VCPUS: usize = 4096;
-/// The most buckets of a histogram: a log2 histogram of u64 values has 65.
-const MAX_BUCKETS: usize = 65;
+
 /// The longest name and vCPU `qom-path` taken, in characters.
 const MAX_TEXT: usize = 256;
-/// The most values (a stat's one, a histogram's buckets) of one reading, the
-/// page's lines for the VM: QEMU 7.2 gives about 140 a vCPU, so this reads
-/// some 1,800 vCPUs; a monitor cannot make the page of a scrape much larger
-/// than some 25 MB.
-const MAX_VALUES: usize = 1 << 18;
 
 /// Why a QEMU monitor could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -60,9 +54,19 @@ pub(crate) enum MonitorError {
     /// The monitor accepted and finished no greeting and negotiation in time.
     #[error("it accepted the connection and finished no greeting and capabilities negotiation within {0:?} (QEMU serves one client at a time: another may hold it)")]
     Silent(Duration),
-    /// A command's answer failed or was refused (the command given).
+    /// A command's answer failed (the command given).
     #[error("QEMU's answer to {0}")]
     Command(&'static str, #[source] Box<client::Error>),
+    /// QEMU answered a command with an error (the command, its class and
+    /// words).
+    #[error("QEMU refused {0} ({1}): {2}")]
+    Refused(&'static str, String, String),
+    /// The monitor closed the connection before a command's answer.
+    #[error("QEMU closed the connection during {0} (it exited, or dropped this client)")]
+    Closed(&'static str),
+    /// A command's answer took longer than the whole request's bound.
+    #[error("QEMU did not complete its answer to {0} within {1:?} (--attach-timeout)")]
+    Slow(&'static str, Duration),
     /// A reply over one of this exporter's bounds, or of the wrong shape
     /// (the command and what is wrong).
     #[error("{0}: {1}")]
@@ -82,11 +86,13 @@ pub(crate) struct QemuVm {
     pub(crate) pid: Option<u32>,
     /// Its page labels (`vm`, `pid`, `socket`), made when those are learnt.
     pub(crate) labels: String,
-    /// VM stats.
-    pub(crate) vm: Reading,
+    /// VM stats (shared with the scrapes that show them: a scrape takes a
+    /// copy of every VM's figures, and a copy of readings of up to 262,144
+    /// values each was megabytes per scrape).
+    pub(crate) vm: Arc<Reading>,
     /// Each vCPU's stats (with `--qmp-vcpus`): its index (`query-cpus-fast`'s
     /// `cpu-index`) and `qom-path`, in index order.
-    pub(crate) vcpus: Vec<(usize, String, Reading)>,
+    pub(crate) vcpus: Arc<Vec<(usize, String, Reading)>>,
     /// When they were read; `None` before the first read.
     pub(crate) at: Option<Instant>,
     /// Why the last attempt failed, if it did.
@@ -330,8 +336,8 @@ fn refresh_loop(
                 vm.name = r.name;
                 vm.pid = r.pid;
                 vm.version = r.version;
-                vm.vm = r.vm;
-                vm.vcpus = r.vcpus;
+                vm.vm = Arc::new(r.vm);
+                vm.vcpus = Arc::new(r.vcpus);
                 vm.at = Some(Instant::now());
                 vm.error = None;
             }
@@ -356,16 +362,40 @@ fn refresh_loop(
     }
 }
 
+/// A command's failure in QEMU's words (the client's own speak of a VMM).
+fn failed(command: &'static str, e: client::Error, timeout: Duration) -> MonitorError {
+    match e {
+        client::Error::BadReply(why) => MonitorError::Reply(command, why),
+        client::Error::Closed => MonitorError::Closed(command),
+        client::Error::Remote { class, desc } => {
+            MonitorError::Refused(command, class.to_string(), desc)
+        }
+        // A QEMU without the command (`query-stats` came with 7.1).
+        client::Error::NotKvmscope(version, desc) => MonitorError::Refused(
+            command,
+            "CommandNotFound".into(),
+            format!("{desc} (QEMU {version})"),
+        ),
+        client::Error::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            MonitorError::Slow(command, timeout)
+        }
+        other => MonitorError::Command(command, Box::new(other)),
+    }
+}
+
 /// A negotiated QMP connection to one QEMU, with its schemas.
 struct Monitor {
     client: Client,
+    /// Each command's whole bound (`--attach-timeout`).
+    timeout: Duration,
     name: String,
     pid: Option<u32>,
     version: (u64, u64, u64),
-    schemas: Vec<(String, Vec<Value>)>,
+    /// Each target's schema by stat name, made once at `open`.
+    schemas: Vec<(Target, HashMap<String, StatSchema>)>,
     /// Each vCPU's index by its `qom-path` (`query-cpus-fast`): QEMU lists
     /// a `query-stats` reply's vCPUs in no set order (7.2: the last first).
-    cpu_index: std::collections::HashMap<String, usize>,
+    cpu_index: HashMap<String, usize>,
     /// vCPUs of the last reading left out (not in `query-cpus-fast`, or
     /// named twice), as last logged.
     unknown_vcpus: usize,
@@ -382,6 +412,7 @@ impl Monitor {
         };
         let mut client = Client::connect_bounded(socket, bounds).map_err(|e| match e {
             client::Error::Silent(_, limit) => MonitorError::Silent(limit),
+            client::Error::Closed => MonitorError::Closed("its greeting and qmp_capabilities"),
             other => Box::new(other).into(),
         })?;
         if client.greeting.qmp.version.is_kvmscope() {
@@ -392,70 +423,78 @@ impl Monitor {
         let v = client.greeting.qmp.version.qemu;
         let mut m = Monitor {
             client,
+            timeout,
             name: file_name(socket),
             pid,
             version: (v.major, v.minor, v.micro),
             schemas: Vec::new(),
-            cpu_index: std::collections::HashMap::new(),
+            cpu_index: HashMap::new(),
             unknown_vcpus: 0,
             vcpus_over: false,
         };
-        if let Ok((v, _)) = m.client.call(&Command::QueryName(NoArgs {})) {
-            if let Some(n) = v["name"].as_str() {
-                // The monitor's word, in logs and labels: one line, bounded.
-                m.name = crate::units::peer_text(n.as_bytes(), MAX_TEXT);
-            }
+        if let Ok(NameInfo { name: Some(n) }) = m.client.call_as(&Command::QueryName(NoArgs {})) {
+            // The monitor's word, in logs and labels: one line, bounded.
+            m.name = crate::units::peer_text(n.as_bytes(), MAX_TEXT);
         }
         const SCHEMAS: &str = "query-stats-schemas";
-        let (schemas, _) = m
+        let schemas: Schemas = m
             .client
-            .call(&Command::QueryStatsSchemas(SchemasArgs {
+            .call_as(&Command::QueryStatsSchemas(SchemasArgs {
                 provider: Some(StatsProvider::Kvm),
                 target: None,
             }))
-            .map_err(|e| MonitorError::Command(SCHEMAS, Box::new(e)))?;
-        let mut targets = Vec::new();
-        for s in schemas.as_array().into_iter().flatten().take(4) {
-            let target = s["target"].as_str().unwrap_or_default().to_string();
-            let stats = s["stats"].as_array().cloned().unwrap_or_default();
-            if stats.len() > MAX_STATS {
+            .map_err(|e| failed(SCHEMAS, e, timeout))?;
+        for s in schemas.items {
+            if s.stats.over() {
                 let why = format!(
-                    "{} stats for the {target} target, over the {MAX_STATS} this exporter takes",
-                    stats.len()
+                    "{} stats for the {} target, over the {MAX_STATS} this exporter takes",
+                    s.stats.len, s.target
                 );
                 return Err(MonitorError::Reply(SCHEMAS, why));
             }
-            targets.push((target, stats));
+            if s.target != Target::Other && m.schemas.iter().all(|(t, _)| *t != s.target) {
+                // Each name once (the key), and only a name a stat could have.
+                let by_name = s
+                    .stats
+                    .items
+                    .into_iter()
+                    .filter(|d| d.name.len() <= MAX_TEXT)
+                    .map(|mut d| (std::mem::take(&mut d.name), d));
+                m.schemas.push((s.target, by_name.collect()));
+            }
         }
-        m.schemas = targets;
         Ok(m)
     }
 
-    fn stats(&mut self, target: StatsTarget) -> Result<Value, MonitorError> {
-        let (v, _) = self
+    fn stats(&mut self, target: StatsTarget) -> Result<StatsResults, MonitorError> {
+        let results = self
             .client
-            .call(&Command::QueryStats(QueryStatsArgs {
+            .call_as(&Command::QueryStats(QueryStatsArgs {
                 target,
                 providers: None,
                 names: None,
                 vcpus: None,
             }))
-            .map_err(|e| MonitorError::Command("query-stats", Box::new(e)))?;
-        Ok(v)
+            .map_err(|e| failed("query-stats", e, self.timeout))?;
+        Ok(results)
     }
 
     fn read(&mut self, vcpus: bool) -> Result<QemuReading, MonitorError> {
         let vm = self.stats(StatsTarget::Vm)?;
-        let vm_stats = match vm.as_array().and_then(|a| a.first()) {
-            Some(r) => self.reading("vm", &r["stats"])?,
+        let vm_stats = match vm.items.first() {
+            Some(r) => self.reading(Target::Vm, &r.stats)?,
             None => Reading::new(),
         };
         let mut vcpu_stats = Vec::new();
+        // Whether the vCPUs' reply was over the values kept of a reply.
+        let mut cut = false;
         if vcpus {
             let all = self.stats(StatsTarget::Vcpu)?;
-            let listed = all.as_array().map_or(0, Vec::len);
-            if listed > MAX_VCPUS {
-                let why = format!("{listed} vCPUs, over the {MAX_VCPUS} this exporter reads");
+            if all.over() {
+                let why = format!(
+                    "{} vCPUs, over the {MAX_VCPUS} this exporter reads",
+                    all.len
+                );
                 return Err(MonitorError::Reply("query-stats", why));
             }
             // `query-cpus-fast` at most once a reading, however many paths
@@ -464,29 +503,33 @@ impl Monitor {
             let mut unknown = 0;
             // KVM's entries only: another provider's for the same vCPU is
             // not a vCPU named twice.
-            let kvm = |r: &&Value| r["provider"].as_str().is_none_or(|p| p == "kvm");
-            for r in all.as_array().into_iter().flatten().filter(kvm) {
-                let path = r["qom-path"].as_str().unwrap_or_default();
-                let index = match self.index_of(path, &mut asked)? {
-                    // One vCPU once: a path or index named twice is not two.
-                    Some(i) if !vcpu_stats.iter().any(|(j, _, _)| *j == i) => i,
-                    _ => {
-                        unknown += 1;
-                        continue;
-                    }
-                };
-                let stats = self.reading("vcpu", &r["stats"])?;
-                vcpu_stats.push((index, path.to_string(), stats));
-            }
-            if unknown != self.unknown_vcpus {
-                // Said when the count changes, not at every reading.
-                if unknown > 0 {
-                    log::warn!(
-                        "exporter: {}: {unknown} vCPUs of query-stats are not in query-cpus-fast, or named twice: their stats left out",
-                        self.name
-                    );
+            let kvm = |r: &&StatsResult| r.provider.as_deref().is_none_or(|p| p == "kvm");
+            cut = all.cut;
+            // A reply cut short is left out whole (below), its vCPUs unlooked at.
+            if !cut {
+                for r in all.items.iter().filter(kvm) {
+                    let path = r.qom_path.as_deref().unwrap_or_default();
+                    let index = match self.index_of(path, &mut asked)? {
+                        // One vCPU once: a path or index named twice is not two.
+                        Some(i) if !vcpu_stats.iter().any(|(j, _, _)| *j == i) => i,
+                        _ => {
+                            unknown += 1;
+                            continue;
+                        }
+                    };
+                    let stats = self.reading(Target::Vcpu, &r.stats)?;
+                    vcpu_stats.push((index, path.to_string(), stats));
                 }
-                self.unknown_vcpus = unknown;
+                if unknown != self.unknown_vcpus {
+                    // Said when the count changes, not at every reading.
+                    if unknown > 0 {
+                        log::warn!(
+                            "exporter: {}: {unknown} vCPUs of query-stats are not in query-cpus-fast, or named twice: their stats left out",
+                            self.name
+                        );
+                    }
+                    self.unknown_vcpus = unknown;
+                }
             }
             vcpu_stats.sort_by_key(|(index, _, _)| *index);
         }
@@ -494,15 +537,24 @@ impl Monitor {
             .chain(vcpu_stats.iter().map(|(_, _, r)| r))
             .flat_map(|r| r.iter().map(|(_, v)| v.len()))
             .sum();
-        if values > MAX_VALUES && !self.vcpus_over {
+        let over = cut || values > MAX_VALUES;
+        if over && !self.vcpus_over {
+            let why = if cut {
+                format!(
+                    "more than this exporter keeps of one reply ({MAX_VALUES} values, {} MiB)",
+                    MAX_KEPT_BYTES >> 20
+                )
+            } else {
+                format!("{values} values, over the {MAX_VALUES} this exporter shows of one VM")
+            };
             log::warn!(
-                "exporter: {}: its vCPUs' stats are {values} values, over the {MAX_VALUES} this exporter shows of one VM: they are left out",
-                self.name
+                "exporter: {}: its vCPUs' stats are {why}: they are left out",
+                self.name,
             );
         }
         // The VM's own stats stay on the page; its vCPUs' go (said when
         // that begins).
-        self.vcpus_over = values > MAX_VALUES;
+        self.vcpus_over = over;
         if self.vcpus_over {
             vcpu_stats.clear();
         }
@@ -526,35 +578,40 @@ impl Monitor {
             return Ok(None);
         }
         const CPUS: &str = "query-cpus-fast";
-        let (cpus, _) = self
+        let cpus: Cpus = self
             .client
-            .call(&Command::QueryCpusFast(NoArgs {}))
-            .map_err(|e| MonitorError::Command(CPUS, Box::new(e)))?;
-        let listed = cpus.as_array().map_or(0, Vec::len);
-        if listed > MAX_VCPUS {
-            let why = format!("{listed} vCPUs, over the {MAX_VCPUS} this exporter reads");
+            .call_as(&Command::QueryCpusFast(NoArgs {}))
+            .map_err(|e| failed(CPUS, e, self.timeout))?;
+        if cpus.over() {
+            let why = format!(
+                "{} vCPUs, over the {MAX_VCPUS} this exporter reads",
+                cpus.len
+            );
             return Err(MonitorError::Reply(CPUS, why));
         }
         self.cpu_index = cpus
-            .as_array()
+            .items
             .into_iter()
-            .flatten()
             .filter_map(|c| {
-                let path = c["qom-path"].as_str()?;
-                let index = usize::try_from(c["cpu-index"].as_u64()?).ok()?;
-                (path.chars().count() <= MAX_TEXT).then(|| (path.to_string(), index))
+                let path = c.qom_path?;
+                let index = usize::try_from(c.cpu_index?).ok()?;
+                (path.chars().count() <= MAX_TEXT).then_some((path, index))
             })
             .collect();
         Ok(self.cpu_index.get(path).copied())
     }
 
-    fn reading(&self, target: &str, stats: &Value) -> Result<Reading, MonitorError> {
+    fn reading(
+        &self,
+        target: Target,
+        stats: &AtMost<Stat, MAX_STATS>,
+    ) -> Result<Reading, MonitorError> {
         let schema = self
             .schemas
             .iter()
-            .find(|(t, _)| t == target)
+            .find(|(t, _)| *t == target)
             .map(|(_, s)| s);
-        reading(schema.map(Vec::as_slice), stats).map_err(|why| {
+        reading(schema, stats).map_err(|why| {
             MonitorError::Reply("query-stats", format!("the {target} target: {why}"))
         })
     }
@@ -566,37 +623,34 @@ impl Monitor {
 /// [`MAX_STATS`], a stat named twice, a value that is not an unsigned
 /// integer (or a boolean), or a histogram of more than [`MAX_BUCKETS`] fail
 /// the reading, naming it.
-fn reading(schema: Option<&[Value]>, stats: &Value) -> Result<Reading, String> {
-    let stats = stats.as_array().map_or(&[][..], Vec::as_slice);
-    if stats.len() > MAX_STATS {
+fn reading(
+    schema: Option<&HashMap<String, StatSchema>>,
+    stats: &AtMost<Stat, MAX_STATS>,
+) -> Result<Reading, String> {
+    if stats.over() {
         return Err(format!(
             "{} stats, over the {MAX_STATS} this exporter takes",
-            stats.len()
+            stats.len
         ));
     }
-    let by_name: std::collections::HashMap<&str, &Value> = schema
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|d| Some((d["name"].as_str()?, d)))
-        .collect();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     let mut out = Reading::new();
-    for s in stats {
-        let Some(name) = s["name"].as_str() else {
+    for s in &stats.items {
+        let Some(name) = s.name.as_deref() else {
             continue;
         };
         if !seen.insert(name) {
             return Err(format!("stat {:?} named twice", shown(name)));
         }
-        let Some(desc) = by_name.get(name) else {
+        let Some(desc) = schema.and_then(|by_name| by_name.get(name)) else {
             continue;
         };
         let not_a_count = || format!("stat {:?}'s value is not an unsigned integer", shown(name));
         let histogram = matches!(
-            desc["type"].as_str(),
-            Some("linear-histogram" | "log2-histogram")
+            desc.kind,
+            StatKind::LinearHistogram | StatKind::Log2Histogram
         );
-        if histogram != s["value"].is_array() {
+        if histogram != matches!(s.value, StatValue::List(_)) {
             return Err(format!(
                 "stat {:?} is {} but its value is {}",
                 shown(name),
@@ -608,21 +662,18 @@ fn reading(schema: Option<&[Value]>, stats: &Value) -> Result<Reading, String> {
                 if histogram { "not a list" } else { "a list" }
             ));
         }
-        let values: Vec<u64> = match &s["value"] {
-            Value::Bool(b) => vec![u64::from(*b)],
-            Value::Array(a) if a.len() > MAX_BUCKETS => {
+        let values: Vec<u64> = match &s.value {
+            StatValue::Flag(b) => vec![u64::from(*b)],
+            StatValue::List(a) if a.len > MAX_BUCKETS => {
                 return Err(format!(
                     "stat {:?} has {} buckets, over the {MAX_BUCKETS} a histogram has",
                     shown(name),
-                    a.len()
+                    a.len
                 ))
             }
-            Value::Array(a) => a
-                .iter()
-                .map(Value::as_u64)
-                .collect::<Option<_>>()
-                .ok_or_else(not_a_count)?,
-            v => vec![v.as_u64().ok_or_else(not_a_count)?],
+            StatValue::List(a) => a.counts.as_deref().ok_or_else(not_a_count)?.to_vec(),
+            StatValue::Count(v) => vec![*v],
+            StatValue::Other => return Err(not_a_count()),
         };
         out.extend(described(name, desc, values));
     }
@@ -636,26 +687,30 @@ fn shown(name: &str) -> String {
 
 /// A stat of `name` with `values`, as the schema entry `desc` describes it;
 /// `None` for a type this does not know.
-fn described(name: &str, desc: &Value, mut values: Vec<u64>) -> Option<(Descriptor, Vec<u64>)> {
-    let kind = match desc["type"].as_str()? {
-        "cumulative" => StatType::Cumulative,
-        "instant" => StatType::Instant,
-        "peak" => StatType::Peak,
-        "linear-histogram" => StatType::LinearHistogram,
-        "log2-histogram" => StatType::Log2Histogram,
-        _ => return None,
+fn described(
+    name: &str,
+    desc: &StatSchema,
+    mut values: Vec<u64>,
+) -> Option<(Descriptor, Vec<u64>)> {
+    let kind = match desc.kind {
+        StatKind::Cumulative => StatType::Cumulative,
+        StatKind::Instant => StatType::Instant,
+        StatKind::Peak => StatType::Peak,
+        StatKind::LinearHistogram => StatType::LinearHistogram,
+        StatKind::Log2Histogram => StatType::Log2Histogram,
+        StatKind::Other => return None,
     };
     if kind == StatType::Log2Histogram {
         values.reverse();
     }
-    let unit = match desc["unit"].as_str() {
-        Some("bytes") => Unit::Bytes,
-        Some("seconds") => Unit::Seconds,
-        Some("cycles") => Unit::Cycles,
-        Some("boolean") => Unit::Boolean,
-        _ => Unit::None,
+    let unit = match desc.unit {
+        Some(StatUnit::Bytes) => Unit::Bytes,
+        Some(StatUnit::Seconds) => Unit::Seconds,
+        Some(StatUnit::Cycles) => Unit::Cycles,
+        Some(StatUnit::Boolean) => Unit::Boolean,
+        Some(StatUnit::Other) | None => Unit::None,
     };
-    let base = if desc["base"] == 2 {
+    let base = if desc.base == Some(2) {
         Base::Pow2
     } else {
         Base::Pow10
@@ -666,14 +721,14 @@ fn described(name: &str, desc: &Value, mut values: Vec<u64>) -> Option<(Descript
         kind,
         unit,
         base,
-        exponent: desc["exponent"]
-            .as_i64()
+        exponent: desc
+            .exponent
             .and_then(|e| i16::try_from(e).ok())
             .unwrap_or(0),
         size: u16::try_from(values.len()).unwrap_or(u16::MAX),
         offset: 0,
-        bucket_size: desc["bucket-size"]
-            .as_u64()
+        bucket_size: desc
+            .bucket_size
             .and_then(|b| u32::try_from(b).ok())
             .unwrap_or(0),
     };
@@ -685,21 +740,31 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A target's schema as `open` keeps it.
+    fn schema(list: &str) -> HashMap<String, StatSchema> {
+        let list: Vec<StatSchema> = serde_json::from_str(list).unwrap();
+        list.into_iter().map(|d| (d.name.clone(), d)).collect()
+    }
+
+    /// A reply's stats as they come off the line.
+    fn stats(list: &serde_json::Value) -> AtMost<Stat, MAX_STATS> {
+        serde_json::from_str(&list.to_string()).unwrap()
+    }
+
     #[test]
     fn qemu_readings_take_the_schema_and_log2_buckets_come_back_in_kernel_order() {
-        let schema: Vec<Value> = serde_json::from_str(
+        let schema = schema(
             r#"[{"name": "exits", "type": "cumulative", "exponent": 0},
                 {"name": "guest_mode", "type": "instant", "unit": "boolean", "exponent": 0},
                 {"name": "halt_wait_hist", "type": "log2-histogram", "unit": "seconds", "base": 10, "exponent": -9}]"#,
-        )
-        .unwrap();
-        let stats = json!([
+        );
+        let list = json!([
             {"name": "exits", "value": 42},
             {"name": "guest_mode", "value": true},
             {"name": "halt_wait_hist", "value": [5, 0, 0, 1]},
             {"name": "not_in_the_schema", "value": 7}
         ]);
-        let r = reading(Some(&schema), &stats).unwrap();
+        let r = reading(Some(&schema), &stats(&list)).unwrap();
         let names: Vec<&str> = r.iter().map(|(d, _)| d.name.as_str()).collect();
         assert_eq!(names, ["exits", "guest_mode", "halt_wait_hist"]);
         assert_eq!(r[0].1, [42]);
@@ -719,12 +784,11 @@ mod tests {
     /// left out without a word).
     #[test]
     fn a_reading_over_its_bounds_or_with_values_that_are_not_counts_is_refused() {
-        let schema: Vec<Value> = serde_json::from_str(
+        let schema = schema(
             r#"[{"name": "exits", "type": "cumulative"},
                 {"name": "hist", "type": "log2-histogram"}]"#,
-        )
-        .unwrap();
-        let many: Vec<Value> = (0..=MAX_STATS)
+        );
+        let many: Vec<serde_json::Value> = (0..=MAX_STATS)
             .map(|i| json!({"name": format!("s{i}"), "value": 1}))
             .collect();
         let cases = [
@@ -758,12 +822,52 @@ mod tests {
                 "a histogram but its value is not a list",
             ),
         ];
-        for (stats, why) in cases {
-            let err = reading(Some(&schema), &stats).unwrap_err();
+        for (list, why) in cases {
+            let err = reading(Some(&schema), &stats(&list)).unwrap_err();
             assert!(err.contains(why), "{why}: {err}");
         }
         let fine = json!([{"name": "hist", "value": vec![1; 65]}]);
-        assert_eq!(reading(Some(&schema), &fine).unwrap()[0].1.len(), 65);
+        assert_eq!(
+            reading(Some(&schema), &stats(&fine)).unwrap()[0].1.len(),
+            65
+        );
+    }
+
+    /// A command's failure is said in QEMU's words: the client's errors
+    /// speak of a VMM ("the VMM closed the connection", and a QEMU without
+    /// `query-stats` was "not a kvmscope VMM ... read by kvmscope exporter
+    /// --qmp-socket", to the exporter reading it that way).
+    #[test]
+    fn a_monitors_failures_name_qemu_and_the_command() {
+        let t = Duration::from_secs(2);
+        let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, "late");
+        let cases = [
+            (client::Error::Closed, "QEMU closed the connection during query-stats"),
+            (
+                client::Error::Remote {
+                    class: crate::protocol::ErrorClass::GenericError,
+                    desc: "no".into(),
+                },
+                "QEMU refused query-stats (GenericError): no",
+            ),
+            (
+                client::Error::NotKvmscope("7.0.0".into(), "The command query-stats has not been found".into()),
+                "QEMU refused query-stats (CommandNotFound): The command query-stats has not been found (QEMU 7.0.0)",
+            ),
+            (
+                client::Error::Io(timed_out),
+                "QEMU did not complete its answer to query-stats within 2s",
+            ),
+            (
+                client::Error::BadReply("expected a list".into()),
+                "query-stats: expected a list",
+            ),
+        ];
+        for (e, said) in cases {
+            let text = crate::error_chain(&failed("query-stats", e, t));
+            assert!(text.starts_with(said), "{text}");
+            assert!(!text.contains("VMM"), "{text}");
+        }
     }
 
     #[test]
@@ -780,7 +884,7 @@ mod tests {
         };
         let vm = |name: &str, at, error| QemuVm {
             labels: format!("vm=\"{name}\""),
-            vm: vec![],
+            vm: Arc::default(),
             at: Some(at),
             error,
             ..QemuVm::default()
