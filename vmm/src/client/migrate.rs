@@ -305,7 +305,7 @@ impl Plan {
                     ..neither_at_start
                 },
                 predicted: Some((**limited).clone()),
-                said: Some(format!("a dirty limit of {mb} MB/s per vCPU from the start: only vCPUs that dirty faster are slowed (of the dirty limits the model finds converging, the one that takes the least vCPU time from the guest)")),
+                said: Some(format!("a dirty limit of {mb} MB/s per vCPU from the start: only vCPUs that dirty faster are slowed, once the limit's first period is over (of the dirty limits the model finds converging, the one that takes the least vCPU time from the guest)")),
                 ..plan(false, true)
             };
         }

@@ -85,15 +85,16 @@ pub(crate) fn now_ns() -> u64 {
 /// migration takes its rate before).
 pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
     let progress: Vec<Option<u64>> = s.vcpus.iter().map(|v| v.guest_progress()).collect();
-    let running: Vec<Option<u64>> = s
+    let (running, paused): (Vec<Option<u64>>, Vec<bool>) = s
         .vcpus
         .iter()
         .map(|v| match v.state() {
-            VcpuState::Running { seq, .. } => Some(seq),
-            _ => None,
+            VcpuState::Running { seq, .. } => (Some(seq), false),
+            VcpuState::Paused => (None, true),
+            _ => (None, false),
         })
-        .collect();
-    let rates = meter.add(Instant::now(), progress.clone(), &running);
+        .unzip();
+    let rates = meter.add(Instant::now(), progress.clone(), &running, &paused);
     let mut stall = 0u64;
     for (i, v) in s.vcpus.iter().enumerate() {
         v.set_progress_per_second(rates[i]);

@@ -505,7 +505,7 @@ impl<'a> Precopy<'a> {
         self.expected = expected;
         self.prev_dirty = Some(dirty.count());
         let ram = self.ram.clone();
-        let stall = self.observed.as_ref().map(|o| guest_stall(&o.stall()));
+        let stall = self.observed.as_mut().map(|o| guest_stall(&o.stall()));
         let progress = self.guest_progress();
         self.m.update(|i| {
             i.ram = Some(ram);

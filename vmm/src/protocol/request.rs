@@ -409,7 +409,8 @@ pub fn parse(bytes: &[u8]) -> Result<Request, RequestError> {
             format!("The command {shown} has not been found"),
         ));
     }
-    let command = typed(&name, &arguments)
+    let command = not_null(&arguments, None)
+        .and_then(|()| typed(&name, &arguments))
         .and_then(Command::checked)
         .map_err(|desc| generic(&format!("{name}: {desc}")))?;
     Ok(Request { id, command })
@@ -495,6 +496,31 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
             object.insert(key, v);
         }
         Ok(Value::Object(object))
+    }
+}
+
+/// Refuses a null anywhere in the arguments, naming where, as QEMU does for
+/// every type kvmscope takes (serde read a null optional member as absent:
+/// `set-vcpu-dirty-limit` with `"cpu-index": null` limited every vCPU).
+fn not_null(v: &Value, at: Option<&str>) -> Result<(), String> {
+    let shown = |key: &str| key.chars().take(64).collect::<String>();
+    match v {
+        Value::Null => Err(format!(
+            "parameter '{}': invalid type: null (leave a parameter out for its default)",
+            at.unwrap_or_default()
+        )),
+        Value::Object(o) => o.iter().try_for_each(|(k, v)| {
+            let path = match at {
+                Some(at) => format!("{at}.{}", shown(k)),
+                None => shown(k),
+            };
+            not_null(v, Some(&path))
+        }),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| not_null(v, Some(&format!("{}[{i}]", at.unwrap_or_default())))),
+        _ => Ok(()),
     }
 }
 

@@ -362,3 +362,30 @@ fn readiness_takes_the_downtimes_downtime_limit_takes() {
     );
     assert!(check(-1.0).is_err());
 }
+
+/// A null is refused wherever it is, named, as QEMU refuses it: serde read
+/// a null optional member as absent (`"cpu-index": null` limited every vCPU).
+#[test]
+fn a_null_argument_is_refused_not_read_as_absent() {
+    let e = args_err(
+        "set-vcpu-dirty-limit",
+        json!({"cpu-index": null, "dirty-rate": 100}),
+    );
+    assert_eq!(
+        e,
+        "set-vcpu-dirty-limit: parameter 'cpu-index': invalid type: null (leave a parameter out for its default)"
+    );
+    let e = args_err("migrate-set-parameters", json!({"downtime-limit": null}));
+    assert!(
+        e.contains("parameter 'downtime-limit': invalid type: null"),
+        "{e}"
+    );
+    let e = args_err(
+        "migrate-set-capabilities",
+        json!({"capabilities": [{"capability": "x-check-ram", "state": null}]}),
+    );
+    assert!(
+        e.contains("parameter 'capabilities[0].state': invalid type: null"),
+        "{e}"
+    );
+}

@@ -7,7 +7,8 @@
 //! counts the ring entries each vCPU has produced (harvested, whoever did it,
 //! and still in its ring: `DirtyLog::ring_entries_now`) and keeps a token
 //! bucket per vCPU: the limit accrues as bytes over time, at most
-//! [`burst`]'s worth (two looks' worth, not a period's), each entry spends
+//! [`burst`]'s worth (two looks' worth, not a period's; a period's for a
+//! vCPU whose last period was under its limit, [`Bucket`]), each entry spends
 //! 4 KiB, and a vCPU in debt sleeps until it is not. The vCPU thread looks
 //! after each ring-full exit and when its own timer kicks it out of
 //! `KVM_RUN`: [`SHORTEST_RUN`] after the limit is set, then after as long
@@ -192,11 +193,24 @@ pub(crate) struct PeriodFigures {
     pub(crate) per_round_us: u64,
 }
 
+/// The share of its limit under which a vCPU's period counts as under it
+/// (one held to its limit dirties at about the limit).
+const UNDER: f64 = 0.75;
+
 /// The vCPU thread's token bucket for its limit.
 #[derive(Debug)]
 pub(crate) struct Bucket {
     /// Bytes the vCPU may still dirty (negative: its debt).
     tokens: f64,
+    /// Whether its last period was under its limit ([`UNDER`]): it may
+    /// then save up a period's worth, not only a [`burst`]. A vCPU that
+    /// dirties under its limit on average may do it in bursts: a page
+    /// rewritten all the time is dirtied again all at once after each
+    /// period's harvest (a writer of 1 MB/s under a 2 MB/s limit slept
+    /// 400 ms a second for it). One held to its limit keeps the small
+    /// burst (see [`burst`]: a period's worth spent at full speed after a
+    /// reset broke a migration's last pass).
+    roomy: bool,
     /// When the tokens were last topped up.
     at: Instant,
     /// Ring entries counted so far.
@@ -226,6 +240,7 @@ impl Bucket {
     pub(crate) fn new(now: Instant, entries: u64, limit: u64, period: Duration) -> Bucket {
         Bucket {
             tokens: limit as f64 * burst(period).as_secs_f64(),
+            roomy: false,
             at: now,
             entries,
             next_check: now + SHORTEST_RUN,
@@ -278,7 +293,8 @@ impl Bucket {
         period: Duration,
     ) -> Duration {
         let limit = limit.max(1) as f64;
-        let most = limit * burst(period).as_secs_f64();
+        let room = if self.roomy { period } else { burst(period) };
+        let most = limit * room.as_secs_f64();
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + limit * elapsed).min(most);
         self.at = now;
@@ -319,12 +335,14 @@ impl Bucket {
     }
 
     /// At a look: when the period is over, its figures (and a new period
-    /// starts); `ring` is the ring's size in entries.
+    /// starts, with room for a period's worth if this one was under the
+    /// vCPU's `limit`, bytes/s); `ring` is the ring's size in entries.
     pub(crate) fn end_period(
         &mut self,
         now: Instant,
         period: Duration,
         ring: u64,
+        limit: u64,
     ) -> Option<PeriodFigures> {
         let (start, entries0, slept) = self.period;
         let elapsed = now.saturating_duration_since(start);
@@ -339,6 +357,7 @@ impl Bucket {
             crate::units::saturating_u64(slept.as_secs_f64() * 1e6 * ring as f64 / pages as f64)
         };
         self.period = (now, self.entries, Duration::ZERO);
+        self.roomy = rate <= UNDER * limit as f64;
         Some(PeriodFigures {
             rate: crate::units::saturating_u64(rate),
             per_round_us,
@@ -410,6 +429,38 @@ mod tests {
         );
     }
 
+    /// A vCPU whose period was under its limit may dirty a period's worth
+    /// at once (its pages again after the harvest) without sleeping; one
+    /// held at its limit keeps the small burst.
+    #[test]
+    fn a_vcpu_under_its_limit_may_burst_a_periods_worth_one_held_at_it_may_not() {
+        let t0 = Instant::now();
+        let period = Duration::from_secs(1);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // 1 MiB a period (a quarter of the limit), all in its first 10 ms:
+        // 256 pages where a burst holds about 20.
+        let mut b = Bucket::new(t0, 0, LIMIT, period);
+        assert!(
+            b.owe(at(10), 256, LIMIT, period) > Duration::ZERO,
+            "first period: small burst"
+        );
+        let f = b.end_period(at(1000), period, 4096, LIMIT).unwrap();
+        assert!(f.rate < LIMIT / 2);
+        let _ = b.owe(at(1000), 256, LIMIT, period);
+        assert_eq!(b.owe(at(1900), 256, LIMIT, period), Duration::ZERO);
+        assert_eq!(
+            b.owe(at(1910), 512, LIMIT, period),
+            Duration::ZERO,
+            "its 256 pages again at once, under its limit"
+        );
+        // Held at the limit: 1,024 pages a second.
+        let mut held = Bucket::new(t0, 0, LIMIT, period);
+        let _ = held.owe(at(1000), 1_024, LIMIT, period);
+        held.end_period(at(1000), period, 4096, LIMIT).unwrap();
+        let _ = held.owe(at(1900), 1_024, LIMIT, period);
+        assert!(held.owe(at(1910), 1_280, LIMIT, period) > Duration::ZERO);
+    }
+
     #[test]
     fn a_period_reports_its_rate_and_the_sleep_per_full_ring() {
         let t0 = Instant::now();
@@ -417,9 +468,13 @@ mod tests {
         let mut b = empty(t0, 0, period);
         let _ = b.owe(t0 + period / 2, 512, LIMIT, period);
         b.slept(Duration::from_millis(250));
-        assert_eq!(b.end_period(t0 + period / 2, period, 256), None, "not over");
+        assert_eq!(
+            b.end_period(t0 + period / 2, period, 256, LIMIT),
+            None,
+            "not over"
+        );
         let _ = b.owe(t0 + period * 2, 1_024, LIMIT, period);
-        let f = b.end_period(t0 + period * 2, period, 256).unwrap();
+        let f = b.end_period(t0 + period * 2, period, 256, LIMIT).unwrap();
         assert_eq!(f.rate, 1_024 * 4096 / 2);
         // 250 ms for four rings of 256 entries.
         assert_eq!(f.per_round_us, 62_500);

@@ -406,7 +406,7 @@ impl Vcpu {
         let ring = u64::from(dirty.ring_size().unwrap_or(0));
         let shared = &self.shared;
         let publish = |bucket: &mut dirty_limit::Bucket, at| {
-            if let Some(f) = bucket.end_period(at, period, ring) {
+            if let Some(f) = bucket.end_period(at, period, ring, limit) {
                 shared.dirty_limit.publish(f);
             }
         };

@@ -369,10 +369,12 @@ impl Baseline {
                 });
             }
         }
+        let upto = start.iter().map(|s| (s.map(|(r, _)| r), None)).collect();
         Period {
             id,
             vcpus: self.vcpus,
             start,
+            upto,
             started: Instant::now(),
             ended: false,
         }
@@ -387,6 +389,9 @@ pub(crate) struct Period {
     vcpus: Vec<Arc<VcpuShared>>,
     /// Per vCPU: the reading at the start and the rates before it.
     start: Vec<Option<(Reading, Rates)>>,
+    /// Per vCPU: the last reading measured to, and its excess from the
+    /// start up to it (`None` before a first measure).
+    upto: Vec<(Option<Reading>, Option<Excess>)>,
     started: Instant,
     /// [`Period::end`] ran.
     ended: bool,
@@ -441,23 +446,33 @@ impl Period {
 
     /// The stall from the start until now: per vCPU, its faults beyond its
     /// rate before at [`fault_cost()`] each, and its time in ring-full exits.
-    pub(crate) fn stall(&self) -> Stall {
+    /// Each measure adds the excess since the last one, so the figure never
+    /// goes down: a quiet spell (a vCPU held paused at a migration's stop,
+    /// or throttled) does not take back what an earlier spell lost, as one
+    /// difference from the start did (a migration's `x-guest-stall` read
+    /// 276 ms at one pass and 78 ms at the next).
+    pub(crate) fn stall(&mut self) -> Stall {
         self.measure().0
     }
 
     /// [`Period::stall`], with each vCPU's reading it was taken from.
-    fn measure(&self) -> (Stall, Vec<Option<Reading>>) {
+    fn measure(&mut self) -> (Stall, Vec<Option<Reading>>) {
         let mut stall = Stall {
             period: self.started.elapsed(),
             ..Stall::default()
         };
         let mut readings = Vec::with_capacity(self.vcpus.len());
-        for (v, start) in self.vcpus.iter().zip(&self.start) {
+        for ((v, start), (last, sum)) in self.vcpus.iter().zip(&self.start).zip(&mut self.upto) {
             let now = read(v);
-            let e = match (start, &now) {
-                (Some((s, rates)), Some(n)) => excess(s, rates, n),
-                _ => Excess::default(),
-            };
+            if let (Some((_, rates)), Some(from), Some(n)) = (start, *last, now) {
+                let e = excess(&from, rates, &n);
+                *sum = Some(match sum.take() {
+                    Some(so_far) => so_far.and(e),
+                    None => e,
+                });
+                *last = Some(n);
+            }
+            let e = sum.unwrap_or_default();
             stall.vcpus.push(e.lost);
             stall.faults.push(e.faults);
             stall.system.push(e.system);
@@ -469,7 +484,7 @@ impl Period {
 }
 
 /// What one vCPU did beyond its rates before, from one reading to another.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
 struct Excess {
     /// Its stall: the larger of the measured system time and the counted
     /// faults and ring-full exits, plus the time it waited for a CPU, at
@@ -482,6 +497,20 @@ struct Excess {
     /// Time waiting for a CPU beyond its rate (`None`: `/proc` unreadable,
     /// or no rate before to measure it against).
     waited: Option<Duration>,
+}
+
+impl Excess {
+    /// This excess and the next one's, added up (a measure unreadable in
+    /// either is unreadable in both).
+    fn and(self, next: Excess) -> Excess {
+        let add = |a: Option<Duration>, b: Option<Duration>| a.zip(b).map(|(a, b)| a + b);
+        Excess {
+            lost: self.lost + next.lost,
+            faults: self.faults + next.faults,
+            system: add(self.system, next.system),
+            waited: add(self.waited, next.waited),
+        }
+    }
 }
 
 /// One vCPU's excess from `s` (with the rates before it) to `n`.
@@ -527,6 +556,35 @@ mod tests {
             wait_ns: None,
             fault_ns: DEFAULT_FAULT_NS,
         }
+    }
+
+    /// A period's figure adds up its excess from one measure to the next: a
+    /// quiet second after a stalled one (the vCPU held paused at a
+    /// migration's stop) leaves what the first lost, where one difference
+    /// from the start took the quiet second's usual rate off it.
+    #[test]
+    fn a_quiet_spell_does_not_take_back_what_an_earlier_one_lost() {
+        let t0 = Instant::now();
+        let (t1, t2) = (t0 + Duration::from_secs(1), t0 + Duration::from_secs(2));
+        let before = Rates {
+            faults: 0.0,
+            system_ns: 50_000_000.0,
+            wait_ns: Some(0.0),
+        };
+        let (r0, r1, r2) = (
+            reading(t0, 0, Some(0)),
+            reading(t1, 0, Some(250)),
+            // Paused: nothing moved in the second second.
+            reading(t2, 0, Some(250)),
+        );
+        let stalled = excess(&r0, &before, &r1);
+        assert_eq!(stalled.lost, Duration::from_millis(200));
+        let quiet = excess(&r1, &before, &r2);
+        assert_eq!(quiet.lost, Duration::ZERO);
+        assert_eq!(stalled.and(quiet).lost, Duration::from_millis(200));
+        assert_eq!(stalled.and(quiet).system, Some(Duration::from_millis(200)));
+        // One difference over both seconds: 250 ms against 100 usual.
+        assert_eq!(excess(&r0, &before, &r2).lost, Duration::from_millis(150));
     }
 
     #[test]
