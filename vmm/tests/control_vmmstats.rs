@@ -156,3 +156,43 @@ fn a_readiness_measurement_is_published_with_its_instant() {
     assert!((published - window).abs() < 1e3, "{published} ns: {r}");
     vm.quit();
 }
+
+/// The periodic measurement measures a running guest only: stopped (or
+/// migrated away), none is taken and the figures keep their instant; they
+/// come again after `cont` (a postmigrate source published a fresh
+/// "converges" every period for a guest that had left).
+#[test]
+fn the_periodic_measurement_waits_while_the_guest_is_stopped() {
+    require_kvm!();
+    let vm = ServedVm::start_with("own-periodic-stop", MEM, 1, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Bitmap);
+        c.readiness_every = Some(kvmscope::control::Periodic {
+            period: Duration::from_millis(1500),
+            window: Duration::from_millis(200),
+        });
+    });
+    let mut c = vm.client();
+    let vm_fd = own_fds(&mut c, "vm").remove(0);
+    let published = |what: &str| {
+        common::wait_for(what, Duration::from_secs(20), || {
+            Some(value(&vm_fd, "readiness_at_ns")).filter(|&at| at > 0)
+        })
+    };
+    let first = published("a first periodic measurement");
+    c.execute("stop", json!({})).unwrap();
+    // Whatever was under way when it stopped ends within its window.
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = value(&vm_fd, "readiness_at_ns");
+    assert!(stopped >= first);
+    std::thread::sleep(Duration::from_millis(4000));
+    assert_eq!(
+        value(&vm_fd, "readiness_at_ns"),
+        stopped,
+        "no measurement while the guest is stopped"
+    );
+    c.execute("cont", json!({})).unwrap();
+    common::wait_for("a measurement after cont", Duration::from_secs(20), || {
+        (value(&vm_fd, "readiness_at_ns") > stopped).then_some(())
+    });
+    vm.quit();
+}

@@ -346,3 +346,31 @@ fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
         (&json!(20), &json!(10), &json!(99))
     );
 }
+
+/// A stop the round limit forced over the downtime limit says so in the
+/// final record (a forced 680 ms stop read as any completed migration).
+#[test]
+fn a_stop_forced_by_the_round_limit_says_so_when_completed() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = busy_guest("conv-forced");
+    let dest = Dest::start("conv-forced-dst", |_, _| {});
+    let info = migrate(
+        &src,
+        &dest.uri,
+        json!({"max-bandwidth": 20_000_000, "downtime-limit": 20, "x-max-rounds": 2}),
+    );
+    common::migration::assert_completed(&info);
+    let (wire, _) = src.client().execute("query-migrate", json!({})).unwrap();
+    let downtime = wire["downtime"].as_u64().expect("downtime");
+    assert!(downtime > 20, "the stop was over the limit: {wire}");
+    let note = wire["x-not-converging"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("the stop was forced by x-max-rounds 2 after 2 passes")
+            && note.contains(&format!(
+                "a {downtime} ms downtime, over the 20 ms downtime limit"
+            )),
+        "{wire}"
+    );
+    dest.quit();
+}

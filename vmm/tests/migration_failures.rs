@@ -157,6 +157,16 @@ fn assert_source_runs_on(src: &ServedVm, info: &kvmscope::migration::MigrationIn
     assert_eq!(value(&r[1], 0), 1, "and it runs");
 }
 
+/// The failure is said as what happened: a destination that closed the
+/// connection ("Broken pipe (os error 32)" named no one).
+fn assert_closed(info: &kvmscope::migration::MigrationInfo) {
+    let why = info.error_desc.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("the destination closed the connection"),
+        "{why}"
+    );
+}
+
 /// A source whose vCPU 1 rewrites 4 MiB as fast as it can, running before
 /// this returns: every pass finds pages dirtied, so a migration with a
 /// downtime limit of 0 never stops by itself (a paced writer could leave a
@@ -182,6 +192,7 @@ fn a_destination_that_dies_in_pass_0_leaves_the_source_running() {
     let (uri, fake) = fake_destination("mig-die0-dst", Plan::DieInPass(0));
     let info = migrate(&src, &uri, json!({"downtime-limit": 0}));
     fake.join().unwrap();
+    assert_closed(&info);
     assert_source_runs_on(&src, &info);
 }
 
@@ -194,6 +205,7 @@ fn a_destination_that_dies_in_a_later_pass_leaves_the_source_running() {
     let info = migrate(&src, &uri, json!({"downtime-limit": 0}));
     fake.join().unwrap();
     assert!(info.ram.as_ref().unwrap().dirty_sync_count >= 2, "{info:?}");
+    assert_closed(&info);
     assert_source_runs_on(&src, &info);
 }
 
@@ -205,6 +217,7 @@ fn a_destination_that_dies_after_the_vcpus_stopped_leaves_the_source_running() {
     let (uri, fake) = fake_destination("mig-die-dev-dst", Plan::DieAtDeviceState);
     let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
     fake.join().unwrap();
+    assert_closed(&info);
     assert_source_runs_on(&src, &info);
 }
 

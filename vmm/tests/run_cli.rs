@@ -114,7 +114,7 @@ fn empty_names_counts_and_patterns_are_refused_once_each_naming_the_flag() {
         (
             &["watch", "--socket", "/nonexistent", "--count", "0"][..],
             2,
-            "--count",
+            "at least 1 refresh",
         ),
         (
             &[

@@ -526,10 +526,14 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
     // MB/s a ring of 65,536 pages takes minutes.
     let secs = |us: u64| us as f64 / 1e6;
     if let Some(t) = info.dirty_limit_throttle_time_per_round {
+        let said = if t == 0 {
+            "no vCPU slept for its limit over its last period, or none has ended yet".to_string()
+        } else {
+            format!("{:.1} s", secs(t))
+        };
         let _ = writeln!(
             s,
-            "dirty-limit throttle time per round: {t} us ({:.1} s; QEMU's figure: the sleep a ring's worth of pages would cost at the limit, not time the guest lost: that is the vCPU time throttled below)",
-            secs(t)
+            "dirty-limit throttle time per round: {t} us ({said}; QEMU's figure: the longest any vCPU slept per ring's worth of pages it dirtied over its last period, not time the guest lost: that is the vCPU time throttled below)",
         );
     }
     if let Some(t) = info.dirty_limit_ring_full_time {

@@ -234,12 +234,18 @@ impl Handler {
     }
 
     /// Called on the plane's periodic sweep: starts the periodic readiness
-    /// measurement when it is due.
+    /// measurement when it is due and the guest runs (a paused guest, or one
+    /// migrated away, has nothing to measure: its figures stay as they were,
+    /// their age growing; a postmigrate source published a fresh "converges"
+    /// every period for a guest that had left).
     pub(crate) fn on_sweep(&mut self) {
         if let (Some(periodic), Some(due)) = (self.ctx.periodic, self.periodic_due) {
             let now = std::time::Instant::now();
             if now >= due {
-                if let Some(stop) =
+                let state = self.ctx.run_state.get();
+                if !state.is_running() {
+                    log::debug!("control: periodic readiness skipped: the VM is {state:?}");
+                } else if let Some(stop) =
                     deferred::periodic_readiness(&self.ctx, periodic, &self.readiness_busy)
                 {
                     self.periodic_stop.set(Some(stop));

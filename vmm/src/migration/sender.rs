@@ -90,6 +90,12 @@ pub enum Error {
     /// The destination answered REFUSED; its message is given.
     #[error("the destination refused the stream: {0}")]
     Refused(String),
+    /// The destination closed the connection, saying nothing (what it was
+    /// to do then, and the socket's error).
+    #[error(
+        "the destination closed the connection (it exited, or was stopped) when it was to {0}"
+    )]
+    Gone(&'static str, #[source] std::io::Error),
     /// Subscribing to or syncing the dirty log failed.
     #[error("dirty tracking")]
     Dirty(#[from] dirty::Error),
@@ -385,6 +391,17 @@ impl<'a> Precopy<'a> {
             Err(Error::Stream(format::Error::Io(e))) if !self.m.cancelled() => {
                 match self.w.as_mut().map(|w| read_refusal(w.inner())) {
                     Some(Some(why)) => Err(Error::Refused(why)),
+                    // Said as what happened: "Broken pipe (os error 32)"
+                    // named no one.
+                    _ if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::BrokenPipe
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::UnexpectedEof
+                    ) =>
+                    {
+                        Err(Error::Gone(what(self.awaiting_reply), e))
+                    }
                     _ => Err(Error::Stream(format::Error::Io(e))),
                 }
             }
@@ -711,10 +728,22 @@ impl<'a> Precopy<'a> {
         step("destination completed");
         let downtime = crate::units::millis(stopped.elapsed());
         let ram = self.ram.clone();
+        // A stop the round limit forced, over the downtime limit, says so
+        // in the final record (it read as any completed migration).
+        let p = self.m.parameters();
+        let forced = (p.x_max_rounds != 0
+            && self.pass >= p.x_max_rounds
+            && downtime > p.downtime_limit)
+            .then(|| {
+                format!(
+                    "the stop was forced by x-max-rounds {} after {} passes: a {downtime} ms downtime, over the {} ms downtime limit",
+                    p.x_max_rounds, self.pass, p.downtime_limit
+                )
+            });
         self.m.update(|i| {
             i.downtime = Some(downtime);
             i.ram = Some(ram);
-            i.x_not_converging = None;
+            i.x_not_converging = forced;
         });
         Ok(())
     }

@@ -11,7 +11,7 @@ use kvmscope::workload::{parse_workload, Workload};
 
 use crate::values::{
     calc_time, fault_cost, guest_memory, listen_addr, max_downtime, non_empty_name,
-    readiness_bandwidth, samples_file, stat_pattern, vcpu_count,
+    readiness_bandwidth, refresh_count, samples_file, stat_pattern, vcpu_count,
 };
 
 #[derive(Parser)]
@@ -274,7 +274,7 @@ pub(crate) struct WatchArgs {
     #[arg(long, value_name = "NAMES", value_delimiter = ',', value_parser = stat_pattern)]
     pub(crate) names: Option<Vec<String>>,
     /// Stop after N refreshes (at least 1).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = refresh_count)]
     pub(crate) count: Option<u64>,
     /// The VM's stats (with neither --vm nor --vcpu: the VM and every vCPU).
     #[arg(long)]
@@ -460,8 +460,9 @@ pub(crate) struct RunArgs {
     /// page it writes with the default ring or the bitmap (by default 0.5 s
     /// every 90 s: 0.03-0.15 % measured, 0.55-0.7 % with ring:4096;
     /// docs/BENCHMARKS.md). The first a second after start, then every DUR
-    /// (each start within the control thread's sweep, at most a second late).
-    /// Needs --socket and --dirty-log.
+    /// (each start within the control thread's sweep, at most a second late),
+    /// while the guest runs: paused or migrated away, none is taken and the
+    /// figures keep their age. Needs --socket and --dirty-log.
     #[arg(
         long,
         value_name = "DUR",

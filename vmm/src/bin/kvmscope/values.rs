@@ -123,6 +123,16 @@ pub(crate) fn vcpu_count(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `watch --count`: at least one refresh (clap's range said "0 is not in
+/// 1..18446744073709551615").
+pub(crate) fn refresh_count(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("at least 1 refresh (leave --count out to refresh until stopped)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a number of refreshes: {e}")),
+    }
+}
+
 /// `--name`: a VM's name labels its metrics and answers `query-name`; an
 /// empty one would label it `vm=""`.
 pub(crate) fn non_empty_name(text: &str) -> Result<String, String> {
