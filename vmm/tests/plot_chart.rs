@@ -383,3 +383,32 @@ fn a_series_whose_vcpus_lost_time_gets_a_panel_of_the_shares_lost() {
     let texts = texts(&doc);
     assert!(texts.iter().any(|t| t == "vCPU time lost (%)"), "{texts:?}");
 }
+
+/// A long series is drawn a pixel column at a time: at most four vertices a
+/// column per line (and those shared at the cuts of a wide line), the column's highest and lowest kept (a 30,000-sample
+/// series drew a 3.2 MB SVG; a path through the kept points covers the
+/// same pixels).
+#[test]
+fn a_long_series_keeps_each_columns_extremes_not_every_sample() {
+    let (_, base) = experiment();
+    let n = 40_000u64;
+    let points: Vec<Point> = (0..n)
+        .map(|i| Point {
+            seq: i,
+            time_s: i as f64 * 0.001,
+            // A saw of period 7 samples: every column spans 0 to 6 pages.
+            pages_4k: (i % 7) * 4096,
+            pages_2m: 0,
+            ..base[0].clone()
+        })
+        .collect();
+    let svg = svg_of(&points, &opts());
+    let doc = Document::parse(&svg).expect("xml");
+    let total = lines(&doc, plot::TOTAL_COLOR);
+    let vertices: usize = total.iter().sum();
+    // Four a column and the vertices wide lines share where they are cut
+    // at sharp turns; one a sample before.
+    assert!(vertices <= 6 * 1200, "{vertices} vertices for {n} samples");
+    assert!(vertices >= 2 * 600, "every column drawn: {vertices}");
+    assert!(svg.len() < 2 << 20, "{} bytes", svg.len());
+}

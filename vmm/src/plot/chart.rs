@@ -413,9 +413,10 @@ impl<'a> Chart<'a> {
                 .map(|(b, p)| b + layer_bytes(p, k))
                 .collect();
             let at = |(p, b): (&&Point, &f64)| (p.time_s, self.bytes.y(*b));
-            let upper = self.points.iter().zip(&above).map(at);
-            let lower = self.points.iter().zip(&below).rev().map(at);
-            let outline: Vec<(f64, f64)> = upper.chain(lower).collect();
+            let spec = chart.as_coord_spec();
+            let upper = thinned(self.points.iter().zip(&above).map(at).collect(), spec);
+            let lower = thinned(self.points.iter().zip(&below).rev().map(at).collect(), spec);
+            let outline: Vec<(f64, f64)> = upper.into_iter().chain(lower).collect();
             chart.draw_series(std::iter::once(Polygon::new(outline, fill.filled())))?;
             below = above;
         }
@@ -616,6 +617,7 @@ fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
         chart.draw_series(std::iter::once(Circle::new(only, 3, style.color.filled())))?;
         return Ok(());
     }
+    let points = thinned(points, chart.as_coord_spec());
     let pieces = if style.stroke_width > 1 {
         let spec = chart.as_coord_spec();
         let px: Vec<(i32, i32)> = points.iter().map(|p| spec.translate(p)).collect();
@@ -630,6 +632,51 @@ fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
         start = end;
     }
     Ok(())
+}
+
+/// `points` as a path draws them one pixel column at a time: of the points
+/// that fall in one column, the first, the highest, the lowest and the
+/// last, in their order. A path through these covers the pixels a path
+/// through all does (each column: the way in, its whole height, the way
+/// out), with at most four points a column: a 30,000-sample series drew a
+/// 3.2 MB SVG, a day's at 100 ms would draw some 90 MB.
+fn thinned<Y: Ranged<ValueType = f64>>(
+    points: Vec<(f64, f64)>,
+    spec: &Cartesian2d<RangedCoordf64, Y>,
+) -> Vec<(f64, f64)> {
+    let px: Vec<(i32, i32)> = points.iter().map(|p| spec.translate(p)).collect();
+    column_extremes(&px)
+        .into_iter()
+        .map(|i| points[i])
+        .collect()
+}
+
+/// Indexes of [`thinned`]'s points: per run of consecutive pixels in one
+/// column, the first, the highest, the lowest and the last.
+fn column_extremes(px: &[(i32, i32)]) -> Vec<usize> {
+    let mut keep = Vec::new();
+    let mut i = 0;
+    while i < px.len() {
+        let (mut last, mut high, mut low) = (i, i, i);
+        while px.get(last + 1).is_some_and(|p| p.0 == px[i].0) {
+            last += 1;
+            if px[last].1 < px[high].1 {
+                high = last;
+            }
+            if px[last].1 > px[low].1 {
+                low = last;
+            }
+        }
+        let mut column = [i, high, low, last];
+        column.sort_unstable();
+        for k in column {
+            if keep.last() != Some(&k) {
+                keep.push(k);
+            }
+        }
+        i = last + 1;
+    }
+    keep
 }
 
 /// Indexes of the vertices of a pixel path where it turns by more than a
@@ -779,6 +826,37 @@ fn shorten(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Per column of pixels, a path keeps the way in, its top and bottom
+    /// and the way out, in order; a column of one or two points keeps them.
+    #[test]
+    fn a_path_keeps_four_points_a_pixel_column_at_most() {
+        let px = [
+            (0, 5),
+            (1, 5),
+            (1, 9),
+            (1, 1),
+            (1, 4),
+            (1, 6),
+            (2, 3),
+            (2, 3),
+            (3, 0),
+        ];
+        assert_eq!(column_extremes(&px), [0, 1, 2, 3, 5, 6, 7, 8]);
+        let flat: Vec<(i32, i32)> = (0..10_000).map(|i| (i / 1000, i % 7)).collect();
+        let kept = column_extremes(&flat);
+        assert!(kept.len() <= 40, "{}", kept.len());
+        for column in 0..10 {
+            let ys: Vec<i32> = kept
+                .iter()
+                .filter(|&&k| flat[k].0 == column)
+                .map(|&k| flat[k].1)
+                .collect();
+            assert_eq!(ys.iter().min(), Some(&0), "column {column}: {ys:?}");
+            assert_eq!(ys.iter().max(), Some(&6), "column {column}: {ys:?}");
+        }
+        assert!(column_extremes(&[]).is_empty());
+    }
 
     #[test]
     fn lost_shares_are_per_interval_and_skip_counts_that_went_down() {
