@@ -370,6 +370,18 @@ pub fn parse_csv(text: &str) -> Result<(SeriesHeader, Vec<Point>), ParseError> {
         }
         let k0 = 8 + kvm_stats.len();
         let point = points.last_mut().ok_or(ParseError::NoHeader)?;
+        // A sample's rows are its vCPUs in order: a row of another vCPU
+        // (rows sorted by vCPU, or one left out) would be read as the next.
+        let vcpu = int(6)?;
+        if vcpu != point.vcpus.len() as u64 {
+            return Err(ParseError::Bad {
+                line,
+                what: format!(
+                    "sample {seq}'s row of vCPU {vcpu} where vCPU {} comes: a sample's rows are read in vCPU order, one a vCPU",
+                    point.vcpus.len()
+                ),
+            });
+        }
         let (int_or_0, float_or_0) = (
             |k: usize| if guest { int(k) } else { Ok(0) },
             |k: usize| if guest { float(k) } else { Ok(0.0) },
@@ -507,6 +519,33 @@ mod tests {
         let (h2, pts2) = parse_csv(&text).unwrap();
         assert_eq!(pts2, pts);
         assert_eq!(h2.kvm_stats, h.kvm_stats);
+    }
+
+    /// A sample's rows are read in vCPU order, each checked against its
+    /// `vcpu` cell: rows sorted by vCPU (a spreadsheet's) were read as other
+    /// vCPUs' and other samples'.
+    #[test]
+    fn csv_rows_out_of_vcpu_order_are_refused_naming_the_row() {
+        let (h, pts) = sample_series();
+        let rows: Vec<String> = pts
+            .iter()
+            .flat_map(|p| p.to_csv().lines().map(str::to_string).collect::<Vec<_>>())
+            .collect();
+        assert!(rows.len() >= 4, "two samples of two vCPUs");
+        // Sorted by the vcpu column: sample 1's vCPU 0, sample 2's vCPU 0, ...
+        let mut sorted = rows.clone();
+        sorted.sort_by_key(|r| r.split(',').nth(6).map(str::to_string));
+        let text = h.csv_columns() + "\n" + &sorted.join("\n") + "\n";
+        match parse_csv(&text) {
+            Err(ParseError::Bad { line, what }) => {
+                assert!(what.contains("row of vCPU 1 where vCPU 0 comes"), "{what}");
+                assert_eq!(
+                    line, 4,
+                    "sample 1 again, after sample 2's first row: {what}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
