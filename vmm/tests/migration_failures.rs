@@ -51,6 +51,8 @@ enum Plan {
     Record,
     /// Take the whole stream, never answer, and hang up once the source does.
     SilentAtEnd,
+    /// Take the whole stream and hang up at once, answering nothing.
+    ClosedAtEnd,
     /// Take the whole stream, answer COMPLETED with its message cut short,
     /// and hang up.
     CompletedCut,
@@ -89,6 +91,10 @@ fn fake_destination(test: &str, plan: Plan) -> (String, JoinHandle<Vec<u8>>) {
                 _ => false,
             };
             if dies {
+                return Vec::new();
+            }
+            if kind == Kind::End && plan == Plan::ClosedAtEnd {
+                r.finish(len).unwrap();
                 return Vec::new();
             }
             if kind == Kind::End && plan == Plan::SilentAtEnd {
@@ -218,6 +224,24 @@ fn a_destination_that_dies_after_the_vcpus_stopped_leaves_the_source_running() {
     let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
     fake.join().unwrap();
     assert_closed(&info);
+    assert_source_runs_on(&src, &info);
+}
+
+/// A destination that takes the whole stream and hangs up cleanly, with no
+/// answer, is named (it read "the source cancelled the migration, failed
+/// or was killed", the destination's own words for a cut stream); it will
+/// not run the guest, which runs on here.
+#[test]
+fn a_destination_that_hangs_up_instead_of_answering_is_named() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = touched_source("mig-closed-end");
+    let (uri, fake) = fake_destination("mig-closed-end-dst", Plan::ClosedAtEnd);
+    let info = migrate(&src, &uri, json!({"downtime-limit": 300}));
+    fake.join().unwrap();
+    assert_closed(&info);
+    let why = info.error_desc.as_deref().unwrap_or_default();
+    assert!(why.contains("when it was to answer"), "{why}");
     assert_source_runs_on(&src, &info);
 }
 

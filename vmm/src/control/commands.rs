@@ -244,8 +244,12 @@ impl Handler {
             if now >= due {
                 let state = self.ctx.run_state.get();
                 if !state.is_running() {
-                    log::debug!("control: periodic readiness skipped: the VM is {state:?}");
-                } else if let Some(stop) =
+                    // Due still: taken at the first sweep after the guest
+                    // runs again, not a whole period later.
+                    log::debug!("control: periodic readiness waits: the VM is {state:?}");
+                    return;
+                }
+                if let Some(stop) =
                     deferred::periodic_readiness(&self.ctx, periodic, &self.readiness_busy)
                 {
                     self.periodic_stop.set(Some(stop));

@@ -385,6 +385,8 @@ pub(crate) const REPLY_MAGIC: [u8; 4] = *b"KSMR";
 pub const REPLY_READY: u32 = 1;
 /// Everything arrived and checked out; the destination resumes the guest.
 pub const REPLY_COMPLETED: u32 = 2;
+/// What a reply cut at the stream's end is named, in [`Error::Truncated`].
+pub(crate) const REPLY_WHAT: &str = "the destination's reply";
 /// The destination refuses the stream (the message says why).
 pub(crate) const REPLY_REFUSED: u32 = 3;
 
@@ -687,7 +689,7 @@ pub(crate) fn read_reply(input: &mut impl Read) -> Result<(u32, String), Error> 
     input
         .read_exact(h.as_mut_bytes())
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => Error::Truncated("the destination's reply"),
+            std::io::ErrorKind::UnexpectedEof => Error::Truncated(REPLY_WHAT),
             _ => Error::Io(e),
         })?;
     if h.magic != REPLY_MAGIC {

@@ -278,6 +278,8 @@ struct Precopy<'a> {
     prev_dirty: Option<u64>,
     /// Whether the last pass was said not to converge (`x-not-converging`).
     not_converging: bool,
+    /// The round limit in force when it forced the stop, if it did.
+    forced_by_rounds: Option<u64>,
     /// The pass in progress, for live `remaining` and `mbps`.
     live: PassProgress,
     /// The vCPUs' time outside the guest before the dirty log is taken.
@@ -320,6 +322,7 @@ impl<'a> Precopy<'a> {
             expected: 0,
             prev_dirty: None,
             not_converging: false,
+            forced_by_rounds: None,
             live: PassProgress {
                 pages: 0,
                 from: (0, Instant::now(), 0),
@@ -404,6 +407,14 @@ impl<'a> Precopy<'a> {
                     }
                     _ => Err(Error::Stream(format::Error::Io(e))),
                 }
+            }
+            // The stream's end where a reply was awaited: a destination that
+            // closed cleanly, saying nothing.
+            Err(Error::Stream(format::Error::Truncated(what_cut)))
+                if what_cut == format::REPLY_WHAT && !self.m.cancelled() =>
+            {
+                let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                Err(Error::Gone(what(self.awaiting_reply), eof))
             }
             other => other,
         }
@@ -597,10 +608,14 @@ impl<'a> Precopy<'a> {
     /// Whether to stop now: the stop, with what is left at the last pass's
     /// rate, fits the downtime limit (`wire::stop_fits`), or the round
     /// limit is reached.
-    fn fits(&self, dirty: &Bitmap) -> bool {
+    /// A stop the round limit forces where the downtime limit would not
+    /// have stopped is noted (`forced_by_rounds`).
+    fn fits(&mut self, dirty: &Bitmap) -> bool {
         let p = self.m.parameters();
-        (p.x_max_rounds != 0 && self.pass >= p.x_max_rounds)
-            || wire::stop_fits(self.expected, dirty.count(), p.downtime_limit)
+        let fits = wire::stop_fits(self.expected, dirty.count(), p.downtime_limit);
+        let rounds = p.x_max_rounds != 0 && self.pass >= p.x_max_rounds;
+        self.forced_by_rounds = (rounds && !fits).then_some(p.x_max_rounds);
+        fits || rounds
     }
 
     /// How long the stop may take, all told, from the last sync of the dirty
@@ -731,13 +746,13 @@ impl<'a> Precopy<'a> {
         // A stop the round limit forced, over the downtime limit, says so
         // in the final record (it read as any completed migration).
         let p = self.m.parameters();
-        let forced = (p.x_max_rounds != 0
-            && self.pass >= p.x_max_rounds
-            && downtime > p.downtime_limit)
-            .then(|| {
+        let forced = self
+            .forced_by_rounds
+            .filter(|_| downtime > p.downtime_limit)
+            .map(|rounds| {
                 format!(
-                    "the stop was forced by x-max-rounds {} after {} passes: a {downtime} ms downtime, over the {} ms downtime limit",
-                    p.x_max_rounds, self.pass, p.downtime_limit
+                    "the stop was forced by x-max-rounds {rounds} after {} passes: a {downtime} ms downtime, over the {} ms downtime limit",
+                    self.pass, p.downtime_limit
                 )
             });
         self.m.update(|i| {

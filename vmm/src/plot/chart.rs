@@ -403,6 +403,14 @@ impl<'a> Chart<'a> {
         let title = self.title("mapped guest memory", "mapped memory");
         self.panel(&mut chart, title, &label)?;
         let mut below = vec![0.0; self.points.len()];
+        let at = |(p, b): (&&Point, &f64)| (p.time_s, self.bytes.y(*b));
+        // Each boundary thinned once: a layer's top is the next one's
+        // bottom, point for point (thinned apart, the two could keep
+        // different samples where a column ties, and leave a seam).
+        let mut lower = thinned(
+            self.points.iter().zip(&below).map(at).collect(),
+            chart.as_coord_spec(),
+        );
         for (k, (_, fill, _)) in LAYERS.iter().enumerate() {
             if !self.layers[k] {
                 continue;
@@ -412,13 +420,15 @@ impl<'a> Chart<'a> {
                 .zip(&self.points)
                 .map(|(b, p)| b + layer_bytes(p, k))
                 .collect();
-            let at = |(p, b): (&&Point, &f64)| (p.time_s, self.bytes.y(*b));
-            let spec = chart.as_coord_spec();
-            let upper = thinned(self.points.iter().zip(&above).map(at).collect(), spec);
-            let lower = thinned(self.points.iter().zip(&below).rev().map(at).collect(), spec);
-            let outline: Vec<(f64, f64)> = upper.into_iter().chain(lower).collect();
+            let upper = thinned(
+                self.points.iter().zip(&above).map(at).collect(),
+                chart.as_coord_spec(),
+            );
+            let outline: Vec<(f64, f64)> =
+                upper.iter().chain(lower.iter().rev()).copied().collect();
             chart.draw_series(std::iter::once(Polygon::new(outline, fill.filled())))?;
             below = above;
+            lower = upper;
         }
         let total: Vec<(f64, f64)> = self
             .points
@@ -636,10 +646,12 @@ fn draw_line<DB: DrawingBackend, Y: Ranged<ValueType = f64>>(
 
 /// `points` as a path draws them one pixel column at a time: of the points
 /// that fall in one column, the first, the highest, the lowest and the
-/// last, in their order. A path through these covers the pixels a path
+/// last, in their order. A line through these covers the pixels a line
 /// through all does (each column: the way in, its whole height, the way
 /// out), with at most four points a column: a 30,000-sample series drew a
-/// 3.2 MB SVG, a day's at 100 ms would draw some 90 MB.
+/// 3.2 MB SVG, a day's at 100 ms would draw some 90 MB. A filled outline
+/// differs within a column only (its edge is drawn between the kept
+/// points).
 fn thinned<Y: Ranged<ValueType = f64>>(
     points: Vec<(f64, f64)>,
     spec: &Cartesian2d<RangedCoordf64, Y>,

@@ -161,7 +161,9 @@ pub struct MigrationInfo {
     /// Why it failed, as an error chain, with `status` `failed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_desc: Option<String>,
-    /// kvmscope: why the rounds are not converging, while they are not.
+    /// kvmscope: why the rounds are not converging, while they are not; in
+    /// a completed migration's record, that the round limit forced its
+    /// stop over the downtime limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) x_not_converging: Option<String>,
     /// kvmscope: `postmigrate` on a source whose guest has left.

@@ -409,8 +409,10 @@ pub fn parse(bytes: &[u8]) -> Result<Request, RequestError> {
             format!("The command {shown} has not been found"),
         ));
     }
-    let command = not_null(&arguments, None)
-        .and_then(|()| typed(&name, &arguments))
+    // Typed first: a member the command does not take is named as such,
+    // null or not.
+    let command = typed(&name, &arguments)
+        .and_then(|c| not_null(&arguments, None).map(|()| c))
         .and_then(Command::checked)
         .map_err(|desc| generic(&format!("{name}: {desc}")))?;
     Ok(Request { id, command })

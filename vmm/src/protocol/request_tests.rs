@@ -382,10 +382,16 @@ fn a_null_argument_is_refused_not_read_as_absent() {
     );
     let e = args_err(
         "migrate-set-capabilities",
-        json!({"capabilities": [{"capability": "x-check-ram", "state": null}]}),
+        json!({"capabilities": [{"capability": "auto-converge", "state": null}]}),
     );
     assert!(
         e.contains("parameter 'capabilities[0].state': invalid type: null"),
         "{e}"
     );
+    // A member the command does not take is named as such, null or not.
+    let e = args_err(
+        "set-vcpu-dirty-limit",
+        json!({"tls-creds": null, "dirty-rate": 1}),
+    );
+    assert!(e.contains("parameter 'tls-creds' is unexpected"), "{e}");
 }

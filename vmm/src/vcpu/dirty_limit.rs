@@ -197,20 +197,29 @@ pub(crate) struct PeriodFigures {
 /// (one held to its limit dirties at about the limit).
 const UNDER: f64 = 0.75;
 
+/// How much more than it dirtied in its last period a vCPU under its limit
+/// may save up.
+const ROOM_MARGIN: f64 = 1.25;
+
 /// The vCPU thread's token bucket for its limit.
 #[derive(Debug)]
 pub(crate) struct Bucket {
     /// Bytes the vCPU may still dirty (negative: its debt).
     tokens: f64,
-    /// Whether its last period was under its limit ([`UNDER`]): it may
-    /// then save up a period's worth, not only a [`burst`]. A vCPU that
-    /// dirties under its limit on average may do it in bursts: a page
-    /// rewritten all the time is dirtied again all at once after each
-    /// period's harvest (a writer of 1 MB/s under a 2 MB/s limit slept
-    /// 400 ms a second for it). One held to its limit keeps the small
-    /// burst (see [`burst`]: a period's worth spent at full speed after a
-    /// reset broke a migration's last pass).
-    roomy: bool,
+    /// What it may save up beyond a [`burst`], bytes, and the limit that was
+    /// set against: where its last period, unpaused, was under its limit
+    /// ([`UNDER`]), what it dirtied then and a quarter more
+    /// ([`ROOM_MARGIN`]), at most a period's worth. A vCPU that dirties
+    /// under its limit on average may do it in bursts: a page rewritten all
+    /// the time is dirtied again all at once after each period's harvest (a
+    /// writer of 1 MB/s under a 2 MB/s limit slept 400 ms a second for it).
+    /// One held to its limit, an idle one, and one whose period was paused
+    /// (its rate then reads low) keep the small burst (see [`burst`]: a
+    /// period's worth spent at full speed after a reset broke a migration's
+    /// last pass); a new limit starts from it.
+    room: Option<(f64, u64)>,
+    /// Whether the vCPU was paused during the current period.
+    paused_in_period: bool,
     /// When the tokens were last topped up.
     at: Instant,
     /// Ring entries counted so far.
@@ -240,7 +249,8 @@ impl Bucket {
     pub(crate) fn new(now: Instant, entries: u64, limit: u64, period: Duration) -> Bucket {
         Bucket {
             tokens: limit as f64 * burst(period).as_secs_f64(),
-            roomy: false,
+            room: None,
+            paused_in_period: false,
             at: now,
             entries,
             next_check: now + SHORTEST_RUN,
@@ -292,9 +302,12 @@ impl Bucket {
         limit: u64,
         period: Duration,
     ) -> Duration {
+        let small = limit.max(1) as f64 * burst(period).as_secs_f64();
+        let most = match self.room {
+            Some((room, set_for)) if set_for == limit => room.max(small),
+            _ => small,
+        };
         let limit = limit.max(1) as f64;
-        let room = if self.roomy { period } else { burst(period) };
-        let most = limit * room.as_secs_f64();
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + limit * elapsed).min(most);
         self.at = now;
@@ -321,12 +334,21 @@ impl Bucket {
             };
             let halvings = elapsed / period.as_secs_f64().max(1e-3);
             self.peak = pace.max(self.peak * 0.5f64.powf(halvings));
-            self.run = next_run(self.peak, most, self.run);
+            // Sized from the small burst, room or not: a run as long as a
+            // roomy bucket lasts at full pace is the grain `burst` avoids.
+            self.run = next_run(self.peak, small, self.run);
         }
         if self.tokens >= 0.0 {
             return Duration::ZERO;
         }
         Duration::from_secs_f64(-self.tokens / limit)
+    }
+
+    /// The vCPU was paused (parked): its period's rate reads low, so it
+    /// earns no room, and it has none until a period after.
+    pub(crate) fn paused(&mut self) {
+        self.paused_in_period = true;
+        self.room = None;
     }
 
     /// Records `d` slept for the limit (the bucket refills over it at the next look).
@@ -357,7 +379,11 @@ impl Bucket {
             crate::units::saturating_u64(slept.as_secs_f64() * 1e6 * ring as f64 / pages as f64)
         };
         self.period = (now, self.entries, Duration::ZERO);
-        self.roomy = rate <= UNDER * limit as f64;
+        let bytes = (pages * PAGE_BYTES) as f64;
+        let under = rate <= UNDER * limit as f64 && !self.paused_in_period && pages > 0;
+        let most = limit as f64 * period.as_secs_f64();
+        self.room = under.then(|| ((bytes * ROOM_MARGIN).min(most), limit));
+        self.paused_in_period = false;
         Some(PeriodFigures {
             rate: crate::units::saturating_u64(rate),
             per_round_us,
@@ -453,12 +479,40 @@ mod tests {
             Duration::ZERO,
             "its 256 pages again at once, under its limit"
         );
+        // What it may save up is what it dirtied and a quarter more: 320
+        // pages, not a period's 1,024 (it spent 256 of them just now).
+        let _ = b.owe(at(2800), 512, LIMIT, period);
+        assert_eq!(b.owe(at(2805), 832, LIMIT, period), Duration::ZERO);
+        assert!(
+            b.owe(at(2810), 900, LIMIT, period) > Duration::ZERO,
+            "past its room"
+        );
+        // A new limit starts from the small burst.
+        let _ = b.owe(at(3800), 900, LIMIT * 2, period);
+        assert!(b.owe(at(3805), 1_100, LIMIT * 2, period) > Duration::ZERO);
         // Held at the limit: 1,024 pages a second.
         let mut held = Bucket::new(t0, 0, LIMIT, period);
         let _ = held.owe(at(1000), 1_024, LIMIT, period);
         held.end_period(at(1000), period, 4096, LIMIT).unwrap();
         let _ = held.owe(at(1900), 1_024, LIMIT, period);
         assert!(held.owe(at(1910), 1_280, LIMIT, period) > Duration::ZERO);
+        // Idle (nothing dirtied), or paused in its period: no room.
+        for paused in [false, true] {
+            let mut idle = Bucket::new(t0, 0, LIMIT, period);
+            let pages = if paused {
+                idle.paused();
+                100
+            } else {
+                0
+            };
+            let _ = idle.owe(at(1000), pages, LIMIT, period);
+            idle.end_period(at(1000), period, 4096, LIMIT).unwrap();
+            let _ = idle.owe(at(1900), pages, LIMIT, period);
+            assert!(
+                idle.owe(at(1910), pages + 100, LIMIT, period) > Duration::ZERO,
+                "paused: {paused}"
+            );
+        }
     }
 
     #[test]

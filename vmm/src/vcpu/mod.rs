@@ -293,8 +293,12 @@ impl Vcpu {
             Control::Stop => State::Finished(Outcome::Stopped),
             _ => {
                 self.shared.pending.store(false, Ordering::Release);
-                // Parked is not running: a throttled slice starts again.
+                // Parked is not running: a throttled slice starts again,
+                // and a dirty limit's period is not one to save up from.
                 self.slice_start = None;
+                if let Some(b) = &mut self.bucket {
+                    b.paused();
+                }
                 State::Running
             }
         }

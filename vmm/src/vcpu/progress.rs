@@ -125,7 +125,9 @@ impl Meter {
                     .readings
                     .iter()
                     .rev()
-                    .take_while(|r| r.commands[i] == command && !r.paused[i])
+                    .take_while(|r| {
+                        r.commands.get(i) == Some(&command) && r.paused.get(i) == Some(&false)
+                    })
                     .last()?;
                 let span = t1.saturating_duration_since(*t0).as_secs_f64();
                 match (first.get(i).copied().flatten(), last[i]) {

@@ -369,7 +369,14 @@ impl Baseline {
                 });
             }
         }
-        let upto = start.iter().map(|s| (s.map(|(r, _)| r), None)).collect();
+        let upto = start
+            .iter()
+            .map(|s| Upto {
+                last: s.map(|(r, _)| r),
+                folded: None,
+                shown: Excess::default(),
+            })
+            .collect();
         Period {
             id,
             vcpus: self.vcpus,
@@ -377,6 +384,40 @@ impl Baseline {
             upto,
             started: Instant::now(),
             ended: false,
+        }
+    }
+}
+
+/// The shortest span from one reading to the next that [`Period::stall`]
+/// adds up on its own: over shorter ones the tick-grained system time (10
+/// ms) and the rate before's subtraction would be noise, and each span's
+/// excess is at least zero, so summing short ones drifts up.
+const FOLD_SPAN: Duration = Duration::from_secs(1);
+
+/// How far one vCPU's figure of a period has got.
+#[derive(Debug, Clone, Copy)]
+struct Upto {
+    /// The reading its spans added up so far end at.
+    last: Option<Reading>,
+    /// The excess of those spans, added up (`None` before a first).
+    folded: Option<Excess>,
+    /// The figure last given, which the next is never below.
+    shown: Excess,
+}
+
+impl Upto {
+    /// Takes reading `n` (the rates before the period: `rates`) into the
+    /// figure.
+    fn take(&mut self, rates: &Rates, n: Reading) {
+        let Some(from) = self.last else { return };
+        let e = excess(&from, rates, &n);
+        let so_far = self.folded.map_or(e, |f| f.and(e));
+        if n.at.saturating_duration_since(from.at) >= FOLD_SPAN {
+            self.folded = Some(so_far);
+            self.last = Some(n);
+        }
+        if so_far.lost >= self.shown.lost {
+            self.shown = so_far;
         }
     }
 }
@@ -389,9 +430,8 @@ pub(crate) struct Period {
     vcpus: Vec<Arc<VcpuShared>>,
     /// Per vCPU: the reading at the start and the rates before it.
     start: Vec<Option<(Reading, Rates)>>,
-    /// Per vCPU: the last reading measured to, and its excess from the
-    /// start up to it (`None` before a first measure).
-    upto: Vec<(Option<Reading>, Option<Excess>)>,
+    /// Per vCPU: how far its figure has got ([`Period::stall`]).
+    upto: Vec<Upto>,
     started: Instant,
     /// [`Period::end`] ran.
     ended: bool,
@@ -446,9 +486,10 @@ impl Period {
 
     /// The stall from the start until now: per vCPU, its faults beyond its
     /// rate before at [`fault_cost()`] each, and its time in ring-full exits.
-    /// Each measure adds the excess since the last one, so the figure never
-    /// goes down: a quiet spell (a vCPU held paused at a migration's stop,
-    /// or throttled) does not take back what an earlier spell lost, as one
+    /// The figure adds up the excess of spans of at least [`FOLD_SPAN`] from
+    /// one measure to a later one, and never goes below what it last gave:
+    /// a quiet spell (a vCPU held paused at a migration's stop, or
+    /// throttled) does not take back what an earlier spell lost, as one
     /// difference from the start did (a migration's `x-guest-stall` read
     /// 276 ms at one pass and 78 ms at the next).
     pub(crate) fn stall(&mut self) -> Stall {
@@ -462,17 +503,12 @@ impl Period {
             ..Stall::default()
         };
         let mut readings = Vec::with_capacity(self.vcpus.len());
-        for ((v, start), (last, sum)) in self.vcpus.iter().zip(&self.start).zip(&mut self.upto) {
+        for ((v, start), upto) in self.vcpus.iter().zip(&self.start).zip(&mut self.upto) {
             let now = read(v);
-            if let (Some((_, rates)), Some(from), Some(n)) = (start, *last, now) {
-                let e = excess(&from, rates, &n);
-                *sum = Some(match sum.take() {
-                    Some(so_far) => so_far.and(e),
-                    None => e,
-                });
-                *last = Some(n);
+            if let (Some((_, rates)), Some(n)) = (start, now) {
+                upto.take(rates, n);
             }
-            let e = sum.unwrap_or_default();
+            let e = upto.shown;
             stall.vcpus.push(e.lost);
             stall.faults.push(e.faults);
             stall.system.push(e.system);
@@ -558,33 +594,50 @@ mod tests {
         }
     }
 
-    /// A period's figure adds up its excess from one measure to the next: a
-    /// quiet second after a stalled one (the vCPU held paused at a
+    /// A period's figure adds up spans of at least a second and never goes
+    /// down: a quiet second after a stalled one (the vCPU held paused at a
     /// migration's stop) leaves what the first lost, where one difference
-    /// from the start took the quiet second's usual rate off it.
+    /// from the start took the quiet second's usual rate off it; measures
+    /// closer together than a second are not summed (each span's excess is
+    /// at least zero: short ones added up drift up with noise).
     #[test]
     fn a_quiet_spell_does_not_take_back_what_an_earlier_one_lost() {
         let t0 = Instant::now();
-        let (t1, t2) = (t0 + Duration::from_secs(1), t0 + Duration::from_secs(2));
+        let at = |ms| t0 + Duration::from_millis(ms);
         let before = Rates {
             faults: 0.0,
             system_ns: 50_000_000.0,
             wait_ns: Some(0.0),
         };
-        let (r0, r1, r2) = (
-            reading(t0, 0, Some(0)),
-            reading(t1, 0, Some(250)),
-            // Paused: nothing moved in the second second.
-            reading(t2, 0, Some(250)),
+        let mut upto = Upto {
+            last: Some(reading(t0, 0, Some(0))),
+            folded: None,
+            shown: Excess::default(),
+        };
+        // 250 ms of system time in the first second: 200 beyond the usual 50.
+        upto.take(&before, reading(at(1000), 0, Some(250)));
+        assert_eq!(upto.shown.lost, Duration::from_millis(200));
+        // Paused for the next second: nothing moved.
+        upto.take(&before, reading(at(2000), 0, Some(250)));
+        assert_eq!(upto.shown.lost, Duration::from_millis(200));
+        assert_eq!(
+            excess(
+                &reading(t0, 0, Some(0)),
+                &before,
+                &reading(at(2000), 0, Some(250))
+            )
+            .lost,
+            Duration::from_millis(150),
+            "one difference over both seconds"
         );
-        let stalled = excess(&r0, &before, &r1);
-        assert_eq!(stalled.lost, Duration::from_millis(200));
-        let quiet = excess(&r1, &before, &r2);
-        assert_eq!(quiet.lost, Duration::ZERO);
-        assert_eq!(stalled.and(quiet).lost, Duration::from_millis(200));
-        assert_eq!(stalled.and(quiet).system, Some(Duration::from_millis(200)));
-        // One difference over both seconds: 250 ms against 100 usual.
-        assert_eq!(excess(&r0, &before, &r2).lost, Duration::from_millis(150));
+        // Measures 100 ms apart with a 10 ms tick in every other one, at the
+        // usual 50 ms a second: no more than the usual, nothing lost.
+        let mut system = 250;
+        for k in 1..=20u64 {
+            system += if k % 2 == 0 { 10 } else { 0 };
+            upto.take(&before, reading(at(2000 + 100 * k), 0, Some(system)));
+        }
+        assert_eq!(upto.shown.lost, Duration::from_millis(200), "no drift");
     }
 
     #[test]
