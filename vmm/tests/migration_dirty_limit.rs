@@ -458,12 +458,20 @@ fn converge_auto_on_a_ring_vm_limits_the_writer_from_the_start() {
     let src = ring_guest("dl-auto");
     let dest = Dest::start("dl-auto-dst", |_, _| {});
     let text = common::migration::converge_auto(&src, &dest.uri);
+    // Only the writer is limited: the reader beside it (ten pages a
+    // second) gets no limit at all, so no bucket to sleep in.
     assert!(
         text.contains("a dirty limit of ")
-            && text
-                .contains(" MB/s per vCPU from the start: only vCPUs that dirty faster are slowed"),
+            && text.contains(
+                " MB/s from the start on vCPU 0, the vCPUs that dirty faster; the others are not limited"
+            ),
         "{text}"
     );
+    let (params, _) = src
+        .client()
+        .execute("query-migrate-parameters", json!({}))
+        .unwrap();
+    assert_eq!(params["x-vcpu-dirty-limit-vcpus"], json!([0]), "{params}");
     let info = query(&mut src.client());
     let throttled = info.x_cpu_throttled.expect("x-cpu-throttled");
     assert!(throttled.vcpus[0].ms > 0.0, "{throttled:?}");

@@ -271,6 +271,7 @@ impl Plan {
             x_cpu_throttle_at_start: Some(false),
             x_cpu_throttle_vcpus: Some(VcpuSet::default()),
             x_vcpu_dirty_limit_at_start: Some(false),
+            x_vcpu_dirty_limit_vcpus: Some(VcpuSet::default()),
             ..SetParameters::default()
         };
         // Auto-converge on: QEMU's steps (20 %, then +10 %), which the
@@ -297,15 +298,18 @@ impl Plan {
         let Some(p) = predicted else {
             return plan(true, false);
         };
-        if let Some((mb, limited)) = &p.dirty_limit {
+        if let Some((mb, vcpus, limited)) = &p.dirty_limit {
+            // A list the VMM could not have sent: every vCPU.
+            let set = VcpuSet::try_from(vcpus.clone()).unwrap_or_default();
             return Plan {
                 parameters: SetParameters {
                     vcpu_dirty_limit: Some(*mb),
                     x_vcpu_dirty_limit_at_start: Some(true),
+                    x_vcpu_dirty_limit_vcpus: Some(set),
                     ..neither_at_start
                 },
                 predicted: Some((**limited).clone()),
-                said: Some(format!("a dirty limit of {mb} MB/s per vCPU from the start: only vCPUs that dirty faster are slowed, once the limit's first period is over (of the dirty limits the model finds converging, the one that takes the least vCPU time from the guest)")),
+                said: Some(format!("a dirty limit of {mb} MB/s from the start on {set}, the vCPUs that dirty faster; the others are not limited (of the dirty limits the model finds converging, the one that takes the least vCPU time from the guest)")),
                 ..plan(false, true)
             };
         }

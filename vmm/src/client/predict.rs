@@ -41,7 +41,7 @@ pub(crate) struct Predicted {
     /// When it does not converge on a ring VM: the dirty limit per vCPU,
     /// MB/s, that would make it at the least cost to the guest, and that
     /// migration's figures.
-    pub(crate) dirty_limit: Option<(u64, Box<Predicted>)>,
+    pub(crate) dirty_limit: Option<(u64, Vec<usize>, Box<Predicted>)>,
 }
 
 /// Asks `query-readiness` (with the exact scan, and the VMM's dirty-rate
@@ -74,6 +74,7 @@ pub(crate) fn ask(client: &mut Client, bandwidth: u64) -> Result<Predicted, Erro
     predicted.dirty_limit = report.converge_dirty_limit.map(|c| {
         (
             c.vcpu_dirty_limit,
+            c.vcpus,
             Box::new(of(c.prediction, String::new())),
         )
     });

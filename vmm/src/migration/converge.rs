@@ -166,16 +166,18 @@ impl Converge {
         faults.0 > 0 && faults.1 * 10 >= faults.0
     }
 
-    /// Limits every vCPU to `vcpu-dirty-limit`.
+    /// Limits the vCPUs of `x-vcpu-dirty-limit-vcpus` (every vCPU when it
+    /// names none) to `vcpu-dirty-limit`.
     fn limit(&mut self, p: &Parameters, when: &str) {
         let Some(limits) = &self.limits else {
             return;
         };
-        match limits.for_migration(p.vcpu_dirty_limit, p.x_vcpu_dirty_limit_period) {
+        let vcpus = p.x_vcpu_dirty_limit_vcpus;
+        match limits.for_migration(p.vcpu_dirty_limit, p.x_vcpu_dirty_limit_period, vcpus) {
             Ok(()) => {
                 self.limited = p.vcpu_dirty_limit;
                 log::info!(
-                    "migration: dirty-limit limits every vCPU to {} MB/s{when}",
+                    "migration: dirty-limit limits {vcpus} to {} MB/s{when}",
                     p.vcpu_dirty_limit
                 );
             }

@@ -45,13 +45,13 @@ pub enum Error {
     /// A `cpu-throttle-*` parameter out of 1 to 99 (its name, the value).
     #[error("Parameter '{0}' expects a value from 1 to 99, not {1}")]
     Throttle(&'static str, u64),
-    /// `x-cpu-throttle-vcpus` names a vCPU the VM does not have (the
-    /// index, the VM's vCPUs).
+    /// `x-cpu-throttle-vcpus` or `x-vcpu-dirty-limit-vcpus` names a vCPU
+    /// the VM does not have (the parameter, the index, the VM's vCPUs).
     #[error(
-        "Parameter 'x-cpu-throttle-vcpus' expects the VM's vCPUs (cpu-index 0 to {last}), not {0}",
-        last = .1.saturating_sub(1)
+        "Parameter '{0}' expects the VM's vCPUs (cpu-index 0 to {last}), not {1}",
+        last = .2.saturating_sub(1)
     )]
-    ThrottleVcpu(usize, usize),
+    ThrottleVcpu(&'static str, usize, usize),
     /// Capabilities cannot change while a migration runs (QEMU's words).
     #[error("There's a migration process in progress")]
     CapabilitiesBusy,
@@ -262,11 +262,13 @@ impl Migration {
         {
             return Err(Error::DirtyLimitPeriod(v));
         }
-        if let Some(i) = p
-            .x_cpu_throttle_vcpus
-            .and_then(|set| set.iter().find(|&i| i >= vcpus))
-        {
-            return Err(Error::ThrottleVcpu(i, vcpus));
+        for (name, set) in [
+            ("x-cpu-throttle-vcpus", p.x_cpu_throttle_vcpus),
+            ("x-vcpu-dirty-limit-vcpus", p.x_vcpu_dirty_limit_vcpus),
+        ] {
+            if let Some(i) = set.and_then(|set| set.iter().find(|&i| i >= vcpus)) {
+                return Err(Error::ThrottleVcpu(name, i, vcpus));
+            }
         }
         let mut inner = self.lock();
         p.apply_to(&mut inner.params);
@@ -522,7 +524,20 @@ mod tests {
             ..SetParameters::default()
         };
         let e = m.set_parameters(set(vec![0, 2]), 2).unwrap_err();
-        assert!(matches!(e, Error::ThrottleVcpu(2, 2)), "{e}");
+        assert!(
+            matches!(e, Error::ThrottleVcpu("x-cpu-throttle-vcpus", 2, 2)),
+            "{e}"
+        );
+        // The dirty limit's vCPUs alike.
+        let limited = SetParameters {
+            x_vcpu_dirty_limit_vcpus: Some(vec![3].try_into().unwrap()),
+            ..SetParameters::default()
+        };
+        let e = m.set_parameters(limited, 2).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Parameter 'x-vcpu-dirty-limit-vcpus' expects the VM's vCPUs (cpu-index 0 to 1), not 3"
+        );
         assert!(m.parameters().x_cpu_throttle_vcpus.is_empty(), "unchanged");
         m.set_parameters(set(vec![1]), 2).unwrap();
         let p = m.parameters().x_cpu_throttle_vcpus;

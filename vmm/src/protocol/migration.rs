@@ -334,6 +334,10 @@ pub struct Parameters {
     /// of after two periods of dirtying too fast (the limit
     /// `query-readiness` predicts is needed: `converge`).
     pub(crate) x_vcpu_dirty_limit_at_start: bool,
+    /// kvmscope: the vCPUs dirty-limit limits; empty (the default): every
+    /// vCPU, as QEMU's. `query-readiness`'s `converge_dirty_limit` names
+    /// the vCPUs that dirty faster than its limit.
+    pub(crate) x_vcpu_dirty_limit_vcpus: VcpuSet,
 }
 
 impl Parameters {
@@ -369,6 +373,7 @@ impl Default for Parameters {
             vcpu_dirty_limit: 1,
             x_vcpu_dirty_limit_period: Parameters::DEFAULT_DIRTY_LIMIT_PERIOD_MS,
             x_vcpu_dirty_limit_at_start: false,
+            x_vcpu_dirty_limit_vcpus: VcpuSet::default(),
         }
     }
 }
@@ -416,6 +421,9 @@ pub struct SetParameters {
     /// New [`Parameters::x_vcpu_dirty_limit_at_start`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) x_vcpu_dirty_limit_at_start: Option<bool>,
+    /// New [`Parameters::x_vcpu_dirty_limit_vcpus`] (`[]`: every vCPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) x_vcpu_dirty_limit_vcpus: Option<VcpuSet>,
 }
 
 impl SetParameters {
@@ -441,7 +449,8 @@ impl SetParameters {
             x_cpu_throttle_vcpus,
             vcpu_dirty_limit,
             x_vcpu_dirty_limit_period,
-            x_vcpu_dirty_limit_at_start
+            x_vcpu_dirty_limit_at_start,
+            x_vcpu_dirty_limit_vcpus
         );
     }
 }

@@ -8,7 +8,7 @@ use super::dirty_limit::{ring_full_time_us, DEFAULT_PERIOD_MS};
 use super::shared::VcpuShared;
 use super::stall::{Baseline, Period};
 use crate::dirty::{Consumer, DirtyLog};
-use crate::protocol::migration::DirtyLimitInfo;
+use crate::protocol::migration::{DirtyLimitInfo, VcpuSet};
 
 /// The highest limit taken, MB/s (2^24: 16 TiB/s, far past any guest; the
 /// limit in bytes/s then stays well inside 64 bits).
@@ -168,13 +168,32 @@ impl Limits {
         state.observed = None;
     }
 
-    /// The migration's `dirty-limit`: every vCPU limited to `mb` MB/s.
+    /// The migration's `dirty-limit`: the vCPUs of `vcpus` (every vCPU
+    /// when it is empty) limited to `mb` MB/s, the others not at all.
     ///
     /// # Errors
     /// Logging could not be turned on (the limits are then as before).
-    pub(crate) fn for_migration(&self, mb: u64, period_ms: u64) -> Result<(), LimitError> {
+    pub(crate) fn for_migration(
+        &self,
+        mb: u64,
+        period_ms: u64,
+        vcpus: VcpuSet,
+    ) -> Result<(), LimitError> {
         let mut state = crate::lock(&self.state);
-        self.apply(&mut state, None, mb, period_ms)
+        if vcpus.is_empty() {
+            return self.apply(&mut state, None, mb, period_ms);
+        }
+        // The named first, so that logging stays held while the others'
+        // limits go.
+        let (named, others): (Vec<usize>, Vec<usize>) =
+            (0..self.vcpus.len()).partition(|&i| vcpus.contains(i));
+        for i in named {
+            self.apply(&mut state, Some(i), mb, period_ms)?;
+        }
+        for i in others {
+            self.apply(&mut state, Some(i), 0, period_ms)?;
+        }
+        Ok(())
     }
 
     /// The migration is over: every limit is lifted (QEMU cancels them
