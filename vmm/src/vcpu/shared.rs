@@ -264,6 +264,10 @@ pub struct VcpuShared {
     pub(crate) faults: OnceLock<super::faults::FaultCounter>,
     /// Nanoseconds the vCPU thread has spent harvesting its full dirty ring
     /// while the guest waited.
+    /// Time the vCPU thread has spent parked by a pause (a user's `stop`,
+    /// a migration's stop, a scan's hold), ns: time its guest did not run,
+    /// which the guest's stall does not take its usual rates over.
+    pub(crate) parked_ns: AtomicU64,
     pub(crate) ring_full_ns: AtomicU64,
     /// The guest's stall over every observation that has ended, ns.
     pub(crate) stall_ns: AtomicU64,
@@ -307,6 +311,9 @@ pub(crate) struct Reading {
     /// The time the vCPU thread has waited for a CPU while runnable
     /// (schedstat's run delay), ns (`None`: `/proc` unreadable).
     pub(super) wait_ns: Option<u64>,
+    /// Time asleep for a throttle or a dirty limit and parked by a pause
+    /// so far, ns: time the guest did not run.
+    pub(super) asleep_ns: u64,
     /// The cost per fault in force then, ns: what the faults counted from
     /// this reading on are priced at (a calibration that ends meanwhile
     /// does not reprice them, so a running figure never jumps or falls).
@@ -362,6 +369,7 @@ impl VcpuShared {
             tid: OnceLock::new(),
             faults: OnceLock::new(),
             ring_full_ns: AtomicU64::new(0),
+            parked_ns: AtomicU64::new(0),
             observed_until: Mutex::new(None),
             usual: Mutex::new(VecDeque::new()),
             last_usual: Mutex::new(None),
@@ -440,6 +448,7 @@ impl VcpuShared {
             return inbox;
         }
         let before = std::mem::replace(&mut inbox.state, VcpuState::Paused);
+        let parked = Instant::now();
         self.wake.notify_all();
         while inbox.control == Control::Pause {
             if let Some(request) = inbox.snapshot.take() {
@@ -451,6 +460,8 @@ impl VcpuShared {
             inbox = crate::wait(&self.wake, inbox, None);
         }
         inbox.state = before;
+        let ns = u64::try_from(parked.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.parked_ns.fetch_add(ns, Ordering::Relaxed);
         inbox
     }
 

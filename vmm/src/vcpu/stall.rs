@@ -102,6 +102,9 @@ fn read(v: &VcpuShared) -> Option<Reading> {
         ring_ns: v.ring_full_ns.load(Ordering::Relaxed),
         system_ns: v.tid.get().and_then(|&tid| system_time_ns(tid)),
         wait_ns: v.tid.get().and_then(|&tid| run_delay_ns(tid)),
+        asleep_ns: u64::try_from(v.throttle.slept().as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_add(v.parked_ns.load(Ordering::Relaxed)),
         fault_ns: FAULT_COST_NS.load(Ordering::Relaxed),
     })
 }
@@ -369,55 +372,14 @@ impl Baseline {
                 });
             }
         }
-        let upto = start
-            .iter()
-            .map(|s| Upto {
-                last: s.map(|(r, _)| r),
-                folded: None,
-                shown: Excess::default(),
-            })
-            .collect();
+        let shown = vec![Excess::default(); start.len()];
         Period {
             id,
             vcpus: self.vcpus,
             start,
-            upto,
+            shown,
             started: Instant::now(),
             ended: false,
-        }
-    }
-}
-
-/// The shortest span from one reading to the next that [`Period::stall`]
-/// adds up on its own: over shorter ones the tick-grained system time (10
-/// ms) and the rate before's subtraction would be noise, and each span's
-/// excess is at least zero, so summing short ones drifts up.
-const FOLD_SPAN: Duration = Duration::from_secs(1);
-
-/// How far one vCPU's figure of a period has got.
-#[derive(Debug, Clone, Copy)]
-struct Upto {
-    /// The reading its spans added up so far end at.
-    last: Option<Reading>,
-    /// The excess of those spans, added up (`None` before a first).
-    folded: Option<Excess>,
-    /// The figure last given, which the next is never below.
-    shown: Excess,
-}
-
-impl Upto {
-    /// Takes reading `n` (the rates before the period: `rates`) into the
-    /// figure.
-    fn take(&mut self, rates: &Rates, n: Reading) {
-        let Some(from) = self.last else { return };
-        let e = excess(&from, rates, &n);
-        let so_far = self.folded.map_or(e, |f| f.and(e));
-        if n.at.saturating_duration_since(from.at) >= FOLD_SPAN {
-            self.folded = Some(so_far);
-            self.last = Some(n);
-        }
-        if so_far.lost >= self.shown.lost {
-            self.shown = so_far;
         }
     }
 }
@@ -430,8 +392,8 @@ pub(crate) struct Period {
     vcpus: Vec<Arc<VcpuShared>>,
     /// Per vCPU: the reading at the start and the rates before it.
     start: Vec<Option<(Reading, Rates)>>,
-    /// Per vCPU: how far its figure has got ([`Period::stall`]).
-    upto: Vec<Upto>,
+    /// Per vCPU: the figure last given, which the next is never below.
+    shown: Vec<Excess>,
     started: Instant,
     /// [`Period::end`] ran.
     ended: bool,
@@ -486,12 +448,11 @@ impl Period {
 
     /// The stall from the start until now: per vCPU, its faults beyond its
     /// rate before at [`fault_cost()`] each, and its time in ring-full exits.
-    /// The figure adds up the excess of spans of at least [`FOLD_SPAN`] from
-    /// one measure to a later one, and never goes below what it last gave:
-    /// a quiet spell (a vCPU held paused at a migration's stop, or
-    /// throttled) does not take back what an earlier spell lost, as one
-    /// difference from the start did (a migration's `x-guest-stall` read
-    /// 276 ms at one pass and 78 ms at the next).
+    /// One difference from the start (summed spans drift up: each span's
+    /// excess is at least zero, so their noise adds; a paced vCPU that kept
+    /// all its progress read 553-625 ms over a migration of 30 passes), the
+    /// usual taken over the time the vCPU could run only (see `excess`),
+    /// and never below what it last gave.
     pub(crate) fn stall(&mut self) -> Stall {
         self.measure().0
     }
@@ -503,12 +464,15 @@ impl Period {
             ..Stall::default()
         };
         let mut readings = Vec::with_capacity(self.vcpus.len());
-        for ((v, start), upto) in self.vcpus.iter().zip(&self.start).zip(&mut self.upto) {
+        for ((v, start), shown) in self.vcpus.iter().zip(&self.start).zip(&mut self.shown) {
             let now = read(v);
-            if let (Some((_, rates)), Some(n)) = (start, now) {
-                upto.take(rates, n);
+            if let (Some((s, rates)), Some(n)) = (start, &now) {
+                let e = excess(s, rates, n);
+                if e.lost >= shown.lost {
+                    *shown = e;
+                }
             }
-            let e = upto.shown;
+            let e = *shown;
             stall.vcpus.push(e.lost);
             stall.faults.push(e.faults);
             stall.system.push(e.system);
@@ -535,23 +499,14 @@ struct Excess {
     waited: Option<Duration>,
 }
 
-impl Excess {
-    /// This excess and the next one's, added up (a measure unreadable in
-    /// either is unreadable in both).
-    fn and(self, next: Excess) -> Excess {
-        let add = |a: Option<Duration>, b: Option<Duration>| a.zip(b).map(|(a, b)| a + b);
-        Excess {
-            lost: self.lost + next.lost,
-            faults: self.faults + next.faults,
-            system: add(self.system, next.system),
-            waited: add(self.waited, next.waited),
-        }
-    }
-}
-
 /// One vCPU's excess from `s` (with the rates before it) to `n`.
 fn excess(s: &Reading, rates: &Rates, n: &Reading) -> Excess {
-    let elapsed = n.at.saturating_duration_since(s.at);
+    // The time the guest could run: a vCPU asleep for a throttle or a
+    // dirty limit, or parked by a pause, does nothing usual meanwhile (the
+    // usual taken over that time took back what it had lost: a vCPU's
+    // stall read 276 ms at one pass of a migration and 78 at the next).
+    let asleep = Duration::from_nanos(n.asleep_ns.saturating_sub(s.asleep_ns));
+    let elapsed = n.at.saturating_duration_since(s.at).saturating_sub(asleep);
     let seconds = elapsed.as_secs_f64();
     let usual = crate::units::saturating_u64((seconds * rates.faults).round());
     let faults = n.faults.saturating_sub(s.faults).saturating_sub(usual);
@@ -590,18 +545,17 @@ mod tests {
             ring_ns: 0,
             system_ns: system_ms.map(|ms| ms * 1_000_000),
             wait_ns: None,
+            asleep_ns: 0,
             fault_ns: DEFAULT_FAULT_NS,
         }
     }
 
-    /// A period's figure adds up spans of at least a second and never goes
-    /// down: a quiet second after a stalled one (the vCPU held paused at a
-    /// migration's stop) leaves what the first lost, where one difference
-    /// from the start took the quiet second's usual rate off it; measures
-    /// closer together than a second are not summed (each span's excess is
-    /// at least zero: short ones added up drift up with noise).
+    /// The usual is taken over the time the vCPU could run: a second
+    /// asleep (a throttle, a dirty limit) or parked (a migration's stop)
+    /// after a stalled one leaves what the first lost, where the usual
+    /// taken over both seconds took the second's off it.
     #[test]
-    fn a_quiet_spell_does_not_take_back_what_an_earlier_one_lost() {
+    fn time_asleep_or_parked_does_not_take_back_what_was_lost() {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let before = Rates {
@@ -609,35 +563,25 @@ mod tests {
             system_ns: 50_000_000.0,
             wait_ns: Some(0.0),
         };
-        let mut upto = Upto {
-            last: Some(reading(t0, 0, Some(0))),
-            folded: None,
-            shown: Excess::default(),
-        };
+        let r0 = reading(t0, 0, Some(0));
         // 250 ms of system time in the first second: 200 beyond the usual 50.
-        upto.take(&before, reading(at(1000), 0, Some(250)));
-        assert_eq!(upto.shown.lost, Duration::from_millis(200));
-        // Paused for the next second: nothing moved.
-        upto.take(&before, reading(at(2000), 0, Some(250)));
-        assert_eq!(upto.shown.lost, Duration::from_millis(200));
+        let r1 = reading(at(1000), 0, Some(250));
+        assert_eq!(excess(&r0, &before, &r1).lost, Duration::from_millis(200));
+        // Then a second in which nothing moved.
+        let quiet = reading(at(2000), 0, Some(250));
         assert_eq!(
-            excess(
-                &reading(t0, 0, Some(0)),
-                &before,
-                &reading(at(2000), 0, Some(250))
-            )
-            .lost,
+            excess(&r0, &before, &quiet).lost,
             Duration::from_millis(150),
-            "one difference over both seconds"
+            "running, the usual over both seconds"
         );
-        // Measures 100 ms apart with a 10 ms tick in every other one, at the
-        // usual 50 ms a second: no more than the usual, nothing lost.
-        let mut system = 250;
-        for k in 1..=20u64 {
-            system += if k % 2 == 0 { 10 } else { 0 };
-            upto.take(&before, reading(at(2000 + 100 * k), 0, Some(system)));
-        }
-        assert_eq!(upto.shown.lost, Duration::from_millis(200), "no drift");
+        let asleep = Reading {
+            asleep_ns: 1_000_000_000,
+            ..quiet
+        };
+        assert_eq!(
+            excess(&r0, &before, &asleep).lost,
+            Duration::from_millis(200)
+        );
     }
 
     #[test]
