@@ -163,8 +163,9 @@ pub(crate) struct MigrateArgs {
     /// Make a migration that would not converge converge: `auto` asks the
     /// VMM's readiness model what is needed and sets it from the start (nothing
     /// when it converges as it is): on a `--dirty-log ring` VM the dirty
-    /// limit per vCPU that converges at the least vCPU time taken from the
-    /// guest (only vCPUs dirtying faster are slowed), otherwise the smallest
+    /// limit that converges at the least vCPU time taken from the guest, set
+    /// on the vCPUs that dirty faster than it only (x-vcpu-dirty-limit-vcpus;
+    /// the others get no limit), otherwise the smallest
     /// auto-converge throttle, of the vCPUs the VMM's window saw write (every
     /// vCPU where it could not tell them apart);
     /// `auto-converge` steps blindly as QEMU does (20 %, then +10 % after two
