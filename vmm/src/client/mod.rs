@@ -654,12 +654,33 @@ impl Client {
         &mut self,
         mut on_event: impl FnMut(&Value) -> Result<(), Error>,
     ) -> Result<Reply, Error> {
+        let (value, fds) = self.read_after_events(
+            parsed::<Value>,
+            |v| v.get("event").is_some(),
+            |v| on_event(v),
+        )?;
+        Ok(Reply { value, fds })
+    }
+
+    /// Reads lines as `parse` makes them up to the first that is not an
+    /// event (`is_event`), handing each event to `on_event`; at most
+    /// [`MAX_EVENTS_PER_REPLY`] events.
+    ///
+    /// # Errors
+    /// As [`Client::read_line`], `BadReply` past the events' bound, or what
+    /// `on_event` returns.
+    fn read_after_events<R>(
+        &mut self,
+        parse: impl Fn(&[u8]) -> serde_json::Result<R>,
+        is_event: impl Fn(&R) -> bool,
+        mut on_event: impl FnMut(&R) -> Result<(), Error>,
+    ) -> Result<(R, Vec<File>), Error> {
         for _ in 0..=MAX_EVENTS_PER_REPLY {
-            let reply = self.read_reply()?;
-            if reply.value.get("event").is_none() {
-                return Ok(reply);
+            let (line, fds) = self.read_line(&parse)?;
+            if !is_event(&line) {
+                return Ok((line, fds));
             }
-            on_event(&reply.value)?;
+            on_event(&line)?;
         }
         Err(Error::BadReply(format!(
             "more than {MAX_EVENTS_PER_REPLY} events and no reply"
@@ -707,19 +728,14 @@ impl Client {
     ) -> Result<T, Error> {
         self.start_request();
         self.write(&request_line(command, None))?;
-        for _ in 0..=MAX_EVENTS_PER_REPLY {
-            let (line, _) = self.read_line(typed_line::<T>)?;
-            match line {
-                TypedLine { event: Some(_), .. } => {}
-                TypedLine { value: Some(v), .. } => return Ok(v),
-                TypedLine { error: Some(e), .. } => return Err(self.remote(e.class, e.desc)),
-                // `typed_line` refuses a line with none of the three.
-                TypedLine { .. } => return Err(Error::BadReply("an empty reply".into())),
-            }
+        let (line, _) =
+            self.read_after_events(typed_line::<T>, |l| l.event.is_some(), |_| Ok(()))?;
+        match line {
+            TypedLine { value: Some(v), .. } => Ok(v),
+            TypedLine { error: Some(e), .. } => Err(self.remote(e.class, e.desc)),
+            // `typed_line` refuses a line with none of the three.
+            TypedLine { .. } => Err(Error::BadReply("an empty reply".into())),
         }
-        Err(Error::BadReply(format!(
-            "more than {MAX_EVENTS_PER_REPLY} events and no reply"
-        )))
     }
 
     /// Queues workload text on a vCPU (`guest-command`); with `wait`, replies
