@@ -63,25 +63,34 @@ impl<T, const N: usize> Default for AtMost<T, N> {
 
 /// Takes a list's first `N` items and counts the rest unkept.
 fn at_most<'de, T: Deserialize<'de>, const N: usize, A: SeqAccess<'de>>(
-    mut seq: A,
+    seq: A,
 ) -> Result<AtMost<T, N>, A::Error> {
+    at_most_while(seq, |_| true).map(|(list, _)| list)
+}
+
+/// Takes a list's first `N` items, or fewer: once `more` says no of an
+/// item (kept), the rest are counted unkept too; and whether it did.
+fn at_most_while<'de, T: Deserialize<'de>, const N: usize, A: SeqAccess<'de>>(
+    mut seq: A,
+    mut more: impl FnMut(&T) -> bool,
+) -> Result<(AtMost<T, N>, bool), A::Error> {
     // Not the peer's size hint: it would size the vector.
     let mut out = AtMost::default();
-    while out.len < N {
-        match seq.next_element()? {
-            Some(item) => out.items.push(item),
-            None => {
-                out.items.shrink_to_fit();
-                return Ok(out);
-            }
+    let mut stopped = false;
+    loop {
+        if out.len < N && !stopped {
+            let Some(item) = seq.next_element()? else {
+                break;
+            };
+            stopped = !more(&item);
+            out.items.push(item);
+        } else if seq.next_element::<IgnoredAny>()?.is_none() {
+            break;
         }
         out.len += 1;
     }
-    while seq.next_element::<IgnoredAny>()?.is_some() {
-        out.len += 1;
-    }
     out.items.shrink_to_fit();
-    Ok(out)
+    Ok((out, stopped))
 }
 
 impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for AtMost<T, N> {
@@ -206,26 +215,16 @@ impl<'de> Deserialize<'de> for StatsResults {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a list of stats results")
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StatsResults, A::Error> {
-                let mut out = StatsResults::default();
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StatsResults, A::Error> {
                 let (mut values, mut bytes) = (0, 0);
-                loop {
-                    if out.len < MAX_VCPUS && !out.cut {
-                        let Some(r) = seq.next_element::<StatsResult>()? else {
-                            break;
-                        };
-                        let (v, b) = r.kept();
-                        values += v;
-                        bytes += b;
-                        out.cut = values > MAX_VALUES || bytes > MAX_KEPT_BYTES;
-                        out.items.push(r);
-                    } else if seq.next_element::<IgnoredAny>()?.is_none() {
-                        break;
-                    }
-                    out.len += 1;
-                }
-                out.items.shrink_to_fit();
-                Ok(out)
+                let (list, cut) = at_most_while(seq, |r: &StatsResult| {
+                    let (v, b) = r.kept();
+                    values += v;
+                    bytes += b;
+                    values <= MAX_VALUES && bytes <= MAX_KEPT_BYTES
+                })?;
+                let AtMost::<_, MAX_VCPUS> { items, len } = list;
+                Ok(StatsResults { items, len, cut })
             }
         }
         d.deserialize_seq(List)
