@@ -412,7 +412,7 @@ pub fn parse(bytes: &[u8]) -> Result<Request, RequestError> {
     // Typed first: a member the command does not take is named as such,
     // null or not.
     let command = typed(&name, &arguments)
-        .and_then(|c| not_null(&arguments, None).map(|()| c))
+        .and_then(|c| not_null(&arguments).map(|()| c))
         .and_then(Command::checked)
         .map_err(|desc| generic(&format!("{name}: {desc}")))?;
     Ok(Request { id, command })
@@ -504,25 +504,29 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
 /// Refuses a null anywhere in the arguments, naming where, as QEMU does for
 /// every type kvmscope takes (serde read a null optional member as absent:
 /// `set-vcpu-dirty-limit` with `"cpu-index": null` limited every vCPU).
-fn not_null(v: &Value, at: Option<&str>) -> Result<(), String> {
-    let shown = |key: &str| key.chars().take(64).collect::<String>();
-    match v {
-        Value::Null => Err(format!(
+fn not_null(arguments: &Value) -> Result<(), String> {
+    match null_at(arguments) {
+        Some(path) => Err(format!(
             "parameter '{}': invalid type: null (leave a parameter out for its default)",
-            at.unwrap_or_default()
+            path.strip_prefix('.').unwrap_or(&path)
         )),
-        Value::Object(o) => o.iter().try_for_each(|(k, v)| {
-            let path = match at {
-                Some(at) => format!("{at}.{}", shown(k)),
-                None => shown(k),
-            };
-            not_null(v, Some(&path))
+        None => Ok(()),
+    }
+}
+
+/// Where in `v` the first null is (`.member`, `[index]`, ...; empty for `v`
+/// itself), made only when there is one.
+fn null_at(v: &Value) -> Option<String> {
+    match v {
+        Value::Null => Some(String::new()),
+        Value::Object(o) => o.iter().find_map(|(k, v)| {
+            null_at(v).map(|rest| format!(".{}{rest}", k.chars().take(64).collect::<String>()))
         }),
         Value::Array(a) => a
             .iter()
             .enumerate()
-            .try_for_each(|(i, v)| not_null(v, Some(&format!("{}[{i}]", at.unwrap_or_default())))),
-        _ => Ok(()),
+            .find_map(|(i, v)| null_at(v).map(|rest| format!("[{i}]{rest}"))),
+        _ => None,
     }
 }
 
