@@ -389,6 +389,11 @@ pub fn saturating_u64(v: f64) -> u64 {
     v as u64
 }
 
+/// Nanoseconds of `d`, saturating at `u64::MAX` (584 years).
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Whole milliseconds of `d`, saturating at `u64::MAX` (585 million years).
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

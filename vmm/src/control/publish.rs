@@ -77,7 +77,7 @@ pub(crate) fn start(sources: Sources) -> std::io::Result<Publisher> {
 pub(crate) fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .map_or(0, crate::units::nanos)
 }
 
 /// One copy of every value; the guest's progress rates are kept over
@@ -116,7 +116,7 @@ pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
             VcpuStat::DirtyRingFullNs,
             v.ring_full_ns.load(Ordering::Relaxed),
         );
-        let slept = u64::try_from(v.throttle.slept().as_nanos()).unwrap_or(u64::MAX);
+        let slept = v.throttle.slept_ns();
         s.stats.set_vcpu(i, VcpuStat::ThrottledNs, slept);
         s.stats.set_vcpu(
             i,

@@ -678,7 +678,7 @@ pub(crate) fn render(samples: &Shared) -> String {
             &mut out,
             "kvmscope_throttled_seconds_total",
             "Time the vCPU slept for auto-converge's throttle or its dirty limit (its guest did not run).",
-            &|v| u64::try_from(v.throttle.slept().as_nanos()).unwrap_or(u64::MAX),
+            &|v| v.throttle.slept_ns(),
         );
         let _ = writeln!(out, "# HELP kvmscope_cpu_throttle_percent The auto-converge throttle in force on the vCPU (0: none).\n# TYPE kvmscope_cpu_throttle_percent gauge");
         for (i, v) in samples.vcpus.iter().enumerate() {

@@ -491,7 +491,7 @@ impl Worker {
             vp.progress = vcpu.guest_progress().unwrap_or(0);
             vp.progress_per_s = rate(vp.progress, totals[i].2);
             vp.stall_ns = crate::vcpu::stall::shown_ns(vcpu);
-            vp.throttled_ns = u64::try_from(vcpu.throttle.slept().as_nanos()).unwrap_or(u64::MAX);
+            vp.throttled_ns = vcpu.throttle.slept_ns();
             totals[i] = (exits, ours, vp.progress);
         }
         self.prev = Some((now, totals));
@@ -500,5 +500,5 @@ impl Worker {
 
 /// Nanoseconds since `t0` (saturating after 584 years).
 fn elapsed_ns(t0: Instant) -> u64 {
-    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    crate::units::nanos(t0.elapsed())
 }

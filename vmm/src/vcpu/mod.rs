@@ -562,7 +562,7 @@ impl Vcpu {
             .as_ref()
             .map(|d| d.harvest_vcpu(self.shared.index));
         // The guest waits for this: its stall (`stall.rs`).
-        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let ns = crate::units::nanos(t.elapsed());
         self.shared.ring_full_ns.fetch_add(ns, Ordering::Relaxed);
         let error = match harvested {
             Some(Ok(_)) => return None,

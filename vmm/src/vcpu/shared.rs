@@ -460,7 +460,7 @@ impl VcpuShared {
             inbox = crate::wait(&self.wake, inbox, None);
         }
         inbox.state = before;
-        let ns = u64::try_from(parked.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let ns = crate::units::nanos(parked.elapsed());
         self.parked_ns.fetch_add(ns, Ordering::Relaxed);
         inbox
     }

@@ -77,7 +77,7 @@ pub fn fault_cost() -> Duration {
 
 /// Sets the cost per fault the stall counts from now on.
 pub(crate) fn set_fault_cost(cost: Duration) {
-    let ns = u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let ns = crate::units::nanos(cost).max(1);
     FAULT_COST_NS.store(ns, Ordering::Relaxed);
 }
 
@@ -102,8 +102,9 @@ fn read(v: &VcpuShared) -> Option<Reading> {
         ring_ns: v.ring_full_ns.load(Ordering::Relaxed),
         system_ns: v.tid.get().and_then(|&tid| system_time_ns(tid)),
         wait_ns: v.tid.get().and_then(|&tid| run_delay_ns(tid)),
-        asleep_ns: u64::try_from(v.throttle.slept().as_nanos())
-            .unwrap_or(u64::MAX)
+        asleep_ns: v
+            .throttle
+            .slept_ns()
             .saturating_add(v.parked_ns.load(Ordering::Relaxed)),
         fault_ns: FAULT_COST_NS.load(Ordering::Relaxed),
     })
@@ -196,7 +197,7 @@ fn stall_so_far(v: &VcpuShared) -> Duration {
 /// observation's excess over its rate before may fall back a little; the
 /// total catches up when it ends).
 pub(crate) fn shown_ns(v: &VcpuShared) -> u64 {
-    let now = u64::try_from(stall_so_far(v).as_nanos()).unwrap_or(u64::MAX);
+    let now = crate::units::nanos(stall_so_far(v));
     let before = v.stall_shown_ns.fetch_max(now, Ordering::Relaxed);
     before.max(now)
 }
@@ -228,7 +229,7 @@ fn settle_until(v: &VcpuShared, now: Instant) {
         !over
     });
     drop(open);
-    let ns = u64::try_from(added.as_nanos()).unwrap_or(u64::MAX);
+    let ns = crate::units::nanos(added);
     v.stall_ns.fetch_add(ns, Ordering::Relaxed);
 }
 
@@ -429,7 +430,7 @@ impl Period {
             .zip(&self.start)
             .zip(readings)
         {
-            let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            let ns = crate::units::nanos(*d);
             v.stall_ns.fetch_add(ns, Ordering::Relaxed);
             let aftermath = start.zip(end).map(|((_, rates), r)| OpenObservation {
                 period: self.id,

@@ -39,9 +39,14 @@ impl Throttle {
         Duration::from_nanos(self.slept_ns.load(Ordering::Relaxed))
     }
 
+    /// [`Throttle::slept`], ns.
+    pub(crate) fn slept_ns(&self) -> u64 {
+        self.slept_ns.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn add_slept(&self, d: Duration) {
-        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.slept_ns.fetch_add(ns, Ordering::Relaxed);
+        self.slept_ns
+            .fetch_add(crate::units::nanos(d), Ordering::Relaxed);
     }
 }
 
