@@ -429,7 +429,12 @@ impl Target {
             Target::All => Ok((0..vcpus).collect()),
             Target::Some(list) => match list.iter().find(|&&i| i >= vcpus) {
                 Some(&index) => Err(SpecError::NoSuchVcpu {
-                    target: format!("{list:?}"),
+                    // As a list is written (a range comes back as its indexes).
+                    target: list
+                        .iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
                     index,
                     vcpus,
                 }),

@@ -405,7 +405,9 @@ fn plot_of_a_malformed_series_fails_naming_the_line() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("bad.jsonl is not a sampler series"),
+        stderr(&out).contains(
+            "bad.jsonl is not a sampler series (read as JSON lines, since its name does not end in .csv)"
+        ),
         "{}",
         stderr(&out)
     );

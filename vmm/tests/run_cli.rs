@@ -53,7 +53,7 @@ fn a_workload_that_does_not_fit_the_vm_exits_2_naming_it() {
         ),
         (
             "3: touch size=1M",
-            "vCPU 3 in target '[3]' does not exist (the VM has 1)",
+            "vCPU 3 in target '3' does not exist (the VM has 1)",
         ),
     ] {
         let out = kvmscope()

@@ -38,10 +38,12 @@ pub enum PlotError {
         source: std::io::Error,
     },
     /// The series file is not a sampler series.
-    #[error("series {} is not a sampler series", path.display())]
+    #[error("series {} is not a sampler series ({read_as})", path.display())]
     ParseSeries {
         /// The series file.
         path: PathBuf,
+        /// How it was read, and why: its name picks the format.
+        read_as: &'static str,
         /// The line and what is wrong with it.
         #[source]
         source: ParseError,

@@ -175,6 +175,11 @@ pub(crate) fn load_series(path: &Path) -> Result<(SeriesHeader, Vec<Point>), Plo
     };
     parsed.map_err(|source| PlotError::ParseSeries {
         path: path.to_path_buf(),
+        read_as: if is_csv {
+            "read as CSV, by its .csv name"
+        } else {
+            "read as JSON lines, since its name does not end in .csv"
+        },
         source,
     })
 }

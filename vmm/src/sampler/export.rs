@@ -31,6 +31,9 @@ pub enum Error {
     /// The existing file could not be looked at.
     #[error("looking at the existing samples file {0}")]
     Inspect(PathBuf, #[source] std::io::Error),
+    /// The directory the file goes in is not there.
+    #[error("samples file {0}: its directory {1} does not exist")]
+    NoDirectory(PathBuf, PathBuf),
     /// The temporary file could not be created.
     #[error("creating a temporary samples file {0}")]
     Create(PathBuf, #[source] std::io::Error),
@@ -138,6 +141,10 @@ fn create_temp(target: &Path) -> Result<tempfile::NamedTempFile, Error> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    if !dir.is_dir() {
+        // Said of the series, not of the hidden temporary file beside it.
+        return Err(Error::NoDirectory(target.to_path_buf(), dir.to_path_buf()));
+    }
     tempfile::Builder::new()
         .prefix(&format!(".{name}.{}.", std::process::id()))
         .suffix(".tmp")
@@ -414,6 +421,24 @@ mod tests {
                 .unwrap()
         ));
         assert_eq!(names(&d), ["series.csv"], "no temporary file left");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_series_whose_directory_is_missing_is_refused_naming_it() {
+        let d = dir("nodir");
+        let path = d.join("missing").join("series.jsonl");
+        let e = Writer::create(&path.clone().into(), &header())
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "samples file {}: its directory {} does not exist",
+                path.display(),
+                d.join("missing").display()
+            )
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 

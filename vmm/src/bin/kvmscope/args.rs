@@ -231,7 +231,9 @@ pub(crate) struct ReadinessArgs {
     /// Default: the VMM's `downtime-limit` (300ms unless set).
     #[arg(long, value_name = "DUR", allow_hyphen_values = true, value_parser = max_downtime)]
     pub(crate) max_downtime: Option<Period>,
-    /// Print the report as JSON.
+    /// Print the report as JSON: `query-readiness`'s reply without its
+    /// `text` member (the text report is what the command prints without
+    /// --json).
     #[arg(long)]
     pub(crate) json: bool,
 }
