@@ -155,6 +155,98 @@ fn query_readiness_without_dirty_logging_has_no_rate_and_uses_mapped() {
     vm.quit();
 }
 
+/// A 128 MiB ring VM on huge pages whose guest wrote 64 MiB.
+fn huge_ring_vm(test: &str) -> ServedVm {
+    let vm = ServedVm::start_with(test, 128 << 20, 1, |c| {
+        c.vm.dirty_log = Some(DirtyMode::Ring(4096));
+        c.vm.hugepages = true;
+    });
+    guest(&vm, "touch size=64M pattern=0x5a");
+    vm
+}
+
+/// On huge pages, letting dirty logging go unmaps the 4 KiB pieces KVM
+/// split the 2 MiB pages into (KVM maps them whole again only as the guest
+/// touches them): mapped then falls under what the guest wrote, and the
+/// prediction takes the most KVM has mapped instead.
+#[test]
+fn after_a_window_on_huge_pages_the_prediction_takes_the_most_kvm_mapped() {
+    require_kvm!();
+    let vm = huge_ring_vm("ready-peak");
+    let mut c = vm.client();
+    let ask = |c: &mut kvmscope::client::Client, args: Value| {
+        c.execute("query-readiness", args)
+            .expect("query-readiness")
+            .0
+    };
+    let before = ask(&mut c, json!({"calc-time": 0}));
+    let mapped = |r: &Value| r["mapped"]["bytes"].as_u64().unwrap();
+    assert!(
+        before["mapped"]["pages_2m"].as_u64().unwrap() >= 32,
+        "the guest's 64 MiB mapped 2 MiB at a time: {before}"
+    );
+    assert_eq!(before["estimate_used"], "mapped", "{before}");
+    // A writer over half of it, done before the window ends.
+    c.execute(
+        "guest-command",
+        json!({"vcpu": 0, "command": "dirty ws=32M rate=max for=500ms"}),
+    )
+    .unwrap();
+    ask(&mut c, json!({"calc-time": 1.0}));
+    let after = ask(&mut c, json!({"calc-time": 0}));
+    let peak = after["mapped"]["peak_bytes"].as_u64().expect("peak_bytes");
+    assert!(peak >= mapped(&before), "{after}");
+    if mapped(&after) + (1 << 20) <= peak {
+        assert_eq!(after["estimate_used"], "mapped-peak", "{after}");
+        let normal = after["prediction"]["migrate"]["ram"]["normal"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            normal * 4096 >= 64 << 20,
+            "the 64 MiB the guest wrote go as data: {normal} pages: {}",
+            after["text"]
+        );
+    } else {
+        assert_eq!(after["estimate_used"], "mapped", "{after}");
+    }
+    // This backend (shadow paging) lets them go.
+    if std::path::Path::new("/sys/module/kvm_pvm").exists() {
+        assert!(
+            mapped(&after) + (16 << 20) < mapped(&before),
+            "mapped {} after the window, {} before",
+            mapped(&after),
+            mapped(&before)
+        );
+    }
+    vm.quit();
+}
+
+/// The same after a standalone dirty limit, with no readiness measurement
+/// before it: the VMM's stats thread keeps the most KVM mapped.
+#[test]
+fn the_most_kvm_mapped_is_kept_with_no_measurement_before() {
+    require_kvm!();
+    let vm = huge_ring_vm("ready-peak-limit");
+    let mut c = vm.client();
+    // Seen by the stats thread (every 100 ms) before logging starts.
+    std::thread::sleep(Duration::from_millis(300));
+    c.execute("set-vcpu-dirty-limit", json!({"dirty-rate": 1000}))
+        .unwrap();
+    guest(&vm, "dirty ws=32M rate=max for=500ms");
+    c.execute("cancel-vcpu-dirty-limit", json!({})).unwrap();
+    let (r, _) = c
+        .execute("query-readiness", json!({"calc-time": 0}))
+        .unwrap();
+    let mapped = r["mapped"]["bytes"].as_u64().unwrap();
+    let peak = r["mapped"]["peak_bytes"].as_u64().unwrap();
+    assert!(peak >= 64 << 20, "the stats thread saw the 64 MiB: {r}");
+    if std::path::Path::new("/sys/module/kvm_pvm").exists() {
+        assert!(mapped + (16 << 20) < peak, "{r}");
+        assert_eq!(r["estimate_used"], "mapped-peak", "{r}");
+    }
+    vm.quit();
+}
+
 /// A client whose `query-readiness` window of `seconds` runs (once the
 /// server has taken it, a second is refused: asked until it is), and that
 /// refusal.

@@ -2,12 +2,14 @@
 //! `mincore` says "not resident" for it as for a page never touched. With
 //! swap (an existing one, or, as root, a small swap file made for the test),
 //! a page of an anonymous mapping is pushed out with MADV_PAGEOUT and the
-//! migration's page classification must still call it data.
+//! migration's page classification, and the readiness scan, must still call
+//! it data.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use kvmscope::backing::{classify, Backing};
+use kvmscope::readiness::scan::{pages_to_read, scan, Ram};
 use vm_memory::{Bytes, VolatileMemory};
 
 struct SwapFile(Option<PathBuf>);
@@ -82,6 +84,8 @@ fn a_swapped_out_page_is_classified_as_data_not_as_never_backed() {
     let rc = unsafe { libc::madvise(page.cast(), 4096, libc::MADV_PAGEOUT) };
     let swapped = pagemap_entry(page as u64) & (1 << 62) != 0;
     let runs = classify(&region).unwrap();
+    // The readiness scan's map of what to read, taken while it is out.
+    let to_read = pages_to_read(&region).unwrap();
     // Reading the page back swaps it in.
     let back: u8 = ram.read_obj(5 * 4096).unwrap();
     if rc != 0 || !swapped {
@@ -93,4 +97,15 @@ fn a_swapped_out_page_is_classified_as_data_not_as_never_backed() {
         "the page is in swap and holds data: {runs:?}"
     );
     assert_eq!(back, 0x5a);
+    // The exact scan reads it (and counts it non-zero); the pages never
+    // touched it counts as zero unread.
+    assert_eq!(to_read[5], 1, "{to_read:?}");
+    // SAFETY: the mapping lives and nothing else writes it meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), len) };
+    let s = scan(&Ram::from_slice(bytes), Some(&to_read), 0..16, |_, _| {
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(s.nonzero_in_range, 1, "{s:?}");
+    assert_eq!(s.unbacked_pages, 15, "{s:?}");
 }

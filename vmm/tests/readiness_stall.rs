@@ -83,6 +83,15 @@ fn a_window_over_a_writing_guest_reports_its_stall_and_over_an_idle_one_none() {
     );
     let share = busy["guest_stall"]["share"].as_f64().unwrap();
     assert!((share - ms / period_ms).abs() < 1e-6, "{busy}");
+    // The part of it that was waiting for a CPU is given apart (null where
+    // the vCPU's usual waiting was not known yet), never more than the
+    // stall it is part of, and in all as per vCPU.
+    let waited = &busy["guest_stall"]["vcpus"][0]["waited_ms"];
+    assert!(waited.is_null() || waited.is_f64(), "{busy}");
+    if let Some(w) = waited.as_f64() {
+        assert!((0.0..=ms + 1e-9).contains(&w), "{busy}");
+    }
+    assert_eq!(&busy["guest_stall"]["waited_ms"], waited, "{busy}");
     assert!(
         busy["text"]
             .as_str()
@@ -130,6 +139,11 @@ fn a_migration_of_a_writing_guest_reports_its_stall() {
         "each pass re-protects what the guest rewrote: {stall:?}"
     );
     assert_eq!(stall.total_ms, stall.vcpus[0].ms);
+    // Its waiting for a CPU, when measured, is part of it and given apart.
+    assert_eq!(stall.waited_ms, stall.vcpus[0].waited_ms, "{stall:?}");
+    if let Some(w) = stall.waited_ms {
+        assert!((0.0..=stall.total_ms).contains(&w), "{stall:?}");
+    }
     dest.quit();
 }
 

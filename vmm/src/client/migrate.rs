@@ -515,9 +515,10 @@ pub(crate) fn info_migrate(info: &MigrationInfo) -> String {
         let per: Vec<String> = g.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
         let _ = writeln!(
             s,
-            "{what}: {:.0} ms (per vCPU ms: {})",
+            "{what}: {:.0} ms (per vCPU ms: {}){}",
             g.total_ms,
-            per.join(", ")
+            per.join(", "),
+            crate::protocol::migration::waited_note(g.waited_ms)
         );
     };
     if let Some(g) = &info.x_guest_stall {
@@ -595,23 +596,28 @@ mod tests {
             }),
             x_guest_stall: Some(GuestStall {
                 total_ms: 52.0,
+                waited_ms: Some(20.0),
                 vcpus: vec![
                     VcpuStall {
                         cpu_index: 0,
                         ms: 40.0,
+                        waited_ms: Some(8.0),
                     },
                     VcpuStall {
                         cpu_index: 1,
                         ms: 12.0,
+                        waited_ms: Some(12.0),
                     },
                 ],
             }),
             cpu_throttle_percentage: Some(40),
             x_cpu_throttled: Some(GuestStall {
                 total_ms: 300.0,
+                waited_ms: None,
                 vcpus: vec![VcpuStall {
                     cpu_index: 0,
                     ms: 300.0,
+                    waited_ms: None,
                 }],
             }),
             x_guest_progress: Some(GuestProgress {
@@ -639,7 +645,10 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("guest stall (dirty tracking): 52 ms (per vCPU ms: 40, 12)\n"));
+        assert!(
+            text.contains("guest stall (dirty tracking): 52 ms (per vCPU ms: 40, 12); of it, 20 ms waiting for a CPU beyond the usual (the host's contention)\n"),
+            "{text}"
+        );
         assert!(text.contains(
             "guest progress (units/s, its own count): vCPU 0 450/s of 900/s before (50.0 %); vCPU 1 5/s\n"
         ));

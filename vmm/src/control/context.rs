@@ -51,6 +51,9 @@ pub(crate) struct Context {
     pub(crate) periodic: Option<Periodic>,
     /// The vCPUs' dirty limits (`set-vcpu-dirty-limit` and friends).
     pub(crate) dirty_limits: Arc<crate::vcpu::limits::Limits>,
+    /// The most KVM has mapped at once, noted by the `vmm-stats` thread and
+    /// every readiness measurement.
+    pub(crate) mapped_peak: Arc<crate::readiness::MappedPeak>,
 }
 
 impl Context {
@@ -85,6 +88,7 @@ impl Context {
             )?),
             periodic: None,
             dirty_limits: vm.dirty_limits.clone(),
+            mapped_peak: Arc::default(),
         })
     }
 }

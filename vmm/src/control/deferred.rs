@@ -64,6 +64,7 @@ pub(crate) fn poll_worker(rx: &Receiver<WorkerMsg>) -> Progress {
 /// Everything a readiness worker needs, taken from the control context.
 struct Job {
     vm_stats: StatsFd,
+    mapped_peak: Arc<crate::readiness::MappedPeak>,
     mem: crate::memory::GuestMemory,
     dirty: Option<Arc<crate::dirty::DirtyLog>>,
     vcpus: Vec<Arc<VcpuShared>>,
@@ -205,6 +206,7 @@ pub(crate) fn start_readiness(
     let wake = ctx.vcpus.first().and_then(|v| v.watcher.get().cloned());
     let job = Job {
         vm_stats,
+        mapped_peak: ctx.mapped_peak.clone(),
         mem: ctx.mem.clone(),
         dirty: ctx.dirty.clone(),
         vcpus: ctx.vcpus.clone(),
@@ -288,6 +290,7 @@ impl Job {
             pause: &mut pause,
             arena: crate::abi::ARENA_BASE / 4096..(ram.size() / 4096) as u64,
             abandoned: &abandoned,
+            mapped_peak: Some(&self.mapped_peak),
         };
         let tx = self.tx.clone();
         let wake = self.wake.clone();

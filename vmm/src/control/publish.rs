@@ -13,6 +13,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::exits::Reason;
 use crate::migration::Migration;
 use crate::protocol::migration::Status;
+use crate::readiness::MappedPeak;
 use crate::vcpu::progress::Meter;
 use crate::vcpu::{VcpuShared, VcpuState};
 use crate::vmmstats::{VcpuStat, VmStat, VmmStats, PUBLISH_PERIOD};
@@ -40,6 +41,8 @@ pub(crate) struct Sources {
     pub(crate) stats: Arc<VmmStats>,
     pub(crate) vcpus: Vec<Arc<VcpuShared>>,
     pub(crate) migration: Option<Arc<Migration>>,
+    /// The VM's stats, read for what KVM maps, and the most it has mapped.
+    pub(crate) mapped: Option<(kvm_stats::StatsFd, Arc<MappedPeak>)>,
 }
 
 /// Starts the `vmm-stats` thread.
@@ -54,10 +57,15 @@ pub(crate) fn start(sources: Sources) -> std::io::Result<Publisher> {
         .spawn(move || {
             let (stopped, wake) = &*theirs;
             let mut meter = Meter::default();
+            let mut sample = sources.mapped.as_ref().map(|(s, _)| s.new_sample());
             let mut done = crate::lock(stopped);
             while !*done {
                 drop(done);
                 publish(&sources, &mut meter);
+                if let (Some((stats, peak)), Some(sample)) = (&sources.mapped, &mut sample) {
+                    // One `pread`; a failure now is one the next period may not have.
+                    let _ = peak.read(stats, sample);
+                }
                 done = crate::lock(stopped);
                 done = match wake.wait_timeout(done, PUBLISH_PERIOD) {
                     Ok((guard, _)) => guard,

@@ -251,10 +251,12 @@ impl Converge {
             .map(|(i, (v, before))| VcpuStall {
                 cpu_index: i,
                 ms: v.throttle.slept().saturating_sub(*before).as_secs_f64() * 1e3,
+                waited_ms: None,
             })
             .collect();
         GuestStall {
             total_ms: vcpus.iter().map(|v| v.ms).sum(),
+            waited_ms: None,
             vcpus,
         }
     }

@@ -885,6 +885,7 @@ fn guest_stall(stall: &Stall) -> GuestStall {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     GuestStall {
         total_ms: ms(stall.total()),
+        waited_ms: stall.total_waited().map(ms),
         vcpus: stall
             .vcpus
             .iter()
@@ -892,6 +893,7 @@ fn guest_stall(stall: &Stall) -> GuestStall {
             .map(|(cpu_index, d)| VcpuStall {
                 cpu_index,
                 ms: ms(*d),
+                waited_ms: stall.waited(cpu_index).map(ms),
             })
             .collect(),
     }

@@ -209,8 +209,23 @@ pub struct MigrationInfo {
 pub struct GuestStall {
     /// All vCPUs' stall added up, ms.
     pub total_ms: f64,
+    /// `x-guest-stall` only: of `total-ms`, the time the vCPU threads
+    /// waited for a CPU beyond their usual (absent where not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<f64>,
     /// Each vCPU's.
     pub vcpus: Vec<VcpuStall>,
+}
+
+/// What a stall's text says of the part of it that was waiting for a CPU
+/// (`waited-ms`; nothing where that is under a millisecond or was not
+/// measured), for `kvmscope migrate`'s and `kvmscope readiness`'s reports.
+pub fn waited_note(waited_ms: Option<f64>) -> String {
+    waited_ms
+        .filter(|&w| w >= 0.5)
+        .map_or_else(String::new, |w| {
+            format!("; of it, {w:.0} ms waiting for a CPU beyond the usual (the host's contention)")
+        })
 }
 
 /// One vCPU's stall.
@@ -221,6 +236,10 @@ pub struct VcpuStall {
     pub cpu_index: usize,
     /// Its stall, ms.
     pub ms: f64,
+    /// `x-guest-stall` only: of `ms`, the time its thread waited for a CPU
+    /// beyond its usual (absent where not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<f64>,
 }
 
 /// The guest's own progress over a migration (`x-guest-progress`).

@@ -44,6 +44,11 @@ pub struct MappedFigure {
     pub bytes: u64,
     /// Microseconds it took.
     pub took_us: f64,
+    /// The most bytes KVM has mapped at once since the VMM started (or the
+    /// VM arrived), as the VMM saw it (null where it does not keep count;
+    /// absent from VMMs before it).
+    #[serde(default)]
+    pub peak_bytes: Option<u64>,
 }
 
 /// The dirty rate over a window.
@@ -120,6 +125,11 @@ pub struct StallFigure {
     /// may write any of them).
     #[serde(default)]
     pub left_stall_ms_expected: Option<f64>,
+    /// Of `total_ms`, the time the vCPU threads waited for a CPU beyond
+    /// their usual: the host's contention, not the faults themselves (null
+    /// where not measured; absent from VMMs before it).
+    #[serde(default)]
+    pub waited_ms: Option<f64>,
     /// Each vCPU's stall.
     pub vcpus: Vec<VcpuStallFigure>,
 }
@@ -133,6 +143,10 @@ pub struct VcpuStallFigure {
     pub ms: f64,
     /// Its write-protection faults beyond its rate before the window.
     pub faults: u64,
+    /// Of `ms`, the time its thread waited for a CPU beyond its usual (null
+    /// where not measured; absent from VMMs before it).
+    #[serde(default)]
+    pub waited_ms: Option<f64>,
 }
 
 /// How far one estimate of non-zero pages is from the scan's count.

@@ -14,6 +14,9 @@ pub enum Error {
     /// `mincore` over guest RAM failed.
     #[error("mincore over guest RAM")]
     Residency(#[source] std::io::Error),
+    /// The page map (which pages hold data, for the scan) could not be read.
+    #[error("reading the page map of guest RAM for the scan")]
+    PageMap(#[source] crate::backing::Error),
     /// Dirty tracking could not be turned on or harvested.
     #[error(transparent)]
     Dirty(#[from] dirty::Error),

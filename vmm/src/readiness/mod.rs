@@ -11,10 +11,11 @@ pub(crate) mod report;
 pub mod scan;
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvm_stats::StatsFd;
+use kvm_stats::{Sample, StatsFd};
 use vm_memory::MmapRegion;
 
 use crate::memory::resident;
@@ -44,6 +45,47 @@ pub(crate) struct Guest<'a> {
     /// Whether whoever asked has gone: a window then stops at once (it
     /// would track the guest, at its cost, for nobody).
     pub(crate) abandoned: &'a dyn Fn() -> bool,
+    /// The most KVM has mapped, kept by a VMM that serves (`None`: not kept).
+    pub(crate) mapped_peak: Option<&'a MappedPeak>,
+}
+
+/// The most guest pages KVM has mapped at once since the VMM started (a VM
+/// that migrated in: since it arrived), noted by the VMM's stats thread at
+/// each publishing period and by every readiness measurement. KVM lets
+/// mappings go that still hold the guest's data: on a VM with huge pages,
+/// letting dirty logging go unmaps the 4 KiB pieces it split 2 MiB pages
+/// into (KVM maps them whole again only as the guest touches them), and a
+/// host that reclaims, merges or moves pages unmaps them too. Guest RAM is
+/// never given back here (no balloon, no discard), so what was mapped once
+/// still holds whatever the guest wrote: the most is the better bound.
+#[derive(Debug, Default)]
+pub(crate) struct MappedPeak(AtomicU64);
+
+impl MappedPeak {
+    /// Notes `pages` mapped now; returns the most so far.
+    pub(crate) fn note(&self, pages: u64) -> u64 {
+        self.0.fetch_max(pages, Ordering::Relaxed).max(pages)
+    }
+
+    /// The most so far.
+    pub(crate) fn pages(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Reads what KVM maps now from the VM's stats (one `pread` into
+    /// `sample`) and notes it.
+    ///
+    /// # Errors
+    /// The stats could not be read.
+    pub(crate) fn read(
+        &self,
+        vm_stats: &StatsFd,
+        sample: &mut Sample,
+    ) -> Result<(), kvm_stats::Error> {
+        vm_stats.read_sample(sample)?;
+        self.note(Mapped::from_sample(vm_stats.schema(), sample).bytes() / 4096);
+        Ok(())
+    }
 }
 
 fn timed<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<Figure<T>, Error> {
@@ -67,6 +109,13 @@ pub(crate) fn measure(
 ) -> Result<Report, Error> {
     let ram_pages = (g.ram.size() / 4096) as u64;
     let mapped = timed(|| mapped_now(g.vm_stats))?;
+    let peak = g.mapped_peak;
+    let note = |pages: u64| {
+        if let Some(p) = peak {
+            p.note(pages);
+        }
+    };
+    note(mapped.value.bytes() / 4096);
     let resident = timed(|| Ok(resident(g.ram).map_err(Error::Residency)?.1))?;
     // The window first: syncing the log for "written since boot" protects
     // again what it harvests, and the faults that follow would fall in the
@@ -88,9 +137,15 @@ pub(crate) fn measure(
     } else {
         None
     };
+    if let Some(Figure { value: rate, .. }) = &dirty_rate {
+        // Read while the log was held: before letting it go unmapped what
+        // it had split.
+        note(rate.mapped_held);
+    }
     let mut report = Report {
         ram_pages,
         mapped,
+        mapped_peak: peak.map(MappedPeak::pages),
         resident,
         written,
         dirty_rate,
@@ -136,6 +191,7 @@ pub fn measure_vm(
         pause: &mut pause,
         arena: crate::abi::ARENA_BASE / 4096..(len / 4096) as u64,
         abandoned: &|| false,
+        mapped_peak: None,
     };
     measure(&mut guest, options, progress)
 }
@@ -207,6 +263,7 @@ fn dirty_rate(
     Ok(DirtyRate {
         mode,
         window,
+        mapped_held: mapped,
         pages,
         pages_per_s: pages as f64 / window.as_secs_f64(),
         per_vcpu,
@@ -258,7 +315,7 @@ fn exact_scan(g: &mut Guest<'_>, mut progress: impl FnMut(u64, u64)) -> Result<s
         if !crate::vcpu::wait_parked(g.vcpus, PAUSE_LIMIT) {
             return Err(Error::PauseTimeout(PAUSE_LIMIT));
         }
-        let (residency, _) = resident(g.ram).map_err(Error::Residency)?;
+        let to_read = scan::pages_to_read(g.ram).map_err(Error::PageMap)?;
         // SAFETY: every vCPU is parked (checked just above) and stays so until
         // the resume below.
         let ram = unsafe { scan::Ram::paused(g.ram) };
@@ -270,7 +327,7 @@ fn exact_scan(g: &mut Guest<'_>, mut progress: impl FnMut(u64, u64)) -> Result<s
                 ControlFlow::Continue(())
             }
         };
-        scan::scan(&ram, Some(&residency), g.arena.clone(), step)
+        scan::scan(&ram, Some(&to_read), g.arena.clone(), step)
             .ok_or_else(|| Error::Abandoned(started.elapsed()))
     })();
     let resumed = (g.pause)(false).map_err(Error::Pause);

@@ -35,6 +35,8 @@ pub struct DirtyRate {
     pub(crate) mode: &'static str,
     /// How long the guest was watched.
     pub window: Duration,
+    /// Pages KVM mapped at the window's end, the log still held.
+    pub(crate) mapped_held: u64,
     /// Distinct pages dirtied in the window.
     pub(crate) pages: u64,
     /// `pages` per second of the window.
@@ -114,6 +116,18 @@ impl DirtyRate {
             .map(|&(p, _)| p)
     }
 
+    /// The curve's last count and when it was taken, when that was near
+    /// the middle of the window: from its half (when it was taken) to three
+    /// quarters in (a count that came late, on a busy host: the growth after
+    /// it is weighed for the time that was left).
+    fn midway(&self) -> Option<(u64, f64)> {
+        let end = self.window.as_secs_f64();
+        self.curve
+            .last()
+            .map(|&(p, t)| (p, t.as_secs_f64()))
+            .filter(|&(_, t)| (0.45 * end..=0.75 * end).contains(&t))
+    }
+
     /// Whether the window's distinct pages were all there by the curve's
     /// first count (within 3 %): a set filled faster than the window looks,
     /// whose rate [`DirtyRate::growth`] can only bound from below and whose
@@ -127,9 +141,9 @@ impl DirtyRate {
 
     /// The write rate behind the window, pages/s, and how its distinct pages
     /// grow ([`Growth`]), fitted to the curve. When the window's second half
-    /// added as much as its first (no working set seen), or the window has
-    /// too few pages or points, the rate is the window's and the growth
-    /// linear. Otherwise two shapes are fitted and the closer one (in the
+    /// added as much as its first (no working set seen; [`Self::midway`]),
+    /// or the window has too few pages or points, the rate is the window's
+    /// and the growth linear. Otherwise two shapes are fitted and the closer one (in the
     /// log of each point's count) is taken:
     /// - sequential, `min(r·t, W)`: a sweep counts up at its write rate until
     ///   its set is full, so `r` is the steepest count-over-time of the curve
@@ -152,10 +166,14 @@ impl DirtyRate {
             .chain([(end, self.pages as f64)])
             .filter(|&(t, p)| t > 0.0 && p >= MIN_FIT_PAGES)
             .collect();
-        let (Some(half), [.., _, _]) = (self.half(), points.as_slice()) else {
+        let (Some((mid, at)), [.., _, _]) = (self.midway(), points.as_slice()) else {
             return linear;
         };
-        if (half as f64) < MIN_FIT_PAGES || self.pages as f64 / half as f64 - 1.0 >= 0.9 {
+        // What the rest of the window added against what it would have at
+        // the count's rate so far (as much again after the half): 90 % of
+        // that or more is a rate with no working set in sight.
+        let rest = end / at - 1.0;
+        if (mid as f64) < MIN_FIT_PAGES || self.pages as f64 / mid as f64 - 1.0 >= 0.9 * rest {
             return linear;
         }
         let seen = self.pages;
@@ -177,9 +195,11 @@ impl DirtyRate {
 /// The host-resident count bounds them (a page the host does not back is
 /// zero, or swapped out).
 fn under_mapped(mapped: u64, resident: u64) -> bool {
-    const SLACK_PAGES: u64 = 256;
     resident > mapped.saturating_mul(2) && resident - mapped >= SLACK_PAGES
 }
+
+/// Pages two page counts may differ by and still be read as the same (1 MiB).
+const SLACK_PAGES: u64 = 256;
 
 /// Pages below which a count says too little about a rate.
 const MIN_FIT_PAGES: f64 = 64.0;
@@ -229,6 +249,9 @@ pub struct Report {
     pub(crate) ram_pages: u64,
     /// Guest memory KVM maps, by page size (the stats-only estimate).
     pub(crate) mapped: Figure<Mapped>,
+    /// The most pages KVM has mapped at once, as the VMM kept count
+    /// (`super::MappedPeak`; `None` where it does not).
+    pub(crate) mapped_peak: Option<u64>,
     /// Host-resident pages of the guest-RAM mapping.
     pub(crate) resident: Figure<u64>,
     /// Pages written since boot (dirty logging).
@@ -352,10 +375,9 @@ impl Report {
                 u64::MAX
             }
         };
-        let nonzero = match &self.scan {
-            Some(s) => s.value.nonzero_pages,
-            None => self.mapped_pages().min(self.ram_pages),
-        };
+        // The estimate the prediction takes (a VM that migrated in: the
+        // host-resident count, not its near-zero mapped pages).
+        let (nonzero, _) = self.nonzero_used();
         let rate = self.dirty_rate.as_ref().map(|d| &d.value);
         stats.set_vm(ReadinessMapped, self.mapped.value.bytes());
         stats.set_vm(ReadinessNonzero, nonzero.saturating_mul(4096));
@@ -400,15 +422,39 @@ impl Report {
     }
 
     /// The best bound on non-zero pages without a scan, and its name: the
-    /// mapped pages, unless the host backs far more than KVM maps
+    /// mapped pages, or the most KVM has mapped at once where it maps
+    /// clearly fewer now ([`Self::mapped_let_go`]: mappings let go still
+    /// hold data), unless the host backs far more than that
     /// ([`under_mapped`]), where the host-resident count is the bound.
     fn nonzero_bound(&self) -> (u64, &'static str) {
-        let mapped = self.mapped_pages().min(self.ram_pages);
+        let (mapped, name) = match self.mapped_let_go() {
+            Some(peak) => (peak, "mapped-peak"),
+            None => (self.mapped_pages(), "mapped"),
+        };
+        let mapped = mapped.min(self.ram_pages);
         let resident = self.resident.value.min(self.ram_pages);
         if under_mapped(mapped, resident) {
             (resident, "resident")
         } else {
-            (mapped, "mapped")
+            (mapped, name)
+        }
+    }
+
+    /// The most pages KVM has mapped at once, where that is clearly more
+    /// than it maps now (by [`SLACK_PAGES`], 1 MiB): KVM let mappings go
+    /// (dirty logging let go on huge pages, host reclaim) whose pages still
+    /// hold the guest's data.
+    pub(crate) fn mapped_let_go(&self) -> Option<u64> {
+        self.mapped_peak
+            .filter(|&peak| peak >= self.mapped_pages().saturating_add(SLACK_PAGES))
+    }
+
+    /// The non-zero pages a prediction takes, and the estimate's name: the
+    /// scan's count if there is one, else [`Self::nonzero_bound`].
+    fn nonzero_used(&self) -> (u64, &'static str) {
+        match &self.scan {
+            Some(s) => (s.value.nonzero_pages, "scan"),
+            None => self.nonzero_bound(),
         }
     }
 
@@ -420,10 +466,7 @@ impl Report {
     /// # Errors
     /// Options the model rejects.
     pub(crate) fn predict(&mut self, options: &Options) -> Result<(), Error> {
-        let (nonzero, used) = match &self.scan {
-            Some(s) => (s.value.nonzero_pages, "scan"),
-            None => self.nonzero_bound(),
-        };
+        let (nonzero, used) = self.nonzero_used();
         let (rate, growth) = self
             .dirty_rate
             .as_ref()
@@ -501,6 +544,7 @@ impl Report {
                 pages_1g: m.pages_1g,
                 bytes: m.bytes(),
                 took_us: us(self.mapped.took),
+                peak_bytes: self.mapped_peak.map(|p| p.saturating_mul(4096)),
             },
             resident: timed(&self.resident),
             written_since_boot: self.written.as_ref().map(timed),
@@ -598,6 +642,13 @@ impl Report {
             "mapped (pages_4k/2m/1g)   {bytes:>12}   4k={} 2m={} 1g={}   in {time}",
             m.pages_4k, m.pages_2m, m.pages_1g
         );
+        if let Some(peak) = self.mapped_let_go() {
+            let _ = writeln!(
+                s,
+                "  at most since boot      {:>12}   KVM let mappings go that still hold data (dirty logging let go on huge pages, or host reclaim)",
+                b(peak)
+            );
+        }
         let _ = writeln!(
             s,
             "host-resident             {:>12}   in {}",
@@ -660,10 +711,11 @@ impl Report {
         let per: Vec<String> = f.vcpus.iter().map(|v| format!("{:.0}", v.ms)).collect();
         let _ = writeln!(
             s,
-            "guest stall (tracking)    {:>9.0} ms   {:.1} % of the window's vCPU time; per vCPU ms: [{}]",
+            "guest stall (tracking)    {:>9.0} ms   {:.1} % of the window's vCPU time; per vCPU ms: [{}]{}",
             f.total_ms,
             f.share * 100.0,
-            per.join(", ")
+            per.join(", "),
+            crate::protocol::migration::waited_note(f.waited_ms)
         );
         if let (Some(pages), Some(ms)) = (f.left_protected_pages, f.left_stall_ms_max) {
             let expected = f.left_stall_ms_expected.map_or_else(String::new, |e| {
@@ -719,6 +771,13 @@ impl Report {
             self.link.downtime_from,
             self.estimate_used
         );
+        if self.estimate_used == "mapped-peak" {
+            let _ = writeln!(
+                s,
+                "  (the most KVM has mapped: it maps {} now, having let go of mappings whose pages still hold data; --scan counts exactly)",
+                format_bytes(self.mapped.value.bytes())
+            );
+        }
         if self.estimate_used == "resident" {
             let _ = writeln!(
                 s,
@@ -804,6 +863,7 @@ pub(crate) fn stall_figure(d: &DirtyRate) -> StallFigure {
         left_protected_pages: left_protected,
         left_stall_ms_max: left_protected.map(|n| n as f64 * ms(fault_cost())),
         left_stall_ms_expected: d.left_to_pay().map(|n| n as f64 * ms(fault_cost())),
+        waited_ms: stall.total_waited().map(ms),
         vcpus: stall
             .vcpus
             .iter()
@@ -813,6 +873,7 @@ pub(crate) fn stall_figure(d: &DirtyRate) -> StallFigure {
                 cpu_index,
                 ms: ms(*d),
                 faults,
+                waited_ms: stall.waited(cpu_index).map(ms),
             })
             .collect(),
     }
@@ -852,6 +913,7 @@ mod tests {
                 value: mapped,
                 took: Duration::from_micros(3),
             },
+            mapped_peak: None,
             resident: Figure {
                 value: 900,
                 took: Duration::from_micros(50),
@@ -914,6 +976,34 @@ mod tests {
             seen,
             [(1, 1), (1, 2), (0, 1), (0, 2), (0, 3), (0, 0), (1, 1)]
         );
+    }
+
+    #[test]
+    fn the_page_publishes_the_non_zero_estimate_the_prediction_took() {
+        use crate::vmmstats::VmStat::ReadinessNonzero;
+        let stats = VmmStats::new(7, 1).unwrap();
+        let mut r = report();
+        // The scan's count, when there is one.
+        r.predict(&Options::default()).unwrap();
+        assert!(r.publish(&stats, 1));
+        assert_eq!(stats.vm_value(ReadinessNonzero), 400 * 4096);
+        // Without one: the mapped pages (300 small, one 2 MiB: 812).
+        r.scan = None;
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "mapped");
+        assert!(r.publish(&stats, 2));
+        assert_eq!(stats.vm_value(ReadinessNonzero), 812 * 4096);
+        // A VM that migrated in: KVM maps next to nothing of what the host
+        // backs, and the prediction (and the page) take the resident count.
+        r.mapped.value = Mapped {
+            pages_4k: 10,
+            pages_2m: 0,
+            pages_1g: 0,
+        };
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "resident");
+        assert!(r.publish(&stats, 3));
+        assert_eq!(stats.vm_value(ReadinessNonzero), 900 * 4096);
     }
 
     #[test]
@@ -981,6 +1071,7 @@ mod tests {
         DirtyRate {
             mode: "dirty-bitmap",
             window,
+            mapped_held: pages,
             pages,
             pages_per_s: pages as f64 / window.as_secs_f64(),
             per_vcpu: None,
@@ -1109,6 +1200,27 @@ mod tests {
     }
 
     #[test]
+    fn a_count_taken_late_on_a_busy_host_still_shows_the_working_set() {
+        // The half's count taken at 330 ms of a 500 ms window (the thread
+        // that takes it waited for a CPU): a set full from the first count
+        // is still a set, and a steady rate still a rate.
+        let late = |pages: &dyn Fn(f64) -> f64| {
+            let mut w = window_of(500, pages);
+            let at = Duration::from_millis(330);
+            *w.curve.last_mut().unwrap() = (saturating_u64(pages(at.as_secs_f64()).round()), at);
+            w
+        };
+        let set = late(&|_| 2_048.0);
+        assert_eq!(set.growth().1.working_set(), Some(2_048));
+        let steady = late(&|t| 9_000.0 * t);
+        assert_eq!(steady.growth().1, Growth::Linear);
+        // Taken past three quarters of the window, it says too little.
+        let mut past = window_of(500, |_| 2_048.0);
+        past.curve.last_mut().unwrap().1 = Duration::from_millis(400);
+        assert_eq!(past.growth().1, Growth::Linear);
+    }
+
+    #[test]
     fn errors_compare_each_estimate_with_the_scan() {
         let r = report();
         let e = r.errors();
@@ -1166,6 +1278,36 @@ mod tests {
         // Within twice, or under 1 MiB apart: mapped, as before.
         assert!(!under_mapped(812, 1600) && !under_mapped(20, 270));
         assert!(under_mapped(812, 1625) && under_mapped(20, 276));
+    }
+
+    #[test]
+    fn where_kvm_let_go_of_mappings_the_most_it_mapped_is_the_bound() {
+        let mut r = report();
+        r.scan = None;
+        // 812 mapped now; at most 2,000 since boot (a window on huge pages
+        // let go): the most, named so.
+        r.mapped_peak = Some(2_000);
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "mapped-peak");
+        assert_eq!(
+            r.prediction.as_ref().unwrap().rounds[0].bytes,
+            model::pass0_bytes(4096, 2_000)
+        );
+        let text = r.to_text();
+        assert!(
+            text.contains("at most since boot") && text.contains("the most KVM has mapped"),
+            "{text}"
+        );
+        assert_eq!(r.to_reply().mapped.peak_bytes, Some(2_000 * 4096));
+        // Within 1 MiB of what it maps now: what it maps now.
+        r.mapped_peak = Some(812 + 255);
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "mapped");
+        // The host backing over twice the most: resident, as before.
+        r.mapped_peak = Some(1_000);
+        r.resident.value = 2_500;
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "resident");
     }
 
     #[test]
@@ -1239,7 +1381,8 @@ mod tests {
                 "period_s",
                 "share",
                 "total_ms",
-                "vcpus"
+                "vcpus",
+                "waited_ms"
             ]
         );
         assert_eq!(wire["guest_stall"]["left_protected_pages"], 20_000);

@@ -1,6 +1,9 @@
-//! Ground truth: which guest pages the host backs (`mincore`), and an exact
-//! count of zero and non-zero pages by reading guest RAM, skipping pages the
-//! host never backed (they read as zero without being read).
+//! Ground truth: an exact count of zero and non-zero pages by reading guest
+//! RAM, skipping pages that hold no data (never backed, or mapping the
+//! shared zero page: they read as zero without being read). Which those are
+//! comes from the page map ([`crate::backing`]), not `mincore`: a page the
+//! host swapped out is "not resident" to `mincore` as one never touched,
+//! and holds data.
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
@@ -50,6 +53,27 @@ pub(crate) fn page_is_zero(page: &[u8]) -> bool {
         .all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }
 
+/// For each page of `region`, whether the scan must read it (`1`: the host
+/// backs it with data, present or swapped out) or may count it as zero
+/// unread (`0`), as [`scan`] takes it.
+///
+/// # Errors
+/// The page map could not be opened or read.
+pub fn pages_to_read(region: &MmapRegion<()>) -> Result<Vec<u8>, crate::backing::Error> {
+    let pages = region.size() / PAGE;
+    let mut map = vec![0u8; pages];
+    for (first, count, backing) in crate::backing::classify(region)? {
+        if backing == crate::backing::Backing::Data {
+            let first = usize::try_from(first).unwrap_or(usize::MAX).min(pages);
+            let end = first
+                .saturating_add(usize::try_from(count).unwrap_or(usize::MAX))
+                .min(pages);
+            map[first..end].fill(1);
+        }
+    }
+    Ok(map)
+}
+
 /// What the scan found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scan {
@@ -57,7 +81,8 @@ pub struct Scan {
     pub(crate) zero_pages: u64,
     /// Pages with a non-zero byte.
     pub(crate) nonzero_pages: u64,
-    /// Pages skipped because the host never backed them (counted as zero).
+    /// Pages skipped because they hold no data (never backed, or the shared
+    /// zero page; counted as zero).
     pub unbacked_pages: u64,
     /// Non-zero pages within the range asked for (e.g. the arena).
     pub nonzero_in_range: u64,
@@ -66,13 +91,14 @@ pub struct Scan {
 }
 
 /// Counts zero and non-zero pages of `ram`, reading only pages whose
-/// `residency` byte says they are backed (`None`: read every page).
+/// `to_read` byte says they hold data ([`pages_to_read`]; `None`: read
+/// every page).
 /// `range` (in pages) also gets its own non-zero count. `progress(done, total)`
 /// is called every 64 Ki pages (256 MiB: about 20 ms of reading); the scan
 /// stops where it says [`ControlFlow::Break`], and then returns `None`.
 pub fn scan(
     ram: &Ram<'_>,
-    residency: Option<&[u8]>,
+    to_read: Option<&[u8]>,
     range: std::ops::Range<u64>,
     mut progress: impl FnMut(u64, u64) -> ControlFlow<()>,
 ) -> Option<Scan> {
@@ -83,7 +109,7 @@ pub fn scan(
         if i % 65536 == 0 && progress(i, total).is_break() {
             return None;
         }
-        let backed = residency.is_none_or(|r| r.get(index).is_some_and(|b| b & 1 != 0));
+        let backed = to_read.is_none_or(|r| r.get(index).is_some_and(|b| b & 1 != 0));
         if !backed {
             unbacked += 1;
             zero += 1;
