@@ -167,7 +167,8 @@ pub struct ScanFigure {
     pub zero_pages: u64,
     /// Pages holding a non-zero byte.
     pub nonzero_pages: u64,
-    /// Pages the host never backed (counted as zero, not read).
+    /// Pages that hold no data, counted as zero unread: never backed, or
+    /// (where the kernel has `PAGEMAP_SCAN`) mapping the shared zero page.
     pub unbacked_pages: u64,
     /// Non-zero pages in the guest's arena.
     pub nonzero_in_arena: u64,

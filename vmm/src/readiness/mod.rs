@@ -54,10 +54,14 @@ pub(crate) struct Guest<'a> {
 /// each publishing period and by every readiness measurement. KVM lets
 /// mappings go that still hold the guest's data: on a VM with huge pages,
 /// letting dirty logging go unmaps the 4 KiB pieces it split 2 MiB pages
-/// into (KVM maps them whole again only as the guest touches them), and a
-/// host that reclaims, merges or moves pages unmaps them too. Guest RAM is
-/// never given back here (no balloon, no discard), so what was mapped once
-/// still holds whatever the guest wrote: the most is the better bound.
+/// into (on this `kvm_pvm` backend; KVM maps them whole again only as the
+/// guest touches them), and a host that reclaims or moves pages unmaps them
+/// too. Guest RAM is never given back here (no balloon, no discard), so
+/// what was mapped once still holds whatever the guest wrote. The most
+/// mapped at once detects that (and bounds what was swapped out); it may
+/// stand above the truth where the host unmapped pages of zeros (KSM's
+/// zero pages, the huge-page shrinker), as any mapped count does for
+/// zero-filled pages.
 #[derive(Debug, Default)]
 pub(crate) struct MappedPeak(AtomicU64);
 
@@ -65,11 +69,6 @@ impl MappedPeak {
     /// Notes `pages` mapped now; returns the most so far.
     pub(crate) fn note(&self, pages: u64) -> u64 {
         self.0.fetch_max(pages, Ordering::Relaxed).max(pages)
-    }
-
-    /// The most so far.
-    pub(crate) fn pages(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
     }
 
     /// Reads what KVM maps now from the VM's stats (one `pread` into
@@ -110,12 +109,10 @@ pub(crate) fn measure(
     let ram_pages = (g.ram.size() / 4096) as u64;
     let mapped = timed(|| mapped_now(g.vm_stats))?;
     let peak = g.mapped_peak;
-    let note = |pages: u64| {
-        if let Some(p) = peak {
-            p.note(pages);
-        }
-    };
-    note(mapped.value.bytes() / 4096);
+    // The most KVM had mapped as this measurement starts, its own first
+    // reading included: what its estimates are set against (a guest that
+    // maps more during the window is growing, not letting go).
+    let peak_then = peak.map(|p| p.note(mapped.value.bytes() / 4096));
     let resident = timed(|| Ok(resident(g.ram).map_err(Error::Residency)?.1))?;
     // The window first: syncing the log for "written since boot" protects
     // again what it harvests, and the faults that follow would fall in the
@@ -126,6 +123,11 @@ pub(crate) fn measure(
         })?),
         _ => None,
     };
+    if let (Some(p), Some(Figure { value: rate, .. })) = (peak, &dirty_rate) {
+        // Read while the log was held, for later measurements: letting it
+        // go may have unmapped what it had split (huge pages).
+        p.note(rate.mapped_held);
+    }
     // Known only where the slot is logged from boot (a bitmap VM): a ring VM
     // logs only while observed, so that nobody pays for it otherwise.
     let written = match g.dirty {
@@ -137,15 +139,10 @@ pub(crate) fn measure(
     } else {
         None
     };
-    if let Some(Figure { value: rate, .. }) = &dirty_rate {
-        // Read while the log was held: before letting it go unmapped what
-        // it had split.
-        note(rate.mapped_held);
-    }
     let mut report = Report {
         ram_pages,
         mapped,
-        mapped_peak: peak.map(MappedPeak::pages),
+        mapped_peak: peak_then,
         resident,
         written,
         dirty_rate,

@@ -117,15 +117,16 @@ impl DirtyRate {
     }
 
     /// The curve's last count and when it was taken, when that was near
-    /// the middle of the window: from its half (when it was taken) to three
-    /// quarters in (a count that came late, on a busy host: the growth after
-    /// it is weighed for the time that was left).
+    /// the middle of the window: from its half (when it was taken) to two
+    /// thirds in (a count that came late, on a busy host: the growth after
+    /// it is weighed for the time that was left; later, too little of the
+    /// window is left to tell a set from a rate a starved vCPU slowed).
     fn midway(&self) -> Option<(u64, f64)> {
         let end = self.window.as_secs_f64();
         self.curve
             .last()
             .map(|&(p, t)| (p, t.as_secs_f64()))
-            .filter(|&(_, t)| (0.45 * end..=0.75 * end).contains(&t))
+            .filter(|&(_, t)| (0.45 * end..=0.67 * end).contains(&t))
     }
 
     /// Whether the window's distinct pages were all there by the curve's
@@ -350,6 +351,9 @@ impl Report {
         if let Some(w) = &self.written {
             out.push(("written", error_of(w.value, truth)));
         }
+        if let Some(peak) = self.mapped_let_go() {
+            out.push(("mapped-peak", error_of(peak, truth)));
+        }
         out
     }
 
@@ -422,21 +426,23 @@ impl Report {
     }
 
     /// The best bound on non-zero pages without a scan, and its name: the
-    /// mapped pages, or the most KVM has mapped at once where it maps
-    /// clearly fewer now ([`Self::mapped_let_go`]: mappings let go still
-    /// hold data), unless the host backs far more than that
-    /// ([`under_mapped`]), where the host-resident count is the bound.
+    /// mapped pages, unless the host backs far more than KVM maps
+    /// ([`under_mapped`]), or KVM let go of mappings whose pages still hold
+    /// data ([`Self::mapped_let_go`]): then the larger of the host-resident
+    /// count (the pages mapped once and let go are among them, as are those
+    /// mapped at other times, which the most mapped at once may not count)
+    /// and the most KVM has mapped (above resident only where the host
+    /// swapped some out).
     fn nonzero_bound(&self) -> (u64, &'static str) {
-        let (mapped, name) = match self.mapped_let_go() {
-            Some(peak) => (peak, "mapped-peak"),
-            None => (self.mapped_pages(), "mapped"),
-        };
-        let mapped = mapped.min(self.ram_pages);
+        let mapped = self.mapped_pages().min(self.ram_pages);
         let resident = self.resident.value.min(self.ram_pages);
         if under_mapped(mapped, resident) {
-            (resident, "resident")
-        } else {
-            (mapped, name)
+            return (resident, "resident");
+        }
+        match self.mapped_let_go() {
+            Some(peak) if resident >= peak => (resident, "resident"),
+            Some(peak) => (peak.min(self.ram_pages), "mapped-peak"),
+            None => (mapped, "mapped"),
         }
     }
 
@@ -734,7 +740,7 @@ impl Report {
         let v = &sc.value;
         let _ = writeln!(
             s,
-            "scan: {} non-zero, {} zero ({} never backed, skipped)   in {}",
+            "scan: {} non-zero, {} zero ({} holding no data, skipped)   in {}",
             v.nonzero_pages,
             v.zero_pages,
             v.unbacked_pages,
@@ -771,14 +777,18 @@ impl Report {
             self.link.downtime_from,
             self.estimate_used
         );
-        if self.estimate_used == "mapped-peak" {
+        if let Some(peak) = self
+            .mapped_let_go()
+            .filter(|_| matches!(self.estimate_used, "resident" | "mapped-peak"))
+        {
             let _ = writeln!(
                 s,
-                "  (the most KVM has mapped: it maps {} now, having let go of mappings whose pages still hold data; --scan counts exactly)",
-                format_bytes(self.mapped.value.bytes())
+                "  (KVM maps {} now, {} at most since boot: it let go of mappings whose pages still hold data; the host backs {}; --scan counts exactly)",
+                format_bytes(self.mapped.value.bytes()),
+                format_bytes(peak * 4096),
+                format_bytes(self.resident.value * 4096)
             );
-        }
-        if self.estimate_used == "resident" {
+        } else if self.estimate_used == "resident" {
             let _ = writeln!(
                 s,
                 "  (KVM maps {} of the {} the host backs, no bound on what must go: a VM that migrated in, or mappings let go; --scan counts exactly)",
@@ -1214,9 +1224,9 @@ mod tests {
         assert_eq!(set.growth().1.working_set(), Some(2_048));
         let steady = late(&|t| 9_000.0 * t);
         assert_eq!(steady.growth().1, Growth::Linear);
-        // Taken past three quarters of the window, it says too little.
+        // Taken past two thirds of the window, it says too little.
         let mut past = window_of(500, |_| 2_048.0);
-        past.curve.last_mut().unwrap().1 = Duration::from_millis(400);
+        past.curve.last_mut().unwrap().1 = Duration::from_millis(350);
         assert_eq!(past.growth().1, Growth::Linear);
     }
 
@@ -1281,11 +1291,28 @@ mod tests {
     }
 
     #[test]
-    fn where_kvm_let_go_of_mappings_the_most_it_mapped_is_the_bound() {
+    fn where_kvm_let_go_of_mappings_the_host_backs_what_it_let_go() {
         let mut r = report();
         r.scan = None;
-        // 812 mapped now; at most 2,000 since boot (a window on huge pages
-        // let go): the most, named so.
+        // 812 mapped now, 1,500 resident; at most 1,200 mapped since boot (a
+        // window on huge pages let go): the host backs what was let go, and
+        // what was mapped at other times, which the most at once misses.
+        r.mapped_peak = Some(1_200);
+        r.resident.value = 1_500;
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "resident");
+        assert_eq!(
+            r.prediction.as_ref().unwrap().rounds[0].bytes,
+            model::pass0_bytes(4096, 1_500)
+        );
+        let text = r.to_text();
+        assert!(
+            text.contains("at most since boot") && text.contains("let go of mappings"),
+            "{text}"
+        );
+        assert_eq!(r.to_reply().mapped.peak_bytes, Some(1_200 * 4096));
+        // Less resident than the most mapped (the host swapped some out):
+        // the most mapped, named so.
         r.mapped_peak = Some(2_000);
         r.predict(&Options::default()).unwrap();
         assert_eq!(r.estimate_used, "mapped-peak");
@@ -1293,19 +1320,14 @@ mod tests {
             r.prediction.as_ref().unwrap().rounds[0].bytes,
             model::pass0_bytes(4096, 2_000)
         );
-        let text = r.to_text();
-        assert!(
-            text.contains("at most since boot") && text.contains("the most KVM has mapped"),
-            "{text}"
-        );
-        assert_eq!(r.to_reply().mapped.peak_bytes, Some(2_000 * 4096));
         // Within 1 MiB of what it maps now: what it maps now.
         r.mapped_peak = Some(812 + 255);
         r.predict(&Options::default()).unwrap();
         assert_eq!(r.estimate_used, "mapped");
-        // The host backing over twice the most: resident, as before.
+        // The host backing over twice what KVM maps now: resident, as
+        // before, whatever the most.
         r.mapped_peak = Some(1_000);
-        r.resident.value = 2_500;
+        r.resident.value = 1_700;
         r.predict(&Options::default()).unwrap();
         assert_eq!(r.estimate_used, "resident");
     }

@@ -60,15 +60,21 @@ pub(crate) fn page_is_zero(page: &[u8]) -> bool {
 /// # Errors
 /// The page map could not be opened or read.
 pub fn pages_to_read(region: &MmapRegion<()>) -> Result<Vec<u8>, crate::backing::Error> {
+    // A GiB of guest RAM at a time: the runs of a fragmented guest take 24
+    // bytes each, up to one per two pages, where the map takes one a page.
+    const CHUNK: usize = 1 << 18;
     let pages = region.size() / PAGE;
     let mut map = vec![0u8; pages];
-    for (first, count, backing) in crate::backing::classify(region)? {
-        if backing == crate::backing::Backing::Data {
-            let first = usize::try_from(first).unwrap_or(usize::MAX).min(pages);
-            let end = first
-                .saturating_add(usize::try_from(count).unwrap_or(usize::MAX))
-                .min(pages);
-            map[first..end].fill(1);
+    for chunk in (0..pages).step_by(CHUNK) {
+        let runs = crate::backing::classify_range(region, chunk as u64, CHUNK as u64)?;
+        for (first, count, backing) in runs {
+            if backing == crate::backing::Backing::Data {
+                let first = usize::try_from(first).unwrap_or(usize::MAX).min(pages);
+                let end = first
+                    .saturating_add(usize::try_from(count).unwrap_or(usize::MAX))
+                    .min(pages);
+                map[first..end].fill(1);
+            }
         }
     }
     Ok(map)

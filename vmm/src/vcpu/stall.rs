@@ -174,8 +174,8 @@ impl Stall {
         self.waited.get(i).copied().flatten().map(|w| w.min(lost))
     }
 
-    /// All vCPUs' [`Stall::waited`] added up (`None` where no vCPU's was
-    /// measured).
+    /// The [`Stall::waited`] of the vCPUs where it was measured, added up
+    /// (`None` where no vCPU's was).
     pub fn total_waited(&self) -> Option<Duration> {
         (0..self.vcpus.len())
             .filter_map(|i| self.waited(i))
