@@ -148,7 +148,7 @@ pub(crate) struct Chart<'a> {
     /// vCPUs in the series, shown or not.
     available: usize,
     pub(super) layers: [bool; 3],
-    changes: Vec<PhaseChange>,
+    pub(super) changes: Vec<PhaseChange>,
     time: Range<f64>,
     bytes: ByteAxis,
     rates: RateAxis,

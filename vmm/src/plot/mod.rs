@@ -79,6 +79,8 @@ pub struct Rendered {
     pub(crate) points: usize,
     /// Phase-marker lines drawn (changes close together share one).
     pub markers: usize,
+    /// Phase changes those lines mark.
+    pub(crate) changes: usize,
     /// vCPUs whose rates are drawn.
     pub vcpus: usize,
 }
@@ -92,6 +94,9 @@ pub struct PlotOutcome {
     pub points: usize,
     /// Phase-marker lines drawn.
     pub markers: usize,
+    /// Phase changes those lines mark (more than the lines where changes
+    /// close together share one).
+    pub(crate) changes: usize,
     /// vCPUs whose rates are drawn.
     pub(crate) vcpus: usize,
 }
@@ -108,7 +113,15 @@ impl std::fmt::Display for PlotOutcome {
             s(self.vcpus),
             self.markers,
             s(self.markers)
-        )
+        )?;
+        if self.changes > self.markers {
+            write!(
+                f,
+                " for {} phase changes (changes close together share a line and its label)",
+                self.changes
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -208,6 +221,7 @@ pub fn render_svg(
         svg,
         points: chart.points.len(),
         markers,
+        changes: chart.changes.len(),
         vcpus: chart.vcpus.len(),
     })
 }
@@ -223,12 +237,13 @@ pub fn render_png(
     opts: &ChartOptions,
 ) -> Result<(Vec<u8>, PlotOutcome), PlotError> {
     let chart = chart::Chart::new(header, points, opts)?;
-    let (points, vcpus) = (chart.points.len(), chart.vcpus.len());
+    let (points, vcpus, changes) = (chart.points.len(), chart.vcpus.len(), chart.changes.len());
     let (png, markers) = png::render(chart, opts.width, opts.height)?;
     let outcome = PlotOutcome {
         format: Format::Png,
         points,
         markers,
+        changes,
         vcpus,
     };
     Ok((png, outcome))
@@ -250,6 +265,7 @@ pub fn plot(config: &PlotConfig) -> Result<PlotOutcome, PlotError> {
                 format,
                 points: r.points,
                 markers: r.markers,
+                changes: r.changes,
                 vcpus: r.vcpus,
             };
             (r.svg.into_bytes(), outcome)
@@ -352,6 +368,23 @@ impl Drop for StopsHeld {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outcome_says_when_changes_share_a_marker() {
+        let mut o = PlotOutcome {
+            format: Format::Svg,
+            points: 60,
+            markers: 3,
+            changes: 3,
+            vcpus: 1,
+        };
+        assert_eq!(o.to_string(), "60 samples, 1 vCPU, 3 phase markers");
+        o.changes = 4;
+        assert_eq!(
+            o.to_string(),
+            "60 samples, 1 vCPU, 3 phase markers for 4 phase changes (changes close together share a line and its label)"
+        );
+    }
 
     #[test]
     fn format_follows_the_extension_in_any_case() {
