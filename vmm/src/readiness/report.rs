@@ -749,7 +749,7 @@ impl Report {
         for (name, e) in self.errors() {
             let _ = writeln!(
                 s,
-                "  {name:<9} estimate {:>9} pages, error {:>+9} ({:+.1} %)",
+                "  {name:<11} estimate {:>9} pages, error {:>+9} ({:+.1} %)",
                 e.estimate_pages,
                 e.error_pages,
                 e.relative * 100.0
