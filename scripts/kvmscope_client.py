@@ -282,13 +282,18 @@ def main():
     p.add_argument("--provider", choices=["kvm", "kvmscope"], default="kvm",
                    help="KVM's stats (default) or the VMM's own, in KVM's format")
     p.add_argument("--json", action="store_true", help="print query-stats-shaped JSON")
-    p.add_argument("--execute", metavar="JSON", help="send this raw request and print the reply instead")
+    p.add_argument("--execute", metavar="JSON",
+                   help="send this raw request and print the reply instead (events that come before it, "
+                        "such as a scan's STOP and RESUME, are printed first, one line each)")
     p.add_argument("--timeout", type=seconds, default=30.0, help="seconds to wait for the VMM (more than 0)")
     a = p.parse_args()
     conn = Connection(a.socket, a.timeout)
     if a.execute:
         conn.sock.sendall(a.execute.encode() + b"\n")
         reply, fds = conn.read_line()
+        while "event" in reply:  # events may come before the reply
+            print(json.dumps(reply))
+            reply, fds = conn.read_line()
         for fd in fds:
             os.close(fd)
         print(json.dumps(reply))

@@ -194,7 +194,8 @@ impl FromStr for Bandwidth {
 }
 
 /// A duration: a number with a unit `ns`, `us`, `ms`, `s` or `m`/`min`
-/// (`1.5s` allowed), rounded to the nanosecond; zero allowed (`0s`).
+/// (`1.5s` allowed), rounded to the nanosecond; zero allowed (`0s`, or a
+/// bare `0`: the one number whose unit does not matter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Span(pub Duration);
 
@@ -211,6 +212,7 @@ impl FromStr for Span {
             "ms" => 1e6,
             "s" => 1e9,
             "m" | "min" => 60e9,
+            "" if number == "0" => 0.0,
             _ => return Err(bad()),
         };
         let ns = (n * ns_per_unit).round();

@@ -146,11 +146,17 @@ fn durations_accept_units_and_fractions() {
     assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
     assert_eq!(parse_duration("10us"), Some(Duration::from_micros(10)));
     assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
+    // A bare zero needs no unit; any other number does.
+    assert_eq!(parse_duration("0"), Some(Duration::ZERO));
+    assert_eq!(
+        "0".parse::<Period>(),
+        Err(UnitError::ZeroDuration("0".into()))
+    );
 }
 
 #[test]
 fn durations_reject_missing_or_unknown_units_and_huge_values() {
-    for bad in ["5", "5h", "s", "1e400s", "-1s", "1..2s"] {
+    for bad in ["5", "0.5", "00", "5h", "s", "1e400s", "-1s", "1..2s"] {
         assert_eq!(
             bad.parse::<Span>(),
             Err(UnitError::Duration(bad.into())),

@@ -306,6 +306,22 @@ fn python_client_sends_raw_requests() {
     let out = python_client(&vm.socket, &["--execute", "{\"execute\":\"query-vm\"}"]);
     let j: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
     assert_eq!(j["return"]["vcpus"], 2);
+    // A scan pauses the guest: STOP and RESUME come before the reply,
+    // printed first, and the reply last (it printed STOP and left).
+    let scan = r#"{"execute":"query-readiness","arguments":{"scan":true,"calc-time":0}}"#;
+    let out = python_client(&vm.socket, &["--execute", scan]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout_of(&out));
+    let lines: Vec<Value> = stdout_of(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (reply, events) = lines.split_last().unwrap();
+    assert!(reply["return"]["scan"].is_object(), "{reply}");
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert!(
+        names.contains(&"STOP") && names.contains(&"RESUME"),
+        "{names:?}"
+    );
 }
 
 #[test]

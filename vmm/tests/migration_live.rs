@@ -322,6 +322,38 @@ fn the_destinations_stats_fds_sampler_metrics_and_readiness_work_after_resume() 
     dest.quit();
 }
 
+/// KVM maps a migrated guest's pages only as it touches them again: a
+/// guest that rewrote 20 of its 32 MiB reads 20 MiB mapped (under the
+/// twice that the resident rule wants), yet a migration onward sends all
+/// 32. The destination counts what the stream left holding data.
+#[test]
+fn a_destination_predicts_from_the_data_it_loaded_not_what_kvm_maps_again() {
+    require_kvm!();
+    let _serial = common::migration::serial();
+    let src = ServedVm::start("mig-loaded", MEM, 1);
+    let mut c = src.client();
+    guest(&mut c, 0, "touch size=32M pattern=0x33");
+    let dest = Dest::start("mig-loaded-dst", |_, _| {});
+    assert_completed(&migrate(&src, &dest.uri, json!({})));
+    let mut d = dest.client();
+    guest(&mut d, 0, "touch size=20M pattern=0x44");
+    let (r, _) = d
+        .execute("query-readiness", json!({"calc-time": 0}))
+        .unwrap();
+    let mapped = r["mapped"]["bytes"].as_u64().unwrap();
+    assert!(mapped < 24 << 20, "only what the guest touched again: {r}");
+    assert!(
+        r["mapped"]["peak_bytes"].as_u64().unwrap() >= 32 << 20,
+        "{r}"
+    );
+    assert_eq!(r["estimate_used"], "resident", "{r}");
+    let normal = r["prediction"]["migrate"]["ram"]["normal"]
+        .as_u64()
+        .unwrap();
+    assert!(normal * 4096 >= 32 << 20, "{}", r["text"]);
+    dest.quit();
+}
+
 #[test]
 fn a_ring_mode_guest_on_huge_pages_arrives_with_its_modes_and_data() {
     require_kvm!();

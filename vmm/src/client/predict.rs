@@ -145,6 +145,18 @@ pub(crate) fn rows(
                 .as_ref()
                 .map(|g| crate::units::saturating_u64(g.total_ms.round())),
         ),
+        // The model prices the faults, not the host's contention: the
+        // measured stall without its waiting for a CPU, where it was measured.
+        (
+            "x-guest-stall-tracking",
+            p.guest_stall,
+            info.x_guest_stall.as_ref().and_then(|g| {
+                let waited = g.waited_ms?;
+                Some(crate::units::saturating_u64(
+                    (g.total_ms - waited).max(0.0).round(),
+                ))
+            }),
+        ),
     ]
 }
 
@@ -156,7 +168,7 @@ pub(crate) fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) ->
         let err = error_pct(predicted, actual).map_or("-".to_string(), |e| format!("{e:+.1} %"));
         let _ = writeln!(
             s,
-            "  {name:<17} {:>14} {:>14} {err:>10}",
+            "  {name:<22} {:>14} {:>14} {err:>10}",
             cell(predicted),
             cell(actual)
         );
@@ -165,7 +177,7 @@ pub(crate) fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) ->
     let actual = converged(info, downtime_limit);
     let _ = writeln!(
         s,
-        "  verdict           {:>14} {:>14} {:>10}",
+        "  verdict                {:>14} {:>14} {:>10}",
         verdict(p.converges),
         verdict(actual),
         if p.converges == actual {
@@ -282,6 +294,29 @@ mod tests {
         assert!(converged(&info(300), 300));
         let t = table(&predicted(), &info(900), 300);
         assert!(t.contains("WRONG"), "{t}");
+    }
+
+    #[test]
+    fn the_stall_is_set_against_the_measured_one_with_and_without_its_waiting() {
+        use crate::protocol::migration::GuestStall;
+        let p = Predicted {
+            guest_stall: Some(20),
+            ..predicted()
+        };
+        let mut i = info(1);
+        i.x_guest_stall = Some(GuestStall {
+            total_ms: 143.0,
+            waited_ms: Some(124.0),
+            vcpus: Vec::new(),
+        });
+        let j = to_json(&p, &i, 300);
+        assert_eq!(j["fields"]["x-guest-stall"]["actual"], 143);
+        assert_eq!(j["fields"]["x-guest-stall-tracking"]["actual"], 19);
+        assert_eq!(j["fields"]["x-guest-stall-tracking"]["predicted"], 20);
+        // Not measured: no figure, not the total.
+        i.x_guest_stall.as_mut().unwrap().waited_ms = None;
+        let j = to_json(&p, &i, 300);
+        assert_eq!(j["fields"]["x-guest-stall-tracking"]["actual"], Value::Null);
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub(crate) struct Server {
     thread: Option<JoinHandle<Result<(), Error>>>,
     /// The `vmm-stats` thread.
     publisher: Option<publish::Publisher>,
+    /// The most guest pages known to hold data at once (readiness).
+    mapped_peak: Arc<crate::readiness::MappedPeak>,
     // Held for its Drop, after the thread is joined: the file goes once
     // nobody listens.
     _socket: SocketFile,
@@ -112,6 +114,7 @@ impl Server {
             mapped: vm_stats.map(|s| (s, context.mapped_peak.clone())),
         })
         .map_err(Error::Spawn)?;
+        let mapped_peak = context.mapped_peak.clone();
         let handler = Handler::new(context, stopping.clone())?;
         let cause = Arc::new(Mutex::new(None));
         let fds = PlaneFds {
@@ -135,12 +138,21 @@ impl Server {
             stopping,
             thread: Some(thread),
             publisher: Some(publisher),
+            mapped_peak,
             _socket: socket,
         })
     }
 }
 
 impl Server {
+    /// Notes `pages` of guest RAM known to hold data, as after a migration
+    /// in, whose pages KVM maps only as the guest touches them again: a
+    /// readiness estimate set against what KVM maps takes them into account
+    /// (`readiness::MappedPeak`).
+    pub(crate) fn note_data_pages(&self, pages: u64) {
+        self.mapped_peak.note(pages);
+    }
+
     /// Stops the thread and says whether it had served to the end: an epoll
     /// failure or a panic on the way is the error (the run reports it).
     /// With a `cause`, every negotiated client first gets a `SHUTDOWN` event

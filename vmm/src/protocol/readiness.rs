@@ -44,9 +44,10 @@ pub struct MappedFigure {
     pub bytes: u64,
     /// Microseconds it took.
     pub took_us: f64,
-    /// The most bytes KVM has mapped at once since the VMM started (or the
-    /// VM arrived), as the VMM saw it (null where it does not keep count;
-    /// absent from VMMs before it).
+    /// The most bytes KVM has mapped at once since the VMM started, as the
+    /// VMM saw it, and on a VM that migrated in at least what the stream
+    /// left holding data (null where it does not keep count; absent from
+    /// VMMs before it).
     #[serde(default)]
     pub peak_bytes: Option<u64>,
 }

@@ -49,9 +49,11 @@ pub(crate) struct Guest<'a> {
     pub(crate) mapped_peak: Option<&'a MappedPeak>,
 }
 
-/// The most guest pages KVM has mapped at once since the VMM started (a VM
-/// that migrated in: since it arrived), noted by the VMM's stats thread at
-/// each publishing period and by every readiness measurement. KVM lets
+/// The most guest pages KVM has mapped at once since the VMM started, noted
+/// by the VMM's stats thread at each publishing period and by every
+/// readiness measurement; on a VM that migrated in, at least the pages the
+/// stream left holding data (`run`, once the load ends), which KVM maps
+/// only as the guest touches them again. KVM lets
 /// mappings go that still hold the guest's data: on a VM with huge pages,
 /// letting dirty logging go unmaps the 4 KiB pieces it split 2 MiB pages
 /// into (on this `kvm_pvm` backend; KVM maps them whole again only as the

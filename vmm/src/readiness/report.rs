@@ -405,7 +405,18 @@ impl Report {
         stats.set_vm(PredictionConverges, p.map_or(0, |p| u64::from(p.converges)));
         stats.set_vm(PredictionTotalTimeNs, p.map_or(0, |p| ns(p.total_seconds)));
         stats.set_vm(PredictionDowntimeNs, p.map_or(0, |p| ns(p.downtime)));
-        stats.set_vm(PredictionTransferred, p.map_or(0, |p| p.total_bytes));
+        // A migration that never ends never stops sending (the model's
+        // bytes are where it gave up): never, as its total time.
+        stats.set_vm(
+            PredictionTransferred,
+            p.map_or(0, |p| {
+                if p.total_seconds.is_finite() {
+                    p.total_bytes
+                } else {
+                    u64::MAX
+                }
+            }),
+        );
         stats.set_vm(
             PredictionGuestStallNs,
             p.and_then(|p| p.stall).map_or(0, ns),
@@ -986,6 +997,29 @@ mod tests {
             seen,
             [(1, 1), (1, 2), (0, 1), (0, 2), (0, 3), (0, 0), (1, 1)]
         );
+    }
+
+    #[test]
+    fn a_migration_that_never_ends_is_published_as_never_sending_less() {
+        use crate::readiness::model::Inputs;
+        use crate::vmmstats::VmStat::{PredictionTotalTimeNs, PredictionTransferred};
+        let stats = VmmStats::new(7, 1).unwrap();
+        let mut r = report();
+        // No x-max-rounds to force a stop: it never ends.
+        r.prediction = Some(model::predict(&too_fast(1)).unwrap());
+        assert!(r.publish(&stats, 1));
+        assert_eq!(stats.vm_value(PredictionTotalTimeNs), u64::MAX);
+        assert_eq!(stats.vm_value(PredictionTransferred), u64::MAX);
+        // Forced after 4 passes: what those send.
+        let forced = model::predict(&Inputs {
+            max_rounds: Some(4),
+            ..too_fast(1)
+        })
+        .unwrap();
+        let bytes = forced.total_bytes;
+        r.prediction = Some(forced);
+        assert!(r.publish(&stats, 2));
+        assert_eq!(stats.vm_value(PredictionTransferred), bytes);
     }
 
     #[test]

@@ -58,7 +58,9 @@ pub enum VmStat {
     ReadinessMapped,
     /// The estimate of non-zero RAM the prediction used (bytes).
     ReadinessNonzero,
-    /// Bytes dirtied per second in the window.
+    /// Distinct bytes dirtied in the window over its length (QEMU's
+    /// calc-dirty-rate: a working set rewritten faster than the window reads
+    /// as the set over the window's length).
     ReadinessDirtyBytesPerSecond,
     /// The guest's stall during the window.
     ReadinessGuestStallNs,
@@ -69,9 +71,11 @@ pub enum VmStat {
     PredictionTotalTimeNs,
     /// Its predicted downtime (u64::MAX ns, 18446744073.7 s: it never stops).
     PredictionDowntimeNs,
-    /// Bytes it would send.
+    /// Bytes it would send (u64::MAX, 1.8e19: it never ends, so never stops
+    /// sending).
     PredictionTransferred,
-    /// The guest stall it would cost.
+    /// The guest stall it would cost (u64::MAX ns, 18446744073.7 s: it
+    /// never ends).
     PredictionGuestStallNs,
     /// The link bandwidth it assumed (bytes per second; 0: unlimited).
     PredictionBandwidthBytesPerSecond,

@@ -367,7 +367,10 @@ pub(crate) struct RunArgs {
     /// before the stream arrives].
     #[arg(long, value_name = "N", value_parser = vcpu_count, allow_negative_numbers = true)]
     pub(crate) vcpus: Option<usize>,
-    /// Back guest RAM with transparent huge pages (MADV_HUGEPAGE).
+    /// Back guest RAM with transparent huge pages (MADV_HUGEPAGE). KVM maps
+    /// them 2 MiB at a time, except while dirty logging runs, when it maps
+    /// 4 KiB pieces: always with --dirty-log bitmap (it logs from boot), only
+    /// while observed with a ring or no mode.
     #[arg(long)]
     pub(crate) hugepages: bool,
     /// KVM dirty-page tracking on guest RAM, for `readiness`: `bitmap`
