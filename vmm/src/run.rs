@@ -624,30 +624,6 @@ fn wait_for_source(
     Ok((stream, Some((vm, services))))
 }
 
-/// Tells the control plane how many pages the migration in left holding
-/// data (present or swapped out, from the page map): KVM maps none of them
-/// until the guest touches it again, so what it maps is no bound on what a
-/// migration onward would send (a guest that rewrote half its data read
-/// half its pages mapped, and the prediction sent half).
-fn note_loaded_pages(services: &Services, vm: &Vm) {
-    let Some(server) = &services.server else {
-        return;
-    };
-    let runs = crate::memory::region(&vm.mem).map(|r| crate::backing::classify(r));
-    match runs {
-        Some(Ok(runs)) => server.note_data_pages(
-            runs.iter()
-                .filter(|(_, _, b)| *b == crate::backing::Backing::Data)
-                .map(|&(_, n, _)| n)
-                .sum(),
-        ),
-        Some(Err(e)) => log::warn!(
-            "the pages the migration loaded could not be counted ({e}): readiness sets its estimates against what KVM maps only"
-        ),
-        None => {}
-    }
-}
-
 /// What stops an incoming migration: `quit`, a signal taken by the signal
 /// thread, `migrate_cancel` (all through the migration handle), or before
 /// that thread exists, a pending SIGINT/SIGTERM.
@@ -708,7 +684,9 @@ fn run_vm(config: RunConfig, incoming: Option<IncomingConfig>) -> Result<Summary
     if let Some(stream) = stream {
         services.status.set(RunState::Inmigrate);
         migration::watch::load(stream, &mut vm, &migration)?;
-        note_loaded_pages(&services, &vm);
+        if let Some(server) = &services.server {
+            server.note_loaded_pages(migration.loaded_pages());
+        }
     }
     // Once the guest is about to run: a destination's CPU and memory go to
     // the stream first.

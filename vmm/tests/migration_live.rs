@@ -351,6 +351,14 @@ fn a_destination_predicts_from_the_data_it_loaded_not_what_kvm_maps_again() {
         .as_u64()
         .unwrap();
     assert!(normal * 4096 >= 32 << 20, "{}", r["text"]);
+    assert!(
+        r["text"]
+            .as_str()
+            .unwrap()
+            .contains("a VM that migrated in"),
+        "{}",
+        r["text"]
+    );
     dest.quit();
 }
 

@@ -145,12 +145,13 @@ impl Server {
 }
 
 impl Server {
-    /// Notes `pages` of guest RAM known to hold data, as after a migration
-    /// in, whose pages KVM maps only as the guest touches them again: a
-    /// readiness estimate set against what KVM maps takes them into account
-    /// (`readiness::MappedPeak`).
-    pub(crate) fn note_data_pages(&self, pages: u64) {
-        self.mapped_peak.note(pages);
+    /// Notes the pages a migration in left holding data, which KVM maps
+    /// only as the guest touches them again: a readiness estimate set
+    /// against what KVM maps takes them into account
+    /// (`readiness::MappedPeak`; a guest that rewrote half its data read
+    /// half its pages mapped, and the prediction sent half).
+    pub(crate) fn note_loaded_pages(&self, pages: u64) {
+        self.mapped_peak.note_loaded(pages);
     }
 
     /// Stops the thread and says whether it had served to the end: an epoll

@@ -114,6 +114,9 @@ pub(crate) struct Migration {
     wake: std::sync::OnceLock<Arc<EventFd>>,
     /// The VM's run state, whose change count stamps each event.
     run_state: std::sync::OnceLock<Arc<crate::runstate::SharedRunState>>,
+    /// On a destination, the pages the stream left holding data, once it
+    /// has loaded (0 before).
+    loaded_pages: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Migration {
@@ -144,7 +147,19 @@ impl Migration {
             cancel: AtomicBool::new(false),
             wake: std::sync::OnceLock::new(),
             run_state: std::sync::OnceLock::new(),
+            loaded_pages: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// On a destination whose stream has loaded, the pages it left holding
+    /// data (0 before, and on a source).
+    pub(crate) fn loaded_pages(&self) -> u64 {
+        self.loaded_pages.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Migration::loaded_pages`].
+    pub(crate) fn set_loaded_pages(&self, pages: u64) {
+        self.loaded_pages.store(pages, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -65,12 +65,27 @@ pub(crate) struct Guest<'a> {
 /// zero pages, the huge-page shrinker), as any mapped count does for
 /// zero-filled pages.
 #[derive(Debug, Default)]
-pub(crate) struct MappedPeak(AtomicU64);
+pub(crate) struct MappedPeak {
+    most: AtomicU64,
+    /// The pages a migration in left holding data (0: none).
+    loaded: AtomicU64,
+}
 
 impl MappedPeak {
     /// Notes `pages` mapped now; returns the most so far.
     pub(crate) fn note(&self, pages: u64) -> u64 {
-        self.0.fetch_max(pages, Ordering::Relaxed).max(pages)
+        self.most.fetch_max(pages, Ordering::Relaxed).max(pages)
+    }
+
+    /// Notes the pages a migration in left holding data.
+    pub(crate) fn note_loaded(&self, pages: u64) {
+        self.loaded.store(pages, Ordering::Relaxed);
+        self.note(pages);
+    }
+
+    /// The pages a migration in left holding data (0: none).
+    pub(crate) fn loaded(&self) -> u64 {
+        self.loaded.load(Ordering::Relaxed)
     }
 
     /// Reads what KVM maps now from the VM's stats (one `pread` into
@@ -145,6 +160,7 @@ pub(crate) fn measure(
         ram_pages,
         mapped,
         mapped_peak: peak_then,
+        loaded_pages: peak.map_or(0, MappedPeak::loaded),
         resident,
         written,
         dirty_rate,

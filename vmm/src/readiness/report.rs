@@ -253,6 +253,9 @@ pub struct Report {
     /// The most pages KVM has mapped at once, as the VMM kept count
     /// (`super::MappedPeak`; `None` where it does not).
     pub(crate) mapped_peak: Option<u64>,
+    /// The pages a migration in left holding data (0: the VM did not
+    /// migrate in, or the VMM does not keep count).
+    pub(crate) loaded_pages: u64,
     /// Host-resident pages of the guest-RAM mapping.
     pub(crate) resident: Figure<u64>,
     /// Pages written since boot (dirty logging).
@@ -466,6 +469,15 @@ impl Report {
             .filter(|&peak| peak >= self.mapped_pages().saturating_add(SLACK_PAGES))
     }
 
+    /// Why KVM maps fewer pages than were known to hold data, in words.
+    fn let_go_cause(&self) -> &'static str {
+        if self.loaded_pages >= self.mapped_pages().saturating_add(SLACK_PAGES) {
+            "a VM that migrated in, whose pages KVM maps again only as the guest touches them"
+        } else {
+            "KVM let mappings go whose pages still hold data (dirty logging let go on huge pages, or host reclaim)"
+        }
+    }
+
     /// The non-zero pages a prediction takes, and the estimate's name: the
     /// scan's count if there is one, else [`Self::nonzero_bound`].
     fn nonzero_used(&self) -> (u64, &'static str) {
@@ -662,8 +674,9 @@ impl Report {
         if let Some(peak) = self.mapped_let_go() {
             let _ = writeln!(
                 s,
-                "  at most since boot      {:>12}   KVM let mappings go that still hold data (dirty logging let go on huge pages, or host reclaim)",
-                b(peak)
+                "  at most since boot      {:>12}   {}",
+                b(peak),
+                self.let_go_cause()
             );
         }
         let _ = writeln!(
@@ -794,9 +807,10 @@ impl Report {
         {
             let _ = writeln!(
                 s,
-                "  (KVM maps {} now, {} at most since boot: it let go of mappings whose pages still hold data; the host backs {}; --scan counts exactly)",
+                "  (KVM maps {} now, {} at most since boot: {}; the host backs {}; --scan counts exactly)",
                 format_bytes(self.mapped.value.bytes()),
                 format_bytes(peak * 4096),
+                self.let_go_cause(),
                 format_bytes(self.resident.value * 4096)
             );
         } else if self.estimate_used == "resident" {
@@ -935,6 +949,7 @@ mod tests {
                 took: Duration::from_micros(3),
             },
             mapped_peak: None,
+            loaded_pages: 0,
             resident: Figure {
                 value: 900,
                 took: Duration::from_micros(50),
@@ -1341,10 +1356,18 @@ mod tests {
         );
         let text = r.to_text();
         assert!(
-            text.contains("at most since boot") && text.contains("let go of mappings"),
+            text.contains("at most since boot") && text.contains("KVM let mappings go"),
             "{text}"
         );
         assert_eq!(r.to_reply().mapped.peak_bytes, Some(1_200 * 4096));
+        // The same figures on a VM that migrated in: the cause named so.
+        r.loaded_pages = 1_200;
+        let text = r.to_text();
+        assert!(
+            text.contains("a VM that migrated in") && !text.contains("KVM let mappings go"),
+            "{text}"
+        );
+        r.loaded_pages = 0;
         // Less resident than the most mapped (the host swapped some out):
         // the most mapped, named so.
         r.mapped_peak = Some(2_000);

@@ -306,6 +306,9 @@ pub fn value_text(d: &kvm_stats::Descriptor, raw: u64) -> Option<String> {
     if name.ends_with("_ns") && raw == u64::MAX {
         return Some("never".into());
     }
+    if raw == u64::MAX && name == <&str>::from(VmStat::PredictionTransferred) {
+        return Some("never ends".into());
+    }
     if name.ends_with("_bytes_per_second") {
         if raw == 0 && name == <&str>::from(VmStat::PredictionBandwidthBytesPerSecond) {
             return Some("unlimited".into());
@@ -424,6 +427,12 @@ mod tests {
             None,
             "a duration: its unit says"
         );
+        // Bytes it would send: never ending, not 16 EiB.
+        assert_eq!(
+            text("prediction_transferred", u64::MAX).as_deref(),
+            Some("never ends")
+        );
+        assert_eq!(text("prediction_transferred", 4096), None);
         assert_eq!(
             text("readiness_dirty_bytes_per_second", 5 << 20).as_deref(),
             Some("5 MiB/s")
