@@ -168,7 +168,7 @@ pub(crate) fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) ->
         let err = error_pct(predicted, actual).map_or("-".to_string(), |e| format!("{e:+.1} %"));
         let _ = writeln!(
             s,
-            "  {name:<22} {:>14} {:>14} {err:>10}",
+            "  {name:<22} {:>17} {:>17} {err:>10}",
             cell(predicted),
             cell(actual)
         );
@@ -177,7 +177,7 @@ pub(crate) fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) ->
     let actual = converged(info, downtime_limit);
     let _ = writeln!(
         s,
-        "  verdict                {:>14} {:>14} {:>10}",
+        "  verdict                {:>17} {:>17} {:>10}",
         verdict(p.converges),
         verdict(actual),
         if p.converges == actual {

@@ -355,13 +355,14 @@ pub(crate) fn predict(i: &Inputs) -> Result<Prediction, Error> {
     let sent: u64 = rounds.iter().skip(1).map(|r| r.pages).sum();
     let duplicate = i.total_pages - i.nonzero_pages;
     let faults = sent + stop.map_or(0, |s| s.0.pages);
-    let stall = i.stall_per_page.map(|c| {
-        if stop.is_some() {
-            c * faults as f64
-        } else {
-            f64::INFINITY
-        }
-    });
+    let stall = match i.stall_per_page {
+        Some(c) if stop.is_some() => Some(c * faults as f64),
+        Some(_) => Some(f64::INFINITY),
+        // No cost per page known (the window saw no write), but nothing to
+        // pay for: a guest that dirties nothing takes no fault.
+        None if stop.is_some() && faults == 0 => Some(0.0),
+        None => None,
+    };
     Ok(Prediction {
         stall,
         total_bytes: pre_bytes + stop.map_or(0, |s| s.0.bytes),

@@ -359,6 +359,14 @@ fn the_stall_is_one_fault_per_page_dirtied_in_each_pass_at_the_measured_cost() {
     })
     .unwrap();
     assert_eq!(idle.stall, Some(0.0));
+    // ... whether or not a window measured a cost per page (one that saw
+    // no write could not): the predicted stall is 0, not unknown.
+    let unmeasured = predict(&Inputs {
+        limited: None,
+        ..inputs()
+    })
+    .unwrap();
+    assert_eq!(unmeasured.stall, Some(0.0));
 }
 
 #[test]

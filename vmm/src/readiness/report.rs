@@ -821,10 +821,19 @@ impl Report {
                 format_bytes(self.resident.value * 4096)
             );
         }
+        // A migration that never ends never stops sending: its bytes are
+        // the model's count up to where the passes stop shrinking.
+        let transferred = if p.total_seconds.is_finite() {
+            format_bytes(p.total_bytes)
+        } else {
+            format!(
+                "{} by the time passes stop shrinking, then more for ever",
+                format_bytes(p.total_bytes)
+            )
+        };
         let _ = writeln!(
             s,
-            "  transferred {}  duplicate {}  normal {}  dirty-sync-count {}  total-time {}  downtime {}",
-            format_bytes(p.total_bytes),
+            "  transferred {transferred}  duplicate {}  normal {}  dirty-sync-count {}  total-time {}  downtime {}",
             p.duplicate,
             p.normal,
             p.dirty_sync_count(),
@@ -1025,6 +1034,12 @@ mod tests {
         assert!(r.publish(&stats, 1));
         assert_eq!(stats.vm_value(PredictionTotalTimeNs), u64::MAX);
         assert_eq!(stats.vm_value(PredictionTransferred), u64::MAX);
+        // The text gives the model's bytes as what they are.
+        let text = r.to_text();
+        assert!(
+            text.contains("by the time passes stop shrinking, then more for ever"),
+            "{text}"
+        );
         // Forced after 4 passes: what those send.
         let forced = model::predict(&Inputs {
             max_rounds: Some(4),
