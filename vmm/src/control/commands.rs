@@ -142,7 +142,7 @@ impl Handler {
     /// # Errors
     /// A stats fd that cannot be opened, duplicated or read.
     pub(crate) fn new(ctx: Context, stopping: Arc<AtomicBool>) -> Result<Handler, Error> {
-        let vm_stats = StatsFd::new(kvm_stats::ioctl::get_stats_fd(&ctx.vm_fd)?)?;
+        let vm_stats = ctx.open_vm_stats()?;
         let vcpu_stats = ctx
             .vcpu_stats
             .iter()

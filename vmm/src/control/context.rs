@@ -57,6 +57,16 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// A VM stats fd of its own, schema read.
+    ///
+    /// # Errors
+    /// `KVM_GET_STATS_FD` failed, or the file's header or descriptors.
+    pub(crate) fn open_vm_stats(&self) -> Result<kvm_stats::StatsFd, Error> {
+        Ok(kvm_stats::StatsFd::new(kvm_stats::ioctl::get_stats_fd(
+            &self.vm_fd,
+        )?)?)
+    }
+
     /// Gathers the control plane's handles from a VM.
     ///
     /// # Errors

@@ -99,19 +99,12 @@ impl Server {
             .as_ref()
             .map(|s| s.tick_fd.get_or_init(|| Arc::new(ours_ticks)).clone());
         let stopping = Arc::new(AtomicBool::new(false));
-        // What KVM maps, for the most it has mapped at once (readiness).
-        let vm_stats = kvm_stats::ioctl::get_stats_fd(&context.vm_fd)
-            .map_err(|e| e.to_string())
-            .and_then(|f| kvm_stats::StatsFd::new(f).map_err(|e| e.to_string()))
-            .inspect_err(|e| {
-                log::warn!("no VM stats fd for the vmm-stats thread ({e}): the most KVM has mapped is noted by readiness measurements only");
-            })
-            .ok();
         let publisher = publish::start(publish::Sources {
             stats: context.vmm_stats.clone(),
             vcpus: context.vcpus.clone(),
             migration: context.migration.as_ref().map(|(m, _)| m.clone()),
-            mapped: vm_stats.map(|s| (s, context.mapped_peak.clone())),
+            // What KVM maps, for the most it has mapped at once (readiness).
+            mapped: (context.open_vm_stats()?, context.mapped_peak.clone()),
         })
         .map_err(Error::Spawn)?;
         let mapped_peak = context.mapped_peak.clone();

@@ -42,7 +42,7 @@ pub(crate) struct Sources {
     pub(crate) vcpus: Vec<Arc<VcpuShared>>,
     pub(crate) migration: Option<Arc<Migration>>,
     /// The VM's stats, read for what KVM maps, and the most it has mapped.
-    pub(crate) mapped: Option<(kvm_stats::StatsFd, Arc<MappedPeak>)>,
+    pub(crate) mapped: (kvm_stats::StatsFd, Arc<MappedPeak>),
 }
 
 /// Starts the `vmm-stats` thread.
@@ -57,15 +57,14 @@ pub(crate) fn start(sources: Sources) -> std::io::Result<Publisher> {
         .spawn(move || {
             let (stopped, wake) = &*theirs;
             let mut meter = Meter::default();
-            let mut sample = sources.mapped.as_ref().map(|(s, _)| s.new_sample());
+            let (stats, peak) = &sources.mapped;
+            let mut sample = stats.new_sample();
             let mut done = crate::lock(stopped);
             while !*done {
                 drop(done);
                 publish(&sources, &mut meter);
-                if let (Some((stats, peak)), Some(sample)) = (&sources.mapped, &mut sample) {
-                    // One `pread`; a failure now is one the next period may not have.
-                    let _ = peak.read(stats, sample);
-                }
+                // One `pread`; a failure now is one the next period may not have.
+                let _ = peak.read(stats, &mut sample);
                 done = crate::lock(stopped);
                 done = match wake.wait_timeout(done, PUBLISH_PERIOD) {
                     Ok((guard, _)) => guard,

@@ -98,8 +98,7 @@ impl MappedPeak {
         vm_stats: &StatsFd,
         sample: &mut Sample,
     ) -> Result<(), kvm_stats::Error> {
-        vm_stats.read_sample(sample)?;
-        self.note(Mapped::from_sample(vm_stats.schema(), sample).bytes() / 4096);
+        self.note(mapped_into(vm_stats, sample)?.bytes() / 4096);
         Ok(())
     }
 }
@@ -218,9 +217,13 @@ const CURVE_POINTS: u32 = 5;
 pub(crate) const CURVE_STEP_MIN: Duration = Duration::from_millis(5);
 
 fn mapped_now(vm_stats: &StatsFd) -> Result<Mapped, Error> {
-    let mut sample = vm_stats.new_sample();
-    vm_stats.read_sample(&mut sample)?;
-    Ok(Mapped::from_sample(vm_stats.schema(), &sample))
+    Ok(mapped_into(vm_stats, &mut vm_stats.new_sample())?)
+}
+
+/// What KVM maps now, read into `sample` (one `pread`).
+fn mapped_into(vm_stats: &StatsFd, sample: &mut Sample) -> Result<Mapped, kvm_stats::Error> {
+    vm_stats.read_sample(sample)?;
+    Ok(Mapped::from_sample(vm_stats.schema(), sample))
 }
 
 /// Distinct pages written during a window of `calc_time`, what the window

@@ -401,6 +401,12 @@ fn ms(seconds: f64) -> Option<u64> {
 }
 
 impl Prediction {
+    /// Whether the migration ends: a stop comes (it converges, or
+    /// `x-max-rounds` forces one); otherwise its passes go on for ever.
+    pub(crate) fn ends(&self) -> bool {
+        self.stop_and_copy.is_some()
+    }
+
     /// `dirty-sync-count`: one sync after every pass sent while the guest runs.
     pub(crate) fn dirty_sync_count(&self) -> u64 {
         self.rounds.len() as u64
@@ -416,7 +422,7 @@ impl Prediction {
             seconds: r.seconds,
         };
         let finite = |v: f64| Some(v).filter(|v| v.is_finite());
-        let ends = self.stop_and_copy.is_some();
+        let ends = self.ends();
         PredictionReply {
             converges: self.converges,
             reason: self.reason.clone(),

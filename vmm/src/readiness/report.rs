@@ -412,13 +412,7 @@ impl Report {
         // bytes are where it gave up): never, as its total time.
         stats.set_vm(
             PredictionTransferred,
-            p.map_or(0, |p| {
-                if p.total_seconds.is_finite() {
-                    p.total_bytes
-                } else {
-                    u64::MAX
-                }
-            }),
+            p.map_or(0, |p| if p.ends() { p.total_bytes } else { u64::MAX }),
         );
         stats.set_vm(
             PredictionGuestStallNs,
@@ -823,7 +817,7 @@ impl Report {
         }
         // A migration that never ends never stops sending: its bytes are
         // the model's count up to where the passes stop shrinking.
-        let transferred = if p.total_seconds.is_finite() {
+        let transferred = if p.ends() {
             format_bytes(p.total_bytes)
         } else {
             format!(
