@@ -198,6 +198,9 @@ def merged_meta(path, meta, ran, partial):
     for name in old.get("seconds", {}):
         if name != "total" and name not in parts:  # recorded before parts were
             parts[name] = {k: old.get(k, "?") for k in ("date", "commit", "command")}
+    for p in parts.values():
+        if "machine" not in p and "cpu" in old:  # recorded before machines were, on the earlier run's
+            p["machine"] = "%s CPUs, %s, kernel %s" % (old.get("nproc"), old["cpu"], old.get("kernel"))
     for name in ran:
         parts[name] = {k: meta[k] for k in ("date", "commit", "command", "matrix")}
         parts[name]["machine"] = "%s CPUs, %s, kernel %s" % (meta["nproc"], meta["cpu"], meta["kernel"])

@@ -150,9 +150,10 @@ SMALL = {
 # Figures shared by estimates and misleads rows (see experiments.estimate_fields).
 _ESTIMATE = [
     "ram_pages", "mapped_pages", "mapped_4k", "mapped_2m", "resident_pages", "written_pages",
+    "sampled_pages", "sampled_read",
     "scan_nonzero", "scan_nonzero_arena", "scan_zero", "scan_unbacked",
-    "mapped_ratio", "resident_ratio", "written_ratio",
-    "mapped_us", "resident_us", "written_us", "scan_us",
+    "mapped_ratio", "resident_ratio", "written_ratio", "sampled_ratio",
+    "mapped_us", "resident_us", "written_us", "sampled_us", "scan_us",
 ]
 
 from experiments_converge import COLUMNS as _CONVERGE  # noqa: E402
@@ -175,6 +176,6 @@ COLUMNS = {
                   "guest_writes", "guest_seconds", "guest_distinct", "guest_rate", "ratio_guest", "took_us"],
     "observer": ["mode", "ws_bytes", "ws_pages", "seconds", "before_rate", "during_rate", "after_rate",
                  "guest_distinct", "measured_pages", "ratio_guest", "window_s"],
-    "misleads": ["case", "what", "workload", "hugepages", "dirty_log", "nonzero_written"] + _ESTIMATE
-                + ["mapped_excess_mib", "resident_excess_mib", "written_excess_mib"],
+    "misleads": ["case", "what", "workload", "hugepages", "dirty_log", "nonzero_written", "estimate_used"] + _ESTIMATE
+                + ["mapped_excess_mib", "resident_excess_mib", "written_excess_mib", "sampled_excess_mib"],
 }

@@ -196,7 +196,7 @@ def chart_misleads(rows, out):
         return []
     cases = list(dict.fromkeys(r["case"] for r in rows))
     combos = [("mapped", 0, "off", "mapped, 4K pages"), ("mapped", 1, "off", "mapped, --hugepages"),
-              ("resident", 1, "off", "resident, --hugepages"),
+              ("resident", 1, "off", "resident, --hugepages"), ("sampled", 1, "off", "sampled, --hugepages"),
               ("written", 0, logged_mode(rows), "written (dirty %s)" % logged_mode(rows))]
     series = [Series(name, [excess_mib(one(rows, case=c, hugepages=hp, dirty_log=dl), est) for c in cases])
               for est, hp, dl, name in combos]
@@ -257,10 +257,17 @@ def table(header, rows):
 def block_run(meta):
     s = meta.get("seconds", {})
     runtime = ", ".join("%s %s s" % (k, s[k]) for k in s if k != "total") + "; total %s s" % s.get("total", "?")
+    machine = "%s CPUs (`nproc`), %s, %s GiB RAM" % (meta.get("nproc"), meta.get("cpu"), meta.get("memory_gib"))
+    parts = meta.get("parts", {})
+    machines = {p.get("machine") for p in parts.values()}
+    if len(machines) > 1:
+        # Parts run on different hosts: each part's, the newest run's first.
+        machine += " (the newest run, %s); by part: %s" % (meta.get("date", "?"), "; ".join(
+            "%s: %s" % (n, p.get("machine", "?")) for n, p in parts.items()))
     return table(["", ""], [
         ("command", "`%s`" % meta.get("command", "?")),
         ("date", meta.get("date", "?")),
-        ("machine", "%s CPUs (`nproc`), %s, %s GiB RAM" % (meta.get("nproc"), meta.get("cpu"), meta.get("memory_gib"))),
+        ("machine", machine),
         ("kernel", "`%s`, modules %s" % (meta.get("kernel"), meta.get("kvm_modules"))),
         ("backend", meta.get("backend", "?")),
         ("host THP", "`%s`" % meta.get("thp", "?")),
@@ -375,16 +382,19 @@ def compact_rate(x):
 def block_misleads(rows):
     dl = logged_mode(rows)
     out = []
+    used = lambda row: "`%s`" % row["estimate_used"] if row and row.get("estimate_used") else "–"  # noqa: E731
     for case in dict.fromkeys(r["case"] for r in rows):
         get = lambda hp, dl: one(rows, case=case, hugepages=hp, dirty_log=dl)  # noqa: E731
         base, thp = get(0, "off"), get(1, "off")
         cell = lambda row, est: fmt_ratio(v(row, est + "_ratio"))  # noqa: E731
         out.append(("`%s`" % case, base["what"], fmt_int(base["nonzero_written"]), fmt_int(base["scan_nonzero"]),
                     cell(base, "mapped"), cell(thp, "mapped"), cell(get(1, dl), "mapped"), cell(base, "resident"),
-                    cell(thp, "resident"), cell(get(0, dl), "written"),
+                    cell(thp, "resident"), cell(get(0, dl), "written"), cell(base, "sampled"), cell(thp, "sampled"),
+                    "%s / %s" % (used(base), used(thp)),
                     "%.1f / %.1f" % (round(excess_mib(base, "mapped"), 1) + 0.0, round(excess_mib(thp, "mapped"), 1) + 0.0)))
     header = ["case", "workload", "pages left non-zero", "scan: non-zero (all RAM)", "mapped ÷ scan, 4K", "mapped, THP",
               "mapped, THP + %s" % dl, "resident ÷ scan, 4K", "resident, THP", "written ÷ scan (%s)" % dl,
+              "sampled ÷ scan, 4K", "sampled, THP", "prediction's estimate without a scan (4K / THP)",
               "mapped − scan, MiB (4K / THP)"]
     return table(header, out)
 

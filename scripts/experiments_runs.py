@@ -32,12 +32,15 @@ def estimate_fields(rep):
         "mapped_pages": mapped, "mapped_4k": rep["mapped"]["pages_4k"], "mapped_2m": rep["mapped"]["pages_2m"],
         "resident_pages": rep["resident"]["pages"],
         "written_pages": written["pages"] if written else "",
+        "sampled_pages": rep["sampled"]["pages"], "sampled_read": rep["sampled"]["pages_read"],
         "scan_nonzero": nonzero, "scan_nonzero_arena": scan["nonzero_in_arena"],
         "scan_zero": scan["zero_pages"], "scan_unbacked": scan["unbacked_pages"],
         "mapped_ratio": ratio(mapped), "resident_ratio": ratio(rep["resident"]["pages"]),
         "written_ratio": ratio(written["pages"]) if written else "",
+        "sampled_ratio": ratio(rep["sampled"]["pages"]),
         "mapped_us": rep["mapped"]["took_us"], "resident_us": rep["resident"]["took_us"],
-        "written_us": written["took_us"] if written else "", "scan_us": scan["took_us"],
+        "written_us": written["took_us"] if written else "", "sampled_us": rep["sampled"]["took_us"],
+        "scan_us": scan["took_us"],
     }
 
 
@@ -224,15 +227,18 @@ def run_misleads(binary, m):
                 with Vm(binary, m["misleads_memory"], hugepages=hp, dirty_log=dl) as vm:
                     vm.guest(cmd)
                     rep = vm.readiness(scan=True)
+                    # The estimate a prediction takes where nobody scans.
+                    used = vm.readiness(scan=False)["estimate_used"]
                 row = {"case": case, "what": what, "workload": cmd, "hugepages": int(hp), "dirty_log": dl or "off",
-                       "nonzero_written": truth}
+                       "nonzero_written": truth, "estimate_used": used}
                 row.update(estimate_fields(rep))
-                for est in ("mapped", "resident", "written"):
+                for est in ("mapped", "resident", "written", "sampled"):
                     v = row["%s_pages" % est]
                     row["%s_excess_mib" % est] = round((v - row["scan_nonzero"]) * PAGE / MIB, 2) if v != "" else ""
                 rows.append(row)
-                log("misleads %s hp=%d dirty-log=%s: mapped x%s resident x%s written x%s"
-                    % (case, hp, dl or "off", row["mapped_ratio"], row["resident_ratio"], row["written_ratio"] or "-"))
+                log("misleads %s hp=%d dirty-log=%s: mapped x%s resident x%s written x%s sampled x%s"
+                    % (case, hp, dl or "off", row["mapped_ratio"], row["resident_ratio"], row["written_ratio"] or "-",
+                       row["sampled_ratio"]))
     return rows
 
 

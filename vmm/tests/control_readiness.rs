@@ -186,7 +186,12 @@ fn after_a_window_on_huge_pages_the_prediction_takes_the_most_kvm_mapped() {
         before["mapped"]["pages_2m"].as_u64().unwrap() >= 16,
         "the guest's 64 MiB mapped 2 MiB at a time: {before}"
     );
-    assert_eq!(before["estimate_used"], "mapped", "{before}");
+    // Mapped, or (the 2 MiB pages the boot wrote a little of) a sample of
+    // the resident pages read for zeros.
+    assert!(
+        matches!(before["estimate_used"].as_str(), Some("mapped" | "sampled")),
+        "{before}"
+    );
     // A writer over half of it, done before the window ends.
     c.execute(
         "guest-command",
@@ -198,18 +203,28 @@ fn after_a_window_on_huge_pages_the_prediction_takes_the_most_kvm_mapped() {
     let peak = after["mapped"]["peak_bytes"].as_u64().expect("peak_bytes");
     assert!(peak >= mapped(&before), "{after}");
     if mapped(&after) + (1 << 20) <= peak {
-        // The host backs what KVM let go (and the prediction takes that).
-        assert_eq!(after["estimate_used"], "resident", "{after}");
+        // The host backs what KVM let go (and the prediction takes that, or
+        // what a sample of it reads non-zero).
+        assert!(
+            matches!(
+                after["estimate_used"].as_str(),
+                Some("resident" | "sampled")
+            ),
+            "{after}"
+        );
         let normal = after["prediction"]["migrate"]["ram"]["normal"]
             .as_u64()
             .unwrap();
         assert!(
-            normal * 4096 >= 64 << 20,
+            normal * 4096 >= 62 << 20,
             "the 64 MiB the guest wrote go as data: {normal} pages: {}",
             after["text"]
         );
     } else {
-        assert_eq!(after["estimate_used"], "mapped", "{after}");
+        assert!(
+            matches!(after["estimate_used"].as_str(), Some("mapped" | "sampled")),
+            "{after}"
+        );
     }
     // This backend (shadow paging) lets them go.
     if std::path::Path::new("/sys/module/kvm_pvm").exists() {
@@ -267,7 +282,17 @@ fn the_most_kvm_mapped_is_kept_with_no_measurement_before() {
     assert!(peak >= 64 << 20, "the stats thread saw the 64 MiB: {r}");
     if std::path::Path::new("/sys/module/kvm_pvm").exists() {
         assert!(mapped + (16 << 20) < peak, "{r}");
-        assert_eq!(r["estimate_used"], "resident", "{r}");
+        assert!(
+            matches!(r["estimate_used"].as_str(), Some("resident" | "sampled")),
+            "{r}"
+        );
+        let normal = r["prediction"]["migrate"]["ram"]["normal"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            normal * 4096 >= 62 << 20,
+            "the 64 MiB written go as data: {r}"
+        );
     }
     vm.quit();
 }

@@ -85,7 +85,9 @@ fn a_swapped_out_page_is_classified_as_data_not_as_never_backed() {
     let swapped = pagemap_entry(page as u64) & (1 << 62) != 0;
     let runs = classify(&region).unwrap();
     // The readiness scan's map of what to read, taken while it is out.
-    let to_read = pages_to_read(&region).unwrap();
+    let to_read = pages_to_read(&region, || std::ops::ControlFlow::Continue(()))
+        .unwrap()
+        .unwrap();
     // Reading the page back swaps it in.
     let back: u8 = ram.read_obj(5 * 4096).unwrap();
     if rc != 0 || !swapped {

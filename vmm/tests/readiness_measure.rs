@@ -70,6 +70,53 @@ fn scan_finds_exactly_the_pages_written_nonzero_and_estimates_bound_them() {
 }
 
 #[test]
+fn memory_written_with_zeros_or_sparsely_on_huge_pages_is_estimated_from_a_sample() {
+    require_kvm!();
+    // 4 MiB non-zero, 40 MiB written with zeros: KVM maps all 44 MiB and the
+    // host backs them; a sample of the resident pages read for zeros sees
+    // the difference. Then, on huge pages, one page written per 2 MiB over
+    // 32 MiB: 16 pages non-zero where 8,192 are mapped and backed. Both
+    // guests back over 8,192 pages: the sample draws, it does not read all.
+    for (hugepages, spec, written) in [
+        (false, "touch size=4M; touch-zero offset=8M size=40M", 1024),
+        (true, "touch offset=16M size=32M stride=512", 16),
+    ] {
+        let mut vm = Vm::new(VmConfig {
+            memory: MEMORY,
+            hugepages,
+            ..VmConfig::default()
+        })
+        .unwrap();
+        vm.push_commands(0, parse_sequence(spec).unwrap());
+        vm.start().unwrap();
+        wait_done(&vm, spec.split(';').count());
+        let quick = Options {
+            calc_time: Duration::ZERO,
+            ..Options::default()
+        };
+        let r = readiness(&vm, &quick);
+        let text = r.to_text();
+        assert_eq!(r.estimate_used, "sampled", "{text}");
+        let estimate = r.sampled.as_ref().unwrap().value;
+        assert!(!estimate.whole(), "{estimate:?}");
+        let exact = readiness(
+            &vm,
+            &Options {
+                scan: true,
+                ..quick
+            },
+        );
+        let truth = exact.scan.as_ref().unwrap().value.nonzero_pages;
+        assert!(truth >= written && truth < written + 64, "{truth}");
+        assert!(r.mapped_pages() > truth + 8000, "{text}");
+        // Within 2 % of the resident pages.
+        let off = estimate.estimate().abs_diff(truth) as f64 / estimate.of as f64;
+        assert!(off < 0.02, "{estimate:?} against {truth}: {text}");
+        assert!(vm.stop(Duration::from_secs(1)).is_empty());
+    }
+}
+
+#[test]
 fn scan_resumes_the_guest_afterwards() {
     require_kvm!();
     let mut vm = boot(None, "touch size=1M");

@@ -31,6 +31,25 @@ pub struct TimedPages {
     pub took_us: f64,
 }
 
+/// A sample of the host-resident pages read for zeros while the guest runs:
+/// the non-zero pages estimated from it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SampledFigure {
+    /// The estimate, 4 KiB pages: `of_pages` × `nonzero_read` / `pages_read`.
+    pub pages: u64,
+    /// `pages` × 4096.
+    pub bytes: u64,
+    /// Pages read (drawn at random with replacement, or every resident page
+    /// where there are no more than a sample's).
+    pub pages_read: u64,
+    /// Of them, the pages holding a non-zero byte.
+    pub nonzero_read: u64,
+    /// The host-resident pages drawn from.
+    pub of_pages: u64,
+    /// Microseconds it took.
+    pub took_us: f64,
+}
+
 /// The memory KVM maps, by page size (the VM's `pages_*` stats).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MappedFigure {
@@ -311,6 +330,10 @@ pub struct ReadinessReport {
     pub mapped: MappedFigure,
     /// Host-resident pages of guest RAM.
     pub resident: TimedPages,
+    /// The non-zero pages estimated from a sample of the resident ones
+    /// (absent from VMMs before it).
+    #[serde(default)]
+    pub sampled: Option<SampledFigure>,
     /// Pages written since boot (with dirty logging).
     pub written_since_boot: Option<TimedPages>,
     /// The dirty rate, when a window was measured.

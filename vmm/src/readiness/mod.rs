@@ -129,7 +129,12 @@ pub(crate) fn measure(
     // reading included: what its estimates are set against (a guest that
     // maps more during the window is growing, not letting go).
     let peak_then = peak.map(|p| p.note(mapped.value.bytes() / 4096));
-    let resident = timed(|| Ok(resident(g.ram).map_err(Error::Residency)?.1))?;
+    let started = Instant::now();
+    let (resident_map, resident_pages) = resident(g.ram).map_err(Error::Residency)?;
+    let resident = Figure {
+        value: resident_pages,
+        took: started.elapsed(),
+    };
     // The window first: syncing the log for "written since boot" protects
     // again what it harvests, and the faults that follow would fall in the
     // rate before the window that its stall is measured against.
@@ -150,6 +155,11 @@ pub(crate) fn measure(
         Some(d) if d.logs_from_boot() => Some(timed(|| Ok(d.written_since_boot()?.unwrap_or(0)))?),
         _ => None,
     };
+    // A sample of the resident pages read for zeros while the guest runs
+    // (after the window, which starts as asked): what KVM maps and the host
+    // backs count memory written with zeros too.
+    let sampled = timed(|| Ok(scan::sample(g.ram, &resident_map, scan::SAMPLE_PAGES)))?;
+    drop(resident_map);
     let scan = if options.scan {
         Some(timed(|| exact_scan(g, progress))?)
     } else {
@@ -161,6 +171,7 @@ pub(crate) fn measure(
         mapped_peak: peak_then,
         loaded_pages: peak.map_or(0, MappedPeak::loaded),
         resident,
+        sampled: Some(sampled),
         written,
         dirty_rate,
         dirty_logged: g.dirty.is_some(),
@@ -333,17 +344,22 @@ fn exact_scan(g: &mut Guest<'_>, mut progress: impl FnMut(u64, u64)) -> Result<s
         if !crate::vcpu::wait_parked(g.vcpus, PAUSE_LIMIT) {
             return Err(Error::PauseTimeout(PAUSE_LIMIT));
         }
-        let to_read = scan::pages_to_read(g.ram).map_err(Error::PageMap)?;
-        // SAFETY: every vCPU is parked (checked just above) and stays so until
-        // the resume below.
-        let ram = unsafe { scan::Ram::paused(g.ram) };
-        let step = |done, total| {
-            progress(done, total);
+        let go_on = || {
             if abandoned() {
                 ControlFlow::Break(())
             } else {
                 ControlFlow::Continue(())
             }
+        };
+        let to_read = scan::pages_to_read(g.ram, go_on)
+            .map_err(Error::PageMap)?
+            .ok_or_else(|| Error::Abandoned(started.elapsed()))?;
+        // SAFETY: every vCPU is parked (checked just above) and stays so until
+        // the resume below.
+        let ram = unsafe { scan::Ram::paused(g.ram) };
+        let step = |done, total| {
+            progress(done, total);
+            go_on()
         };
         scan::scan(&ram, Some(&to_read), g.arena.clone(), step)
             .ok_or_else(|| Error::Abandoned(started.elapsed()))

@@ -8,11 +8,12 @@ use super::converge::{cheapest_dirty_limit, smallest_throttle, Converge, LimitCh
 use super::error::Error;
 use super::model::{self, Growth, Inputs, Prediction};
 use super::options::Options;
-use super::scan::Scan;
+use super::scan::{Scan, ZeroSample};
 use crate::protocol::migration::VcpuSet;
 use crate::protocol::readiness::{
     ConvergeReply, CurvePoint, DirtyLimitReply, DirtyRateFigure, EstimateError, LinkFigure,
-    MappedFigure, Pages, ReadinessReport, ScanFigure, StallFigure, TimedPages, VcpuStallFigure,
+    MappedFigure, Pages, ReadinessReport, SampledFigure, ScanFigure, StallFigure, TimedPages,
+    VcpuStallFigure,
 };
 use crate::units::{format_bytes, saturating_u64};
 use crate::vcpu::stall::{fault_cost, Stall};
@@ -258,6 +259,8 @@ pub struct Report {
     pub(crate) loaded_pages: u64,
     /// Host-resident pages of the guest-RAM mapping.
     pub(crate) resident: Figure<u64>,
+    /// A sample of them read for zeros (`None` where none was taken).
+    pub sampled: Option<Figure<ZeroSample>>,
     /// Pages written since boot (dirty logging).
     pub written: Option<Figure<u64>>,
     /// The dirty rate, when a window was measured.
@@ -351,6 +354,9 @@ impl Report {
             ("mapped", error_of(self.mapped_pages(), truth)),
             ("resident", error_of(self.resident.value, truth)),
         ];
+        if let Some(s) = &self.sampled {
+            out.push(("sampled", error_of(s.value.estimate(), truth)));
+        }
         if let Some(w) = &self.written {
             out.push(("written", error_of(w.value, truth)));
         }
@@ -441,7 +447,25 @@ impl Report {
     /// mapped at other times, which the most mapped at once may not count)
     /// and the most KVM has mapped (above resident only where the host
     /// swapped some out).
+    ///
+    /// Where a sample of the resident pages read for zeros finds clearly
+    /// fewer non-zero pages than that bound (by [`SLACK_PAGES`]: memory
+    /// written with zeros or only read, huge pages written sparsely), the
+    /// sample's estimate instead; not against the most mapped, which stands
+    /// for pages swapped out that the sample cannot draw.
     fn nonzero_bound(&self) -> (u64, &'static str) {
+        let (bound, name) = self.mapped_bound();
+        match &self.sampled {
+            Some(s) if name != "mapped-peak" && s.value.estimate() + SLACK_PAGES < bound => {
+                (s.value.estimate().min(self.ram_pages), "sampled")
+            }
+            _ => (bound, name),
+        }
+    }
+
+    /// The bound from what KVM maps and the host backs, as
+    /// [`Self::nonzero_bound`] says.
+    fn mapped_bound(&self) -> (u64, &'static str) {
         let mapped = self.mapped_pages().min(self.ram_pages);
         let resident = self.resident.value.min(self.ram_pages);
         if under_mapped(mapped, resident) {
@@ -570,6 +594,14 @@ impl Report {
                 peak_bytes: self.mapped_peak.map(|p| p.saturating_mul(4096)),
             },
             resident: timed(&self.resident),
+            sampled: self.sampled.as_ref().map(|f| SampledFigure {
+                pages: f.value.estimate(),
+                bytes: f.value.estimate().saturating_mul(4096),
+                pages_read: f.value.read,
+                nonzero_read: f.value.nonzero,
+                of_pages: f.value.of,
+                took_us: us(f.took),
+            }),
             written_since_boot: self.written.as_ref().map(timed),
             dirty_rate: self.dirty_rate.as_ref().map(|d| {
                 let (rate, growth) = d.value.growth();
@@ -679,6 +711,23 @@ impl Report {
             b(self.resident.value),
             took(self.resident.took)
         );
+        if let Some(f) = &self.sampled {
+            let z = &f.value;
+            let how = if z.whole() {
+                format!("every resident page read, {} non-zero", z.nonzero)
+            } else {
+                format!(
+                    "{} of {} resident pages read, {} non-zero",
+                    z.read, z.of, z.nonzero
+                )
+            };
+            let _ = writeln!(
+                s,
+                "sampled non-zero          {:>12}   {how}   in {}",
+                b(z.estimate()),
+                took(f.took)
+            );
+        }
         let _ = match &self.written {
             Some(w) => writeln!(
                 s,
@@ -806,6 +855,19 @@ impl Report {
                 format_bytes(peak * 4096),
                 self.let_go_cause(),
                 format_bytes(self.resident.value * 4096)
+            );
+        } else if let Some(z) = self
+            .sampled
+            .as_ref()
+            .filter(|_| self.estimate_used == "sampled")
+        {
+            let _ = writeln!(
+                s,
+                "  (KVM maps {} and the host backs {}, but {} of {} resident pages read held a non-zero byte: the rest holds zeros, which go as runs; --scan counts exactly)",
+                format_bytes(self.mapped.value.bytes()),
+                format_bytes(self.resident.value * 4096),
+                z.value.nonzero,
+                z.value.read
             );
         } else if self.estimate_used == "resident" {
             let _ = writeln!(
@@ -957,6 +1019,7 @@ mod tests {
                 value: 900,
                 took: Duration::from_micros(50),
             },
+            sampled: None,
             written: Some(Figure {
                 value: 700,
                 took: Duration::ZERO,
@@ -1399,6 +1462,63 @@ mod tests {
     }
 
     #[test]
+    fn a_sample_that_reads_mostly_zeros_is_the_estimate_where_it_is_clearly_lower() {
+        // 812 mapped, 900 resident; of 900 pages read, 200 non-zero: the
+        // rest was written with zeros or only read.
+        let mut r = report();
+        r.scan = None;
+        let sample = |nonzero| {
+            Some(Figure {
+                value: ZeroSample {
+                    read: 900,
+                    nonzero,
+                    of: 900,
+                },
+                took: Duration::from_micros(700),
+            })
+        };
+        r.sampled = sample(200);
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "sampled");
+        assert_eq!(
+            r.prediction.as_ref().unwrap().rounds[0].bytes,
+            model::pass0_bytes(4096, 200)
+        );
+        let text = r.to_text();
+        assert!(
+            text.contains("sampled non-zero")
+                && text.contains("200 of 900 resident pages read held a non-zero byte"),
+            "{text}"
+        );
+        let reply = r.to_reply();
+        let s = reply.sampled.unwrap();
+        assert_eq!(
+            (s.pages, s.pages_read, s.nonzero_read, s.of_pages),
+            (200, 900, 200, 900)
+        );
+        // Within 1 MiB of the mapped bound: the bound, as before.
+        r.sampled = sample(812 - 256);
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "mapped");
+        r.sampled = sample(812 - 257);
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "sampled");
+        // Never against the most mapped, which stands for pages swapped
+        // out that the sample cannot draw.
+        r.mapped_peak = Some(2_000);
+        r.sampled = sample(200);
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "mapped-peak");
+        // With a scan, the sample is set against it too.
+        let mut r = report();
+        r.sampled = sample(390);
+        assert!(r
+            .errors()
+            .iter()
+            .any(|(n, e)| *n == "sampled" && e.estimate_pages == 390));
+    }
+
+    #[test]
     fn zero_truth_gives_infinite_relative_error_and_null_json() {
         let e = error_of(5, 0);
         assert!(e.relative.is_infinite());
@@ -1445,6 +1565,7 @@ mod tests {
                 "prediction",
                 "ram",
                 "resident",
+                "sampled",
                 "scan",
                 "text",
                 "written_since_boot"
