@@ -48,6 +48,7 @@ pub(crate) mod runstate;
 pub mod sampler;
 pub(crate) mod scm;
 pub mod signals;
+pub(crate) mod socket_file;
 pub mod summary;
 pub mod units;
 pub mod vcpu;

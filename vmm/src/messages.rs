@@ -21,7 +21,7 @@ pub enum RunStateError {
     #[error("the VMM is shutting down")]
     ShuttingDown,
     /// The guest is still arriving (`inmigrate`): it has no run state to change yet.
-    #[error("the guest is still arriving (inmigrate); only quit is taken until it has")]
+    #[error("the guest is still arriving (inmigrate); only quit and migrate_cancel are taken until it has")]
     Inmigrate,
     /// The asker gave up waiting for the main loop's answer.
     #[error("the main loop did not answer {request:?} within {limit:?}")]

@@ -131,7 +131,7 @@ pub enum Error {
     #[error("setting up dirty tracking")]
     Dirty(#[from] dirty::Error),
     /// KVM refused a migrated vCPU's state (the error, as text).
-    #[error("loading migrated vCPU state: {0}")]
+    #[error("{0}")]
     Restore(String),
     /// A `vcpu<N>` thread could not be spawned (vCPU index given).
     #[error("starting the vCPU {0} thread")]

@@ -249,6 +249,14 @@ fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
         }
         let last = lines.last().unwrap_or_else(|| panic!("{how}: nothing"));
         assert_eq!(last["event"], "SHUTDOWN", "{how}: {lines:?}");
+        // A running guest's VMM that stops says SHUTDOWN alone, as QEMU's
+        // does for `quit` and a signal: no STOP before it.
+        if how != "panic" {
+            assert!(
+                !lines.iter().any(|l| l["event"] == "STOP"),
+                "{how}: {lines:?}"
+            );
+        }
         // `guest` for the guest's own causes, as QEMU's.
         assert_eq!(
             last["data"],
@@ -316,7 +324,8 @@ fn libvirt_style_query_stats_with_providers_and_qom_paths_answers() {
     let args = json!({
         "target": "vcpu",
         "providers": [{"provider": "kvm", "names": ["exits", "halt_exits"]}],
-        "vcpus": ["/machine/unattached/device[1]"],
+        // Named twice: one result, as QEMU filters its vCPUs by the list.
+        "vcpus": ["/machine/unattached/device[1]", "/machine/unattached/device[1]"],
     });
     let (v, _) = c.execute("query-stats", args).unwrap();
     let entries = v.as_array().unwrap();

@@ -302,7 +302,16 @@ fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
         e.contains("requires KVM with accelerator property 'dirty-ring-size' set"),
         "{e}"
     );
-    assert!(set(&mut c, "xbzrle", true).is_err());
+    // QEMU's others: off is taken (scripts turn them off), on is refused
+    // naming it, an unknown name refused as one.
+    let e = set(&mut c, "xbzrle", true).unwrap_err();
+    assert!(
+        e.contains("kvmscope does not implement the migration capability 'xbzrle'"),
+        "{e}"
+    );
+    assert!(set(&mut c, "postcopy-ram", false).is_ok());
+    let e = set(&mut c, "nope", false).unwrap_err();
+    assert!(e.contains("unknown variant `nope`"), "{e}");
     // `events`: on as libvirt sets it; kvmscope sends them always.
     assert!(set(&mut c, "events", true).is_ok());
     let e = set(&mut c, "events", false).unwrap_err();
@@ -318,6 +327,19 @@ fn capabilities_and_throttle_parameters_are_checked_with_qemus_names() {
             e.contains(&format!(
                 "Parameter '{name}' expects a value from 1 to 99, not {bad}"
             )),
+            "{e}"
+        );
+    }
+    // The most below the first, as the parameters would be (QEMU's check):
+    // refused, nothing changed.
+    for bad in [
+        json!({"max-cpu-throttle": 10}),
+        json!({"cpu-throttle-initial": 50, "max-cpu-throttle": 40}),
+    ] {
+        let e = c.execute("migrate-set-parameters", bad).unwrap_err();
+        let e = format!("{e:?}");
+        assert!(
+            e.contains("Parameter 'max-cpu-throttle' expects a value from cpu-throttle-initial"),
             "{e}"
         );
     }

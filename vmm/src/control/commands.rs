@@ -179,7 +179,10 @@ impl Handler {
     pub(crate) fn broadcast_events(&mut self) -> Vec<Vec<u8>> {
         // Migration events first: every stamp is then at most the count read next.
         let migration = super::migrate::event_lines(&self.ctx);
-        let (_, changes) = self.ctx.run_state.get_with_changes();
+        let (state, changes) = self.ctx.run_state.get_with_changes();
+        // A VMM that stops (`quit`, a signal) says so with SHUTDOWN alone,
+        // as QEMU does: its guest's last stop is no STOP.
+        let shutting_down = state == crate::runstate::RunState::Shutdown;
         let (mut told, mut running) = self.told;
         let mut lines = Vec::new();
         // The run-state changes before `upto`, as events. Each change flips
@@ -190,6 +193,8 @@ impl Handler {
                 running = !running;
                 let kind = if running {
                     EventKind::Resume
+                } else if shutting_down && told == changes {
+                    continue;
                 } else {
                     EventKind::Stop
                 };
@@ -337,6 +342,18 @@ impl Handler {
                 limit_outcome(self.ctx.dirty_limits.cancel(a.cpu_index))
             }
             Command::QueryVcpuDirtyLimit(_) => Outcome::ret(self.ctx.dirty_limits.query()),
+            Command::CalcDirtyRate(a) => {
+                let target = super::dirty_rate::Target {
+                    mem: self.ctx.mem.clone(),
+                    dirty: self.ctx.dirty.clone(),
+                    vcpus: self.ctx.vcpus.clone(),
+                };
+                match self.ctx.dirty_rate.start(&a, target) {
+                    Ok(()) => Outcome::ret(serde_json::json!({})),
+                    Err(e) => Outcome::generic(e.to_string()),
+                }
+            }
+            Command::QueryDirtyRate(_) => Outcome::ret(self.ctx.dirty_rate.query()),
         }
     }
 
@@ -355,16 +372,23 @@ impl Handler {
 
     /// vCPU indexes from references (indexes or QOM paths), all when `None`.
     /// An index the VM lacks is an error; a QOM path that names none of its
-    /// vCPUs matches nothing, as a filter does in QEMU.
+    /// vCPUs matches nothing, as a filter does in QEMU. A vCPU named twice
+    /// is taken once (QEMU filters its vCPUs by the list), where first named.
     fn resolve_vcpus(&self, refs: Option<Vec<VcpuRef>>) -> Result<Vec<usize>, Outcome> {
         let n = self.ctx.vcpus.len();
         let Some(refs) = refs else {
             return Ok((0..n).collect());
         };
-        let mut list = Vec::with_capacity(refs.len());
+        let mut list = Vec::with_capacity(refs.len().min(n));
+        let mut named = vec![false; n];
+        let mut take = |i: usize, list: &mut Vec<usize>| {
+            if !std::mem::replace(&mut named[i], true) {
+                list.push(i);
+            }
+        };
         for r in refs {
             match r {
-                VcpuRef::Index(i) if i < n => list.push(i),
+                VcpuRef::Index(i) if i < n => take(i, &mut list),
                 VcpuRef::Index(i) => {
                     return Err(fail(
                         ErrorClass::DeviceNotFound,
@@ -372,7 +396,9 @@ impl Handler {
                     ))
                 }
                 VcpuRef::QomPath(p) => {
-                    list.extend(vcpu_from_qom_path(&p).filter(|&i| i < n));
+                    if let Some(i) = vcpu_from_qom_path(&p).filter(|&i| i < n) {
+                        take(i, &mut list);
+                    }
                 }
             }
         }

@@ -54,6 +54,8 @@ pub(crate) struct Context {
     /// The most KVM has mapped at once, noted by the `vmm-stats` thread and
     /// every readiness measurement.
     pub(crate) mapped_peak: Arc<crate::readiness::MappedPeak>,
+    /// `calc-dirty-rate`'s last measurement, or where it stands.
+    pub(crate) dirty_rate: Arc<super::dirty_rate::DirtyRateCalc>,
 }
 
 impl Context {
@@ -99,6 +101,7 @@ impl Context {
             periodic: None,
             dirty_limits: vm.dirty_limits.clone(),
             mapped_peak: Arc::default(),
+            dirty_rate: Arc::default(),
         })
     }
 }

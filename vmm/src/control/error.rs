@@ -1,7 +1,5 @@
 //! Why the control plane could not start or stopped serving.
 
-use super::socket;
-
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -10,7 +8,7 @@ pub enum Error {
     Dup(#[source] std::io::Error),
     /// The socket file could not be set up at its path.
     #[error(transparent)]
-    Socket(#[from] socket::Error),
+    Socket(#[from] crate::socket_file::Error),
     /// `KVM_GET_STATS_FD` on the VM failed.
     #[error("opening a stats fd")]
     StatsFd(#[from] kvm_stats::ioctl::Error),

@@ -24,6 +24,7 @@ pub(crate) mod connection;
 pub(crate) mod context;
 pub(crate) mod deadlines;
 pub(crate) mod deferred;
+pub(crate) mod dirty_rate;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod limits;
@@ -31,7 +32,6 @@ pub(crate) mod migrate;
 pub(crate) mod outcome;
 pub(crate) mod plane;
 pub(crate) mod publish;
-pub(crate) mod socket;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,9 +41,9 @@ use std::thread::JoinHandle;
 use event_manager::{EventManager, SubscriberId, SubscriberOps};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::socket_file::SocketFile;
 use commands::Handler;
 use plane::{Plane, PlaneFds};
-use socket::SocketFile;
 
 use crate::protocol::events::ShutdownCause;
 

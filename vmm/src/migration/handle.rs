@@ -45,6 +45,17 @@ pub enum Error {
     /// A `cpu-throttle-*` parameter out of 1 to 99 (its name, the value).
     #[error("Parameter '{0}' expects a value from 1 to 99, not {1}")]
     Throttle(&'static str, u64),
+    /// `max-cpu-throttle` below `cpu-throttle-initial`, as the parameters
+    /// would be with the request's applied (QEMU refuses it the same way).
+    #[error(
+        "Parameter 'max-cpu-throttle' expects a value from cpu-throttle-initial ({initial}) to 99, not {max}"
+    )]
+    ThrottleBelowInitial {
+        /// `max-cpu-throttle` as it would be.
+        max: u64,
+        /// `cpu-throttle-initial` as it would be.
+        initial: u64,
+    },
     /// `x-cpu-throttle-vcpus` or `x-vcpu-dirty-limit-vcpus` names a vCPU
     /// the VM does not have (the parameter, the index, the VM's vCPUs).
     #[error(
@@ -61,6 +72,9 @@ pub enum Error {
     /// `dirty-limit` and `auto-converge` together (QEMU's words).
     #[error("dirty-limit conflicts with auto-converge either of then available currently")]
     DirtyLimitConflict,
+    /// One of QEMU's capabilities that kvmscope does not implement, turned on.
+    #[error("kvmscope does not implement the migration capability '{0}' (it stays off; query-migrate-capabilities lists the ones it has)")]
+    NotImplemented(String),
     /// `events` turned off: kvmscope always sends its migration events.
     #[error("capability 'events' cannot be turned off: kvmscope always sends MIGRATION and MIGRATION_PASS (the host exporter learns from them that a VM migrated away)")]
     EventsAlwaysOn,
@@ -286,7 +300,15 @@ impl Migration {
             }
         }
         let mut inner = self.lock();
-        p.apply_to(&mut inner.params);
+        let mut params = inner.params;
+        p.apply_to(&mut params);
+        if params.max_cpu_throttle < params.cpu_throttle_initial {
+            return Err(Error::ThrottleBelowInitial {
+                max: params.max_cpu_throttle,
+                initial: params.cpu_throttle_initial,
+            });
+        }
+        inner.params = params;
         Ok(())
     }
 
@@ -294,12 +316,14 @@ impl Migration {
     pub(crate) fn capabilities(&self) -> Vec<CapabilityStatus> {
         let inner = self.lock();
         Capability::iter()
+            .filter(|c| c.implemented())
             .map(|capability| CapabilityStatus {
                 capability,
                 state: match capability {
                     Capability::AutoConverge => inner.auto_converge,
                     Capability::DirtyLimit => inner.dirty_limit,
                     Capability::Events => true,
+                    _ => false,
                 },
             })
             .collect()
@@ -337,6 +361,9 @@ impl Migration {
                 Capability::DirtyLimit => dirty_limit = c.state,
                 Capability::Events if !c.state => return Err(Error::EventsAlwaysOn),
                 Capability::Events => {}
+                // QEMU's others: off, as they are; on, refused.
+                _ if !c.state => {}
+                other => return Err(Error::NotImplemented(other.name())),
             }
         }
         if dirty_limit && !ring {
@@ -447,6 +474,16 @@ impl Migration {
 
     pub(crate) fn update(&self, f: impl FnOnce(&mut MigrationInfo)) {
         f(&mut self.lock().info);
+    }
+
+    /// Ends the migration's connection and says how many bytes of the
+    /// stream its destination never took, where that is known
+    /// ([`transport::Conn::shut_with_unread`]).
+    pub(crate) fn shut_with_unread(&self) -> Option<u64> {
+        self.lock()
+            .conn
+            .as_ref()
+            .and_then(transport::Conn::shut_with_unread)
     }
 
     pub(crate) fn set_conn(&self, conn: Option<transport::Conn>) {

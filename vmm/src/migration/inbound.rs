@@ -6,12 +6,12 @@
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::transport::{Conn, Error, Uri, TICK};
+use crate::socket_file::SocketFile;
 use crate::units::format_duration;
 
 /// Says why the destination must stop (`signal 15`, `quit`), or `None` to go on.
@@ -169,48 +169,43 @@ impl Write for Watched {
 
 /// A destination waiting for its one source.
 pub(crate) enum Listener {
-    /// The socket file is removed when the listener goes.
-    Unix(UnixListener, PathBuf),
+    /// The socket file is removed when the listener goes (if it is still
+    /// the one this listener made).
+    Unix(UnixListener, SocketFile),
     /// Listening on TCP.
     Tcp(TcpListener),
 }
 
 impl Listener {
-    /// Listens at `uri`. A unix socket file left by a dead process is replaced.
+    /// Listens at `uri`. A unix socket file is checked as the control
+    /// socket's is ([`SocketFile`]): a socket left by a dead process is
+    /// replaced; a live one, or anything that is not a socket, is refused.
+    /// It is bound at its path (`SocketFile::bind_in_place`), which
+    /// `/proc/net/unix` then shows: whoever starts the source waits there.
     ///
     /// # Errors
-    /// `Listen` with the cause.
+    /// `Listen` or `SocketFile` with the cause.
     pub(crate) fn bind(uri: &Uri) -> Result<Listener, Error> {
-        let failed = |e| Error::Listen(uri.to_string(), e);
         match uri {
             Uri::Unix(path) => {
-                if UnixStream::connect(path).is_err() {
-                    let _ = std::fs::remove_file(path);
-                }
-                let l = UnixListener::bind(path).map_err(failed)?;
                 // Whoever sends a guest here runs it as this VMM's user: the
-                // socket is this user's (as the control socket is), whatever
-                // the umask, and each peer's uid is checked on accept too.
-                use std::os::unix::fs::PermissionsExt;
-                let private = std::fs::Permissions::from_mode(0o600);
-                if let Err(e) = std::fs::set_permissions(path, private) {
-                    let _ = std::fs::remove_file(path);
-                    return Err(failed(e));
-                }
-                // The stream carries no fds: a peer may send none.
-                let _ = crate::scm::refuse_fds(&l);
-                Ok(Listener::Unix(l, path.clone()))
+                // socket is this user's (0600), and each peer's uid is
+                // checked on accept too. It refuses fds where the kernel
+                // can: the stream carries none.
+                let (file, l) = SocketFile::bind_in_place(path)
+                    .map_err(|e| Error::SocketFile(uri.to_string(), e))?;
+                Ok(Listener::Unix(l, file))
             }
             Uri::Tcp(addr) => TcpListener::bind(addr.as_str())
                 .map(Listener::Tcp)
-                .map_err(failed),
+                .map_err(|e| Error::Listen(uri.to_string(), e)),
         }
     }
 
     /// The URI as error messages name it.
     fn name(&self) -> String {
         match self {
-            Listener::Unix(_, p) => format!("unix:{}", p.display()),
+            Listener::Unix(_, f) => format!("unix:{}", f.path().display()),
             Listener::Tcp(l) => l
                 .local_addr()
                 .map_or_else(|_| "tcp".to_string(), |a| format!("tcp:{a}")),
@@ -236,14 +231,14 @@ impl Listener {
     /// `Accept` when accepting failed for another reason (out of fds).
     pub(crate) fn try_accept(&self) -> Result<Option<Conn>, Error> {
         let accepted = match self {
-            Listener::Unix(l, path) => loop {
+            Listener::Unix(l, file) => loop {
                 match l.accept() {
                     Ok((s, _)) => match crate::scm::peer_uid(&s) {
                         Ok(uid) if may_send(uid, rustix::process::geteuid().as_raw()) => {
                             break Ok(Conn::from(s));
                         }
                         // Closed; the next waiting peer is looked at.
-                        peer => refused(path, peer),
+                        peer => refused(file.path(), peer),
                     },
                     Err(e) => break Err(e),
                 }
@@ -310,18 +305,44 @@ impl AsFd for Listener {
     }
 }
 
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::net::UnixStream;
+
+    /// What is at a destination's `unix:` path is replaced only if it is a
+    /// socket nobody listens on: a file there is refused, and kept.
+    #[test]
+    fn a_destination_never_replaces_a_file_or_a_live_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("precious.txt");
+        std::fs::write(&path, "data").unwrap();
+        let e = Listener::bind(&Uri::Unix(path.clone()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            crate::error_chain(&e).contains("exists and is not a socket; not replacing it"),
+            "{}",
+            crate::error_chain(&e)
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "data");
+        let live = dir.path().join("live.sock");
+        let _other = UnixListener::bind(&live).unwrap();
+        let e = Listener::bind(&Uri::Unix(live.clone()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            crate::error_chain(&e).contains("in use by a running server"),
+            "{e}"
+        );
+        // A stale one is replaced, and removed when the listener goes.
+        let stale = dir.path().join("stale.sock");
+        drop(UnixListener::bind(&stale).unwrap());
+        let l = Listener::bind(&Uri::Unix(stale.clone())).unwrap();
+        assert!(UnixStream::connect(&stale).is_ok());
+        drop(l);
+        assert!(!stale.exists());
+    }
 
     /// A source that always has bytes ready never makes a read wait: the
     /// stop is looked at between reads too, and a read after it fails.

@@ -91,6 +91,28 @@ pub enum Error {
     /// The first section is not the config.
     #[error("the stream does not start with its config section (it starts with a {0} section)")]
     NoConfig(&'static str),
+    /// Pass 0 ended without a run for every page (a source sends each
+    /// page of pass 0 as data or in a zero run, in order).
+    #[error("the stream's pass 0 gave {covered} of the VM's {pages} pages: a source sends every page in it, as data or in a zero run")]
+    Pass0Short {
+        /// Pages the runs of pass 0 gave.
+        covered: u64,
+        /// Pages of the VM.
+        pages: u64,
+    },
+    /// A run of pass 0 starts below where the one before it ended (in
+    /// another section: within one, [`format::Error::RunOrder`]).
+    #[error("pass 0's run at page {first} comes after one that ends at page {after} (a source sends pass 0's pages in order)")]
+    Pass0Order {
+        /// Its first page.
+        first: u64,
+        /// One past the last page of the run before it.
+        after: u64,
+    },
+    /// A vCPU section, the digest or the trailer came before pass 0 ended:
+    /// the guest's RAM never came.
+    #[error("{0} came before the stream's pass 0 ended: the guest's RAM never came")]
+    NoRam(&'static str),
 }
 
 /// A load in progress: what has arrived so far.
@@ -118,6 +140,17 @@ struct Loading {
     ram_seen: bool,
     /// The digest has come (once, after the last RAM and before the vCPUs).
     digest_seen: bool,
+    /// Pass 0's runs so far, while it lasts (`None` once its pass section
+    /// has come): they go up across its sections and must give every page.
+    pass0: Option<Frontier>,
+}
+
+/// How far pass 0's runs have come: the end of the last run, and the pages
+/// the runs gave (every page, once pass 0 ends).
+#[derive(Debug, Default)]
+struct Frontier {
+    after: u64,
+    covered: u64,
 }
 
 impl Loading {
@@ -457,6 +490,7 @@ impl Incoming {
             last_pass_number: None,
             ram_seen: false,
             digest_seen: false,
+            pass0: Some(Frontier::default()),
         };
         // A zero run must clear what this VMM wrote before the stream (boot
         // structures, mailboxes): the pages backed now, present or swapped out
@@ -478,6 +512,9 @@ impl Incoming {
             let (kind, len) = self.reader.section()?;
             let end = kind == Kind::End;
             if end {
+                if l.pass0.is_some() {
+                    return Err(Error::NoRam("the trailer"));
+                }
                 self.reader.finish(len)?;
             } else {
                 self.load_section(kind, len, mem, m, &mut l)?;
@@ -514,12 +551,25 @@ impl Incoming {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "a RAM section")?;
                 let normal = l.ram.normal;
-                let end = load_ram(&l.buf, mem, l.pages, &mut l.written, &mut l.ram)?;
+                let end = load_ram(
+                    &l.buf,
+                    mem,
+                    l.pages,
+                    &mut l.written,
+                    &mut l.ram,
+                    l.pass0.as_mut(),
+                )?;
                 if let Some(p) = &l.prefetch {
                     p.loaded(end, l.ram.normal - normal);
                 }
             }
-            Kind::Plan if l.prefetch.is_none() && !l.ram_seen && l.last_pass_number.is_none() => {
+            Kind::Plan
+                if l.prefetch.is_none()
+                    && !l.ram_seen
+                    && l.last_pass_number.is_none()
+                    && l.snapshots.is_empty()
+                    && !l.digest_seen =>
+            {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "the plan")?;
                 l.prefetch = Some(Prefetch::start(mem, plan(&l.buf, l.pages)?));
@@ -535,6 +585,12 @@ impl Incoming {
                     .into());
                 }
                 l.last_pass_number = Some(record.pass);
+                if let Some(f) = l.pass0.take().filter(|f| f.covered != l.pages) {
+                    return Err(Error::Pass0Short {
+                        covered: f.covered,
+                        pages: l.pages,
+                    });
+                }
                 // Every planned page has arrived: what the prefetch has not
                 // backed yet came as zero runs, which need no memory; left
                 // running, it would only compete with the passes and the stop.
@@ -552,6 +608,8 @@ impl Incoming {
                     l.started.elapsed()
                 );
             }
+            Kind::Vcpu if l.pass0.is_some() => return Err(Error::NoRam("a vCPU section")),
+            Kind::Digest if l.pass0.is_some() => return Err(Error::NoRam("the RAM digest")),
             Kind::Vcpu => {
                 if l.snapshots.is_empty() {
                     m.set_status(Status::Device);
@@ -689,12 +747,25 @@ fn load_ram(
     pages: u64,
     written: &mut Bitmap,
     ram: &mut RamStats,
+    mut pass0: Option<&mut Frontier>,
 ) -> Result<u64, Error> {
     let zero = [0u8; format::PAGE_BYTES];
     let mut end = 0;
     for (run, data) in runs(payload, pages)? {
         let range = run.first..run.first + u64::from(run.count);
         end = range.end;
+        // Pass 0's runs go up across its sections too, so that what they
+        // give adds up to every page only where each came.
+        if let Some(f) = pass0.as_deref_mut() {
+            if run.first < f.after {
+                return Err(Error::Pass0Order {
+                    first: run.first,
+                    after: f.after,
+                });
+            }
+            f.after = range.end;
+            f.covered += u64::from(run.count);
+        }
         if run.kind == RunKind::Zero {
             for p in written.iter_range(range.start, range.end) {
                 write_page(mem, p, &zero)?;

@@ -90,6 +90,17 @@ pub enum Error {
     /// The destination answered REFUSED; its message is given.
     #[error("the destination refused the stream: {0}")]
     Refused(String),
+    /// The destination answered something other than what the stream's
+    /// step waits for (its code, when, and its message, if any).
+    #[error("the destination answered {} {when}{}", reply_name(*code), if message.is_empty() { String::new() } else { format!(": {message}") })]
+    OutOfTurn {
+        /// The reply's code.
+        code: u32,
+        /// When it came, in words.
+        when: &'static str,
+        /// Its message (the peer's text, made printable).
+        message: String,
+    },
     /// The destination closed the connection, saying nothing (what it was
     /// to do then, and the socket's error).
     #[error(
@@ -148,6 +159,16 @@ impl From<writer::Error> for Error {
     }
 }
 
+/// A reply's code as the protocol names it.
+fn reply_name(code: u32) -> String {
+    match code {
+        format::REPLY_READY => "READY".into(),
+        format::REPLY_COMPLETED => "COMPLETED".into(),
+        format::REPLY_REFUSED => "REFUSED".into(),
+        other => format!("with code {other}, which no reply has"),
+    }
+}
+
 /// The migration thread's body: migrate, then settle the source's state.
 pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     // A migration with dirty-limit took the limits over as it started
@@ -155,9 +176,17 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     let owns_limits = m.owns_limits();
     let mut p = Precopy::new(m, src, Baseline::start(&src.vcpus));
     let result = p.migrate(uri);
-    m.set_conn(None);
     let held = p.held;
     let trailer_sent = p.trailer_sent;
+    // A failure once the whole stream was written: where the destination
+    // provably never took its end (a unix socket's bytes still queued once
+    // the connection is shut, after which no answer can come), it cannot
+    // run the guest, which then runs on here.
+    let unread = match &result {
+        Err(_) if trailer_sent => m.shut_with_unread().filter(|&b| b > 0),
+        _ => None,
+    };
+    m.set_conn(None);
     if let Some(observed) = p.observed.take() {
         let stall = guest_stall(&observed.end());
         m.update(|i| i.x_guest_stall = Some(stall));
@@ -197,6 +226,7 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
             // A COMPLETED whose message was cut is one the destination may
             // act on too (it read as a refusal, and the guest ran on here).
             let uncertain = trailer_sent
+                && unread.is_none()
                 && matches!(
                     e,
                     Error::Unresponsive(..)
@@ -223,6 +253,14 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
                     format!(
                         "{}: the whole stream was sent and the destination may be running the guest; it stays paused here (`cont` resumes it once the destination is known not to)",
                         crate::error_chain(&e)
+                    ),
+                ),
+                _ if unread.is_some() => (
+                    Status::Failed,
+                    format!(
+                        "{}: the destination never read the last {} bytes of the stream (its end), so it cannot run the guest, which runs on here",
+                        crate::error_chain(&e),
+                        unread.unwrap_or(0)
                     ),
                 ),
                 _ => (Status::Failed, crate::error_chain(&e)),
@@ -598,9 +636,11 @@ impl<'a> Precopy<'a> {
                 )))
             }
             Ok((format::REPLY_REFUSED, why)) => Err(Error::Refused(why)),
-            Ok((code, why)) => Err(Error::Refused(format!(
-                "the destination answered (code {code}) before the stream was whole: {why}"
-            ))),
+            Ok((code, why)) => Err(Error::OutOfTurn {
+                code,
+                when: "before the stream was whole",
+                message: why,
+            }),
             Err(e) => Err(e.into()),
         }
     }
@@ -803,7 +843,15 @@ impl<'a> Precopy<'a> {
         match reply? {
             (c, _) if c == code => Ok(()),
             (format::REPLY_REFUSED, why) => Err(Error::Refused(why)),
-            (c, why) => Err(Error::Refused(format!("unexpected reply {c}: {why}"))),
+            (c, why) => Err(Error::OutOfTurn {
+                code: c,
+                when: if code == format::REPLY_READY {
+                    "where READY was due"
+                } else {
+                    "where COMPLETED was due"
+                },
+                message: why,
+            }),
         }
     }
 

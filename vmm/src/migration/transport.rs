@@ -22,6 +22,10 @@ pub enum Error {
     /// Binding the destination's socket failed (URI given).
     #[error("listening on {0}")]
     Listen(String, #[source] std::io::Error),
+    /// The destination's socket file could not be made (URI given): the
+    /// path holds a live socket or something else, or is too long.
+    #[error("listening on {0}")]
+    SocketFile(String, #[source] crate::socket_file::Error),
     /// Accepting the source's connection failed (URI given).
     #[error("waiting for the source on {0}")]
     Accept(String, #[source] std::io::Error),
@@ -313,6 +317,20 @@ impl Conn {
             Sock::Unix(s) => s.shutdown(Shutdown::Both),
             Sock::Tcp(s) => s.shutdown(Shutdown::Both),
         };
+    }
+
+    /// Ends the connection both ways, then, on a unix socket, the bytes the
+    /// peer never took ([`Conn::unsent`]): where there are any, the peer
+    /// never read the stream's end, and nothing it writes from now on can
+    /// reach this side (its write fails), so a destination cannot answer
+    /// COMPLETED for it. `None` over TCP, where a peer's kernel may hold
+    /// and pass on what it acknowledged.
+    pub(crate) fn shut_with_unread(&self) -> Option<u64> {
+        self.shutdown();
+        match &self.sock {
+            Sock::Unix(_) => Some(self.unsent()),
+            Sock::Tcp(_) => None,
+        }
     }
 
     /// Limits how long a read may block without progress.

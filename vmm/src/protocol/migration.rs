@@ -557,6 +557,71 @@ pub enum Capability {
     /// (QEMU's is off until set): the host exporter learns from them that a
     /// VM migrated away. Setting it on is taken (libvirt does); off is refused.
     Events,
+    // QEMU's others (7.2 to 9.x), which kvmscope does not implement: off is
+    // taken (they are), on is refused naming the capability, and
+    // `query-migrate-capabilities` does not list them (libvirt sets only
+    // what it lists). A script that turns them off works unchanged.
+    /// QEMU's `xbzrle`: not implemented ([`Capability::implemented`]).
+    Xbzrle,
+    /// QEMU's `rdma-pin-all`: not implemented ([`Capability::implemented`]).
+    RdmaPinAll,
+    /// QEMU's `zero-blocks`: not implemented ([`Capability::implemented`]).
+    ZeroBlocks,
+    /// QEMU's `compress`: not implemented ([`Capability::implemented`]).
+    Compress,
+    /// QEMU's `postcopy-ram`: not implemented ([`Capability::implemented`]).
+    PostcopyRam,
+    /// QEMU's `x-colo`: not implemented ([`Capability::implemented`]).
+    XColo,
+    /// QEMU's `release-ram`: not implemented ([`Capability::implemented`]).
+    ReleaseRam,
+    /// QEMU's `block`: not implemented ([`Capability::implemented`]).
+    Block,
+    /// QEMU's `return-path`: not implemented ([`Capability::implemented`]).
+    ReturnPath,
+    /// QEMU's `pause-before-switchover`: not implemented ([`Capability::implemented`]).
+    PauseBeforeSwitchover,
+    /// QEMU's `multifd`: not implemented ([`Capability::implemented`]).
+    Multifd,
+    /// QEMU's `dirty-bitmaps`: not implemented ([`Capability::implemented`]).
+    DirtyBitmaps,
+    /// QEMU's `postcopy-blocktime`: not implemented ([`Capability::implemented`]).
+    PostcopyBlocktime,
+    /// QEMU's `late-block-activate`: not implemented ([`Capability::implemented`]).
+    LateBlockActivate,
+    /// QEMU's `x-ignore-shared`: not implemented ([`Capability::implemented`]).
+    XIgnoreShared,
+    /// QEMU's `validate-uuid`: not implemented ([`Capability::implemented`]).
+    ValidateUuid,
+    /// QEMU's `background-snapshot`: not implemented ([`Capability::implemented`]).
+    BackgroundSnapshot,
+    /// QEMU's `zero-copy-send`: not implemented ([`Capability::implemented`]).
+    ZeroCopySend,
+    /// QEMU's `postcopy-preempt`: not implemented ([`Capability::implemented`]).
+    PostcopyPreempt,
+    /// QEMU's `switchover-ack`: not implemented ([`Capability::implemented`]).
+    SwitchoverAck,
+    /// QEMU's `mapped-ram`: not implemented ([`Capability::implemented`]).
+    MappedRam,
+}
+
+impl Capability {
+    /// Whether kvmscope implements it (`query-migrate-capabilities` lists
+    /// these); QEMU's others are names only.
+    pub fn implemented(self) -> bool {
+        matches!(
+            self,
+            Capability::AutoConverge | Capability::DirtyLimit | Capability::Events
+        )
+    }
+
+    /// The name on the wire.
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
 }
 
 /// QEMU's `MigrationCapabilityStatus`.

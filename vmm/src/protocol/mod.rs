@@ -22,6 +22,7 @@
 //! would notice; additions (a new command, a new reply member) do not bump it.
 //! docs/PROTOCOL.md is the reference, with every difference from QEMU.
 
+pub mod dirty_rate;
 pub mod events;
 pub mod framing;
 pub mod guest;

@@ -324,6 +324,10 @@ pub enum Command {
     CancelVcpuDirtyLimit(super::migration::CancelDirtyLimitArgs),
     /// The vCPUs with a dirty limit: limit and current rate, MB/s.
     QueryVcpuDirtyLimit(NoArgs),
+    /// QEMU's: start measuring the dirty rate in the background.
+    CalcDirtyRate(super::dirty_rate::CalcDirtyRateArgs),
+    /// QEMU's: the last dirty-rate measurement, or where it stands.
+    QueryDirtyRate(NoArgs),
 }
 
 impl Command {
@@ -627,6 +631,7 @@ impl Command {
                 Err("parameter 'vcpu' only goes with target 'vcpu'".into())
             }
             Command::QueryReadiness(r) => r.check().map(|_| self),
+            Command::CalcDirtyRate(a) => a.check().map(|()| self),
             _ => Ok(self),
         }
     }

@@ -204,6 +204,7 @@ fn every_listed_command_round_trips_through_serde() {
             "guest-command" => json!({"vcpu": 0, "command": "exits count=1"}),
             "migrate" => json!({"uri": "unix:/tmp/m.sock"}),
             "set-vcpu-dirty-limit" => json!({"dirty-rate": 5}),
+            "calc-dirty-rate" => json!({"calc-time": 1}),
             "migrate-set-capabilities" => {
                 json!({"capabilities": [{"capability": "auto-converge", "state": true}]})
             }

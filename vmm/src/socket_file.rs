@@ -1,6 +1,8 @@
-//! The control socket's file: created mode 0600 with no moment at which it is
-//! more open, never replacing a live socket, replacing a stale one, and removed
-//! when the server goes.
+//! A listening socket's file (the control socket, a migration destination's
+//! `unix:` socket): created mode 0600 with no moment at which it is more
+//! open, never replacing a live socket or anything that is not a socket,
+//! replacing a stale one, and removed when the server goes (only if it is
+//! still the file this server made).
 //!
 //! How the mode is made safe: `bind` creates the file with `0777 & ~umask`, and
 //! changing the umask around it would change it for every thread of the
@@ -109,12 +111,7 @@ impl SocketFile {
             );
         }
         if stale {
-            match fs::remove_file(path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    return Err(Error::RemoveStale(path.to_path_buf(), e))
-                }
-                _ => {}
-            }
+            remove_stale(path)?;
         }
         rename_noreplace(&temp, path).map_err(|e| match e.raw_os_error() {
             Some(libc::EEXIST) => Error::InUse(path.to_path_buf()),
@@ -130,6 +127,35 @@ impl SocketFile {
         ))
     }
 
+    /// Binds a listening socket at `path` itself, then makes it 0600, for a
+    /// socket whose bound path must show in `/proc/net/unix` (`ss -xl`),
+    /// where [`SocketFile::bind`]'s shows its temporary name: a migration
+    /// destination's, which orchestrators and scripts wait for there. What
+    /// is at `path` is checked as by `bind`; the file is as open as the
+    /// umask leaves it between the bind and the `chmod` (a destination also
+    /// checks each peer's uid as it accepts it).
+    ///
+    /// # Errors
+    /// As [`SocketFile::bind`].
+    pub(crate) fn bind_in_place(path: &Path) -> Result<(SocketFile, UnixListener), Error> {
+        if probe(path)? {
+            remove_stale(path)?;
+        }
+        let listener = UnixListener::bind(path).map_err(|e| match e.kind() {
+            io::ErrorKind::AddrInUse => Error::InUse(path.to_path_buf()),
+            _ => Error::Bind(path.to_path_buf(), e),
+        })?;
+        let meta = fs::symlink_metadata(path).map_err(|e| Error::Probe(path.to_path_buf(), e))?;
+        let file = SocketFile {
+            path: path.to_path_buf(),
+            identity: (meta.dev(), meta.ino()),
+        };
+        // Dropped on an error from here: the file goes with it.
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(Error::Chmod)?;
+        let _ = crate::scm::refuse_fds(&listener);
+        Ok((file, listener))
+    }
+
     /// Where the socket is.
     pub(crate) fn path(&self) -> &Path {
         &self.path
@@ -142,12 +168,19 @@ impl Drop for SocketFile {
             fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.identity);
         if ours {
             if let Err(e) = fs::remove_file(&self.path) {
-                log::warn!(
-                    "could not remove the control socket {}: {e}",
-                    self.path.display()
-                );
+                log::warn!("could not remove the socket {}: {e}", self.path.display());
             }
         }
+    }
+}
+
+/// Removes the stale socket at `path` (gone meanwhile is fine).
+fn remove_stale(path: &Path) -> Result<(), Error> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(Error::RemoveStale(path.to_path_buf(), e))
+        }
+        _ => Ok(()),
     }
 }
 
