@@ -67,6 +67,12 @@ impl Default for SharedRunState {
 }
 
 /// The state in a packed word.
+/// The word: the change count above this shift, [`SHUTDOWN_STOP`], then
+/// the state in the low byte.
+const CHANGES_SHIFT: u32 = 9;
+/// Set where the last change was the guest stopping as the VMM shut down.
+const SHUTDOWN_STOP: u64 = 1 << 8;
+
 fn state_of(word: u64) -> RunState {
     RunState::ALL
         .into_iter()
@@ -84,7 +90,20 @@ impl SharedRunState {
     /// running since the VMM began (each such change is one `STOP` or `RESUME`).
     pub(crate) fn get_with_changes(&self) -> (RunState, u64) {
         let word = self.word.load(Ordering::Acquire);
-        (state_of(word), word >> 8)
+        (state_of(word), word >> CHANGES_SHIFT)
+    }
+
+    /// As [`get_with_changes`](Self::get_with_changes), and whether the
+    /// last change was the guest stopping as the VMM shut down (a running
+    /// guest's `quit` or signal: QEMU says SHUTDOWN alone for it, no STOP),
+    /// read at the same instant.
+    pub(crate) fn get_with_changes_and_shutdown_stop(&self) -> (RunState, u64, bool) {
+        let word = self.word.load(Ordering::Acquire);
+        (
+            state_of(word),
+            word >> CHANGES_SHIFT,
+            word & SHUTDOWN_STOP != 0,
+        )
     }
 
     /// Sets the state; if the guest starts or stops running, counts the change
@@ -95,8 +114,12 @@ impl SharedRunState {
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
                 changed = state_of(word).is_running() != state.is_running();
-                let changes = (word >> 8) + u64::from(changed);
-                Some(changes << 8 | state as u64)
+                let changes = (word >> CHANGES_SHIFT) + u64::from(changed);
+                // Set by the change into Shutdown, kept while it stays there.
+                let shutdown_stop =
+                    state == RunState::Shutdown && (changed || word & SHUTDOWN_STOP != 0);
+                let flag = if shutdown_stop { SHUTDOWN_STOP } else { 0 };
+                Some(changes << CHANGES_SHIFT | flag | state as u64)
             });
         if changed {
             if let Some(w) = self.wake.get() {
@@ -115,6 +138,33 @@ impl SharedRunState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_stop_into_shutdown_is_marked_as_the_shutdowns() {
+        let s = SharedRunState::default();
+        s.set(RunState::Running);
+        s.set(RunState::Shutdown);
+        assert_eq!(
+            s.get_with_changes_and_shutdown_stop(),
+            (RunState::Shutdown, 2, true)
+        );
+        s.set(RunState::Shutdown);
+        assert_eq!(
+            s.get_with_changes_and_shutdown_stop(),
+            (RunState::Shutdown, 2, true),
+            "kept while it stays there"
+        );
+        // Paused first (a user's `stop`), then shut down: that stop was the
+        // user's, not the shutdown's.
+        let s = SharedRunState::default();
+        s.set(RunState::Running);
+        s.set(RunState::Paused);
+        s.set(RunState::Shutdown);
+        assert_eq!(
+            s.get_with_changes_and_shutdown_stop(),
+            (RunState::Shutdown, 2, false)
+        );
+    }
 
     #[test]
     fn every_state_reads_back_as_set() {

@@ -272,6 +272,34 @@ fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
     }
 }
 
+/// A user's `stop` sent just before `quit` is a STOP, then SHUTDOWN, as
+/// QEMU says them: only a stop the shutdown itself makes goes unsaid.
+#[test]
+fn a_stop_right_before_quit_is_still_said() {
+    require_kvm!();
+    let dir = common::test_dir("stop-quit");
+    let socket = dir.join("ctl.sock");
+    let mut vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
+    drop(Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).unwrap());
+    let mut a = Raw::at(&socket);
+    a.send(br#"{"execute":"qmp_capabilities"}"#);
+    assert_eq!(a.line(), json!({"return": {}}));
+    a.send(b"{\"execute\":\"stop\"}\n{\"execute\":\"quit\"}");
+    let mut events = Vec::new();
+    loop {
+        let mut line = String::new();
+        if a.r.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if let Some(e) = v["event"].as_str() {
+            events.push(e.to_string());
+        }
+    }
+    assert_eq!(events, ["STOP", "SHUTDOWN"], "{events:?}");
+    assert_eq!(vmm.wait().unwrap().code(), Some(0));
+}
+
 #[test]
 fn query_cpus_fast_names_each_vcpu_by_qom_path_and_thread() {
     require_kvm!();

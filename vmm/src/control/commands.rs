@@ -179,10 +179,10 @@ impl Handler {
     pub(crate) fn broadcast_events(&mut self) -> Vec<Vec<u8>> {
         // Migration events first: every stamp is then at most the count read next.
         let migration = super::migrate::event_lines(&self.ctx);
-        let (state, changes) = self.ctx.run_state.get_with_changes();
-        // A VMM that stops (`quit`, a signal) says so with SHUTDOWN alone,
-        // as QEMU does: its guest's last stop is no STOP.
-        let shutting_down = state == crate::runstate::RunState::Shutdown;
+        let (_, changes, shutdown_stop) = self.ctx.run_state.get_with_changes_and_shutdown_stop();
+        // A VMM that stops (`quit`, a signal) with its guest running says so
+        // with SHUTDOWN alone, as QEMU does: that stop is no STOP (a user's
+        // `stop` just before a `quit` still is one).
         let (mut told, mut running) = self.told;
         let mut lines = Vec::new();
         // The run-state changes before `upto`, as events. Each change flips
@@ -193,7 +193,7 @@ impl Handler {
                 running = !running;
                 let kind = if running {
                     EventKind::Resume
-                } else if shutting_down && told == changes {
+                } else if shutdown_stop && told == changes {
                     continue;
                 } else {
                     EventKind::Stop

@@ -94,43 +94,74 @@ impl DirtyRateCalc {
         }
         let calc = Duration::from_secs(u64::try_from(args.calc_time).unwrap_or(1));
         let sample_pages = args.sample_pages.unwrap_or(DEFAULT_SAMPLE_PAGES);
-        {
+        let before = {
             let mut info = crate::lock(&self.info);
             if info.status == DirtyRateStatus::Measuring {
                 return Err(Refusal::Busy);
             }
-            *info = DirtyRateInfo {
-                status: DirtyRateStatus::Measuring,
-                start_time: jiff::Timestamp::now().as_second(),
-                calc_time: args.calc_time,
-                sample_pages,
-                mode,
-                ..DirtyRateInfo::default()
-            };
-        }
-        let me = self.clone();
+            std::mem::replace(
+                &mut *info,
+                DirtyRateInfo {
+                    status: DirtyRateStatus::Measuring,
+                    start_time: jiff::Timestamp::now().as_second(),
+                    calc_time: args.calc_time,
+                    sample_pages,
+                    mode,
+                    ..DirtyRateInfo::default()
+                },
+            )
+        };
+        let ends = Ends {
+            calc: self.clone(),
+            found: None,
+        };
         let spawned = std::thread::Builder::new()
             .name("dirty-rate".into())
             .spawn(move || {
-                let found = measure(&target, mode, calc, sample_pages);
-                let mut info = crate::lock(&me.info);
-                info.status = DirtyRateStatus::Measured;
-                match found {
-                    Ok(f) => {
-                        info.dirty_rate = Some(f.mb_per_s);
-                        info.vcpu_dirty_rate = f.vcpus;
-                        info.x_guest_stall_ms = f.stall_ms;
-                    }
-                    Err(e) => {
-                        log::warn!("calc-dirty-rate: {e}");
-                        info.x_error = Some(e);
-                    }
-                }
+                let mut ends = ends;
+                ends.found = Some(measure(&target, mode, calc, sample_pages));
             });
         spawned.map(drop).map_err(|e| {
-            crate::lock(&self.info).status = DirtyRateStatus::Unstarted;
+            // The thread's closure, and its `Ends`, dropped unrun: the last
+            // figures stand, as they were.
+            *crate::lock(&self.info) = before;
             Refusal::Spawn(e)
         })
+    }
+}
+
+/// Ends a measurement whatever becomes of its thread: the figures where it
+/// found them, else why not (a panic included), so that it never stays
+/// `measuring` (which would refuse every later one as busy). Dropped unrun
+/// (no thread), it leaves the figures to whoever put them back.
+struct Ends {
+    calc: Arc<DirtyRateCalc>,
+    found: Option<Result<Found, String>>,
+}
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        let mut info = crate::lock(&self.calc.info);
+        if info.status != DirtyRateStatus::Measuring {
+            return;
+        }
+        info.status = DirtyRateStatus::Measured;
+        match self.found.take() {
+            Some(Ok(f)) => {
+                info.dirty_rate = Some(f.mb_per_s);
+                info.vcpu_dirty_rate = f.vcpus;
+                info.x_guest_stall_ms = f.stall_ms;
+            }
+            Some(Err(e)) => {
+                log::warn!("calc-dirty-rate: {e}");
+                info.x_error = Some(e);
+            }
+            None if std::thread::panicking() => {
+                info.x_error = Some("the measurement's thread panicked".into());
+            }
+            // Never run: `start` puts the last figures back.
+            None => info.status = DirtyRateStatus::Measuring,
+        }
     }
 }
 
@@ -188,6 +219,9 @@ fn sample(mem: &GuestMemory, calc: Duration, per_gib: u64) -> Result<Found, Stri
     let region = crate::memory::region(mem).ok_or("no guest RAM")?;
     let pages = region.size() / 4096;
     // QEMU's count: per GiB, pro rata (at least one page).
+    if pages == 0 {
+        return Err("no guest RAM".into());
+    }
     let n = usize::try_from((per_gib * region.size() as u64) >> 30)
         .unwrap_or(usize::MAX)
         .clamp(1, pages);
@@ -239,6 +273,29 @@ fn crc(region: &vm_memory::MmapRegion<()>, p: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_measurement_whose_thread_panics_ends_measured_with_why() {
+        let calc = Arc::new(DirtyRateCalc::default());
+        crate::lock(&calc.info).status = DirtyRateStatus::Measuring;
+        let ends = Ends {
+            calc: calc.clone(),
+            found: None,
+        };
+        let joined = std::thread::spawn(move || {
+            let _ends = ends;
+            panic!("a measurement's bug");
+        })
+        .join();
+        assert!(joined.is_err());
+        let info = calc.query();
+        assert_eq!(info.status, DirtyRateStatus::Measured);
+        assert_eq!(info.dirty_rate, None);
+        assert_eq!(
+            info.x_error.as_deref(),
+            Some("the measurement's thread panicked")
+        );
+    }
 
     #[test]
     fn rates_are_whole_mb_per_second() {

@@ -11,11 +11,14 @@
 //! - [`limits`]: client counts, queue caps and deadlines;
 //! - [`context`]: what the control thread may reach of the VM;
 //! - [`error`]: why the control plane could not start;
-//! - [`socket`]: the socket file (mode 0600, never clobbering a live socket);
 //! - [`publish`]: the `vmm-stats` thread, which keeps the VMM's own stats
 //!   files (provider `kvmscope`) current;
+//! - [`dirty_rate`]: QEMU's `calc-dirty-rate`, measured on a thread of its own;
 //! - [`scm`](crate::scm) (beside this module, shared with the clients):
-//!   sending and receiving fds, peer credentials.
+//!   sending and receiving fds, peer credentials;
+//! - [`socket_file`](crate::socket_file) (beside this module, shared with a
+//!   migration destination): the socket file (mode 0600, never clobbering a
+//!   live socket or anything that is not a socket).
 //!
 //! The protocol, with examples and limits, is in docs/PROTOCOL.md.
 

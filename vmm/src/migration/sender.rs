@@ -178,10 +178,12 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     let result = p.migrate(uri);
     let held = p.held;
     let trailer_sent = p.trailer_sent;
-    // A failure once the whole stream was written: where the destination
-    // provably never took its end (a unix socket's bytes still queued once
-    // the connection is shut, after which no answer can come), it cannot
-    // run the guest, which then runs on here.
+    // A failure once the whole stream was written: what the peer on a unix
+    // socket never took of it, once the connection is shut (after which no
+    // answer reaches this side). Said, not acted on: a kvmscope destination
+    // with bytes still queued never read the trailer and cannot run the
+    // guest, but a relay (socat, an ssh-forwarded socket) may still pass
+    // them on to one that does, so the guest stays paused for `cont`.
     let unread = match &result {
         Err(_) if trailer_sent => m.shut_with_unread().filter(|&b| b > 0),
         _ => None,
@@ -226,7 +228,6 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
             // A COMPLETED whose message was cut is one the destination may
             // act on too (it read as a refusal, and the guest ran on here).
             let uncertain = trailer_sent
-                && unread.is_none()
                 && matches!(
                     e,
                     Error::Unresponsive(..)
@@ -250,18 +251,16 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
                 (true, _) | (_, Error::Cancelled) => (Status::Cancelled, "cancelled".to_string()),
                 _ if uncertain => (
                     Status::Failed,
-                    format!(
-                        "{}: the whole stream was sent and the destination may be running the guest; it stays paused here (`cont` resumes it once the destination is known not to)",
-                        crate::error_chain(&e)
-                    ),
-                ),
-                _ if unread.is_some() => (
-                    Status::Failed,
-                    format!(
-                        "{}: the destination never read the last {} bytes of the stream (its end), so it cannot run the guest, which runs on here",
-                        crate::error_chain(&e),
-                        unread.unwrap_or(0)
-                    ),
+                    match unread {
+                        Some(queued) => format!(
+                            "{}: the whole stream was sent and the destination may be running the guest (the peer on the socket never took its last {queued} bytes, kernel accounting, before the connection was shut: a kvmscope destination listening there itself cannot run it, one behind a relay such as socat or ssh still may); it stays paused here (`cont` resumes it once the destination is known not to)",
+                            crate::error_chain(&e)
+                        ),
+                        None => format!(
+                            "{}: the whole stream was sent and the destination may be running the guest; it stays paused here (`cont` resumes it once the destination is known not to)",
+                            crate::error_chain(&e)
+                        ),
+                    },
                 ),
                 _ => (Status::Failed, crate::error_chain(&e)),
             };

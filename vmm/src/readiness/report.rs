@@ -449,17 +449,28 @@ impl Report {
     /// swapped some out).
     ///
     /// Where a sample of the resident pages read for zeros finds clearly
-    /// fewer non-zero pages than that bound (by [`SLACK_PAGES`]: memory
-    /// written with zeros or only read, huge pages written sparsely), the
-    /// sample's estimate instead; not against the most mapped, which stands
-    /// for pages swapped out that the sample cannot draw.
+    /// fewer non-zero pages than that bound (memory written with zeros or
+    /// only read, huge pages written sparsely), the sample's estimate
+    /// instead: clearly, by [`SLACK_PAGES`] and by three of its standard
+    /// deviations (tens of MiB on a guest of many GiB whose share of zero
+    /// pages is far from none or all), so that a bound that is near the
+    /// truth is not traded for the sample's noise. Not against the most
+    /// mapped, which stands for pages swapped out that the sample cannot
+    /// draw; where KVM let mappings go, the sample counts at least that most.
     fn nonzero_bound(&self) -> (u64, &'static str) {
         let (bound, name) = self.mapped_bound();
-        match &self.sampled {
-            Some(s) if name != "mapped-peak" && s.value.estimate() + SLACK_PAGES < bound => {
-                (s.value.estimate().min(self.ram_pages), "sampled")
-            }
-            _ => (bound, name),
+        let Some(s) = self.sampled.as_ref().map(|s| s.value) else {
+            return (bound, name);
+        };
+        let estimate = s
+            .estimate()
+            .max(self.mapped_let_go().unwrap_or(0))
+            .min(self.ram_pages);
+        let margin = SLACK_PAGES.max(saturating_u64((3.0 * s.deviation()).ceil()));
+        if name != "mapped-peak" && estimate.saturating_add(margin) < bound {
+            (estimate, "sampled")
+        } else {
+            (bound, name)
         }
     }
 
@@ -1516,6 +1527,62 @@ mod tests {
             .errors()
             .iter()
             .any(|(n, e)| *n == "sampled" && e.estimate_pages == 390));
+    }
+
+    #[test]
+    fn a_drawn_sample_must_be_below_the_bound_by_three_deviations_and_counts_what_kvm_let_go() {
+        // A big guest: 1,000,000 resident pages, half of 8,192 read non-zero
+        // (500,000 estimated, a deviation of 5,524 pages).
+        let mut r = report();
+        r.scan = None;
+        r.ram_pages = 2_000_000;
+        r.resident.value = 1_000_000;
+        let sample = ZeroSample {
+            read: 8192,
+            nonzero: 4096,
+            of: 1_000_000,
+        };
+        assert!(
+            (sample.deviation() - 5524.3).abs() < 1.0,
+            "{}",
+            sample.deviation()
+        );
+        r.sampled = Some(Figure {
+            value: sample,
+            took: Duration::ZERO,
+        });
+        let mapped = |pages_4k| Mapped {
+            pages_4k,
+            ..Mapped::default()
+        };
+        // Mapped 510,000: within three deviations of the estimate, kept.
+        r.mapped.value = mapped(510_000);
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "mapped");
+        // Mapped 520,000: beyond them, the sample.
+        r.mapped.value = mapped(520_000);
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "sampled");
+        // KVM let go of mappings (most 1,200 of a small guest, 812 now):
+        // the sample counts at least what it let go.
+        let mut r = report();
+        r.scan = None;
+        r.mapped_peak = Some(1_200);
+        r.resident.value = 1_500;
+        r.sampled = Some(Figure {
+            value: ZeroSample {
+                read: 1_500,
+                nonzero: 200,
+                of: 1_500,
+            },
+            took: Duration::ZERO,
+        });
+        r.predict(&Options::default()).unwrap();
+        assert_eq!(r.estimate_used, "sampled");
+        assert_eq!(
+            r.prediction.as_ref().unwrap().rounds[0].bytes,
+            model::pass0_bytes(4096, 1_200)
+        );
     }
 
     #[test]

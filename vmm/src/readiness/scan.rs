@@ -117,6 +117,16 @@ impl ZeroSample {
         crate::units::saturating_u64((self.of as f64 * share).round())
     }
 
+    /// The estimate's standard deviation, pages: `of` times that of the share
+    /// read non-zero (0 where every resident page was read, or none).
+    pub fn deviation(&self) -> f64 {
+        if self.whole() || self.read == 0 {
+            return 0.0;
+        }
+        let share = self.nonzero as f64 / self.read as f64;
+        self.of as f64 * (share * (1.0 - share) / self.read as f64).sqrt()
+    }
+
     /// Whether every resident page was read once: the estimate is a count
     /// (of a guest that may have written meanwhile: it was not paused).
     pub fn whole(&self) -> bool {
