@@ -211,6 +211,17 @@ fn stop_and_cont_send_stop_and_resume_events_to_negotiated_clients() {
 
 /// As QEMU's, the last a negotiated client hears from a VMM that stops is
 /// `SHUTDOWN` with its cause (libvirt reads a close without one as a crash).
+/// A served VMM of its own process (in `dir`), and a client past negotiation.
+fn vmm_process(dir: &std::path::Path) -> (common::KillOnDrop, Raw) {
+    let socket = dir.join("ctl.sock");
+    let vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
+    drop(Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).unwrap());
+    let mut a = Raw::at(&socket);
+    a.send(br#"{"execute":"qmp_capabilities"}"#);
+    assert_eq!(a.line(), json!({"return": {}}));
+    (vmm, a)
+}
+
 #[test]
 fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
     require_kvm!();
@@ -221,11 +232,7 @@ fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
     ] {
         let dir = common::test_dir("shutdown-event");
         let socket = dir.join("ctl.sock");
-        let mut vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
-        drop(Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).unwrap());
-        let mut a = Raw::at(&socket);
-        a.send(br#"{"execute":"qmp_capabilities"}"#);
-        assert_eq!(a.line(), json!({"return": {}}));
+        let (mut vmm, mut a) = vmm_process(&dir);
         // Connected, not negotiated: no event for it.
         let mut b = Raw::at(&socket);
         match how {
@@ -278,12 +285,7 @@ fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
 fn a_stop_right_before_quit_is_still_said() {
     require_kvm!();
     let dir = common::test_dir("stop-quit");
-    let socket = dir.join("ctl.sock");
-    let mut vmm = common::KillOnDrop::new(common::served_run(&socket).spawn().unwrap());
-    drop(Client::connect_when_ready(&socket, Duration::from_secs(20), || Ok(())).unwrap());
-    let mut a = Raw::at(&socket);
-    a.send(br#"{"execute":"qmp_capabilities"}"#);
-    assert_eq!(a.line(), json!({"return": {}}));
+    let (mut vmm, mut a) = vmm_process(&dir);
     a.send(b"{\"execute\":\"stop\"}\n{\"execute\":\"quit\"}");
     let mut events = Vec::new();
     loop {
