@@ -49,6 +49,9 @@ pub enum UnitError {
     /// Not a duration.
     #[error("'{0}' is not a duration: use a number with ns, us, ms, s or m, e.g. 500ms or 2s")]
     Duration(String),
+    /// A duration too long to count in nanoseconds here (over 31 years).
+    #[error("'{0}' is too long a duration: at most 1e18 ns (about 31 years)")]
+    DurationTooLong(String),
     /// A zero duration where only a positive one makes sense.
     #[error("'{0}' is not a positive duration: use e.g. 500ms or 2s")]
     ZeroDuration(String),
@@ -217,6 +220,9 @@ impl FromStr for Span {
         };
         let ns = (n * ns_per_unit).round();
         // Whole nanoseconds below 1e18 (about 31 years) convert to u64 exactly.
+        if ns > 1e18 {
+            return Err(UnitError::DurationTooLong(text.to_string()));
+        }
         if !(0.0..=1e18).contains(&ns) {
             return Err(bad());
         }

@@ -163,6 +163,18 @@ fn durations_reject_missing_or_unknown_units_and_huge_values() {
             "{bad}"
         );
     }
+    // A number that is a duration, but too long to count: said so.
+    for long in ["18446744073709551615s", "1000000001s", "16666667m"] {
+        assert_eq!(
+            long.parse::<Span>(),
+            Err(UnitError::DurationTooLong(long.into())),
+            "{long}"
+        );
+    }
+    assert_eq!(
+        "1000000000s".parse::<Span>(),
+        Ok(Span(Duration::from_secs(1_000_000_000)))
+    );
 }
 
 #[test]
