@@ -89,8 +89,8 @@ impl SharedRunState {
     /// The current state and how many times the guest has started or stopped
     /// running since the VMM began (each such change is one `STOP` or `RESUME`).
     pub(crate) fn get_with_changes(&self) -> (RunState, u64) {
-        let word = self.word.load(Ordering::Acquire);
-        (state_of(word), word >> CHANGES_SHIFT)
+        let (state, changes, _) = self.get_with_changes_and_shutdown_stop();
+        (state, changes)
     }
 
     /// As [`get_with_changes`](Self::get_with_changes), and whether the

@@ -212,9 +212,6 @@ fn window(d: &Arc<DirtyLog>, vcpus: &[Arc<VcpuShared>], calc: Duration) -> Resul
     })
 }
 
-/// A sampled page: its index and, where the host backed it, its CRC.
-type Sampled = (usize, Option<u32>);
-
 fn sample(mem: &GuestMemory, calc: Duration, per_gib: u64) -> Result<Found, String> {
     let region = crate::memory::region(mem).ok_or("no guest RAM")?;
     let pages = region.size() / 4096;
@@ -227,11 +224,12 @@ fn sample(mem: &GuestMemory, calc: Duration, per_gib: u64) -> Result<Found, Stri
         .clamp(1, pages);
     let mut rng = fastrand::Rng::new();
     let chosen: Vec<usize> = (0..n).map(|_| rng.usize(0..pages)).collect();
-    let look = |chosen: &[usize]| -> Result<Vec<Sampled>, String> {
+    // Each chosen page's CRC, where the host backs it.
+    let look = |chosen: &[usize]| -> Result<Vec<Option<u32>>, String> {
         let (resident, _) = crate::memory::resident(region).map_err(|e| e.to_string())?;
         Ok(chosen
             .iter()
-            .map(|&p| (p, (resident[p] & 1 != 0).then(|| crc(region, p))))
+            .map(|&p| (resident[p] & 1 != 0).then(|| crc(region, p)))
             .collect())
     };
     let started = Instant::now();
@@ -243,7 +241,7 @@ fn sample(mem: &GuestMemory, calc: Duration, per_gib: u64) -> Result<Found, Stri
     let dirty = before
         .iter()
         .zip(&after)
-        .filter(|((_, was), (_, now))| match (was, now) {
+        .filter(|(was, now)| match (was, now) {
             (Some(a), Some(b)) => a != b,
             // Backed during the window: written, unless it holds zeros
             // (a read maps the zero page).
@@ -261,12 +259,8 @@ fn sample(mem: &GuestMemory, calc: Duration, per_gib: u64) -> Result<Found, Stri
 
 /// The CRC of page `p` of `region`, copied out (the guest runs).
 fn crc(region: &vm_memory::MmapRegion<()>, p: usize) -> u32 {
-    use vm_memory::VolatileMemory;
     let mut page = [0u8; 4096];
-    let _ = region
-        .as_volatile_slice()
-        .subslice(p * 4096, 4096)
-        .map(|s| s.copy_to(&mut page[..]));
+    crate::readiness::scan::copy_page(region, p, &mut page);
     crc32fast::hash(&page)
 }
 

@@ -563,13 +563,8 @@ impl Incoming {
                     p.loaded(end, l.ram.normal - normal);
                 }
             }
-            Kind::Plan
-                if l.prefetch.is_none()
-                    && !l.ram_seen
-                    && l.last_pass_number.is_none()
-                    && l.snapshots.is_empty()
-                    && !l.digest_seen =>
-            {
+            // Before pass 0's record, so before any vCPU section or digest.
+            Kind::Plan if l.prefetch.is_none() && !l.ram_seen && l.last_pass_number.is_none() => {
                 l.buf.resize(format::payload_len(kind, len)?, 0);
                 self.reader.read_exact(&mut l.buf, "the plan")?;
                 l.prefetch = Some(Prefetch::start(mem, plan(&l.buf, l.pages)?));

@@ -251,16 +251,13 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
                 (true, _) | (_, Error::Cancelled) => (Status::Cancelled, "cancelled".to_string()),
                 _ if uncertain => (
                     Status::Failed,
-                    match unread {
-                        Some(queued) => format!(
-                            "{}: the whole stream was sent and the destination may be running the guest (the peer on the socket never took its last {queued} bytes, kernel accounting, before the connection was shut: a kvmscope destination listening there itself cannot run it, one behind a relay such as socat or ssh still may); it stays paused here (`cont` resumes it once the destination is known not to)",
-                            crate::error_chain(&e)
-                        ),
-                        None => format!(
-                            "{}: the whole stream was sent and the destination may be running the guest; it stays paused here (`cont` resumes it once the destination is known not to)",
-                            crate::error_chain(&e)
-                        ),
-                    },
+                    format!(
+                        "{}: the whole stream was sent and the destination may be running the guest{}; it stays paused here (`cont` resumes it once the destination is known not to)",
+                        crate::error_chain(&e),
+                        unread.map_or(String::new(), |queued| format!(
+                            " (the peer on the socket never took its last {queued} bytes, kernel accounting, before the connection was shut: a kvmscope destination listening there itself cannot run it, one behind a relay such as socat or ssh still may)"
+                        ))
+                    ),
                 ),
                 _ => (Status::Failed, crate::error_chain(&e)),
             };

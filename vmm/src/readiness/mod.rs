@@ -158,7 +158,14 @@ pub(crate) fn measure(
     // A sample of the resident pages read for zeros while the guest runs
     // (after the window, which starts as asked): what KVM maps and the host
     // backs count memory written with zeros too.
-    let sampled = timed(|| Ok(scan::sample(g.ram, &resident_map, scan::SAMPLE_PAGES)))?;
+    let sampled = timed(|| {
+        Ok(scan::sample(
+            g.ram,
+            &resident_map,
+            resident.value,
+            scan::SAMPLE_PAGES,
+        ))
+    })?;
     drop(resident_map);
     let scan = if options.scan {
         Some(timed(|| exact_scan(g, progress))?)

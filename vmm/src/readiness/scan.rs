@@ -110,11 +110,7 @@ impl ZeroSample {
     /// The non-zero pages, estimated: the resident ones times the share read
     /// non-zero (a count where every resident page was read, [`Self::whole`]).
     pub fn estimate(&self) -> u64 {
-        if self.read == 0 {
-            return 0;
-        }
-        let share = self.nonzero as f64 / self.read as f64;
-        crate::units::saturating_u64((self.of as f64 * share).round())
+        crate::units::saturating_u64((self.of as f64 * self.share()).round())
     }
 
     /// The estimate's standard deviation, pages: `of` times that of the share
@@ -123,8 +119,16 @@ impl ZeroSample {
         if self.whole() || self.read == 0 {
             return 0.0;
         }
-        let share = self.nonzero as f64 / self.read as f64;
+        let share = self.share();
         self.of as f64 * (share * (1.0 - share) / self.read as f64).sqrt()
+    }
+
+    /// The share of the pages read that held a non-zero byte (0 of none).
+    fn share(&self) -> f64 {
+        if self.read == 0 {
+            return 0.0;
+        }
+        self.nonzero as f64 / self.read as f64
     }
 
     /// Whether every resident page was read once: the estimate is a count
@@ -134,28 +138,32 @@ impl ZeroSample {
     }
 }
 
-/// Reads `n` of the pages that `resident` (one byte per page, bit 0 set
-/// where the host backs it, as `mincore` gives) marks, drawn at random
+/// Copies page `index` of `region` into `page` while the guest may write it
+/// (a volatile copy: it reads as it was at one moment or another); false
+/// where the page lies outside the region.
+pub(crate) fn copy_page(region: &MmapRegion<()>, index: usize, page: &mut [u8; PAGE]) -> bool {
+    use vm_memory::VolatileMemory;
+    region
+        .as_volatile_slice()
+        .subslice(index * PAGE, PAGE)
+        .map(|s| s.copy_to(&mut page[..]))
+        .is_ok_and(|copied| copied == PAGE)
+}
+
+/// Reads `n` of the `of` pages that `resident` (one byte per page, bit 0 set
+/// where the host backs it, as `mincore` gives, with its count: both as
+/// [`crate::memory::resident`] returns them) marks, drawn at random
 /// with replacement (a fixed seed: the same guest gives the same draw), or
 /// every one where there are no more than `n`, and counts those holding a
 /// non-zero byte. The guest is not paused: each page is copied out
 /// (volatile) before it is looked at, and a page written meanwhile is read
 /// as it was at one moment or another. Reading backs nothing new: the pages
 /// read are resident already.
-pub(crate) fn sample(region: &MmapRegion<()>, resident: &[u8], n: u64) -> ZeroSample {
-    use vm_memory::VolatileMemory;
+pub(crate) fn sample(region: &MmapRegion<()>, resident: &[u8], of: u64, n: u64) -> ZeroSample {
     let pages = (region.size() / PAGE).min(resident.len());
     let marked = |i: &usize| resident[*i] & 1 != 0;
-    let of = (0..pages).filter(marked).count() as u64;
-    let ram = region.as_volatile_slice();
-    let mut page = vec![0u8; PAGE];
-    let mut nonzero_at = |index: usize| {
-        let copied = ram
-            .subslice(index * PAGE, PAGE)
-            .map(|s| s.copy_to(&mut page[..]))
-            .unwrap_or(0);
-        copied == PAGE && !page_is_zero(&page)
-    };
+    let mut page = [0u8; PAGE];
+    let mut nonzero_at = |index: usize| copy_page(region, index, &mut page) && !page_is_zero(&page);
     let (mut read, mut nonzero) = (0u64, 0u64);
     if of <= n {
         for index in (0..pages).filter(marked) {
@@ -342,6 +350,11 @@ mod tests {
         assert_eq!(asked, 2);
     }
 
+    /// The pages a residency map marks, as `memory::resident` counts them.
+    fn marked(resident: &[u8]) -> u64 {
+        resident.iter().filter(|&&b| b & 1 != 0).count() as u64
+    }
+
     /// A mapping of `pages` pages, those `nonzero` says written non-zero,
     /// the rest written with zeros, all marked resident.
     fn written(pages: usize, nonzero: impl Fn(usize) -> bool) -> (MmapRegion<()>, Vec<u8>) {
@@ -361,7 +374,7 @@ mod tests {
         let (region, mut resident) = written(64, |p| p % 3 == 0);
         // Pages 60 to 63 not resident: neither read nor counted.
         resident[60..].fill(0);
-        let s = sample(&region, &resident, SAMPLE_PAGES);
+        let s = sample(&region, &resident, marked(&resident), SAMPLE_PAGES);
         assert_eq!((s.read, s.nonzero, s.of), (60, 20, 60));
         assert!(s.whole());
         assert_eq!(s.estimate(), 20);
@@ -374,7 +387,7 @@ mod tests {
         // (three standard deviations of 4,096 draws at a share of 1/4).
         for (every, truth) in [(4, 10_000), (16, 2_500)] {
             let (region, resident) = written(40_000, |p| p % every == 0);
-            let s = sample(&region, &resident, 4096);
+            let s = sample(&region, &resident, marked(&resident), 4096);
             assert_eq!((s.read, s.of), (4096, 40_000));
             assert!(!s.whole());
             let off = s.estimate().abs_diff(truth) as f64 / s.of as f64;
@@ -382,8 +395,14 @@ mod tests {
         }
         // All zero and all non-zero are exact, drawn or not.
         let (region, resident) = written(40_000, |_| false);
-        assert_eq!(sample(&region, &resident, 4096).estimate(), 0);
+        assert_eq!(
+            sample(&region, &resident, marked(&resident), 4096).estimate(),
+            0
+        );
         let (region, resident) = written(40_000, |_| true);
-        assert_eq!(sample(&region, &resident, 4096).estimate(), 40_000);
+        assert_eq!(
+            sample(&region, &resident, marked(&resident), 4096).estimate(),
+            40_000
+        );
     }
 }
