@@ -81,8 +81,12 @@ fn each_mode_measures_a_writer_and_an_idle_guest_as_qemus_do() {
     );
     assert!(sampled.get("vcpu-dirty-rate").is_none() && sampled.get("x-guest-stall-ms").is_none());
     // One at a time, and the modes this VM keeps no log for, in QEMU's words.
-    c.execute("calc-dirty-rate", json!({"calc-time": 2}))
-        .unwrap();
+    // (A ring window of a minute, which the quit below ends.)
+    c.execute(
+        "calc-dirty-rate",
+        json!({"calc-time": 60, "mode": "dirty-ring"}),
+    )
+    .unwrap();
     let busy = format!(
         "{:?}",
         c.execute("calc-dirty-rate", json!({"calc-time": 1}))
@@ -110,5 +114,18 @@ fn each_mode_measures_a_writer_and_an_idle_guest_as_qemus_do() {
             .unwrap_err()
     );
     assert!(e.contains("calc-time is out of range[1, 60]."), "{e}");
+    assert_eq!(threads_named("dirty-rate"), 1);
+    // The VMM's stop ends the measurement and its thread, which would
+    // otherwise hold the guest's memory and its dirty log for the minute.
     vm.quit();
+    assert_eq!(threads_named("dirty-rate"), 0);
+}
+
+/// How many of this process's threads are named `name` (the VMM runs in it).
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
 }

@@ -12,8 +12,13 @@
 //! - `dirty-ring` / `dirty-bitmap`: the VM's dirty log over the window,
 //!   distinct pages written (per vCPU with the ring), the guest's stall
 //!   measured as for a readiness window (`x-guest-stall-ms`).
+//!
+//! The VMM's stop ends a measurement at once ([`DirtyRateCalc::stop`]): its
+//! thread, which holds the guest's memory and the dirty log, is woken and
+//! joined, not left to sleep out a `calc-time` of up to 60 s.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::dirty::{DirtyLog, DirtyMode};
@@ -28,6 +33,11 @@ use crate::vcpu::VcpuShared;
 #[derive(Debug, Default)]
 pub(crate) struct DirtyRateCalc {
     info: Mutex<DirtyRateInfo>,
+    /// Set by [`DirtyRateCalc::stop`]; a measurement's wait ends on it.
+    stopped: Mutex<bool>,
+    wake: Condvar,
+    /// The last measurement's thread, joined at the stop.
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// What a measurement reads.
@@ -115,18 +125,54 @@ impl DirtyRateCalc {
             calc: self.clone(),
             found: None,
         };
+        let this = self.clone();
         let spawned = std::thread::Builder::new()
             .name("dirty-rate".into())
             .spawn(move || {
                 let mut ends = ends;
-                ends.found = Some(measure(&target, mode, calc, sample_pages));
+                let wait = |d: Duration| this.wait(d);
+                ends.found = Some(measure(&target, mode, calc, sample_pages, &wait));
             });
-        spawned.map(drop).map_err(|e| {
-            // The thread's closure, and its `Ends`, dropped unrun: the last
-            // figures stand, as they were.
-            *crate::lock(&self.info) = before;
-            Refusal::Spawn(e)
-        })
+        match spawned {
+            Ok(thread) => {
+                // The one before ended (its status is no longer measuring).
+                let before = crate::lock(&self.thread).replace(thread);
+                if let Some(t) = before {
+                    // Its panic, if any, is in its figures already.
+                    drop(t.join());
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The thread's closure, and its `Ends`, dropped unrun: the
+                // last figures stand, as they were.
+                *crate::lock(&self.info) = before;
+                Err(Refusal::Spawn(e))
+            }
+        }
+    }
+
+    /// Ends the measurement that runs, if any, and waits for its thread:
+    /// the VMM stops. Its figures say so (`x-error`).
+    pub(crate) fn stop(&self) {
+        *crate::lock(&self.stopped) = true;
+        self.wake.notify_all();
+        let thread = crate::lock(&self.thread).take();
+        if let Some(t) = thread {
+            drop(t.join());
+        }
+    }
+
+    /// Waits `d`, unless the VMM stops first.
+    ///
+    /// # Errors
+    /// The VMM stopped.
+    fn wait(&self, d: Duration) -> Result<(), String> {
+        let stopped = crate::wait_while(&self.wake, crate::lock(&self.stopped), d, |s| !*s);
+        if *stopped {
+            return Err("the VMM stopped during the measurement".into());
+        }
+        Ok(())
     }
 }
 
@@ -172,24 +218,34 @@ fn mb_per_s(pages: f64, secs: f64) -> i64 {
     i64::try_from(crate::units::saturating_u64(mb.round().min(9.0e15))).unwrap_or(i64::MAX)
 }
 
+/// Waits a duration unless the VMM stops first (then the error).
+type Wait<'a> = dyn Fn(Duration) -> Result<(), String> + 'a;
+
 fn measure(
     target: &Target,
     mode: DirtyRateMode,
     calc: Duration,
     sample_pages: u64,
+    wait: &Wait<'_>,
 ) -> Result<Found, String> {
     match (mode, &target.dirty) {
-        (DirtyRateMode::PageSampling, _) => sample(&target.mem, calc, sample_pages),
-        (_, Some(d)) => window(d, &target.vcpus, calc),
+        (DirtyRateMode::PageSampling, _) => sample(&target.mem, calc, sample_pages, wait),
+        (_, Some(d)) => window(d, &target.vcpus, calc, wait),
         (_, None) => Err("no dirty log".into()),
     }
 }
 
-fn window(d: &Arc<DirtyLog>, vcpus: &[Arc<VcpuShared>], calc: Duration) -> Result<Found, String> {
+fn window(
+    d: &Arc<DirtyLog>,
+    vcpus: &[Arc<VcpuShared>],
+    calc: Duration,
+    wait: &Wait<'_>,
+) -> Result<Found, String> {
     let period = crate::vcpu::stall::Baseline::start(vcpus).begin();
     let window = d.subscribe().map_err(|e| crate::error_chain(&e))?;
     let started = Instant::now();
-    std::thread::sleep(calc);
+    // Stopped, the window is dropped: its log's last look, as ever.
+    wait(calc)?;
     let (pages, per_vcpu) = window
         .finish(|w| (w.pages.count(), w.per_vcpu.clone()))
         .map_err(|e| crate::error_chain(&e))?;
@@ -212,7 +268,12 @@ fn window(d: &Arc<DirtyLog>, vcpus: &[Arc<VcpuShared>], calc: Duration) -> Resul
     })
 }
 
-fn sample(mem: &GuestMemory, calc: Duration, per_gib: u64) -> Result<Found, String> {
+fn sample(
+    mem: &GuestMemory,
+    calc: Duration,
+    per_gib: u64,
+    wait: &Wait<'_>,
+) -> Result<Found, String> {
     let region = crate::memory::region(mem).ok_or("no guest RAM")?;
     let pages = region.size() / 4096;
     // QEMU's count: per GiB, pro rata (at least one page).
@@ -234,7 +295,7 @@ fn sample(mem: &GuestMemory, calc: Duration, per_gib: u64) -> Result<Found, Stri
     };
     let started = Instant::now();
     let before = look(&chosen)?;
-    std::thread::sleep(calc.saturating_sub(started.elapsed()));
+    wait(calc.saturating_sub(started.elapsed()))?;
     let secs = started.elapsed().as_secs_f64();
     let after = look(&chosen)?;
     let zero = crc32fast::hash(&[0u8; 4096]);

@@ -66,6 +66,8 @@ pub(crate) struct Server {
     publisher: Option<publish::Publisher>,
     /// The most guest pages known to hold data at once (readiness).
     mapped_peak: Arc<crate::readiness::MappedPeak>,
+    /// `calc-dirty-rate`'s measurement, ended at the stop.
+    dirty_rate: Arc<dirty_rate::DirtyRateCalc>,
     // Held for its Drop, after the thread is joined: the file goes once
     // nobody listens.
     _socket: SocketFile,
@@ -111,6 +113,7 @@ impl Server {
         })
         .map_err(Error::Spawn)?;
         let mapped_peak = context.mapped_peak.clone();
+        let dirty_rate = context.dirty_rate.clone();
         let handler = Handler::new(context, stopping.clone())?;
         let cause = Arc::new(Mutex::new(None));
         let fds = PlaneFds {
@@ -135,6 +138,7 @@ impl Server {
             thread: Some(thread),
             publisher: Some(publisher),
             mapped_peak,
+            dirty_rate,
             _socket: socket,
         })
     }
@@ -170,7 +174,10 @@ impl Server {
         self.stopping.store(true, Ordering::Release);
         self.publisher = None;
         self.exit.write(1).map_err(Error::Signal)?;
-        thread.join().map_err(|_| Error::Panicked)?
+        let served = thread.join().map_err(|_| Error::Panicked);
+        // No command can start another now.
+        self.dirty_rate.stop();
+        served?
     }
 }
 
