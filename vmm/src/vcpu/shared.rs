@@ -311,6 +311,9 @@ pub(crate) struct Reading {
     /// The time the vCPU thread has waited for a CPU while runnable
     /// (schedstat's run delay), ns (`None`: `/proc` unreadable).
     pub(super) wait_ns: Option<u64>,
+    /// The time the vCPU thread has run on a CPU (schedstat's first
+    /// field), ns (`None`: `/proc` unreadable).
+    pub(super) on_cpu_ns: Option<u64>,
     /// Time asleep for a throttle or a dirty limit and parked by a pause
     /// so far, ns: time the guest did not run.
     pub(super) asleep_ns: u64,
@@ -327,10 +330,14 @@ pub(crate) struct Rates {
     pub(super) faults: f64,
     /// System time, ns per second.
     pub(super) system_ns: f64,
-    /// Time waiting for a CPU, ns per second; `None` without a baseline
-    /// (unlike faults and system time, a vCPU may wait much of its time
-    /// whether or not it is observed, so no rate is not a rate of zero).
-    pub(super) wait_ns: Option<f64>,
+    /// Time waiting for a CPU as a share of the time the thread could run
+    /// (on a CPU or waiting for one; not a share of the time that passed:
+    /// a vCPU whose guest had nothing to do waited for nothing, and would
+    /// have read as never waiting before it began to work); `None` without
+    /// a baseline or without enough time runnable in it (unlike faults and
+    /// system time, a vCPU may wait much of its time whether or not it is
+    /// observed, so no rate is not a rate of zero).
+    pub(super) wait_share: Option<f64>,
 }
 
 /// Where an observation still open (a readiness window, a migration) started

@@ -22,8 +22,9 @@
 //! The stall is the larger of the two: the measured one is tick-grained
 //! (10 ms) and counts any extra kernel time; the counted one is there where
 //! `/proc` cannot be read. To it is added the time the vCPU thread waited
-//! for a CPU while it could have run, beyond its rate before
-//! (`/proc/self/task/TID/schedstat`'s run delay, ns): where vCPUs and the
+//! for a CPU while it could have run, beyond its usual share of the time it
+//! could run (`/proc/self/task/TID/schedstat`'s run delay against its time
+//! on a CPU, ns): where vCPUs and the
 //! VMM's threads share too few cores, the harvests, the migration's sender
 //! and the other vCPUs' extra kernel time take turns from every vCPU, one
 //! that dirties nothing included (a reader beside a tracked writer on two
@@ -97,12 +98,14 @@ const AFTERMATH: Duration = Duration::from_secs(2);
 fn read(v: &VcpuShared) -> Option<Reading> {
     let at = Instant::now();
     let faults = v.page_faults()?;
+    let (on_cpu_ns, wait_ns) = v.tid.get().and_then(|&tid| schedstat_times(tid)).unzip();
     Some(Reading {
         at,
         faults,
         ring_ns: v.ring_full_ns.load(Ordering::Relaxed),
         system_ns: v.tid.get().and_then(|&tid| system_time_ns(tid)),
-        wait_ns: v.tid.get().and_then(|&tid| run_delay_ns(tid)),
+        wait_ns,
+        on_cpu_ns,
         asleep_ns: v
             .throttle
             .slept_ns()
@@ -111,23 +114,19 @@ fn read(v: &VcpuShared) -> Option<Reading> {
     })
 }
 
-/// The time a thread of this process has waited for a CPU while runnable,
-/// ns: `/proc/self/task/TID/schedstat`'s second field (time on a CPU, run
-/// delay, timeslices).
-fn run_delay_ns(tid: i32) -> Option<u64> {
-    schedstat(tid, 1)
-}
-
 /// The time a thread of this process has run on a CPU, ns (schedstat's
 /// first field): what it did, whatever it waited for a CPU.
 pub(crate) fn on_cpu_ns(tid: i32) -> Option<u64> {
-    schedstat(tid, 0)
+    schedstat_times(tid).map(|(on_cpu, _)| on_cpu)
 }
 
-/// Field `n` of `/proc/self/task/TID/schedstat`.
-fn schedstat(tid: i32, n: usize) -> Option<u64> {
+/// A thread of this process's time on a CPU and time waiting for one while
+/// runnable (run delay), ns: `/proc/self/task/TID/schedstat`'s first two
+/// fields (then timeslices), read at once.
+fn schedstat_times(tid: i32) -> Option<(u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    text.split_whitespace().nth(n)?.parse().ok()
+    let mut fields = text.split_whitespace().map(str::parse::<u64>);
+    Some((fields.next()?.ok()?, fields.next()?.ok()?))
 }
 
 /// A thread of this process's system time so far, ns, from
@@ -153,8 +152,8 @@ pub struct Stall {
     /// Each vCPU thread's system time beyond its rate before the period
     /// (`None` where `/proc` could not be read).
     pub system: Vec<Option<Duration>>,
-    /// Each vCPU thread's time waiting for a CPU beyond its rate before the
-    /// period (`None` where `/proc` could not be read or there was no rate
+    /// Each vCPU thread's time waiting for a CPU beyond its usual share of
+    /// the time it could run (`None` where `/proc` could not be read or there was no rate
     /// before: not counted then).
     pub waited: Vec<Option<Duration>>,
 }
@@ -268,6 +267,19 @@ fn settle_until(v: &VcpuShared, now: Instant) {
 const USUAL_KEPT: Duration = Duration::from_secs(3);
 /// Shortest span of those readings usual rates are taken from.
 const USUAL_MIN_SPAN: Duration = Duration::from_millis(500);
+/// How far back of those readings the usual waiting goes: the host's
+/// contention changes with what runs beside the vCPU (its own VM's other
+/// vCPUs starting to work), so the latest is the best guess of what it
+/// would be now. Over the whole [`USUAL_KEPT`], a reader that started a
+/// second before a window, beside two vCPUs that started with it on two
+/// cores, read 0.96 s of its 2 s window as waiting beyond its usual (the
+/// two seconds before, when it had a core to itself, in the usual); 0.14 s
+/// when it had been running for 5 s.
+const USUAL_WAIT_SPAN: Duration = Duration::from_secs(1);
+/// Least time runnable (on a CPU or waiting) a share of waiting is taken
+/// over: below it, the vCPU mostly slept, and how much it waited says
+/// little about how much it would wait at work.
+const MIN_RUNNABLE: Duration = Duration::from_millis(50);
 /// Least time between two of them.
 const USUAL_STEP: Duration = Duration::from_millis(90);
 
@@ -315,12 +327,23 @@ fn quiet_since(v: &VcpuShared) -> Option<Instant> {
 /// cost is not the usual), over at least [`USUAL_MIN_SPAN`]. Readings
 /// taken while another observation runs (a window during a standalone
 /// dirty limit) carry its cost: that one's, and counted there.
+/// Faults and system time come from the whole span; waiting from its last
+/// [`USUAL_WAIT_SPAN`].
 fn usual_rates(v: &VcpuShared, since: Option<Instant>) -> Option<Rates> {
     let usual = crate::lock(&v.usual);
     let first = usual.iter().find(|r| since.is_none_or(|s| r.at >= s))?;
     let last = usual.back()?;
-    (last.at.saturating_duration_since(first.at) >= USUAL_MIN_SPAN)
-        .then(|| rates_between(first, last))
+    if last.at.saturating_duration_since(first.at) < USUAL_MIN_SPAN {
+        return None;
+    }
+    let recent = usual
+        .iter()
+        .find(|r| r.at >= first.at && last.at.saturating_duration_since(r.at) <= USUAL_WAIT_SPAN)
+        .unwrap_or(first);
+    Some(Rates {
+        wait_share: wait_share(recent, last).or_else(|| wait_share(first, last)),
+        ..rates_between(first, last)
+    })
 }
 
 /// A vCPU's rates from reading `b` to reading `n`.
@@ -330,8 +353,26 @@ fn rates_between(b: &Reading, n: &Reading) -> Rates {
     Rates {
         faults: n.faults.saturating_sub(b.faults) as f64 / seconds,
         system_ns: per_second(n.system_ns, b.system_ns).unwrap_or(0.0),
-        wait_ns: per_second(n.wait_ns, b.wait_ns),
+        wait_share: wait_share(b, n),
     }
+}
+
+/// The time the vCPU thread waited for a CPU and the time it ran on one,
+/// ns, from reading `b` to reading `n` (`None`: `/proc` unreadable at
+/// either).
+fn waited_and_ran(b: &Reading, n: &Reading) -> Option<(u64, u64)> {
+    Some((
+        n.wait_ns?.saturating_sub(b.wait_ns?),
+        n.on_cpu_ns?.saturating_sub(b.on_cpu_ns?),
+    ))
+}
+
+/// Of the time the vCPU thread could run from `b` to `n`, the share it
+/// waited for a CPU (`None`: unreadable, or under [`MIN_RUNNABLE`]).
+fn wait_share(b: &Reading, n: &Reading) -> Option<f64> {
+    let (waited, ran) = waited_and_ran(b, n)?;
+    let runnable = waited.saturating_add(ran);
+    (runnable >= crate::units::nanos(MIN_RUNNABLE)).then(|| waited as f64 / runnable as f64)
 }
 
 /// The readings a period's rate before is taken from: taken before the
@@ -554,9 +595,15 @@ fn excess(s: &Reading, rates: &Rates, n: &Reading) -> Excess {
         ))
     };
     let system = beyond(s.system_ns, n.system_ns, rates.system_ns);
+    // Waiting beyond its usual share of the time it could run: a vCPU
+    // that works now and slept before waits no more than usual for it.
     let waited = rates
-        .wait_ns
-        .and_then(|rate| beyond(s.wait_ns, n.wait_ns, rate));
+        .wait_share
+        .zip(waited_and_ran(s, n))
+        .map(|(share, (waited, ran))| {
+            let usual = crate::units::saturating_u64(share * waited.saturating_add(ran) as f64);
+            Duration::from_nanos(waited.saturating_sub(usual))
+        });
     // A vCPU cannot lose more than the time that passed: the counted
     // measure at a fixed cost per fault could say so when faults come
     // cheaper than that (389,416 in 1.004 s: 1.04 s at 2.6 us).
@@ -581,6 +628,7 @@ mod tests {
             ring_ns: 0,
             system_ns: system_ms.map(|ms| ms * 1_000_000),
             wait_ns: None,
+            on_cpu_ns: None,
             asleep_ns: 0,
             fault_ns: DEFAULT_FAULT_NS,
         }
@@ -597,7 +645,7 @@ mod tests {
         let before = Rates {
             faults: 0.0,
             system_ns: 50_000_000.0,
-            wait_ns: Some(0.0),
+            wait_share: Some(0.0),
         };
         let r0 = reading(t0, 0, Some(0));
         // 250 ms of system time in the first second: 200 beyond the usual 50.
@@ -627,7 +675,7 @@ mod tests {
         let before = Rates {
             faults: 1_000.0,
             system_ns: 10_000_000.0,
-            wait_ns: Some(0.0),
+            wait_share: Some(0.0),
         };
         // 11,000 faults, 1,000 of them usual: 26 ms counted; 60 ms of system
         // time, 10 usual: 50 ms measured, the larger.
@@ -670,38 +718,61 @@ mod tests {
         assert_eq!(e.lost, Duration::from_secs(500));
     }
 
+    /// A reading `system_ms` of system time, `wait_ms` waiting for a CPU
+    /// and `on_cpu_ms` on one, at `at`.
+    fn runnable(at: Instant, system_ms: u64, wait_ms: u64, on_cpu_ms: u64) -> Reading {
+        Reading {
+            wait_ns: Some(wait_ms * 1_000_000),
+            on_cpu_ns: Some(on_cpu_ms * 1_000_000),
+            ..reading(at, 0, Some(system_ms))
+        }
+    }
+
     #[test]
-    fn waiting_for_a_cpu_beyond_the_rate_before_adds_to_the_stall() {
+    fn waiting_for_a_cpu_beyond_its_usual_share_adds_to_the_stall() {
         let t0 = Instant::now();
         let t1 = t0 + Duration::from_secs(1);
-        // Before: 100 ms of waiting a second. Over the second: 40 ms of
-        // system time (no excess faults) and 250 ms of waiting, 150 beyond
-        // the usual: 190 ms lost. A vCPU that writes nothing (no system
-        // time, no faults) loses its extra waiting alone.
+        let start = runnable(t0, 0, 0, 0);
+        // Before: a tenth of the time it could run spent waiting. Over a
+        // second runnable throughout: 40 ms of system time (no excess
+        // faults) and 250 ms of waiting, 150 beyond the usual 100: 190 ms
+        // lost. A vCPU that writes nothing (no system time, no faults)
+        // loses its extra waiting alone.
         let before = Rates {
             faults: 0.0,
             system_ns: 0.0,
-            wait_ns: Some(100_000_000.0),
+            wait_share: Some(0.1),
         };
-        let waiting = |ms: u64, system_ms, at| Reading {
-            wait_ns: Some(ms * 1_000_000),
-            ..reading(at, 0, Some(system_ms))
-        };
-        let e = excess(&waiting(0, 0, t0), &before, &waiting(250, 40, t1));
+        let e = excess(&start, &before, &runnable(t1, 40, 250, 750));
         assert_eq!(e.waited, Some(Duration::from_millis(150)));
         assert_eq!(e.lost, Duration::from_millis(190));
-        let e = excess(&waiting(0, 0, t0), &before, &waiting(180, 0, t1));
+        let e = excess(&start, &before, &runnable(t1, 0, 180, 820));
         assert_eq!(e.lost, Duration::from_millis(80));
         // Less waiting than usual takes nothing away.
-        let e = excess(&waiting(0, 0, t0), &before, &waiting(20, 40, t1));
+        let e = excess(&start, &before, &runnable(t1, 40, 20, 980));
         assert_eq!(e.waited, Some(Duration::ZERO));
         assert_eq!(e.lost, Duration::from_millis(40));
-        // Unreadable at either end, or no rate before (the vCPU may wait
+        // The usual share of the time it could run: runnable for half the
+        // second (its guest idle the rest), 50 ms of waiting is its usual;
+        // at a third (three busy vCPUs on two cores), 333 of a second.
+        let e = excess(&start, &before, &runnable(t1, 0, 50, 450));
+        assert_eq!(e.waited, Some(Duration::ZERO));
+        let third = Rates {
+            wait_share: Some(1.0 / 3.0),
+            ..before
+        };
+        let e = excess(&start, &third, &runnable(t1, 0, 500, 500));
+        assert_eq!(e.waited, Some(Duration::from_nanos(166_666_667)));
+        // Unreadable at either end, or no share before (the vCPU may wait
         // that much as a rule): no waiting counted.
-        let e = excess(&reading(t0, 0, Some(0)), &before, &waiting(250, 40, t1));
+        let e = excess(
+            &reading(t0, 0, Some(0)),
+            &before,
+            &runnable(t1, 40, 250, 750),
+        );
         assert_eq!(e.waited, None);
         assert_eq!(e.lost, Duration::from_millis(40));
-        let e = excess(&waiting(0, 0, t0), &Rates::default(), &waiting(250, 40, t1));
+        let e = excess(&start, &Rates::default(), &runnable(t1, 40, 250, 750));
         assert_eq!(e.waited, None);
         assert_eq!(e.lost, Duration::from_millis(40));
     }
@@ -758,28 +829,51 @@ mod tests {
         let v = VcpuShared::new(0);
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        let usual = |ms, faults, system_ms, wait_ms: u64| Reading {
-            wait_ns: Some(wait_ms * 1_000_000),
-            ..reading(at(ms), faults, Some(system_ms))
+        let usual = |ms, faults, system_ms, wait_ms: u64, on_cpu_ms: u64| Reading {
+            faults,
+            ..runnable(at(ms), system_ms, wait_ms, on_cpu_ms)
         };
-        // For a second: 40 ms of waiting, 20 ms of system time and 100 faults
-        // a second; then 400 ms of waiting and 2,000 faults a second (an
+        // For a second: 20 ms of system time and 100 faults a second, and
+        // runnable a fifth of the time, a fifth of that waiting; then 200
+        // ms of waiting, 300 on a CPU and 2,000 faults a second (an
         // observation's aftermath, say) over the next half.
         crate::lock(&v.usual).extend([
-            usual(0, 0, 0, 0),
-            usual(500, 50, 10, 20),
-            usual(1_000, 100, 20, 40),
-            usual(1_500, 1_100, 20, 240),
+            usual(0, 0, 0, 0, 0),
+            usual(500, 50, 10, 20, 80),
+            usual(1_000, 100, 20, 40, 160),
+            usual(1_500, 1_100, 20, 240, 460),
         ]);
         let r = usual_rates(&v, None).unwrap();
-        assert!((r.wait_ns.unwrap() - 160_000_000.0).abs() < 1.0, "{r:?}");
         assert!((r.faults - 1_100.0 / 1.5).abs() < 1e-6, "{r:?}");
         assert!((r.system_ns - 20_000_000.0 / 1.5).abs() < 1.0, "{r:?}");
-        // Since the first second only: 200 ms over 0.5 s, 1,000 faults.
+        // Waiting over the last second alone: 220 of 600 ms runnable.
+        assert!(
+            (r.wait_share.unwrap() - 220.0 / 600.0).abs() < 1e-9,
+            "{r:?}"
+        );
+        // Since the first second only: 1,000 faults over 0.5 s; 200 of
+        // 500 ms runnable waiting.
         let r = usual_rates(&v, Some(at(1_000))).unwrap();
-        assert!((r.wait_ns.unwrap() - 400_000_000.0).abs() < 1.0, "{r:?}");
+        assert!((r.wait_share.unwrap() - 0.4).abs() < 1e-9, "{r:?}");
         assert!((r.faults - 2_000.0).abs() < 1e-6, "{r:?}");
         assert!(r.system_ns.abs() < 1.0, "{r:?}");
+        // Runnable under 50 ms in the last second (its guest idle): the
+        // share over all the readings; none where it was never runnable
+        // that long.
+        let idle = VcpuShared::new(2);
+        crate::lock(&idle.usual).extend([
+            usual(0, 0, 0, 0, 0),
+            usual(500, 0, 0, 100, 100),
+            usual(1_000, 0, 0, 100, 110),
+            usual(1_500, 0, 0, 101, 120),
+        ]);
+        let r = usual_rates(&idle, None).unwrap();
+        assert!(
+            (r.wait_share.unwrap() - 101.0 / 221.0).abs() < 1e-9,
+            "{r:?}"
+        );
+        let r = usual_rates(&idle, Some(at(500))).unwrap();
+        assert_eq!(r.wait_share, None);
         // Readings over less than half a second say nothing.
         assert!(usual_rates(&v, Some(at(1_200))).is_none());
         assert!(usual_rates(&VcpuShared::new(1), None).is_none());
