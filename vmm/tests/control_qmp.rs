@@ -254,8 +254,20 @@ fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
             }
             lines.push(serde_json::from_str::<Value>(&line).unwrap());
         }
-        let last = lines.last().unwrap_or_else(|| panic!("{how}: nothing"));
+        // SHUTDOWN is the last event; for `quit`, its reply follows, as
+        // QEMU 7.2 sends them (the event, then the return).
+        let mut events = lines.iter().filter(|l| l.get("event").is_some());
+        let last = events
+            .next_back()
+            .unwrap_or_else(|| panic!("{how}: nothing"));
         assert_eq!(last["event"], "SHUTDOWN", "{how}: {lines:?}");
+        if how == "quit" {
+            assert_eq!(
+                lines.last(),
+                Some(&json!({"return": {}, "id": "q"})),
+                "{lines:?}"
+            );
+        }
         // A running guest's VMM that stops says SHUTDOWN alone, as QEMU's
         // does for `quit` and a signal: no STOP before it.
         if how != "panic" {
@@ -279,26 +291,34 @@ fn a_stopping_vmm_says_shutdown_and_why_to_negotiated_clients() {
     }
 }
 
-/// A user's `stop` sent just before `quit` is a STOP, then SHUTDOWN, as
-/// QEMU says them: only a stop the shutdown itself makes goes unsaid.
+/// Each command's event comes before its reply, as QEMU 7.2 sends them
+/// (`stop`: STOP, then the return; `cont`: RESUME; `quit`: SHUTDOWN), so
+/// that a client that looks at the events it has by a reply finds them;
+/// and a user's `stop` just before `quit` is said: only a stop the
+/// shutdown itself makes goes unsaid.
 #[test]
-fn a_stop_right_before_quit_is_still_said() {
+fn stop_cont_and_quit_say_their_events_before_their_replies() {
     require_kvm!();
     let dir = common::test_dir("stop-quit");
     let (mut vmm, mut a) = vmm_process(&dir);
-    a.send(b"{\"execute\":\"stop\"}\n{\"execute\":\"quit\"}");
-    let mut events = Vec::new();
+    a.send(br#"{"execute":"stop"} {"execute":"cont"} {"execute":"stop"} {"execute":"quit"}"#);
+    let mut said = Vec::new();
     loop {
         let mut line = String::new();
         if a.r.read_line(&mut line).unwrap_or(0) == 0 {
             break;
         }
         let v: Value = serde_json::from_str(&line).unwrap();
-        if let Some(e) = v["event"].as_str() {
-            events.push(e.to_string());
-        }
+        said.push(match v["event"].as_str() {
+            Some(e) => e.to_string(),
+            None => v.get("return").map_or(line, |_| "return".to_string()),
+        });
     }
-    assert_eq!(events, ["STOP", "SHUTDOWN"], "{events:?}");
+    assert_eq!(
+        said,
+        ["STOP", "return", "RESUME", "return", "STOP", "return", "SHUTDOWN", "return"],
+        "{said:?}"
+    );
     assert_eq!(vmm.wait().unwrap().code(), Some(0));
 }
 

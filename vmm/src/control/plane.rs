@@ -79,6 +79,9 @@ pub(crate) struct Plane {
     pub(crate) done: bool,
     /// Clients refused since the last warning about it, and when that was.
     refused: (u64, Option<Instant>),
+    /// A `quit` was answered, its `SHUTDOWN` sent before the reply, as
+    /// QEMU sends it: the farewell does not say it again.
+    said_shutdown: bool,
 }
 
 /// At most one warning about refused clients this often (each refusal is
@@ -130,6 +133,7 @@ impl Plane {
             uid,
             done: false,
             refused: (0, None),
+            said_shutdown: false,
         })
     }
 
@@ -367,7 +371,14 @@ impl Plane {
             {
                 (req.id, over_budget())
             }
-            Ok(req) => (req.id, self.dispatch(negotiated, req.command)),
+            Ok(req) => {
+                let quit = matches!(req.command, Command::Quit(_));
+                let outcome = self.dispatch(negotiated, req.command);
+                if quit && matches!(outcome, Outcome::Return(..)) {
+                    self.say_shutdown();
+                }
+                (req.id, outcome)
+            }
             // As QEMU: before negotiation, a command it does not know, or one
             // it knows with bad arguments, reads as any other command but
             // `qmp_capabilities` (QEMU looks it up in a table of that one
@@ -424,11 +435,28 @@ impl Plane {
         queued.saturating_add(more) > MAX_TOTAL_QUEUED
     }
 
-    /// Queues the reply to a request. A large reply while the clients'
-    /// queued output is over [`MAX_TOTAL_QUEUED`] becomes an error instead.
+    /// Queues the reply to a request, after the events that came before it
+    /// (QEMU sends `stop`'s STOP before its return: a client that reads
+    /// the events it has by a command's reply finds them there). A large
+    /// reply while the clients' queued output is over [`MAX_TOTAL_QUEUED`]
+    /// becomes an error instead.
     fn answer(&mut self, token: u32, id: Option<Value>, outcome: Outcome) {
         if !self.clients.contains_key(&token) {
             return;
+        }
+        if !matches!(
+            outcome,
+            Outcome::Wait(_)
+                | Outcome::Subscribe { .. }
+                | Outcome::Unsubscribe
+                | Outcome::Negotiated
+        ) {
+            // The other clients that got some send them on their next turn.
+            for other in self.queue_events() {
+                if other != token {
+                    self.schedule(other);
+                }
+            }
         }
         let (line, fds) = match outcome {
             Outcome::Return(value, fds) => {
@@ -576,18 +604,45 @@ impl Plane {
     /// clients they held.
     fn on_watcher(&mut self, ops: &mut EventOps) {
         let _ = self.watcher.read();
-        let lines = self.handler.broadcast_events();
-        if !lines.is_empty() {
-            let tokens: Vec<u32> = self.clients.keys().copied().collect();
-            for token in tokens {
-                // Events go to clients past capability negotiation, as in QEMU.
-                if let Some(c) = self.clients.get_mut(&token).filter(|c| c.negotiated) {
-                    lines.iter().for_each(|l| c.queue_event(l.clone()));
-                }
-                self.settle(token, ops);
-            }
+        for token in self.queue_events() {
+            self.settle(token, ops);
         }
         self.answer_waits(ops);
+    }
+
+    /// Queues the events that came since the last call to every negotiated
+    /// client (as in QEMU, none before negotiation); every client, when
+    /// there were some, to settle (none else).
+    fn queue_events(&mut self) -> Vec<u32> {
+        let lines = self.handler.broadcast_events();
+        if lines.is_empty() {
+            return Vec::new();
+        }
+        for c in self.clients.values_mut().filter(|c| c.negotiated) {
+            lines.iter().for_each(|l| c.queue_event(l.clone()));
+        }
+        self.clients.keys().copied().collect()
+    }
+
+    /// `quit` was answered: every negotiated client gets the `SHUTDOWN`
+    /// QEMU sends for it (`host-qmp-quit`) before the reply, as QEMU sends
+    /// it, and the farewell says it no more.
+    fn say_shutdown(&mut self) {
+        let line = Message::Event(Event::of(&EventKind::Shutdown(ShutdownInfo::of(
+            ShutdownCause::HostQmpQuit,
+        ))))
+        .to_line();
+        for other in self.queue_events() {
+            self.schedule(other);
+        }
+        let tokens: Vec<u32> = self.clients.keys().copied().collect();
+        for token in tokens {
+            if let Some(c) = self.clients.get_mut(&token).filter(|c| c.negotiated) {
+                c.queue_event(line.clone());
+                self.schedule(token);
+            }
+        }
+        self.said_shutdown = true;
     }
 
     /// Answers the waits that are over, and pumps the clients they held.
@@ -621,7 +676,9 @@ impl Plane {
     fn farewell(&mut self) {
         let _ = self.exit.read();
         self.done = true;
-        let cause = *crate::lock(&self.cause);
+        let cause = (!self.said_shutdown)
+            .then(|| *crate::lock(&self.cause))
+            .flatten();
         let line = cause.map(|reason| {
             let info = ShutdownInfo::of(reason);
             Message::Event(Event::of(&EventKind::Shutdown(info))).to_line()
