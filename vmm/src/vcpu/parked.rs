@@ -204,7 +204,41 @@ fn check_state(v: &VmmState) -> Result<(), String> {
     if sum.is_none_or(|sum| sum > MAX_COUNT) {
         return Err(format!("its exit counters add up past {MAX_COUNT}"));
     }
+    if let Some(c) = &v.current {
+        check_current(v.site, &c.command)?;
+    }
     Ok(())
+}
+
+/// The command in progress is one command where the vCPU stands: a `wait`
+/// in a VMM-side wait, a guest command in the guest (a source sends what
+/// it ran; `query-guest` shows it and the result is recorded under it).
+fn check_current(site: Site, spec: &str) -> Result<(), String> {
+    let shown: String = spec.chars().take(64).collect();
+    let one = match crate::workload::parse_sequence(spec) {
+        Ok(commands) if commands.len() == 1 => commands.into_iter().next(),
+        Ok(commands) => {
+            return Err(format!(
+                "the command in progress '{shown}' is {} commands, not one",
+                commands.len()
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "the command in progress '{shown}' does not parse: {e}"
+            ))
+        }
+    };
+    let waits = matches!(one, Some(crate::workload::Command::Wait { .. }));
+    match site {
+        Site::Wait { .. } if !waits => Err(format!(
+            "a VMM-side wait whose command in progress is '{shown}', not a wait"
+        )),
+        Site::Guest if waits => Err(format!(
+            "the guest runs '{shown}', which the VMM runs, not the guest"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses a migrated queue of more than [`MAX_QUEUED_COMMANDS`],
@@ -271,6 +305,41 @@ mod tests {
         let mut s = good.clone();
         s.reasons = vec![("io_out".into(), u64::MAX)];
         cases.push((s, "its exit counters add up past"));
+        // The command in progress: one, where the vCPU stands.
+        let running = |site, command: &str| {
+            let mut s = good.clone();
+            s.site = site;
+            s.current = Some(Current {
+                seq: 0,
+                command: command.into(),
+                elapsed_us: 5,
+            });
+            s
+        };
+        let wait = Site::Wait {
+            remaining_us: Some(10),
+        };
+        for (site, command) in [(Site::Guest, "touch size=4K"), (wait, "wait for=10ms")] {
+            assert_eq!(check_state(&running(site, command)), Ok(()), "{command}");
+        }
+        cases.extend([
+            (
+                running(Site::Guest, "rm -rf /"),
+                "the command in progress 'rm -rf /' does not parse: ",
+            ),
+            (
+                running(Site::Guest, "touch size=4K; touch size=4K"),
+                "the command in progress 'touch size=4K; touch size=4K' is 2 commands, not one",
+            ),
+            (
+                running(Site::Guest, "wait for=1s"),
+                "the guest runs 'wait for=1s', which the VMM runs, not the guest",
+            ),
+            (
+                running(wait, "touch size=4K"),
+                "a VMM-side wait whose command in progress is 'touch size=4K', not a wait",
+            ),
+        ]);
         for (state, says) in cases {
             let e = check_state(&state).unwrap_err();
             assert!(e.starts_with(says), "{e}");
