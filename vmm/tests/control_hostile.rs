@@ -243,6 +243,8 @@ fn half_sent_requests_in_every_reserved_slot_cannot_lock_the_operator_out() {
     // again as they came back.
     let (mut op, mut r) = raw(&vm, true);
     op.write_all(b"{\"execute\":\"quit\"}\n").unwrap();
+    // SHUTDOWN, then the return, as QEMU sends them.
+    assert_eq!(line(&mut r)["event"], "SHUTDOWN");
     assert!(line(&mut r)["return"].is_object());
     let mut vm = vm;
     vm.join();

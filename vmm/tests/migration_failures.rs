@@ -332,7 +332,7 @@ fn a_destination_that_reads_the_stop_slowly_is_given_up_on_all_told() {
     let info = migrate(&src, &uri, json!({"downtime-limit": 0, "x-max-rounds": 2}));
     fake.join().unwrap();
     let why = info.error_desc.clone().unwrap_or_default();
-    assert!(why.contains("all told"), "{why}");
+    assert!(why.contains("all told"), "{why}: {info:?}");
     if why.contains("the whole stream was sent") {
         assert!(why.contains("never took its last"), "{why}");
         assert_paused_until_cont(&src, &info);
