@@ -307,6 +307,28 @@ fn built_ahead_the_destination_serves_its_control_socket_before_a_source_connect
         "{}",
         kvmscope::error_chain(&e)
     );
+    // What acts on the guest or measures it is refused too: a command
+    // queued here was lost when the guest's own queue came (and `wait`
+    // answered with the source's result under its number), a window
+    // measured a guest not there and published its prediction.
+    for (command, args) in [
+        (
+            "guest-command",
+            json!({"vcpu": 0, "command": "touch size=1M", "wait": true}),
+        ),
+        ("query-readiness", json!({"calc-time": 1})),
+        ("calc-dirty-rate", json!({"calc-time": 1})),
+    ] {
+        let e = kvmscope::error_chain(&c.execute(command, args).expect_err(command));
+        assert!(
+            e.contains(&format!(
+                "the guest is still arriving (inmigrate): {command} needs it"
+            )),
+            "{e}"
+        );
+    }
+    let (guest, _) = c.execute("query-guest", json!({})).unwrap();
+    assert_eq!(guest[0]["queued"], 0, "{guest}");
     // `kvmscope migrate` from it is refused as what it is, a destination.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmscope"))
         .args(["migrate", "--socket"])

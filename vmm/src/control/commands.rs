@@ -266,6 +266,17 @@ impl Handler {
 
     /// Runs one command (capability negotiation is the plane's business).
     pub(crate) fn execute(&mut self, command: Command) -> Outcome {
+        if needs_the_guest(&command)
+            && self.ctx.run_state.get() == crate::runstate::RunState::Inmigrate
+        {
+            // A command queued here would be lost to the guest's own queue
+            // when it arrives (and `wait` given the source's result under
+            // the same number); a window would measure a guest not there.
+            return Outcome::generic(format!(
+                "the guest is still arriving (inmigrate): {} needs it; ask again once query-status says running",
+                command.name()
+            ));
+        }
         match command {
             Command::QmpCapabilities(a) => negotiate(&a),
             Command::QueryCommands(_) => Outcome::ret(
@@ -812,6 +823,16 @@ impl Handler {
 
 /// `qmp_capabilities`: this server offers no capabilities to enable (QEMU's
 /// `oob` included), so any named is refused.
+/// Commands that act on the guest or measure it, refused while it is still
+/// arriving (a destination's `inmigrate`); queries and the migration's own
+/// commands are answered.
+fn needs_the_guest(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::GuestCommand(_) | Command::QueryReadiness(_) | Command::CalcDirtyRate(_)
+    )
+}
+
 /// A dirty-limit command's reply (QEMU's errors are all `GenericError`).
 fn limit_outcome(r: Result<(), crate::vcpu::limits::LimitError>) -> Outcome {
     match r {
