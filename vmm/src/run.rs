@@ -571,7 +571,9 @@ pub fn run(config: RunConfig) -> Result<Summary, Error> {
 /// observe it).
 fn fault_cost(config: &RunConfig) {
     match config.fault_cost {
-        Some(cost) => crate::vcpu::stall::set_fault_cost(cost),
+        Some(cost) => {
+            crate::vcpu::stall::set_fault_cost(cost, crate::vcpu::stall::FaultCostSource::Given);
+        }
         None if config.socket.is_some() || config.metrics_addr.is_some() => {
             crate::readiness::calibrate::in_background();
         }

@@ -128,6 +128,11 @@ pub struct StallFigure {
     pub period_s: f64,
     /// What one fault costs the guest, microseconds.
     pub fault_cost_us: f64,
+    /// Where that cost came from: `measured` on this host at the VMM's
+    /// start, `given` (`run --fault-cost`), or `default` (not measured: the
+    /// stall may be several times off; absent from VMMs before it).
+    #[serde(default)]
+    pub fault_cost_source: Option<String>,
     /// Pages the guest had mapped that the window left write-protected: each
     /// faults once more when the guest next writes it, after the window
     /// (null where a migration went on holding the log; absent from VMMs

@@ -11,11 +11,14 @@
 //! [`SWEEP`] untracked, then with logging on and every page protected, three
 //! times each, each timed by its vCPU thread's time on a CPU; the cost is
 //! the difference of the fastest sweeps over the pages swept. About 0.25 s
-//! of one host CPU, once. By the wall clock, sweeps of 16 MiB read 2.9-3.8
+//! of one host CPU, once, on the AMD host; 2.1-2.7 s of wall clock on a
+//! 2-core Intel one, where a fault cost 29.9-40.7 us. A readiness window
+//! asked for meanwhile waits for it ([`wait_for`]). By the wall clock, sweeps of 16 MiB read 2.9-3.8
 //! us on the AMD host where 64 MiB read 2.5-3.2 (five starts each): the
 //! bigger sweep, whose figure matches the 2.6 us measured by hand; timed on
 //! the CPU, 2.6-2.8 us, two VMMs starting at once included.
 
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::dirty;
@@ -156,33 +159,80 @@ fn sweep(vm: &Vm) -> Result<Duration, Error> {
     }
 }
 
+/// Whether a calibration runs; [`ENDED`] is signalled when it ends.
+static RUNNING: Mutex<bool> = Mutex::new(false);
+static ENDED: Condvar = Condvar::new();
+
+/// Ends the calibration for whoever waits, however its thread ends.
+struct Running;
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        *crate::lock(&RUNNING) = false;
+        ENDED.notify_all();
+    }
+}
+
+/// Waits for a calibration that runs to end, at most `limit`, looking
+/// every 50 ms whether `go_on` still holds; how long it waited. A readiness
+/// measurement asked for in a VMM's first seconds waits so that its faults
+/// are priced at this host's cost, not the default (here 32.5 us measured
+/// against the default 2.6: a window's stall read 84 ms where it cost
+/// about 630), and so that the calibration VM's sweeps are not taken for
+/// the guest's contention.
+pub(crate) fn wait_for(limit: Duration, go_on: &dyn Fn() -> bool) -> Duration {
+    let started = Instant::now();
+    let mut running = crate::lock(&RUNNING);
+    while *running && go_on() {
+        let Some(left) = limit.checked_sub(started.elapsed()) else {
+            break;
+        };
+        let step = left.min(Duration::from_millis(50));
+        running = crate::wait(&ENDED, running, Some(step));
+    }
+    started.elapsed()
+}
+
 /// Measures on a thread of its own and, if that works, sets the cost the
 /// stall counts (`vcpu::stall::set_fault_cost`); the default stands until
 /// then, and if it fails (logged).
 pub fn in_background() {
+    *crate::lock(&RUNNING) = true;
+    let running = Running;
     let spawned = std::thread::Builder::new()
         .name("calibrate".into())
-        .spawn(|| match measure() {
-            Ok(c) => {
-                crate::vcpu::stall::set_fault_cost(c.fault_cost);
-                log::info!(
-                    "dirty logging costs the guest {:.1} us per page written on this host \
-                     (a {} MiB sweep: {:?} tracked, {:?} untracked; measured in {:?})",
-                    c.fault_cost.as_secs_f64() * 1e6,
-                    SWEEP >> 20,
-                    c.tracked,
-                    c.untracked,
-                    c.took
-                );
-            }
-            Err(e) => log::warn!(
-                "could not measure what dirty logging costs the guest here ({}): \
-                 the stall counts {:.1} us per fault",
-                crate::error_chain(&e),
-                crate::vcpu::stall::fault_cost().as_secs_f64() * 1e6
-            ),
+        .spawn(move || {
+            let _running = running;
+            calibrate_and_say();
         });
+    // Unspawned, the closure (and with it `Running`) was dropped: nobody waits.
     if let Err(e) = spawned {
         log::warn!("no thread to measure what dirty logging costs the guest: {e}");
+    }
+}
+
+fn calibrate_and_say() {
+    match measure() {
+        Ok(c) => {
+            crate::vcpu::stall::set_fault_cost(
+                c.fault_cost,
+                crate::vcpu::stall::FaultCostSource::Measured,
+            );
+            log::info!(
+                "dirty logging costs the guest {:.1} us per page written on this host \
+                     (a {} MiB sweep: {:?} tracked, {:?} untracked; measured in {:?})",
+                c.fault_cost.as_secs_f64() * 1e6,
+                SWEEP >> 20,
+                c.tracked,
+                c.untracked,
+                c.took
+            );
+        }
+        Err(e) => log::warn!(
+            "could not measure what dirty logging costs the guest here ({}): \
+                 the stall counts {:.1} us per fault",
+            crate::error_chain(&e),
+            crate::vcpu::stall::fault_cost().as_secs_f64() * 1e6
+        ),
     }
 }

@@ -16,7 +16,7 @@ use crate::protocol::readiness::{
     VcpuStallFigure,
 };
 use crate::units::{format_bytes, saturating_u64};
-use crate::vcpu::stall::{fault_cost, Stall};
+use crate::vcpu::stall::{fault_cost, fault_cost_source, Stall};
 use crate::vmmstats::VmmStats;
 use kvm_stats::Mapped;
 
@@ -801,6 +801,13 @@ impl Report {
             per.join(", "),
             crate::protocol::migration::waited_note(f.waited_ms)
         );
+        if f.fault_cost_source.as_deref() == Some("default") {
+            let _ = writeln!(
+                s,
+                "  faults priced at the default {:.1} us each: this host's cost was not measured (a VMM measures it at its start when it serves a socket or metrics; --fault-cost gives it)",
+                f.fault_cost_us
+            );
+        }
         if let (Some(pages), Some(ms)) = (f.left_protected_pages, f.left_stall_ms_max) {
             let expected = f.left_stall_ms_expected.map_or_else(String::new, |e| {
                 format!(", about {e:.0} ms for those its working set writes again")
@@ -971,6 +978,7 @@ pub(crate) fn stall_figure(d: &DirtyRate) -> StallFigure {
         },
         period_s: stall.period.as_secs_f64(),
         fault_cost_us: fault_cost().as_secs_f64() * 1e6,
+        fault_cost_source: Some(<&str>::from(fault_cost_source()).to_string()),
         left_protected_pages: left_protected,
         left_stall_ms_max: left_protected.map(|n| n as f64 * ms(fault_cost())),
         left_stall_ms_expected: d.left_to_pay().map(|n| n as f64 * ms(fault_cost())),
@@ -1650,6 +1658,7 @@ mod tests {
         assert_eq!(
             keys(&wire["guest_stall"]),
             [
+                "fault_cost_source",
                 "fault_cost_us",
                 "left_protected_pages",
                 "left_stall_ms_expected",

@@ -70,6 +70,30 @@ const DEFAULT_FAULT_NS: u64 = 2_600;
 
 /// The cost per fault in force, ns (the default until measured).
 static FAULT_COST_NS: AtomicU64 = AtomicU64::new(DEFAULT_FAULT_NS);
+/// Where [`FAULT_COST_NS`] came from ([`FaultCostSource`] as a byte).
+static FAULT_COST_SOURCE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Where the cost per fault in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
+pub enum FaultCostSource {
+    /// [`DEFAULT_FAULT_NS`]: not measured on this host (no calibration,
+    /// or it failed); the stall may be several times off (docs/READINESS.md).
+    Default,
+    /// Measured on this host at the VMM's start (`readiness::calibrate`).
+    Measured,
+    /// Given (`kvmscope run --fault-cost`).
+    Given,
+}
+
+/// Where the cost per fault in force came from.
+pub fn fault_cost_source() -> FaultCostSource {
+    match FAULT_COST_SOURCE.load(Ordering::Relaxed) {
+        1 => FaultCostSource::Measured,
+        2 => FaultCostSource::Given,
+        _ => FaultCostSource::Default,
+    }
+}
 
 /// What one fault for dirty logging costs the guest on this host: measured
 /// (`readiness::calibrate`) or [`DEFAULT_FAULT_NS`].
@@ -77,10 +101,12 @@ pub fn fault_cost() -> Duration {
     Duration::from_nanos(FAULT_COST_NS.load(Ordering::Relaxed))
 }
 
-/// Sets the cost per fault the stall counts from now on.
-pub(crate) fn set_fault_cost(cost: Duration) {
+/// Sets the cost per fault the stall counts from now on, and where it
+/// came from.
+pub(crate) fn set_fault_cost(cost: Duration, source: FaultCostSource) {
     let ns = crate::units::nanos(cost).max(1);
     FAULT_COST_NS.store(ns, Ordering::Relaxed);
+    FAULT_COST_SOURCE.store(source as u8, Ordering::Relaxed);
 }
 
 /// Shortest baseline a rate before the period is taken from; over a
