@@ -84,6 +84,12 @@ pub enum Error {
         max = crate::vcpu::limits::MAX_DIRTY_RATE_MB
     )]
     DirtyLimit(u64),
+    /// `max-bandwidth` over the fastest link a prediction takes (the value).
+    #[error(
+        "Parameter 'max-bandwidth' expects bytes per second from 0 (unlimited) to {max} (80 Tbit/s), not {0}",
+        max = crate::protocol::request::MAX_BANDWIDTH as u64
+    )]
+    MaxBandwidth(u64),
     /// `x-vcpu-dirty-limit-period` out of 1 to 1000 ms (the value given).
     #[error(
         "Parameter 'x-vcpu-dirty-limit-period' expects a value between 1 and 1000 ms, not {0}"
@@ -269,6 +275,12 @@ impl Migration {
     pub(crate) fn set_parameters(&self, p: SetParameters, vcpus: usize) -> Result<(), Error> {
         if let Some(d) = p.downtime_limit.filter(|&d| d > MAX_DOWNTIME_LIMIT) {
             return Err(Error::DowntimeLimit(d));
+        }
+        if let Some(b) = p
+            .max_bandwidth
+            .filter(|&b| b as f64 > crate::protocol::request::MAX_BANDWIDTH)
+        {
+            return Err(Error::MaxBandwidth(b));
         }
         for (name, v) in [
             ("cpu-throttle-initial", p.cpu_throttle_initial),
@@ -566,6 +578,32 @@ mod tests {
         .unwrap();
         assert_eq!(m.parameters().max_bandwidth, 125_000_000);
         assert_eq!(m.parameters().downtime_limit, 300);
+        // A bandwidth past 80 Tbit/s (2^64-1 included) is refused naming
+        // it, where it was taken and predicted over; 80 Tbit/s is taken.
+        for b in [10_000_000_000_001, u64::MAX] {
+            let e = m
+                .set_parameters(
+                    SetParameters {
+                        max_bandwidth: Some(b),
+                        ..SetParameters::default()
+                    },
+                    1,
+                )
+                .unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("Parameter 'max-bandwidth' expects bytes per second from 0 (unlimited) to 10000000000000 (80 Tbit/s), not {b}")
+            );
+        }
+        assert_eq!(m.parameters().max_bandwidth, 125_000_000);
+        m.set_parameters(
+            SetParameters {
+                max_bandwidth: Some(10_000_000_000_000),
+                ..SetParameters::default()
+            },
+            1,
+        )
+        .unwrap();
     }
 
     #[test]
