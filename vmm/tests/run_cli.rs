@@ -40,6 +40,57 @@ fn values_out_of_range_and_flags_that_disagree_exit_2_naming_the_rule() {
     }
 }
 
+/// A negative number or rate is the value of its flag, refused naming
+/// the flag (it was read as an unknown flag: `unexpected argument '-3'`).
+#[test]
+fn a_negative_value_is_refused_naming_its_flag() {
+    for (args, said) in [
+        (
+            &[
+                "migrate",
+                "--socket",
+                "/nonexistent",
+                "--to",
+                "unix:/x",
+                "--max-rounds",
+                "-3",
+            ][..],
+            "invalid value '-3' for '--max-rounds <N>'",
+        ),
+        (
+            &[
+                "migrate",
+                "--socket",
+                "/nonexistent",
+                "--to",
+                "unix:/x",
+                "--bandwidth",
+                "-1Gbit",
+            ],
+            "invalid value '-1Gbit' for '--bandwidth <RATE>'",
+        ),
+        (
+            &[
+                "readiness",
+                "--socket",
+                "/nonexistent",
+                "--bandwidth",
+                "-1Gbit",
+            ],
+            "invalid value '-1Gbit' for '--bandwidth <RATE>'",
+        ),
+        (
+            &["watch", "--socket", "/nonexistent", "--count", "-2"],
+            "invalid value '-2' for '--count <N>'",
+        ),
+    ] {
+        let out = kvmscope().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+    }
+}
+
 /// A workload that does not fit the VM (a range past its arena, a vCPU it
 /// lacks) is the command line's error too, found against the VM before
 /// anything runs.

@@ -29,13 +29,16 @@ pub(crate) struct Cli {
 pub(crate) enum Cmd {
     /// Boot the built-in guest, run workloads, and print a summary per vCPU.
     #[command(after_help = RUN_EXIT_STATUS)]
+    #[command(allow_negative_numbers = true)]
     Run(RunArgs),
     /// Receive stats fds from a running VMM's socket and print the stats read through them.
+    #[command(allow_negative_numbers = true)]
     Stats(StatsArgs),
     /// A live view of stats and their rates, read through fds received once
     /// (and the VMM sampler's newest point, asked for at each refresh). Ends
     /// with exit status 1 when the VMM exits (the fds would still read, but
     /// nothing moves them), or after --count refreshes.
+    #[command(allow_negative_numbers = true)]
     Watch(WatchArgs),
     /// Send one raw JSON request to a VMM's socket and print the reply, one
     /// JSON line each. It negotiates first (qmp_capabilities is not to be
@@ -45,18 +48,22 @@ pub(crate) enum Cmd {
     /// guest waits for its resume; Ctrl-C ends it). Exit status 0 when every
     /// reply is a success, 1 when one is an error or the VMM cannot be
     /// reached.
+    #[command(allow_negative_numbers = true)]
     Ctl(CtlArgs),
     /// The whole story: start a VMM with a socket, drive the guest through it,
     /// and show how the stats move, read through fds received from it.
+    #[command(allow_negative_numbers = true)]
     Demo(DemoArgs),
     /// Draw a series from `run --samples-out` (mapped memory, exit rates,
     /// phases; when the series has them, the guest's own progress per second
     /// and each vCPU's time lost to dirty tracking and to throttles) as SVG
     /// or PNG.
     #[cfg(feature = "plot")]
+    #[command(allow_negative_numbers = true)]
     Plot(PlotArgs),
     /// Ask a running VMM whether its guest is ready to live-migrate: non-zero
     /// RAM estimates, dirty rate, and a pre-copy prediction (docs/READINESS.md).
+    #[command(allow_negative_numbers = true)]
     Readiness(ReadinessArgs),
     /// Live-migrate a running VMM's guest to a `kvmscope run --incoming URI`,
     /// with a progress bar (on a terminal; else a line per pass on stderr)
@@ -66,12 +73,14 @@ pub(crate) enum Cmd {
     /// when it is too late; a second one ends the client at once. Before the
     /// migration starts, one ends the client. Exit status 0 only when it
     /// completed.
+    #[command(allow_negative_numbers = true)]
     Migrate(MigrateArgs),
     /// One telemetry agent per host: every VM's KVM stats on one Prometheus
     /// page, read through stats fds taken once from each VMM's control socket
     /// (one pread per KVM stats fd per scrape, the VMMs' own stats files
     /// mapped; no request to any VMM, no vCPU kicked).
     /// Runs until SIGINT/SIGTERM. See docs/EXPORTER.md.
+    #[command(allow_negative_numbers = true)]
     Exporter(ExporterArgs),
 }
 
@@ -146,7 +155,7 @@ pub(crate) struct MigrateArgs {
     /// default: unlimited. Each of these three is set for every migrate, to
     /// its default when not given, whatever an earlier migrate or
     /// `migrate-set-parameters` left in the VMM.
-    #[arg(long, value_name = "RATE")]
+    #[arg(long, value_name = "RATE", allow_hyphen_values = true)]
     pub(crate) bandwidth: Option<Bandwidth>,
     /// Longest acceptable downtime (`downtime-limit`); default 300ms, at
     /// most 2000s (QEMU's limit).
@@ -225,7 +234,12 @@ pub(crate) struct ReadinessArgs {
     /// ambiguous; 0bit is unlimited;
     /// at most 80Tbit (1e13 B/s). Default: the VMM's `max-bandwidth`
     /// (unlimited unless set).
-    #[arg(long, value_name = "RATE", value_parser = readiness_bandwidth)]
+    #[arg(
+        long,
+        value_name = "RATE",
+        value_parser = readiness_bandwidth,
+        allow_hyphen_values = true
+    )]
     pub(crate) bandwidth: Option<Bandwidth>,
     /// Longest acceptable downtime for the prediction, at most 2000s.
     /// Default: the VMM's `downtime-limit` (300ms unless set).
