@@ -115,7 +115,12 @@ impl DirtyRateCalc {
                     status: DirtyRateStatus::Measuring,
                     start_time: jiff::Timestamp::now().as_second(),
                     calc_time: args.calc_time,
-                    sample_pages,
+                    // As QEMU 7.2 gives it: 0 for the modes that sample nothing.
+                    sample_pages: if mode == DirtyRateMode::PageSampling {
+                        sample_pages
+                    } else {
+                        0
+                    },
                     mode,
                     ..DirtyRateInfo::default()
                 },

@@ -126,7 +126,8 @@ impl Default for DirtyRateInfo {
             status: DirtyRateStatus::Unstarted,
             start_time: 0,
             calc_time: 0,
-            sample_pages: DEFAULT_SAMPLE_PAGES,
+            // QEMU 7.2's: 0 until a page-sampling measurement.
+            sample_pages: 0,
             mode: DirtyRateMode::PageSampling,
             vcpu_dirty_rate: None,
             x_guest_stall_ms: None,
@@ -176,7 +177,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"status": "unstarted", "start-time": 0, "calc-time": 0,
-                               "sample-pages": 512, "mode": "page-sampling"})
+                               "sample-pages": 0, "mode": "page-sampling"})
         );
     }
 }
