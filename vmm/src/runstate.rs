@@ -139,6 +139,28 @@ impl SharedRunState {
 mod tests {
     use super::*;
 
+    /// The codes the VMM's own stats publish (`run_state`, documented in
+    /// docs/PROTOCOL.md and read by the exporter's queries) stay put.
+    #[test]
+    fn run_state_codes_are_the_documented_ones() {
+        let codes: Vec<String> = RunState::ALL
+            .iter()
+            .map(|&s| format!("{} {}", s as u8, serde_json::to_value(s).unwrap()))
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                "0 \"prelaunch\"",
+                "1 \"running\"",
+                "2 \"paused\"",
+                "3 \"inmigrate\"",
+                "4 \"postmigrate\"",
+                "5 \"internal-error\"",
+                "6 \"shutdown\""
+            ]
+        );
+    }
+
     #[test]
     fn only_a_stop_into_shutdown_is_marked_as_the_shutdowns() {
         let s = SharedRunState::default();

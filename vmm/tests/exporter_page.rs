@@ -503,6 +503,10 @@ fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_
                 "off",
                 "--name",
                 "db-1",
+                "--memory",
+                "64M",
+                "--vcpus",
+                "1",
                 "--incoming",
                 &uri,
                 "--socket",
@@ -520,10 +524,25 @@ fn a_vm_that_migrates_between_vmms_in_the_directory_stays_on_the_page_under_its_
     common::wait_for("the destination listening", LIMIT, || {
         common::unix_listening(&elsewhere).then_some(())
     });
+    // Built ahead, the destination is on the page before its guest comes:
+    // its run state says the guest is still arriving (3, inmigrate), so
+    // that a query can leave its RAM out where the source's counts it.
+    let run_state = |p: &str, pid: u32| {
+        common::metric(
+            p,
+            "kvmscope_vmm_vm_run_state",
+            &[&format!("vm=\"db-1\",pid=\"{pid}\"")],
+        )
+    };
+    page_when(&e, "the waiting destination, inmigrate", |p| {
+        run_state(p, dst.pid()) == Some(3.0) && run_state(p, src.pid()) == Some(1.0)
+    });
     let mut c = Client::connect(&src.socket).unwrap();
     c.execute("migrate", json!({"uri": uri})).unwrap();
-    let page = page_when(&e, "db-1 under the destination's pid only", |p| {
-        up(p, "db-1", dst.pid()) && !p.contains(&format!("pid=\"{}\"", src.pid()))
+    let page = page_when(&e, "db-1 under the destination's pid only, running", |p| {
+        up(p, "db-1", dst.pid())
+            && !p.contains(&format!("pid=\"{}\"", src.pid()))
+            && run_state(p, dst.pid()) == Some(1.0)
     });
     common::check_with_promtool(&page);
     let _ = Client::connect(&dst.socket).and_then(|mut d| d.execute("quit", json!({})));

@@ -110,6 +110,7 @@ impl Server {
             migration: context.migration.as_ref().map(|(m, _)| m.clone()),
             // What KVM maps, for the most it has mapped at once (readiness).
             mapped: (context.open_vm_stats()?, context.mapped_peak.clone()),
+            run_state: context.run_state.clone(),
         })
         .map_err(Error::Spawn)?;
         let mapped_peak = context.mapped_peak.clone();

@@ -43,6 +43,8 @@ pub(crate) struct Sources {
     pub(crate) migration: Option<Arc<Migration>>,
     /// The VM's stats, read for what KVM maps, and the most it has mapped.
     pub(crate) mapped: (kvm_stats::StatsFd, Arc<MappedPeak>),
+    /// The VM's run state (`query-status`).
+    pub(crate) run_state: Arc<crate::runstate::SharedRunState>,
 }
 
 /// Starts the `vmm-stats` thread.
@@ -144,6 +146,7 @@ pub(crate) fn publish(s: &Sources, meter: &mut Meter) {
         );
     }
     s.stats.set_vm(VmStat::GuestStallNs, stall);
+    s.stats.set_vm(VmStat::RunState, s.run_state.get() as u64);
     if let Some(m) = &s.migration {
         let info = m.status();
         s.stats

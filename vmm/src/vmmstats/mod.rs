@@ -87,6 +87,11 @@ pub enum VmStat {
     /// whose recent measurements disagree changes what it does faster than
     /// they come, and its verdict is the moment's, not the migration's).
     PredictionVerdictStreak,
+    /// The VM's run state, as `query-status` names it: 0 prelaunch,
+    /// 1 running, 2 paused, 3 inmigrate (a migration's destination whose
+    /// guest has not arrived: its RAM is given, its guest is not there
+    /// yet), 4 postmigrate (the guest left), 5 internal-error, 6 shutdown.
+    RunState,
 }
 
 impl VmStat {
@@ -114,7 +119,8 @@ impl VmStat {
             | ReadinessDirtyBytesPerSecond
             | PredictionBandwidthBytesPerSecond
             | PredictionThrottlePercentage
-            | PredictionVerdictStreak => (StatType::Instant, Unit::None, 0),
+            | PredictionVerdictStreak
+            | RunState => (StatType::Instant, Unit::None, 0),
         };
         Def {
             name: Cow::Borrowed(self.into()),
