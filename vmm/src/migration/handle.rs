@@ -87,7 +87,7 @@ pub enum Error {
     /// `max-bandwidth` over the fastest link a prediction takes (the value).
     #[error(
         "Parameter 'max-bandwidth' expects bytes per second from 0 (unlimited) to {max} (80 Tbit/s), not {0}",
-        max = crate::protocol::request::MAX_BANDWIDTH as u64
+        max = crate::protocol::request::MAX_BANDWIDTH_BYTES
     )]
     MaxBandwidth(u64),
     /// `x-vcpu-dirty-limit-period` out of 1 to 1000 ms (the value given).
@@ -278,7 +278,7 @@ impl Migration {
         }
         if let Some(b) = p
             .max_bandwidth
-            .filter(|&b| b as f64 > crate::protocol::request::MAX_BANDWIDTH)
+            .filter(|&b| b > crate::protocol::request::MAX_BANDWIDTH_BYTES)
         {
             return Err(Error::MaxBandwidth(b));
         }

@@ -245,6 +245,8 @@ pub const MAX_SECONDS: f64 = 600.0;
 /// Fastest link, bytes per second, a `query-readiness` predicts for (80
 /// Tbit/s).
 pub const MAX_BANDWIDTH: f64 = 1e13;
+/// [`MAX_BANDWIDTH`] as a whole number (`max-bandwidth`'s cap).
+pub const MAX_BANDWIDTH_BYTES: u64 = 10_000_000_000_000;
 
 /// Every command, with its arguments. The serde and strum names are the wire
 /// names; a unit test checks they agree.
