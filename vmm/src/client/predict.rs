@@ -163,12 +163,24 @@ pub(crate) fn rows(
 /// The comparison for people: one line per field, then the verdicts.
 pub(crate) fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) -> String {
     let mut s = String::from("predicted vs actual:\n");
+    let _ = writeln!(
+        s,
+        "  {:<28} {:>17} {:>17} {:>10}",
+        "field (unit)", "predicted", "actual", "error"
+    );
     let cell = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     for (name, predicted, actual) in rows(p, info) {
         let err = error_pct(predicted, actual).map_or("-".to_string(), |e| format!("{e:+.1} %"));
+        let unit = match name {
+            "transferred" => "bytes",
+            "duplicate" | "normal" => "pages",
+            "dirty-sync-count" => "passes",
+            _ => "ms",
+        };
         let _ = writeln!(
             s,
-            "  {name:<22} {:>17} {:>17} {err:>10}",
+            "  {:<28} {:>17} {:>17} {err:>10}",
+            format!("{name} ({unit})"),
             cell(predicted),
             cell(actual)
         );
@@ -177,7 +189,8 @@ pub(crate) fn table(p: &Predicted, info: &MigrationInfo, downtime_limit: u64) ->
     let actual = converged(info, downtime_limit);
     let _ = writeln!(
         s,
-        "  verdict                {:>17} {:>17} {:>10}",
+        "  {:<28} {:>17} {:>17} {:>10}",
+        "verdict",
         verdict(p.converges),
         verdict(actual),
         if p.converges == actual {
@@ -276,7 +289,15 @@ mod tests {
     #[test]
     fn the_table_gives_each_field_its_error_and_dashes_for_no_figure() {
         let t = table(&predicted(), &info(1), 300);
-        assert!(t.contains("transferred"), "{t}");
+        // Columns named, each field with its unit.
+        let header = t.lines().nth(1).unwrap();
+        assert_eq!(
+            header.split_whitespace().collect::<Vec<_>>(),
+            ["field", "(unit)", "predicted", "actual", "error"],
+            "{t}"
+        );
+        assert!(t.contains("transferred (bytes)"), "{t}");
+        assert!(t.contains("total-time (ms)"), "{t}");
         assert!(t.contains("+10.0 %"), "{t}");
         assert!(t.contains("-4.0 %"), "{t}");
         assert!(t.contains("-50.0 %"), "{t}");
