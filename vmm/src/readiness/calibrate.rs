@@ -159,8 +159,9 @@ fn sweep(vm: &Vm) -> Result<Duration, Error> {
     }
 }
 
-/// Whether a calibration runs; [`ENDED`] is signalled when it ends.
-static RUNNING: Mutex<bool> = Mutex::new(false);
+/// How many calibrations run (one per VMM; several where VMMs share the
+/// process, as the tests'); [`ENDED`] is signalled when one ends.
+static RUNNING: Mutex<usize> = Mutex::new(0);
 static ENDED: Condvar = Condvar::new();
 
 /// Ends the calibration for whoever waits, however its thread ends.
@@ -168,7 +169,9 @@ struct Running;
 
 impl Drop for Running {
     fn drop(&mut self) {
-        *crate::lock(&RUNNING) = false;
+        let mut running = crate::lock(&RUNNING);
+        *running = running.saturating_sub(1);
+        drop(running);
         ENDED.notify_all();
     }
 }
@@ -183,7 +186,7 @@ impl Drop for Running {
 pub(crate) fn wait_for(limit: Duration, go_on: &dyn Fn() -> bool) -> Duration {
     let started = Instant::now();
     let mut running = crate::lock(&RUNNING);
-    while *running && go_on() {
+    while *running > 0 && go_on() {
         let Some(left) = limit.checked_sub(started.elapsed()) else {
             break;
         };
@@ -197,7 +200,7 @@ pub(crate) fn wait_for(limit: Duration, go_on: &dyn Fn() -> bool) -> Duration {
 /// stall counts (`vcpu::stall::set_fault_cost`); the default stands until
 /// then, and if it fails (logged).
 pub fn in_background() {
-    *crate::lock(&RUNNING) = true;
+    *crate::lock(&RUNNING) += 1;
     let running = Running;
     let spawned = std::thread::Builder::new()
         .name("calibrate".into())

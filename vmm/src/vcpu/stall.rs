@@ -613,7 +613,7 @@ fn excess(s: &Reading, rates: &Rates, n: &Reading) -> Excess {
     let usual = crate::units::saturating_u64((seconds * rates.faults).round());
     let faults = n.faults.saturating_sub(s.faults).saturating_sub(usual);
     let ring = Duration::from_nanos(n.ring_ns.saturating_sub(s.ring_ns));
-    let counted = Duration::from_nanos(s.fault_ns.saturating_mul(faults)) + ring;
+    let counted = Duration::from_nanos(n.fault_ns.saturating_mul(faults)) + ring;
     let beyond = |s: Option<u64>, n: Option<u64>, rate: f64| {
         let usual = crate::units::saturating_u64(seconds * rate);
         Some(Duration::from_nanos(
@@ -723,23 +723,23 @@ mod tests {
     }
 
     #[test]
-    fn faults_are_priced_at_the_cost_in_force_when_counting_began_and_never_capped() {
+    fn faults_are_priced_at_the_cost_in_force_at_the_reading_and_never_capped() {
         let t0 = Instant::now();
-        // The host's cost measured (9 us) while a period priced at 2.6 us
-        // runs: what it counts keeps the price it began with.
+        // The host's cost measured (9 us) while a period begun at the
+        // default 2.6 us runs: all its faults are priced at the host's.
         let end = Reading {
             fault_ns: 9_000,
             ..reading(t0 + Duration::from_secs(1), 10_000, None)
         };
         let e = excess(&reading(t0, 0, None), &Rates::default(), &end);
-        assert_eq!(e.lost, Duration::from_millis(26));
+        assert_eq!(e.lost, Duration::from_millis(90));
         // A standalone dirty limit held for hours: past 2^32 faults the
         // count goes on (5e9 at 100 ns: 500 s, not 429).
-        let start = Reading {
+        let later = Reading {
             fault_ns: 100,
-            ..reading(t0, 0, None)
+            ..reading(t0 + Duration::from_secs(3600), 5_000_000_000, None)
         };
-        let later = reading(t0 + Duration::from_secs(3600), 5_000_000_000, None);
+        let start = reading(t0, 0, None);
         let e = excess(&start, &Rates::default(), &later);
         assert_eq!(e.lost, Duration::from_secs(500));
     }
