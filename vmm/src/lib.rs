@@ -4,7 +4,7 @@
 //! engine is here. Threads of `kvmscope run`: the main thread (`run`), one
 //! `vcpu<N>` thread per vCPU (`vcpu`), the `sampler`, the `control` plane with
 //! its `readiness` and `migration` workers, the `metrics` server, a signal
-//! thread that turns SIGINT/SIGTERM into events, and on a migration's
+//! thread that turns SIGINT/SIGTERM/SIGHUP into events, and on a migration's
 //! destination a `prefetch` thread (README.md draws them).
 
 // Values here come from the kernel, a peer, a guest or the user: casts must

@@ -43,7 +43,7 @@ pub struct RunConfig {
     pub process_start: Instant,
     /// How long to wait for vCPUs to stop.
     pub stop_timeout: Duration,
-    /// Turn SIGINT/SIGTERM into an orderly stop (the binary; the caller must have
+    /// Turn SIGINT/SIGTERM/SIGHUP into an orderly stop (the binary; the caller must have
     /// called `signals::take_termination` before starting any thread).
     pub handle_signals: bool,
     /// Serve the control socket at this path; the VM then runs until `quit` or a signal.
@@ -522,8 +522,8 @@ impl Services {
             line.push_str(&format!(", metrics http://{}/metrics", m.addr));
         }
         line.push_str(match config.socket {
-            Some(_) => "; it runs until `quit` or SIGINT/SIGTERM",
-            None => "; it runs until SIGINT/SIGTERM",
+            Some(_) => "; it runs until `quit` or SIGINT/SIGTERM/SIGHUP",
+            None => "; it runs until SIGINT/SIGTERM/SIGHUP",
         });
         line
     }
@@ -628,7 +628,7 @@ fn wait_for_source(
 
 /// What stops an incoming migration: `quit`, a signal taken by the signal
 /// thread, `migrate_cancel` (all through the migration handle), or before
-/// that thread exists, a pending SIGINT/SIGTERM.
+/// that thread exists, a pending SIGINT/SIGTERM/SIGHUP.
 fn incoming_stop(config: &RunConfig, m: &Arc<Migration>) -> migration::inbound::Stop {
     let (m, signals) = (m.clone(), config.handle_signals);
     Arc::new(move || {

@@ -1,4 +1,9 @@
-//! SIGINT and SIGTERM become `VmEvent::Signal` on the main loop's channel.
+//! SIGINT, SIGTERM and SIGHUP become `VmEvent::Signal` on the main loop's
+//! channel: each stops the VMM in order, as QEMU's termination signals do
+//! (a closed terminal or a dropped ssh session sends SIGHUP: before
+//! 2026-12-08 it killed the process outright, its socket file left, no
+//! `SHUTDOWN` said, and `kvmscope migrate` died with its migration left
+//! running).
 //!
 //! [`take_termination`] runs first thing in `main`, before any other thread
 //! exists: it blocks both signals in the main thread (so in every thread
@@ -18,14 +23,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Condvar, Mutex};
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use vmm_sys_util::signal::{block_signal, unblock_signal, Error as MaskError};
 
 use crate::messages::VmEvent;
 
 /// The signals that stop kvmscope.
-const TERMINATION: [i32; 2] = [SIGINT, SIGTERM];
+const TERMINATION: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 
 /// What the `signals` thread took, and where it forwards it.
 struct Taken {
@@ -41,7 +46,7 @@ static TAKEN: Mutex<Taken> = Mutex::new(Taken {
 });
 static ARRIVED: Condvar = Condvar::new();
 
-/// Whether the next SIGINT/SIGTERM ends the process at once (status
+/// Whether the next SIGINT/SIGTERM/SIGHUP ends the process at once (status
 /// 128 + the signal, as the default action would show) instead of only
 /// being recorded: for a client between the moments it can act on one
 /// (`kvmscope migrate` before its migration starts, and after it asked to
@@ -81,7 +86,7 @@ pub fn exit_on_second_signal(note: Option<&'static str>) {
     *crate::lock(&EXIT_ON_SECOND) = note;
 }
 
-/// Blocks SIGINT/SIGTERM in the calling thread (and so in the threads it
+/// Blocks SIGINT/SIGTERM/SIGHUP in the calling thread (and so in the threads it
 /// starts afterwards) and starts the `signals` thread that takes them. Call
 /// first thing in `main`, before any other thread exists.
 ///
@@ -142,13 +147,13 @@ fn end(sig: i32, note: Option<&str>) -> ! {
     std::process::exit(128 + sig);
 }
 
-/// SIGINT or SIGTERM, if one was taken (for waits that happen before the
+/// SIGINT, SIGTERM or SIGHUP, if one was taken (for waits that happen before the
 /// main loop's channel exists, and for clients that poll).
 pub fn pending_termination() -> Option<i32> {
     crate::lock(&TAKEN).first
 }
 
-/// Waits for SIGINT or SIGTERM ([`take_termination`] must have run) and
+/// Waits for SIGINT, SIGTERM or SIGHUP ([`take_termination`] must have run) and
 /// returns the first one's number.
 pub fn wait_for_termination() -> i32 {
     let mut taken = crate::lock(&TAKEN);

@@ -301,6 +301,80 @@ fn sigterm_stops_the_vm_in_order() {
     assert!(text.contains("vcpu1: stopped"), "{text}");
 }
 
+/// SIGHUP (a closed terminal, a dropped ssh session) stops the VM in order
+/// as SIGTERM does, as QEMU's; it killed the process outright before.
+#[test]
+fn sighup_stops_the_vm_in_order() {
+    require_kvm!();
+    let (status, out) = stopped_by(libc::SIGHUP);
+    assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("stopped by signal 1"), "{text}");
+}
+
+/// A run whose summary nobody reads (standard output a full pipe) cannot
+/// end its stop; a second stop signal ends it at once, saying so (before,
+/// it stayed blocked for good, and signals did nothing).
+#[test]
+fn a_second_signal_ends_a_run_whose_summary_nobody_reads() {
+    require_kvm!();
+    // 2 x 256 results kept, about 150 bytes each in JSON: over a pipe's 64 KiB.
+    let workload = format!("all: {}", vec!["exits count=1"; 300].join("; "));
+    let mut child = common::KillOnDrop::new(
+        kvmscope()
+            .args([
+                "run",
+                "--memory",
+                "32M",
+                "--vcpus",
+                "2",
+                "--json",
+                "--workload",
+            ])
+            .arg(&workload)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.id();
+    // The workloads done, the vCPU threads gone: the summary is being written.
+    let vcpus = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks
+                    .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                    .filter(|c| c.starts_with("vcpu"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    common::wait_for("vcpu threads", Duration::from_secs(10), || {
+        (vcpus() == 2).then_some(())
+    });
+    common::wait_for("the workloads' end", Duration::from_secs(60), || {
+        (vcpus() == 0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "it blocks on its summary"
+    );
+    for _ in 0..2 {
+        // SAFETY: sending a signal to our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = common::wait_for("kvmscope to exit", Duration::from_secs(10), || {
+        child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    let mut err = String::new();
+    let out = child.wait_with_output().unwrap();
+    err.push_str(&String::from_utf8_lossy(&out.stderr));
+    assert!(err.contains("a second stop signal"), "{err}");
+}
+
 #[test]
 fn sigint_stops_the_vm_in_order_with_status_0_as_documented() {
     require_kvm!();
@@ -630,7 +704,7 @@ fn fault_cost_served(test: &str, args: &[&str]) -> (f64, String) {
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     // Served, it says where once it is up (and nothing else until it stops).
     let served = format!(
-        "kvmscope run: serving VM \"ctl\" (1 vCPU(s), 64 MiB): control socket {} (QMP); it runs until `quit` or SIGINT/SIGTERM",
+        "kvmscope run: serving VM \"ctl\" (1 vCPU(s), 64 MiB): control socket {} (QMP); it runs until `quit` or SIGINT/SIGTERM/SIGHUP",
         socket.display()
     );
     assert!(log.lines().any(|l| l == served), "{log}");

@@ -45,7 +45,7 @@ pub const DEFAULT_MAX_DOWNTIME: Duration =
 /// How often the progress is polled.
 const POLL: Duration = Duration::from_millis(100);
 
-/// How the caller hears of a request to stop (the binary: SIGINT/SIGTERM,
+/// How the caller hears of a request to stop (the binary: SIGINT/SIGTERM/SIGHUP,
 /// through `signals`, a layer above this one).
 #[derive(Debug, Clone, Copy)]
 pub struct Stop {

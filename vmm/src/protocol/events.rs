@@ -59,7 +59,7 @@ impl ShutdownInfo {
 pub enum ShutdownCause {
     /// A client sent `quit`.
     HostQmpQuit,
-    /// SIGINT or SIGTERM.
+    /// SIGINT, SIGTERM or SIGHUP.
     HostSignal,
     /// The VM could not go on: a guest fault the VMM cannot handle, a KVM
     /// error, a boot deadline missed.

@@ -68,7 +68,7 @@ pub(crate) enum Cmd {
     /// Live-migrate a running VMM's guest to a `kvmscope run --incoming URI`,
     /// with a progress bar (on a terminal; else a line per pass on stderr)
     /// and a report like QEMU's `info migrate`. Ctrl-C
-    /// (SIGINT) or SIGTERM cancels the migration (the guest runs on at the
+    /// (SIGINT), SIGTERM or SIGHUP cancels the migration (the guest runs on at the
     /// source) and reports it, except during the stop (status `device`),
     /// when it is too late; a second one ends the client at once. Before the
     /// migration starts, one ends the client. Exit status 0 only when it
@@ -79,7 +79,7 @@ pub(crate) enum Cmd {
     /// page, read through stats fds taken once from each VMM's control socket
     /// (one pread per KVM stats fd per scrape, the VMMs' own stats files
     /// mapped; no request to any VMM, no vCPU kicked).
-    /// Runs until SIGINT/SIGTERM. See docs/EXPORTER.md.
+    /// Runs until SIGINT/SIGTERM/SIGHUP. See docs/EXPORTER.md.
     #[command(allow_negative_numbers = true)]
     Exporter(ExporterArgs),
 }
@@ -203,16 +203,18 @@ pub(crate) enum ConvergeArg {
 /// The exit codes of `kvmscope run` (also in the README).
 pub(crate) const RUN_EXIT_STATUS: &str = "Exit status:
   0  the run ended in order: its workloads finished, a client sent `quit`, or
-     SIGINT/SIGTERM stopped it (an orderly stop on a signal is a success, as
+     SIGINT/SIGTERM/SIGHUP stopped it (an orderly stop on a signal is a success, as
      for QEMU; the summary says `stopped by signal N`, and names a command
      cut short and how many queued ones never started)
   1  start-up failed (bad configuration, KVM, a port, socket or file), or
      an incoming migration failed, went silent or was stopped (SIGINT,
-     SIGTERM or `quit` while the guest is still arriving)
+     SIGTERM, SIGHUP or `quit` while the guest is still arriving)
   2  the guest failed (panic, fault, KVM error), or the command line is wrong
   3  vCPUs did not stop within a second of being told to
   4  the run ended, but something besides the guest failed (e.g. --samples-out)
-  5  the guest did not check in within --boot-timeout (its registers are printed)";
+  5  the guest did not check in within --boot-timeout (its registers are printed)
+  128+N  a second stop signal N while the first one's orderly stop was under
+     way ended the process at once (no summary; its socket file may be left)";
 
 #[derive(clap::Args)]
 pub(crate) struct ReadinessArgs {
@@ -404,7 +406,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "SPEC", value_parser = parse_workload)]
     pub(crate) workload: Vec<Workload>,
     /// Serve the control socket at PATH (see docs/PROTOCOL.md); the VM then runs
-    /// until a client sends `quit` or the process gets SIGINT/SIGTERM (once it is
+    /// until a client sends `quit` or the process gets SIGINT/SIGTERM/SIGHUP (once it is
     /// up, one line on stderr says where it is served). Put it in
     /// /run/kvmscope/ (e.g. /run/kvmscope/NAME.sock) for `kvmscope exporter` to
     /// find it without configuration.
@@ -436,7 +438,7 @@ pub(crate) struct RunArgs {
     pub(crate) force: bool,
     /// Serve the sampler's readings as Prometheus text at http://ADDR/metrics,
     /// e.g. 127.0.0.1:9100. The VM then stays up after its workloads, for the
-    /// scrapers, until SIGINT/SIGTERM (or `quit` on --socket), as with --socket.
+    /// scrapers, until SIGINT/SIGTERM/SIGHUP (or `quit` on --socket), as with --socket.
     #[arg(long, value_name = "ADDR", value_parser = listen_addr)]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// Stop with exit status 5, printing each vCPU's registers, when a vCPU's
@@ -461,7 +463,7 @@ pub(crate) struct RunArgs {
     /// With --incoming: fail the migration (exit status 1) when the source,
     /// once it has sent its stream header, sends nothing for this long. Every
     /// peer has 5s for its header and the source 5s more for its config;
-    /// SIGINT/SIGTERM or `quit` stop an incoming migration at any point.
+    /// SIGINT/SIGTERM/SIGHUP or `quit` stop an incoming migration at any point.
     /// Default 30s.
     #[arg(
         long,

@@ -119,6 +119,13 @@ fn exporter_command(a: ExporterArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_command(args: RunArgs, process_start: Instant) -> anyhow::Result<ExitCode> {
+    // The first stop signal stops the VMM in order; a second, while that
+    // one is under way, ends the process at once: an orderly stop that
+    // cannot finish (its summary written to a pipe nobody reads, which
+    // held a stopped run for good) is ended by asking again.
+    kvmscope::signals::exit_on_second_signal(Some(
+        "a second stop signal: ending at once, before the run's summary (is its standard output read?)",
+    ));
     let json = args.json;
     let (config, incoming) = run_config(args, process_start)?;
     let summary = match incoming {
@@ -408,7 +415,7 @@ fn main() -> ExitCode {
         // (Ctrl-C ends them); `migrate` says what one does at each stage
         // (`MigrateConfig::stop`).
         if let Err(e) = kvmscope::signals::take_termination() {
-            kvmscope::say!("kvmscope: taking SIGINT/SIGTERM: {e}");
+            kvmscope::say!("kvmscope: taking SIGINT/SIGTERM/SIGHUP: {e}");
             return ExitCode::from(1);
         }
     }
