@@ -78,6 +78,10 @@ pub enum Error {
     /// `qmp_capabilities`) came within [`GREETING_TIMEOUT`].
     #[error("{0} accepted the connection and gave no whole greeting within {1:?}: not a kvmscope VMM, or a stuck one (a QEMU monitor that another client holds says nothing until it is free)")]
     Silent(PathBuf, Duration),
+    /// The socket greeted, and did not answer `qmp_capabilities` within
+    /// [`GREETING_TIMEOUT`] of the connection.
+    #[error("{0} greeted, then did not answer qmp_capabilities within {1:?} of the connection: a stuck VMM, or not one")]
+    SilentAfterGreeting(PathBuf, Duration),
     /// Reading or writing the socket failed.
     #[error("talking to the VMM")]
     Io(#[from] io::Error),
@@ -288,17 +292,23 @@ impl Client {
         // One deadline for the connect and what follows it.
         let deadline = Instant::now() + limit;
         let stream = connect_stream(path, limit)?;
-        let negotiated =
-            Client::greeted_within(stream, line_max, deadline).and_then(|mut client| {
-                client.call(&Command::QmpCapabilities(CapabilitiesArgs::default()))?;
-                Ok(client)
-            });
-        negotiated.map_err(|e| match e {
-            Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
-                Error::Silent(path.to_path_buf(), limit)
+        let timed_out = |greeted: bool| {
+            move |e: Error| match e {
+                Error::Io(e) if e.kind() == io::ErrorKind::TimedOut && greeted => {
+                    Error::SilentAfterGreeting(path.to_path_buf(), limit)
+                }
+                Error::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    Error::Silent(path.to_path_buf(), limit)
+                }
+                e => e,
             }
-            e => e,
-        })
+        };
+        let mut client =
+            Client::greeted_within(stream, line_max, deadline).map_err(timed_out(false))?;
+        client
+            .call(&Command::QmpCapabilities(CapabilitiesArgs::default()))
+            .map_err(timed_out(true))?;
+        Ok(client)
     }
 
     /// A client on `stream` whose lines are at most `line_max` and whose
@@ -1132,6 +1142,30 @@ mod tests {
         // The whole greeting's deadline, not forever (nor per read).
         assert!(started.elapsed() >= GREETING_TIMEOUT);
         drop(listener);
+    }
+
+    /// One that greets and never answers `qmp_capabilities` is said to be
+    /// that, not to have given no greeting.
+    #[test]
+    fn a_socket_that_greets_and_never_answers_the_negotiation_is_said_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mute.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(b"{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 22, \"minor\": 2, \"major\": 7}, \"package\": \"\"}, \"capabilities\": []}}\n").unwrap();
+            // Held open, silent, until the client gives up.
+            let mut rest = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut rest);
+        });
+        let e = connect_error(&path);
+        assert!(matches!(e, Error::SilentAfterGreeting(..)), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains("greeted, then did not answer qmp_capabilities within 5s"),
+            "{e}"
+        );
+        server.join().unwrap();
     }
 
     /// A listener whose backlog is full (it accepts nobody): a connect waits

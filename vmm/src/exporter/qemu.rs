@@ -411,7 +411,9 @@ impl Monitor {
             line_max: MAX_LINE,
         };
         let mut client = Client::connect_bounded(socket, bounds).map_err(|e| match e {
-            client::Error::Silent(_, limit) => MonitorError::Silent(limit),
+            client::Error::Silent(_, limit) | client::Error::SilentAfterGreeting(_, limit) => {
+                MonitorError::Silent(limit)
+            }
             client::Error::Closed => MonitorError::Closed("its greeting and qmp_capabilities"),
             other => Box::new(other).into(),
         })?;
