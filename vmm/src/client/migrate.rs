@@ -45,6 +45,10 @@ pub const DEFAULT_MAX_DOWNTIME: Duration =
 /// How often the progress is polled.
 const POLL: Duration = Duration::from_millis(100);
 
+/// The most any request but a readiness one may take before this client
+/// gives up on a VMM that does not answer (they are answered at once).
+const REQUEST_LIMIT: Duration = Duration::from_secs(30);
+
 /// How the caller hears of a request to stop (the binary: SIGINT/SIGTERM/SIGHUP,
 /// through `signals`, a layer above this one).
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +104,9 @@ pub fn migrate(config: &MigrateConfig, out: &mut dyn Write) -> Result<bool, Erro
         (stop.exit_on_next)(Some("no migration was started"));
     }
     let mut client = Client::connect(&config.socket)?;
+    // Each request bounded: a VMM that negotiates and goes silent held
+    // this client for ever (a readiness request gets its own, longer one).
+    client.bound_each_request(REQUEST_LIMIT);
     can_start(&mut client)?;
     client.migrate_set_parameters(SetParameters {
         max_bandwidth: config.bandwidth,
@@ -379,7 +386,11 @@ fn predict_first(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<super::predict::Predicted, Error> {
-    let predicted = super::predict::ask(client, params.max_bandwidth)?;
+    let memory = client.greeting.qmp.kvmscope.vm.memory;
+    client.bound_each_request(super::readiness::request_limit(memory, None, true));
+    let predicted = super::predict::ask(client, params.max_bandwidth);
+    client.bound_each_request(REQUEST_LIMIT);
+    let predicted = predicted?;
     if !json {
         write!(out, "{}", predicted.text)?;
         out.flush()?;

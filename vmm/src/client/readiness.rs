@@ -41,12 +41,32 @@ fn scan_bar() -> indicatif::ProgressBar {
     bar
 }
 
+/// The most a `query-readiness` may take before its client gives up on a
+/// VMM that does not answer (one that negotiated and went silent held
+/// `kvmscope readiness` and `migrate --predict` for ever): its window
+/// (1 s when not given), the wait for the VMM's calibration (10 s at
+/// most), a scan's second per GiB of guest RAM (17 ms per 128 MiB
+/// measured), and 30 s to spare.
+pub(crate) fn request_limit(memory: u64, calc_time: Option<Duration>, scan: bool) -> Duration {
+    let window = calc_time.unwrap_or(Duration::from_secs(1));
+    let gib = memory.div_ceil(1 << 30);
+    let scan = if scan {
+        Duration::from_secs(gib)
+    } else {
+        Duration::ZERO
+    };
+    window + Duration::from_secs(40) + scan
+}
+
 /// Runs the query and prints the report (text, or JSON with `json`).
 ///
 /// # Errors
 /// A transport failure, or the VMM's error reply as `Remote`.
 pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Error> {
     let mut client = Client::connect(&config.socket)?;
+    let memory = client.greeting.qmp.kvmscope.vm.memory;
+    let limit = request_limit(memory, config.calc_time, config.scan);
+    client.bound_each_request(limit);
     let args = ReadinessRequest {
         scan: config.scan,
         calc_time: config.calc_time.map(|t| t.as_secs_f64()),
@@ -83,4 +103,20 @@ pub fn readiness(config: &ReadinessConfig, out: &mut dyn Write) -> Result<(), Er
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_readiness_request_may_take_its_window_the_calibration_and_its_scan() {
+        let s = Duration::from_secs;
+        // A 2 s window, no scan: 2 + 40 s.
+        assert_eq!(request_limit(16 << 30, Some(s(2)), false), s(42));
+        // The default 1 s window and a scan of 16 GiB: 1 + 40 + 16 s; a
+        // part of a GiB counts whole.
+        assert_eq!(request_limit(16 << 30, None, true), s(57));
+        assert_eq!(request_limit((1 << 30) + 1, None, true), s(43));
+    }
 }
