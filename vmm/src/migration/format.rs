@@ -694,7 +694,8 @@ pub(crate) fn read_reply(input: &mut impl Read) -> Result<(u32, String), Error> 
         })?;
     if h.magic != REPLY_MAGIC {
         return Err(Error::BadReply(format!(
-            "its magic is {:#04x?} (\"{}\"), not {REPLY_MAGIC:#04x?}: not a kvmscope destination",
+            // One line, in hex ("{:#04x?}" spread the bytes over lines).
+            "its magic is {:02x?} (\"{}\"), not {REPLY_MAGIC:02x?}: not a kvmscope destination",
             h.magic,
             crate::units::peer_text(&h.magic, 4)
         )));

@@ -106,7 +106,12 @@ fn a_malformed_reply_says_what_is_wrong_and_a_message_stays_on_one_line() {
     bad[..4].copy_from_slice(b"JUNK");
     let e = read_reply(&mut &bad[..]).unwrap_err();
     assert!(matches!(e, Error::BadReply(_)), "{e}");
-    assert!(e.to_string().contains("not a kvmscope destination"), "{e}");
+    // On one line, its bytes in hex (an HTTP answer read as a
+    // destination's reply spread them over ten lines of error-desc).
+    assert_eq!(
+        e.to_string(),
+        "the destination's reply is malformed: its magic is [4a, 55, 4e, 4b] (\"JUNK\"), not [4b, 53, 4d, 52]: not a kvmscope destination"
+    );
     // A length over the limit, before anything is allocated.
     let mut long = Vec::new();
     write_reply(&mut long, REPLY_REFUSED, "").unwrap();
