@@ -664,6 +664,9 @@ impl Vcpu {
                         let state = self.vmm_wait(duration);
                         self.waiting = None;
                         if let Some(state) = state {
+                            // Cut short by the stop: the summary names it,
+                            // as it names a guest command cut short.
+                            let _ = self.shared.interrupted.set((seq, command.to_string()));
                             return Some(state);
                         }
                     }
