@@ -175,6 +175,7 @@ def four_vcpus_cell(binary, m, mode, window):
              ("idle", "nothing", None)]
     memory = large + ws + 64 * MIB
     with Vm(binary, "%dM" % (memory // MIB), dirty_log=mode, vcpus=4) as vm:
+        vm.wait_calibrated()
         vm.guest("touch size=%d" % (large + ws))
         for i, (_, _, command) in enumerate(roles):
             if command:
@@ -214,6 +215,7 @@ def migration_cell(binary, m, mode, name):
     src = Vm(binary, "%dM" % (memory // MIB), dirty_log=mode)
     dst = None
     try:
+        src.wait_calibrated()
         src.guest("touch size=%d" % ws)
         src.start(command)
         # A second of untracked pace for `before-per-second`; its second
@@ -257,6 +259,7 @@ def stall_cell(binary, m, mode, window, name, what, command, kind, ws):
     # The cell's set, with room for the guest's own pages beside it.
     memory = max(parse_size(m["stall_memory"]), ws + 64 * MIB)
     with Vm(binary, "%dM" % (memory // MIB)) as plain, Vm(binary, "%dM" % (memory // MIB), dirty_log=mode) as tracked:
+        tracked.wait_calibrated()
         for vm in (plain, tracked):
             vm.guest("touch size=%d" % ws)
         before = [guest_ticks(vm) for vm in (plain, tracked)]

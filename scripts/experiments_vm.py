@@ -168,6 +168,19 @@ class Vm:
             self.side_conn = Connection(self.socket, 900)
         return call(self.side_conn, execute, arguments)
 
+    def wait_calibrated(self, limit=30.0):
+        """Waits (bounded) until the VMM has measured its cost per fault
+        (`query-vm`'s `fault-cost`; a few seconds after its start): a stall
+        measured before is priced at the default, several times off on
+        some hosts."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            cost = self.call("query-vm").get("fault-cost") or {}
+            if cost.get("source", "measured") != "default":
+                return
+            time.sleep(0.1)
+        log("the VMM at %s did not measure its cost per fault within %.0f s" % (self.socket, limit))
+
     def guest(self, command, vcpu=0):
         """Runs workload commands to the end; their results (each checked ok)."""
         results = self.call("guest-command", vcpu=vcpu, command=command, wait=True)["results"]

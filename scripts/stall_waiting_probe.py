@@ -32,6 +32,7 @@ def pace(a, b):
 
 def probe(binary, mode, lead, window):
     with Vm(binary, "%dM" % ((LARGE + WS + 64 * MIB) // MIB), dirty_log=mode, vcpus=4) as vm:
+        vm.wait_calibrated()
         vm.guest("touch size=%d" % (LARGE + WS))
         for i, (_, command) in enumerate(ROLES):
             if command:

@@ -612,12 +612,12 @@ fn readiness_can_be_asked_again_as_soon_as_it_answers() {
     vm.quit();
 }
 
-/// A window asked for in a VMM's first moments waits for its calibration of
-/// the cost per fault, so that its faults are priced at this host's cost
-/// (measured: 2.6 to 32.5 us on the hosts seen), not the default; a VMM
-/// given its cost says so.
+/// A window says where its cost per fault came from: in a VMM's first
+/// moments, before its calibration ends, the default (2.6 us, where the
+/// hosts seen cost 2.6 to 40 us), which its text says; then this host's,
+/// measured; or the one given.
 #[test]
-fn a_window_in_the_first_moments_waits_for_the_hosts_cost_per_fault() {
+fn a_window_says_where_its_cost_per_fault_came_from() {
     require_kvm!();
     for (given, source) in [(None, "measured"), (Some("7us"), "given")] {
         let dir = common::test_dir("ready-calibrated");
@@ -633,14 +633,30 @@ fn a_window_in_the_first_moments_waits_for_the_hosts_cost_per_fault() {
                 Ok(())
             })
             .unwrap();
-        // At once: the calibration (0.25-3.5 s) has not ended.
-        let (r, _) = c
-            .execute("query-readiness", json!({"calc-time": 0.2}))
-            .unwrap();
-        let g = &r["guest_stall"];
-        assert_eq!(g["fault_cost_source"], source, "{g}");
+        // At once: the calibration (0.25-3.5 s) may not have ended.
+        let mut window = || {
+            let (r, _) = c
+                .execute("query-readiness", json!({"calc-time": 0.2}))
+                .unwrap();
+            r
+        };
+        let first = window();
+        let g = &first["guest_stall"];
+        let flagged = first["text"]
+            .as_str()
+            .unwrap()
+            .contains("faults priced at the default 2.6 us each: this host's cost was not measured");
+        if g["fault_cost_source"] == "default" {
+            assert!(given.is_none() && g["fault_cost_us"] == 2.6 && flagged, "{first}");
+        } else {
+            assert!(!flagged, "{first}");
+        }
+        let r = common::wait_for(source, Duration::from_secs(30), || {
+            let r = window();
+            (r["guest_stall"]["fault_cost_source"] == source).then_some(r)
+        });
         if given.is_some() {
-            assert_eq!(g["fault_cost_us"], 7.0, "{g}");
+            assert_eq!(r["guest_stall"]["fault_cost_us"], 7.0, "{r}");
         }
         c.execute("quit", json!({})).unwrap();
     }

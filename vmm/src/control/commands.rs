@@ -472,6 +472,10 @@ impl Handler {
                 layout,
             },
             guest_abi: abi::ABI_VERSION,
+            fault_cost: Some(crate::protocol::vm::FaultCostInfo {
+                ns: crate::units::nanos(crate::vcpu::stall::fault_cost()),
+                source: <&str>::from(crate::vcpu::stall::fault_cost_source()).to_string(),
+            }),
             stats_ids: StatsIds {
                 vm: self.kvm.vm.schema().id().to_string(),
                 vcpus: self

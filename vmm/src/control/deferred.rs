@@ -162,11 +162,6 @@ pub(crate) fn next_due(
 
 /// Starts a readiness measurement on its own thread. `busy` guards against
 /// two at once (they would share the dirty window).
-/// The longest a readiness window waits for the VMM's calibration of the
-/// cost per fault (`readiness::calibrate`) to end: 3.5 s here with other
-/// VMs running beside it; past this it measures at the cost in force.
-const CALIBRATION_WAIT: Duration = Duration::from_secs(10);
-
 pub(crate) fn start_readiness(
     ctx: &Context,
     args: ReadinessArgs,
@@ -272,14 +267,7 @@ impl Job {
 
     fn measure(&self) -> Result<readiness::Report, readiness::Error> {
         let ram = crate::memory::region(&self.mem).ok_or(readiness::Error::NoMemory)?;
-        if !self.options.calc_time.is_zero() {
-            let waited = crate::readiness::calibrate::wait_for(CALIBRATION_WAIT, &|| {
-                !self.abandoned.load(Ordering::Acquire)
-            });
-            if waited >= Duration::from_millis(1) {
-                log::info!("readiness: waited {waited:?} for this host's cost per fault to be measured before the window");
-            }
-        }
+
         let main = self.main.clone();
         // A hold, not a user pause: a user's `resume` cannot release the guest
         // mid-scan, and the scan's release does not resume a guest a user paused.

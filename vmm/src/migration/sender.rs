@@ -182,7 +182,7 @@ pub(crate) fn run(m: &Arc<Migration>, uri: &Uri, src: &Source) {
     // measured: priced at the default, a migration's stall read 0.11 s of
     // a 0.54 s loss on a host whose faults cost 30-40 us. Waited for (in
     // `setup`, a cancel ends the wait), as a readiness window waits.
-    let waited = crate::readiness::calibrate::wait_for(CALIBRATION_WAIT, &|| !m.cancelled());
+    let waited = crate::vcpu::stall::wait_for_calibration(CALIBRATION_WAIT, &|| !m.cancelled());
     if waited >= Duration::from_millis(1) {
         log::info!("migration: waited {waited:?} for this host's cost per fault to be measured");
     }

@@ -58,6 +58,22 @@ pub struct VmInfo {
     pub guest_abi: u32,
     /// The stats fds' ids.
     pub stats_ids: StatsIds,
+    /// What a fault for dirty logging costs the guest on this host, as the
+    /// stall counts it, and where that came from (absent from VMMs before
+    /// 2026-12-08).
+    #[serde(default)]
+    pub fault_cost: Option<FaultCostInfo>,
+}
+
+/// `query-vm`'s `fault-cost`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FaultCostInfo {
+    /// Nanoseconds per fault.
+    pub ns: u64,
+    /// `measured` (at the VMM's start, which takes a few seconds),
+    /// `given` (`run --fault-cost`) or `default` (not measured, or not yet).
+    pub source: String,
 }
 
 impl VmInfo {

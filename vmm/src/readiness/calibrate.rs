@@ -12,13 +12,12 @@
 //! times each, each timed by its vCPU thread's time on a CPU; the cost is
 //! the difference of the fastest sweeps over the pages swept. About 0.25 s
 //! of one host CPU, once, on the AMD host; 2.1-2.7 s of wall clock on a
-//! 2-core Intel one, where a fault cost 29.9-40.7 us. A readiness window
-//! asked for meanwhile waits for it ([`wait_for`]). By the wall clock, sweeps of 16 MiB read 2.9-3.8
+//! 2-core Intel one, where a fault cost 29.9-40.7 us. A migration started
+//! meanwhile waits for it (`vcpu::stall::wait_for_calibration`). By the wall clock, sweeps of 16 MiB read 2.9-3.8
 //! us on the AMD host where 64 MiB read 2.5-3.2 (five starts each): the
 //! bigger sweep, whose figure matches the 2.6 us measured by hand; timed on
 //! the CPU, 2.6-2.8 us, two VMMs starting at once included.
 
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::dirty;
@@ -159,56 +158,18 @@ fn sweep(vm: &Vm) -> Result<Duration, Error> {
     }
 }
 
-/// How many calibrations run (one per VMM; several where VMMs share the
-/// process, as the tests'); [`ENDED`] is signalled when one ends.
-static RUNNING: Mutex<usize> = Mutex::new(0);
-static ENDED: Condvar = Condvar::new();
-
-/// Ends the calibration for whoever waits, however its thread ends.
-struct Running;
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let mut running = crate::lock(&RUNNING);
-        *running = running.saturating_sub(1);
-        drop(running);
-        ENDED.notify_all();
-    }
-}
-
-/// Waits for a calibration that runs to end, at most `limit`, looking
-/// every 50 ms whether `go_on` still holds; how long it waited. A readiness
-/// measurement asked for in a VMM's first seconds waits so that its faults
-/// are priced at this host's cost, not the default (here 32.5 us measured
-/// against the default 2.6: a window's stall read 84 ms where it cost
-/// about 630), and so that the calibration VM's sweeps are not taken for
-/// the guest's contention.
-pub(crate) fn wait_for(limit: Duration, go_on: &dyn Fn() -> bool) -> Duration {
-    let started = Instant::now();
-    let mut running = crate::lock(&RUNNING);
-    while *running > 0 && go_on() {
-        let Some(left) = limit.checked_sub(started.elapsed()) else {
-            break;
-        };
-        let step = left.min(Duration::from_millis(50));
-        running = crate::wait(&ENDED, running, Some(step));
-    }
-    started.elapsed()
-}
-
 /// Measures on a thread of its own and, if that works, sets the cost the
 /// stall counts (`vcpu::stall::set_fault_cost`); the default stands until
 /// then, and if it fails (logged).
 pub fn in_background() {
-    *crate::lock(&RUNNING) += 1;
-    let running = Running;
+    let running = crate::vcpu::stall::Calibrating::start();
     let spawned = std::thread::Builder::new()
         .name("calibrate".into())
         .spawn(move || {
             let _running = running;
             calibrate_and_say();
         });
-    // Unspawned, the closure (and with it `Running`) was dropped: nobody waits.
+    // Unspawned, the closure (and with it `Calibrating`) was dropped: nobody waits.
     if let Err(e) = spawned {
         log::warn!("no thread to measure what dirty logging costs the guest: {e}");
     }
