@@ -332,7 +332,13 @@ fn a_destination_that_reads_the_stop_slowly_is_given_up_on_all_told() {
     let info = migrate(&src, &uri, json!({"downtime-limit": 0, "x-max-rounds": 2}));
     fake.join().unwrap();
     let why = info.error_desc.clone().unwrap_or_default();
-    assert!(why.contains("all told"), "{why}: {info:?}");
+    // Where the stop was small enough to be sent whole, the destination's
+    // silence after it may be what ends it first (its bound, 5 s, and the
+    // whole deadline, 5 s plus the stop's few bytes' time, come together):
+    // said as silence, as the docs' table says.
+    let silent_after_all = why.contains("the whole stream was sent")
+        && why.contains("the destination did not answer for 5s");
+    assert!(why.contains("all told") || silent_after_all, "{why}: {info:?}");
     if why.contains("the whole stream was sent") {
         assert!(why.contains("never took its last"), "{why}");
         assert_paused_until_cont(&src, &info);
