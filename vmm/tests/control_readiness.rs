@@ -642,12 +642,14 @@ fn a_window_says_where_its_cost_per_fault_came_from() {
         };
         let first = window();
         let g = &first["guest_stall"];
-        let flagged = first["text"]
-            .as_str()
-            .unwrap()
-            .contains("faults priced at the default 2.6 us each: this host's cost was not measured");
+        let flagged = first["text"].as_str().unwrap().contains(
+            "faults priced at the default 2.6 us each: this host's cost was not measured",
+        );
         if g["fault_cost_source"] == "default" {
-            assert!(given.is_none() && g["fault_cost_us"] == 2.6 && flagged, "{first}");
+            assert!(
+                given.is_none() && g["fault_cost_us"] == 2.6 && flagged,
+                "{first}"
+            );
         } else {
             assert!(!flagged, "{first}");
         }

@@ -338,7 +338,10 @@ fn a_destination_that_reads_the_stop_slowly_is_given_up_on_all_told() {
     // said as silence, as the docs' table says.
     let silent_after_all = why.contains("the whole stream was sent")
         && why.contains("the destination did not answer for 5s");
-    assert!(why.contains("all told") || silent_after_all, "{why}: {info:?}");
+    assert!(
+        why.contains("all told") || silent_after_all,
+        "{why}: {info:?}"
+    );
     if why.contains("the whole stream was sent") {
         assert!(why.contains("never took its last"), "{why}");
         assert_paused_until_cont(&src, &info);
