@@ -132,6 +132,10 @@ def converge_cell(binary, m, shape, mode, how):
     vcpus, work = shapes(m["converge_ws"], src.arena["size"])[shape]
     dst = refill = None
     try:
+        # Its cost per fault measured first: the calibration VM's sweeps
+        # (2-2.7 s on a 2-core host) would lower the untracked paces below,
+        # and a migration waits for them in setup.
+        src.wait_calibrated()
         # The readers alone first: their own untracked pace, which the
         # writers' memory traffic lowers once they start.
         # A first read of a page maps it (the host's zero page): a reader's
