@@ -253,6 +253,16 @@ fn guest_panic_exits_nonzero_with_a_report() {
     );
 }
 
+/// How many vCPU threads process `pid` has (0 once it is gone).
+fn vcpu_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |tasks| {
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|c| c.starts_with("vcpu"))
+            .count()
+    })
+}
+
 /// A two-vCPU run with long workloads, stopped by `signal` once both vCPU
 /// threads run: its exit status and its output.
 fn stopped_by(signal: i32) -> (std::process::ExitStatus, std::process::Output) {
@@ -276,12 +286,7 @@ fn stopped_by(signal: i32) -> (std::process::ExitStatus, std::process::Output) {
     // booted, so poll the process's threads for the vCPU threads instead.
     let pid = child.id();
     common::wait_for("vcpu threads", Duration::from_secs(10), || {
-        let n = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .ok()?
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .filter(|c| c.starts_with("vcpu"))
-            .count();
-        (n == 2).then_some(())
+        (vcpu_threads(pid) == 2).then_some(())
     });
     // SAFETY: sending a signal to our own child.
     unsafe { libc::kill(pid as i32, signal) };
@@ -339,16 +344,7 @@ fn a_second_signal_ends_a_run_whose_summary_nobody_reads() {
     );
     let pid = child.id();
     // The workloads done, the vCPU threads gone: the summary is being written.
-    let vcpus = || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|tasks| {
-                tasks
-                    .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-                    .filter(|c| c.starts_with("vcpu"))
-                    .count()
-            })
-            .unwrap_or(0)
-    };
+    let vcpus = || vcpu_threads(pid);
     common::wait_for("vcpu threads", Duration::from_secs(10), || {
         (vcpus() == 2).then_some(())
     });
